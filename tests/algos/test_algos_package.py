@@ -1,0 +1,72 @@
+"""Package-level rules: torch-only imports, call_with_hparams, module headers."""
+
+import ast
+import pathlib
+import sys
+
+import pytest
+
+import rlvr.algos as algos
+from rlvr.algos import call_with_hparams, keyword_params
+
+ALGOS_DIR = pathlib.Path(algos.__file__).parent
+ALLOWED_THIRD_PARTY = {"torch"}
+
+
+def _modules():
+    return sorted(ALGOS_DIR.glob("*.py"))
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: p.name)
+def test_algos_imports_only_torch_and_stdlib(path):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level > 0:
+                continue
+            names = [node.module or ""]
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            ok = top in sys.stdlib_module_names or top in ALLOWED_THIRD_PARTY or name.startswith("rlvr.algos")
+            assert ok, f"{path.name} imports {name}"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: p.name)
+def test_module_docstring(path):
+    doc = ast.get_docstring(ast.parse(path.read_text()))
+    assert doc, f"{path.name} has no module docstring"
+    if not path.name.startswith("_"):
+        assert "Deliberate deviations" in doc or "Hyperparameters" in doc or path.name == "__init__.py"
+
+
+def test_call_with_hparams_passes_only_declared_keywords():
+    def fn(a, b=1, *, clip_low=0.0, gamma=1.0):
+        return (a, b, clip_low, gamma)
+
+    hp = {"clip_low": 0.3, "lam": 0.9, "b": 99}
+    assert call_with_hparams(fn, 1, hparams=hp) == (1, 1, 0.3, 1.0)
+    assert call_with_hparams(fn, 1, hparams=hp, clip_low=0.5) == (1, 1, 0.5, 1.0)
+    assert keyword_params(fn) == {"clip_low", "gamma"}
+
+
+def test_every_hyperparameter_is_documented_in_its_module():
+    """Each keyword-only hyperparameter of a registered function is listed in its module docstring."""
+    import inspect
+
+    from rlvr.algos import advantages, aggregate, kl, objectives
+
+    data_kwargs = {"num_tokens", "num_seqs", "old_logp"}
+    for mod, reg in (
+        (advantages, advantages.ADVANTAGES),
+        (objectives, objectives.OBJECTIVES),
+        (aggregate, aggregate.AGGREGATIONS),
+        (kl, kl.KL_ESTIMATORS),
+    ):
+        for fn in reg.values():
+            for p in inspect.signature(fn).parameters.values():
+                if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in data_kwargs:
+                    assert f"`{p.name}`" in mod.__doc__, f"{mod.__name__}: `{p.name}` not documented"
