@@ -1,0 +1,21 @@
+"""Procedural tasks, picked by name: ``make_task("countdown", num_count=4)``.
+
+A task yields ``Example``s (``sample(n, rng)`` for training, ``heldout()`` for evaluation) and
+scores completions with ``reward(prompt, completion, **example)``. No torch here.
+"""
+
+from __future__ import annotations
+
+from rlvr.tasks.countdown import Countdown
+
+TASKS = {"countdown": Countdown}
+
+
+def make_task(name: str, **kwargs):
+    """Build the task registered as ``name`` with its keyword knobs."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; valid: {', '.join(sorted(TASKS))}")
+    return TASKS[name](**kwargs)
+
+
+__all__ = ["TASKS", "Countdown", "make_task"]

@@ -1,0 +1,446 @@
+"""Countdown: combine the given numbers with arithmetic to hit a target.
+
+Procedural and seeded, sized for a character-level model on a CPU. A prompt lists the numbers
+and the target, ``"3 5 2>13:"``; the completion is a bare expression, ``"3+5*2"``. The reward
+follows d1's Countdown verifier (1.0 right, 0.1 well-formed but wrong, 0.0 otherwise), with an
+exact parser instead of ``eval`` and floats.
+
+Generator. ``num_count`` numbers are drawn i.i.d. uniform from ``1..max_number``; they are
+shuffled into the leaves of a random binary tree (split point uniform at every node), each
+inner node gets an operator uniform over ``+ - *`` (and ``/`` where ``allow_division`` and the
+division is exact), and the problem is kept when the value is a positive integer. The prompt
+shows the numbers in drawn order; ``answer`` is the generating tree printed with minimal
+parentheses.
+
+Held-out split. A problem's key is ``(sorted numbers, target)``. A stable hash of the key
+(SHA-256, not Python's salted ``hash``) puts one key in ``HELDOUT_BUCKETS`` into the held-out
+bucket; ``sample`` never returns such a problem, and ``heldout()`` draws only such problems (same
+generator, fixed internal seed), so the two are disjoint by construction. The bucket depends on
+the key alone, not on the knobs, so a held-out problem stays held out under every setting.
+
+Deviations from the usual Countdown setups (TinyZero, d1):
+1. No ``<answer>`` tags or reasoning: the completion is the expression itself (every character
+   costs compute for a character-level model).
+2. Values are exact ``Fraction``s, not floats with a 1e-5 tolerance; intermediate values may be
+   negative or non-integer in a completion, the generator uses exact integer division only.
+3. Stricter format: no spaces inside the expression, no unary minus, no leading zeros, and ``/``
+   is a syntax error when division is off (see ``Countdown.reward``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import random
+import re
+from fractions import Fraction
+from itertools import combinations_with_replacement
+from typing import Union
+
+from rlvr.types import Example
+
+ALPHABET = "0123456789 +-*/()>:"
+"""Every character that can appear in a Countdown prompt or completion (for the tokenizer)."""
+
+MAX_COMPLETION_CHARS = 64
+"""Completions longer than this (after stripping) score 0.0 without being parsed."""
+
+HELDOUT_BUCKETS = 5
+"""One problem key in this many hashes into the held-out bucket."""
+
+_HELDOUT_SEED = "rlvr.countdown.heldout"
+_EXHAUSTIVE_LIMIT = 5_000  # count the problem space exactly when it has at most this many multisets
+_PROMPT_RE = re.compile(r"^(\d+(?: \d+)*)>(\d+):$")
+
+# An expression tree: an int leaf, or (op, left, right) with op one of "+-*/".
+Expr = Union[int, tuple]
+
+_PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
+
+
+class ParseError(ValueError):
+    """The text is not a well-formed expression in the Countdown grammar."""
+
+
+# ---------------------------------------------------------------------------- expressions
+
+
+def evaluate(expr: Expr) -> Fraction:
+    """Exact value of an expression tree; raises ZeroDivisionError on division by zero."""
+    if isinstance(expr, int):
+        return Fraction(expr)
+    op, left, right = expr
+    a, b = evaluate(left), evaluate(right)
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    return a / b  # Fraction raises ZeroDivisionError for b == 0
+
+
+def leaves(expr: Expr) -> list[int]:
+    """The integer literals of an expression, left to right."""
+    if isinstance(expr, int):
+        return [expr]
+    return leaves(expr[1]) + leaves(expr[2])
+
+
+def to_string(expr: Expr) -> str:
+    """Print with the fewest parentheses that keep the value.
+
+    Operators are left-associative with ``* /`` above ``+ -``. A left operand needs parentheses
+    only when its operator binds looser; a right operand also when it has the same precedence
+    under ``-`` or ``/`` (``a-(b-c)``, ``a/(b*c)``). ``a+(b-c)`` prints as ``a+b-c`` and
+    ``a*(b/c)`` as ``a*b/c``: a different tree, the same exact value.
+
+    >>> to_string(("-", 9, ("-", 5, 2))), to_string(("*", ("+", 3, 5), 2)), to_string(("+", 3, ("*", 5, 2)))
+    ('9-(5-2)', '(3+5)*2', '3+5*2')
+    """
+    if isinstance(expr, int):
+        return str(expr)
+    op, left, right = expr
+    ls, rs = to_string(left), to_string(right)
+    if not isinstance(left, int) and _PREC[left[0]] < _PREC[op]:
+        ls = f"({ls})"
+    if not isinstance(right, int):
+        rp = _PREC[right[0]]
+        if rp < _PREC[op] or (rp == _PREC[op] and op in "-/"):
+            rs = f"({rs})"
+    return f"{ls}{op}{rs}"
+
+
+def parse(text: str, *, allow_division: bool = True) -> Expr:
+    """Parse an expression by recursive descent (never ``eval``).
+
+    Grammar, with no whitespace anywhere::
+
+        expr   := term (("+" | "-") term)*
+        term   := factor (("*" | "/") factor)*      # "/" only when allow_division
+        factor := number | "(" expr ")"
+        number := "0" | [1-9][0-9]*                 # no leading zeros, no unary minus
+
+    Raises ParseError on anything else. Callers bound the length; nesting depth is at most
+    half the length, so recursion stays shallow.
+
+    >>> parse("(3+5)*2")
+    ('*', ('+', 3, 5), 2)
+    """
+    parser = _Parser(text, "+-*/" if allow_division else "+-*")
+    expr = parser.expr()
+    if parser.pos != len(text):
+        raise ParseError(f"unexpected {text[parser.pos]!r} at {parser.pos}")
+    return expr
+
+
+class _Parser:
+    def __init__(self, text: str, ops: str):
+        self.text, self.ops, self.pos = text, ops, 0
+
+    def _peek(self) -> str:
+        return self.text[self.pos] if self.pos < len(self.text) else ""
+
+    def expr(self) -> Expr:
+        node = self.term()
+        while (op := self._peek()) and op in "+-":
+            self.pos += 1
+            node = (op, node, self.term())
+        return node
+
+    def term(self) -> Expr:
+        node = self.factor()
+        while (op := self._peek()) and op in "*/":
+            if op not in self.ops:
+                raise ParseError(f"operator {op!r} not allowed")
+            self.pos += 1
+            node = (op, node, self.factor())
+        return node
+
+    def factor(self) -> Expr:
+        ch = self._peek()
+        if ch == "(":
+            self.pos += 1
+            node = self.expr()
+            if self._peek() != ")":
+                raise ParseError(f"expected ')' at {self.pos}")
+            self.pos += 1
+            return node
+        start = self.pos
+        while (ch := self._peek()) and ch in "0123456789":  # ASCII only: str.isdigit takes "²"
+            self.pos += 1
+        digits = self.text[start : self.pos]
+        if not digits:
+            raise ParseError(f"expected a number or '(' at {start}")
+        if len(digits) > 1 and digits[0] == "0":
+            raise ParseError(f"leading zero in {digits!r}")
+        return int(digits)
+
+
+# ---------------------------------------------------------------------------- problem space
+
+
+def _random_expr(numbers: list[int], rng: random.Random, allow_division: bool) -> Expr:
+    """A random tree over ``numbers`` in the given order (split point uniform at every node)."""
+    if len(numbers) == 1:
+        return numbers[0]
+    k = rng.randint(1, len(numbers) - 1)
+    left = _random_expr(numbers[:k], rng, allow_division)
+    right = _random_expr(numbers[k:], rng, allow_division)
+    ops = ["+", "-", "*"]
+    if allow_division:
+        b = evaluate(right)
+        if b != 0 and (evaluate(left) / b).denominator == 1:
+            ops.append("/")
+    return (rng.choice(ops), left, right)
+
+
+def _splits(ms: tuple[int, ...]) -> set[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Every ordered split of a sorted multiset into two non-empty sorted parts (deduplicated)."""
+    n = len(ms)
+    return {
+        (tuple(ms[i] for i in range(n) if m >> i & 1), tuple(ms[i] for i in range(n) if not m >> i & 1))
+        for m in range(1, 2**n - 1)
+    }
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _values(ms: tuple[int, ...], allow_division: bool) -> frozenset[Fraction]:
+    """All values of generator trees over the sorted multiset ``ms`` (exact division only)."""
+    if len(ms) == 1:
+        return frozenset({Fraction(ms[0])})
+    out: set[Fraction] = set()
+    for left, right in _splits(ms):
+        for a in _values(left, allow_division):
+            for b in _values(right, allow_division):
+                out.update((a + b, a - b, a * b))
+                if allow_division and b != 0 and (a / b).denominator == 1:
+                    out.add(a / b)
+    return frozenset(out)
+
+
+def reachable_targets(numbers, allow_division: bool) -> set[int]:
+    """Every positive integer a generator tree over ``numbers`` (each used once) can produce."""
+    values = _values(tuple(sorted(numbers)), allow_division)
+    return {int(v) for v in values if v > 0 and v.denominator == 1}
+
+
+def count_problems(num_count: int, max_number: int, allow_division: bool, *, stop_at_heldout: int | None = None) -> tuple[int, int]:
+    """(distinct problems, of which held out) over all multisets, by exhaustive enumeration.
+
+    With ``stop_at_heldout`` it returns as soon as that many held-out problems are found.
+    """
+    total = held = 0
+    for ms in combinations_with_replacement(range(1, max_number + 1), num_count):
+        for t in reachable_targets(ms, allow_division):
+            total += 1
+            held += is_heldout_key(ms, t)
+        if stop_at_heldout is not None and held >= stop_at_heldout:
+            break
+    return total, held
+
+
+def is_heldout_key(numbers, target: int) -> bool:
+    """Whether the problem ``(sorted numbers, target)`` hashes into the held-out bucket."""
+    key = " ".join(map(str, sorted(numbers))) + f">{target}"
+    digest = hashlib.sha256(key.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % HELDOUT_BUCKETS == 0
+
+
+def format_prompt(numbers, target: int) -> str:
+    """``[3, 5, 2], 13 -> "3 5 2>13:"``"""
+    return " ".join(map(str, numbers)) + f">{target}:"
+
+
+def parse_prompt(prompt: str) -> tuple[list[int], int]:
+    """Inverse of ``format_prompt``; raises ValueError if the prompt is not in that format."""
+    m = _PROMPT_RE.match(prompt)
+    if m is None:
+        raise ValueError(f"not a Countdown prompt: {prompt!r}")
+    return [int(x) for x in m.group(1).split(" ")], int(m.group(2))
+
+
+def solve(numbers, target: int, *, allow_division: bool = False) -> str | None:
+    """A minimal-parentheses expression hitting ``target`` with each number once, or None.
+
+    Deterministic; exhaustive over sub-multisets, so meant for small ``numbers`` (≤ 5).
+    """
+    memo: dict[tuple[int, ...], dict[Fraction, Expr]] = {}
+
+    def exprs(ms: tuple[int, ...]) -> dict[Fraction, Expr]:
+        if ms in memo:
+            return memo[ms]
+        out: dict[Fraction, Expr] = {}
+        if len(ms) == 1:
+            out[Fraction(ms[0])] = ms[0]
+        for lt, rt in sorted(_splits(ms)):  # sorted: a deterministic first-found expression
+            for a, ea in exprs(lt).items():
+                for b, eb in exprs(rt).items():
+                    out.setdefault(a + b, ("+", ea, eb))
+                    out.setdefault(a - b, ("-", ea, eb))
+                    out.setdefault(a * b, ("*", ea, eb))
+                    if allow_division and b != 0:
+                        out.setdefault(a / b, ("/", ea, eb))
+        memo[ms] = out
+        return out
+
+    found = exprs(tuple(sorted(numbers))).get(Fraction(target))
+    return None if found is None else to_string(found)
+
+
+# ---------------------------------------------------------------------------- the task
+
+
+class Countdown:
+    """Procedural Countdown task: ``sample`` for training, ``heldout`` for evaluation.
+
+    Knobs: ``num_count`` numbers per problem (3 or 4 are the useful settings), each in
+    ``1..max_number``; ``allow_division`` adds exact ``/``; ``heldout_size`` distinct held-out
+    problems; ``seed`` seeds the task's own generator, used only when ``sample`` gets no rng
+    (``heldout`` never depends on it).
+    """
+
+    name = "countdown"
+
+    def __init__(
+        self,
+        *,
+        num_count: int = 3,
+        max_number: int = 9,
+        allow_division: bool = False,
+        heldout_size: int = 200,
+        seed: int = 0,
+    ):
+        if num_count < 2:
+            raise ValueError(f"countdown: num_count must be >= 2, got {num_count}")
+        if max_number < 1:
+            raise ValueError(f"countdown: max_number must be >= 1, got {max_number}")
+        if heldout_size < 0:
+            raise ValueError(f"countdown: heldout_size must be >= 0, got {heldout_size}")
+        self.num_count, self.max_number = num_count, max_number
+        self.allow_division, self.heldout_size = allow_division, heldout_size
+        self._rng = random.Random(seed)
+        self._heldout: list[Example] | None = None
+        self._check_heldout_space()
+
+    def _check_heldout_space(self) -> None:
+        """Raise if the held-out bucket has fewer than ``heldout_size`` distinct problems.
+
+        Counts exactly (stopping once enough are found) when the multisets are few enough to
+        enumerate; larger spaces hold far more problems than any sensible ``heldout_size``.
+        """
+        if math.comb(self.max_number + self.num_count - 1, self.num_count) > _EXHAUSTIVE_LIMIT:
+            return
+        total, held = count_problems(
+            self.num_count, self.max_number, self.allow_division, stop_at_heldout=self.heldout_size
+        )
+        if held < self.heldout_size:
+            raise ValueError(
+                f"countdown: heldout_size={self.heldout_size} but only {held} of the {total} "
+                f"distinct problems (num_count={self.num_count}, max_number={self.max_number}, "
+                f"allow_division={self.allow_division}) are in the held-out bucket; lower "
+                f"heldout_size or raise max_number / num_count"
+            )
+
+    def _draw(self, rng: random.Random) -> Example:
+        """One problem from the generator, held-out bucket or not."""
+        while True:
+            numbers = [rng.randint(1, self.max_number) for _ in range(self.num_count)]
+            leaves_order = numbers[:]
+            rng.shuffle(leaves_order)
+            expr = _random_expr(leaves_order, rng, self.allow_division)
+            value = evaluate(expr)
+            if value > 0 and value.denominator == 1:
+                target = int(value)
+                return Example(
+                    prompt=format_prompt(numbers, target),
+                    answer=to_string(expr),
+                    meta={"numbers": numbers, "target": target},
+                )
+
+    def sample(self, n: int, rng: random.Random | None = None) -> list[Example]:
+        """``n`` fresh training problems (repeats possible), never in the held-out bucket."""
+        rng = self._rng if rng is None else rng
+        out: list[Example] = []
+        while len(out) < n:
+            ex = self._draw(rng)
+            if not is_heldout_key(ex.meta["numbers"], ex.meta["target"]):
+                out.append(ex)
+        return out
+
+    def heldout(self) -> list[Example]:
+        """The first ``heldout_size`` distinct held-out-bucket problems from a fixed seed.
+
+        Same generator as training, so the same distribution; depends on the knobs only.
+        """
+        if self._heldout is None:
+            rng = random.Random(f"{_HELDOUT_SEED}/{self.num_count}/{self.max_number}/{self.allow_division}")
+            seen: set[tuple] = set()
+            out: list[Example] = []
+            misses = 0
+            while len(out) < self.heldout_size:
+                ex = self._draw(rng)
+                key = (tuple(sorted(ex.meta["numbers"])), ex.meta["target"])
+                if key in seen or not is_heldout_key(*key):
+                    misses += 1
+                    if misses > 1_000_000:  # only reachable when the space was too big to count
+                        raise ValueError(f"countdown: cannot collect heldout_size={self.heldout_size} problems")
+                    continue
+                misses = 0
+                seen.add(key)
+                out.append(ex)
+            self._heldout = out
+        return [Example(ex.prompt, ex.answer, {**ex.meta, "numbers": list(ex.meta["numbers"])}) for ex in self._heldout]
+
+    def reward(self, prompt: str, completion: str, **example) -> float:
+        """Score a completion: 1.0 correct, 0.1 well-formed but wrong, 0.0 malformed.
+
+        Rule: strip surrounding whitespace. If the rest is empty, longer than
+        ``MAX_COMPLETION_CHARS``, or does not parse under the grammar of ``parse`` (which has no
+        spaces, unary minus or leading zeros, and treats ``/`` as a syntax error unless
+        ``allow_division``), the reward is 0.0. Otherwise it is 1.0 when the literals are
+        exactly the given numbers as a multiset (each used once) and the exact (Fraction) value
+        equals the target, and 0.1 when not: wrong value, numbers missing, reused or extra, or
+        a division by zero. Numbers and target come from ``meta`` when given, else from the
+        prompt.
+
+        >>> task = Countdown()
+        >>> [task.reward("3 5 2>13:", c) for c in ("3+5*2", "3*5+2", "3+5+5", "3+5*", "")]
+        [1.0, 0.1, 0.1, 0.0, 0.0]
+        """
+        meta = example.get("meta") or {}
+        if "numbers" in meta and "target" in meta:
+            numbers, target = meta["numbers"], meta["target"]
+        else:
+            numbers, target = parse_prompt(prompt)
+        text = completion.strip()
+        if not text or len(text) > MAX_COMPLETION_CHARS:
+            return 0.0
+        try:
+            expr = parse(text, allow_division=self.allow_division)
+        except ParseError:
+            return 0.0
+        if sorted(leaves(expr)) != sorted(numbers):
+            return 0.1
+        try:
+            value = evaluate(expr)
+        except ZeroDivisionError:
+            return 0.1
+        return 1.0 if value == target else 0.1
+
+    def is_correct(self, completion: str, example: Example) -> bool:
+        """Whether ``completion`` earns the full reward on ``example``."""
+        return self.reward(example.prompt, completion, answer=example.answer, meta=example.meta) == 1.0
+
+    def solution(self, example: Example) -> str:
+        """A correct expression: the stored answer when it verifies, else one found by search."""
+        if example.answer and self.is_correct(example.answer, example):
+            return example.answer
+        numbers, target = example.meta.get("numbers"), example.meta.get("target")
+        if numbers is None or target is None:
+            numbers, target = parse_prompt(example.prompt)
+        found = solve(numbers, target, allow_division=self.allow_division)
+        if found is None:
+            raise ValueError(f"countdown: no solution for {example.prompt!r}")
+        return found
