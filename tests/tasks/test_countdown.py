@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import doctest
 import random
 import subprocess
@@ -78,10 +79,12 @@ def test_division_rules():
     task = Countdown(allow_division=True)
     meta = {"numbers": [6, 3, 3], "target": 6}
     assert task.reward("6 3 3>6:", "6/3*3", meta=meta) == 1.0
-    assert task.reward("6 3 3>6:", "6/(3-3)", meta=meta) == 0.1  # division by zero: wrong, not malformed
+    # Division by zero is well-formed but wrong.
+    assert task.reward("6 3 3>6:", "6/(3-3)", meta=meta) == 0.1
     # Exact arithmetic: 1/3 is a Fraction, so 1/3*3 is exactly 1 (no float rounding).
     assert task.reward("1 3 3>1:", "1/3*3", meta={"numbers": [1, 3, 3], "target": 1}) == 1.0
-    assert task.reward("1 3 3>1:", "1/3*3*3", meta={"numbers": [1, 3, 3], "target": 1}) == 0.1  # 3 extra, = 3
+    extra = {"numbers": [1, 3, 3], "target": 1}
+    assert task.reward("1 3 3>1:", "1/3*3*3", meta=extra) == 0.1  # an extra 3, and = 3
     assert task.reward("1 3 6>2:", "1/3*6", meta={"numbers": [1, 3, 6], "target": 2}) == 1.0
     assert task.reward("7 2 2>7:", "7/2*2", meta={"numbers": [7, 2, 2], "target": 7}) == 1.0
 
@@ -92,6 +95,13 @@ def test_reward_reads_prompt_without_meta(task):
     assert task.is_correct("3+5*2", EX) and not task.is_correct("3+5+2", EX)
 
 
+def test_reward_accepts_example_fields(task):
+    # Callers may splat the whole Example, prompt included: prompt and completion are
+    # positional-only, so the duplicate keys land in **example.
+    assert task.reward(EX.prompt, "3+5*2", **dataclasses.asdict(EX)) == 1.0
+    assert task.reward(EX.prompt, "3+5*2", completion="x", prompt="y") == 1.0
+
+
 def test_length_bound(task):
     padded = "(" * 29 + "3+5*2" + ")" * 29  # 63 chars: still scored
     assert task.reward(EX.prompt, padded, meta=EX.meta) == 1.0
@@ -100,7 +110,8 @@ def test_length_bound(task):
     start = time.perf_counter()
     for hostile in ("(" * 10**6, "9" * 10**6, "9*" * 10**6 + "9"):
         assert task.reward(EX.prompt, hostile, meta=EX.meta) == 0.0
-    assert task.reward(EX.prompt, " " * 10**6 + "3+5*2", meta=EX.meta) == 1.0  # length counts after strip
+    # The length bound applies after stripping.
+    assert task.reward(EX.prompt, " " * 10**6 + "3+5*2", meta=EX.meta) == 1.0
     assert time.perf_counter() - start < 1.0
 
 
@@ -245,6 +256,8 @@ def test_problem_space_3_numbers():
 def test_heldout_too_small_raises():
     with pytest.raises(ValueError, match="heldout_size"):
         Countdown(max_number=3)
+    with pytest.raises(ValueError, match="num_count"):
+        Countdown(num_count=20, max_number=99)  # answers could exceed MAX_COMPLETION_CHARS
     assert len(Countdown(max_number=3, heldout_size=10).heldout()) == 10
 
 
@@ -252,7 +265,8 @@ def test_determinism():
     a, b = Countdown(seed=1), Countdown(seed=1)
     assert a.sample(100) == b.sample(100)
     assert a.sample(100) != Countdown(seed=2).sample(100)
-    assert Countdown().sample(50, random.Random(7)) == Countdown(seed=99).sample(50, random.Random(7))
+    rng_a, rng_b = random.Random(7), random.Random(7)
+    assert Countdown().sample(50, rng_a) == Countdown(seed=99).sample(50, rng_b)
     assert Countdown(seed=1).heldout() == Countdown(seed=2).heldout()
     assert Countdown().heldout() != Countdown(num_count=4).heldout()
 

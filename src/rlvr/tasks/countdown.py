@@ -96,8 +96,9 @@ def to_string(expr: Expr) -> str:
     under ``-`` or ``/`` (``a-(b-c)``, ``a/(b*c)``). ``a+(b-c)`` prints as ``a+b-c`` and
     ``a*(b/c)`` as ``a*b/c``: a different tree, the same exact value.
 
-    >>> to_string(("-", 9, ("-", 5, 2))), to_string(("*", ("+", 3, 5), 2)), to_string(("+", 3, ("*", 5, 2)))
-    ('9-(5-2)', '(3+5)*2', '3+5*2')
+    >>> trees = [("-", 9, ("-", 5, 2)), ("*", ("+", 3, 5), 2), ("+", 3, ("*", 5, 2))]
+    >>> [to_string(e) for e in trees]
+    ['9-(5-2)', '(3+5)*2', '3+5*2']
     """
     if isinstance(expr, int):
         return str(expr)
@@ -199,10 +200,12 @@ def _random_expr(numbers: list[int], rng: random.Random, allow_division: bool) -
 def _splits(ms: tuple[int, ...]) -> set[tuple[tuple[int, ...], tuple[int, ...]]]:
     """Every ordered split of a sorted multiset into two non-empty sorted parts (deduplicated)."""
     n = len(ms)
-    return {
-        (tuple(ms[i] for i in range(n) if m >> i & 1), tuple(ms[i] for i in range(n) if not m >> i & 1))
-        for m in range(1, 2**n - 1)
-    }
+    out = set()
+    for mask in range(1, 2**n - 1):
+        left = tuple(ms[i] for i in range(n) if mask >> i & 1)
+        right = tuple(ms[i] for i in range(n) if not mask >> i & 1)
+        out.add((left, right))
+    return out
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -226,7 +229,9 @@ def reachable_targets(numbers, allow_division: bool) -> set[int]:
     return {int(v) for v in values if v > 0 and v.denominator == 1}
 
 
-def count_problems(num_count: int, max_number: int, allow_division: bool, *, stop_at_heldout: int | None = None) -> tuple[int, int]:
+def count_problems(
+    num_count: int, max_number: int, allow_division: bool, *, stop_at_heldout: int | None = None
+) -> tuple[int, int]:
     """(distinct problems, of which held out) over all multisets, by exhaustive enumeration.
 
     With ``stop_at_heldout`` it returns as soon as that many held-out problems are found.
@@ -318,6 +323,12 @@ class Countdown:
             raise ValueError(f"countdown: max_number must be >= 1, got {max_number}")
         if heldout_size < 0:
             raise ValueError(f"countdown: heldout_size must be >= 0, got {heldout_size}")
+        longest = num_count * len(str(max_number)) + (num_count - 1) + 2 * (num_count - 2)
+        if longest > MAX_COMPLETION_CHARS:  # n leaves, n-1 operators, at most n-2 paren pairs
+            raise ValueError(
+                f"countdown: num_count={num_count}, max_number={max_number} allow answers of "
+                f"{longest} chars, over MAX_COMPLETION_CHARS={MAX_COMPLETION_CHARS}"
+            )
         self.num_count, self.max_number = num_count, max_number
         self.allow_division, self.heldout_size = allow_division, heldout_size
         self._rng = random.Random(seed)
@@ -375,7 +386,8 @@ class Countdown:
         Same generator as training, so the same distribution; depends on the knobs only.
         """
         if self._heldout is None:
-            rng = random.Random(f"{_HELDOUT_SEED}/{self.num_count}/{self.max_number}/{self.allow_division}")
+            knobs = f"{self.num_count}/{self.max_number}/{self.allow_division}"
+            rng = random.Random(f"{_HELDOUT_SEED}/{knobs}")  # str seeds are stable across runs
             seen: set[tuple] = set()
             out: list[Example] = []
             misses = 0
@@ -385,15 +397,21 @@ class Countdown:
                 if key in seen or not is_heldout_key(*key):
                     misses += 1
                     if misses > 1_000_000:  # only reachable when the space was too big to count
-                        raise ValueError(f"countdown: cannot collect heldout_size={self.heldout_size} problems")
+                        raise ValueError(
+                            f"countdown: cannot collect heldout_size={self.heldout_size} problems"
+                        )
                     continue
                 misses = 0
                 seen.add(key)
                 out.append(ex)
             self._heldout = out
-        return [Example(ex.prompt, ex.answer, {**ex.meta, "numbers": list(ex.meta["numbers"])}) for ex in self._heldout]
+        # Copies, so a caller mutating meta cannot change the evaluation set.
+        return [
+            Example(ex.prompt, ex.answer, {**ex.meta, "numbers": list(ex.meta["numbers"])})
+            for ex in self._heldout
+        ]
 
-    def reward(self, prompt: str, completion: str, **example) -> float:
+    def reward(self, prompt: str, completion: str, /, **example) -> float:
         """Score a completion: 1.0 correct, 0.1 well-formed but wrong, 0.0 malformed.
 
         Rule: strip surrounding whitespace. If the rest is empty, longer than
@@ -431,7 +449,8 @@ class Countdown:
 
     def is_correct(self, completion: str, example: Example) -> bool:
         """Whether ``completion`` earns the full reward on ``example``."""
-        return self.reward(example.prompt, completion, answer=example.answer, meta=example.meta) == 1.0
+        score = self.reward(example.prompt, completion, answer=example.answer, meta=example.meta)
+        return score == 1.0
 
     def solution(self, example: Example) -> str:
         """A correct expression: the stored answer when it verifies, else one found by search."""
