@@ -1,0 +1,138 @@
+"""`rlvr` command line: train, sft, eval, config.
+
+Every user mistake is a `ConfigError`: printed as one line (`error: ...`), exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rlvr.errors import ConfigError
+
+
+def _run_dir(config, recipe: str | None, resume: str | None) -> Path:
+    if resume:
+        return Path(resume)
+    name = config.trainer.name or f"{Path(recipe).stem if recipe else 'grpo_countdown'}_s{config.seed}"
+    path = Path(config.trainer.out_dir) / name
+    suffix = 2
+    while path.exists():  # never overwrite an earlier run
+        path = Path(config.trainer.out_dir) / f"{name}-{suffix}"
+        suffix += 1
+    return path
+
+
+def cmd_train(args) -> int:
+    from rlvr.config import load_config
+    from rlvr.tracking.run_dir import RunDir
+    from rlvr.trainer.sync import train
+
+    recipe, overrides = _split(args.args)
+    if args.resume:
+        run_path = Path(args.resume)
+        if not (run_path / "config.yaml").is_file():
+            raise ConfigError(f"--resume: '{run_path}' is not a run directory (no config.yaml)")
+        recipe = recipe or str(run_path / "config.yaml")
+    config = load_config(recipe, overrides)
+    run = RunDir(_run_dir(config, recipe, args.resume))
+    print(f"run directory: {run.path}")
+    final = train(config, run, command=sys.argv, resume=bool(args.resume))
+    print(f"done: step {final.get('step')} held-out accuracy {final.get('eval/heldout_accuracy', float('nan')):.3f} "
+          f"-> {run.path}")
+    return 0
+
+
+def cmd_sft(args) -> int:
+    from rlvr.config import load_config
+    from rlvr.trainer.sft import sft
+
+    recipe, overrides = _split(args.args)
+    config = load_config(recipe, overrides)
+    sft(config, args.out)
+    print(f"saved warm start to {args.out}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+
+    from rlvr.config import load_config
+    from rlvr.trainer.build import build_task
+    from rlvr.trainer.checkpoint import latest_checkpoint
+    from rlvr.trainer.evaluate import greedy_accuracy
+
+    run = Path(args.run)
+    if not (run / "config.yaml").is_file():
+        raise ConfigError(f"eval: '{run}' is not a run directory (no config.yaml)")
+    checkpoint = latest_checkpoint(run / "checkpoints")
+    if checkpoint is None:
+        raise ConfigError(f"eval: '{run}' has no checkpoint yet; train longer or lower trainer.save_every")
+    config = load_config(run / "config.yaml", [f"model.path={checkpoint}"])
+    from rlvr.trainer.build import build_model
+
+    model, tokenizer = build_model(config)
+    task = build_task(config)
+    import random
+
+    examples = task.heldout() if args.split == "heldout" else task.sample(args.n, random.Random(args.seed))
+    examples = examples[: args.n] if args.n else examples
+    accuracy = greedy_accuracy(model, tokenizer, task, examples, max_new_tokens=config.rollout.max_new_tokens)
+    print(f"{checkpoint.name}: greedy {args.split} accuracy {accuracy:.3f} on {len(examples)} problems")
+    return 0
+
+
+def cmd_config(args) -> int:
+    from rlvr.config import dump_yaml, load_config
+
+    recipe, overrides = _split(args.args)
+    print(dump_yaml(load_config(recipe, overrides)), end="")
+    return 0
+
+
+def _split(items: list[str]) -> tuple[str | None, list[str]]:
+    """First positional may be a recipe file; the rest are KEY=VALUE overrides."""
+    if items and "=" not in items[0]:
+        return items[0], items[1:]
+    return None, items
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlvr", description="RL with verifiable rewards, from a laptop CPU up.")
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="RL-train a policy (default: tiny model on Countdown)")
+    t.add_argument("args", nargs="*", help="[RECIPE.yaml] [key.sub=value ...]")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")
+    t.set_defaults(fn=cmd_train)
+    s = sub.add_parser("sft", help="supervised warm start on procedural solutions")
+    s.add_argument("args", nargs="*", help="[RECIPE.yaml] [key.sub=value ...]")
+    s.add_argument("--out", required=True, help="directory for the Hugging Face checkpoint")
+    s.set_defaults(fn=cmd_sft)
+    e = sub.add_parser("eval", help="greedy accuracy of a run's newest checkpoint")
+    e.add_argument("run", help="run directory")
+    e.add_argument("--split", choices=["heldout", "train"], default="heldout")
+    e.add_argument("--n", type=int, default=0, help="number of problems (0 = whole held-out set / 200 train)")
+    e.add_argument("--seed", type=int, default=0, help="seed for the train split sample")
+    e.set_defaults(fn=cmd_eval)
+    c = sub.add_parser("config", help="print the resolved config")
+    c.add_argument("args", nargs="*", help="[RECIPE.yaml] [key.sub=value ...]")
+    c.set_defaults(fn=cmd_config)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "eval" and args.split == "train" and not args.n:
+        args.n = 200
+    try:
+        return args.fn(args)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

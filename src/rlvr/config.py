@@ -1,0 +1,268 @@
+"""The one source of truth for a run's settings: frozen dataclasses, a one-line doc per field.
+
+`load_config(recipe, overrides)` reads a YAML recipe, applies dotted command-line overrides
+(`algo.clip_high=0.28 seed=3`), checks names, types and ranges, and returns a `Config`.
+Every mistake becomes one `ConfigError` line that names the field and the fix.
+Components never see this object: `rlvr.trainer.build` reads it once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlvr.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = ""  # local HF directory, `rlvr:NAME` for a packaged checkpoint, empty = fresh tiny Llama
+    hidden_size: int = 128  # tiny model: width
+    num_layers: int = 4  # tiny model: transformer blocks
+    num_heads: int = 4  # tiny model: attention heads
+    intermediate_size: int = 512  # tiny model: MLP width
+    max_seq_len: int = 64  # tiny model: longest prompt + completion
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    name: str = "countdown"  # task registry key
+    num_count: int = 3  # countdown: how many numbers (3 or 4)
+    max_number: int = 9  # countdown: numbers are drawn from 1..max_number
+    allow_division: bool = False  # countdown: allow exact integer division
+    heldout_size: int = 200  # size of the fixed held-out evaluation set
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    prompts_per_step: int = 8  # P: fresh prompts per step
+    group_size: int = 8  # G: completions per prompt (B = P·G)
+    max_new_tokens: int = 16  # completion length cap (longer samples are truncated)
+    temperature: float = 1.0  # sampling temperature (the trainer's log-probs use the same)
+    top_p: float = 1.0  # nucleus sampling mass
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    advantage: str = "grpo"  # advantage estimator (rlvr.algos.advantages.ADVANTAGES)
+    objective: str = "ppo_clip"  # policy objective (rlvr.algos.objectives.OBJECTIVES)
+    aggregation: str = "seq_mean_token_mean"  # loss aggregation (rlvr.algos.aggregate.AGGREGATIONS)
+    kl_estimator: str = "k3"  # KL estimator (rlvr.algos.kl.KL_ESTIMATORS)
+    kl_coef: float = 0.0  # KL weight β against the frozen initial policy; 0 = no reference model
+    kl_placement: str = "loss"  # where the KL goes: `loss` or `reward`
+    std_normalize: bool = True  # grpo: divide by the group std
+    adv_eps: float = 1e-6  # grpo: added to the group std
+    clip_low: float = 0.2  # ppo_clip: ε_low, ratio floor 1-ε_low
+    clip_high: float = 0.2  # ppo_clip: ε_high, ratio ceiling 1+ε_high
+    dual_clip: float | None = None  # ppo_clip: dual-clip constant c > 1 for A<0, null = off
+    log_ratio_clamp: float = 20.0  # clamp |log ratio| before exp
+    norm_length: float | None = None  # seq_mean_token_sum_norm: constant normaliser, null = max_new_tokens
+    entropy_coef: float = 0.0  # entropy bonus weight (0 = entropy only logged)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 5e-5  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    beta1: float = 0.9  # AdamW β1
+    beta2: float = 0.99  # AdamW β2
+    grad_clip: float = 1.0  # max global grad norm, 0 = off
+    warmup_steps: int = 10  # linear LR warmup, in optimizer steps
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    steps: int = 200  # rollout steps
+    minibatches: int = 1  # optimizer steps per rollout batch
+    ppo_epochs: int = 1  # passes over each rollout batch
+    micro_batch_size: int = 64  # completions per forward; memory only, never changes results
+    eval_every: int = 50  # steps between greedy held-out evaluations (0 = only at start and end)
+    samples_per_step: int = 4  # rollouts written to samples.jsonl each step
+    save_every: int = 100  # steps between checkpoints (0 = only at the end)
+    keep_last: int = 2  # checkpoints kept on disk
+    out_dir: str = "runs"  # parent of run directories
+    name: str = ""  # run directory name, empty = recipe name + seed
+    threads: int = 0  # torch threads, 0 = torch's default
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    steps: int = 300  # optimizer steps of supervised warm start
+    batch_size: int = 64  # examples per step
+    lr: float = 1e-3  # AdamW learning rate
+    warmup_steps: int = 20  # linear LR warmup
+
+
+@dataclass(frozen=True)
+class Config:
+    seed: int = 0  # seeds model init, prompts and sampling
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+
+
+def _coerce(value: Any, annotation: Any, name: str) -> Any:
+    """Check `value` against a field annotation; ints are accepted where floats are expected."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in (o for o in options if o is not type(None)):
+            try:
+                return _coerce(value, option, name)
+            except ConfigError as err:
+                errors.append(err)
+        raise errors[0]
+    if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, annotation) and not (annotation is int and isinstance(value, bool)):
+        return value
+    shown = "null" if value is None else repr(value)
+    raise ConfigError(f"{name}: expected {annotation.__name__}, got {shown}; fix the value in the recipe or override")
+
+
+def _build(cls: type, values: dict, prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        full = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(f"unknown config key '{full}'{_suggest(full)}")
+        if dataclasses.is_dataclass(hints[key]):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{full}: expected a section (mapping), got {value!r}")
+            kwargs[key] = _build(hints[key], value, f"{full}.")
+        else:
+            kwargs[key] = _coerce(value, hints[key], full)
+    return cls(**kwargs)
+
+
+def all_keys(cls: type = None, prefix: str = "") -> list[str]:
+    """Every dotted leaf key of the schema, e.g. 'algo.clip_high'."""
+    cls = cls or Config
+    hints = typing.get_type_hints(cls)
+    keys = []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys += all_keys(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
+def _suggest(full: str) -> str:
+    keys = all_keys()
+    leaf = full.rsplit(".", 1)[-1]
+    same_leaf = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
+    close = same_leaf or difflib.get_close_matches(full, keys, n=1, cutoff=0.5)
+    return f"; did you mean '{close[0]}'?" if close else "; run `rlvr config` to list valid keys"
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
+    node[leaf] = value
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    """`key.sub=value` strings -> (key, YAML-parsed value) pairs."""
+    pairs = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override '{item}': expected KEY=VALUE, e.g. algo.clip_high=0.28")
+        try:
+            pairs.append((key.strip(), yaml.safe_load(raw) if raw else ""))
+        except yaml.YAMLError:
+            pairs.append((key.strip(), raw))
+    return pairs
+
+
+def read_recipe(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"recipe '{path}' does not exist; pass a YAML file such as recipes/grpo_countdown.yaml")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"recipe '{path}' is not valid YAML{where}; fix its syntax") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"recipe '{path}' must be a mapping of sections (model:, algo:, ...)")
+    return tree
+
+
+def load_config(recipe: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    tree = read_recipe(recipe) if recipe else {}
+    for key, value in parse_overrides(list(overrides)):
+        _set_dotted(tree, key, value)
+    config = _build(Config, tree, "")
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    """Range checks that types alone cannot express."""
+    checks = [
+        (config.optim.lr > 0, "optim.lr", "must be > 0, e.g. 5e-5"),
+        (config.sft.lr > 0, "sft.lr", "must be > 0, e.g. 1e-3"),
+        (config.rollout.group_size >= 2, "rollout.group_size", "must be >= 2 (group baselines need siblings)"),
+        (config.rollout.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1"),
+        (config.rollout.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1"),
+        (config.rollout.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)"),
+        (0 < config.rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]"),
+        (config.trainer.steps >= 1, "trainer.steps", "must be >= 1"),
+        (config.trainer.minibatches >= 1, "trainer.minibatches", "must be >= 1"),
+        (config.trainer.ppo_epochs >= 1, "trainer.ppo_epochs", "must be >= 1"),
+        (config.trainer.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1"),
+        (config.rollout.prompts_per_step % config.trainer.minibatches == 0, "trainer.minibatches",
+         f"must divide rollout.prompts_per_step ({config.rollout.prompts_per_step}) so groups stay whole"),
+        (config.algo.kl_coef >= 0, "algo.kl_coef", "must be >= 0"),
+        (config.algo.kl_placement in ("loss", "reward"), "algo.kl_placement", "must be 'loss' or 'reward'"),
+        (config.algo.dual_clip is None or config.algo.dual_clip > 1, "algo.dual_clip", "must be > 1 or null"),
+        (config.trainer.keep_last >= 1, "trainer.keep_last", "must be >= 1"),
+    ]
+    for ok, name, fix in checks:
+        if not ok:
+            raise ConfigError(f"{name}: {fix}")
+
+
+def to_dict(config: Config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def dump_yaml(config: Config) -> str:
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
+
+
+def derived_batch_numbers(config: Config) -> dict[str, int]:
+    """The batch vocabulary of DESIGN §3, resolved for this config."""
+    r, t = config.rollout, config.trainer
+    completions = r.prompts_per_step * r.group_size
+    per_opt = completions // t.minibatches
+    return {
+        "completions_per_step": completions,
+        "optimizer_steps_per_rollout_batch": t.minibatches * t.ppo_epochs,
+        "completions_per_optimizer_step": per_opt,
+        "max_completion_tokens_per_optimizer_step": per_opt * r.max_new_tokens,
+        "micro_batches_per_optimizer_step": -(-per_opt // t.micro_batch_size),
+    }

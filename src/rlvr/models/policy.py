@@ -1,0 +1,60 @@
+"""PolicyModel for causal LMs: log-probs of given completion tokens under the current weights.
+
+This is the seam of DESIGN §2 that lets the trainer stay model-agnostic: the update step only
+calls `token_logprobs`. A masked-diffusion policy implements the same method with a named
+likelihood estimator.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, chunk_size: int = 4096) -> torch.Tensor:
+    """log softmax(logits)[tokens] without materialising (B, T, V) log-probs. (B,T,V),(B,T) -> (B,T).
+
+    logsumexp is taken over vocabulary chunks so a 150k-token vocabulary costs one extra
+    (B, T, chunk) buffer, not a second full-vocabulary tensor.
+    """
+    picked = logits.gather(-1, tokens[..., None]).squeeze(-1)
+    if logits.shape[-1] <= chunk_size:
+        return picked - logits.logsumexp(-1)
+    parts = [chunk.logsumexp(-1) for chunk in logits.split(chunk_size, dim=-1)]
+    return picked - torch.stack(parts, -1).logsumexp(-1)
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) per position. (B, T, V) -> (B, T)."""
+    logp = logits.log_softmax(-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def sequence_inputs(prompt_ids, prompt_mask, completion_ids):
+    """Concatenate left-padded prompts and right-padded completions: ids, attention, positions (B, S)."""
+    ids = torch.cat([prompt_ids, completion_ids], dim=-1)
+    attention = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=-1)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    return ids, attention, positions
+
+
+class CausalPolicy:
+    """Wraps a `transformers` causal LM; temperature matches the sampler's so ratios are exact."""
+
+    def __init__(self, model, *, temperature: float = 1.0):
+        self.model = model
+        self.temperature = temperature if temperature > 0 else 1.0
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def token_logprobs(self, prompt_ids, prompt_mask, completion_ids, *, with_entropy: bool = False):
+        """Log-probs (B, Tc) of `completion_ids` given the prompts, and entropy (B, Tc) or None."""
+        ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids)
+        width = completion_ids.shape[1]
+        # Only the positions that predict completion tokens need logits (the last width+1, minus one).
+        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions,
+                         logits_to_keep=width + 1, use_cache=False)
+        logits = out.logits[:, :-1].float() / self.temperature  # (B, Tc, V)
+        logp = gather_logprobs(logits, completion_ids)
+        entropy = token_entropy(logits) if with_entropy else None
+        return logp, entropy

@@ -1,0 +1,35 @@
+"""Counter-based random numbers: the noise of row i at step t depends only on (seed_i, t).
+
+A batch-wide `torch.Generator` would make a completion depend on which other prompts share its
+batch. Hashing (seed, step, vocab index) instead gives each sample its own reproducible stream,
+vectorised over the batch with integer ops (no per-row Python loop).
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 integer hash (Wellons), computed in int64 and kept to 32 bits."""
+    x = x & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seeds: torch.Tensor, step: int, width: int) -> torch.Tensor:
+    """(B, width) float64 uniforms in (0, 1) from per-row int seeds (B,) at decoding `step`."""
+    base = _mix32(_mix32(seeds.to(torch.int64)) ^ _mix32(torch.tensor(step + 0x9E3779B9)))
+    cols = torch.arange(width, dtype=torch.int64)
+    bits = _mix32(base[:, None] ^ _mix32(cols * 0x632BE5AB + 0x85EBCA6B)[None, :])
+    return (bits.to(torch.float64) + 0.5) / 2.0**32
+
+
+def gumbel_noise(seeds: torch.Tensor, step: int, width: int) -> torch.Tensor:
+    """(B, width) float64 standard Gumbel noise; argmax(logits + g) samples softmax(logits)."""
+    return -torch.log(-torch.log(uniform_noise(seeds, step, width)))

@@ -1,0 +1,116 @@
+"""Batched autoregressive sampler with a KV cache, for any `transformers` causal LM.
+
+Returns everything the trainer needs (DESIGN §2, RolloutEngine): completion ids and mask,
+behaviour log-probs and the finish reason. Sampling is Gumbel-max over per-sample hashed noise
+(`rollout.noise`), so the same seed gives the same completion whatever else is in the batch.
+
+Log-prob semantics: behaviour log-probs are log-softmax(logits / temperature) of the sampled
+token *before* top-p truncation, the same quantity the trainer recomputes; with top_p < 1 the
+true sampling probability is higher than recorded (verl makes the same choice).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.rollout.noise import gumbel_noise
+
+
+@dataclass
+class Rollouts:
+    """B = P·G sampled completions. Prompts are left-padded, completions right-padded."""
+
+    prompt_ids: torch.Tensor       # (B, Tp) long
+    prompt_mask: torch.Tensor      # (B, Tp) long, 1 on real prompt tokens
+    completion_ids: torch.Tensor   # (B, Tc) long, pad after the end
+    completion_mask: torch.Tensor  # (B, Tc) float, 1 on generated tokens (EOS included)
+    logprobs: torch.Tensor         # (B, Tc) float, behaviour log-probs, 0 on padding
+    truncated: torch.Tensor        # (B,) bool, True when max_new_tokens ended the sample
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(-1)
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Set logits outside the smallest nucleus with mass >= top_p to -inf. (B, V) -> (B, V)."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    # A token stays if the mass strictly before it is below top_p (the top token always stays).
+    drop_sorted = probs.cumsum(-1) - probs >= top_p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def choose_tokens(logits: torch.Tensor, seeds: torch.Tensor, step: int, *,
+                  temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row; returns (tokens (B,), behaviour log-probs (B,))."""
+    if temperature <= 0:  # greedy
+        logp = logits.log_softmax(-1)
+        tokens = logits.argmax(-1)
+        return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+    scaled = logits.float() / temperature
+    logp = scaled.log_softmax(-1)
+    noisy = top_p_filter(scaled, top_p).double() + gumbel_noise(seeds, step, scaled.shape[-1])
+    tokens = noisy.argmax(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (ids (B, T), mask (B, T)) padded on the left."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
+        mask[row, width - len(seq):] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, *,
+             max_new_tokens: int, eos_id: int, pad_id: int,
+             temperature: float = 1.0, top_p: float = 1.0) -> Rollouts:
+    """Sample one completion per row. prompt_ids/prompt_mask (B, Tp), seeds (B,) int."""
+    was_training = model.training
+    model.eval()
+    batch = prompt_ids.shape[0]
+    attention = prompt_mask.clone()
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+    cache, last_logits = out.past_key_values, out.logits[:, -1]
+    next_pos = positions[:, -1:] + 1
+
+    tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)
+    logprobs = torch.zeros((batch, max_new_tokens))
+    done = torch.zeros(batch, dtype=torch.bool)
+    length = torch.zeros(batch, dtype=torch.long)
+    for step in range(max_new_tokens):
+        tok, logp = choose_tokens(last_logits, seeds, step, temperature=temperature, top_p=top_p)
+        tok = tok.masked_fill(done, pad_id)
+        tokens[:, step] = tok
+        logprobs[:, step] = logp.masked_fill(done, 0.0)
+        length += (~done).long()
+        done |= tok == eos_id
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype)], dim=-1)
+        out = model(input_ids=tok[:, None], attention_mask=attention, position_ids=next_pos,
+                    past_key_values=cache, use_cache=True)
+        cache, last_logits = out.past_key_values, out.logits[:, -1]
+        next_pos = next_pos + 1
+    model.train(was_training)
+    width = int(length.max()) if batch else 0
+    steps = torch.arange(width)
+    return Rollouts(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=tokens[:, :width],
+        completion_mask=(steps[None, :] < length[:, None]).float(),
+        logprobs=logprobs[:, :width],
+        truncated=~done,
+    )

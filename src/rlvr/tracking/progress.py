@@ -1,0 +1,35 @@
+"""Progress display: a tqdm bar on a terminal, plain periodic lines otherwise (CI, pipes)."""
+
+from __future__ import annotations
+
+import sys
+
+from tqdm import tqdm
+
+
+def _summary(metrics: dict) -> dict[str, str]:
+    shown = {"reward": metrics.get("reward/mean"), "acc": metrics.get("reward/accuracy"),
+             "heldout": metrics.get("eval/heldout_accuracy"), "tok/s": metrics.get("perf/rollout_tokens_per_s")}
+    return {k: (f"{v:.0f}" if k == "tok/s" else f"{v:.3f}") for k, v in shown.items() if v is not None}
+
+
+class Progress:
+    def __init__(self, *, total: int, initial: int = 0, echo=print, every: int = 25):
+        self.echo, self.every, self.total = echo, every, total
+        self.bar = tqdm(total=total, initial=initial, dynamic_ncols=True) if sys.stderr.isatty() else None
+        self.last_heldout = None
+
+    def update(self, step: int, metrics: dict) -> None:
+        if "eval/heldout_accuracy" in metrics:
+            self.last_heldout = metrics["eval/heldout_accuracy"]
+        summary = _summary({**metrics, "eval/heldout_accuracy": self.last_heldout} if self.last_heldout is not None
+                           else metrics)
+        if self.bar is not None:
+            self.bar.set_postfix(summary, refresh=False)
+            self.bar.update(1)
+        elif step % self.every == 0 or step == self.total or "eval/heldout_accuracy" in metrics:
+            self.echo(f"step {step}/{self.total} " + " ".join(f"{k}={v}" for k, v in summary.items()))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,96 @@
+"""The update step: micro-batches -> log-probs -> objective -> aggregate -> backward -> clip -> step.
+
+One function, shared by every loop (DESIGN §2). The aggregation is normalised by counts over
+the whole optimizer step, computed before the first micro-batch, so gradients do not depend on
+`micro_batch_size` (a test checks 1 vs 4 micro-batches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from rlvr.algos import call_with_hparams
+from rlvr.algos.aggregate import global_counts
+
+
+@dataclass
+class TrainBatch:
+    """Rows of completions with everything the loss needs. All (B, Tc) except the prompts."""
+
+    prompt_ids: torch.Tensor         # (B, Tp)
+    prompt_mask: torch.Tensor        # (B, Tp)
+    completion_ids: torch.Tensor     # (B, Tc)
+    completion_mask: torch.Tensor    # (B, Tc) float, 1 = trained token
+    advantages: torch.Tensor         # (B, Tc)
+    old_logp: torch.Tensor | None = None   # (B, Tc) policy before this update; None = on-policy (ρ ≡ 1)
+    ref_logp: torch.Tensor | None = None   # (B, Tc) frozen reference, when a KL term is on
+    rollout_logp: torch.Tensor | None = None  # (B, Tc) the sampler's behaviour log-probs (gap metric)
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+    def select(self, rows: slice | torch.Tensor) -> "TrainBatch":
+        return replace(self, **{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows]
+                                for f in fields(self)})
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """The resolved loss: registry functions plus the flat hyperparameter namespace."""
+
+    objective: Callable
+    aggregation: Callable
+    kl_estimator: Callable | None  # None = no KL term in the loss
+    kl_coef: float
+    entropy_coef: float
+    hparams: dict
+
+
+def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: float, num_seqs: float):
+    """This micro-batch's share of the step loss, and its per-token metric sums (masked)."""
+    logp, entropy = policy.token_logprobs(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, with_entropy=True)
+    old = logp.detach() if mb.old_logp is None else mb.old_logp
+    mask = mb.completion_mask
+    loss_tok, tok_metrics = call_with_hparams(spec.objective, logp, old, mb.advantages, mask, hparams=spec.hparams)
+    if spec.kl_estimator is not None and spec.kl_coef > 0:
+        kl_tok = call_with_hparams(spec.kl_estimator, logp, mb.ref_logp, hparams=spec.hparams, old_logp=old)
+        loss_tok = loss_tok + spec.kl_coef * kl_tok
+        tok_metrics = {**tok_metrics, "kl": kl_tok.detach()}
+    if spec.entropy_coef:
+        loss_tok = loss_tok - spec.entropy_coef * entropy
+    counts = {"num_tokens": num_tokens, "num_seqs": num_seqs}
+    loss = call_with_hparams(spec.aggregation, loss_tok, mask, hparams=spec.hparams, **counts)
+    sums = {name: float((value.detach() * mask).sum()) for name, value in tok_metrics.items()}
+    sums["entropy"] = float((entropy.detach() * mask).sum())
+    if mb.rollout_logp is not None:  # how far the sampler's log-probs are from the trainer's
+        sums["rollout_logprob_gap"] = float(((old - mb.rollout_logp).abs() * mask).sum())
+    return loss, sums
+
+
+def optimizer_step(policy, optimizer, scheduler, batch: TrainBatch, spec: LossSpec, *,
+                   micro_batch_size: int, grad_clip: float) -> dict[str, float]:
+    """One optimizer step over `batch`, accumulated over micro-batches. Returns metrics."""
+    chunks = [batch.select(slice(i, i + micro_batch_size)) for i in range(0, len(batch), micro_batch_size)]
+    num_tokens, num_seqs = global_counts(c.completion_mask for c in chunks)
+    if num_tokens == 0:
+        return {}
+    totals: dict[str, float] = {}
+    loss_value = 0.0
+    for mb in chunks:
+        loss, sums = micro_batch_loss(policy, mb, spec, num_tokens=num_tokens, num_seqs=num_seqs)
+        loss.backward()
+        loss_value += float(loss.detach())
+        for key, value in sums.items():
+            totals[key] = totals.get(key, 0.0) + value
+    params = [p for p in policy.parameters() if p.grad is not None]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    metrics = {f"actor/{k}": v / num_tokens for k, v in totals.items()}
+    metrics.update({"loss/policy": loss_value, "actor/grad_norm": float(grad_norm),
+                    "actor/lr": scheduler.get_last_lr()[0]})
+    return metrics
