@@ -70,6 +70,15 @@ def group_stats(scores: Tensor, group_size: int) -> GroupStats:
     return GroupStats(scores=s, valid=valid, count=count, mean=mean, std=std, constant=constant)
 
 
+def centred_scores(st: GroupStats, group_size: int) -> Tensor:
+    """(P, G) s - mean_g over scorable rows. G = 1: s itself (no baseline). A group with fewer
+    than two scorable scores (G > 1), or all of them equal, gets exactly 0; NaN rows get 0."""
+    if group_size == 1:
+        return st.scores
+    centred = st.scores - st.mean
+    return torch.where(st.valid & ~st.constant, centred, torch.zeros_like(centred))
+
+
 def group_metrics(st: GroupStats) -> dict[str, float]:
     """Scalar diagnostics every group estimator reports."""
     return {

@@ -1,8 +1,15 @@
 """Policy objectives: per-token policy loss (B, T), before aggregation.
 
 Papers (abstracts in /work/shared/literature/, see docs/papers.md):
-- `ppo_clip`: PPO (Schulman et al. 2017); asymmetric "clip-higher" from DAPO (Yu et al. 2025);
-  dual-clip from "Mastering Complex Control in MOBA Games with Deep RL" (Ye et al. 2020).
+- `ppo_clip`: PPO (Schulman et al. 2017); asymmetric "clip-higher" from DAPO (Yu et al. 2025;
+  literature/000_*.txt line 93); dual-clip from "Mastering Complex Control in MOBA Games with
+  Deep Reinforcement Learning" (Ye et al. 2020).
+- `gspo`: "Group Sequence Policy Optimization" (Zheng et al. 2025), length-normalised sequence
+  ratio.
+- `cispo`: MiniMax-M1 (MiniMax 2025), clipped importance-sampling weight, gradient kept.
+- `sapo`: "Soft Adaptive Policy Optimization" (Qwen, Gao et al. 2025), a smooth gate instead of
+  the hard clip. Not the "Swarm sAmpling Policy Optimization" of literature/001_*.txt line 181,
+  which shares the acronym.
 - `reinforce`: REINFORCE (Williams 1992), the plain policy-gradient surrogate -A * logp.
 
 Signature of every objective:
@@ -10,12 +17,14 @@ Signature of every objective:
 `logp` (B, T) carries the gradient; `old_logp` (B, T) is the policy the ratio is taken against
 (detached here whatever the caller passes); `advantages` (B, T) are detached too; `mask` (B, T)
 is float 0/1. The loss is zero outside the mask. Metric tensors are detached per-token floats;
-the caller takes their masked mean with the same mask.
+the caller takes their masked mean with the same mask. Every objective reports "ratio".
 
 Hyperparameters (one flat namespace, same meaning wherever used):
-- `clip_low`, `clip_high` (float): half-widths of the ratio clip, [1 - clip_low, 1 + clip_high].
+- `clip_low`, `clip_high` (float): half-widths of the ratio clip, [1 - clip_low, 1 + clip_high]
+  (`ppo_clip`, `gspo` on the sequence ratio, `cispo` on the detached weight).
 - `dual_clip` (float | None): c > 1 caps a negative-advantage token's loss at c * |A|.
-- `log_ratio_clamp` (float): |logp - old_logp| is clamped to this before exp (overflow guard).
+- `log_ratio_clamp` (float): |log ratio| is clamped to this before exp (overflow guard).
+- `tau_pos`, `tau_neg` (float): SAPO gate temperatures for A > 0 and A <= 0.
 
 Deliberate deviations:
 1. Dual-clip is off unless `dual_clip` is given (verl always applies it with c = 3).
@@ -24,6 +33,13 @@ Deliberate deviations:
 3. Metrics are per-token indicators; "clip_frac_low" counts tokens whose gradient the lower clip
    removes (A < 0 and rho < 1 - clip_low), "clip_frac_high" the upper (A > 0 and
    rho > 1 + clip_high), "clip_frac_dual" those where the dual clip binds (A < 0, rho > c).
+   For `cispo` (which never removes a gradient) they count tokens whose weight was clipped.
+4. `gspo` clamps the sequence log-ratio with `log_ratio_clamp` (verl clamps at 10) and has no
+   dual clip; its default clip widths are the paper's 3e-4 / 4e-4.
+5. `cispo` uses verl's two-sided form -sg[clip(rho, 1-clip_low, 1+clip_high)] * A * logp; TRL's
+   absolute cap min(rho, c) is clip_low >= 1, clip_high = c - 1. Defaults: no lower clip
+   (clip_low=1.0, as MiniMax-M1) and clip_high=4.0 (TRL's recommended cap 5).
+6. `sapo` uses tau_neg for A <= 0 (A = 0 gives zero loss either way).
 """
 
 from __future__ import annotations
@@ -35,13 +51,20 @@ from torch import Tensor
 
 from rlvr.algos._registry import lookup
 
-__all__ = ["OBJECTIVES", "get_objective", "ppo_clip", "reinforce"]
+__all__ = ["OBJECTIVES", "cispo", "get_objective", "gspo", "ppo_clip", "reinforce", "sapo"]
 
 Metrics = dict[str, Tensor]
 
 
 def _masked(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask > 0, x, torch.zeros_like(x))
+
+
+def _clean(logp: Tensor, old_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Replace padding log-probs by 0 before any arithmetic (deviation 2): the gradient that
+    reaches a padding position is then exactly 0, never 0 * NaN."""
+    keep = mask > 0
+    return torch.where(keep, logp, torch.zeros_like(logp)), torch.where(keep, old_logp.detach(), torch.zeros_like(old_logp))
 
 
 def _ratio(logp: Tensor, old_logp: Tensor, log_ratio_clamp: float) -> Tensor:
@@ -64,6 +87,7 @@ def ppo_clip(
     """PPO-clip: max(-A*rho, -A*clip(rho, 1-clip_low, 1+clip_high)), with optional dual clip
     min(., -c*A) for A < 0. Shapes (B, T)."""
     adv = advantages.detach()
+    logp, old_logp = _clean(logp, old_logp, mask)
     ratio = _ratio(logp, old_logp, log_ratio_clamp)
     loss_unclipped = -adv * ratio
     loss_clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
@@ -87,6 +111,97 @@ def ppo_clip(
     return _masked(loss, mask), metrics
 
 
+def gspo(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    log_ratio_clamp: float = 20.0,
+) -> tuple[Tensor, Metrics]:
+    """GSPO: the PPO-clip loss on the length-normalised sequence ratio
+    s_i = exp(mean_t over valid tokens of (logp - old_logp)).
+
+    Token surrogate log s_{i,t} = sg[log s_i] + logp_t - sg[logp_t]: its value is s_i on every
+    token and its gradient is s_i * grad logp_t, so with `seq_mean_token_mean` the gradient is
+    -A_i s_i (1/L_i) sum_t grad logp_t (the paper's). Shapes (B, T); A should be per sequence.
+    """
+    adv = advantages.detach()
+    logp, old_logp = _clean(logp, old_logp, mask)
+    lengths = mask.sum(dim=-1, keepdim=True).clamp(min=1)  # (B, 1)
+    diff = torch.where(mask > 0, logp - old_logp.detach(), torch.zeros_like(logp))
+    seq_log_ratio = (diff.sum(dim=-1, keepdim=True) / lengths).clamp(-log_ratio_clamp, log_ratio_clamp)
+    tok_log_ratio = seq_log_ratio.detach() + logp - logp.detach()
+    ratio = torch.exp(tok_log_ratio)  # (B, T), value s_i
+    loss_unclipped = -adv * ratio
+    loss_clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(loss_unclipped, loss_clipped)
+    r = ratio.detach()
+    metrics = {
+        "ratio": _masked(r, mask),
+        "clip_frac_low": _masked(((adv < 0) & (r < 1.0 - clip_low)).float(), mask),
+        "clip_frac_high": _masked(((adv > 0) & (r > 1.0 + clip_high)).float(), mask),
+    }
+    return _masked(loss, mask), metrics
+
+
+def cispo(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 1.0,
+    clip_high: float = 4.0,
+    log_ratio_clamp: float = 20.0,
+) -> tuple[Tensor, Metrics]:
+    """CISPO: -sg[clip(rho, 1-clip_low, 1+clip_high)] * A * logp.
+
+    The importance weight is clipped and detached, but every token keeps its gradient
+    -w * A * grad logp (PPO-clip would drop clipped tokens entirely). Shapes (B, T).
+    """
+    adv = advantages.detach()
+    logp, old_logp = _clean(logp, old_logp, mask)
+    r = _ratio(logp, old_logp, log_ratio_clamp).detach()
+    weight = r.clamp(1.0 - clip_low, 1.0 + clip_high)
+    metrics = {
+        "ratio": _masked(r, mask),
+        "clip_frac_low": _masked((r < 1.0 - clip_low).float(), mask),
+        "clip_frac_high": _masked((r > 1.0 + clip_high).float(), mask),
+    }
+    return _masked(-weight * adv * logp, mask), metrics
+
+
+def sapo_gate(ratio: Tensor, tau: Tensor | float) -> Tensor:
+    """f(rho) = sigmoid(tau (rho - 1)) * 4 / tau: f(1) = 2/tau, f'(1) = 1, flat far from 1."""
+    return torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
+
+
+def sapo(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    log_ratio_clamp: float = 20.0,
+) -> tuple[Tensor, Metrics]:
+    """SAPO: -f(rho) * A with the soft gate f above, tau = tau_pos if A > 0 else tau_neg.
+
+    The gradient -A f'(rho) rho grad logp fades smoothly as rho leaves 1 instead of being cut at
+    a clip boundary. Shapes (B, T).
+    """
+    adv = advantages.detach()
+    logp, old_logp = _clean(logp, old_logp, mask)
+    ratio = _ratio(logp, old_logp, log_ratio_clamp)
+    tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
+    loss = -sapo_gate(ratio, tau) * adv
+    return _masked(loss, mask), {"ratio": _masked(ratio.detach(), mask)}
+
+
 def reinforce(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, Metrics]:
     """REINFORCE surrogate -A * logp: gradient -A * grad(logp), no ratio, no clipping.
 
@@ -94,12 +209,16 @@ def reinforce(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) 
     caller's metric code does not branch.
     """
     adv = advantages.detach()
+    logp, old_logp = _clean(logp, old_logp, mask)
     ratio = torch.exp((logp - old_logp).detach().clamp(-20.0, 20.0))
     return _masked(-adv * logp, mask), {"ratio": _masked(ratio, mask)}
 
 
 OBJECTIVES: dict[str, Callable[..., tuple[Tensor, Metrics]]] = {
     "ppo_clip": ppo_clip,
+    "gspo": gspo,
+    "cispo": cispo,
+    "sapo": sapo,
     "reinforce": reinforce,
 }
 
