@@ -5,6 +5,10 @@
 - `aggregate.AGGREGATIONS`: per-token loss -> this micro-batch's share of the step's scalar loss
 - `kl.KL_ESTIMATORS`: per-token KL estimate (B, T) against a reference policy
 
+Beside them, plain functions: `value.value_loss` (critic), `shaping` (DAPO overlong penalty and
+zero-variance groups), `entropy.token_entropy`, `correction.importance_correction` (rollout vs
+trainer log-prob mismatch), `kl.adaptive_kl_coef`, `returns.gae_returns` (critic targets).
+
 Everything here imports only torch and the standard library (a test checks it). Functions take
 plain tensors and keyword hyperparameters; the trainer holds one flat namespace of
 hyperparameters and hands each function only the names it declares (`call_with_hparams`), so a

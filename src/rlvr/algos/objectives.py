@@ -205,8 +205,8 @@ def sapo(
 def reinforce(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, Metrics]:
     """REINFORCE surrogate -A * logp: gradient -A * grad(logp), no ratio, no clipping.
 
-    `old_logp` is unused (kept for the common signature); the ratio is still reported so the
-    caller's metric code does not branch.
+    `old_logp` does not enter the loss; it only feeds the reported "ratio", so the caller's
+    metric code does not branch. Off-policy data needs `importance_correction` weights.
     """
     adv = advantages.detach()
     logp, old_logp = _clean(logp, old_logp, mask)
