@@ -133,7 +133,10 @@ def test_passk_hand_vector():
     _close(adv[:, 0], [1, -1 / 3, -1 / 3, -1 / 3])
 
 
-@pytest.mark.parametrize("rewards,k", [([1, 0, 0, 0, 0, 1], 2), ([1, 0, 0, 0, 0, 1], 3), ([0, 1, 1, 0, 0], 2), ([0, 1, 0, 0, 0, 0, 0, 0], 5)])
+PASSK_CASES = [([1, 0, 0, 0, 0, 1], 2), ([1, 0, 0, 0, 0, 1], 3), ([0, 1, 1, 0, 0], 2), ([0, 1, 0, 0, 0, 0, 0, 0], 5)]
+
+
+@pytest.mark.parametrize("rewards,k", PASSK_CASES)
 def test_passk_matches_subset_enumeration(rewards, k):
     adv, _ = passk(_inp(rewards, len(rewards)), pass_k=k, adv_eps=0.0)
     _close(adv[:, 0], _passk_brute(rewards, k))

@@ -71,7 +71,7 @@ def _grad(name, n_micro, objective="reinforce"):
     old_shift = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 0.2
     num_tokens, num_seqs = global_counts(mask.chunk(n_micro))
     total = 0.0
-    chunks = zip(x.chunk(n_micro), tokens.chunk(n_micro), mask.chunk(n_micro), adv.chunk(n_micro), old_shift.chunk(n_micro))
+    chunks = zip(*(t.chunk(n_micro) for t in (x, tokens, mask, adv, old_shift)))
     for xs, ts, ms, advs, shift in chunks:
         logp = torch.log_softmax(xs @ W, dim=-1).gather(-1, ts[..., None]).squeeze(-1)
         loss_tok, _ = OBJECTIVES[objective](logp, logp.detach() + shift, advs, ms)

@@ -23,7 +23,8 @@ def test_overlong_penalty_anchor_vector():
 
 def test_zero_variance_groups():
     r = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, math.nan, 0.5, math.nan])
-    torch.testing.assert_close(zero_variance_groups(r, 2), torch.tensor([True, False, True, True, True]))  # [1, nan]: one scorable
+    # groups [1,1] [0,1] [0,0] [1,nan] [.5,nan]: the last two have one scorable reward
+    torch.testing.assert_close(zero_variance_groups(r, 2), torch.tensor([True, False, True, True, True]))
     assert not zero_variance_groups(torch.tensor([1.0, 1.0]), 1).any()  # singletons are kept
 
 
@@ -57,7 +58,8 @@ def test_importance_correction_token_and_sequence():
     roll = torch.tensor([[-1.0 - math.log(3), -1.0 + math.log(2), -1.0], [-1.0, -2.0, 5.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     # token weights old/roll: [3, .5, 1] | [1, 1, pad]
-    w, m = importance_correction(old, roll, mask, correction_level="token", correction_mode="truncate", correction_cap=2.0)
+    hp = dict(correction_level="token", correction_mode="truncate", correction_cap=2.0)
+    w, m = importance_correction(old, roll, mask, **hp)
     torch.testing.assert_close(w, torch.tensor([[2.0, 0.5, 1.0], [1.0, 1.0, 0.0]]))
     assert abs(m["correction_clip_frac"] - 1 / 5) < 1e-7
     w, _ = importance_correction(old, roll, mask, correction_mode="mask", correction_cap=2.0)
@@ -65,7 +67,8 @@ def test_importance_correction_token_and_sequence():
     # sequence weights: 3 * .5 * 1 = 1.5 | 1 (the padding token's 5.0 is ignored)
     w, _ = importance_correction(old, roll, mask, correction_level="sequence", correction_cap=2.0)
     torch.testing.assert_close(w, torch.tensor([[1.5, 1.5, 1.5], [1.0, 1.0, 0.0]]))
-    w, _ = importance_correction(old, roll, mask, correction_level="sequence", correction_cap=1.2, correction_mode="mask")
+    hp = dict(correction_level="sequence", correction_cap=1.2, correction_mode="mask")
+    w, _ = importance_correction(old, roll, mask, **hp)
     torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]))
     with pytest.raises(ValueError, match="correction_level"):
         importance_correction(old, roll, mask, correction_level="tok")

@@ -82,7 +82,9 @@ __all__ = [
 Estimator = Callable[..., tuple[Tensor, dict[str, float]]]
 
 
-def grpo(inp: AdvantageInputs, *, std_normalize: bool = True, adv_eps: float = 1e-6) -> tuple[Tensor, dict[str, float]]:
+def grpo(
+    inp: AdvantageInputs, *, std_normalize: bool = True, adv_eps: float = 1e-6
+) -> tuple[Tensor, dict[str, float]]:
     """GRPO: A_i = (s_i - mean_g) / (std_g + adv_eps), broadcast to the completion tokens.
 
     `std_normalize=False` gives s_i - mean_g (the Dr.GRPO advantage). G = 1: A = s.

@@ -168,7 +168,9 @@ def js_on_reference_samples(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return 0.5 * (-log_half_1pu + u * (log_u - log_half_1pu))
 
 
-def adaptive_kl_coef(beta: float, observed_kl: float, n: int, *, kl_target: float, kl_horizon: float = 10000.0) -> float:
+def adaptive_kl_coef(
+    beta: float, observed_kl: float, n: int, *, kl_target: float, kl_horizon: float = 10000.0
+) -> float:
     """Adaptive KL coefficient: e = clip(observed_kl / kl_target - 1, -0.2, 0.2),
     beta' = beta * (1 + e * n / kl_horizon). `n` is the number of samples (or steps) since the
     last update; `observed_kl` the batch mean of per-sequence KL."""

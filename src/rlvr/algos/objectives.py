@@ -64,7 +64,9 @@ def _clean(logp: Tensor, old_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor
     """Replace padding log-probs by 0 before any arithmetic (deviation 2): the gradient that
     reaches a padding position is then exactly 0, never 0 * NaN."""
     keep = mask > 0
-    return torch.where(keep, logp, torch.zeros_like(logp)), torch.where(keep, old_logp.detach(), torch.zeros_like(old_logp))
+    clean_logp = torch.where(keep, logp, torch.zeros_like(logp))
+    clean_old = torch.where(keep, old_logp.detach(), torch.zeros_like(old_logp))
+    return clean_logp, clean_old
 
 
 def _ratio(logp: Tensor, old_logp: Tensor, log_ratio_clamp: float) -> Tensor:

@@ -73,7 +73,9 @@ def _scorable_tokens(inp: AdvantageInputs) -> Tensor:
     return inp.response_mask * row_valid(inp.rewards)[:, None].to(inp.response_mask.dtype)
 
 
-def reinforce_pp(inp: AdvantageInputs, *, gamma: float = 1.0, adv_eps: float = 1e-6) -> tuple[Tensor, dict[str, float]]:
+def reinforce_pp(
+    inp: AdvantageInputs, *, gamma: float = 1.0, adv_eps: float = 1e-6
+) -> tuple[Tensor, dict[str, float]]:
     """REINFORCE++: discounted token returns, whitened over every valid token of the batch."""
     mask = _scorable_tokens(inp)
     returns = discounted_returns(token_level_rewards(inp), mask, gamma=gamma)
