@@ -128,6 +128,11 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
         raise errors[0]
     if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if annotation is float and isinstance(value, str):  # YAML 1.1 reads `5e-5` (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if isinstance(value, annotation) and not (annotation is int and isinstance(value, bool)):
         return value
     shown = "null" if value is None else repr(value)
