@@ -1,0 +1,285 @@
+"""Grade model-written Python against a row's tests; the grader stays outside the sandbox.
+
+Two kinds of tests (a row's ``tests`` field):
+
+- **stdin/stdout**: ``[{"input": "1 2\\n", "output": "3\\n"}, ...]``. Each test is one sandbox
+  run with that stdin; the parent compares stdout with the expected text: lines right-stripped,
+  trailing blank lines dropped, and the **line counts must match** (printing only a correct
+  prefix fails).
+- **assert-style**: ``["assert add(1, 2) == 3", ...]`` (MBPP/HumanEval-like). A harness in the
+  sandbox imports the solution and runs each test. For ``assert EXPR == LITERAL`` only EXPR is
+  sent in: its value comes back as strict JSON (exact builtin types only; an object whose
+  ``__eq__`` is always true cannot be serialised) and is compared with LITERAL **in the parent**,
+  so expected values never enter the sandbox. Other asserts run inside and count as passed when
+  they raise nothing. Results are printed on lines tagged with a per-run random nonce read from
+  stdin (which is then replaced by ``/dev/null``): ``print("PASSED")``, ``sys.exit(0)`` or
+  ``os._exit(0)`` before the tests produce no tagged lines, hence FAIL.
+
+Limit of the in-process harness: a candidate that introspects the interpreter (``gc``, frames)
+could find the nonce and forge results of non-``==`` asserts; ``==`` tests and stdin/stdout
+tests cannot be forged without computing the right answers.
+
+Reward = fraction of tests passed, or 1/0 with ``all_or_nothing``. ``SANDBOX_ERROR`` (our
+fault) gives reward ``None`` (not scorable) and is counted, never turned into a silent zero.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import re
+import secrets
+from dataclasses import dataclass, field
+
+from rlvr.rewards.sandbox import Limits, RunResult, Sandbox, Verdict
+
+__all__ = ["Grade", "CodeGrader", "extract_code", "compare_stdout", "split_assert"]
+
+_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+
+
+def extract_code(completion: str) -> str:
+    """The last fenced code block of a completion, else the completion itself.
+
+    >>> extract_code("Here:\\n```python\\nprint(1)\\n```\\nDone.")
+    'print(1)\\n'
+    >>> extract_code("print(2)")
+    'print(2)'
+    """
+    blocks = _FENCE.findall(completion)
+    return blocks[-1] if blocks else completion
+
+
+def _norm_lines(text: str) -> list[str]:
+    lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def compare_stdout(actual: str, expected: str) -> bool:
+    """Exact match up to trailing spaces per line and trailing blank lines; same line count.
+
+    >>> compare_stdout("3 \\n", "3"), compare_stdout("1\\n", "1\\n2\\n"), compare_stdout("1\\n2\\n3\\n", "1\\n2")
+    (True, False, False)
+    """
+    return _norm_lines(actual) == _norm_lines(expected)
+
+
+def _serialize(value, _depth=0):
+    """Strict JSON form of a value: exact builtin types only, containers tagged.
+
+    Used by the harness inside the sandbox and by the parent on the expected literal.
+    """
+    if _depth > 50:
+        raise ValueError("too deep")
+    t = type(value)
+    if value is None or t is bool or t is int or t is str:
+        return value
+    if t is float:
+        if value != value or value in (float("inf"), float("-inf")):
+            return {"__float__": repr(value)}
+        return value
+    if t is list:
+        return [_serialize(v, _depth + 1) for v in value]
+    if t is tuple:
+        return {"__tuple__": [_serialize(v, _depth + 1) for v in value]}
+    if t is set or t is frozenset:
+        items = [_serialize(v, _depth + 1) for v in value]
+        return {"__set__": sorted(items, key=lambda x: json.dumps(x, sort_keys=True))}
+    if t is dict:
+        pairs = [[_serialize(k, _depth + 1), _serialize(v, _depth + 1)] for k, v in value.items()]
+        return {"__dict__": sorted(pairs, key=lambda x: json.dumps(x, sort_keys=True))}
+    raise TypeError(f"cannot serialise {t.__name__}")
+
+
+def _values_equal(a, b) -> bool:
+    """Python ``==`` on serialised values, except that bools only equal bools."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def split_assert(test: str) -> dict:
+    """``assert EXPR == LITERAL`` -> an ``expr`` test (value compared outside); else a ``stmt`` test.
+
+    >>> split_assert("assert add(1, 2) == 3")
+    {'kind': 'expr', 'src': 'add(1, 2)', 'expected': 3}
+    >>> split_assert("assert is_prime(7)")["kind"]
+    'stmt'
+    """
+    try:
+        tree = ast.parse(test.strip())
+    except SyntaxError:
+        return {"kind": "stmt", "src": test}
+    if len(tree.body) == 1 and isinstance(node := tree.body[0], ast.Assert):
+        cmp = node.test
+        if isinstance(cmp, ast.Compare) and len(cmp.ops) == 1 and isinstance(cmp.ops[0], ast.Eq):
+            for expr_node, lit_node in ((cmp.left, cmp.comparators[0]), (cmp.comparators[0], cmp.left)):
+                try:
+                    expected = ast.literal_eval(lit_node)
+                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                    continue
+                return {"kind": "expr", "src": ast.unparse(expr_node), "expected": expected}
+    return {"kind": "stmt", "src": test}
+
+
+_HARNESS = '''
+import sys, os, json
+def _main():
+    nonce = sys.stdin.readline().strip()
+    tests = json.loads(sys.stdin.readline())
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    out = os.fdopen(os.dup(1), "w")
+    dumps = json.dumps
+    def report(i, **kw):
+        out.write(nonce + dumps({"i": i, **kw}) + "\\n")
+        out.flush()
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "solution.py"), encoding="utf-8") as f:
+        source = f.read()
+    ns = {"__name__": "solution", "__builtins__": __builtins__}
+    try:
+        exec(compile(source, "solution.py", "exec"), ns)
+    except BaseException as e:
+        report(-1, error=type(e).__name__ + ": " + str(e)[:200])
+        return
+    for i, t in enumerate(tests):
+        try:
+            if t["kind"] == "expr":
+                value = eval(t["src"], ns)
+                try:
+                    value = _serialize(value)
+                except BaseException:
+                    report(i, unserialisable=True)
+                    continue
+                report(i, value=value)
+            else:
+                exec(t["src"], ns)
+                report(i, ok=True)
+        except BaseException as e:
+            report(i, error=type(e).__name__ + ": " + str(e)[:200])
+'''
+
+
+def _harness_source() -> str:
+    return "import json\n" + inspect.getsource(_serialize) + _HARNESS + "_main()\n"
+
+
+@dataclass
+class Grade:
+    """A graded completion: overall verdict, tests passed, per-test verdicts."""
+
+    verdict: Verdict
+    passed: int
+    total: int
+    tests: list[Verdict] = field(default_factory=list)
+    detail: str = ""
+
+    def reward(self, all_or_nothing: bool = False) -> float | None:
+        if self.verdict is Verdict.SANDBOX_ERROR:
+            return None
+        if self.total == 0:
+            return 0.0
+        if all_or_nothing:
+            return float(self.passed == self.total)
+        return self.passed / self.total
+
+
+def _overall(tests: list[Verdict], runs: list[RunResult]) -> Verdict:
+    if any(v is Verdict.SANDBOX_ERROR for v in tests):
+        return Verdict.SANDBOX_ERROR
+    if tests and all(v is Verdict.PASS for v in tests):
+        return Verdict.PASS
+    for run in runs:  # a program that hit a limit names the failure
+        if run.verdict not in (Verdict.OK, Verdict.RUNTIME_ERROR):
+            return run.verdict
+    return next((v for v in tests if v is not Verdict.PASS), Verdict.FAIL)
+
+
+class CodeGrader:
+    """Runs a completion's code against tests in a ``Sandbox``; see the module doc."""
+
+    def __init__(self, sandbox: Sandbox | None = None, *, limits: Limits | None = None):
+        self.sandbox = sandbox or Sandbox()
+        self.limits = limits
+
+    def grade(self, code: str, tests: list) -> Grade:
+        return self.grade_many([(code, tests)])[0]
+
+    def grade_many(self, items: list[tuple[str, list]]) -> list[Grade]:
+        """Grade ``(code, tests)`` pairs, all their sandbox runs fanned out over the pool."""
+        jobs, plans = [], []
+        for code, tests in items:
+            if not tests:
+                plans.append(("empty", None, None))
+            elif all(isinstance(t, dict) and "input" in t for t in tests):
+                start = len(jobs)
+                jobs += [dict(source=code, stdin=str(t["input"]), limits=self.limits) for t in tests]
+                plans.append(("stdio", start, tests))
+            else:
+                specs = [split_assert(t) if isinstance(t, str) else t for t in tests]
+                nonce = secrets.token_hex(16)
+                sent = [{k: v for k, v in s.items() if k != "expected"} for s in specs]
+                stdin = nonce + "\n" + json.dumps(sent) + "\n"
+                plans.append(("assert", len(jobs), (specs, nonce)))
+                jobs.append(dict(source=_harness_source(), files={"solution.py": code}, stdin=stdin,
+                                 limits=self.limits))
+        runs = self.sandbox.run_many(jobs)
+        grades = []
+        for kind, start, info in plans:
+            if kind == "empty":
+                grades.append(Grade(Verdict.FAIL, 0, 0, detail="no tests"))
+            elif kind == "stdio":
+                mine = runs[start:start + len(info)]
+                verdicts = [_stdio_verdict(r, t["output"]) for r, t in zip(mine, info)]
+                passed = sum(v is Verdict.PASS for v in verdicts)
+                grades.append(Grade(_overall(verdicts, mine), passed, len(verdicts), verdicts))
+            else:
+                specs, nonce = info
+                grades.append(_assert_grade(runs[start], specs, nonce))
+        return grades
+
+
+def _stdio_verdict(run: RunResult, expected: str) -> Verdict:
+    if run.verdict is Verdict.OK:
+        return Verdict.PASS if compare_stdout(run.stdout, str(expected)) else Verdict.FAIL
+    return run.verdict
+
+
+def _assert_grade(run: RunResult, specs: list[dict], nonce: str) -> Grade:
+    if run.verdict is Verdict.SANDBOX_ERROR:
+        return Grade(Verdict.SANDBOX_ERROR, 0, len(specs), [Verdict.SANDBOX_ERROR] * len(specs), run.detail)
+    results: dict[int, dict] = {}
+    for line in run.stdout.splitlines():
+        if line.startswith(nonce):
+            try:
+                record = json.loads(line[len(nonce):])
+                results.setdefault(int(record["i"]), record)
+            except (ValueError, KeyError, TypeError):
+                continue
+    verdicts = []
+    for i, spec in enumerate(specs):
+        record = results.get(i)
+        if record is None:  # never reported: the program stopped, exited early or hit a limit
+            ok_run = run.verdict in (Verdict.OK, Verdict.RUNTIME_ERROR)
+            verdicts.append(Verdict.FAIL if ok_run else run.verdict)
+        elif "error" in record:
+            verdicts.append(Verdict.RUNTIME_ERROR if not record["error"].startswith("AssertionError")
+                            else Verdict.FAIL)
+        elif spec["kind"] == "expr":
+            same = "value" in record and _values_equal(record["value"], _serialize(spec["expected"]))
+            verdicts.append(Verdict.PASS if same else Verdict.FAIL)
+        else:
+            verdicts.append(Verdict.PASS if record.get("ok") is True else Verdict.FAIL)
+    passed = sum(v is Verdict.PASS for v in verdicts)
+    detail = results.get(-1, {}).get("error", "")
+    return Grade(_overall(verdicts, [run]), passed, len(specs), verdicts, detail)
