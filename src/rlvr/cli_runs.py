@@ -1,0 +1,147 @@
+"""`rlvr runs list|compare|plot`, `rlvr report RUN`, `rlvr export RUN DIR`.
+
+`cli.py` calls `register(sub)` once; each handler takes the parsed args and returns an exit code,
+raising `ConfigError` for user mistakes (printed as one line, exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rlvr.errors import ConfigError
+
+
+def _metrics(args) -> list[str]:
+    from rlvr.tracking.runs import DEFAULT_METRICS
+
+    return list(dict.fromkeys(args.metric)) if args.metric else list(DEFAULT_METRICS)
+
+
+def _check_metrics(runs, metrics: list[str]) -> None:
+    logged = {k for r in runs for m in r.metrics for k in m}
+    missing = [m for m in metrics if m not in logged]
+    if missing:
+        shown = ", ".join(sorted(k for k in logged if k != "step")[:12])
+        raise ConfigError(f"--metric {missing[0]!r} is not logged by these runs; logged keys include: {shown}")
+
+
+def cmd_runs_list(args) -> int:
+    from rlvr.tracking.runs import find_runs
+
+    runs = find_runs(args.paths)
+    header = ["run", "status", "step", "seed", "heldout", "reward", "started", "git"]
+    rows = []
+    for run in runs:
+        total = (run.config.get("trainer") or {}).get("steps")
+        _, held = run.series("eval/heldout_accuracy")
+        _, reward = run.series("reward/mean")
+        sha = run.manifest.get("git_sha") or ""
+        rows.append([str(run.path), str(run.manifest.get("status", "?")), f"{run.last_step}/{total}", str(run.seed),
+                     f"{held[-1]:.3f}" if held else "-", f"{reward[-1]:.3f}" if reward else "-",
+                     str(run.manifest.get("started", "-")),
+                     sha[:8] + ("+dirty" if run.manifest.get("git_dirty") else "") if sha else "-"])
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    for row in [header] + rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return 0
+
+
+def _groups(args):
+    from rlvr.tracking.runs import find_runs, group_runs
+
+    runs = find_runs(args.runs)
+    metrics = _metrics(args)
+    _check_metrics(runs, metrics)
+    return runs, group_runs(runs), metrics
+
+
+def cmd_runs_compare(args) -> int:
+    from rlvr.tracking.plots import plot_groups
+    from rlvr.tracking.runs import csv_table, markdown_table, summarize
+
+    runs, groups, metrics = _groups(args)
+    table = summarize(groups, metrics)
+    markdown = markdown_table(groups, metrics, table)
+    print(markdown, end="")
+    if any(len(g.runs) < 2 for g in groups):
+        print("note: groups with one run have no confidence interval; add seeds (seed=N) to get one")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.md").write_text(markdown)
+    (out / "compare.csv").write_text(csv_table(groups, metrics, table))
+    plot = plot_groups(groups, metrics, out / "curves.png", window=args.smooth)
+    print(f"wrote {out / 'compare.md'}, {out / 'compare.csv'}, {plot}  ({len(runs)} runs, {len(groups)} groups)")
+    return 0
+
+
+def cmd_runs_plot(args) -> int:
+    from rlvr.tracking.plots import plot_groups
+
+    runs, groups, metrics = _groups(args)
+    path = plot_groups(groups, metrics, args.out, window=args.smooth)
+    print(f"wrote {path}  ({len(runs)} runs, {len(groups)} groups)")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from rlvr.tracking.report import write_report
+
+    path = write_report(args.run, args.out, max_sample_steps=args.sample_steps)
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from rlvr.tracking.export import export_run
+
+    result = export_run(args.run, args.dir, step=args.step, force=args.force)
+    print(f"exported {result.checkpoint} -> {result.path} (reload check: "
+          f"{'ok' if result.verified else 'skipped'})")
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `runs`, `report` and `export` to the `rlvr` command line."""
+    runs = sub.add_parser("runs", help="list, compare and plot run directories")
+    runs_sub = runs.add_subparsers(dest="runs_command", required=True)
+
+    ls = runs_sub.add_parser("list", help="one line per run: status, progress, latest accuracy")
+    ls.add_argument("paths", nargs="*", default=["runs"], help="run directories or folders of runs (default: runs)")
+    ls.set_defaults(fn=cmd_runs_list)
+
+    metric_help = "metric key to compare (repeatable; default: eval/heldout_accuracy and reward/mean)"
+    compare = runs_sub.add_parser("compare", help="group runs by recipe; mean ± 95%% CI over seeds; table + plot")
+    compare.add_argument("runs", nargs="+", help="run directories or folders of runs")
+    compare.add_argument("--metric", action="append", help=metric_help)
+    compare.add_argument("--out", default="compare", help="folder for compare.md, compare.csv, curves.png")
+    compare.add_argument("--smooth", type=_positive, default=1, help="moving-average window for the plot")
+    compare.set_defaults(fn=cmd_runs_compare)
+
+    plot = runs_sub.add_parser("plot", help="learning curves with 95%% CI bands over seeds (PNG)")
+    plot.add_argument("runs", nargs="+", help="run directories or folders of runs")
+    plot.add_argument("--metric", action="append", help=metric_help)
+    plot.add_argument("--out", default="curves.png", help="PNG path")
+    plot.add_argument("--smooth", type=_positive, default=1, help="moving-average window")
+    plot.set_defaults(fn=cmd_runs_plot)
+
+    report = sub.add_parser("report", help="one self-contained HTML page: curves, config, manifest, rollouts")
+    report.add_argument("run", help="run directory")
+    report.add_argument("--out", help="HTML path (default: RUN/report.html)")
+    report.add_argument("--sample-steps", type=_positive, default=40, help="most steps whose rollouts are shown")
+    report.set_defaults(fn=cmd_report)
+
+    export = sub.add_parser("export", help="write a plain Hugging Face model directory from a run's checkpoint")
+    export.add_argument("run", help="run directory")
+    export.add_argument("dir", help="output directory (must not exist, or be empty, unless --force)")
+    export.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
+    export.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    export.set_defaults(fn=cmd_export)
+

@@ -1,0 +1,96 @@
+"""Learning-curve figures (PNG) for `rlvr runs plot|compare` and `rlvr report`.
+
+Uses matplotlib's object API with the Agg canvas directly (never pyplot), so nothing here
+touches the process-wide backend or needs a display.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+from rlvr.tracking.runs import Group, Run, aligned_curves
+from rlvr.tracking.stats import mean_ci
+
+WALL_CLOCK_PREFIXES = ("time/", "perf/")
+
+
+def _figure(panels: int, columns: int = 2):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    cols = min(columns, panels)
+    rows = math.ceil(panels / cols)
+    fig = Figure(figsize=(5.2 * cols, 3.4 * rows), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = [fig.add_subplot(rows, cols, i + 1) for i in range(panels)]
+    return fig, axes
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average over `window` points (1 = unchanged)."""
+    if window <= 1:
+        return list(values)
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_groups(groups: list[Group], metrics: list[str], path: str | Path, *, window: int = 1,
+                confidence: float = 0.95) -> Path:
+    """One panel per metric; per group the mean over seeds with a shaded Student-t CI band."""
+    fig, axes = _figure(len(metrics))
+    colors = [f"C{i % 10}" for i in range(len(groups))]
+    for ax, metric in zip(axes, metrics):
+        for group, color in zip(groups, colors):
+            steps, per_run = aligned_curves(group, metric)
+            if not steps:
+                continue
+            per_run = [smooth(v, window) for v in per_run]
+            stats = [mean_ci([run[i] for run in per_run], confidence) for i in range(len(steps))]
+            mean = [m for m, _ in stats]
+            ax.plot(steps, mean, color=color, lw=1.8, label=f"{group.label} (n={len(per_run)})")
+            if len(per_run) > 1:
+                ax.fill_between(steps, [m - h for m, h in stats], [m + h for m, h in stats], color=color, alpha=0.2,
+                                lw=0)
+        ax.set_title(metric + (f" (moving avg {window})" if window > 1 else ""), fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize=8, loc="best")
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+    fig.suptitle(f"mean ± {round(confidence * 100)}% CI over seeds", fontsize=10)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+def report_metrics(run: Run, limit: int = 12) -> list[str]:
+    """The metrics a report shows: held-out/reward first, then the rest, wall-clock keys last."""
+    keys = sorted({k for m in run.metrics for k, v in m.items() if k != "step" and isinstance(v, (int, float))})
+    first = [k for k in ("eval/heldout_accuracy", "eval/train_accuracy", "reward/mean", "reward/accuracy") if k in keys]
+    rest = [k for k in keys if k not in first and not k.startswith(WALL_CLOCK_PREFIXES)]
+    timing = [k for k in keys if k.startswith(WALL_CLOCK_PREFIXES) and k not in first]
+    return (first + rest + timing)[:limit]
+
+
+def run_curves_png(run: Run, metrics: list[str], *, window: int = 1) -> bytes:
+    """PNG bytes: one small panel per metric of a single run."""
+    fig, axes = _figure(max(len(metrics), 1), columns=3)
+    for ax, metric in zip(axes, metrics):
+        steps, values = run.series(metric)
+        ax.plot(steps, smooth(values, window) if window > 1 else values, color="C0", lw=1.5,
+                marker="o" if len(steps) < 30 else None, ms=3)
+        ax.set_title(metric, fontsize=9)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()

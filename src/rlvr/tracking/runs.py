@@ -1,0 +1,228 @@
+"""Reading run directories back and comparing them across seeds (openrlbenchmark-style, offline).
+
+A *group* is a set of runs whose resolved configs are equal except for `IGNORED_KEYS` (the seed
+and where/how the run was stored). Per run we take each metric's final value and its normalised
+area under the curve; per group, mean ± Student-t 95% CI over the runs (= over seeds).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from rlvr.errors import ConfigError
+from rlvr.tracking.stats import mean_ci, normalized_auc
+
+# Config keys that do not change what a run computes, so runs differing only here are seeds of
+# one recipe. `trainer.trackers` only chooses where metrics are mirrored.
+IGNORED_KEYS = ("seed", "trainer.out_dir", "trainer.name", "trainer.trackers")
+DEFAULT_METRICS = ("eval/heldout_accuracy", "reward/mean")
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict
+    manifest: dict
+    metrics: list[dict] = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def seed(self):
+        return self.config.get("seed", self.manifest.get("seed"))
+
+    @property
+    def last_step(self) -> int:
+        return max((m.get("step", 0) for m in self.metrics), default=0)
+
+    def series(self, metric: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of the lines that carry `metric` (eval metrics appear every N steps)."""
+        points = [(m["step"], float(m[metric])) for m in self.metrics
+                  if metric in m and m[metric] is not None and "step" in m]
+        return [s for s, _ in points], [v for _, v in points]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """JSON lines, skipping a torn last line (a run killed mid-write)."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def load_run(path: str | Path) -> Run:
+    path = Path(path)
+    if not (path / "config.yaml").is_file():
+        raise ConfigError(f"'{path}' is not a run directory (no config.yaml)")
+    try:
+        config = yaml.safe_load((path / "config.yaml").read_text()) or {}
+    except yaml.YAMLError:
+        raise ConfigError(f"'{path / 'config.yaml'}' is not valid YAML") from None
+    manifest = {}
+    if (path / "run.json").is_file():
+        try:
+            manifest = json.loads((path / "run.json").read_text())
+        except json.JSONDecodeError:
+            manifest = {"status": "unreadable run.json"}
+    return Run(path=path, config=config, manifest=manifest, metrics=read_jsonl(path / "metrics.jsonl"))
+
+
+def find_runs(paths: list[str | Path]) -> list[Run]:
+    """Runs named directly, or found (recursively) under the given folders; sorted by path."""
+    found: dict[Path, None] = {}
+    for given in paths:
+        given = Path(given)
+        if not given.exists():
+            raise ConfigError(f"'{given}' does not exist; pass run directories or a folder of runs")
+        if (given / "config.yaml").is_file():
+            found[given] = None
+            continue
+        for config in sorted(given.rglob("config.yaml")):
+            if "checkpoints" not in config.parent.parts:  # checkpoints hold HF files, never a config.yaml of ours
+                found[config.parent] = None
+    if not found:
+        raise ConfigError(f"no run directories (with config.yaml) under {', '.join(map(str, paths))}")
+    return [load_run(p) for p in found]
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{'a': {'b': 1}} -> {'a.b': 1}."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def recipe_key(run: Run) -> str:
+    """The config with seed and storage keys removed, as a canonical string."""
+    flat = {k: v for k, v in flatten(run.config).items() if k not in IGNORED_KEYS}
+    return json.dumps(flat, sort_keys=True, default=str)
+
+
+@dataclass
+class Group:
+    label: str
+    runs: list[Run]
+
+    @property
+    def seeds(self) -> list:
+        return [r.seed for r in self.runs]
+
+
+def group_runs(runs: list[Run]) -> list[Group]:
+    """Group runs by recipe; each group is labelled by the config keys in which groups differ."""
+    by_key: dict[str, list[Run]] = {}
+    for run in runs:
+        by_key.setdefault(recipe_key(run), []).append(run)
+    flats = {key: json.loads(key) for key in by_key}
+    differing = sorted({k for f in flats.values() for k in f if len({json.dumps(g.get(k)) for g in flats.values()}) > 1})
+    groups = []
+    for key, members in by_key.items():
+        label = ", ".join(f"{k}={flats[key].get(k)}" for k in differing)
+        groups.append(Group(label=label or _common_name(members), runs=sorted(members, key=lambda r: str(r.seed))))
+    return groups
+
+
+def _common_name(runs: list[Run]) -> str:
+    """A name for a lone group: the run names with a trailing `_s<seed>` / `-N` removed."""
+    import re
+
+    names = {re.sub(r"(_s\d+)?(-\d+)?$", "", r.name) for r in runs}
+    return names.pop() if len(names) == 1 else "all runs"
+
+
+@dataclass
+class Cell:
+    """One metric statistic of one group: per-run values and their mean ± CI."""
+
+    values: list[float]
+    mean: float
+    half_width: float
+
+    def text(self, digits: int = 3) -> str:
+        if math.isnan(self.mean):
+            return "n/a"
+        if math.isnan(self.half_width):
+            return f"{self.mean:.{digits}f}"
+        return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f}"
+
+
+def run_stat(run: Run, metric: str, stat: str) -> float:
+    steps, values = run.series(metric)
+    if not values:
+        return math.nan
+    return values[-1] if stat == "final" else normalized_auc(steps, values)
+
+
+def summarize(groups: list[Group], metrics: list[str], confidence: float = 0.95) -> dict[tuple[str, str, str], Cell]:
+    """{(group label, metric, 'final'|'auc'): Cell}; runs lacking the metric are left out of its cell."""
+    table = {}
+    for group in groups:
+        for metric in metrics:
+            for stat in ("final", "auc"):
+                values = [v for v in (run_stat(r, metric, stat) for r in group.runs) if not math.isnan(v)]
+                table[(group.label, metric, stat)] = Cell(values, *mean_ci(values, confidence))
+    return table
+
+
+def markdown_table(groups: list[Group], metrics: list[str], table: dict) -> str:
+    header = ["recipe", "seeds", "steps"] + [f"{m} ({s})" for m in metrics for s in ("final", "auc")]
+    rows = []
+    for g in groups:
+        steps = sorted({r.last_step for r in g.runs})
+        rows.append([g.label, str(len(g.runs)), "/".join(map(str, steps))]
+                    + [table[(g.label, m, s)].text() for m in metrics for s in ("final", "auc")])
+    escape = lambda cell: cell.replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(map(escape, header)) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(map(escape, row)) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def csv_table(groups: list[Group], metrics: list[str], table: dict, confidence: float = 0.95) -> str:
+    """Long format: one row per (group, metric, statistic), with the per-seed values."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["recipe", "metric", "statistic", "n", "mean", f"ci{round(confidence * 100)}_low",
+                     f"ci{round(confidence * 100)}_high", "values", "seeds", "runs"])
+    for g in groups:
+        for m in metrics:
+            for s in ("final", "auc"):
+                cell = table[(g.label, m, s)]
+                writer.writerow([g.label, m, s, len(cell.values), _num(cell.mean),
+                                 _num(cell.mean - cell.half_width), _num(cell.mean + cell.half_width),
+                                 " ".join(_num(v) for v in cell.values), " ".join(map(str, g.seeds)),
+                                 " ".join(str(r.path) for r in g.runs)])
+    return out.getvalue()
+
+
+def _num(value: float) -> str:
+    return "" if math.isnan(value) else repr(float(value))
+
+
+def aligned_curves(group: Group, metric: str) -> tuple[list[int], list[list[float]]]:
+    """Steps present in every run of the group that logged `metric`, and each run's values there."""
+    series = [r.series(metric) for r in group.runs]
+    series = [(s, v) for s, v in series if s]
+    if not series:
+        return [], []
+    common = sorted(set(series[0][0]).intersection(*(set(s) for s, _ in series[1:])))
+    per_run = [[dict(zip(s, v))[step] for step in common] for s, v in series]
+    return common, per_run

@@ -1,0 +1,95 @@
+"""Exact resume: a run SIGKILLed at 5 random steps and resumed each time logs exactly what an
+uninterrupted run logs (DESIGN §8, issue 6).
+
+Deterministic settings: CPU, `trainer.threads=1` (one intra-op thread, so reductions have one
+order), fixed seeds; wall-clock keys (`time/*`, `perf/*`) are the only ones allowed to differ.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+STEPS = 30
+WALL_CLOCK = ("time/", "perf/")
+
+
+def _overrides(out_dir: Path, name: str) -> list[str]:
+    return ["model.path=", "model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
+            "model.intermediate_size=64", "rollout.prompts_per_step=2", "rollout.group_size=4",
+            f"trainer.steps={STEPS}", "trainer.save_every=1", "trainer.eval_every=10", "task.heldout_size=40",
+            "trainer.threads=1", f"trainer.out_dir={out_dir}", f"trainer.name={name}", "seed=3"]
+
+
+def _train(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    return subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(proc: subprocess.Popen) -> None:
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+
+
+def _last_step(metrics: Path) -> int:
+    if not metrics.exists():
+        return -1
+    last = -1
+    for line in metrics.read_text().splitlines():
+        try:
+            last = json.loads(line)["step"]
+        except (json.JSONDecodeError, KeyError):
+            pass  # a line being written right now
+    return last
+
+
+def _strip(lines: list[dict]) -> list[dict]:
+    return [{k: v for k, v in line.items() if not k.startswith(WALL_CLOCK)} for line in lines]
+
+
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _first_difference(a: list[dict], b: list[dict]) -> str:
+    for x, y in zip(a, b):
+        keys = sorted(k for k in set(x) | set(y) if x.get(k) != y.get(k))
+        if keys:
+            return f"step {x.get('step')}: keys {keys}"
+    return f"lengths {len(a)} vs {len(b)}"
+
+
+@pytest.mark.slow
+def test_sigkill_at_five_random_steps_then_resume_matches_uninterrupted(tmp_path):
+    _finish(_train(*_overrides(tmp_path, "straight")))
+    straight = tmp_path / "straight"
+
+    kills = sorted(random.Random(2024).sample(range(2, STEPS - 1), 5))
+    run = tmp_path / "killed"
+    proc = _train(*_overrides(tmp_path, "killed"))
+    killed_at = []
+    for target in kills:
+        while _last_step(run / "metrics.jsonl") < target:
+            assert proc.poll() is None, f"run ended before the kill at step {target}: {proc.stdout.read()}"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+        killed_at.append(_last_step(run / "metrics.jsonl"))
+        proc = _train("--resume", str(run))
+    _finish(proc)
+
+    got, want = _read(run / "metrics.jsonl"), _read(straight / "metrics.jsonl")
+    assert [m["step"] for m in got] == list(range(STEPS + 1)), f"duplicate or missing steps (killed at {killed_at})"
+    assert _strip(got) == _strip(want), f"killed at {killed_at}; first difference: {_first_difference(_strip(got), _strip(want))}"
+    assert _read(run / "samples.jsonl") == _read(straight / "samples.jsonl")
+    assert json.loads((run / "run.json").read_text())["status"] == "finished"
