@@ -1,0 +1,58 @@
+"""`rlvr report RUN`: a self-contained HTML page, rendered in headless Chromium."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from fake_runs import make_run
+
+from rlvr.tracking.report import pick_steps, write_report
+
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+# Test-only probe appended to a copy of the page: after load, record each image's decoded width.
+PROBE = ("<script>window.addEventListener('load',()=>{document.body.dataset.imageWidths="
+         "[...document.images].map(i=>i.naturalWidth).join(',')})</script>")
+
+
+def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--no-first-run", "--disable-dev-shm-usage", "--hide-scrollbars",
+             f"--user-data-dir={tmp_path / 'chromium-profile'}"]
+    return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_pick_steps_keeps_ends_and_spreads():
+    assert pick_steps(list(range(1, 101)), 5) == [1, 26, 51, 75, 100]
+    assert pick_steps([3, 1, 2], 10) == [1, 2, 3]
+
+
+def test_report_is_self_contained(tmp_path):
+    run = make_run(tmp_path, "grpo_s0", seed=0, steps=120)
+    page = write_report(run, max_sample_steps=7).read_text()
+    assert page.count("<details class=step") == 7
+    assert not re.search(r"(src|href)=['\"]?(https?:|//|file:)", page)  # nothing fetched from outside
+    assert "&lt;bad 120&gt;" in page  # completions are escaped, not interpreted as markup
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (CI installs it: apt-get install chromium)")
+def test_report_renders_in_headless_chromium(tmp_path):
+    run = make_run(tmp_path, "grpo_s0", seed=0, steps=60)
+    page = write_report(run)
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
+
+    dom = _chromium(tmp_path, "--virtual-time-budget=5000", "--dump-dom", probed.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "<title>rlvr report · grpo_s0</title>" in dom.stdout
+    widths = re.search(r'data-image-widths="([\d,]*)"', dom.stdout)
+    assert widths and all(int(w) > 500 for w in widths.group(1).split(",")), "curve image did not decode"
+    assert "3*4" in dom.stdout and "step 60 — 4 rollouts" in dom.stdout  # a rollout and its step
+
+    screenshot = tmp_path / "report.png"
+    shot = _chromium(tmp_path, "--window-size=1200,1600", f"--screenshot={screenshot}", page.as_uri())
+    assert shot.returncode == 0, shot.stderr[-2000:]
+    assert screenshot.read_bytes()[:4] == b"\x89PNG" and screenshot.stat().st_size > 30_000
