@@ -315,7 +315,8 @@ class Sandbox:
                 cmd = _prlimit_prefix(limits) + py + [os.path.join(host_dir, "main.py"), *argv]
                 cwd, env = host_dir, {**_ENV, "HOME": host_dir, "TMPDIR": host_dir}
             drop = self.root and self.isolation != "unshare"
-            result = self._execute(cmd, cwd, env, stdin_f, status_r, status_w, limits,
+            fds, status_w = status_w, None  # _execute owns (and closes) the write end from here
+            result = self._execute(cmd, cwd, env, stdin_f, status_r, fds, limits,
                                    user=uid if drop else None)
         except Exception as err:  # noqa: BLE001 - any failure here is ours, reported as such
             result = RunResult(Verdict.SANDBOX_ERROR, None, "", "", 0.0, self.isolation, detail=f"{type(err).__name__}: {err}")
@@ -342,11 +343,13 @@ class Sandbox:
     def _execute(self, cmd, cwd, env, stdin_f, status_r, status_w, limits, user) -> RunResult:
         start = time.monotonic()
         kwargs = dict(user=user, group=user, extra_groups=[]) if user is not None else {}
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=stdin_f if stdin_f is not None else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                pass_fds=(status_w,) if status_w is not None else (), close_fds=True, **kwargs)
-        if status_w is not None:
-            os.close(status_w)
+        try:
+            proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=stdin_f if stdin_f is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                    pass_fds=(status_w,) if status_w is not None else (), close_fds=True, **kwargs)
+        finally:
+            if status_w is not None:
+                os.close(status_w)
         deadline = start + limits.wall_s
         out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
         bufs = {out_fd: bytearray(), err_fd: bytearray()}

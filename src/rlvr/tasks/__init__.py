@@ -7,8 +7,9 @@ scores completions with ``reward(prompt, completion, **example)``. No torch here
 from __future__ import annotations
 
 from rlvr.tasks.countdown import Countdown
+from rlvr.tasks.files import CodeFileTask, MathFileTask
 
-TASKS = {"countdown": Countdown}
+TASKS = {"countdown": Countdown, "math_file": MathFileTask, "code_file": CodeFileTask}
 
 
 def make_task(name: str, **kwargs):
@@ -18,4 +19,4 @@ def make_task(name: str, **kwargs):
     return TASKS[name](**kwargs)
 
 
-__all__ = ["TASKS", "Countdown", "make_task"]
+__all__ = ["TASKS", "CodeFileTask", "Countdown", "MathFileTask", "make_task"]

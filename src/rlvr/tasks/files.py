@@ -1,0 +1,281 @@
+"""File-backed tasks: rows from JSONL, Parquet or a local Hugging Face dataset.
+
+``MathFileTask`` (GSM8K/MATH-style rows: a question and a reference answer, scored by
+``rlvr.rewards.math``) and ``CodeFileTask`` (a problem and its ``tests``, run in the sandbox by
+``rlvr.rewards.code``). Both share ``FileTask``:
+
+- **Loading.** ``path`` ending ``.jsonl``/``.json`` (one JSON object per line), ``.parquet``
+  (needs ``pyarrow``, the ``data`` extra), or a directory written by ``datasets``'
+  ``save_to_disk`` (needs ``datasets``; ``split`` picks the split of a ``DatasetDict``).
+- **Field mapping.** ``prompt_key``, ``answer_key``, ``tests_key`` name the row fields. A bad
+  row raises ``ConfigError`` naming the file, the line (or row number) and the field.
+- **Prompt.** ``prompt_template`` (``{prompt}`` is the row's text), then the optional
+  ``system_prompt``; with a ``tokenizer`` that has a chat template, the messages go through
+  ``apply_chat_template(..., add_generation_prompt=True)``; without one, the system prompt is
+  prepended with a blank line.
+- **Length filter.** Rows whose final prompt is longer than ``max_prompt_length`` (tokens with
+  a tokenizer, characters without) are dropped; ``stats["dropped_long"]`` counts them.
+- **Split.** ``heldout_size`` rows, chosen by a stable hash of the prompt text, are held out
+  (or all rows of ``heldout_path`` when given); ``sample`` never returns them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from rlvr.errors import ConfigError
+from rlvr.types import Example
+
+__all__ = ["load_rows", "FileTask", "MathFileTask", "CodeFileTask"]
+
+
+def load_rows(path: str | Path, *, split: str = "train") -> list[tuple[dict, str]]:
+    """Rows of a data file as ``(row, location)`` pairs; location is ``file:line`` for errors."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"task.path: {str(p)!r} not found")
+    if p.is_dir():
+        return _load_hf(p, split)
+    suffix = p.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        rows = []
+        with open(p, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ConfigError(f"{p}:{lineno}: invalid JSON ({err.msg} at column {err.colno})") from None
+                if not isinstance(row, dict):
+                    raise ConfigError(f"{p}:{lineno}: expected a JSON object, got {type(row).__name__}")
+                rows.append((row, f"{p}:{lineno}"))
+        return rows
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ConfigError(f"task.path: reading {str(p)!r} needs pyarrow; pip install -e '.[data]'") from None
+        table = pq.read_table(p)
+        return [(row, f"{p}:row {i + 1}") for i, row in enumerate(table.to_pylist())]
+    raise ConfigError(f"task.path: {str(p)!r} is not .jsonl, .json, .parquet or a datasets directory")
+
+
+def _load_hf(p: Path, split: str) -> list[tuple[dict, str]]:
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError(f"task.path: {str(p)!r} is a directory; loading it needs `datasets`; pip install -e '.[data]'") from None
+    try:
+        ds = datasets.load_from_disk(str(p))
+    except Exception as err:  # noqa: BLE001 - datasets raises many types for a bad directory
+        raise ConfigError(f"task.path: {str(p)!r} is not a dataset saved with save_to_disk ({err})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise ConfigError(f"task.split={split!r} not in {str(p)!r}; splits: {', '.join(ds)}")
+        ds = ds[split]
+    return [(row, f"{p}[{split}]:row {i + 1}") for i, row in enumerate(ds)]
+
+
+def _stable_bucket(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+class FileTask:
+    """Shared loading, prompt building, filtering and splitting; subclasses score."""
+
+    name = "file"
+
+    def __init__(self, *, path: str, prompt_key: str = "question", answer_key: str = "answer",
+                 tests_key: str = "tests", system_prompt: str = "", prompt_template: str = "{prompt}",
+                 max_prompt_length: int = 0, heldout_size: int = 0, heldout_path: str = "",
+                 split: str = "train", tokenizer: Any = None, seed: int = 0):
+        if "{prompt}" not in prompt_template:
+            raise ConfigError(f"task.prompt_template must contain {{prompt}}, got {prompt_template!r}")
+        if heldout_size < 0:
+            raise ConfigError(f"task.heldout_size must be >= 0, got {heldout_size}")
+        self.prompt_key, self.answer_key, self.tests_key = prompt_key, answer_key, tests_key
+        self.system_prompt, self.prompt_template = system_prompt, prompt_template
+        self.max_prompt_length, self.tokenizer = max_prompt_length, tokenizer
+        self._rng = random.Random(seed)
+        self.stats = {"rows": 0, "dropped_long": 0}
+        examples = self._examples(load_rows(path, split=split))
+        if heldout_path:
+            self._train, self._heldout = examples, self._examples(load_rows(heldout_path, split=split))
+        else:
+            ranked = sorted(range(len(examples)), key=lambda i: _stable_bucket(examples[i].prompt))
+            held = set(ranked[:heldout_size])
+            self._heldout = [ex for i, ex in enumerate(examples) if i in held]
+            self._train = [ex for i, ex in enumerate(examples) if i not in held]
+        if not self._train:
+            raise ConfigError(f"task.path: {path!r} leaves no training rows "
+                              f"({self.stats['rows']} rows, {self.stats['dropped_long']} too long, "
+                              f"{len(self._heldout)} held out)")
+
+    # ------------------------------------------------------------------------------ rows
+
+    def _field(self, row: dict, key: str, where: str, kinds: tuple[type, ...], knob: str):
+        if key not in row:
+            raise ConfigError(f"{where}: field {key!r} missing (row has {', '.join(sorted(row)) or 'no fields'}); "
+                              f"set {knob} to the right field name")
+        value = row[key]
+        if not isinstance(value, kinds) or isinstance(value, bool):
+            wanted = " or ".join(k.__name__ for k in kinds)
+            raise ConfigError(f"{where}: field {key!r} must be {wanted}, got {type(value).__name__}")
+        return value
+
+    def _row_to_example(self, row: dict, where: str) -> Example:  # overridden
+        raise NotImplementedError
+
+    def _examples(self, rows: list[tuple[dict, str]]) -> list[Example]:
+        out = []
+        for row, where in rows:
+            self.stats["rows"] += 1
+            ex = self._row_to_example(row, where)
+            if self.max_prompt_length and self._length(ex.prompt) > self.max_prompt_length:
+                self.stats["dropped_long"] += 1
+                continue
+            out.append(ex)
+        return out
+
+    def format_prompt(self, text: str) -> str:
+        """Template, system prompt and chat template applied to one row's text."""
+        user = self.prompt_template.replace("{prompt}", text)
+        template = getattr(self.tokenizer, "chat_template", None)
+        if self.tokenizer is not None and template:
+            messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
+            messages.append({"role": "user", "content": user})
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return f"{self.system_prompt}\n\n{user}" if self.system_prompt else user
+
+    def _length(self, prompt: str) -> int:
+        if self.tokenizer is not None:
+            return len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        return len(prompt)
+
+    # ------------------------------------------------------------------------------ Task API
+
+    def sample(self, n: int, rng: random.Random | None = None) -> list[Example]:
+        """``n`` training rows: a random subset when n <= rows, else with replacement."""
+        rng = self._rng if rng is None else rng
+        if n <= len(self._train):
+            return rng.sample(self._train, n)
+        return [rng.choice(self._train) for _ in range(n)]
+
+    def heldout(self) -> list[Example]:
+        return list(self._heldout)
+
+    def is_correct(self, completion: str, example: Example) -> bool:
+        value = self.reward(example.prompt, completion, answer=example.answer, meta=example.meta)
+        if isinstance(value, dict):
+            value = value.get("reward")
+        return value == 1.0
+
+    def solution(self, example: Example) -> str:
+        solution = example.meta.get("solution")
+        if not solution:
+            raise NotImplementedError(f"{self.name}: rows carry no reference solution")
+        return solution
+
+
+class MathFileTask(FileTask):
+    """GSM8K/MATH-style rows; reward 1.0 when the final answer matches (``rlvr.rewards.math``)."""
+
+    name = "math_file"
+
+    def __init__(self, *, path: str, math_timeout_s: float = 5.0, solution_key: str = "", **kwargs):
+        self.math_timeout_s, self.solution_key = math_timeout_s, solution_key
+        super().__init__(path=path, **kwargs)
+
+    def _row_to_example(self, row: dict, where: str) -> Example:
+        text = self._field(row, self.prompt_key, where, (str,), "task.prompt_key")
+        answer = self._field(row, self.answer_key, where, (str, int, float), "task.answer_key")
+        if not str(answer).strip():
+            raise ConfigError(f"{where}: field {self.answer_key!r} is empty")
+        meta = {"source": where}
+        if self.solution_key:
+            meta["solution"] = str(self._field(row, self.solution_key, where, (str,), "task.solution_key"))
+        return Example(self.format_prompt(text), str(answer), meta)
+
+    def reward(self, prompt: str, completion: str, /, answer: str | None = None, **example) -> float | None:
+        from rlvr.rewards.math import extract_answer, math_equal
+
+        if answer is None:
+            return None
+        gold = extract_answer(answer) if ("####" in answer or "\\boxed" in answer) else answer
+        return 1.0 if math_equal(extract_answer(completion), gold, timeout_s=self.math_timeout_s) else 0.0
+
+
+class CodeFileTask(FileTask):
+    """Rows with ``tests`` (asserts or stdin/stdout pairs); reward = fraction passed in the sandbox.
+
+    ``reward`` returns ``{"reward": r, "verdict/<V>": 1.0}``, ``r`` None on SANDBOX_ERROR.
+    ``reward_batch`` grades a whole batch over the sandbox's worker pool. Grades are cached per
+    (code, tests), so ``is_correct`` after ``reward`` does not rerun the program.
+    """
+
+    name = "code_file"
+
+    def __init__(self, *, path: str, prompt_key: str = "prompt", all_or_nothing: bool = False,
+                 sandbox_workers: int = 2, wall_s: float = 5.0, memory_mb: int = 512,
+                 isolation: str = "auto", **kwargs):
+        from rlvr.rewards.code import CodeGrader
+        from rlvr.rewards.sandbox import Limits, Sandbox
+
+        self.all_or_nothing = all_or_nothing
+        super().__init__(path=path, prompt_key=prompt_key, **kwargs)
+        limits = Limits(wall_s=wall_s, memory_mb=memory_mb)
+        self.grader = CodeGrader(Sandbox(workers=sandbox_workers, limits=limits, isolation=isolation))
+        self._cache: dict[str, Any] = {}
+
+    def _row_to_example(self, row: dict, where: str) -> Example:
+        text = self._field(row, self.prompt_key, where, (str,), "task.prompt_key")
+        tests = self._field(row, self.tests_key, where, (list, str), "task.tests_key")
+        if isinstance(tests, str):  # a JSON-encoded list (common in Parquet exports)
+            try:
+                tests = json.loads(tests)
+            except json.JSONDecodeError:
+                tests = [t for t in tests.splitlines() if t.strip()]
+        if not tests:
+            raise ConfigError(f"{where}: field {self.tests_key!r} is empty")
+        for i, t in enumerate(tests):
+            ok = isinstance(t, str) or (isinstance(t, dict) and "input" in t and "output" in t)
+            if not ok:
+                raise ConfigError(f"{where}: field {self.tests_key!r}[{i}] must be an assert string or "
+                                  f"{{\"input\": ..., \"output\": ...}}, got {json.dumps(t)[:80]}")
+        meta = {"tests": tests, "source": where}
+        if row.get("solution"):
+            meta["solution"] = str(row["solution"])
+        return Example(self.format_prompt(text), "", meta)
+
+    def _grades(self, completions: list[str], metas: list[dict]) -> list:
+        from rlvr.rewards.code import extract_code
+
+        keys = [json.dumps([extract_code(c), m.get("tests")]) for c, m in zip(completions, metas)]
+        todo = {k: (extract_code(c), m.get("tests") or []) for k, c, m in zip(keys, completions, metas)
+                if k not in self._cache}
+        if todo:
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            for key, grade in zip(todo, self.grader.grade_many(list(todo.values()))):
+                self._cache[key] = grade
+        return [self._cache[k] for k in keys]
+
+    def _score(self, grade) -> dict:
+        from rlvr.rewards.sandbox import Verdict
+
+        out = {"reward": grade.reward(self.all_or_nothing)}
+        out.update({f"verdict/{v.value}": float(grade.verdict is v) for v in Verdict if v is not Verdict.OK})
+        return out
+
+    def reward(self, prompt: str, completion: str, /, meta: dict | None = None, **example) -> dict:
+        return self._score(self._grades([completion], [meta or {}])[0])
+
+    def reward_batch(self, prompts: list[str], completions: list[str], meta: list[dict], **columns) -> list[dict]:
+        return [self._score(g) for g in self._grades(completions, meta)]
+
+    reward_batch.batched = True
