@@ -1,0 +1,198 @@
+"""Metric sinks behind one small protocol (DESIGN §8): JSONL always, mirrors optional.
+
+| name          | where it writes (inside the run directory) | extra                  |
+|---------------|--------------------------------------------|------------------------|
+| `jsonl`       | metrics.jsonl (always on, the source of truth) | -                  |
+| `tensorboard` | tensorboard/ event files                   | `pip install rlvr[tensorboard]` |
+| `wandb`       | wandb/ offline run (`WANDB_MODE=online` to upload; `wandb sync` later) | `rlvr[wandb]` |
+| `mlflow`      | mlruns/ local file store (`mlflow ui --backend-store-uri RUN/mlruns`) | `rlvr[mlflow]` |
+
+Each optional package is imported only when its sink is built. Run ids of the mirrors are kept
+in `trackers.json` so a resumed run continues the same W&B / MLflow run. On resume TensorBoard
+drops events past the checkpoint (`purge_step`), as metrics.jsonl does; W&B and MLflow cannot
+delete, so steps logged between the last checkpoint and a crash appear there twice (the later
+value is the one that counts).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from rlvr.errors import ConfigError
+from rlvr.tracking.run_dir import RunDir, atomic_write_text
+
+STATE_FILE = "trackers.json"
+
+
+@runtime_checkable
+class Tracker(Protocol):
+    """Receives each step's metrics. `metrics` maps `area/name` to a float; `step` is the x-axis."""
+
+    name: str
+
+    def log_config(self, config: Mapping) -> None: ...
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _scalars(metrics: Mapping) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def _flatten(tree: Mapping, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+class _State:
+    """Small JSON file of mirror run ids, so resumes continue the same external run."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / STATE_FILE
+
+    def get(self, key: str):
+        return json.loads(self.path.read_text()).get(key) if self.path.exists() else None
+
+    def set(self, key: str, value) -> None:
+        data = json.loads(self.path.read_text()) if self.path.exists() else {}
+        atomic_write_text(self.path, json.dumps({**data, key: value}, indent=2) + "\n")
+
+
+class JsonlTracker:
+    """metrics.jsonl: one complete line `{"step": N, ...}` per call (the run directory's own log)."""
+
+    name = "jsonl"
+
+    def __init__(self, run_dir: Path):
+        self.run = RunDir(run_dir)
+
+    def log_config(self, config: Mapping) -> None:
+        pass  # config.yaml is written by the trainer
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.run.append(self.run.metrics_file, {"step": step, **metrics})
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoardTracker:
+    name = "tensorboard"
+
+    def __init__(self, run_dir: Path, resume_step: int | None = None):
+        from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
+
+        purge = resume_step + 1 if resume_step is not None else None
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge, flush_secs=10)
+
+    def log_config(self, config: Mapping) -> None:
+        rows = "\n".join(f"|{k}|{v}|" for k, v in _flatten(config).items())
+        self.writer.add_text("config", "|key|value|\n|-|-|\n" + rows)  # cleanrl's hyperparameter table
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        for key, value in _scalars(metrics).items():
+            self.writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbTracker:
+    name = "wandb"
+
+    def __init__(self, run_dir: Path, resume_step: int | None = None):
+        import wandb
+
+        state = _State(run_dir)
+        run_id = state.get("wandb_id") or secrets.token_hex(4)
+        state.set("wandb_id", run_id)
+        self.run = wandb.init(dir=str(run_dir), project=os.environ.get("WANDB_PROJECT", "rlvr"), name=run_dir.name,
+                              id=run_id, resume="allow", mode=os.environ.get("WANDB_MODE", "offline"),
+                              settings=wandb.Settings(console="off", silent=True))
+
+    def log_config(self, config: Mapping) -> None:
+        self.run.config.update(dict(config), allow_val_change=True)
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.run.log(_scalars(metrics), step=step)
+
+    def close(self) -> None:
+        import wandb
+
+        self.run.finish()
+        wandb.teardown()  # stop the background service so the offline .wandb file is complete on disk
+
+
+class MlflowTracker:
+    name = "mlflow"
+
+    def __init__(self, run_dir: Path, resume_step: int | None = None):
+        # MLflow 3 keeps the file store but asks for this opt-in; a local folder needs no server.
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=(run_dir / "mlruns").resolve().as_uri())
+        state = _State(run_dir)
+        self.run_id = state.get("mlflow_run_id")
+        if self.run_id is None:
+            experiment = self.client.get_experiment_by_name("rlvr")
+            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment("rlvr")
+            self.run_id = self.client.create_run(experiment_id, run_name=run_dir.name).info.run_id
+            state.set("mlflow_run_id", self.run_id)
+        else:
+            self.client.update_run(self.run_id, status="RUNNING")
+
+    def log_config(self, config: Mapping) -> None:
+        from mlflow.entities import Param
+
+        logged = self.client.get_run(self.run_id).data.params
+        params = [Param(k, str(v)[:6000]) for k, v in _flatten(config).items() if k not in logged]
+        for i in range(0, len(params), 100):  # MLflow's batch limit for params
+            self.client.log_batch(self.run_id, params=params[i:i + 100])
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        stamp = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, stamp, step) for k, v in _scalars(metrics).items()])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id, status="FINISHED")
+
+
+SINKS = {"tensorboard": (TensorBoardTracker, "tensorboard"), "wandb": (WandbTracker, "wandb"),
+         "mlflow": (MlflowTracker, "mlflow")}
+
+
+def make_trackers(names: list[str], run_dir: str | Path, *, resume_step: int | None = None) -> list[Tracker]:
+    """The JSONL sink plus each named mirror, in order. `resume_step`: the checkpoint a resume starts from."""
+    run_dir = Path(run_dir)
+    trackers: list[Tracker] = [JsonlTracker(run_dir)]
+    for name in dict.fromkeys(names):
+        if name == "jsonl":
+            continue
+        if name not in SINKS:
+            raise ConfigError(f"trainer.trackers: unknown tracker '{name}'; valid: jsonl, {', '.join(SINKS)}")
+        cls, extra = SINKS[name]
+        try:
+            trackers.append(cls(run_dir, resume_step=resume_step))
+        except ImportError as err:
+            raise ConfigError(f"trainer.trackers: '{name}' needs an optional package ({err.name or err}); "
+                              f"pip install 'rlvr[{extra}]'") from None
+    return trackers
