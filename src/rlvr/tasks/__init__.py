@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from rlvr.tasks.countdown import Countdown
 from rlvr.tasks.files import CodeFileTask, MathFileTask
+from rlvr.tasks.sudoku import Sudoku4
 
-TASKS = {"countdown": Countdown, "math_file": MathFileTask, "code_file": CodeFileTask}
+TASKS = {"countdown": Countdown, "math_file": MathFileTask, "code_file": CodeFileTask, "sudoku4": Sudoku4}
 
 
 def make_task(name: str, **kwargs):
@@ -19,4 +20,4 @@ def make_task(name: str, **kwargs):
     return TASKS[name](**kwargs)
 
 
-__all__ = ["TASKS", "CodeFileTask", "Countdown", "MathFileTask", "make_task"]
+__all__ = ["TASKS", "CodeFileTask", "Countdown", "MathFileTask", "Sudoku4", "make_task"]

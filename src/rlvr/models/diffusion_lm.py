@@ -1,0 +1,344 @@
+"""Masked-diffusion LM: a bidirectional transformer with a reserved mask token (DESIGN §4).
+
+Architecture (LLaDA / Dream family, anchors-dllm-rl.md §4.1): token embedding, `num_layers`
+pre-norm blocks of [RMSNorm -> multi-head attention with RoPE, no causal mask -> residual,
+RMSNorm -> SwiGLU MLP -> residual], final RMSNorm, linear head. No time input (RADD: the
+optimal absorbing-diffusion denoiser is time-independent). The mask token is an ordinary
+vocabulary id that is never a target; samplers exclude it.
+
+`forward(input_ids, attention_mask, position_ids)` returns logits ALIGNED TO POSITIONS: the
+logit at position i is the prediction for token i. Dream-style models (AR heritage) compute the
+prediction for token i at position i-1; with `shift_logits=True` the model shifts them back
+(first logit duplicated, as Dream does), so no caller ever branches on the convention.
+
+Formats:
+- our own directory (`save_pretrained` / `from_pretrained`): `config.json` with
+  `"model_type": "rlvr_diffusion"` and the `DiffusionConfig` fields, plus `model.safetensors`
+  (plus the tokenizer files when the trainer saves one).
+- `load_diffusion_lm(path)` also reads LLaDA (`"model_type": "llada"`: keys
+  `model.transformer.{wte, blocks.i.{attn_norm, q_proj, k_proj, v_proj, attn_out, ff_norm,
+  ff_proj (gate), up_proj, ff_out (down)}, ln_f, ff_out}`) and Dream (`"model_type": "Dream"`,
+  Qwen2 keys `model.{embed_tokens, layers.i.{input_layernorm, self_attn.{q,k,v,o}_proj,
+  post_attention_layernorm, mlp.{gate,up,down}_proj}, norm}`, `lm_head`, q/k/v biases, shifted
+  logits) checkpoints on disk, single-file or sharded safetensors.
+
+Deviations: no dropout, no KV cache (a full-attention dLLM has none exactly), no LLaDA
+`input_emb_norm` / `scale_logits` / biases outside q/k/v (the loader refuses such configs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MODEL_TYPE = "rlvr_diffusion"
+
+
+@dataclass(frozen=True)
+class DiffusionConfig:
+    vocab_size: int  # V, including the mask token
+    mask_token_id: int  # reserved id that marks a corrupted position; never a target
+    eos_token_id: int  # end of text; the fixed generation window is padded with it
+    pad_token_id: int  # left padding of prompts (distinct from EOS; attention-masked)
+    hidden_size: int = 128  # model width
+    num_layers: int = 4  # transformer blocks
+    num_heads: int = 4  # attention heads
+    num_kv_heads: int | None = None  # grouped-query heads, None = num_heads
+    intermediate_size: int = 512  # SwiGLU width
+    max_seq_len: int = 128  # longest prompt + window (informational; RoPE has no table)
+    rope_theta: float = 10_000.0  # RoPE base
+    rms_norm_eps: float = 1e-5  # RMSNorm epsilon
+    tie_word_embeddings: bool = True  # head shares the embedding matrix
+    qkv_bias: bool = False  # biases on q/k/v (Dream/Qwen2: True)
+    shift_logits: bool = False  # Dream convention: raw logit i predicts token i+1
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate-half RoPE (Llama/LLaDA/Qwen). x (B, H, S, D), positions (B, S)."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
+    angles = positions[:, None, :, None].float() * inv_freq  # (B, 1, S, D/2)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    rotated = torch.cat([-x2, x1], -1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: DiffusionConfig):
+        super().__init__()
+        kv = c.num_kv_heads or c.num_heads
+        self.c, self.kv = c, kv
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.qkv_bias)
+        self.k_proj = nn.Linear(c.hidden_size, kv * c.head_dim, bias=c.qkv_bias)
+        self.v_proj = nn.Linear(c.hidden_size, kv * c.head_dim, bias=c.qkv_bias)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+
+    def forward(self, x, positions, key_mask):
+        b, s, _ = x.shape
+        c = self.c
+        q = self.q_proj(x).view(b, s, c.num_heads, c.head_dim).transpose(1, 2)  # (B, H, S, D)
+        k = self.k_proj(x).view(b, s, self.kv, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.kv, c.head_dim).transpose(1, 2)
+        q, k = rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta)
+        if self.kv != c.num_heads:
+            k = k.repeat_interleave(c.num_heads // self.kv, dim=1)
+            v = v.repeat_interleave(c.num_heads // self.kv, dim=1)
+        # Bidirectional: every query sees every non-padding key. (B, 1, 1, S) boolean.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :], is_causal=False)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: DiffusionConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, c: DiffusionConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c)
+
+    def forward(self, x, positions, key_mask):
+        x = x + self.self_attn(self.input_layernorm(x), positions, key_mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DiffusionLM(nn.Module):
+    """Bidirectional mask predictor p_θ(x_0^i | z) for every position i. See the module doc."""
+
+    def __init__(self, config: DiffusionConfig):
+        super().__init__()
+        c = self.config = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(Block(c) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.apply(self._init)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @staticmethod
+    def _init(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.config.mask_token_id
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None) -> torch.Tensor:
+        """Logits (B, S, V) aligned to positions. input_ids (B, S); attention_mask (B, S) 1 = real
+        token (keys with 0 are invisible); position_ids (B, S), default from the attention mask."""
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if position_ids is None:
+            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        key_mask = attention_mask.bool()
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, position_ids, key_mask)
+        logits = self.lm_head(self.norm(x))
+        if self.config.shift_logits:  # raw logit i predicts token i+1 -> align (Dream duplicates the first)
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        return logits
+
+    # ------------------------------------------------------------------ our directory format
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        config = {"model_type": MODEL_TYPE, **dataclasses.asdict(self.config)}
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        if self.config.tie_word_embeddings:
+            state.pop("lm_head.weight")
+        save_file(state, str(out / "model.safetensors"))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> "DiffusionLM":
+        return load_diffusion_model(directory)
+
+
+def tiny_diffusion_lm(config: DiffusionConfig, *, seed: int) -> DiffusionLM:
+    """A model built from a config with a deterministic init (no download)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return DiffusionLM(config)
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        state = {}
+        for name in files:
+            state.update(load_file(str(directory / name)))
+        return state
+    single = directory / "model.safetensors"
+    if not single.is_file():
+        raise FileNotFoundError(f"no model.safetensors (or index) in {directory}")
+    return load_file(str(single))
+
+
+def _llada_config(raw: dict) -> DiffusionConfig:
+    unsupported = {"input_emb_norm": True, "scale_logits": True, "include_bias": True, "alibi": True}
+    for key, bad in unsupported.items():
+        if raw.get(key) == bad:
+            raise ValueError(f"LLaDA config: {key}={bad} is not supported by rlvr's DiffusionLM")
+    if raw.get("block_type", "llama") != "llama" or raw.get("layer_norm_type", "rms") != "rms":
+        raise ValueError("LLaDA config: only block_type=llama with layer_norm_type=rms is supported")
+    n_heads = raw["n_heads"]
+    hidden = raw.get("mlp_hidden_size") or raw.get("mlp_ratio", 4) * raw["d_model"]
+    return DiffusionConfig(
+        vocab_size=raw.get("embedding_size") or raw["vocab_size"], mask_token_id=raw["mask_token_id"],
+        eos_token_id=raw["eos_token_id"], pad_token_id=raw.get("pad_token_id", raw["eos_token_id"]),
+        hidden_size=raw["d_model"], num_layers=raw["n_layers"], num_heads=n_heads,
+        num_kv_heads=raw.get("n_kv_heads") or n_heads, intermediate_size=hidden,
+        max_seq_len=raw.get("max_sequence_length", 4096), rope_theta=raw.get("rope_theta", 10_000.0),
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-5), tie_word_embeddings=bool(raw.get("weight_tying", False)),
+        qkv_bias=bool(raw.get("include_qkv_bias", False)), shift_logits=False)
+
+
+LLADA_BLOCK_KEYS = {  # LLaDA name -> ours, inside blocks.i / layers.i
+    "attn_norm.weight": "input_layernorm.weight", "ff_norm.weight": "post_attention_layernorm.weight",
+    "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
+    "attn_out": "self_attn.o_proj", "ff_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "ff_out": "mlp.down_proj",
+}
+
+
+def llada_key(ours: str) -> str:
+    """Our parameter name -> the LLaDA checkpoint key (used by the loader and its test)."""
+    top = {"embed_tokens.weight": "model.transformer.wte.weight", "norm.weight": "model.transformer.ln_f.weight",
+           "lm_head.weight": "model.transformer.ff_out.weight"}
+    if ours in top:
+        return top[ours]
+    _, index, rest = ours.split(".", 2)
+    for theirs, mine in LLADA_BLOCK_KEYS.items():
+        if rest.startswith(mine):
+            return f"model.transformer.blocks.{index}.{theirs}{rest[len(mine):]}"
+    raise KeyError(ours)
+
+
+def _dream_config(raw: dict) -> DiffusionConfig:
+    heads = raw["num_attention_heads"]
+    return DiffusionConfig(
+        vocab_size=raw["vocab_size"], mask_token_id=raw["mask_token_id"], eos_token_id=raw["eos_token_id"],
+        pad_token_id=raw.get("pad_token_id", raw["eos_token_id"]), hidden_size=raw["hidden_size"],
+        num_layers=raw["num_hidden_layers"], num_heads=heads, num_kv_heads=raw.get("num_key_value_heads") or heads,
+        intermediate_size=raw["intermediate_size"], max_seq_len=raw.get("max_position_embeddings", 2048),
+        rope_theta=raw.get("rope_theta", 10_000.0), rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), qkv_bias=True, shift_logits=True)
+
+
+def dream_key(ours: str) -> str:
+    return "lm_head.weight" if ours == "lm_head.weight" else f"model.{ours}"
+
+
+def load_diffusion_model(directory: str | Path) -> DiffusionLM:
+    """Our format, LLaDA or Dream, from `config.json` + safetensors in `directory`."""
+    directory = Path(directory)
+    raw = json.loads((directory / "config.json").read_text())
+    kind = str(raw.get("model_type", "")).lower()
+    if kind == MODEL_TYPE:
+        fields = {f.name for f in dataclasses.fields(DiffusionConfig)}
+        config, to_theirs = DiffusionConfig(**{k: v for k, v in raw.items() if k in fields}), (lambda k: k)
+    elif kind == "llada":
+        config, to_theirs = _llada_config(raw), llada_key
+    elif kind == "dream":
+        config, to_theirs = _dream_config(raw), dream_key
+    else:
+        raise ValueError(f"{directory}/config.json: model_type {raw.get('model_type')!r} is not a masked-diffusion "
+                         f"LM rlvr can read (valid: {MODEL_TYPE}, llada, Dream)")
+    weights = _read_weights(directory)
+    model = DiffusionLM(config)
+    state = {}
+    for name in model.state_dict():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        key = to_theirs(name)
+        if key not in weights:
+            raise KeyError(f"{directory}: checkpoint has no {key!r} (for {name})")
+        state[name] = weights[key].float()
+    model.load_state_dict(state, strict=not config.tie_word_embeddings)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model
+
+
+def diffusion_tokenizer():
+    """The character tokenizer plus a `<mask>` special token (id = last)."""
+    from rlvr.models.tokenizer import char_tokenizer
+
+    tokenizer = char_tokenizer()
+    tokenizer.add_special_tokens({"mask_token": "<mask>"})
+    return tokenizer
+
+
+def load_diffusion_lm(path: str | None, *, seed: int, hidden_size: int = 128, num_layers: int = 4,
+                      num_heads: int = 4, intermediate_size: int = 512, max_seq_len: int = 128,
+                      shift_logits: bool = False):
+    """(model, tokenizer): a local directory (ours, LLaDA or Dream), or a fresh tiny model."""
+    if not path:
+        tokenizer = diffusion_tokenizer()
+        config = DiffusionConfig(
+            vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id, hidden_size=hidden_size, num_layers=num_layers,
+            num_heads=num_heads, intermediate_size=intermediate_size, max_seq_len=max_seq_len,
+            shift_logits=shift_logits)
+        return tiny_diffusion_lm(config, seed=seed), tokenizer
+    from transformers import AutoTokenizer
+
+    model = load_diffusion_model(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.mask_token_id is None or tokenizer.mask_token_id != model.mask_token_id:
+        tokenizer.add_special_tokens({"mask_token": tokenizer.convert_ids_to_tokens(model.mask_token_id)})
+    return model, tokenizer
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+__all__ = ["DiffusionConfig", "DiffusionLM", "diffusion_tokenizer", "dream_key", "llada_key",
+           "load_diffusion_lm", "load_diffusion_model", "tiny_diffusion_lm", "num_parameters"]

@@ -1,0 +1,159 @@
+"""Masked-diffusion sampler (LLaDA `generate` / Dream `diffusion_generate` family), batched, seeded.
+
+Window of `gen_length` mask tokens after the left-padded prompt, decoded in `gen_length /
+block_length` semi-autoregressive blocks; each block gets `steps / num_blocks` denoising steps and
+commits its tokens on LLaDA's schedule (block size split evenly, remainder to the earliest steps).
+Every step: one full forward; at every masked position of the current block draw a candidate by
+Gumbel-max at `temperature` in float64 (argmax at 0); score positions by `remasking`:
+- `low_confidence`: untempered softmax probability of the candidate (LLaDA),
+- `random`: an independent uniform,
+- `entropy`: sum p log p (negative entropy; Dream's `entropy`),
+- `margin`: top-1 minus top-2 probability (Dream's `topk_margin`);
+and commit the best-scored ones; the rest stay masked. `threshold` switches to dynamic decoding
+(Fast-dLLM / TraceRL `low_confidence_dynamic`): commit every masked position of the block whose
+score is >= threshold, at least one per step; `steps` is then ignored.
+
+Per-sample seeding: the noise of row i at its k-th step depends only on (seed_i, k) (hashed
+counters, `rollout.noise`), so a completion does not depend on its batch neighbours, also in
+threshold mode where rows advance at different speeds.
+
+Recorded per token: `trace` = the row's step that committed it (0-based) and `logprobs` =
+log softmax(logits / temperature) of the committed token at that step (the token choice's
+behaviour log-prob; the position choice is not a probability). `completion_mask` follows
+`window`: `eos` = up to and including the first EOS (d1, coupled-GRPO, SPG), `full` = the whole
+window (ESPO, JustGRPO). Completion ids are the raw window, post-EOS tokens included, so the
+trace replays exactly.
+
+Deviations: `suppress_eos` moves EOS candidates to the end of the ranking (they are committed
+only when nothing else is left in the block), applied to EOS itself (LLaDA's
+`confidence_eos_eot_inf` line only ends up suppressing EOT, anchors §1.5). No CFG (every RL repo
+sets w = 0), no top-p/top-k, no KV cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.models.likelihood import window_mask
+from rlvr.rollout.noise import _mix32, gumbel_noise, uniform_noise
+from rlvr.rollout.torch_ar import Rollouts
+
+REMASKING = ("low_confidence", "random", "entropy", "margin")
+_EOS_PENALTY = 1e9  # subtracted from an EOS candidate's score: last, but still above non-masked (-inf)
+
+
+@dataclass
+class DiffusionRollouts(Rollouts):
+    trace: torch.Tensor = None  # (B, Tc) long, the row's step at which each token was committed
+    forwards: int = 0  # model forwards the batch took
+
+
+def transfer_schedule(block_length: int, steps_per_block: int) -> list[int]:
+    """Tokens committed at each step of a block: even split, remainder to the earliest steps."""
+    base, rem = divmod(block_length, steps_per_block)
+    return [base + (s < rem) for s in range(steps_per_block)]
+
+
+def _row_keys(seeds: torch.Tensor, row_steps: torch.Tensor, salt: int) -> torch.Tensor:
+    return _mix32(seeds.to(torch.int64)) ^ _mix32(row_steps * 0x9E3779B1 + salt)
+
+
+def _scores(logits: torch.Tensor, candidates: torch.Tensor, remasking: str, keys: torch.Tensor) -> torch.Tensor:
+    """Confidence per position (B, b) from untempered logits (B, b, V) float64."""
+    probs = logits.softmax(-1)
+    if remasking == "low_confidence":
+        return probs.gather(-1, candidates[..., None]).squeeze(-1)
+    if remasking == "random":
+        return uniform_noise(keys, 0, logits.shape[1])
+    if remasking == "entropy":
+        return (probs * probs.clamp_min(1e-300).log()).sum(-1)
+    if remasking == "margin":
+        top = probs.topk(2, dim=-1).values
+        return top[..., 0] - top[..., 1]
+    raise ValueError(f"unknown remasking {remasking!r}; valid: {', '.join(REMASKING)}")
+
+
+@torch.no_grad()
+def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, *,
+                       gen_length: int, steps: int, block_length: int | None = None, temperature: float = 1.0,
+                       remasking: str = "low_confidence", threshold: float | None = None,
+                       suppress_eos: bool = False, mask_id: int, eos_id: int,
+                       window: str = "eos") -> DiffusionRollouts:
+    """Sample one window per row. prompt_ids/prompt_mask (B, Tp) left-padded, seeds (B,) int."""
+    block = block_length or gen_length
+    if gen_length % block:
+        raise ValueError(f"gen_length={gen_length} must be a multiple of block_length={block}")
+    num_blocks = gen_length // block
+    if threshold is None and (steps % num_blocks or steps < num_blocks):
+        raise ValueError(f"steps={steps} must be a positive multiple of the number of blocks {num_blocks}")
+    if remasking not in REMASKING:
+        raise ValueError(f"unknown remasking {remasking!r}; valid: {', '.join(REMASKING)}")
+    was_training = model.training
+    model.eval()
+    batch, tp = prompt_ids.shape
+    x = torch.cat([prompt_ids, torch.full((batch, gen_length), mask_id, dtype=torch.long)], dim=1)
+    attention = torch.cat([prompt_mask, torch.ones((batch, gen_length), dtype=prompt_mask.dtype)], dim=1)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    trace = torch.full((batch, gen_length), -1, dtype=torch.long)
+    logprobs = torch.zeros((batch, gen_length))
+    row_steps = torch.zeros(batch, dtype=torch.long)
+    forwards = 0
+    schedule = transfer_schedule(block, steps // num_blocks) if threshold is None else None
+    for b in range(num_blocks):
+        lo, hi = tp + b * block, tp + (b + 1) * block
+        s = 0
+        while bool((x[:, lo:hi] == mask_id).any()):
+            masked = x[:, lo:hi] == mask_id  # (B, b)
+            logits = model(x, attention, positions)[:, lo:hi].double()  # (B, b, V)
+            forwards += 1
+            logits[..., mask_id] = float("-inf")  # the mask token is never a candidate
+            tempered = logits / temperature if temperature > 0 else logits
+            if temperature > 0:
+                noise = gumbel_noise(_row_keys(seeds, row_steps, 0x51), 0, block * logits.shape[-1])
+                candidates = (tempered + noise.view_as(logits)).argmax(-1)
+            else:
+                candidates = logits.argmax(-1)
+            logp = tempered.log_softmax(-1).gather(-1, candidates[..., None]).squeeze(-1)
+            score = _scores(logits, candidates, remasking, _row_keys(seeds, row_steps, 0x77))
+            if suppress_eos:
+                score = torch.where(candidates == eos_id, score - _EOS_PENALTY, score)
+            score = torch.where(masked, score, torch.full_like(score, float("-inf")))
+            remaining = masked.sum(-1)  # (B,)
+            if schedule is not None:
+                count = torch.clamp(remaining, max=schedule[min(s, len(schedule) - 1)])
+            else:
+                count = torch.minimum(torch.clamp((score >= threshold).sum(-1), min=1), remaining)
+            order = score.argsort(dim=-1, descending=True, stable=True)
+            rank = order.argsort(dim=-1)
+            commit = (rank < count[:, None]) & masked
+            x[:, lo:hi] = torch.where(commit, candidates, x[:, lo:hi])
+            trace[:, lo - tp:hi - tp] = torch.where(commit, row_steps[:, None], trace[:, lo - tp:hi - tp])
+            logprobs[:, lo - tp:hi - tp] = torch.where(commit, logp.float(), logprobs[:, lo - tp:hi - tp])
+            row_steps += (remaining > 0).long()
+            s += 1
+    model.train(was_training)
+    completion = x[:, tp:]
+    mask = window_mask(completion, eos_id, window)
+    return DiffusionRollouts(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion, completion_mask=mask,
+        logprobs=logprobs * mask, truncated=~(completion == eos_id).any(-1), trace=trace, forwards=forwards)
+
+
+class DiffusionSampler:
+    """`generate_diffusion` with its settings bound; hands each rollout's trace to `policies`
+    (objects with `record_traces(rollouts)`, e.g. the current and reference DiffusionPolicy) so
+    the `trace` estimator can replay it without the trainer knowing about traces."""
+
+    def __init__(self, model, *, policies=(), **settings):
+        self.model, self.policies, self.settings = model, list(policies), settings
+
+    def __call__(self, prompt_ids, prompt_mask, seeds) -> DiffusionRollouts:
+        out = generate_diffusion(self.model, prompt_ids, prompt_mask, seeds, **self.settings)
+        for policy in self.policies:
+            policy.record_traces(out)
+        return out
+
+
+__all__ = ["REMASKING", "DiffusionRollouts", "DiffusionSampler", "generate_diffusion", "transfer_schedule"]
