@@ -59,7 +59,8 @@ def test_single_recipe_gets_its_run_name_and_a_note(tmp_path, capsys):
 
 def test_plot_with_smoothing(fake_runs, tmp_path, capsys):
     path = tmp_path / "p" / "reward.png"
-    assert run_cli(["runs", "plot", str(fake_runs), "--metric", "reward/mean", "--smooth", "5", "--out", str(path)]) == 0
+    argv = ["runs", "plot", str(fake_runs), "--metric", "reward/mean", "--smooth", "5", "--out", str(path)]
+    assert run_cli(argv) == 0
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 

@@ -90,6 +90,7 @@ def test_sigkill_at_five_random_steps_then_resume_matches_uninterrupted(tmp_path
 
     got, want = _read(run / "metrics.jsonl"), _read(straight / "metrics.jsonl")
     assert [m["step"] for m in got] == list(range(STEPS + 1)), f"duplicate or missing steps (killed at {killed_at})"
-    assert _strip(got) == _strip(want), f"killed at {killed_at}; first difference: {_first_difference(_strip(got), _strip(want))}"
+    difference = _first_difference(_strip(got), _strip(want))
+    assert _strip(got) == _strip(want), f"killed at {killed_at}; first difference: {difference}"
     assert _read(run / "samples.jsonl") == _read(straight / "samples.jsonl")
     assert json.loads((run / "run.json").read_text())["status"] == "finished"

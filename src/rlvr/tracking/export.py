@@ -29,7 +29,8 @@ class Exported:
 def find_checkpoint(run: Path, step: int | None = None) -> Path:
     """The newest complete checkpoint of `run` (or the one at `step`), with a one-line error if none."""
     directory = run / "checkpoints"
-    complete = sorted(p for p in directory.glob("step_*") if (p / "config.json").is_file()) if directory.is_dir() else []
+    candidates = directory.glob("step_*") if directory.is_dir() else []
+    complete = sorted(p for p in candidates if (p / "config.json").is_file())
     if step is not None:
         wanted = directory / f"step_{step:06d}"
         if wanted not in complete:

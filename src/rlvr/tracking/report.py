@@ -65,8 +65,9 @@ def _summary(run: Run) -> str:
     for key in report_metrics(run, limit=10):
         step, value = latest[key]
         rows.append((key, f"{_fmt(value)}  (step {step})"))
-    return "<table class=kv>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v) if not isinstance(v, str) else html.escape(v)}"
-                               "</td></tr>" for k, v in rows) + "</table>"
+    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v) if isinstance(v, str) else _fmt(v)}</td></tr>"
+                    for k, v in rows)
+    return f"<table class=kv>{cells}</table>"
 
 
 def _rollouts(samples: list[dict], most_steps: int) -> str:
@@ -101,6 +102,7 @@ def render_report(run: Run, *, max_sample_steps: int = 40) -> str:
     else:
         curves = "<p class=meta>No metrics logged yet.</p>"
     config_text = (run.path / "config.yaml").read_text() if (run.path / "config.yaml").is_file() else ""
+    manifest_text = json.dumps(run.manifest, indent=2, default=str)
     title = f"rlvr report · {run.name}"
     return f"""<!DOCTYPE html>
 <html lang=en><head><meta charset=utf-8><meta name=viewport content="width=device-width,initial-scale=1">
@@ -111,7 +113,7 @@ def render_report(run: Run, *, max_sample_steps: int = 40) -> str:
 <h2>Learning curves</h2><section>{curves}</section>
 <h2>Rollouts</h2><section id=rollouts>{_rollouts(read_jsonl(run.path / 'samples.jsonl'), max_sample_steps)}</section>
 <h2>Config</h2><section><pre id=config>{html.escape(config_text)}</pre></section>
-<h2>Manifest</h2><section><pre id=manifest>{html.escape(json.dumps(run.manifest, indent=2, default=str))}</pre></section>
+<h2>Manifest</h2><section><pre id=manifest>{html.escape(manifest_text)}</pre></section>
 </main></body></html>
 """
 

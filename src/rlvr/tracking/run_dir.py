@@ -7,17 +7,24 @@ time and, on resume, cut back to the checkpoint's step.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pyyaml", "tqdm", "rlvr")
+PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pyyaml", "tqdm", "matplotlib",
+            "tensorboard", "wandb", "mlflow-skinny", "rlvr")
+# Environment variables that change numerics or scheduling; recorded when set.
+DETERMINISM_ENV = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                   "CUDA_VISIBLE_DEVICES", "NCCL_ALGO", "TORCH_DETERMINISTIC")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -38,8 +45,52 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def manifest(command: list[str], seed: int) -> dict:
-    """Provenance of a run: what ran, from which code, on what."""
+def fingerprint(path: str | Path) -> dict:
+    """sha256 and size of a data file; for a folder, of its files' relative paths and contents in order."""
+    path = Path(path)
+    if not path.exists():
+        return {"path": str(path), "missing": True}
+    digest, size = hashlib.sha256(), 0
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():
+            digest.update(str(file.relative_to(path)).encode() + b"\0")
+        with open(file, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+                size += len(chunk)
+    return {"path": str(path.resolve()), "sha256": digest.hexdigest(), "bytes": size, "files": len(files)}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_info() -> list[dict]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    gpus = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        gpus.append({"name": props.name, "memory_gb": round(props.total_memory / 2**30, 1),
+                     "capability": f"{props.major}.{props.minor}"})
+    return gpus
+
+
+def manifest(command: list[str], seed: int, *, config: dict | None = None, data_files=()) -> dict:
+    """Provenance of a run: what ran, from which code, on what, with which data.
+
+    `config`: the resolved config as a dict (stored with its hash); `data_files`: paths of dataset
+    files or folders the run reads, each recorded with a sha256 fingerprint.
+    """
     import torch
 
     versions = {}
@@ -49,18 +100,67 @@ def manifest(command: list[str], seed: int) -> dict:
         except metadata.PackageNotFoundError:
             versions[name] = None
     sha = _git("rev-parse", "HEAD")
-    return {
+    diff = _git("diff", "HEAD") if sha else None
+    info = {
         "command": command,
         "seed": seed,
         "git_sha": sha,
         "git_dirty": bool(_git("status", "--porcelain")) if sha else None,
+        "git_diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None,
         "python": sys.version.split()[0],
+        "torch": torch.__version__,
         "packages": versions,
         "torch_threads": torch.get_num_threads(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cuda": torch.version.cuda,
+        "gpus": gpu_info(),
+        "env": {k: os.environ[k] for k in DETERMINISM_ENV if k in os.environ},
+        "datasets": [fingerprint(p) for p in data_files],
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+    if config is not None:
+        info["config"] = config
+        info["config_sha256"] = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    return info
+
+
+def finish_manifest(run: RunDir, status: str, *, exit_status: int, final: dict | None = None,
+                    error: str | None = None) -> dict:
+    """Record how a run ended in run.json: status, exit status, end time, duration (and final metrics)."""
+    info = run.read_json("run.json") if (run.path / "run.json").exists() else {}
+    ended = datetime.now(timezone.utc)
+    info.update(status=status, exit_status=exit_status, ended=ended.isoformat(timespec="seconds"))
+    try:
+        info["duration_s"] = round((ended - datetime.fromisoformat(info["started"])).total_seconds(), 1)
+    except (KeyError, TypeError, ValueError):
+        pass
+    if final is not None:
+        info["final"] = final
+    if error is not None:
+        info["error"] = error
+    run.write_json("run.json", info)
+    return info
+
+
+@contextmanager
+def recorded_exit(run: RunDir):
+    """Mark run.json `failed` (exit 1) or `interrupted` (exit 130) if the body raises, then re-raise.
+
+    A SIGKILL cannot be recorded; such a run keeps `status: running` with no `ended`.
+    """
+    try:
+        yield
+    except KeyboardInterrupt:
+        finish_manifest(run, "interrupted", exit_status=130)
+        raise
+    except BaseException as err:
+        finish_manifest(run, "failed", exit_status=1, error=f"{type(err).__name__}: {err}"[:2000])
+        raise
 
 
 class RunDir:

@@ -133,7 +133,8 @@ def group_runs(runs: list[Run]) -> list[Group]:
     for run in runs:
         by_key.setdefault(recipe_key(run), []).append(run)
     flats = {key: json.loads(key) for key in by_key}
-    differing = sorted({k for f in flats.values() for k in f if len({json.dumps(g.get(k)) for g in flats.values()}) > 1})
+    all_keys = {k for f in flats.values() for k in f}
+    differing = sorted(k for k in all_keys if len({json.dumps(f.get(k)) for f in flats.values()}) > 1)
     groups = []
     for key, members in by_key.items():
         label = ", ".join(f"{k}={flats[key].get(k)}" for k in differing)
