@@ -160,28 +160,64 @@ def _prlimit_prefix(limits: Limits) -> list[str]:
             f"--nproc={limits.nproc}", "--core=0", "--"]
 
 
-def _sweep_uid(uid: int) -> int:
-    """SIGKILL every process owned by ``uid`` (a slot uid nothing else uses); return how many."""
-    killed = 0
-    for _ in range(5):
-        found = []
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                try:
-                    if os.stat(f"/proc/{name}").st_uid == uid:
-                        found.append(int(name))
-                except OSError:
+def _uid_processes(uid: int) -> tuple[list[int], list[int]]:
+    """(live, zombie) pids owned by ``uid``."""
+    live, zombies = [], []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid != uid:
                     continue
-        if not found:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            (zombies if state in (b"Z", b"X") else live).append(int(name))
+    return live, zombies
+
+
+def _sweep_uid(uid: int, wait_s: float = 3.0) -> int:
+    """SIGKILL every live process owned by ``uid`` (a slot uid nothing else uses) until none is left.
+
+    Zombies that are ours (we are a child subreaper, see ``_become_subreaper``) are reaped, so
+    they do not count against the slot's RLIMIT_NPROC. Returns how many kill signals were sent.
+    """
+    killed = 0
+    deadline = time.monotonic() + wait_s
+    while True:
+        live, zombies = _uid_processes(uid)
+        for pid in zombies:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        if not live or time.monotonic() > deadline:
             return killed
-        for pid in found:
+        for pid in live:
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed += 1
             except OSError:
                 pass
-        time.sleep(0.01)
-    return killed
+        time.sleep(0.002)
+
+
+_subreaper = False
+
+
+def _become_subreaper() -> None:
+    """Adopt orphaned descendants (bwrap's pid-1 outlives our bwrap by a moment), so we reap them
+    instead of leaving zombies to a container init that may reap slowly."""
+    global _subreaper
+    if _subreaper or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        _subreaper = libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
 
 
 def detect_isolation(python: str | None = None, base_uid: int = 60000) -> str:
@@ -219,6 +255,8 @@ class Sandbox:
             raise ValueError(f"sandbox: isolation must be auto|bwrap|unshare|none, got {isolation!r}")
         self.workers, self.limits, self.python, self.base_uid = workers, limits, python or default_python(), base_uid
         self.root = _is_root()
+        if self.root:
+            _become_subreaper()
         if isolation == "auto":
             isolation = detect_isolation(self.python, base_uid)
         self.isolation = isolation
@@ -428,8 +466,12 @@ def _shquote(s: str) -> str:
 def _classify(rc, stderr, timed_out, overflow, started, isolation) -> tuple[Verdict, str]:
     if overflow:
         return Verdict.OUTPUT_LIMIT, "stdout or stderr over the cap"
-    if timed_out:
-        return Verdict.TIMEOUT, "wall clock"
+    tail = stderr[-2000:]
+    if timed_out:  # a program that hit a limit and then hung (e.g. live threads) names the limit
+        if "MemoryError" in tail:
+            return Verdict.MEMORY_LIMIT, "MemoryError, then the wall clock"
+        marker = next((m for m in _RESOURCE_MARKERS if m in tail), None)
+        return (Verdict.RESOURCE_LIMIT, f"{marker}, then the wall clock") if marker else (Verdict.TIMEOUT, "wall clock")
     if not started:
         return Verdict.SANDBOX_ERROR, f"sandbox did not start: {stderr.strip()[-300:]}"
     if rc == 0:
@@ -439,7 +481,6 @@ def _classify(rc, stderr, timed_out, overflow, started, isolation) -> tuple[Verd
         return Verdict.TIMEOUT, "cpu limit (SIGXCPU)"
     if sig == signal.SIGXFSZ:
         return Verdict.RESOURCE_LIMIT, "file size limit (SIGXFSZ)"
-    tail = stderr[-2000:]
     if "MemoryError" in tail:
         return Verdict.MEMORY_LIMIT, "MemoryError"
     for marker in _RESOURCE_MARKERS:

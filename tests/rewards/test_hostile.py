@@ -1,0 +1,295 @@
+"""The hostile-program suite of research/anchors-systems.md §4.4, run through the real sandbox.
+
+Each program gets its verdict checked and the host checked afterwards: no process left under
+any sandbox uid, no file created outside the sandbox (probe paths in /tmp, /dev/shm, $HOME and
+the repo), canary files in $HOME and the repo unchanged, a loopback TCP/UDP listener that never
+hears from a sandbox, a secret in the harness's environment that never shows up in any output,
+and the harness itself alive. ``test_all_at_once`` runs the whole suite 16 sandboxes wide.
+
+Needs bubblewrap and root (CI runs as root and installs bubblewrap); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rlvr.rewards.code import CodeGrader
+from rlvr.rewards.sandbox import Limits, Sandbox, Verdict, _uid_processes, detect_isolation
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = uuid.uuid4().hex[:12]
+SECRET = f"hunter2-{TOKEN}"
+BASE_UID = 61000
+WALL = 2.0
+LIMITS = Limits(wall_s=WALL, memory_mb=256, file_mb=8, disk_mb=32, nproc=24, output_bytes=1 << 16)
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("bwrap") is None or detect_isolation(base_uid=BASE_UID) != "bwrap",
+    reason="needs root and a working bubblewrap (CI has both)",
+)
+
+PROBES = [f"/tmp/rlvr_pwned_{TOKEN}", f"/dev/shm/rlvr_pwned_{TOKEN}",
+          str(Path.home() / f"rlvr_pwned_{TOKEN}"), str(REPO / f"rlvr_pwned_{TOKEN}")]
+
+
+class Listener:
+    """TCP and UDP on 127.0.0.1: counts every connection and datagram it receives."""
+
+    def __init__(self):
+        self.hits = 0
+        self.tcp = socket.socket()
+        self.tcp.bind(("127.0.0.1", 0))
+        self.tcp.listen(16)
+        self.port = self.tcp.getsockname()[1]
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.bind(("127.0.0.1", self.port))
+        for sock in (self.tcp, self.udp):
+            sock.settimeout(0.2)
+            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+        self.stop = False
+
+    def _serve(self, sock):
+        while not getattr(self, "stop", False):
+            try:
+                if sock.type == socket.SOCK_STREAM:
+                    conn, _ = sock.accept()
+                    conn.close()
+                else:
+                    sock.recvfrom(100)
+                self.hits += 1
+            except OSError:
+                continue
+
+
+@pytest.fixture(scope="module")
+def host():
+    os.environ["RLVR_TEST_SECRET"] = SECRET
+    canaries = {Path.home() / f".rlvr_canary_{TOKEN}": b"home canary", REPO / f".rlvr_canary_{TOKEN}": b"repo canary"}
+    for path, data in canaries.items():
+        path.write_bytes(data)
+        path.chmod(0o644)
+    listener = Listener()
+    yield {"port": listener.port, "listener": listener, "canaries": canaries}
+    listener.stop = True
+    for path in canaries:
+        path.unlink(missing_ok=True)
+    os.environ.pop("RLVR_TEST_SECRET", None)
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    sb = Sandbox(workers=16, limits=LIMITS, isolation="bwrap", base_uid=BASE_UID)
+    yield sb
+    sb.close()
+
+
+def _sandbox_processes() -> list[int]:
+    """Live (non-zombie) processes under any sandbox uid."""
+    return [pid for uid in range(BASE_UID, BASE_UID + 16) for pid in _uid_processes(uid)[0]]
+
+
+def assert_host_unaffected(host, results):
+    assert _sandbox_processes() == [], "a sandboxed process outlived its verdict"
+    for probe in PROBES:
+        assert not os.path.exists(probe), f"{probe} was created outside the sandbox"
+    for path, data in host["canaries"].items():
+        assert path.read_bytes() == data, f"canary {path} changed"
+    assert host["listener"].hits == 0, "the loopback listener heard from a sandbox"
+    for r in results:
+        assert SECRET not in r.stdout and SECRET not in r.stderr, "the harness's secret leaked"
+        assert "repo canary" not in r.stdout and "home canary" not in r.stdout
+    assert os.getpid() > 0 and threading.main_thread().is_alive()
+
+
+# ---------------------------------------------------------------------------------- programs
+# name -> (source, allowed verdicts, check on the result or None)
+
+READS = """
+import os
+paths = ["/etc/passwd", "/etc/shadow", os.path.expanduser("~root/.ssh/id_rsa"), "/root/.netrc",
+         "/proc/1/environ", "/proc/%(harness)d/environ", "%(repo)s/pyproject.toml",
+         "%(repo)s/.rlvr_canary_%(token)s", "%(home)s/.rlvr_canary_%(token)s",
+         "../../../../../../%(repo)s/pyproject.toml", "%(repo)s/data/gsm8k_fixture.jsonl"]
+try:
+    os.symlink("%(repo)s/pyproject.toml", "link")
+    paths.append("link")
+except OSError:
+    pass
+seen = []
+for p in paths:
+    try:
+        with open(p, "rb") as f:
+            data = f.read()
+        seen.append((p, data[:200]))
+    except OSError as e:
+        pass
+print("READABLE", [p for p, d in seen if b"SECRET" in d or b"[project]" in d or b"canary" in d or b"root:" in d])
+for p, d in seen:
+    print(p, d)
+"""
+
+WRITES = """
+import os, importlib
+os = importlib.reload(os)
+for p in %(probes)r:
+    try:
+        with open(p, "w") as f:
+            f.write("x")
+        print("WROTE", p)
+    except OSError as e:
+        print("DENIED", p, type(e).__name__)
+"""
+
+NET = """
+import socket
+res = []
+for target in [("1.1.1.1", 53), ("127.0.0.1", %(port)d), ("10.0.0.1", 80)]:
+    s = socket.socket()
+    s.settimeout(0.5)
+    try:
+        s.connect(target); res.append(("CONNECTED", target))
+    except OSError as e:
+        res.append((type(e).__name__, target))
+try:
+    socket.getaddrinfo("example.com", 80); res.append("DNS OK")
+except OSError as e:
+    res.append(("dns", type(e).__name__))
+try:
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.sendto(b"hello", ("127.0.0.1", %(port)d)); u.sendto(b"hello", ("8.8.8.8", 53)); res.append("UDP sent")
+except OSError as e:
+    res.append(("udp", type(e).__name__))
+print(res)
+"""
+
+KILLS = """
+import os, signal
+for attempt in (lambda: os.kill(os.getppid(), 9), lambda: os.kill(%(harness)d, 9), lambda: os.kill(-1, 9),
+                lambda: os.killpg(0, 9)):
+    try:
+        attempt()
+    except OSError as e:
+        print(type(e).__name__)
+print("still here")
+"""
+
+PROGRAMS = {
+    "01_infinite_loop": ("while True: pass", {Verdict.TIMEOUT}, None),
+    "02_sleep": ("import time\ntime.sleep(10**6)", {Verdict.TIMEOUT}, None),
+    "03_ignore_signals": ("import signal\nfor s in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGXCPU):\n"
+                          "    signal.signal(s, signal.SIG_IGN)\nwhile True: pass", {Verdict.TIMEOUT}, None),
+    "04a_memory_chunks": ("x = []\nwhile True: x.append(bytearray(10 << 20))", {Verdict.MEMORY_LIMIT}, None),
+    "04b_memory_huge": ("x = bytearray(8 << 30)", {Verdict.MEMORY_LIMIT}, None),
+    "05a_fork_bomb": ("import os\nwhile True: os.fork()", {Verdict.RESOURCE_LIMIT}, None),
+    "05b_popen_bomb": ("import subprocess, sys\nwhile True: subprocess.Popen([sys.executable, '-c', "
+                       "'import time; time.sleep(100)'])", {Verdict.RESOURCE_LIMIT, Verdict.MEMORY_LIMIT}, None),
+    "06_thread_bomb": ("import threading, time\nwhile True: threading.Thread(target=time.sleep, args=(100,)).start()",
+                       {Verdict.RESOURCE_LIMIT}, None),
+    "07_daemon": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(30)\n"
+                  "    os._exit(0)\nprint('parent done')", {Verdict.OK}, lambda r: "parent done" in r.stdout),
+    "08_09_reads": (READS, {Verdict.OK}, lambda r: "READABLE []" in r.stdout),
+    "10_17_writes_reload_os": (WRITES, {Verdict.OK}, lambda r: "DENIED" in r.stdout),
+    "11a_fill_one_file": ("with open('big', 'wb') as f:\n    while True: f.write(b'x' * (1 << 20))",
+                          {Verdict.RESOURCE_LIMIT}, None),
+    "11b_fill_disk": ("i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * (4 << 20)); i += 1",
+                      {Verdict.RESOURCE_LIMIT}, None),
+    "12_fds": ("fs = [open('/dev/null') for _ in range(10**5)]", {Verdict.RESOURCE_LIMIT}, None),
+    "13_network": (NET, {Verdict.OK}, lambda r: "CONNECTED" not in r.stdout and "DNS OK" not in r.stdout),
+    "14_kill_parent": (KILLS, {Verdict.OK, Verdict.RUNTIME_ERROR}, None),
+    "15_output_flood": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536); sys.stderr.write('y' * 65536)",
+                        {Verdict.OUTPUT_LIMIT}, lambda r: len(r.stdout) <= LIMITS.output_bytes),
+    "16_stdin_eof": ("import sys\nprint(len(sys.stdin.read()))", {Verdict.OK}, lambda r: r.stdout.strip() == "0"),
+    "17a_ctypes_fork": ("import ctypes, time\nlibc = ctypes.CDLL(None)\nwhile True:\n    pid = libc.fork()\n"
+                        "    if pid == 0:\n        time.sleep(30)\n    if pid < 0:\n"
+                        "        raise BlockingIOError(11, 'Resource temporarily unavailable')",
+                        {Verdict.RESOURCE_LIMIT}, None),
+    "17b_posix_fork": ("import posix\nwhile True: posix.fork()", {Verdict.RESOURCE_LIMIT}, None),
+    "23_ptrace_vfork": ("import ctypes, os\nlibc = ctypes.CDLL(None)\nlibc.ptrace(0, 0, 0, 0)\n"
+                        "while True:\n    try:\n        os.posix_spawn('/usr/bin/python3', ['python3', '-c', 'while 1: pass'], {})\n"
+                        "    except OSError:\n        pass", {Verdict.TIMEOUT, Verdict.RESOURCE_LIMIT}, None),
+}
+
+
+def _source(name: str, host) -> str:
+    return PROGRAMS[name][0] % {"harness": os.getpid(), "repo": str(REPO), "home": str(Path.home()),
+                                "token": TOKEN, "probes": PROBES, "port": host["port"]} if "%(" in PROGRAMS[name][0] \
+        else PROGRAMS[name][0]
+
+
+def _check(name, result):
+    _, allowed, check = PROGRAMS[name]
+    assert result.verdict in allowed, f"{name}: {result.verdict} ({result.detail}) {result.stderr[-300:]!r}"
+    assert result.elapsed <= WALL + 1.0, f"{name}: took {result.elapsed:.2f}s"
+    if check is not None:
+        assert check(result), f"{name}: {result.stdout[-500:]!r}"
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_hostile_program(name, sandbox, host):
+    result = sandbox.run(_source(name, host))
+    _check(name, result)
+    assert_host_unaffected(host, [result])
+
+
+def test_24_fresh_dir_per_run(sandbox, host):
+    first = sandbox.run("open('left_behind', 'w').write('secret from run 1')\nimport os\nprint(os.getcwd())")
+    second = sandbox.run("import os\nprint(os.path.exists('left_behind'), os.listdir('.'))")
+    assert first.verdict is Verdict.OK and second.verdict is Verdict.OK
+    assert second.stdout.strip() == "False []"
+    assert_host_unaffected(host, [first, second])
+
+
+def test_18_19_20_grader_cannot_be_fooled(sandbox, host):
+    grader = CodeGrader(sandbox)
+    tests = ["assert add(1, 2) == 3", "assert add(5, 5) == 10"]
+    cheats = {
+        "exit_before_tests": "import sys\nprint('PASSED')\nsys.exit(0)\ndef add(a, b): return a + b",
+        "os_exit": "import os\nprint('ALL TESTS PASSED')\nos._exit(0)",
+        "eq_always_true": "class A:\n    def __eq__(self, o): return True\ndef add(a, b): return A()",
+        "patch_builtins": "import builtins\nbuiltins.AssertionError = type('X', (Exception,), {})\n"
+                          "builtins.isinstance = lambda *a: True\ndef add(a, b): return 0",
+        "fake_result_lines": "import json\nfor i in range(2): print(json.dumps({'i': i, 'value': 3}))\ndef add(a, b): return 0",
+    }
+    grades = grader.grade_many([(code, tests) for code in cheats.values()])
+    for name, grade in zip(cheats, grades):
+        assert grade.verdict is Verdict.FAIL and grade.passed == 0, f"{name}: {grade}"
+    prefix = grader.grade("print(1)", [{"input": "", "output": "1\n2\n"}])
+    assert prefix.verdict is Verdict.FAIL  # only the first expected line: line counts must match
+    honest = grader.grade("def add(a, b): return a + b", tests)
+    assert honest.verdict is Verdict.PASS and honest.reward() == 1.0
+    assert_host_unaffected(host, [])
+
+
+def test_21_slow_but_correct_vs_over_the_limit_is_stable(sandbox, host):
+    grader = CodeGrader(sandbox)
+    tests = [{"input": "", "output": "ok\n"}]
+    slow_ok = "import time\ntime.sleep(0.6)\nprint('ok')"
+    too_slow = "import time\ntime.sleep(3.5)\nprint('ok')"
+    grades = grader.grade_many([(slow_ok, tests)] * 8 + [(too_slow, tests)] * 8)
+    assert [g.verdict for g in grades] == [Verdict.PASS] * 8 + [Verdict.TIMEOUT] * 8
+    assert_host_unaffected(host, [])
+
+
+def test_all_at_once_16_wide(sandbox, host):
+    """The whole suite plus fork bombs next to correct programs, 16 sandboxes at a time (#22)."""
+    names = sorted(PROGRAMS)
+    jobs = [dict(source=_source(n, host)) for n in names]
+    bombs = [dict(source=PROGRAMS["05a_fork_bomb"][0])] * 6
+    correct = [dict(source="print(sum(range(10)))")] * 10
+    results = sandbox.run_many(jobs + bombs + correct)
+    for name, result in zip(names, results):
+        allowed = PROGRAMS[name][1]
+        assert result.verdict in allowed, f"{name} under concurrency: {result.verdict} {result.detail}"
+    for result in results[len(jobs):len(jobs) + len(bombs)]:
+        assert result.verdict is Verdict.RESOURCE_LIMIT
+    for result in results[len(jobs) + len(bombs):]:
+        assert result.verdict is Verdict.OK and result.stdout == "45\n"
+    assert_host_unaffected(host, results)
+    assert sandbox.counters["sandbox_errors"] == 0
