@@ -72,10 +72,15 @@ def plot_groups(groups: list[Group], metrics: list[str], path: str | Path, *, wi
     return path
 
 
-def report_metrics(run: Run, limit: int = 12) -> list[str]:
-    """The metrics a report shows: held-out/reward first, then the rest, wall-clock keys last."""
+PREFERRED = ("eval/heldout_accuracy", "eval/train_accuracy", "reward/mean", "reward/accuracy", "reward/std",
+             "batch/zero_variance_group_frac", "response/length_mean", "response/truncation_rate", "loss/policy",
+             "actor/entropy", "actor/grad_norm", "actor/kl", "actor/clip_frac_low", "actor/clip_frac_high")
+
+
+def report_metrics(run: Run, limit: int = 18) -> list[str]:
+    """The metrics a report shows: accuracy, reward and the usual debugging keys first, wall-clock last."""
     keys = sorted({k for m in run.metrics for k, v in m.items() if k != "step" and isinstance(v, (int, float))})
-    first = [k for k in ("eval/heldout_accuracy", "eval/train_accuracy", "reward/mean", "reward/accuracy") if k in keys]
+    first = [k for k in PREFERRED if k in keys]
     rest = [k for k in keys if k not in first and not k.startswith(WALL_CLOCK_PREFIXES)]
     timing = [k for k in keys if k.startswith(WALL_CLOCK_PREFIXES) and k not in first]
     return (first + rest + timing)[:limit]
