@@ -139,3 +139,15 @@ def test_unknown_or_uninstalled_sink_is_a_config_error(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"pip install 'rlvr\[wandb\]'"):
         make_trackers(["wandb"], tmp_path)
     assert [type(t) for t in make_trackers(["jsonl"], tmp_path)] == [JsonlTracker]
+
+
+def test_optional_packages_are_imported_lazily():
+    """Importing the tracking modules and the runs CLI pulls in no sink, plotting or torch package."""
+    import subprocess
+    import sys
+
+    heavy = ("wandb", "mlflow", "tensorboard", "matplotlib", "torch", "transformers")
+    code = ("import sys, rlvr.cli_runs, rlvr.tracking.tracker, rlvr.tracking.report, rlvr.tracking.export, "
+            f"rlvr.tracking.runs, rlvr.tracking.plots; print([m for m in {heavy!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
