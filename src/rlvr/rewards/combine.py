@@ -79,7 +79,7 @@ def group_normalize(values: list[float], group_size: int, *, eps: float = 1e-6, 
             if v is None or math.isnan(v):
                 out.append(math.nan)
             else:
-                out.append(round((v - mean) / (sd + eps), 12) if std else v - mean)
+                out.append((round((v - mean) / (sd + eps), 12) if sd + eps > 0 else 0.0) if std else v - mean)
     return out
 
 
@@ -97,4 +97,4 @@ def decoupled_normalize(components: dict[str, list[float]], weights: dict[str, f
         return total
     mean = sum(ok) / len(ok)
     sd = math.sqrt(sum((v - mean) ** 2 for v in ok) / len(ok))
-    return [v if math.isnan(v) else round((v - mean) / (sd + eps), 12) for v in total]
+    return [v if math.isnan(v) else (round((v - mean) / (sd + eps), 12) if sd + eps > 0 else 0.0) for v in total]

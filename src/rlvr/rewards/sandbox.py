@@ -3,7 +3,7 @@
 Design (``research/anchors-systems.md`` §4.5). Every program runs in its own process tree:
 
 1. **Process layer, always on.** ``Popen`` in a new session with an allow-list environment,
-   ``python -I -S``, stdin from ``/dev/null`` (or a host file the program cannot name), rlimits
+   ``python -E -s -S``, stdin from ``/dev/null`` (or a host file the program cannot name), rlimits
    applied by ``prlimit`` in the exec chain (CPU, address space, file size, open files,
    processes, no core; no ``preexec_fn``, which is unsafe next to threads), a reader that drains
    stdout and stderr concurrently with a byte cap, a wall-clock ``SIGKILL`` of the process
@@ -254,6 +254,8 @@ class Sandbox:
         if isolation not in ("auto", "bwrap", "unshare", "none"):
             raise ValueError(f"sandbox: isolation must be auto|bwrap|unshare|none, got {isolation!r}")
         self.workers, self.limits, self.python, self.base_uid = workers, limits, python or default_python(), base_uid
+        if not os.access(self.python, os.X_OK):
+            raise ValueError(f"sandbox: interpreter {self.python!r} is not executable")
         self.root = _is_root()
         if self.root:
             _become_subreaper()
@@ -337,7 +339,7 @@ class Sandbox:
                 for name in os.listdir(host_dir):
                     os.chown(os.path.join(host_dir, name), uid, uid)
             os.chmod(host_dir, 0o700)
-            py = [self.python, "-I", "-S"]
+            py = [self.python, "-E", "-s", "-S"]  # like -I, but the script dir stays importable
             if self.isolation == "bwrap":
                 status_r, status_w = os.pipe()
                 cmd = _prlimit_prefix(limits) + _bwrap_prefix(self.python, host_dir, limits, status_w) \

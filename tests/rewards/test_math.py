@@ -1,0 +1,82 @@
+"""Math answer extraction and equivalence: a table of (prediction, reference, equal?)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlvr.rewards import math as m
+
+EQUIV = [
+    # integers, separators, signs
+    ("72", "72", True), ("1,000", "1000", True), ("1000", "1,000", True), ("-3", "-3", True),
+    ("+5", "5", True), ("007", "7", True), ("12", "21", False), ("1,000,000", "1000000", True),
+    # decimals and fractions
+    ("0.5", "\\frac{1}{2}", True), ("\\frac12", "0.5", True), ("1/2", "0.5", True), ("2/4", "\\frac{1}{2}", True),
+    ("\\dfrac{3}{4}", "0.75", True), ("\\tfrac{3}{4}", "3/4", True), ("-\\frac{1}{2}", "-0.5", True),
+    ("1/3", "0.333", False), ("1/3", "0.3333333", True), ("2.50", "2.5", True), ("2.5", "5/2", True),
+    ("0.1", "0.10", True), ("3.0", "3", True), ("1e3", "1000", True), ("0.5", "0.51", False),
+    ("\\frac{1}{3}", "\\frac{2}{6}", True), ("\\frac{1}{2}", "\\frac{1}{3}", False),
+    # percent, currency, units
+    ("50\\%", "50", True), ("50%", "0.5", True), ("75\\%", "\\frac{3}{4}", True), ("11%", "10", False),
+    ("\\$18", "18", True), ("18 dollars", "18", True), ("5\\text{ cm}", "5", True), ("90^\\circ", "90", True),
+    ("12 apples", "12", True), ("\\$1,200.00", "1200", True),
+    # LaTeX and symbolic
+    ("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}", True), ("3\\sqrt{3}", "\\sqrt{27}", True), ("2^{10}", "1024", True),
+    ("x^2+2x+1", "(x+1)^2", True), ("2\\pi", "\\pi \\cdot 2", True), ("\\pi", "3.14159", False),
+    ("\\sqrt{8}", "2\\sqrt{2}", True), ("\\frac{\\pi}{2}", "\\pi/2", True), ("e^{0}", "1", True),
+    ("\\left(1,2\\right)", "(1,2)", True), ("x = 5", "5", True), ("\\boxed{5}", "5", True),
+    # intervals and sets
+    ("[1,2)", "[1, 2)", True), ("(1,2]", "[1,2)", False), ("(-\\infty, 3]", "(-\\infty,3]", True),
+    ("\\{1,2\\}", "\\{2,1\\}", True), ("(0,1)", "(0,2)", False), ("[0,\\infty)", "[0, \\infty)", True),
+    # wrong answers that look right
+    ("73", "72", False), ("7.2", "72", False), ("-72", "72", False), ("720", "72", False),
+    ("\\frac{1}{2}", "2", False), ("\\sqrt{3}", "3", False), ("x+1", "x-1", False), ("2x", "x^2", False),
+    # empty and junk
+    ("", "5", False), ("abc", "5", False), ("5", "", False), (None, "5", False),
+]
+
+
+@pytest.mark.parametrize("pred,gold,expected", EQUIV)
+def test_equivalence_table(pred, gold, expected):
+    assert m.math_equal(pred, gold) is expected
+
+
+def test_table_is_large_enough():
+    assert len(EQUIV) >= 60
+
+
+@pytest.mark.parametrize("text,answer", [
+    ("so the answer is \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),
+    ("\\boxed{a} then \\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
+    ("steps\n#### 1,234", "1,234"),
+    ("The answer is 7.", "7"),
+    ("Final answer: $42$", "42"),
+    ("3 apples then 4 apples", "4"),
+    ("no numbers here", None),
+    ("\\boxed{\\frac{a}{b}", None),  # unbalanced: falls back to the last number (none)
+])
+def test_extract_answer(text, answer):
+    assert m.extract_answer(text) == answer
+
+
+def test_math_reward_gsm8k_reference():
+    gold = "6 packs hold 6*19 = 114.\n35+114 = 149\n#### 149"
+    assert m.math_reward("q", "Adding gives 149. The answer is 149.", answer=gold) == 1.0
+    assert m.math_reward("q", "The answer is 148.", answer=gold) == 0.0
+    assert m.math_reward("q", "whatever", answer=None) is None
+
+
+def test_symbolic_check_has_a_time_limit(monkeypatch):
+    import time
+
+    worker = m._WORKER
+    worker.equal("x", "x", 30.0)
+    real_dumps = m.json.dumps
+    monkeypatch.setattr(m.json, "dumps", lambda obj: real_dumps({"op": "sleep", "s": 30}))
+    before = m.STATS["timeouts"]
+    start = time.monotonic()
+    assert worker.equal("a", "b", 0.5) is False  # the worker hangs: the parent kills it
+    assert time.monotonic() - start < 2.0
+    assert m.STATS["timeouts"] == before + 1
+    monkeypatch.undo()
+    assert m.math_equal("\\sqrt{8}", "2\\sqrt{2}", timeout_s=30.0)
