@@ -113,3 +113,12 @@ def test_doctests():
     for module in (code, combine, format, math, runner, files):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, module.__name__
+
+
+def test_example_dicts_with_a_prompt_field_work_with_plain_signatures():
+    import dataclasses
+
+    from rlvr.types import Example
+
+    ex = dataclasses.asdict(Example("q", "4", {}))  # what the trainer passes: includes "prompt"
+    assert RewardRunner(lambda prompt, completion, **e: float(completion == e["answer"]))(["q"], ["4"], [ex]).rewards == [1.0]

@@ -105,6 +105,8 @@ class RewardRunner:
         n = len(completions)
         if not (len(prompts) == len(examples) == n):
             raise ValueError(f"reward {self.name}: {len(prompts)} prompts, {n} completions, {len(examples)} examples")
+        # ``dataclasses.asdict(example)`` carries "prompt" too; it is passed positionally already.
+        examples = [{k: v for k, v in ex.items() if k not in ("prompt", "completion")} for ex in examples]
         raw = self._call_batched(prompts, completions, examples) if self.batched else self._call_each(prompts, completions, examples)
         return self._collect(raw)
 
