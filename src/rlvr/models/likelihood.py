@@ -33,9 +33,9 @@ corrupted inputs (SPG's convention), so an estimate depends on the valid tokens 
 ELBO forms (L = valid length, ℓ_k = log p_θ(y_k | z)); both unbiased for the same discrete ELBO
 B = E_{m~U{1..L}} (L/m) E_{|M|=m} Σ_{k∈M} ℓ_k = E_σ Σ_k log p(y_σk | y_σ<k) ≤ log π(y|c):
 - plain: m ~ U{1..L} (stratified over the n draws: u_j = (u + j)/n), weight L/m;
-- antithetic: c ~ U{0..L}, mask M (|M| = c) and its complement, weights (L+1)/c and
-  (L+1)/(L−c), halved (ESPO's `reduce_var` form; its m/(L+1) ratio is exactly what makes the
-  pair unbiased).
+- antithetic: M (|M| = m ~ U{1..L}) paired with M' = complement of M plus one position of M
+  (|M'| = L + 1 − m), weights L/m and L/(L+1−m), halved. Each half is a plain draw, so the pair
+  is unbiased; its masks are nearly complementary and its counts mirror (t, 1 − t).
 
 Deviations from the released code (see docs/papers.md rows):
 1. `spg` weights its ELBO by 1/t (the paper's bound); the released code has no 1/t weight.
@@ -44,7 +44,11 @@ Deviations from the released code (see docs/papers.md rows):
    chosen block is masked in exactly one pass; a token never masked falls back to its ELBO term.
 2. `bgpo` is the ELBO with constant memory; off-policy, BGPO's per-draw linearised bound is
    `bgpo_objective` below (a pure function) rather than the trainer's ratio objective.
-3. `mean_field` and `coupled` use the whole window as in their code (post-EOS positions masked).
+3. `elbo_mc(antithetic=True)` is not ESPO's `reduce_var` pair (mask count c ~ U{0..L} and its
+   exact complement, weights (L+1)/c and (L+1)/(L−c)): that pair is unbiased too, but at small L
+   the c ∈ {0, L} draws halve the estimate's scale and it had MORE variance than two plain draws
+   on our enumerable model; ours keeps each half an exact LLaDA draw.
+4. `mean_field` and `coupled` use the whole window as in their code (post-EOS positions masked).
 """
 
 from __future__ import annotations
@@ -137,26 +141,27 @@ class Corruptor:
 # ---------------------------------------------------------------------------- mask draws
 
 
-def _exact_count_mask(ctx: Corruptor, count: torch.Tensor, draw: int) -> torch.Tensor:
-    """(B, Tc) bool: exactly count_i uniformly chosen valid positions per row."""
-    scores = ctx.uniform(draw, ctx.valid.shape[1]).masked_fill(~ctx.valid, 2.0)
-    rank = scores.argsort(-1).argsort(-1)
-    return (rank < count[:, None]) & ctx.valid
-
-
 def elbo_draw(ctx: Corruptor, j: int, n: int, *, antithetic: bool, salt: int = 0):
     """The j-th of n stratified draws: list of (mask (B, Tc) bool, weight (B,)) passes whose
-    Σ_pass weight · Σ_{masked} ℓ is an unbiased estimate of the sequence ELBO."""
+    Σ_pass weight · Σ_{masked} ℓ is an unbiased estimate of the sequence ELBO.
+
+    Plain: m ~ U{1..L} (stratified over the n draws), exactly m valid positions, weight L/m.
+    Antithetic: the same M plus M' = complement of M and one uniformly chosen position of M, so
+    |M'| = L + 1 − m; each half is marginally a plain draw (weights halved), every token is masked
+    in at least one half, and constant logits still give zero variance.
+    """
     lengths = ctx.lengths.to(torch.float64)
     u = (ctx.uniform(salt * 1_000 + 999, 1)[:, 0] + j) / n % 1.0  # stratified over the n draws
+    count = (u * lengths).floor().long() + 1  # U{1..L}
+    scores = ctx.uniform(salt * 1_000 + j, ctx.valid.shape[1]).masked_fill(~ctx.valid, 2.0)
+    rank = scores.argsort(-1).argsort(-1)
+    mask = (rank < count[:, None]) & ctx.valid
     if not antithetic:
-        count = (u * lengths).floor().long() + 1  # U{1..L}
-        return [(_exact_count_mask(ctx, count, salt * 1_000 + j), lengths / count.clamp(min=1))]
-    count = (u * (lengths + 1)).floor().long()  # U{0..L}
-    mask = _exact_count_mask(ctx, count, salt * 1_000 + j)
-    rest = ctx.lengths - count
-    return [(mask, 0.5 * (lengths + 1) / count.clamp(min=1)),
-            (ctx.valid & ~mask, 0.5 * (lengths + 1) / rest.clamp(min=1))]
+        return [(mask, lengths / count.clamp(min=1))]
+    # the shared position: the masked one with the largest score (uniform among M by symmetry)
+    mirror = (ctx.valid & ~mask) | ((rank == (count - 1)[:, None]) & ctx.valid)
+    rest = ctx.lengths + 1 - count
+    return [(mask, 0.5 * lengths / count.clamp(min=1)), (mirror, 0.5 * lengths / rest.clamp(min=1))]
 
 
 def _elbo_draw_value(ctx: Corruptor, j: int, n: int, antithetic: bool, with_entropy: bool):
