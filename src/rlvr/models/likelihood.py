@@ -37,6 +37,12 @@ B = E_{m~U{1..L}} (L/m) E_{|M|=m} Σ_{k∈M} ℓ_k = E_σ Σ_k log p(y_σk | y_�
   (|M'| = L + 1 − m), weights L/m and L/(L+1−m), halved. Each half is a plain draw, so the pair
   is unbiased; its masks are nearly complementary and its counts mirror (t, 1 − t).
 
+Bounds (tests/dllm/test_estimators.py, exact enumeration at L = 3): log π here is the likelihood
+of the random-order one-token-per-step sampler, log E_σ Π_k p(y_σk | y_σ<k). The ELBO is below
+it (Jensen). SPG's per-token EUBO_β = Σ_i (1/β) log E[p_i^β] is above it for β >= L (Hölder over
+the L tokens), but NOT in general for SPG's β ∈ {1, 1.5, 2}: on our model 62% / 14% / 3% of the
+64 sequences violate it at β = 1 / 1.5 / 2. And log of an n-draw mean is biased low by O(1/n).
+
 Deviations from the released code (see docs/papers.md rows):
 1. `spg` weights its ELBO by 1/t (the paper's bound); the released code has no 1/t weight.
    Block-wise masking picks the block stratified over draws with weight K (number of blocks),
