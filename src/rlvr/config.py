@@ -65,6 +65,25 @@ class AlgoConfig:
     log_ratio_clamp: float = 20.0  # clamp |log ratio| before exp
     norm_length: float | None = None  # seq_mean_token_sum_norm: constant normaliser, null = max_new_tokens
     entropy_coef: float = 0.0  # entropy bonus weight (0 = entropy only logged)
+    tau_pos: float = 1.0  # sapo: gate temperature for A > 0
+    tau_neg: float = 1.05  # sapo: gate temperature for A < 0
+    pass_k: int = 1  # passk: k of the pass@k objective
+    gamma: float = 1.0  # reinforce_pp / gae: discount of token-level returns
+    lam: float = 1.0  # gae: lambda
+    value_clip: float | None = 0.5  # gae critic: clip of the value update around the old value
+    critic_lr: float = 1e-4  # gae critic: AdamW learning rate of the value model
+    critic_warmup_steps: int = 0  # gae critic: steps that train only the critic
+    kl_target: float | None = None  # adaptive KL: target per-sequence KL, null = fixed kl_coef
+    kl_horizon: float = 10000.0  # adaptive KL: horizon (in samples) of the controller
+    overlong_buffer: int = 0  # DAPO soft overlong punishment: buffer in tokens below max_new_tokens, 0 = off
+    overlong_factor: float = 1.0  # DAPO soft overlong punishment at max_new_tokens
+    overlong_filter: bool = False  # DAPO overlong filtering: truncated completions get no loss
+    dynamic_sampling: bool = False  # DAPO: drop zero-variance groups and backfill with fresh prompts
+    max_sampling_rounds: int = 4  # dynamic sampling: rollout rounds per step before giving up
+    rollout_correction: bool = False  # weight the loss by pi_old / pi_rollout (TIS / MIS)
+    correction_level: str = "token"  # rollout correction: `token` or `sequence` weights
+    correction_mode: str = "truncate"  # rollout correction: `truncate` (TIS) or `mask` (MIS)
+    correction_cap: float = 2.0  # rollout correction: cap C on the weight
 
 
 @dataclass(frozen=True)
@@ -245,6 +264,13 @@ def validate(config: Config) -> None:
         (config.algo.kl_placement in ("loss", "reward"), "algo.kl_placement", "must be 'loss' or 'reward'"),
         (config.algo.dual_clip is None or config.algo.dual_clip > 1, "algo.dual_clip", "must be > 1 or null"),
         (config.trainer.keep_last >= 1, "trainer.keep_last", "must be >= 1"),
+        (0 <= config.algo.overlong_buffer <= config.rollout.max_new_tokens, "algo.overlong_buffer",
+         "must be between 0 (off) and rollout.max_new_tokens"),
+        (config.algo.max_sampling_rounds >= 1, "algo.max_sampling_rounds", "must be >= 1"),
+        (config.algo.kl_target is None or config.algo.kl_target > 0, "algo.kl_target", "must be > 0 or null"),
+        (config.algo.correction_level in ("token", "sequence"), "algo.correction_level", "must be 'token' or 'sequence'"),
+        (config.algo.correction_mode in ("truncate", "mask"), "algo.correction_mode", "must be 'truncate' or 'mask'"),
+        (config.algo.critic_lr > 0, "algo.critic_lr", "must be > 0"),
     ]
     for ok, name, fix in checks:
         if not ok:

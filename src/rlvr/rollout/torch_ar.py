@@ -114,3 +114,32 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: 
         logprobs=logprobs[:, :width],
         truncated=~done,
     )
+
+
+def _pad_to(x: torch.Tensor, width: int, value, *, left: bool) -> torch.Tensor:
+    extra = width - x.shape[1]
+    if extra == 0:
+        return x
+    pad = torch.full((x.shape[0], extra), value, dtype=x.dtype)
+    return torch.cat([pad, x] if left else [x, pad], dim=1)
+
+
+def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
+    """Stack rollouts of different widths: prompts re-padded on the left, completions on the right."""
+    if len(parts) == 1:
+        return parts[0]
+    tp = max(p.prompt_ids.shape[1] for p in parts)
+    tc = max(p.completion_ids.shape[1] for p in parts)
+    return Rollouts(
+        prompt_ids=torch.cat([_pad_to(p.prompt_ids, tp, pad_id, left=True) for p in parts]),
+        prompt_mask=torch.cat([_pad_to(p.prompt_mask, tp, 0, left=True) for p in parts]),
+        completion_ids=torch.cat([_pad_to(p.completion_ids, tc, pad_id, left=False) for p in parts]),
+        completion_mask=torch.cat([_pad_to(p.completion_mask, tc, 0.0, left=False) for p in parts]),
+        logprobs=torch.cat([_pad_to(p.logprobs, tc, 0.0, left=False) for p in parts]),
+        truncated=torch.cat([p.truncated for p in parts]),
+    )
+
+
+def select_rows(r: Rollouts, rows: torch.Tensor) -> Rollouts:
+    return Rollouts(r.prompt_ids[rows], r.prompt_mask[rows], r.completion_ids[rows], r.completion_mask[rows],
+                    r.logprobs[rows], r.truncated[rows])

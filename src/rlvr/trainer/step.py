@@ -28,6 +28,7 @@ class TrainBatch:
     old_logp: torch.Tensor | None = None   # (B, Tc) policy before this update; None = on-policy (ρ ≡ 1)
     ref_logp: torch.Tensor | None = None   # (B, Tc) frozen reference, when a KL term is on
     rollout_logp: torch.Tensor | None = None  # (B, Tc) the sampler's behaviour log-probs (gap metric)
+    loss_weights: torch.Tensor | None = None  # (B, Tc) detached per-token weights (rollout correction)
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -61,6 +62,8 @@ def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: floa
         tok_metrics = {**tok_metrics, "kl": kl_tok.detach()}
     if spec.entropy_coef:
         loss_tok = loss_tok - spec.entropy_coef * entropy
+    if mb.loss_weights is not None:
+        loss_tok = loss_tok * mb.loss_weights
     counts = {"num_tokens": num_tokens, "num_seqs": num_seqs}
     loss = call_with_hparams(spec.aggregation, loss_tok, mask, hparams=spec.hparams, **counts)
     sums = {name: float((value.detach() * mask).sum()) for name, value in tok_metrics.items()}

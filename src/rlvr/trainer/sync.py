@@ -13,18 +13,27 @@ import random
 from dataclasses import dataclass
 
 import torch
+from safetensors.torch import load_file
 
 from rlvr.algos import call_with_hparams
-from rlvr.algos.advantages import AdvantageInputs
+from rlvr.algos.advantages import AdvantageInputs, gae_returns
+from rlvr.algos.correction import importance_correction
+from rlvr.algos.kl import adaptive_kl_coef
+from rlvr.algos.shaping import overlong_penalty
 from rlvr.config import Config, derived_batch_numbers, dump_yaml
 from rlvr.models.policy import CausalPolicy
+from rlvr.models.value import ValueModel
 from rlvr.rollout.torch_ar import generate
 from rlvr.tracking.progress import Progress
 from rlvr.tracking.run_dir import RunDir, manifest, now
 from rlvr.trainer import build
 from rlvr.trainer.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from rlvr.trainer.evaluate import decode_completions, encode_prompts, greedy_accuracy
-from rlvr.trainer.step import TrainBatch, optimizer_step
+from rlvr.trainer.collect import collect, score
+from rlvr.trainer.critic import critic_step, critic_values
+from rlvr.trainer.step import LossSpec, TrainBatch, optimizer_step
+
+CORRECTION_KEYS = ("correction_level", "correction_mode", "correction_cap")
 
 TRAIN_PROBE_SEED = 20_240_601  # fixed training-distribution probe for the memorisation check
 
@@ -39,31 +48,33 @@ class Components:
     task: object
     optimizer: torch.optim.Optimizer
     scheduler: object
-    loss: object
+    loss: LossSpec
     advantage: object
     rng: random.Random
+    critic: ValueModel | None = None
+    critic_optimizer: torch.optim.Optimizer | None = None
 
 
 def build_components(config: Config) -> Components:
     model, tokenizer = build.build_model(config)
-    o = config.optim
+    o, a = config.optim, config.algo
     optimizer, scheduler = build.build_optimizer(model.parameters(), lr=o.lr, warmup_steps=o.warmup_steps,
                                                  weight_decay=o.weight_decay, betas=(o.beta1, o.beta2))
     reference = None
-    if config.algo.kl_coef > 0:
+    if a.kl_coef > 0:
         frozen = copy.deepcopy(model).requires_grad_(False)
         reference = CausalPolicy(frozen, temperature=config.rollout.temperature)
+    critic = critic_optimizer = None
+    if a.advantage == "gae":
+        critic = ValueModel(model)
+        critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=a.critic_lr, betas=(o.beta1, o.beta2))
     return Components(
         config=config, model=model, tokenizer=tokenizer,
         policy=CausalPolicy(model, temperature=config.rollout.temperature), reference=reference,
         task=build.build_task(config), optimizer=optimizer, scheduler=scheduler,
         loss=build.build_loss(config), advantage=build.build_advantage(config), rng=random.Random(config.seed),
+        critic=critic, critic_optimizer=critic_optimizer,
     )
-
-
-def sample_seeds(seed: int, step: int, count: int) -> torch.Tensor:
-    """Per-completion sampling seeds, a pure function of (run seed, step, index)."""
-    return (seed * 1_000_003 + step) * 65_536 + torch.arange(count, dtype=torch.long)
 
 
 @torch.no_grad()
@@ -75,58 +86,105 @@ def _logprobs(policy: CausalPolicy, batch: TrainBatch, micro_batch_size: int) ->
     return torch.cat(parts) * batch.completion_mask
 
 
+def _greedy_baseline(c: Components, group: list) -> torch.Tensor:
+    """ReMax: (P,) rewards of one greedy completion per prompt."""
+    g = c.config.rollout.group_size
+    examples = group[::g]
+    ids, mask = encode_prompts(c.tokenizer, [ex.prompt for ex in examples])
+    out = generate(c.model, ids, mask, torch.zeros(len(examples), dtype=torch.long), temperature=0.0,
+                   max_new_tokens=c.config.rollout.max_new_tokens, eos_id=c.tokenizer.eos_token_id,
+                   pad_id=c.tokenizer.pad_token_id)
+    rewards, _ = score(c.task, examples, decode_completions(c.tokenizer, out))
+    return rewards
+
+
+def _shaped_rewards(c: Components, rewards: torch.Tensor, batch: TrainBatch, lengths: torch.Tensor):
+    """Task reward + DAPO overlong penalty - β·KL (when KL lives in the reward)."""
+    a = c.config.algo
+    shaped = rewards.clone()
+    if a.overlong_buffer > 0:
+        shaped = shaped + overlong_penalty(lengths, max_length=c.config.rollout.max_new_tokens,
+                                           overlong_buffer=a.overlong_buffer, overlong_factor=a.overlong_factor)
+    if c.reference is not None and a.kl_placement == "reward":
+        behaviour = batch.old_logp if batch.old_logp is not None else batch.rollout_logp
+        shaped = shaped - c.loss.kl_coef * ((behaviour - batch.ref_logp) * batch.completion_mask).sum(-1)
+    return shaped
+
+
+def _minibatches(num_groups: int, count: int, group_size: int, generator: torch.Generator):
+    """Row indices of `count` minibatches of whole groups, in a seeded random order."""
+    order = torch.randperm(num_groups, generator=generator)
+    for groups in torch.tensor_split(order, count):
+        yield (groups[:, None] * group_size + torch.arange(group_size)).flatten()
+
+
 def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
     """One step of the algorithm. Returns (metrics, a few sample records)."""
-    cfg, r, t = c.config, c.config.rollout, c.config.trainer
+    cfg, r, t, a = c.config, c.config.rollout, c.config.trainer, c.config.algo
     timings, t0 = {}, now()
-    examples = c.task.sample(r.prompts_per_step, c.rng)
-    group = [ex for ex in examples for _ in range(r.group_size)]  # rows p*G .. p*G+G-1 share prompt p
-    prompt_ids, prompt_mask = encode_prompts(c.tokenizer, [ex.prompt for ex in group])
-    rollouts = generate(c.model, prompt_ids, prompt_mask, sample_seeds(cfg.seed, step, len(group)),
-                        max_new_tokens=r.max_new_tokens, eos_id=c.tokenizer.eos_token_id,
-                        pad_id=c.tokenizer.pad_token_id, temperature=r.temperature, top_p=r.top_p)
+    got = collect(c, step)
+    rollouts, rewards = got.rollouts, got.rewards
     timings["rollout"], t0 = now() - t0, now()
 
-    texts = decode_completions(c.tokenizer, rollouts)
-    rewards = torch.tensor([c.task.reward(ex.prompt, text, **dataclasses.asdict(ex)) for ex, text in zip(group, texts)],
-                           dtype=torch.float32)
-    correct = torch.tensor([c.task.is_correct(text, ex) for ex, text in zip(group, texts)], dtype=torch.float32)
-    timings["reward"], t0 = now() - t0, now()
-
-    batch = TrainBatch(prompt_ids, prompt_mask, rollouts.completion_ids, rollouts.completion_mask,
-                       advantages=torch.zeros_like(rollouts.completion_mask), rollout_logp=rollouts.logprobs)
-    on_policy = t.ppo_epochs == 1 and t.minibatches == 1
+    mask = rollouts.completion_mask
+    if a.overlong_filter:  # DAPO: a truncated completion has no verdict on its ending; drop it from the loss
+        mask = mask * (~rollouts.truncated)[:, None].float()
+    batch = TrainBatch(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, mask,
+                       advantages=torch.zeros_like(mask), rollout_logp=rollouts.logprobs)
+    on_policy = t.ppo_epochs == 1 and t.minibatches == 1 and not a.rollout_correction
     if not on_policy:
         batch.old_logp = _logprobs(c.policy, batch, t.micro_batch_size)
+    if a.rollout_correction:
+        batch.loss_weights, _ = importance_correction(batch.old_logp, rollouts.logprobs, mask,
+                                                      **{k: c.loss.hparams[k] for k in CORRECTION_KEYS})
     if c.reference is not None:
         batch.ref_logp = _logprobs(c.reference, batch, t.micro_batch_size)
-    shaped = rewards
-    if c.reference is not None and cfg.algo.kl_placement == "reward":
-        behaviour = batch.old_logp if batch.old_logp is not None else rollouts.logprobs
-        shaped = rewards - cfg.algo.kl_coef * ((behaviour - batch.ref_logp) * batch.completion_mask).sum(-1)
-    inputs = AdvantageInputs(rewards=shaped, group_size=r.group_size, response_mask=batch.completion_mask)
+    old_values = critic_values(c.critic, batch, t.micro_batch_size) if c.critic is not None else None
+    inputs = AdvantageInputs(rewards=_shaped_rewards(c, rewards, batch, rollouts.lengths), group_size=r.group_size,
+                             response_mask=mask, values=old_values,
+                             baseline_rewards=_greedy_baseline(c, got.group) if a.advantage == "remax" else None)
     batch.advantages, adv_metrics = call_with_hparams(c.advantage, inputs, hparams=c.loss.hparams)
+    returns = call_with_hparams(gae_returns, inputs, hparams=c.loss.hparams) if c.critic is not None else None
     timings["logprob"], t0 = now() - t0, now()
 
-    update_metrics: list[dict] = []
-    rows_per_minibatch = len(batch) // t.minibatches
+    updates: list[dict] = []
+    generator = torch.Generator().manual_seed(c.rng.getrandbits(62))
+    train_policy = c.critic is None or step > a.critic_warmup_steps
     for _ in range(t.ppo_epochs):
-        order = torch.randperm(r.prompts_per_step, generator=torch.Generator().manual_seed(c.rng.getrandbits(62)))
-        for m in range(t.minibatches):
-            prompts = order[m * (r.prompts_per_step // t.minibatches):(m + 1) * (r.prompts_per_step // t.minibatches)]
-            rows = (prompts[:, None] * r.group_size + torch.arange(r.group_size)).flatten()
-            assert len(rows) == rows_per_minibatch
-            update_metrics.append(optimizer_step(c.policy, c.optimizer, c.scheduler, batch.select(rows), c.loss,
-                                                 micro_batch_size=t.micro_batch_size, grad_clip=cfg.optim.grad_clip))
+        for rows in _minibatches(len(batch) // r.group_size, t.minibatches, r.group_size, generator):
+            m = {}
+            if c.critic is not None:
+                m.update(critic_step(c.critic, c.critic_optimizer, batch.select(rows), old_values[rows], returns[rows],
+                                     value_clip=a.value_clip, micro_batch_size=t.micro_batch_size,
+                                     grad_clip=cfg.optim.grad_clip))
+            if train_policy:
+                m.update(optimizer_step(c.policy, c.optimizer, c.scheduler, batch.select(rows), c.loss,
+                                        micro_batch_size=t.micro_batch_size, grad_clip=cfg.optim.grad_clip))
+            updates.append(m)
     timings["update"] = now() - t0
 
-    metrics = _step_metrics(rewards, correct, rollouts, r.group_size, timings, batch)
+    metrics = _step_metrics(rewards, got.correct, rollouts, r.group_size, timings, batch)
+    metrics.update(got.metrics)
     metrics.update({f"adv/{k}": v for k, v in adv_metrics.items()})
-    for key in update_metrics[-1] if update_metrics else {}:
-        metrics[key] = sum(m.get(key, 0.0) for m in update_metrics) / len(update_metrics)
-    samples = [{"step": step, "prompt": group[i].prompt, "completion": texts[i], "reward": float(rewards[i])}
-               for i in range(0, len(group), max(1, len(group) // max(t.samples_per_step, 1)))][:t.samples_per_step]
+    for key in {k for m in updates for k in m}:
+        metrics[key] = sum(m.get(key, 0.0) for m in updates) / len(updates)
+    _adapt_kl(c, metrics, len(batch))
+    stride = max(1, len(got.group) // max(t.samples_per_step, 1))
+    samples = [{"step": step, "prompt": got.group[i].prompt, "completion": got.texts[i], "reward": float(rewards[i])}
+               for i in range(0, len(got.group), stride)][:t.samples_per_step]
     return metrics, samples
+
+
+def _adapt_kl(c: Components, metrics: dict, n: int) -> None:
+    """Adaptive KL controller (PPO-style): move β toward the target per-sequence KL."""
+    a = c.config.algo
+    if c.reference is not None:
+        metrics["kl/coef"] = c.loss.kl_coef
+    if c.reference is None or a.kl_target is None or "actor/kl" not in metrics:
+        return
+    seq_kl = metrics["actor/kl"] * metrics["response/length_mean"]
+    c.loss = dataclasses.replace(c.loss, kl_coef=adaptive_kl_coef(c.loss.kl_coef, seq_kl, n, kl_target=a.kl_target,
+                                                                   kl_horizon=a.kl_horizon))
 
 
 def _step_metrics(rewards, correct, rollouts, group_size, timings, batch) -> dict[str, float]:
@@ -160,7 +218,10 @@ def evaluate(c: Components, probe) -> dict[str, float]:
 
 def _checkpoint(c: Components, run: RunDir, step: int) -> None:
     state = {"optimizer": c.optimizer.state_dict(), "scheduler": c.scheduler.state_dict(),
-             "rng": rng_state(), "task_rng": c.rng.getstate()}
+             "rng": rng_state(), "task_rng": c.rng.getstate(), "kl_coef": c.loss.kl_coef}
+    if c.critic is not None:
+        state["critic"] = c.critic.state_dict()
+        state["critic_optimizer"] = c.critic_optimizer.state_dict()
     save_checkpoint(run.checkpoints, step, c.model, c.tokenizer, state, keep_last=c.config.trainer.keep_last)
 
 
@@ -170,13 +231,14 @@ def _resume(c: Components, run: RunDir) -> int:
     if checkpoint is None:
         return 0
     state = load_state(checkpoint)
-    from safetensors.torch import load_file
-
-    weights = load_file(str(checkpoint / "model.safetensors"))
-    c.model.load_state_dict(weights, strict=False)
+    c.model.load_state_dict(load_file(str(checkpoint / "model.safetensors")), strict=False)
     c.model.tie_weights()
     c.optimizer.load_state_dict(state["optimizer"])
     c.scheduler.load_state_dict(state["scheduler"])
+    if c.critic is not None:
+        c.critic.load_state_dict(state["critic"])
+        c.critic_optimizer.load_state_dict(state["critic_optimizer"])
+    c.loss = dataclasses.replace(c.loss, kl_coef=state["kl_coef"])
     set_rng_state(state["rng"])
     c.rng.setstate(state["task_rng"])
     run.truncate_after(state["step"])

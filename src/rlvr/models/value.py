@@ -1,0 +1,31 @@
+"""Critic for PPO/GAE: a copy of the policy's transformer body with a scalar value head.
+
+V_t is read at the state *before* completion token t (the position that predicts it), so
+values line up with the (B, Tc) completion tensors the rest of the loop uses.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from rlvr.models.policy import sequence_inputs
+
+
+class ValueModel(nn.Module):
+    def __init__(self, causal_lm):
+        super().__init__()
+        self.body = copy.deepcopy(causal_lm.base_model)
+        self.head = nn.Linear(causal_lm.config.hidden_size, 1)
+        nn.init.zeros_(self.head.weight)  # start at V = bias = 0: no prior on returns
+        nn.init.zeros_(self.head.bias)
+
+    def values(self, prompt_ids, prompt_mask, completion_ids) -> torch.Tensor:
+        """(B, Tc) state values before each completion token."""
+        ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids)
+        hidden = self.body(input_ids=ids, attention_mask=attention, position_ids=positions,
+                           use_cache=False).last_hidden_state
+        start = prompt_ids.shape[1] - 1
+        return self.head(hidden[:, start:start + completion_ids.shape[1]]).squeeze(-1)

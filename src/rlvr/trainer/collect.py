@@ -1,0 +1,106 @@
+"""The rollout phase of a step: prompts -> completions -> verifier scores, with DAPO dynamic sampling.
+
+Dynamic sampling (DAPO) keeps only groups whose rewards vary (a zero-variance group has zero
+group-relative advantage, so it costs compute and teaches nothing) and backfills with fresh
+prompts for up to `max_sampling_rounds` rounds. If the cap is hit the step trains on the groups
+it has (verl raises instead); `batch/kept_group_rate` shows how often groups were dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.algos.shaping import zero_variance_groups
+from rlvr.rollout.torch_ar import Rollouts, concat_rollouts, generate, select_rows
+from rlvr.trainer.evaluate import decode_completions, encode_prompts
+from rlvr.types import Example
+
+
+@dataclass
+class Collected:
+    """B rows, grouped contiguously by prompt (G rows each)."""
+
+    group: list[Example]       # the example of each row
+    rollouts: Rollouts
+    texts: list[str]
+    rewards: torch.Tensor      # (B,) task reward, NaN = not scorable
+    correct: torch.Tensor      # (B,) 1.0 where the verifier says correct
+    metrics: dict[str, float]
+
+
+def sample_seeds(seed: int, step: int, count: int, offset: int = 0) -> torch.Tensor:
+    """Per-completion sampling seeds, a pure function of (run seed, step, index)."""
+    return (seed * 1_000_003 + step) * 65_536 + offset + torch.arange(count, dtype=torch.long)
+
+
+def score(task, group: list[Example], texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rewards, correct), both (B,). A `None` reward (not scorable) becomes NaN."""
+    rewards = []
+    for ex, text in zip(group, texts):
+        value = task.reward(ex.prompt, text, **dataclasses.asdict(ex))
+        rewards.append(float("nan") if value is None else float(value))
+    correct = [float(task.is_correct(text, ex)) for ex, text in zip(group, texts)]
+    return torch.tensor(rewards), torch.tensor(correct)
+
+
+def _one_round(c, step: int, round_index: int) -> Collected:
+    r = c.config.rollout
+    examples = c.task.sample(r.prompts_per_step, c.rng)
+    group = [ex for ex in examples for _ in range(r.group_size)]  # rows p*G .. p*G+G-1 share prompt p
+    prompt_ids, prompt_mask = encode_prompts(c.tokenizer, [ex.prompt for ex in group])
+    seeds = sample_seeds(c.config.seed, step, len(group), offset=round_index * len(group))
+    rollouts = generate(c.model, prompt_ids, prompt_mask, seeds, max_new_tokens=r.max_new_tokens,
+                        eos_id=c.tokenizer.eos_token_id, pad_id=c.tokenizer.pad_token_id,
+                        temperature=r.temperature, top_p=r.top_p)
+    texts = decode_completions(c.tokenizer, rollouts)
+    rewards, correct = score(c.task, group, texts)
+    return Collected(group, rollouts, texts, rewards, correct, {})
+
+
+def collect(c, step: int) -> Collected:
+    """Roll out and score one step's batch (several rounds under dynamic sampling)."""
+    r, a = c.config.rollout, c.config.algo
+    first = _one_round(c, step, 0)
+    if not a.dynamic_sampling:
+        return first
+    kept, generated = [], 0
+    batch = first
+    for round_index in range(a.max_sampling_rounds):
+        if round_index:
+            batch = _one_round(c, step, round_index)
+        generated += r.prompts_per_step
+        keep = ~zero_variance_groups(batch.rewards, r.group_size)
+        rows = keep.repeat_interleave(r.group_size).nonzero().squeeze(-1)
+        if len(rows):
+            kept.append(_select(batch, rows))
+        if sum(len(k.group) for k in kept) >= r.prompts_per_step * r.group_size:
+            break
+    kept_groups = sum(len(k.group) for k in kept) // r.group_size
+    if not kept:  # nothing varied: train on the first round (its advantages are all 0)
+        kept = [first]
+    merged = _merge(kept, c.tokenizer.pad_token_id, r.prompts_per_step * r.group_size)
+    merged.metrics = {"batch/kept_group_rate": kept_groups / generated,
+                      "batch/sampling_rounds": float(round_index + 1)}
+    return merged
+
+
+def _select(b: Collected, rows: torch.Tensor) -> Collected:
+    idx = rows.tolist()
+    return Collected([b.group[i] for i in idx], select_rows(b.rollouts, rows), [b.texts[i] for i in idx],
+                     b.rewards[rows], b.correct[rows], {})
+
+
+def _merge(parts: list[Collected], pad_id: int, limit: int) -> Collected:
+    merged = Collected(
+        group=[g for p in parts for g in p.group][:limit],
+        rollouts=concat_rollouts([p.rollouts for p in parts], pad_id),
+        texts=[t for p in parts for t in p.texts][:limit],
+        rewards=torch.cat([p.rewards for p in parts])[:limit],
+        correct=torch.cat([p.correct for p in parts])[:limit],
+        metrics={},
+    )
+    merged.rollouts = select_rows(merged.rollouts, torch.arange(len(merged.group)))
+    return merged
