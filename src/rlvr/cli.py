@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from rlvr.cli_runs import register as register_run_commands
 from rlvr.errors import ConfigError
 
 
@@ -117,6 +118,7 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("config", help="print the resolved config")
     c.add_argument("args", nargs="*", help="[RECIPE.yaml] [key.sub=value ...]")
     c.set_defaults(fn=cmd_config)
+    register_run_commands(sub)
     return p
 
 

@@ -38,6 +38,27 @@ class TaskConfig:
     max_number: int = 9  # countdown: numbers are drawn from 1..max_number
     allow_division: bool = False  # countdown: allow exact integer division
     heldout_size: int = 200  # size of the fixed held-out evaluation set
+    path: str = ""  # file tasks: JSONL / Parquet file or HF `save_to_disk` directory
+    prompt_key: str | None = None  # file tasks: field holding the prompt, null = the task's default
+    answer_key: str | None = None  # math_file: field holding the reference answer
+    tests_key: str | None = None  # code_file: field holding the tests
+    solution_key: str | None = None  # math_file: field holding a worked solution (for SFT)
+    system_prompt: str = ""  # file tasks: system message (chat templates) or prefix
+    prompt_template: str | None = None  # file tasks: format string with {prompt}
+    max_prompt_length: int = 0  # file tasks: drop longer prompts (tokens), 0 = keep all
+    heldout_path: str = ""  # file tasks: separate evaluation file, empty = hash split
+    split: str | None = None  # HF datasets directory: split name
+    math_timeout_s: float = 5.0  # math_file: time limit of one equivalence check
+    all_or_nothing: bool = False  # code_file: reward 1 only if every test passes
+    sandbox_workers: int = 2  # code_file: programs run at once
+    wall_s: float = 5.0  # code_file: wall-clock limit per program
+    memory_mb: int = 512  # code_file: address-space limit per program
+    isolation: str = "auto"  # code_file: sandbox isolation: auto | bwrap | unshare | none
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    fn: str = ""  # user reward `file.py:name` or `module:name` replacing the task's verifier; empty = task's
 
 
 @dataclass(frozen=True)
@@ -109,6 +130,7 @@ class TrainerConfig:
     out_dir: str = "runs"  # parent of run directories
     name: str = ""  # run directory name, empty = recipe name + seed
     threads: int = 0  # torch threads, 0 = torch's default
+    trackers: str = ""  # extra metric sinks beside metrics.jsonl, comma-separated: tensorboard,wandb,mlflow
 
 
 @dataclass(frozen=True)
@@ -124,6 +146,7 @@ class Config:
     seed: int = 0  # seeds model init, prompts and sampling
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import torch
 
@@ -13,7 +14,8 @@ from rlvr.algos.objectives import get_objective
 from rlvr.config import Config
 from rlvr.errors import ConfigError
 from rlvr.models.causal_lm import load_causal_lm
-from rlvr.tasks import make_task
+from rlvr.rewards.runner import RewardRunner, load_reward_fn
+from rlvr.tasks import TASKS, make_task
 from rlvr.trainer.step import LossSpec
 
 
@@ -30,13 +32,36 @@ def build_model(config: Config):
                           num_heads=m.num_heads, intermediate_size=m.intermediate_size, max_seq_len=m.max_seq_len)
 
 
-def build_task(config: Config):
+def _task_keywords(cls) -> set[str]:
+    """Keyword arguments a task class accepts, following **kwargs up its base classes."""
+    names = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            names |= {p.name for p in inspect.signature(init).parameters.values()
+                      if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"}
+    return names
+
+
+def build_task(config: Config, tokenizer=None):
+    """The task named by `task.name`, given the knobs it declares (unset fields keep its defaults)."""
     t = config.task
-    options = {k: v for k, v in dataclasses.asdict(t).items() if k != "name"}
+    if t.name not in TASKS:
+        raise ConfigError(f"task.name: unknown task '{t.name}'; valid: {', '.join(sorted(TASKS))}")
+    accepted = _task_keywords(TASKS[t.name])
+    options = {k: v for k, v in dataclasses.asdict(t).items() if k != "name" and k in accepted and v is not None}
+    options.update({k: v for k, v in (("tokenizer", tokenizer), ("seed", config.seed)) if k in accepted})
     try:
         return make_task(t.name, **options)
-    except ValueError as err:
+    except (ValueError, FileNotFoundError, OSError) as err:
         raise ConfigError(f"task: {err}") from None
+
+
+def build_reward(config: Config, task) -> RewardRunner:
+    """The verifier: the user's `reward.fn` when set, otherwise the task's own (batched if it has one)."""
+    if config.reward.fn:
+        return RewardRunner(load_reward_fn(config.reward.fn), name="user")
+    return RewardRunner(getattr(task, "reward_batch", task.reward), name="task")
 
 
 def hparams(config: Config) -> dict:

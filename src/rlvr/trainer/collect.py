@@ -36,14 +36,11 @@ def sample_seeds(seed: int, step: int, count: int, offset: int = 0) -> torch.Ten
     return (seed * 1_000_003 + step) * 65_536 + offset + torch.arange(count, dtype=torch.long)
 
 
-def score(task, group: list[Example], texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rewards, correct), both (B,). A `None` reward (not scorable) becomes NaN."""
-    rewards = []
-    for ex, text in zip(group, texts):
-        value = task.reward(ex.prompt, text, **dataclasses.asdict(ex))
-        rewards.append(float("nan") if value is None else float(value))
+def score(reward, task, group: list[Example], texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(rewards (B,), correct (B,), reward metrics). Unscorable or failed samples are NaN."""
+    out = reward([ex.prompt for ex in group], texts, [dataclasses.asdict(ex) for ex in group])
     correct = [float(task.is_correct(text, ex)) for ex, text in zip(group, texts)]
-    return torch.tensor(rewards), torch.tensor(correct)
+    return torch.tensor(out.rewards, dtype=torch.float32), torch.tensor(correct), out.metrics
 
 
 def _one_round(c, step: int, round_index: int) -> Collected:
@@ -56,8 +53,8 @@ def _one_round(c, step: int, round_index: int) -> Collected:
                         eos_id=c.tokenizer.eos_token_id, pad_id=c.tokenizer.pad_token_id,
                         temperature=r.temperature, top_p=r.top_p)
     texts = decode_completions(c.tokenizer, rollouts)
-    rewards, correct = score(c.task, group, texts)
-    return Collected(group, rollouts, texts, rewards, correct, {})
+    rewards, correct, metrics = score(c.reward, c.task, group, texts)
+    return Collected(group, rollouts, texts, rewards, correct, {f"reward/{k}": v for k, v in metrics.items()})
 
 
 def collect(c, step: int) -> Collected:
@@ -66,6 +63,7 @@ def collect(c, step: int) -> Collected:
     first = _one_round(c, step, 0)
     if not a.dynamic_sampling:
         return first
+    reward_metrics = first.metrics
     kept, generated = [], 0
     batch = first
     for round_index in range(a.max_sampling_rounds):
@@ -82,7 +80,7 @@ def collect(c, step: int) -> Collected:
     if not kept:  # nothing varied: train on the first round (its advantages are all 0)
         kept = [first]
     merged = _merge(kept, c.tokenizer.pad_token_id, r.prompts_per_step * r.group_size)
-    merged.metrics = {"batch/kept_group_rate": kept_groups / generated,
+    merged.metrics = {**reward_metrics, "batch/kept_group_rate": kept_groups / generated,
                       "batch/sampling_rounds": float(round_index + 1)}
     return merged
 

@@ -20,12 +20,13 @@ from rlvr.algos.advantages import AdvantageInputs, gae_returns
 from rlvr.algos.correction import importance_correction
 from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.shaping import overlong_penalty
-from rlvr.config import Config, derived_batch_numbers, dump_yaml
+from rlvr.config import Config, derived_batch_numbers, dump_yaml, to_dict
 from rlvr.models.policy import CausalPolicy
 from rlvr.models.value import ValueModel
 from rlvr.rollout.torch_ar import generate
 from rlvr.tracking.progress import Progress
-from rlvr.tracking.run_dir import RunDir, manifest, now
+from rlvr.tracking.run_dir import RunDir, finish_manifest, manifest, now, recorded_exit
+from rlvr.tracking.tracker import make_trackers
 from rlvr.trainer import build
 from rlvr.trainer.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from rlvr.trainer.evaluate import decode_completions, encode_prompts, greedy_accuracy
@@ -51,6 +52,7 @@ class Components:
     loss: LossSpec
     advantage: object
     rng: random.Random
+    reward: object = None
     critic: ValueModel | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
 
@@ -68,10 +70,11 @@ def build_components(config: Config) -> Components:
     if a.advantage == "gae":
         critic = ValueModel(model)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=a.critic_lr, betas=(o.beta1, o.beta2))
+    task = build.build_task(config, tokenizer)
     return Components(
         config=config, model=model, tokenizer=tokenizer,
         policy=CausalPolicy(model, temperature=config.rollout.temperature), reference=reference,
-        task=build.build_task(config), optimizer=optimizer, scheduler=scheduler,
+        task=task, reward=build.build_reward(config, task), optimizer=optimizer, scheduler=scheduler,
         loss=build.build_loss(config), advantage=build.build_advantage(config), rng=random.Random(config.seed),
         critic=critic, critic_optimizer=critic_optimizer,
     )
@@ -94,7 +97,7 @@ def _greedy_baseline(c: Components, group: list) -> torch.Tensor:
     out = generate(c.model, ids, mask, torch.zeros(len(examples), dtype=torch.long), temperature=0.0,
                    max_new_tokens=c.config.rollout.max_new_tokens, eos_id=c.tokenizer.eos_token_id,
                    pad_id=c.tokenizer.pad_token_id)
-    rewards, _ = score(c.task, examples, decode_completions(c.tokenizer, out))
+    rewards, _, _ = score(c.reward, c.task, examples, decode_completions(c.tokenizer, out))
     return rewards
 
 
@@ -245,6 +248,17 @@ def _resume(c: Components, run: RunDir) -> int:
     return state["step"]
 
 
+def _start_run(config: Config, run: RunDir, command: list[str], start: int) -> None:
+    run.create()
+    (run.path / "config.yaml").write_text(dump_yaml(config))
+    if start:
+        info = {**run.read_json("run.json"), "resumed_at": start}
+    else:
+        data = [p for p in (config.task.path, config.task.heldout_path) if p]
+        info = manifest(command, config.seed, config=to_dict(config), data_files=data)
+    run.write_json("run.json", {**info, "status": "running"})
+
+
 def train(config: Config, run: RunDir, *, command: list[str], resume: bool = False, echo=print) -> dict:
     """Run (or resume) the RL loop in `run`. Returns the final metrics line."""
     if config.trainer.threads:
@@ -252,18 +266,27 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
     torch.manual_seed(config.seed)
     c = build_components(config)
     run.create()
-    (run.path / "config.yaml").write_text(dump_yaml(config))
     start = _resume(c, run) if resume else 0
-    info = manifest(command, config.seed) if start == 0 else {**run.read_json("run.json"), "resumed_at": start}
-    run.write_json("run.json", {**info, "status": "running"})
+    _start_run(config, run, command, start)
+    with recorded_exit(run):
+        line = _loop(c, run, start, echo)
+    finish_manifest(run, "finished", exit_status=0, final=line)
+    return line
+
+
+def _loop(c: Components, run: RunDir, start: int, echo) -> dict:
+    config, t = c.config, c.config.trainer
+    names = [n.strip() for n in t.trackers.split(",") if n.strip()]
+    trackers = make_trackers(names, run.path, resume_step=start if start else None)
+    for tracker in trackers:
+        tracker.log_config(to_dict(config))
+    probe = c.task.sample(len(c.task.heldout()), random.Random(TRAIN_PROBE_SEED))
     if start == 0:
         for key, value in derived_batch_numbers(config).items():
             echo(f"  {key:<42} {value}")
-    probe = c.task.sample(len(c.task.heldout()), random.Random(TRAIN_PROBE_SEED))
-    t = config.trainer
-    if start == 0:
-        first = {"step": 0, **evaluate(c, probe)}
-        run.append(run.metrics_file, first)
+        first = evaluate(c, probe)
+        for tracker in trackers:
+            tracker.log_metrics(0, first)
         echo(f"warm start: held-out accuracy {first['eval/heldout_accuracy']:.3f}, "
              f"train-probe accuracy {first['eval/train_accuracy']:.3f}")
     progress = Progress(total=t.steps, initial=start, echo=echo)
@@ -272,16 +295,17 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
         metrics, samples = rl_step(c, step)
         if step == t.steps or (t.eval_every and step % t.eval_every == 0):
             metrics.update(evaluate(c, probe))
-        line = {"step": step, **metrics}
-        bad = [k for k, v in metrics.items() if not math.isfinite(v)]
-        if bad:
-            raise FloatingPointError(f"non-finite metrics at step {step}: {', '.join(bad)}; lower optim.lr")
-        run.append(run.metrics_file, line)
+        if not all(math.isfinite(metrics.get(k, 0.0)) for k in ("loss/policy", "actor/grad_norm")):
+            raise FloatingPointError(f"non-finite loss at step {step}; lower optim.lr or raise algo.adv_eps")
+        for tracker in trackers:
+            tracker.log_metrics(step, metrics)
         for record in samples:
             run.append(run.samples_file, record)
         progress.update(step, metrics)
+        line = {"step": step, **metrics}
         if step == t.steps or (t.save_every and step % t.save_every == 0):
             _checkpoint(c, run, step)
     progress.close()
-    run.write_json("run.json", {**run.read_json("run.json"), "status": "finished", "final": line})
+    for tracker in trackers:
+        tracker.close()
     return line
