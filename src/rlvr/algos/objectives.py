@@ -11,6 +11,9 @@ Papers (abstracts in /work/shared/literature/, see docs/papers.md):
   the hard clip. Not the "Swarm sAmpling Policy Optimization" of literature/001_*.txt line 181,
   which shares the acronym.
 - `reinforce`: REINFORCE (Williams 1992), the plain policy-gradient surrogate -A * logp.
+- `wd1`: "wd1: Weighted Policy Optimization for Reasoning in Diffusion Language Models"
+  (Tang et al. 2025), ratio-free group-softmax weighted likelihood; written for dLLM
+  likelihood estimates but model-agnostic.
 
 Signature of every objective:
     fn(logp, old_logp, advantages, mask, **hparams) -> (loss (B, T), metrics dict[str, (B, T)])
@@ -25,6 +28,9 @@ Hyperparameters (one flat namespace, same meaning wherever used):
 - `dual_clip` (float | None): c > 1 caps a negative-advantage token's loss at c * |A|.
 - `log_ratio_clamp` (float): |log ratio| is clamped to this before exp (overflow guard).
 - `tau_pos`, `tau_neg` (float): SAPO gate temperatures for A > 0 and A <= 0.
+- `group_size` (int): G, rows per prompt group (`wd1` takes its softmax over each group);
+  the trainer sets it from `rollout.group_size`.
+- `wd1_psi` (float): wd1's inverse temperature ψ of the advantage softmax.
 
 Deliberate deviations:
 1. Dual-clip is off unless `dual_clip` is given (verl always applies it with c = 3).
@@ -50,6 +56,24 @@ import torch
 from torch import Tensor
 
 from rlvr.algos._registry import lookup
+
+def wd1(logp, old_logp, advantages, mask, *, group_size: int = 1, wd1_psi: float = 1.0):
+    """wd1 (ratio-free weighted likelihood): loss per token (−w⁺_i + w⁻_i) · logp, with
+    w± = softmax over the group of ±ψ A_i. Aggregate with `seq_mean_token_sum` to get the paper's
+    (1/G) Σ_i (−w⁺_i + w⁻_i) Σ_t logp. `old_logp` is unused (no ratio). Shapes (B, T), B = P·G.
+
+    Deviation: the softmax runs over each group of `group_size` rows (the released code runs it
+    over the per-device batch, which is one group only when the two sizes agree).
+    """
+    adv = advantages.detach()
+    seq_adv = (adv * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
+    grouped = seq_adv.view(-1, group_size)
+    w_pos = (wd1_psi * grouped).softmax(-1).reshape(-1)
+    w_neg = (-wd1_psi * grouped).softmax(-1).reshape(-1)
+    weight = (-w_pos + w_neg)[:, None]
+    loss = torch.where(mask > 0, weight * logp, torch.zeros_like(logp))
+    return loss, {"wd1_weight": torch.where(mask > 0, weight.expand_as(logp), torch.zeros_like(logp))}
+
 
 __all__ = ["OBJECTIVES", "cispo", "get_objective", "gspo", "ppo_clip", "reinforce", "sapo"]
 
@@ -217,6 +241,7 @@ def reinforce(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) 
 
 
 OBJECTIVES: dict[str, Callable[..., tuple[Tensor, Metrics]]] = {
+    "wd1": wd1,
     "ppo_clip": ppo_clip,
     "gspo": gspo,
     "cispo": cispo,

@@ -378,33 +378,6 @@ def get_estimator(name: str) -> Callable:
 # ---------------------------------------------------------------------------- objectives
 
 
-def wd1(logp, old_logp, advantages, mask, *, group_size: int, wd1_psi: float = 1.0):
-    """wd1 (ratio-free weighted likelihood): loss per token (−w⁺_i + w⁻_i) · logp, with
-    w± = softmax over the group of ±ψ A_i. Aggregate with `seq_mean_token_sum` to get the paper's
-    (1/G) Σ_i (−w⁺_i + w⁻_i) Σ_t logp. `old_logp` is unused (no ratio). Shapes (B, T), B = P·G.
-
-    Deviation: the softmax runs over each group of `group_size` rows (the released code runs it
-    over the per-device batch, which is one group only when the two sizes agree).
-    """
-    adv = advantages.detach()
-    seq_adv = (adv * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
-    grouped = seq_adv.view(-1, group_size)
-    w_pos = (wd1_psi * grouped).softmax(-1).reshape(-1)
-    w_neg = (-wd1_psi * grouped).softmax(-1).reshape(-1)
-    weight = (-w_pos + w_neg)[:, None]
-    loss = torch.where(mask > 0, weight * logp, torch.zeros_like(logp))
-    return loss, {"wd1_weight": torch.where(mask > 0, weight.expand_as(logp), torch.zeros_like(logp))}
-
-
-def vrpo_loss(policy_chosen, ref_chosen, policy_rejected, ref_rejected, *, beta: float = 0.2):
-    """VRPO = DPO with ELBO estimates: −log σ(β[(B̂θ(y_w) − B̂ref(y_w)) − (B̂θ(y_l) − B̂ref(y_l))]).
-    All (B,) sequence estimates; compute them with the SAME mask seed for policy and reference
-    (common random numbers, VRPO's third variance-reduction result). Returns (loss, metrics)."""
-    margin = beta * ((policy_chosen - ref_chosen.detach()) - (policy_rejected - ref_rejected.detach()))
-    loss = -F.logsigmoid(margin).mean()
-    return loss, {"margin": float(margin.detach().mean()), "accuracy": float((margin > 0).float().mean())}
-
-
 def bgpo_objective(draw_logp, draw_old, advantages, *, clip_low: float = 0.2, clip_high: float = 0.2):
     """BGPO's linearised bound on per-draw ELBO terms. draw_logp/draw_old (n, B) per-draw sequence
     estimates (already /L if desired), advantages (B,). Returns the loss (scalar, mean over B):
@@ -421,4 +394,4 @@ def bgpo_objective(draw_logp, draw_old, advantages, *, clip_low: float = 0.2, cl
 
 __all__ = ["ESTIMATORS", "SEQUENCE_LEVEL", "WINDOWS", "Corruptor", "ar_order", "bgpo", "bgpo_objective", "coupled",
            "elbo_draw", "elbo_mc", "get_estimator", "mean_field", "row_hash", "spg", "sum_of_recomputed", "trace",
-           "vrpo_loss", "wd1", "window_mask"]
+           "window_mask"]

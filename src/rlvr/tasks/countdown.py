@@ -38,6 +38,7 @@ from fractions import Fraction
 from itertools import combinations_with_replacement
 from typing import Union
 
+from rlvr.tasks.countdown_steps import score_steps, steps_from_expr
 from rlvr.types import Example
 
 ALPHABET = "0123456789 +-*/()>:"
@@ -315,6 +316,7 @@ class Countdown:
         max_number: int = 9,
         allow_division: bool = False,
         heldout_size: int = 200,
+        show_work: bool = False,
         seed: int = 0,
     ):
         if num_count < 2:
@@ -331,6 +333,7 @@ class Countdown:
             )
         self.num_count, self.max_number = num_count, max_number
         self.allow_division, self.heldout_size = allow_division, heldout_size
+        self.show_work = show_work
         self._rng = random.Random(seed)
         self._heldout: list[Example] | None = None
         self._check_heldout_space()
@@ -432,6 +435,8 @@ class Countdown:
             numbers, target = meta["numbers"], meta["target"]
         else:
             numbers, target = parse_prompt(prompt)
+        if self.show_work:
+            return score_steps(completion, numbers, target, allow_division=self.allow_division)
         text = completion.strip()
         if not text or len(text) > MAX_COMPLETION_CHARS:
             return 0.0
@@ -453,13 +458,15 @@ class Countdown:
         return score == 1.0
 
     def solution(self, example: Example) -> str:
-        """A correct expression: the stored answer when it verifies, else one found by search."""
-        if example.answer and self.is_correct(example.answer, example):
-            return example.answer
+        """A correct completion: the stored answer when it verifies, else one found by search
+        (as a step list when ``show_work``)."""
+        answer = steps_from_expr(parse(example.answer)) if self.show_work and example.answer else example.answer
+        if answer and self.is_correct(answer, example):
+            return answer
         numbers, target = example.meta.get("numbers"), example.meta.get("target")
         if numbers is None or target is None:
             numbers, target = parse_prompt(example.prompt)
         found = solve(numbers, target, allow_division=self.allow_division)
         if found is None:
             raise ValueError(f"countdown: no solution for {example.prompt!r}")
-        return found
+        return steps_from_expr(parse(found)) if self.show_work else found
