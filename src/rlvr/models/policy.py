@@ -47,8 +47,15 @@ class CausalPolicy:
     def parameters(self):
         return self.model.parameters()
 
-    def token_logprobs(self, prompt_ids, prompt_mask, completion_ids, *, with_entropy: bool = False):
-        """Log-probs (B, Tc) of `completion_ids` given the prompts, and entropy (B, Tc) or None."""
+    def set_mask_seed(self, seed: int) -> None:
+        """Exact log-probs draw no masks; present so every PolicyModel has the same surface."""
+
+    def token_logprobs(self, prompt_ids, prompt_mask, completion_ids, *, with_entropy: bool = False,
+                       **_estimator_inputs):
+        """Log-probs (B, Tc) of `completion_ids` given the prompts, and entropy (B, Tc) or None.
+
+        `_estimator_inputs` (e.g. `advantages=`) feed estimators of other policies; exact
+        log-probs need none of them."""
         ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids)
         width = completion_ids.shape[1]
         # Only the positions that predict completion tokens need logits (the last width+1, minus one).
