@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from rlvr.models import llama_fast
+
 
 def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, chunk_size: int = 4096) -> torch.Tensor:
     """log softmax(logits)[tokens] without materialising (B, T, V) log-probs. (B,T,V),(B,T) -> (B,T).
@@ -38,30 +40,38 @@ def sequence_inputs(prompt_ids, prompt_mask, completion_ids):
 
 
 class CausalPolicy:
-    """Wraps a `transformers` causal LM; temperature matches the sampler's so ratios are exact."""
+    """Wraps a `transformers` causal LM; temperature matches the sampler's so ratios are exact.
 
-    def __init__(self, model, *, temperature: float = 1.0):
+    Llama-family models use `models.llama_fast` (each distinct prompt is run once for its whole
+    group; same log-probs and gradients as the plain forward, tests/perf); `fast=False` or any
+    other model runs the plain `transformers` forward.
+    """
+
+    def __init__(self, model, *, temperature: float = 1.0, fast: bool = True):
         self.model = model
         self.temperature = temperature if temperature > 0 else 1.0
+        self.fast = fast
 
     def parameters(self):
         return self.model.parameters()
 
-    def set_mask_seed(self, seed: int) -> None:
-        """Exact log-probs draw no masks; present so every PolicyModel has the same surface."""
-
     def token_logprobs(self, prompt_ids, prompt_mask, completion_ids, *, with_entropy: bool = False,
-                       **_estimator_inputs):
+                       **ignored):
         """Log-probs (B, Tc) of `completion_ids` given the prompts, and entropy (B, Tc) or None.
 
-        `_estimator_inputs` (e.g. `advantages=`) feed estimators of other policies; exact
-        log-probs need none of them."""
-        ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids)
-        width = completion_ids.shape[1]
-        # Only the positions that predict completion tokens need logits (the last width+1, minus one).
-        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions,
-                         logits_to_keep=width + 1, use_cache=False)
-        logits = out.logits[:, :-1].float() / self.temperature  # (B, Tc, V)
+        Extra keyword arguments (e.g. `advantages=`, which other PolicyModels use) are ignored.
+        """
+        if self.fast and completion_ids.shape[1] and llama_fast.supports(self.model):
+            w = llama_fast.LlamaWeights(self.model)
+            logits = w.logits(llama_fast.completion_hidden(w, prompt_ids, prompt_mask, completion_ids))
+        else:
+            ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids)
+            width = completion_ids.shape[1]
+            # Only the positions that predict completion tokens need logits (the last width+1, minus one).
+            out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions,
+                             logits_to_keep=width + 1, use_cache=False)
+            logits = out.logits[:, :-1]
+        logits = logits.float() / self.temperature  # (B, Tc, V)
         logp = gather_logprobs(logits, completion_ids)
         entropy = token_entropy(logits) if with_entropy else None
         return logp, entropy

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlvr.models import llama_fast
 from rlvr.rollout.noise import gumbel_noise
 
 
@@ -74,10 +75,80 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
 @torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, *,
              max_new_tokens: int, eos_id: int, pad_id: int,
-             temperature: float = 1.0, top_p: float = 1.0) -> Rollouts:
-    """Sample one completion per row. prompt_ids/prompt_mask (B, Tp), seeds (B,) int."""
+             temperature: float = 1.0, top_p: float = 1.0, fast: bool = True) -> Rollouts:
+    """Sample one completion per row. prompt_ids/prompt_mask (B, Tp), seeds (B,) int.
+
+    Llama-family models take the fast path (`models.llama_fast`: one prefill per distinct
+    prompt, static KV cache, finished rows dropped); anything else, or `fast=False`, runs the
+    plain `transformers` forward with its dynamic cache. Both give the same samples (tests/perf).
+    """
     was_training = model.training
     model.eval()
+    try:
+        if fast and prompt_ids.shape[0] and llama_fast.supports(model):
+            return _generate_fast(model, prompt_ids, prompt_mask, seeds, max_new_tokens=max_new_tokens,
+                                  eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p)
+        return _generate_hf(model, prompt_ids, prompt_mask, seeds, max_new_tokens=max_new_tokens,
+                            eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p)
+    finally:
+        model.train(was_training)
+
+
+def _rollouts(prompt_ids, prompt_mask, tokens, logprobs, length, done) -> Rollouts:
+    width = int(length.max()) if len(length) else 0
+    steps = torch.arange(width)
+    return Rollouts(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=tokens[:, :width],
+        completion_mask=(steps[None, :] < length[:, None]).float(),
+        logprobs=logprobs[:, :width],
+        truncated=~done,
+    )
+
+
+COMPACT_FRACTION = 0.25
+"""Drop finished rows from the decode batch once they are this share of it (copying the cache
+costs about one decode step, so compacting after every finished row would not pay)."""
+
+
+def _generate_fast(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_id, pad_id,
+                   temperature, top_p) -> Rollouts:
+    batch = prompt_ids.shape[0]
+    decoder = llama_fast.Decoder(model, prompt_ids, prompt_mask, max_new_tokens)
+    tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)
+    logprobs = torch.zeros((batch, max_new_tokens))
+    length = torch.zeros(batch, dtype=torch.long)
+    done = torch.zeros(batch, dtype=torch.bool)
+    rows = torch.arange(batch)                 # original row of each decode slot
+    slot_seeds = seeds
+    slot_done = torch.zeros(batch, dtype=torch.bool)
+    logits = decoder.logits
+    for step in range(max_new_tokens):
+        tok, logp = choose_tokens(logits, slot_seeds, step, temperature=temperature, top_p=top_p)
+        tok = tok.masked_fill(slot_done, pad_id)
+        tokens[rows, step] = tok
+        logprobs[rows, step] = logp.masked_fill(slot_done, 0.0)
+        length[rows] += (~slot_done).long()
+        slot_done = slot_done | (tok == eos_id)
+        done[rows] = slot_done
+        if step == max_new_tokens - 1:
+            break
+        finished = int(slot_done.sum())
+        if finished == len(rows):
+            break
+        if finished >= COMPACT_FRACTION * len(rows):
+            live = (~slot_done).nonzero().squeeze(-1)
+            decoder.keep(live)
+            rows, slot_seeds, tok = rows[live], slot_seeds[live], tok[live]
+            slot_done = slot_done[live]
+        logits = decoder.step(tok)
+    return _rollouts(prompt_ids, prompt_mask, tokens, logprobs, length, done)
+
+
+def _generate_hf(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_id, pad_id,
+                 temperature, top_p) -> Rollouts:
+    """The reference sampler: `transformers` forward with its own cache, full batch every step."""
     batch = prompt_ids.shape[0]
     attention = prompt_mask.clone()
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
@@ -103,17 +174,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: 
                     past_key_values=cache, use_cache=True)
         cache, last_logits = out.past_key_values, out.logits[:, -1]
         next_pos = next_pos + 1
-    model.train(was_training)
-    width = int(length.max()) if batch else 0
-    steps = torch.arange(width)
-    return Rollouts(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        completion_ids=tokens[:, :width],
-        completion_mask=(steps[None, :] < length[:, None]).float(),
-        logprobs=logprobs[:, :width],
-        truncated=~done,
-    )
+    return _rollouts(prompt_ids, prompt_mask, tokens, logprobs, length, done)
 
 
 def _pad_to(x: torch.Tensor, width: int, value, *, left: bool) -> torch.Tensor:
