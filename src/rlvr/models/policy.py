@@ -55,6 +55,9 @@ class CausalPolicy:
     def parameters(self):
         return self.model.parameters()
 
+    def set_mask_seed(self, seed: int) -> None:
+        """Exact log-probs draw no masks; present so every PolicyModel has the same surface."""
+
     def token_logprobs(self, prompt_ids, prompt_mask, completion_ids, *, with_entropy: bool = False,
                        **ignored):
         """Log-probs (B, Tc) of `completion_ids` given the prompts, and entropy (B, Tc) or None.
