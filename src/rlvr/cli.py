@@ -57,9 +57,11 @@ def cmd_sft(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    import random
+
 
     from rlvr.config import load_config
-    from rlvr.trainer.build import build_task
+    from rlvr.trainer.build import build_engine, build_model, build_task
     from rlvr.trainer.checkpoint import latest_checkpoint
     from rlvr.trainer.evaluate import greedy_accuracy
 
@@ -70,15 +72,13 @@ def cmd_eval(args) -> int:
     if checkpoint is None:
         raise ConfigError(f"eval: '{run}' has no checkpoint yet; train longer or lower trainer.save_every")
     config = load_config(run / "config.yaml", [f"model.path={checkpoint}"])
-    from rlvr.trainer.build import build_model
-
     model, tokenizer = build_model(config)
-    task = build_task(config)
-    import random
+    task = build_task(config, tokenizer)
 
     examples = task.heldout() if args.split == "heldout" else task.sample(args.n, random.Random(args.seed))
     examples = examples[: args.n] if args.n else examples
-    accuracy = greedy_accuracy(model, tokenizer, task, examples, max_new_tokens=config.rollout.max_new_tokens)
+    engine = build_engine(config, model, tokenizer)
+    accuracy = greedy_accuracy(engine, tokenizer, task, examples)
     print(f"{checkpoint.name}: greedy {args.split} accuracy {accuracy:.3f} on {len(examples)} problems")
     return 0
 

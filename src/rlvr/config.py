@@ -23,7 +23,9 @@ from rlvr.errors import ConfigError
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = ""  # local HF directory, `rlvr:NAME` for a packaged checkpoint, empty = fresh tiny Llama
+    kind: str = "causal"  # `causal` (autoregressive LM) or `diffusion` (masked-diffusion LM)
+    path: str = ""  # local HF directory, `rlvr:NAME` for a packaged checkpoint, empty = fresh tiny model
+    shift_logits: bool = False  # diffusion: Dream-style shifted logits (position i predicts token i+1)
     hidden_size: int = 128  # tiny model: width
     num_layers: int = 4  # tiny model: transformer blocks
     num_heads: int = 4  # tiny model: attention heads
@@ -69,6 +71,12 @@ class RolloutConfig:
     max_new_tokens: int = 16  # completion length cap (longer samples are truncated)
     temperature: float = 1.0  # sampling temperature (the trainer's log-probs use the same)
     top_p: float = 1.0  # nucleus sampling mass
+    diffusion_steps: int = 0  # diffusion sampler: denoising steps N, 0 = one token per step (N = L)
+    block_length: int = 0  # diffusion sampler: semi-autoregressive block length B, 0 = the whole window
+    remasking: str = "low_confidence"  # diffusion sampler: low_confidence | random | entropy | margin
+    threshold: float | None = None  # diffusion sampler: commit every token above this confidence (dynamic)
+    suppress_eos: bool = False  # diffusion sampler: lower EOS confidence so content is committed first
+    window: str = "eos"  # diffusion: which window tokens are the completion: `eos` (up to EOS) or `full`
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,19 @@ class AlgoConfig:
     correction_level: str = "token"  # rollout correction: `token` or `sequence` weights
     correction_mode: str = "truncate"  # rollout correction: `truncate` (TIS) or `mask` (MIS)
     correction_cap: float = 2.0  # rollout correction: cap C on the weight
+    wd1_psi: float = 1.0  # wd1: inverse temperature of the group softmax over advantages
+    estimator: str = "mean_field"  # diffusion likelihood estimator (rlvr.models.likelihood.ESTIMATORS)
+    mc_samples: int = 2  # elbo_mc / bgpo / spg: Monte-Carlo mask draws n
+    antithetic: bool = False  # elbo_mc / bgpo: complementary (antithetic) mask pairs
+    p_mask_prompt: float = 0.15  # mean_field: prompt-token masking probability
+    t_min: float = 0.2  # coupled: lowest mask ratio
+    t_max: float = 0.8  # coupled: highest mask ratio
+    include_full: bool = True  # coupled: add the all-masked pass as the released code does
+    spg_beta: float = 1.5  # spg: EUBO exponent β
+    spg_omega: float = 0.5  # spg: weight of the EUBO in the ω-mixture for A < 0
+    spg_bound: str = "mixture"  # spg: `elbo`, `eubo` or `mixture` for negative advantages
+    spg_block_length: int | None = None  # spg: block-wise masking block, null = whole window
+    trace_shrink: int = 1  # trace: merge this many sampler steps into one (σ)
 
 
 @dataclass(frozen=True)
@@ -295,6 +316,8 @@ def validate(config: Config) -> None:
         (config.algo.correction_level in ("token", "sequence"), "algo.correction_level", "must be 'token' or 'sequence'"),
         (config.algo.correction_mode in ("truncate", "mask"), "algo.correction_mode", "must be 'truncate' or 'mask'"),
         (config.algo.critic_lr > 0, "algo.critic_lr", "must be > 0"),
+        (config.model.kind in ("causal", "diffusion"), "model.kind", "must be 'causal' or 'diffusion'"),
+        (config.algo.mc_samples >= 1, "algo.mc_samples", "must be >= 1"),
     ]
     for ok, name, fix in checks:
         if not ok:

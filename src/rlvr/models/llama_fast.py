@@ -12,8 +12,13 @@ against it), only arranged differently:
 2. **Static KV cache.** The sampler writes keys/values into a preallocated (b, kv_heads, S, d)
    buffer instead of concatenating a new cache every token, and drops finished rows from the
    batch (`Decoder.keep`) once enough of them have finished to pay for the copy.
-3. **Fewer, larger ops.** q/k/v and gate/up projections are fused into one matmul each, RoPE
-   is applied to q and k in one call, RMSNorm is `F.rms_norm`.
+3. **No padding through the weights.** In the training forward the completion tokens are packed
+   (only positions that predict a scored token are computed: given `lengths`, a row of length n
+   feeds n-1 tokens); they are scattered into a (B, T) grid only for attention.
+4. **Fewer, larger ops.** q/k/v and gate/up projections are fused into one matmul each; RoPE is
+   one complex multiply on q and k together (the q/k weight rows are permuted per head so each
+   rotated pair (i, i+d/2) is adjacent — dot products q·k are unchanged); RMSNorm is
+   `F.rms_norm`; decode attention is two batched matmuls on the static cache.
 
 Anything this module does not model (non-default RoPE, sliding windows, MLP biases, dropout in
 training, PEFT wrappers, other architectures) makes `supports()` return False, and callers use
@@ -22,6 +27,7 @@ the plain `transformers` forward.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -66,18 +72,23 @@ def _cat_bias(*linears):
 
 class LlamaWeights:
     """The model's parameters, fused where that saves ops. Differentiable: the fused tensors are
-    `torch.cat`s of the parameters, so gradients land on the model's own `.grad`s."""
+    built from the parameters (cat/index), so gradients land on the model's own `.grad`s."""
 
     def __init__(self, model):
         cfg = model.config
-        self.heads = cfg.num_attention_heads
-        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.heads = h = cfg.num_attention_heads
+        self.kv_heads = kv = getattr(cfg, "num_key_value_heads", None) or h
+        self.head_dim = d = getattr(cfg, "head_dim", None) or cfg.hidden_size // h
         self.hidden = cfg.hidden_size
         self.eps = cfg.rms_norm_eps
         theta = cfg.rope_parameters["rope_theta"]
         # Same expression as transformers' compute_default_rope_parameters.
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float) / d))
+        # Row order of the fused q|k|v weight: within each q and k head, dims (0, d/2, 1, d/2+1, ...)
+        # so that view_as_complex pairs (x_i, x_{i+d/2}), the pair HF's rotate_half rotates.
+        pairs = torch.stack([torch.arange(d // 2), torch.arange(d // 2) + d // 2], dim=1).flatten()
+        qk_rows = (torch.arange(h + kv)[:, None] * d + pairs[None, :]).flatten()
+        self.qkv_order = torch.cat([qk_rows, torch.arange((h + kv) * d, (h + 2 * kv) * d)])
         base = model.model
         self.embed = base.embed_tokens.weight
         self.norm = base.norm.weight
@@ -86,10 +97,11 @@ class LlamaWeights:
         self.layers = []
         for layer in base.layers:
             a, m = layer.self_attn, layer.mlp
+            bias = _cat_bias(a.q_proj, a.k_proj, a.v_proj)
             self.layers.append(_Layer(
                 ln1=layer.input_layernorm.weight,
-                wqkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                bqkv=_cat_bias(a.q_proj, a.k_proj, a.v_proj),
+                wqkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])[self.qkv_order],
+                bqkv=None if bias is None else bias[self.qkv_order],
                 wo=a.o_proj.weight, bo=a.o_proj.bias,
                 ln2=layer.post_attention_layernorm.weight,
                 wgu=torch.cat([m.gate_proj.weight, m.up_proj.weight]),
@@ -97,35 +109,39 @@ class LlamaWeights:
             ))
 
     # -- pieces ---------------------------------------------------------------------------------
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin (N, T, 1, d) for integer positions (N, T)."""
-        freqs = positions[..., None].float() * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
-        return emb.cos(), emb.sin()
+    def rope(self, positions: torch.Tensor) -> torch.Tensor:
+        """Complex rotations (..., 1, d/2) for integer positions (...)."""
+        angles = positions[..., None].float() * self.inv_freq
+        return torch.polar(torch.ones_like(angles), angles)[..., None, :]
 
-    def qkv(self, layer: _Layer, x, cos, sin):
-        """x (N, T, H) -> q (N, h, T, d), k and v (N, kv, T, d), RoPE applied."""
-        n, t, _ = x.shape
+    def project(self, layer: _Layer, x, rot):
+        """x (..., H) -> (q|k with RoPE (..., h+kv, d), v (..., kv, d)); rot from `rope`."""
         h, kv, d = self.heads, self.kv_heads, self.head_dim
         fused = F.linear(F.rms_norm(x, (self.hidden,), layer.ln1, self.eps), layer.wqkv, layer.bqkv)
-        fused = fused.view(n, t, h + 2 * kv, d)
-        qk = fused[:, :, :h + kv]
-        rotated = torch.cat((-qk[..., d // 2:], qk[..., :d // 2]), dim=-1)
-        qk = qk * cos + rotated * sin
-        return qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2), fused[:, :, h + kv:].transpose(1, 2)
+        fused = fused.unflatten(-1, (h + 2 * kv, d))
+        qk, v = fused.split([h + kv, kv], dim=-2)
+        qk = torch.view_as_real(torch.view_as_complex(qk.unflatten(-1, (d // 2, 2))) * rot).flatten(-2)
+        return qk, v
 
     def attend(self, q, k, v, mask):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
 
     def finish(self, layer: _Layer, x, attn):
-        """Residual + output projection, then the SwiGLU MLP block. attn (N, h, T, d)."""
-        n, _, t, _ = attn.shape
-        x = x + F.linear(attn.transpose(1, 2).reshape(n, t, -1), layer.wo, layer.bo)
+        """Residual + output projection, then the SwiGLU MLP block. x (..., H), attn (..., h·d)."""
+        x = x + F.linear(attn, layer.wo, layer.bo)
         gate, up = F.linear(F.rms_norm(x, (self.hidden,), layer.ln2, self.eps), layer.wgu).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, layer.wd)
 
     def logits(self, x):
         return F.linear(F.rms_norm(x, (self.hidden,), self.norm, self.eps), self.lm_head, self.lm_bias)
+
+    def prompt_layer(self, layer: _Layer, x, rot, mask):
+        """One layer over left-padded prompts x (U, Tp, H); also returns its k, v (U, kv, Tp, d)."""
+        u, tp, _ = x.shape
+        qk, v = self.project(layer, x, rot)
+        q, k, v = qk[:, :, :self.heads].transpose(1, 2), qk[:, :, self.heads:].transpose(1, 2), v.transpose(1, 2)
+        attn = self.attend(q, k, v, mask).transpose(1, 2).reshape(u, tp, -1)
+        return self.finish(layer, x, attn), k, v
 
 
 def unique_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
@@ -145,34 +161,70 @@ def _prompt_masks(prompt_mask: torch.Tensor) -> torch.Tensor:
     return ((causal & prompt_mask.bool()[:, None, :]) | eye)[:, None]
 
 
-def completion_hidden(w: LlamaWeights, prompt_ids, prompt_mask, completion_ids) -> torch.Tensor:
-    """Hidden states (B, Tc, H), before the final norm, at the positions that predict each
-    completion token: the last prompt position, then completion positions 0..Tc-2.
+def completion_hidden(w: LlamaWeights, prompt_ids, prompt_mask, completion_ids, lengths=None):
+    """Hidden states, before the final norm, at the positions that predict completion tokens.
 
-    Same as the HF forward over cat([prompt, completion]) with attention cat([prompt_mask, 1])
-    and positions cumsum-1, but each distinct prompt is run once (DESIGN §2's PolicyModel).
+    Returns (hidden (M, H), index (M,)): row r's token t (flat index r·Tc + t) is predicted by
+    hidden[i] where index[i] == r·Tc + t, for every t < lengths[r] (all Tc when `lengths` is
+    None). Same as the HF forward over cat([prompt, completion]) with attention
+    cat([prompt_mask, 1]) and positions cumsum-1, but each distinct prompt is run once and only
+    the completion tokens that feed a scored prediction go through the weights.
     """
     ids_u, mask_u, row = unique_prompts(prompt_ids, prompt_mask)
     b, tc = completion_ids.shape
     tp = ids_u.shape[1]
-    pos_p = (mask_u.cumsum(-1) - 1).clamp(min=0)                          # (U, Tp)
-    pos_c = mask_u.sum(-1)[row][:, None] + torch.arange(tc)                # (B, Tc)
-    cos_p, sin_p = w.rope(pos_p)
-    cos_c, sin_c = w.rope(pos_c)
-    mask_p = _prompt_masks(mask_u)                                          # (U, 1, Tp, Tp)
-    causal = torch.ones(tc, tc, dtype=torch.bool).tril()
-    mask_c = torch.cat([mask_u.bool()[row][:, None, None, :].expand(b, 1, tc, tp),
-                        causal.expand(b, 1, tc, tc)], dim=-1)               # (B, 1, Tc, Tp+Tc)
-    xp = w.embed[ids_u]                                                     # (U, Tp, H)
-    xc = w.embed[completion_ids]                                            # (B, Tc, H)
+    if lengths is None:
+        lengths = torch.full((b,), tc, dtype=torch.long)
+    lengths = lengths.long().clamp(0, tc)
+    fed = (lengths - 1).clamp(min=0)                                      # completion tokens fed per row
+    t_in = int(fed.max()) if b else 0
+    flat = (torch.arange(t_in)[None, :] < fed[:, None]).flatten().nonzero().squeeze(-1)  # into (B·t_in)
+    in_row, in_col = flat // max(t_in, 1), flat % max(t_in, 1)
+    rot_p = w.rope((mask_u.cumsum(-1) - 1).clamp(min=0))                 # (U, Tp, 1, d/2)
+    rot_c = w.rope(mask_u.sum(-1)[row][in_row] + in_col)                  # (N, 1, d/2)
+    mask_p = _prompt_masks(mask_u)
+    causal = torch.ones(t_in, t_in, dtype=torch.bool).tril()
+    mask_c = torch.cat([mask_u.bool()[row][:, None, None, :].expand(b, 1, t_in, tp),
+                        causal.expand(b, 1, t_in, t_in)], dim=-1)          # (B, 1, t_in, Tp+t_in)
+    xp = F.embedding(ids_u, w.embed)                                       # (U, Tp, H)
+    xc = F.embedding(completion_ids[in_row, in_col], w.embed)              # (N, H) packed
+    h, kv, d = w.heads, w.kv_heads, w.head_dim
     for layer in w.layers:
-        qp, kp, vp = w.qkv(layer, xp, cos_p, sin_p)
-        qc, kc, vc = w.qkv(layer, xc, cos_c, sin_c)
-        keys = torch.cat([kp[row], kc], dim=2)
-        values = torch.cat([vp[row], vc], dim=2)
-        xc = w.finish(layer, xc, w.attend(qc, keys, values, mask_c))
-        xp = w.finish(layer, xp, w.attend(qp, kp, vp, mask_p))
-    return torch.cat([xp[row, -1:], xc[:, :-1]], dim=1)
+        if len(flat):
+            qk, v = w.project(layer, xc, rot_c)                            # (N, h+kv, d), (N, kv, d)
+            grid = qk.new_zeros(b * t_in, h + 2 * kv, d).index_copy(0, flat, torch.cat([qk, v], dim=1))
+            q, k, v = grid.view(b, t_in, h + 2 * kv, d).transpose(1, 2).split([h, kv, kv], dim=1)
+        xp, kp, vp = w.prompt_layer(layer, xp, rot_p, mask_p)
+        if len(flat):
+            attn = w.attend(q, torch.cat([kp[row], k], dim=2), torch.cat([vp[row], v], dim=2), mask_c)
+            xc = w.finish(layer, xc, attn.transpose(1, 2).reshape(b * t_in, h * d)[flat])
+    scored = (lengths > 0).nonzero().squeeze(-1)
+    hidden = torch.cat([xp[row[scored], -1], xc])
+    index = torch.cat([scored * tc, in_row * tc + in_col + 1])
+    return hidden, index
+
+
+SPAN_MULTIPLE = 16
+
+_LOCAL = threading.local()
+
+
+def _cache_buffers(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two zeroed (layers, 2, b, kv, S, d) buffers, reused across calls in this thread.
+
+    A fresh multi-megabyte tensor is a fresh mmap, and first-touch page faults cost more than a
+    whole decode step at this scale; keeping the memory warm avoids them. Two buffers so that
+    `Decoder.keep` can gather the surviving rows from one into the other.
+    """
+    numel = 1
+    for n in shape:
+        numel *= n
+    pool = getattr(_LOCAL, "pool", None)
+    if pool is None or pool[0].numel() < numel or getattr(_LOCAL, "busy", False):
+        pool = (torch.empty(numel), torch.empty(numel))
+        if not getattr(_LOCAL, "busy", False):
+            _LOCAL.pool = pool
+    return pool[0][:numel].view(shape).zero_(), pool[1][:numel].view(shape)
 
 
 class Decoder:
@@ -183,47 +235,59 @@ class Decoder:
         w = self.w = LlamaWeights(model)
         ids_u, mask_u, row = unique_prompts(prompt_ids, prompt_mask)
         b, tp = prompt_ids.shape
-        cos, sin = w.rope((mask_u.cumsum(-1) - 1).clamp(min=0))
+        rot = w.rope((mask_u.cumsum(-1) - 1).clamp(min=0))
         attn_mask = _prompt_masks(mask_u)
-        x = w.embed[ids_u]
-        self.k, self.v = [], []
-        for layer in w.layers:
-            q, k, v = w.qkv(layer, x, cos, sin)
-            x = w.finish(layer, x, w.attend(q, k, v, attn_mask))
-            k_cache = k.new_empty(b, w.kv_heads, tp + max_new_tokens, w.head_dim)
-            v_cache = torch.empty_like(k_cache)
-            k_cache[:, :, :tp] = k[row]
-            v_cache[:, :, :tp] = v[row]
-            self.k.append(k_cache)
-            self.v.append(v_cache)
-        self.key_mask = torch.ones(b, tp + max_new_tokens, dtype=torch.bool)
-        self.key_mask[:, :tp] = mask_u.bool()[row]
+        x = F.embedding(ids_u, w.embed)
+        # Zeroed: unwritten columns are read (with weight 0) by the padded span in `step`.
+        shape = (len(w.layers), 2, b, w.kv_heads, tp + max_new_tokens, w.head_dim)
+        self.cache, self.spare = _cache_buffers(shape)
+        for i, layer in enumerate(w.layers):
+            x, k, v = w.prompt_layer(layer, x, rot, attn_mask)
+            self.cache[i, 0, :, :, :tp] = k[row]
+            self.cache[i, 1, :, :, :tp] = v[row]
+        # Additive mask over cache columns: -inf on the prompt's left padding and on columns not
+        # yet written (`step` opens one per token).
+        self.key_bias = torch.full((b, 1, 1, tp + max_new_tokens), float("-inf"))
+        self.key_bias[:, 0, 0, :tp].masked_fill_(mask_u.bool()[row], 0.0)
         self.width = tp
         self.pos = mask_u.sum(-1)[row]                   # (b,) position of the next token
         self.logits = w.logits(x[:, -1])[row]            # (b, V) next-token logits
 
     def keep(self, slots: torch.Tensor) -> None:
         """Keep only `slots` (indices into the current rows), copying the filled cache columns."""
-        filled = self.width
-        for cache in (self.k, self.v):
-            for i, old in enumerate(cache):
-                new = old.new_empty((len(slots),) + old.shape[1:])
-                new[:, :, :filled] = old[slots, :, :filled]
-                cache[i] = new
-        self.key_mask = self.key_mask[slots]
+        n = len(slots)
+        layers, two, _, kv, width, d = self.cache.shape
+        spare = self.spare.flatten()[:layers * two * n * kv * width * d].view(layers, two, n, kv, width, d)
+        for i in range(layers):
+            for j in range(two):
+                torch.index_select(self.cache[i, j], 0, slots, out=spare[i, j])
+        self.cache, self.spare = spare, self.cache
+        self.key_bias = self.key_bias[slots]
         self.pos = self.pos[slots]
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (b,); returns next-token logits (b, V)."""
         w, col = self.w, self.width
-        x = w.embed[tokens][:, None]                     # (b, 1, H)
-        cos, sin = w.rope(self.pos[:, None])
-        mask = self.key_mask[:, None, None, :col + 1]
-        for layer, k_cache, v_cache in zip(w.layers, self.k, self.v):
-            q, k, v = w.qkv(layer, x, cos, sin)
-            k_cache[:, :, col] = k[:, :, 0]
-            v_cache[:, :, col] = v[:, :, 0]
-            x = w.finish(layer, x, w.attend(q, k_cache[:, :, :col + 1], v_cache[:, :, :col + 1], mask))
+        b = tokens.shape[0]
+        h, kv, d = w.heads, w.kv_heads, w.head_dim
+        x = F.embedding(tokens, w.embed)                 # (b, H)
+        rot = w.rope(self.pos)                           # (b, 1, d/2)
+        # Attend over a span rounded up to a multiple of 16 columns: masked columns cost little, and
+        # CPU softmax/bmm kernels are several times slower on rows shorter than a vector register.
+        span = min(self.key_bias.shape[-1], -(-(col + 1) // SPAN_MULTIPLE) * SPAN_MULTIPLE)
+        self.key_bias[..., col] = 0.0
+        bias = self.key_bias[..., :span]                 # (b, 1, 1, span)
+        scale = d ** -0.5
+        for layer, (k_cache, v_cache) in zip(w.layers, self.cache):
+            qk, v = w.project(layer, x, rot)             # (b, h+kv, d), (b, kv, d)
+            k_cache[:, :, col] = qk[:, h:]
+            v_cache[:, :, col] = v
+            # One query per row: explicit attention beats SDPA's kernel here, and grouping the
+            # query heads by their kv head handles GQA without repeating the cache.
+            q = qk[:, :h].reshape(b, kv, h // kv, d)
+            scores = torch.matmul(q, k_cache[:, :, :span].transpose(-1, -2)) * scale + bias
+            attn = torch.matmul(scores.softmax(-1), v_cache[:, :, :span])   # (b, kv, h/kv, d)
+            x = w.finish(layer, x, attn.reshape(b, h * d))
         self.width += 1
         self.pos = self.pos + 1
-        return w.logits(x[:, 0])
+        return w.logits(x)

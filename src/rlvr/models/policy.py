@@ -59,22 +59,49 @@ class CausalPolicy:
         """Exact log-probs draw no masks; present so every PolicyModel has the same surface."""
 
     def token_logprobs(self, prompt_ids, prompt_mask, completion_ids, *, with_entropy: bool = False,
-                       **ignored):
+                       completion_mask=None, **_estimator_inputs):
         """Log-probs (B, Tc) of `completion_ids` given the prompts, and entropy (B, Tc) or None.
 
-        Extra keyword arguments (e.g. `advantages=`, which other PolicyModels use) are ignored.
+        `completion_mask` (B, Tc), optional: positions after a row's last 1 are not computed
+        (their log-prob and entropy are 0), which skips the padding of short completions.
+        `_estimator_inputs` (e.g. `advantages=`) feed estimators of other policies; exact
+        log-probs need none of them.
         """
         if self.fast and completion_ids.shape[1] and llama_fast.supports(self.model):
-            w = llama_fast.LlamaWeights(self.model)
-            logits = w.logits(llama_fast.completion_hidden(w, prompt_ids, prompt_mask, completion_ids))
-        else:
-            ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids)
-            width = completion_ids.shape[1]
-            # Only the positions that predict completion tokens need logits (the last width+1, minus one).
-            out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions,
-                             logits_to_keep=width + 1, use_cache=False)
-            logits = out.logits[:, :-1]
-        logits = logits.float() / self.temperature  # (B, Tc, V)
+            return self._fast_logprobs(prompt_ids, prompt_mask, completion_ids, with_entropy, completion_mask)
+        ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids)
+        width = completion_ids.shape[1]
+        # Only the positions that predict completion tokens need logits (the last width+1, minus one).
+        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions,
+                         logits_to_keep=width + 1, use_cache=False)
+        logits = out.logits[:, :-1].float() / self.temperature  # (B, Tc, V)
         logp = gather_logprobs(logits, completion_ids)
         entropy = token_entropy(logits) if with_entropy else None
+        if completion_mask is not None:
+            keep = _up_to_last_one(completion_mask)
+            logp = logp * keep
+            entropy = None if entropy is None else entropy * keep
         return logp, entropy
+
+    def _fast_logprobs(self, prompt_ids, prompt_mask, completion_ids, with_entropy, completion_mask):
+        lengths = None
+        if completion_mask is not None:
+            lengths = _up_to_last_one(completion_mask).sum(-1).long()
+        w = llama_fast.LlamaWeights(self.model)
+        hidden, index = llama_fast.completion_hidden(w, prompt_ids, prompt_mask, completion_ids, lengths)
+        logits = w.logits(hidden).float() / self.temperature                  # (M, V), packed
+        tokens = completion_ids.flatten()[index]
+        size = completion_ids.numel()
+        logp = gather_logprobs(logits[None], tokens[None])[0]
+        logp = logp.new_zeros(size).index_copy(0, index, logp).view_as(completion_ids)
+        entropy = None
+        if with_entropy:
+            entropy = token_entropy(logits)
+            entropy = entropy.new_zeros(size).index_copy(0, index, entropy).view_as(completion_ids)
+        return logp, entropy
+
+
+def _up_to_last_one(mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) float: 1 up to and including each row's last nonzero of `mask`, 0 after."""
+    nonzero = (mask != 0).float()
+    return nonzero.flip(-1).cummax(-1).values.flip(-1)

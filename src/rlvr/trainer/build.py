@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 
 import torch
@@ -13,7 +14,14 @@ from rlvr.algos.kl import get_kl_estimator
 from rlvr.algos.objectives import get_objective
 from rlvr.config import Config
 from rlvr.errors import ConfigError
+from rlvr.algos import keyword_params
 from rlvr.models.causal_lm import load_causal_lm
+from rlvr.models.diffusion_lm import load_diffusion_lm
+from rlvr.models.diffusion_policy import DiffusionPolicy
+from rlvr.models.likelihood import get_estimator
+from rlvr.models.policy import CausalPolicy
+from rlvr.rollout.torch_ar import generate
+from rlvr.rollout.torch_diffusion import generate_diffusion
 from rlvr.rewards.runner import RewardRunner, load_reward_fn
 from rlvr.tasks import TASKS, make_task
 from rlvr.trainer.step import LossSpec
@@ -27,9 +35,52 @@ def _lookup(getter, name: str, field: str):
 
 
 def build_model(config: Config):
+    """(model, tokenizer) for `model.kind`: a causal LM or a masked-diffusion LM."""
     m = config.model
-    return load_causal_lm(m.path, seed=config.seed, hidden_size=m.hidden_size, num_layers=m.num_layers,
-                          num_heads=m.num_heads, intermediate_size=m.intermediate_size, max_seq_len=m.max_seq_len)
+    size = dict(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
+                intermediate_size=m.intermediate_size, max_seq_len=m.max_seq_len)
+    if m.kind == "diffusion":
+        return load_diffusion_lm(m.path or None, seed=config.seed, shift_logits=m.shift_logits, **size)
+    return load_causal_lm(m.path, seed=config.seed, **size)
+
+
+_ESTIMATOR_OPTIONS = {  # estimator keyword -> AlgoConfig field
+    "n": "mc_samples", "antithetic": "antithetic", "p_mask_prompt": "p_mask_prompt", "t_min": "t_min",
+    "t_max": "t_max", "include_full": "include_full", "beta": "spg_beta", "omega": "spg_omega",
+    "bound": "spg_bound", "block_length": "spg_block_length", "shrink": "trace_shrink",
+}
+
+
+def build_policy(config: Config, model):
+    """The PolicyModel: exact per-token log-probs (causal) or a named likelihood estimator (diffusion)."""
+    temperature = config.rollout.temperature
+    if config.model.kind != "diffusion":
+        return CausalPolicy(model, temperature=temperature)
+    estimator = _lookup(get_estimator, config.algo.estimator, "algo.estimator")
+    accepted = keyword_params(estimator)
+    options = {k: getattr(config.algo, f) for k, f in _ESTIMATOR_OPTIONS.items() if k in accepted}
+    return DiffusionPolicy(model, config.algo.estimator, window=config.rollout.window, temperature=temperature,
+                           **{k: v for k, v in options.items() if v is not None})
+
+
+def build_engine(config: Config, model, tokenizer, policies=()):
+    """The rollout engine: `engine(prompt_ids, prompt_mask, seeds, *, temperature) -> Rollouts`."""
+    r = config.rollout
+    if config.model.kind != "diffusion":
+        return functools.partial(generate, model, max_new_tokens=r.max_new_tokens, eos_id=tokenizer.eos_token_id,
+                                 pad_id=tokenizer.pad_token_id, top_p=r.top_p)
+    settings = dict(gen_length=r.max_new_tokens, steps=r.diffusion_steps or r.max_new_tokens,
+                    block_length=r.block_length or None, remasking=r.remasking, threshold=r.threshold,
+                    suppress_eos=r.suppress_eos, mask_id=tokenizer.mask_token_id, eos_id=tokenizer.eos_token_id,
+                    window=r.window)
+
+    def engine(prompt_ids, prompt_mask, seeds, *, temperature):
+        out = generate_diffusion(model, prompt_ids, prompt_mask, seeds, temperature=temperature, **settings)
+        for policy in policies:  # the `trace` estimator replays the sampler's commit order
+            policy.record_traces(out)
+        return out
+
+    return engine
 
 
 def _task_keywords(cls) -> set[str]:
@@ -67,6 +118,7 @@ def build_reward(config: Config, task) -> RewardRunner:
 def hparams(config: Config) -> dict:
     """The flat hyperparameter namespace the algos functions pick their keywords from."""
     values = dataclasses.asdict(config.algo)
+    values["group_size"] = config.rollout.group_size
     if values["norm_length"] is None:
         values["norm_length"] = float(config.rollout.max_new_tokens)
     return values

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.algos.shaping import zero_variance_groups
-from rlvr.rollout.torch_ar import Rollouts, concat_rollouts, generate, select_rows
+from rlvr.rollout.torch_ar import Rollouts, concat_rollouts, select_rows
 from rlvr.trainer.evaluate import decode_completions, encode_prompts
 from rlvr.types import Example
 
@@ -49,9 +49,7 @@ def _one_round(c, step: int, round_index: int) -> Collected:
     group = [ex for ex in examples for _ in range(r.group_size)]  # rows p*G .. p*G+G-1 share prompt p
     prompt_ids, prompt_mask = encode_prompts(c.tokenizer, [ex.prompt for ex in group])
     seeds = sample_seeds(c.config.seed, step, len(group), offset=round_index * len(group))
-    rollouts = generate(c.model, prompt_ids, prompt_mask, seeds, max_new_tokens=r.max_new_tokens,
-                        eos_id=c.tokenizer.eos_token_id, pad_id=c.tokenizer.pad_token_id,
-                        temperature=r.temperature, top_p=r.top_p)
+    rollouts = c.engine(prompt_ids, prompt_mask, seeds, temperature=r.temperature)
     texts = decode_completions(c.tokenizer, rollouts)
     rewards, correct, metrics = score(c.reward, c.task, group, texts)
     return Collected(group, rollouts, texts, rewards, correct, {f"reward/{k}": v for k, v in metrics.items()})

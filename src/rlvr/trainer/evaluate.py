@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlvr.rollout.torch_ar import Rollouts, generate, left_pad
+from rlvr.rollout.torch_ar import Rollouts, left_pad
 
 
 def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -20,14 +20,13 @@ def decode_completions(tokenizer, rollouts: Rollouts) -> list[str]:
             for ids, n in zip(rollouts.completion_ids.tolist(), lengths)]
 
 
-def greedy_accuracy(model, tokenizer, task, examples, *, max_new_tokens: int, batch_size: int = 256) -> float:
-    """Fraction of `examples` whose greedy completion the task's verifier marks correct."""
+def greedy_accuracy(engine, tokenizer, task, examples, *, batch_size: int = 256) -> float:
+    """Fraction of `examples` whose greedy completion (engine at temperature 0) is correct."""
     correct = 0
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
         ids, mask = encode_prompts(tokenizer, [e.prompt for e in chunk])
-        out = generate(model, ids, mask, torch.zeros(len(chunk), dtype=torch.long), max_new_tokens=max_new_tokens,
-                       eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, temperature=0.0)
+        out = engine(ids, mask, torch.zeros(len(chunk), dtype=torch.long), temperature=0.0)
         texts = decode_completions(tokenizer, out)
         correct += sum(task.is_correct(text, ex) for text, ex in zip(texts, chunk))
     return correct / max(len(examples), 1)

@@ -18,6 +18,7 @@ from rlvr.config import Config, dump_yaml
 from rlvr.models.policy import CausalPolicy
 from rlvr.rollout.torch_ar import left_pad
 from rlvr.trainer import build
+from rlvr.trainer.diffusion_sft import diffusion_sft
 from rlvr.trainer.evaluate import encode_prompts, greedy_accuracy
 
 
@@ -35,11 +36,7 @@ def sft_loss(policy: CausalPolicy, tokenizer, prompts: list[str], completions: l
     return -(logp * completion_mask).sum() / completion_mask.sum()
 
 
-def sft(config: Config, out_dir: str | Path, *, echo=print) -> dict:
-    """Train from `config.model` on task solutions; save a HF directory to `out_dir` atomically."""
-    torch.manual_seed(config.seed)
-    model, tokenizer = build.build_model(config)
-    task = build.build_task(config)
+def _causal_sft(model, tokenizer, task, config: Config, echo) -> None:
     s = config.sft
     optimizer, scheduler = build.build_optimizer(model.parameters(), lr=s.lr, warmup_steps=s.warmup_steps)
     policy, rng = CausalPolicy(model), random.Random(config.seed)
@@ -54,7 +51,22 @@ def sft(config: Config, out_dir: str | Path, *, echo=print) -> dict:
         optimizer.zero_grad(set_to_none=True)
         if step % 100 == 0 or step == s.steps:
             echo(f"sft step {step}/{s.steps} loss={loss.item():.4f}")
-    accuracy = greedy_accuracy(model, tokenizer, task, task.heldout(), max_new_tokens=config.rollout.max_new_tokens)
+
+
+def sft(config: Config, out_dir: str | Path, *, echo=print) -> dict:
+    """Train from `config.model` on task solutions; save a HF directory to `out_dir` atomically."""
+    torch.manual_seed(config.seed)
+    model, tokenizer = build.build_model(config)
+    task = build.build_task(config, tokenizer)
+    s = config.sft
+    if config.model.kind == "diffusion":
+        diffusion_sft(model, tokenizer, task, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
+                      gen_length=config.rollout.max_new_tokens, seed=config.seed, warmup_steps=s.warmup_steps,
+                      echo=echo)
+    else:
+        _causal_sft(model, tokenizer, task, config, echo)
+    engine = build.build_engine(config, model, tokenizer)
+    accuracy = greedy_accuracy(engine, tokenizer, task, task.heldout())
     echo(f"sft done: greedy held-out accuracy {accuracy:.3f}")
     out = Path(out_dir)
     tmp = out.with_name(f".{out.name}.tmp")

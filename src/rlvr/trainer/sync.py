@@ -21,16 +21,14 @@ from rlvr.algos.correction import importance_correction
 from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.shaping import overlong_penalty
 from rlvr.config import Config, derived_batch_numbers, dump_yaml, to_dict
-from rlvr.models.policy import CausalPolicy
 from rlvr.models.value import ValueModel
-from rlvr.rollout.torch_ar import generate
 from rlvr.tracking.progress import Progress
 from rlvr.tracking.run_dir import RunDir, finish_manifest, manifest, now, recorded_exit
 from rlvr.tracking.tracker import make_trackers
 from rlvr.trainer import build
 from rlvr.trainer.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from rlvr.trainer.evaluate import decode_completions, encode_prompts, greedy_accuracy
-from rlvr.trainer.collect import collect, score
+from rlvr.trainer.collect import collect, sample_seeds, score
 from rlvr.trainer.critic import critic_step, critic_values
 from rlvr.trainer.step import LossSpec, TrainBatch, optimizer_step
 
@@ -44,8 +42,8 @@ class Components:
     config: Config
     model: torch.nn.Module
     tokenizer: object
-    policy: CausalPolicy
-    reference: CausalPolicy | None
+    policy: object  # PolicyModel: token_logprobs(...) and set_mask_seed(...)
+    reference: object | None
     task: object
     optimizer: torch.optim.Optimizer
     scheduler: object
@@ -53,6 +51,7 @@ class Components:
     advantage: object
     rng: random.Random
     reward: object = None
+    engine: object = None
     critic: ValueModel | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
 
@@ -62,18 +61,18 @@ def build_components(config: Config) -> Components:
     o, a = config.optim, config.algo
     optimizer, scheduler = build.build_optimizer(model.parameters(), lr=o.lr, warmup_steps=o.warmup_steps,
                                                  weight_decay=o.weight_decay, betas=(o.beta1, o.beta2))
+    policy = build.build_policy(config, model)
     reference = None
     if a.kl_coef > 0:
-        frozen = copy.deepcopy(model).requires_grad_(False)
-        reference = CausalPolicy(frozen, temperature=config.rollout.temperature)
+        reference = build.build_policy(config, copy.deepcopy(model).requires_grad_(False))
     critic = critic_optimizer = None
     if a.advantage == "gae":
         critic = ValueModel(model)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=a.critic_lr, betas=(o.beta1, o.beta2))
     task = build.build_task(config, tokenizer)
+    engine = build.build_engine(config, model, tokenizer, [p for p in (policy, reference) if p is not None])
     return Components(
-        config=config, model=model, tokenizer=tokenizer,
-        policy=CausalPolicy(model, temperature=config.rollout.temperature), reference=reference,
+        config=config, model=model, tokenizer=tokenizer, policy=policy, reference=reference, engine=engine,
         task=task, reward=build.build_reward(config, task), optimizer=optimizer, scheduler=scheduler,
         loss=build.build_loss(config), advantage=build.build_advantage(config), rng=random.Random(config.seed),
         critic=critic, critic_optimizer=critic_optimizer,
@@ -81,11 +80,12 @@ def build_components(config: Config) -> Components:
 
 
 @torch.no_grad()
-def _logprobs(policy: CausalPolicy, batch: TrainBatch, micro_batch_size: int) -> torch.Tensor:
+def _logprobs(policy, batch: TrainBatch, micro_batch_size: int) -> torch.Tensor:
     parts = []
     for i in range(0, len(batch), micro_batch_size):
         mb = batch.select(slice(i, i + micro_batch_size))
-        parts.append(policy.token_logprobs(mb.prompt_ids, mb.prompt_mask, mb.completion_ids)[0])
+        parts.append(policy.token_logprobs(mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
+                                           advantages=mb.advantages)[0])
     return torch.cat(parts) * batch.completion_mask
 
 
@@ -94,9 +94,7 @@ def _greedy_baseline(c: Components, group: list) -> torch.Tensor:
     g = c.config.rollout.group_size
     examples = group[::g]
     ids, mask = encode_prompts(c.tokenizer, [ex.prompt for ex in examples])
-    out = generate(c.model, ids, mask, torch.zeros(len(examples), dtype=torch.long), temperature=0.0,
-                   max_new_tokens=c.config.rollout.max_new_tokens, eos_id=c.tokenizer.eos_token_id,
-                   pad_id=c.tokenizer.pad_token_id)
+    out = c.engine(ids, mask, torch.zeros(len(examples), dtype=torch.long), temperature=0.0)
     rewards, _, _ = score(c.reward, c.task, examples, decode_completions(c.tokenizer, out))
     return rewards
 
@@ -134,6 +132,9 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
         mask = mask * (~rollouts.truncated)[:, None].float()
     batch = TrainBatch(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, mask,
                        advantages=torch.zeros_like(mask), rollout_logp=rollouts.logprobs)
+    for policy in (c.policy, c.reference):  # common random numbers: one mask seed per step, shared
+        if policy is not None:
+            policy.set_mask_seed(int(sample_seeds(cfg.seed, step, 1)[0]))
     on_policy = t.ppo_epochs == 1 and t.minibatches == 1 and not a.rollout_correction
     if not on_policy:
         batch.old_logp = _logprobs(c.policy, batch, t.micro_batch_size)
@@ -213,9 +214,8 @@ def _step_metrics(rewards, correct, rollouts, group_size, timings, batch) -> dic
 
 def evaluate(c: Components, probe) -> dict[str, float]:
     t0 = now()
-    n = c.config.rollout.max_new_tokens
-    held = greedy_accuracy(c.model, c.tokenizer, c.task, c.task.heldout(), max_new_tokens=n)
-    train = greedy_accuracy(c.model, c.tokenizer, c.task, probe, max_new_tokens=n)
+    held = greedy_accuracy(c.engine, c.tokenizer, c.task, c.task.heldout())
+    train = greedy_accuracy(c.engine, c.tokenizer, c.task, probe)
     return {"eval/heldout_accuracy": held, "eval/train_accuracy": train, "time/eval_s": now() - t0}
 
 
@@ -235,7 +235,8 @@ def _resume(c: Components, run: RunDir) -> int:
         return 0
     state = load_state(checkpoint)
     c.model.load_state_dict(load_file(str(checkpoint / "model.safetensors")), strict=False)
-    c.model.tie_weights()
+    if hasattr(c.model, "tie_weights"):  # HF drops tied copies on save; re-tie after loading
+        c.model.tie_weights()
     c.optimizer.load_state_dict(state["optimizer"])
     c.scheduler.load_state_dict(state["scheduler"])
     if c.critic is not None:
