@@ -220,10 +220,13 @@ def _cache_buffers(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     for n in shape:
         numel *= n
     pool = getattr(_LOCAL, "pool", None)
-    if pool is None or pool[0].numel() < numel or getattr(_LOCAL, "busy", False):
+    if getattr(_LOCAL, "busy", False):  # a decoder in this thread still holds the pool
         pool = (torch.empty(numel), torch.empty(numel))
-        if not getattr(_LOCAL, "busy", False):
-            _LOCAL.pool = pool
+    elif pool is None or pool[0].numel() < numel:
+        pool = _LOCAL.pool = (torch.empty(numel), torch.empty(numel))
+        _LOCAL.busy = True
+    else:
+        _LOCAL.busy = True
     return pool[0][:numel].view(shape).zero_(), pool[1][:numel].view(shape)
 
 
@@ -252,6 +255,14 @@ class Decoder:
         self.width = tp
         self.pos = mask_u.sum(-1)[row]                   # (b,) position of the next token
         self.logits = w.logits(x[:, -1])[row]            # (b, V) next-token logits
+
+    def close(self) -> None:
+        """Hand the cache buffers back to this thread's pool (the decoder is unusable after)."""
+        if getattr(_LOCAL, "pool", None) is not None and self.cache is not None:
+            pooled = {_LOCAL.pool[0].data_ptr(), _LOCAL.pool[1].data_ptr()}
+            if self.cache.data_ptr() in pooled or self.spare.data_ptr() in pooled:
+                _LOCAL.busy = False
+        self.cache = self.spare = None
 
     def keep(self, slots: torch.Tensor) -> None:
         """Keep only `slots` (indices into the current rows), copying the filled cache columns."""

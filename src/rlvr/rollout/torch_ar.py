@@ -120,10 +120,22 @@ def _generate_fast(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos
     logprobs = torch.zeros((batch, max_new_tokens))
     length = torch.zeros(batch, dtype=torch.long)
     done = torch.zeros(batch, dtype=torch.bool)
+    logits = decoder.logits
+    try:
+        _decode(decoder, logits, seeds, tokens, logprobs, length, done, max_new_tokens=max_new_tokens,
+                eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p)
+    finally:
+        decoder.close()
+    return _rollouts(prompt_ids, prompt_mask, tokens, logprobs, length, done)
+
+
+def _decode(decoder, logits, seeds, tokens, logprobs, length, done, *, max_new_tokens, eos_id, pad_id,
+            temperature, top_p) -> None:
+    """The sampling loop over decode slots; fills tokens/logprobs/length/done (B, ...) in place."""
+    batch = tokens.shape[0]
     rows = torch.arange(batch)                 # original row of each decode slot
     slot_seeds = seeds
     slot_done = torch.zeros(batch, dtype=torch.bool)
-    logits = decoder.logits
     for step in range(max_new_tokens):
         tok, logp = choose_tokens(logits, slot_seeds, step, temperature=temperature, top_p=top_p)
         tok = tok.masked_fill(slot_done, pad_id)
@@ -143,7 +155,6 @@ def _generate_fast(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos
             rows, slot_seeds, tok = rows[live], slot_seeds[live], tok[live]
             slot_done = slot_done[live]
         logits = decoder.step(tok)
-    return _rollouts(prompt_ids, prompt_mask, tokens, logprobs, length, done)
 
 
 def _generate_hf(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_id, pad_id,

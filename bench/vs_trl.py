@@ -1,0 +1,245 @@
+"""rlvr vs TRL's GRPOTrainer: seconds per GRPO step on the same CPU work, and learning parity.
+
+    pip install -e ".[bench]"
+    python bench/vs_trl.py --seeds 0 1 2 --steps 30 --threads 2
+
+Same model (the packaged Countdown warm start, a 1.06M-parameter Llama), same character
+tokenizer, same Countdown prompts in the same order, P prompts x G completions, max new tokens,
+temperature 1, AdamW(lr, betas 0.9/0.99), constant LR, grad clip 1, KL off, one optimizer step
+per rollout batch, one forward of all B completions (TRL per_device_train_batch_size = B, rlvr
+micro_batch_size = B), loss = GRPO advantages + PPO clip + per-sequence token mean (TRL
+loss_type="grpo"). For each seed TRL and rlvr run alternately from the same warm start.
+
+Reported: median s/step and the ratio TRL/rlvr, completion tokens/s, rlvr's time breakdown
+(rollout, reward, log-prob recompute, forward, backward, optimizer), held-out greedy accuracy
+after N steps for both (same evaluator), and the roofline: float32 matmul GFLOP/s measured at
+the model's shapes in this run, the ideal step time (prefill 2N·P + decode 2N·C + forward/
+backward 6N·(P+C) per completion, N = parameters, plus attention), and utilisation = ideal / actual.
+
+TRL is imported here only; the library never needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from roofline import attention_flops_per_token, matmul_gflops, param_count  # noqa: E402
+
+from rlvr.config import load_config  # noqa: E402
+from rlvr.models.causal_lm import load_causal_lm  # noqa: E402
+from rlvr.rollout.torch_ar import generate  # noqa: E402
+from rlvr.trainer.evaluate import decode_completions, encode_prompts  # noqa: E402
+from rlvr.trainer.sync import build_components, rl_step  # noqa: E402
+
+WARM_START = "rlvr:countdown-warmstart"
+
+
+def rlvr_config(args, seed: int):
+    return load_config(None, [
+        f"seed={seed}", f"model.path={WARM_START}",
+        f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
+        f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.temperature=1.0",
+        f"optim.lr={args.lr}", "optim.warmup_steps=0", "optim.grad_clip=1.0",
+        "algo.kl_coef=0.0", "algo.advantage=grpo", "algo.objective=ppo_clip",
+        "algo.aggregation=seq_mean_token_mean",
+        f"trainer.micro_batch_size={args.prompts * args.group}", f"trainer.steps={args.steps}",
+    ])
+
+
+def heldout_accuracy(model, tokenizer, task, max_new_tokens: int) -> float:
+    """Greedy accuracy on the task's held-out set; one evaluator for both trainers' models."""
+    examples = task.heldout()
+    ids, mask = encode_prompts(tokenizer, [ex.prompt for ex in examples])
+    out = generate(model, ids, mask, torch.zeros(len(examples), dtype=torch.long), max_new_tokens=max_new_tokens,
+                   eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, temperature=0.0)
+    texts = decode_completions(tokenizer, out)
+    return sum(task.is_correct(t, ex) for t, ex in zip(texts, examples)) / len(examples)
+
+
+def prompt_stream(c, steps: int, prompts: int):
+    """The examples rlvr will draw, in order (collect() samples, then rl_step draws 62 bits)."""
+    rng = random.Random()
+    rng.setstate(c.rng.getstate())
+    out = []
+    for _ in range(steps):
+        out.extend(c.task.sample(prompts, rng))
+        rng.getrandbits(62)
+    return out
+
+
+class _Timer:
+    """Wraps a callable and adds its wall time to `totals[name]`."""
+
+    def __init__(self, fn, totals: dict, name: str):
+        self.fn, self.totals, self.name = fn, totals, name
+
+    def __call__(self, *a, **k):
+        t0 = time.perf_counter()
+        try:
+            return self.fn(*a, **k)
+        finally:
+            self.totals[self.name] = self.totals.get(self.name, 0.0) + time.perf_counter() - t0
+
+
+def run_rlvr(args, seed: int) -> dict:
+    c = build_components(rlvr_config(args, seed))
+    totals: dict[str, float] = {}
+    # Bench-only instrumentation: time the reward, the training forward and the optimizer inside rl_step.
+    c.reward = _Timer(c.reward, totals, "reward")
+    c.policy.token_logprobs = _Timer(c.policy.token_logprobs, totals, "forward")
+    c.optimizer.step = _Timer(c.optimizer.step, totals, "optimizer")
+    steps, breakdown, tokens = [], [], []
+    for step in range(1, args.steps + 1):
+        totals.clear()
+        t0 = time.perf_counter()
+        metrics, _ = rl_step(c, step)
+        steps.append(time.perf_counter() - t0)
+        tokens.append(metrics["response/length_mean"] * args.prompts * args.group)
+        update = metrics["time/update_s"]
+        breakdown.append({
+            "rollout": metrics["time/rollout_s"] - totals.get("reward", 0.0),
+            "reward": totals.get("reward", 0.0),
+            "logprob": metrics["time/logprob_s"],
+            "forward": totals.get("forward", 0.0),
+            "backward": update - totals.get("forward", 0.0) - totals.get("optimizer", 0.0),
+            "optimizer": totals.get("optimizer", 0.0),
+        })
+    acc = heldout_accuracy(c.model, c.tokenizer, c.task, args.max_new_tokens)
+    return {"steps": steps, "tokens": tokens, "breakdown": breakdown, "heldout": acc}
+
+
+def run_trl(args, seed: int, examples) -> dict:
+    import datasets
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    c = build_components(rlvr_config(args, seed))  # task, reward runner and evaluator only
+    model, tokenizer = load_causal_lm(WARM_START, seed=0)
+    bos = tokenizer.bos_token
+    data = datasets.Dataset.from_dict({"prompt": [bos + ex.prompt for ex in examples],
+                                       "idx": list(range(len(examples)))})
+
+    def countdown_reward(prompts, completions, idx, **_):
+        group = [examples[i] for i in idx]
+        out = c.reward([ex.prompt for ex in group], completions, [dataclasses.asdict(ex) for ex in group])
+        return out.rewards
+
+    steps, tokens = [], []
+
+    class StepTimes(TrainerCallback):
+        def on_step_begin(self, *_, **__):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            steps.append(time.perf_counter() - self.t0)
+
+    batch = args.prompts * args.group
+    with tempfile.TemporaryDirectory() as out:
+        config = GRPOConfig(
+            output_dir=out, use_cpu=True, bf16=False, seed=seed, report_to="none", save_strategy="no",
+            logging_steps=1, disable_tqdm=True, max_steps=args.steps, shuffle_dataset=False,
+            per_device_train_batch_size=batch, gradient_accumulation_steps=1, num_generations=args.group,
+            max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
+            learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, adam_beta1=0.9,
+            adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0, beta=0.0, loss_type="grpo",
+            scale_rewards="group", epsilon=0.2, num_iterations=1, dataloader_num_workers=0,
+        )
+        trainer = GRPOTrainer(model=model, reward_funcs=countdown_reward, args=config, train_dataset=data,
+                              processing_class=tokenizer, callbacks=[StepTimes()])
+        trainer.train()
+        for record in trainer.state.log_history:
+            if "completions/mean_length" in record:
+                tokens.append(record["completions/mean_length"] * batch)
+    torch.set_num_threads(args.threads)  # the HF Trainer may touch thread settings; restore ours
+    acc = heldout_accuracy(model, tokenizer, c.task, args.max_new_tokens)
+    return {"steps": steps, "tokens": tokens, "heldout": acc}
+
+
+def ideal_seconds(n_params: int, cfg, prompt_len: float, completion_len: float, batch: int,
+                  decode_gflops: float, train_gflops: float) -> float:
+    """Prefill 2N·P + decode 2N·C + forward/backward 6N·(P+C), per completion, plus attention;
+    decode FLOPs at the decode-shape matmul rate, the rest at the full-sequence rate."""
+    per_token = 2 * n_params + attention_flops_per_token(cfg, prompt_len + completion_len / 2)
+    decode = per_token * completion_len * batch
+    rest = per_token * (prompt_len + 3 * (prompt_len + completion_len)) * batch
+    return decode / (decode_gflops * 1e9) + rest / (train_gflops * 1e9)
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--skip-warmup", type=int, default=2, help="steps excluded from the medians")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"# load before: {os.getloadavg()}  threads={args.threads}  torch {torch.__version__}")
+
+    model, tokenizer = load_causal_lm(WARM_START, seed=0)
+    n_params = param_count(model)
+    batch = args.prompts * args.group
+    results = []
+    for seed in args.seeds:
+        c = build_components(rlvr_config(args, seed))
+        examples = prompt_stream(c, args.steps, args.prompts)
+        prompt_len = sum(len(ex.prompt) + 1 for ex in examples) / len(examples)  # + BOS
+        trl = run_trl(args, seed, examples)
+        ours = run_rlvr(args, seed)
+        results.append((seed, prompt_len, trl, ours))
+        k = args.skip_warmup
+        print(f"seed {seed}: TRL {median(trl['steps'][k:]):.3f} s/step, rlvr {median(ours['steps'][k:]):.3f} s/step, "
+              f"held-out TRL {trl['heldout']:.3f} rlvr {ours['heldout']:.3f}", flush=True)
+
+    k = args.skip_warmup
+    trl_s = median([s for _, _, t, _ in results for s in t["steps"][k:]])
+    our_s = median([s for _, _, _, o in results for s in o["steps"][k:]])
+    trl_tok = median([t["tokens"][i] / t["steps"][i] for _, _, t, _ in results for i in range(k, len(t["steps"]))
+                      if i < len(t["tokens"])])
+    our_tok = median([o["tokens"][i] / o["steps"][i] for _, _, _, o in results for i in range(k, len(o["steps"]))])
+    prompt_len = statistics.mean(r[1] for r in results)
+    completion_len = statistics.mean(x / batch for _, _, _, o in results for x in o["tokens"])
+    gflops = {"decode (rows=B)": matmul_gflops(model.config, batch),
+              "full sequence (rows=B·(P+C))": matmul_gflops(model.config, int(batch * (prompt_len + completion_len)))}
+    ideal = ideal_seconds(n_params, model.config, prompt_len, completion_len, batch, *gflops.values())
+    print(f"\n# load after: {os.getloadavg()}")
+    print(f"model: {n_params:,} parameters; P={args.prompts} G={args.group} B={batch} max_new_tokens="
+          f"{args.max_new_tokens} lr={args.lr} steps={args.steps} seeds={args.seeds} threads={args.threads}")
+    print("\n| | TRL 1.16 GRPOTrainer | rlvr |\n|---|---|---|")
+    print(f"| median s/step | {trl_s:.3f} | {our_s:.3f} |")
+    print(f"| completion tokens/s | {trl_tok:,.0f} | {our_tok:,.0f} |")
+    accs_t = [t["heldout"] for _, _, t, _ in results]
+    accs_o = [o["heldout"] for _, _, _, o in results]
+    print(f"| held-out greedy accuracy after {args.steps} steps (per seed) | "
+          f"{' / '.join(f'{a:.3f}' for a in accs_t)} | {' / '.join(f'{a:.3f}' for a in accs_o)} |")
+    print(f"\n**speed-up TRL/rlvr: {trl_s / our_s:.1f}×** (median s/step over {len(args.seeds)} seeds, "
+          f"first {k} steps of each run excluded)")
+    keys = ["rollout", "reward", "logprob", "forward", "backward", "optimizer"]
+    parts = {key: median([b[key] for _, _, _, o in results for b in o["breakdown"][k:]]) for key in keys}
+    print("\nrlvr median time per step (s): " + ", ".join(f"{key} {v:.4f}" for key, v in parts.items()))
+    print(f"\nroofline: float32 matmul at the model's shapes, {args.threads} threads: "
+          + ", ".join(f"{name} {v:.0f}" for name, v in gflops.items()) + " GFLOP/s")
+    print(f"ideal step (P={prompt_len:.1f}, C={completion_len:.2f}): {ideal:.3f} s -> whole-step utilisation "
+          f"rlvr {ideal / our_s:.2f}, TRL {ideal / trl_s:.2f}")
+
+
+if __name__ == "__main__":
+    main()
