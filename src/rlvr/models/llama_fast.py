@@ -91,6 +91,8 @@ class LlamaWeights:
         self.qkv_order = torch.cat([qk_rows, torch.arange((h + kv) * d, (h + 2 * kv) * d)])
         base = model.model
         self.embed = base.embed_tokens.weight
+        # nn.Embedding(padding_idx=pad) gives the pad row no gradient from lookups; keep that.
+        self.padding_idx = base.embed_tokens.padding_idx
         self.norm = base.norm.weight
         self.lm_head = model.lm_head.weight
         self.lm_bias = getattr(model.lm_head, "bias", None)
@@ -131,6 +133,9 @@ class LlamaWeights:
         x = x + F.linear(attn, layer.wo, layer.bo)
         gate, up = F.linear(F.rms_norm(x, (self.hidden,), layer.ln2, self.eps), layer.wgu).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, layer.wd)
+
+    def lookup(self, ids):
+        return F.embedding(ids, self.embed, self.padding_idx)
 
     def logits(self, x):
         return F.linear(F.rms_norm(x, (self.hidden,), self.norm, self.eps), self.lm_head, self.lm_bias)
@@ -186,8 +191,8 @@ def completion_hidden(w: LlamaWeights, prompt_ids, prompt_mask, completion_ids, 
     causal = torch.ones(t_in, t_in, dtype=torch.bool).tril()
     mask_c = torch.cat([mask_u.bool()[row][:, None, None, :].expand(b, 1, t_in, tp),
                         causal.expand(b, 1, t_in, t_in)], dim=-1)          # (B, 1, t_in, Tp+t_in)
-    xp = F.embedding(ids_u, w.embed)                                       # (U, Tp, H)
-    xc = F.embedding(completion_ids[in_row, in_col], w.embed)              # (N, H) packed
+    xp = w.lookup(ids_u)                                                   # (U, Tp, H)
+    xc = w.lookup(completion_ids[in_row, in_col])                          # (N, H) packed
     h, kv, d = w.heads, w.kv_heads, w.head_dim
     for layer in w.layers:
         if len(flat):
@@ -240,7 +245,7 @@ class Decoder:
         b, tp = prompt_ids.shape
         rot = w.rope((mask_u.cumsum(-1) - 1).clamp(min=0))
         attn_mask = _prompt_masks(mask_u)
-        x = F.embedding(ids_u, w.embed)
+        x = w.lookup(ids_u)
         # Zeroed: unwritten columns are read (with weight 0) by the padded span in `step`.
         shape = (len(w.layers), 2, b, w.kv_heads, tp + max_new_tokens, w.head_dim)
         self.cache, self.spare = _cache_buffers(shape)
@@ -281,7 +286,7 @@ class Decoder:
         w, col = self.w, self.width
         b = tokens.shape[0]
         h, kv, d = w.heads, w.kv_heads, w.head_dim
-        x = F.embedding(tokens, w.embed)                 # (b, H)
+        x = w.lookup(tokens)                             # (b, H)
         rot = w.rope(self.pos)                           # (b, 1, d/2)
         # Attend over a span rounded up to a multiple of 16 columns: masked columns cost little, and
         # CPU softmax/bmm kernels are several times slower on rows shorter than a vector register.

@@ -1,0 +1,175 @@
+"""Equivalence tests for the speed work (issue 7): every fast path against the plain one.
+
+The fast paths (`models.llama_fast`, used by `rollout.torch_ar.generate` and `CausalPolicy`)
+must give the same samples, log-probs and gradients as the straightforward `transformers`
+forward, within float tolerance. No timings here: speed is measured by bench/.
+"""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from rlvr.models import llama_fast
+from rlvr.models.causal_lm import load_causal_lm
+from rlvr.models.policy import CausalPolicy
+from rlvr.rollout import torch_ar
+from rlvr.rollout.torch_ar import generate
+from rlvr.trainer.evaluate import encode_prompts
+
+PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4>16:", "7>7:"]
+
+
+def _config_kwargs(vocab):
+    return dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64,
+                pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def _gqa_llama(vocab):
+    torch.manual_seed(1)
+    return LlamaForCausalLM(LlamaConfig(num_attention_heads=4, num_key_value_heads=2, attention_bias=True,
+                                        tie_word_embeddings=False, **_config_kwargs(vocab)))
+
+
+def _qwen2(vocab):
+    torch.manual_seed(2)
+    return Qwen2ForCausalLM(Qwen2Config(num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+                                        **_config_kwargs(vocab)))
+
+
+@pytest.fixture(params=["tiny", "gqa_bias", "qwen2", "warmstart"])
+def model(request, tiny_model, tokenizer):
+    if request.param == "tiny":
+        return tiny_model
+    if request.param == "gqa_bias":
+        return _gqa_llama(len(tokenizer))
+    if request.param == "qwen2":
+        return _qwen2(len(tokenizer))
+    return load_causal_lm("rlvr:countdown-warmstart", seed=0)[0]
+
+
+def _batch(tokenizer, group=4):
+    prompts = [p for p in PROMPTS for _ in range(group)]  # groups of identical prompts, ragged lengths
+    ids, mask = encode_prompts(tokenizer, prompts)
+    return ids, mask, torch.arange(len(prompts)) * 7 + 3
+
+
+def _both(model, tokenizer, ids, mask, seeds, **kw):
+    kw = {"max_new_tokens": 12, "eos_id": tokenizer.eos_token_id, "pad_id": tokenizer.pad_token_id, **kw}
+    return generate(model, ids, mask, seeds, fast=False, **kw), generate(model, ids, mask, seeds, **kw)
+
+
+def _assert_same_rollouts(ref, fast):
+    assert torch.equal(ref.completion_ids, fast.completion_ids)
+    assert torch.equal(ref.completion_mask, fast.completion_mask)
+    assert torch.equal(ref.truncated, fast.truncated)
+    assert torch.allclose(ref.logprobs, fast.logprobs, atol=2e-5)
+
+
+def test_supported_models_take_the_fast_path(model):
+    assert llama_fast.supports(model)
+
+
+@pytest.mark.parametrize("kw", [{}, {"temperature": 0.7, "top_p": 0.9}, {"temperature": 0.0}])
+def test_fast_sampler_gives_the_same_samples(model, tokenizer, kw):
+    ids, mask, seeds = _batch(tokenizer)
+    _assert_same_rollouts(*_both(model, tokenizer, ids, mask, seeds, **kw))
+
+
+def test_same_samples_with_and_without_dropping_finished_rows(model, tokenizer, monkeypatch):
+    ids, mask, seeds = _batch(tokenizer, group=8)
+    outs = []
+    for fraction in (0.0, 2.0):  # compact as soon as one row finishes / never
+        monkeypatch.setattr(torch_ar, "COMPACT_FRACTION", fraction)
+        outs.append(generate(model, ids, mask, seeds, max_new_tokens=16, eos_id=tokenizer.eos_token_id,
+                             pad_id=tokenizer.pad_token_id))
+    _assert_same_rollouts(*outs)
+
+
+def test_long_generation_crosses_the_span_padding(tokenizer, tiny_model):
+    # 40 new tokens cross several 16-column attention spans; the tiny random model rarely stops.
+    ids, mask, seeds = _batch(tokenizer, group=2)
+    _assert_same_rollouts(*_both(tiny_model, tokenizer, ids, mask, seeds, max_new_tokens=40))
+
+
+def test_pooled_cache_is_reused_safely(tiny_model, tokenizer):
+    ids, mask, seeds = _batch(tokenizer)
+    kw = dict(max_new_tokens=12, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    first = generate(tiny_model, ids, mask, seeds, **kw)
+    small = generate(tiny_model, ids[:3], mask[:3], seeds[:3], **kw)   # reuses (part of) the pool
+    again = generate(tiny_model, ids, mask, seeds, **kw)
+    _assert_same_rollouts(first, again)
+    # A decoder still open in this thread makes the next one allocate its own buffers.
+    held = llama_fast.Decoder(tiny_model, ids, mask, 12)
+    nested = generate(tiny_model, ids[:3], mask[:3], seeds[:3], **kw)
+    held.close()
+    _assert_same_rollouts(small, nested)
+
+
+def _loss_and_grads(policy, model, out, **kw):
+    model.zero_grad()
+    logp, entropy = policy.token_logprobs(out.prompt_ids, out.prompt_mask, out.completion_ids, with_entropy=True,
+                                          **kw)
+    mask = out.completion_mask
+    # A loss touching log-probs and entropy with row-dependent weights, so every path gets gradient.
+    weights = torch.linspace(-1.0, 1.0, mask.shape[0])[:, None]
+    ((logp * weights * mask).sum() + 0.1 * (entropy * mask).sum()).backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return logp * mask, entropy * mask, grads
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_fast_logprobs_and_gradients_match_the_plain_forward(model, tokenizer, packed):
+    ids, mask, seeds = _batch(tokenizer)
+    out = generate(model, ids, mask, seeds, max_new_tokens=12, eos_id=tokenizer.eos_token_id,
+                   pad_id=tokenizer.pad_token_id, temperature=0.8)
+    kw = {"completion_mask": out.completion_mask} if packed else {}
+    ref_logp, ref_ent, ref_grads = _loss_and_grads(CausalPolicy(model, temperature=0.8, fast=False), model, out)
+    logp, ent, grads = _loss_and_grads(CausalPolicy(model, temperature=0.8), model, out, **kw)
+    assert torch.allclose(logp, ref_logp, atol=2e-5)
+    assert torch.allclose(ent, ref_ent, atol=2e-5)
+    assert torch.allclose(logp, out.logprobs, atol=2e-5)  # and the sampler's behaviour log-probs
+    assert grads.keys() == ref_grads.keys()
+    for name, g in grads.items():  # float32 sums in a different order: relative to the tensor's scale
+        scale = ref_grads[name].abs().max()
+        assert (g - ref_grads[name]).abs().max() <= 1e-4 * scale + 1e-7, name
+
+
+def test_packed_logprobs_are_zero_after_the_mask_and_extra_kwargs_are_ignored(tiny_model, tokenizer):
+    ids, mask, seeds = _batch(tokenizer)
+    out = generate(tiny_model, ids, mask, seeds, max_new_tokens=12, eos_id=tokenizer.eos_token_id,
+                   pad_id=tokenizer.pad_token_id)
+    policy = CausalPolicy(tiny_model)
+    cmask = out.completion_mask.clone()
+    cmask[0] = 0.0                      # a row dropped entirely (e.g. overlong filtering)
+    with torch.no_grad():
+        logp, _ = policy.token_logprobs(out.prompt_ids, out.prompt_mask, out.completion_ids, completion_mask=cmask,
+                                        advantages=torch.ones(len(cmask)))
+        full, _ = policy.token_logprobs(out.prompt_ids, out.prompt_mask, out.completion_ids)
+    assert torch.all(logp[0] == 0)
+    assert torch.all(logp[cmask == 0] == 0)
+    assert torch.allclose(logp * cmask, full * cmask, atol=1e-6)
+
+
+def test_prefix_sharing_does_not_depend_on_row_order(tiny_model, tokenizer):
+    ids, mask, seeds = _batch(tokenizer)
+    out = generate(tiny_model, ids, mask, seeds, max_new_tokens=12, eos_id=tokenizer.eos_token_id,
+                   pad_id=tokenizer.pad_token_id)
+    perm = torch.randperm(len(ids), generator=torch.Generator().manual_seed(0))
+    policy = CausalPolicy(tiny_model)
+    with torch.no_grad():
+        logp, _ = policy.token_logprobs(out.prompt_ids, out.prompt_mask, out.completion_ids)
+        permuted, _ = policy.token_logprobs(out.prompt_ids[perm], out.prompt_mask[perm], out.completion_ids[perm])
+    assert torch.allclose(permuted, logp[perm], atol=1e-6)
+    again = generate(tiny_model, ids[perm], mask[perm], seeds[perm], max_new_tokens=12,
+                     eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    assert torch.equal(again.completion_ids[:, :out.completion_ids.shape[1]], out.completion_ids[perm])
+
+
+def test_unsupported_models_fall_back_to_the_plain_forward(tokenizer):
+    torch.manual_seed(3)
+    cfg = LlamaConfig(num_attention_heads=2, rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                              "rope_theta": 10000.0}, **_config_kwargs(len(tokenizer)))
+    model = LlamaForCausalLM(cfg)
+    assert not llama_fast.supports(model)
+    ids, mask, seeds = _batch(tokenizer, group=1)
+    _assert_same_rollouts(*_both(model, tokenizer, ids, mask, seeds))
