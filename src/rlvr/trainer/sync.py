@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import math
 import random
+import resource
 from dataclasses import dataclass
 
 import torch
@@ -71,12 +72,21 @@ def build_components(config: Config) -> Components:
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=a.critic_lr, betas=(o.beta1, o.beta2))
     task = build.build_task(config, tokenizer)
     engine = build.build_engine(config, model, tokenizer, [p for p in (policy, reference) if p is not None])
+    model.register_forward_hook(_count_forward)
     return Components(
         config=config, model=model, tokenizer=tokenizer, policy=policy, reference=reference, engine=engine,
         task=task, reward=build.build_reward(config, task), optimizer=optimizer, scheduler=scheduler,
         loss=build.build_loss(config), advantage=build.build_advantage(config), rng=random.Random(config.seed),
         critic=critic, critic_optimizer=critic_optimizer,
     )
+
+
+_FORWARDS = [0]
+
+
+def _count_forward(module, args, output) -> None:
+    """Forward hook on the policy model: counts module forwards (the cost unit of dLLM estimators)."""
+    _FORWARDS[0] += 1
 
 
 @torch.no_grad()
@@ -126,6 +136,7 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
     got = collect(c, step)
     rollouts, rewards = got.rollouts, got.rewards
     timings["rollout"], t0 = now() - t0, now()
+    forwards_before = _FORWARDS[0]
 
     mask = rollouts.completion_mask
     if a.overlong_filter:  # DAPO: a truncated completion has no verdict on its ending; drop it from the loss
@@ -166,9 +177,13 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
                                         micro_batch_size=t.micro_batch_size, grad_clip=cfg.optim.grad_clip))
             updates.append(m)
     timings["update"] = now() - t0
+    forwards = _FORWARDS[0] - forwards_before
 
     metrics = _step_metrics(rewards, got.correct, rollouts, r.group_size, timings, batch)
     metrics.update(got.metrics)
+    if forwards:  # module forwards (dLLM estimators); the fused causal fast path bypasses the hook
+        metrics["perf/forwards_per_update"] = forwards / max(sum(1 for m in updates if "actor/grad_norm" in m), 1)
+    metrics["perf/peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     metrics.update({f"adv/{k}": v for k, v in adv_metrics.items()})
     for key in {k for m in updates for k in m}:
         metrics[key] = sum(m.get(key, 0.0) for m in updates) / len(updates)

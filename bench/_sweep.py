@@ -1,0 +1,57 @@
+"""Shared driver of the learning benchmarks: run recipes × seeds from one warm start, then table + plot.
+
+Each run is a separate `rlvr train` process (a clean interpreter per run, as a user would run
+it); results are read back from the run directories with `rlvr.tracking.runs`, so the table is
+exactly what `rlvr runs compare` would print.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rlvr.tracking.plots import plot_groups
+from rlvr.tracking.runs import find_runs, group_runs, markdown_table, summarize
+from rlvr.tracking.stats import mean_ci
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_sweep(recipes: list[str], seeds: list[int], overrides: list[str], out: Path, *, echo=print) -> None:
+    """Train every recipe with every seed into out/<recipe>/s<seed> (skipping finished runs)."""
+    for recipe in recipes:
+        for seed in seeds:
+            run = out / Path(recipe).stem / f"s{seed}"
+            if (run / "run.json").exists() and '"finished"' in (run / "run.json").read_text():
+                continue
+            cmd = [sys.executable, "-m", "rlvr.cli", "train", str(REPO / recipe), f"seed={seed}",
+                   f"trainer.out_dir={run.parent}", f"trainer.name={run.name}", *overrides]
+            t0 = time.perf_counter()
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{recipe} seed {seed} failed:\n{done.stderr[-2000:]}")
+            echo(f"{Path(recipe).stem:<32} seed {seed}  {time.perf_counter() - t0:6.1f}s")
+
+
+def _extra_columns(group) -> list[str]:
+    """Wall time per run and final response length / entropy, mean ± 95% CI over seeds."""
+    def cell(values):
+        mean, half = mean_ci(values)
+        return f"{mean:.3g} ± {half:.2g}" if half == half else f"{mean:.3g}"
+
+    walls = [r.manifest.get("duration_s", float("nan")) for r in group.runs]
+    last = [r.metrics[-1] for r in group.runs]
+    return [cell(walls), cell([m.get("response/length_mean", float("nan")) for m in last]),
+            cell([m.get("actor/entropy", float("nan")) for m in last])]
+
+
+def report(out: Path, metrics: list[str], plot_metrics: list[str]) -> str:
+    """Markdown table (mean ± 95% CI over seeds) of every run under `out`, and curves.png."""
+    groups = group_runs(find_runs([out]))
+    table = markdown_table(groups, metrics, summarize(groups, metrics))
+    extra = ["| recipe | wall s/run | response length (final) | entropy (final) |", "|---|---|---|---|"]
+    extra += [f"| {g.label} | " + " | ".join(_extra_columns(g)) + " |" for g in groups]
+    plot = plot_groups(groups, plot_metrics, out / "curves.png", window=10)
+    return f"{table}\n" + "\n".join(extra) + f"\n\ncurves: {plot}\n"
