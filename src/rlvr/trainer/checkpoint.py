@@ -6,6 +6,8 @@ not (a leftover temp dir from a kill) and names the problem if a complete-lookin
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import shutil
 from pathlib import Path
@@ -16,6 +18,24 @@ import torch
 from rlvr.errors import ConfigError
 
 STATE_FILE = "trainer_state.pt"
+CHECKSUM_FILE = "checksums.json"
+
+
+def _digests(directory: Path) -> dict[str, str]:
+    """sha256 of every file in a checkpoint directory (except the checksum file itself)."""
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(directory.iterdir()) if f.is_file() and f.name != CHECKSUM_FILE}
+
+
+def verify_checkpoint(checkpoint: Path) -> str | None:
+    """None if the checkpoint's files match its checksums, else what is wrong."""
+    try:
+        expected = json.loads((checkpoint / CHECKSUM_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return "missing or unreadable checksums.json"
+    actual = _digests(checkpoint)
+    bad = sorted(name for name in expected if actual.get(name) != expected[name])
+    return f"checksum mismatch in {', '.join(bad)}" if bad else None
 
 
 def rng_state() -> dict:
@@ -36,6 +56,7 @@ def save_checkpoint(directory: Path, step: int, model, tokenizer, state: dict, *
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     torch.save({"step": step, **state}, tmp / STATE_FILE)
+    (tmp / CHECKSUM_FILE).write_text(json.dumps(_digests(tmp), indent=1))
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
@@ -44,9 +65,19 @@ def save_checkpoint(directory: Path, step: int, model, tokenizer, state: dict, *
     return final
 
 
-def latest_checkpoint(directory: Path) -> Path | None:
+def latest_checkpoint(directory: Path, *, verify: bool = False) -> Path | None:
+    """The newest complete checkpoint; with `verify`, a corrupt newest one is a one-line error
+    naming it and the last good one (deleting the bad one resumes from there)."""
     candidates = sorted(directory.glob("step_*")) if directory.exists() else []
-    return candidates[-1] if candidates else None
+    if not candidates or not verify:
+        return candidates[-1] if candidates else None
+    problem = verify_checkpoint(candidates[-1])
+    if problem is None:
+        return candidates[-1]
+    good = next((c for c in reversed(candidates[:-1]) if verify_checkpoint(c) is None), None)
+    fallback = f"the last good one is '{good}': delete the corrupt one to resume from it" if good \
+        else "no earlier good checkpoint exists"
+    raise ConfigError(f"checkpoint '{candidates[-1]}' is corrupt ({problem}); {fallback}")
 
 
 def load_state(checkpoint: Path) -> dict:

@@ -245,7 +245,7 @@ def _checkpoint(c: Components, run: RunDir, step: int) -> None:
 
 def _resume(c: Components, run: RunDir) -> int:
     """Load the newest checkpoint into `c`; returns its step (0 if there is none)."""
-    checkpoint = latest_checkpoint(run.checkpoints)
+    checkpoint = latest_checkpoint(run.checkpoints, verify=True)
     if checkpoint is None:
         return 0
     state = load_state(checkpoint)
