@@ -92,9 +92,23 @@ class _Timer:
             self.totals[self.name] = self.totals.get(self.name, 0.0) + time.perf_counter() - t0
 
 
+def _with_completion_mask(token_logprobs, eos_id: int):
+    """Emulates the proposed trainer change (pass `completion_mask=` to token_logprobs) until the
+    trainer makes it: the mask is rebuilt from the tokens (1 up to and including the first EOS;
+    rows without EOS are truncated at the full width), which is what the rollouts' mask is."""
+    def call(prompt_ids, prompt_mask, completion_ids, **kw):
+        if "completion_mask" not in kw:
+            is_eos = (completion_ids == eos_id).long()
+            kw["completion_mask"] = ((is_eos.cumsum(-1) - is_eos) == 0).float()
+        return token_logprobs(prompt_ids, prompt_mask, completion_ids, **kw)
+    return call
+
+
 def run_rlvr(args, seed: int) -> dict:
     c = build_components(rlvr_config(args, seed))
     totals: dict[str, float] = {}
+    if args.pass_mask:
+        c.policy.token_logprobs = _with_completion_mask(c.policy.token_logprobs, c.tokenizer.eos_token_id)
     # Bench-only instrumentation: time the reward, the training forward and the optimizer inside rl_step.
     c.reward = _Timer(c.reward, totals, "reward")
     c.policy.token_logprobs = _Timer(c.policy.token_logprobs, totals, "forward")
@@ -190,6 +204,8 @@ def main(argv=None) -> None:
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--skip-warmup", type=int, default=2, help="steps excluded from the medians")
+    p.add_argument("--no-pass-mask", dest="pass_mask", action="store_false",
+                   help="do not emulate the trainer passing completion_mask to token_logprobs")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"# load before: {os.getloadavg()}  threads={args.threads}  torch {torch.__version__}")
@@ -222,7 +238,8 @@ def main(argv=None) -> None:
     ideal = ideal_seconds(n_params, model.config, prompt_len, completion_len, batch, *gflops.values())
     print(f"\n# load after: {os.getloadavg()}")
     print(f"model: {n_params:,} parameters; P={args.prompts} G={args.group} B={batch} max_new_tokens="
-          f"{args.max_new_tokens} lr={args.lr} steps={args.steps} seeds={args.seeds} threads={args.threads}")
+          f"{args.max_new_tokens} lr={args.lr} steps={args.steps} seeds={args.seeds} threads={args.threads}"
+          f" completion_mask passed to token_logprobs={args.pass_mask}")
     print("\n| | TRL 1.16 GRPOTrainer | rlvr |\n|---|---|---|")
     print(f"| median s/step | {trl_s:.3f} | {our_s:.3f} |")
     print(f"| completion tokens/s | {trl_tok:,.0f} | {our_tok:,.0f} |")

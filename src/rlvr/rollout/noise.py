@@ -22,14 +22,32 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def _column_keys(width: int) -> torch.Tensor:
+    return _mix32(torch.arange(width, dtype=torch.int64) * 0x632BE5AB + 0x85EBCA6B)
+
+
+def uniform_noise_block(seeds: torch.Tensor, first_step: int, steps: int, width: int) -> torch.Tensor:
+    """(B, steps, width) float64 uniforms for decoding steps first_step .. first_step+steps-1.
+
+    Entry [:, j] equals `uniform_noise(seeds, first_step + j, width)` bit for bit; computing a
+    block at once costs the same integer work with a fraction of the per-op overhead.
+    """
+    step_keys = _mix32(torch.arange(first_step, first_step + steps, dtype=torch.int64) + 0x9E3779B9)  # (S,)
+    base = _mix32(_mix32(seeds.to(torch.int64))[:, None] ^ step_keys[None, :])                      # (B, S)
+    bits = _mix32(base[:, :, None] ^ _column_keys(width)[None, None, :])
+    return (bits.to(torch.float64) + 0.5) / 2.0**32
+
+
 def uniform_noise(seeds: torch.Tensor, step: int, width: int) -> torch.Tensor:
     """(B, width) float64 uniforms in (0, 1) from per-row int seeds (B,) at decoding `step`."""
-    base = _mix32(_mix32(seeds.to(torch.int64)) ^ _mix32(torch.tensor(step + 0x9E3779B9)))
-    cols = torch.arange(width, dtype=torch.int64)
-    bits = _mix32(base[:, None] ^ _mix32(cols * 0x632BE5AB + 0x85EBCA6B)[None, :])
-    return (bits.to(torch.float64) + 0.5) / 2.0**32
+    return uniform_noise_block(seeds, step, 1, width)[:, 0]
+
+
+def gumbel_noise_block(seeds: torch.Tensor, first_step: int, steps: int, width: int) -> torch.Tensor:
+    """(B, steps, width) float64 standard Gumbel noise (see `uniform_noise_block`)."""
+    return -torch.log(-torch.log(uniform_noise_block(seeds, first_step, steps, width)))
 
 
 def gumbel_noise(seeds: torch.Tensor, step: int, width: int) -> torch.Tensor:
     """(B, width) float64 standard Gumbel noise; argmax(logits + g) samples softmax(logits)."""
-    return -torch.log(-torch.log(uniform_noise(seeds, step, width)))
+    return gumbel_noise_block(seeds, step, 1, width)[:, 0]

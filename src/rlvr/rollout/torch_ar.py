@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.models import llama_fast
-from rlvr.rollout.noise import gumbel_noise
+from rlvr.rollout.noise import gumbel_noise, gumbel_noise_block
 
 
 @dataclass
@@ -48,15 +48,21 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def choose_tokens(logits: torch.Tensor, seeds: torch.Tensor, step: int, *,
-                  temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row; returns (tokens (B,), behaviour log-probs (B,))."""
+                  temperature: float, top_p: float, noise: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row; returns (tokens (B,), behaviour log-probs (B,)).
+
+    `noise` (B, V) float64, optional: this step's Gumbel noise if already computed
+    (`gumbel_noise_block`); it must equal `gumbel_noise(seeds, step, V)`."""
     if temperature <= 0:  # greedy
         logp = logits.log_softmax(-1)
         tokens = logits.argmax(-1)
         return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
     scaled = logits.float() / temperature
     logp = scaled.log_softmax(-1)
-    noisy = top_p_filter(scaled, top_p).double() + gumbel_noise(seeds, step, scaled.shape[-1])
+    if noise is None:
+        noise = gumbel_noise(seeds, step, scaled.shape[-1])
+    noisy = top_p_filter(scaled, top_p).double() + noise
     tokens = noisy.argmax(-1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
@@ -107,6 +113,9 @@ def _rollouts(prompt_ids, prompt_mask, tokens, logprobs, length, done) -> Rollou
     )
 
 
+NOISE_BLOCK = 8
+"""Decoding steps of Gumbel noise computed at once (fewer, larger integer-hash ops)."""
+
 COMPACT_FRACTION = 0.25
 """Drop finished rows from the decode batch once they are this share of it (copying the cache
 costs about one decode step, so compacting after every finished row would not pay)."""
@@ -136,8 +145,12 @@ def _decode(decoder, logits, seeds, tokens, logprobs, length, done, *, max_new_t
     rows = torch.arange(batch)                 # original row of each decode slot
     slot_seeds = seeds
     slot_done = torch.zeros(batch, dtype=torch.bool)
+    block = None
     for step in range(max_new_tokens):
-        tok, logp = choose_tokens(logits, slot_seeds, step, temperature=temperature, top_p=top_p)
+        if temperature > 0 and step % NOISE_BLOCK == 0:
+            block = gumbel_noise_block(slot_seeds, step, min(NOISE_BLOCK, max_new_tokens - step), logits.shape[-1])
+        noise = block[:, step % NOISE_BLOCK] if temperature > 0 else None
+        tok, logp = choose_tokens(logits, slot_seeds, step, temperature=temperature, top_p=top_p, noise=noise)
         tok = tok.masked_fill(slot_done, pad_id)
         tokens[rows, step] = tok
         logprobs[rows, step] = logp.masked_fill(slot_done, 0.0)
@@ -153,6 +166,7 @@ def _decode(decoder, logits, seeds, tokens, logprobs, length, done, *, max_new_t
             live = (~slot_done).nonzero().squeeze(-1)
             decoder.keep(live)
             rows, slot_seeds, tok = rows[live], slot_seeds[live], tok[live]
+            block = block[live] if block is not None else None
             slot_done = slot_done[live]
         logits = decoder.step(tok)
 

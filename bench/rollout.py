@@ -1,0 +1,102 @@
+"""rlvr's sampler vs `model.generate`: completion tokens/s over batch size and length, and the
+share of the machine's matmul roofline.
+
+    python bench/rollout.py --threads 2
+    python bench/rollout.py --batches 64 --lengths 32        # just the roofline point
+
+Model: the packaged Countdown warm start (1.06M-parameter Llama). Prompts: distinct Countdown
+prompts (no shared prefixes, so rlvr's per-group prefill sharing does not help here; a GRPO
+batch with G=8 gets that on top). Every row generates exactly `length` tokens (EOS disabled in
+both engines), sampling at temperature 1.
+
+Roofline share = achieved FLOP/s / float32 matmul FLOP/s measured here at the decode shapes
+(rows = batch), where achieved counts prefill 2N·P + decode 2N per token + attention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from roofline import attention_flops_per_token, matmul_gflops, param_count  # noqa: E402
+
+from rlvr.models.causal_lm import load_causal_lm  # noqa: E402
+from rlvr.rollout.torch_ar import generate  # noqa: E402
+from rlvr.tasks.countdown import Countdown  # noqa: E402
+from rlvr.trainer.evaluate import encode_prompts  # noqa: E402
+
+NO_EOS = -1  # a token id that is never sampled: every row runs to max_new_tokens
+
+
+def _best(fn, repeats: int) -> float:
+    fn()  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def run_ours(model, ids, mask, length, pad_id):
+    seeds = torch.arange(len(ids))
+    return lambda: generate(model, ids, mask, seeds, max_new_tokens=length, eos_id=NO_EOS, pad_id=pad_id)
+
+
+def run_hf(model, ids, mask, length, pad_id):
+    def fn():
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=length, min_new_tokens=length,
+                           do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=pad_id,
+                           eos_token_id=None)
+    return fn
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    p.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64, 128])
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--repeats", type=int, default=2)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"# load before: {os.getloadavg()}  threads={args.threads}  torch {torch.__version__}")
+    model, tok = load_causal_lm("rlvr:countdown-warmstart", seed=0)
+    model.eval()
+    n_params = param_count(model)
+    examples = Countdown().sample(max(args.batches), random.Random(0))
+    rows = []
+    print("\n| batch | new tokens | rlvr tok/s | model.generate tok/s | speed-up |\n|---|---|---|---|---|")
+    for batch in args.batches:
+        ids, mask = encode_prompts(tok, [ex.prompt for ex in examples[:batch]])
+        for length in args.lengths:
+            ours = _best(run_ours(model, ids, mask, length, tok.pad_token_id), args.repeats)
+            hf = _best(run_hf(model, ids, mask, length, tok.pad_token_id), args.repeats)
+            tokens = batch * length
+            rows.append((batch, length, ids.shape[1], float(mask.sum()) / batch, ours, hf))
+            print(f"| {batch} | {length} | {tokens / ours:,.0f} | {tokens / hf:,.0f} | {hf / ours:.1f}× |", flush=True)
+
+    print(f"\n# load after: {os.getloadavg()}")
+    print(f"\nroofline ({n_params:,} parameters, {args.threads} threads):")
+    print("| batch | new tokens | matmul GFLOP/s at rows=batch | rlvr achieved GFLOP/s | share | generate share |")
+    print("|---|---|---|---|---|---|")
+    for batch, length, _, prompt_len, ours, hf in rows:
+        if (batch, length) != (64, 32) and len(rows) > 1:
+            continue
+        peak = matmul_gflops(model.config, batch)
+        prefill = (2 * n_params + attention_flops_per_token(model.config, prompt_len / 2)) * prompt_len
+        decode = (2 * n_params + attention_flops_per_token(model.config, prompt_len + length / 2)) * length
+        flops = batch * (prefill + decode)
+        print(f"| {batch} | {length} | {peak:.0f} | {flops / ours / 1e9:.0f} | {flops / ours / 1e9 / peak:.0%} "
+              f"| {flops / hf / 1e9 / peak:.0%} |")
+
+
+if __name__ == "__main__":
+    main()
