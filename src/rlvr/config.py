@@ -39,6 +39,7 @@ class TaskConfig:
     num_count: int = 3  # countdown: how many numbers (3 or 4)
     max_number: int = 9  # countdown: numbers are drawn from 1..max_number
     allow_division: bool = False  # countdown: allow exact integer division
+    ordered: bool = False  # countdown: prompts list the numbers in the order the generating expression uses them
     show_work: bool = False  # countdown: completions list steps `5*2=10,10+3=13` instead of a bare expression
     heldout_size: int = 200  # size of the fixed held-out evaluation set
     path: str = ""  # file tasks: JSONL / Parquet file or HF `save_to_disk` directory

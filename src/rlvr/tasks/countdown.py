@@ -317,6 +317,7 @@ class Countdown:
         allow_division: bool = False,
         heldout_size: int = 200,
         show_work: bool = False,
+        ordered: bool = False,
         seed: int = 0,
     ):
         if num_count < 2:
@@ -333,7 +334,7 @@ class Countdown:
             )
         self.num_count, self.max_number = num_count, max_number
         self.allow_division, self.heldout_size = allow_division, heldout_size
-        self.show_work = show_work
+        self.show_work, self.ordered = show_work, ordered
         self._rng = random.Random(seed)
         self._heldout: list[Example] | None = None
         self._check_heldout_space()
@@ -362,7 +363,8 @@ class Countdown:
         while True:
             numbers = [rng.randint(1, self.max_number) for _ in range(self.num_count)]
             leaves_order = numbers[:]
-            rng.shuffle(leaves_order)
+            if not self.ordered:  # ordered: the prompt lists the numbers in the order a solution uses them
+                rng.shuffle(leaves_order)
             expr = _random_expr(leaves_order, rng, self.allow_division)
             value = evaluate(expr)
             if value > 0 and value.denominator == 1:
@@ -389,7 +391,7 @@ class Countdown:
         Same generator as training, so the same distribution; depends on the knobs only.
         """
         if self._heldout is None:
-            knobs = f"{self.num_count}/{self.max_number}/{self.allow_division}"
+            knobs = f"{self.num_count}/{self.max_number}/{self.allow_division}" + ("/ordered" if self.ordered else "")
             rng = random.Random(f"{_HELDOUT_SEED}/{knobs}")  # str seeds are stable across runs
             seen: set[tuple] = set()
             out: list[Example] = []

@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 
 from rlvr.errors import ConfigError
 from rlvr.tracking.run_dir import RunDir, atomic_write_text
+from rlvr.tracking.runs import flatten
 
 STATE_FILE = "trackers.json"
 
@@ -46,16 +47,6 @@ class Tracker(Protocol):
 def _scalars(metrics: Mapping) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
-
-
-def _flatten(tree: Mapping, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 class _State:
@@ -100,7 +91,7 @@ class TensorBoardTracker:
         self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge, flush_secs=10)
 
     def log_config(self, config: Mapping) -> None:
-        rows = "\n".join(f"|{k}|{v}|" for k, v in _flatten(config).items())
+        rows = "\n".join(f"|{k}|{v}|" for k, v in flatten(config).items())
         self.writer.add_text("config", "|key|value|\n|-|-|\n" + rows)  # cleanrl's hyperparameter table
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -160,7 +151,7 @@ class MlflowTracker:
         from mlflow.entities import Param
 
         logged = self.client.get_run(self.run_id).data.params
-        params = [Param(k, str(v)[:6000]) for k, v in _flatten(config).items() if k not in logged]
+        params = [Param(k, str(v)[:6000]) for k, v in flatten(config).items() if k not in logged]
         for i in range(0, len(params), 100):  # MLflow's batch limit for params
             self.client.log_batch(self.run_id, params=params[i:i + 100])
 
