@@ -116,14 +116,20 @@ class LlamaWeights:
         angles = positions[..., None].float() * self.inv_freq
         return torch.polar(torch.ones_like(angles), angles)[..., None, :]
 
+    def fused_qkv(self, layer: _Layer, x):
+        """x (..., H) -> q|k|v (..., h+2kv, d), before RoPE."""
+        fused = F.linear(F.rms_norm(x, (self.hidden,), layer.ln1, self.eps), layer.wqkv, layer.bqkv)
+        return fused.unflatten(-1, (self.heads + 2 * self.kv_heads, self.head_dim))
+
     def project(self, layer: _Layer, x, rot):
         """x (..., H) -> (q|k with RoPE (..., h+kv, d), v (..., kv, d)); rot from `rope`."""
-        h, kv, d = self.heads, self.kv_heads, self.head_dim
-        fused = F.linear(F.rms_norm(x, (self.hidden,), layer.ln1, self.eps), layer.wqkv, layer.bqkv)
-        fused = fused.unflatten(-1, (h + 2 * kv, d))
-        qk, v = fused.split([h + kv, kv], dim=-2)
-        qk = torch.view_as_real(torch.view_as_complex(qk.unflatten(-1, (d // 2, 2))) * rot).flatten(-2)
-        return qk, v
+        qk, v = self.fused_qkv(layer, x).split([self.heads + self.kv_heads, self.kv_heads], dim=-2)
+        return self.rotate(qk, rot), v
+
+    def rotate(self, qk, rot):
+        """RoPE on (..., heads, d) in the permuted layout: one complex multiply."""
+        d = self.head_dim
+        return torch.view_as_real(torch.view_as_complex(qk.unflatten(-1, (d // 2, 2))) * rot).flatten(-2)
 
     def attend(self, q, k, v, mask):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
@@ -186,7 +192,8 @@ def completion_hidden(w: LlamaWeights, prompt_ids, prompt_mask, completion_ids, 
     flat = (torch.arange(t_in)[None, :] < fed[:, None]).flatten().nonzero().squeeze(-1)  # into (B·t_in)
     in_row, in_col = flat // max(t_in, 1), flat % max(t_in, 1)
     rot_p = w.rope((mask_u.cumsum(-1) - 1).clamp(min=0))                 # (U, Tp, 1, d/2)
-    rot_c = w.rope(mask_u.sum(-1)[row][in_row] + in_col)                  # (N, 1, d/2)
+    # RoPE for the completion grid (B, t_in); grid cells past a row's end get harmless positions.
+    rot_c = w.rope(mask_u.sum(-1)[row][:, None] + torch.arange(t_in))     # (B, t_in, 1, d/2)
     mask_p = _prompt_masks(mask_u)
     causal = torch.ones(t_in, t_in, dtype=torch.bool).tril()
     mask_c = torch.cat([mask_u.bool()[row][:, None, None, :].expand(b, 1, t_in, tp),
@@ -196,9 +203,11 @@ def completion_hidden(w: LlamaWeights, prompt_ids, prompt_mask, completion_ids, 
     h, kv, d = w.heads, w.kv_heads, w.head_dim
     for layer in w.layers:
         if len(flat):
-            qk, v = w.project(layer, xc, rot_c)                            # (N, h+kv, d), (N, kv, d)
-            grid = qk.new_zeros(b * t_in, h + 2 * kv, d).index_copy(0, flat, torch.cat([qk, v], dim=1))
-            q, k, v = grid.view(b, t_in, h + 2 * kv, d).transpose(1, 2).split([h, kv, kv], dim=1)
+            packed = w.fused_qkv(layer, xc)                                # (N, h+2kv, d)
+            grid = packed.new_zeros(b * t_in, h + 2 * kv, d).index_copy(0, flat, packed).view(b, t_in, h + 2 * kv, d)
+            qk = w.rotate(grid[:, :, :h + kv], rot_c).transpose(1, 2)      # (B, h+kv, t_in, d)
+            q, k = qk.split([h, kv], dim=1)
+            v = grid[:, :, h + kv:].transpose(1, 2)
         xp, kp, vp = w.prompt_layer(layer, xp, rot_p, mask_p)
         if len(flat):
             attn = w.attend(q, torch.cat([kp[row], k], dim=2), torch.cat([vp[row], v], dim=2), mask_c)
