@@ -47,7 +47,7 @@ WARM_START = "rlvr:countdown-warmstart"
 
 def rlvr_config(args, seed: int):
     return load_config(None, [
-        f"seed={seed}", f"model.path={WARM_START}",
+        f"seed={seed}", f"model.path={args.model_path}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.temperature=1.0",
         f"optim.lr={args.lr}", "optim.warmup_steps=0", "optim.grad_clip=1.0",
@@ -139,7 +139,7 @@ def run_trl(args, seed: int, examples) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     c = build_components(rlvr_config(args, seed))  # task, reward runner and evaluator only
-    model, tokenizer = load_causal_lm(WARM_START, seed=0)
+    model, tokenizer = load_causal_lm(args.model_path, seed=0)
     bos = tokenizer.bos_token
     data = datasets.Dataset.from_dict({"prompt": [bos + ex.prompt for ex in examples],
                                        "idx": list(range(len(examples)))})
@@ -204,13 +204,34 @@ def main(argv=None) -> None:
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--skip-warmup", type=int, default=2, help="steps excluded from the medians")
+    p.add_argument("--scale", type=int, default=1, choices=[1, 10],
+                   help="1: the packaged warm start; 10: a ~10x larger Llama (hidden 320, 8 layers, 10.6M parameters, random init, "
+                        "speed only: it has no Countdown skill, so completions run to max_new_tokens)")
     p.add_argument("--no-pass-mask", dest="pass_mask", action="store_false",
                    help="do not emulate the trainer passing completion_mask to token_logprobs")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"# load before: {os.getloadavg()}  threads={args.threads}  torch {torch.__version__}")
+    with tempfile.TemporaryDirectory() as scratch:
+        args.model_path = WARM_START if args.scale == 1 else _large_model(scratch)
+        _compare(args)
 
-    model, tokenizer = load_causal_lm(WARM_START, seed=0)
+
+def _large_model(directory: str) -> str:
+    """A ~10x larger Llama saved to `directory` so both trainers load the same weights."""
+    from rlvr.models.causal_lm import tiny_llama
+    from rlvr.models.tokenizer import char_tokenizer
+
+    tokenizer = char_tokenizer()
+    model = tiny_llama(len(tokenizer), hidden_size=320, num_layers=8, num_heads=5, intermediate_size=960,
+                       max_seq_len=64, seed=0)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _compare(args) -> None:
+    model, tokenizer = load_causal_lm(args.model_path, seed=0)
     n_params = param_count(model)
     batch = args.prompts * args.group
     results = []
