@@ -208,12 +208,14 @@ def _adapt_kl(c: Components, metrics: dict, n: int) -> None:
 
 def _step_metrics(rewards, correct, rollouts, group_size, timings, batch) -> dict[str, float]:
     grouped = rewards.view(-1, group_size)
+    scored = rewards[~torch.isnan(rewards)]
     lengths = rollouts.lengths
     completion_tokens = float(lengths.sum())
     train_tokens = completion_tokens + float(batch.prompt_mask.sum())
     metrics = {
-        "reward/mean": float(rewards.mean()),
-        "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+        "reward/mean": float(scored.mean()) if len(scored) else 0.0,  # over scorable samples
+        "reward/std": float(scored.std()) if len(scored) > 1 else 0.0,
+        "reward/scorable_frac": len(scored) / max(len(rewards), 1),
         "reward/accuracy": float(correct.mean()),
         "batch/zero_variance_group_frac": float((grouped.std(-1) == 0).float().mean()),
         "response/length_mean": float(lengths.mean()),
