@@ -136,9 +136,9 @@ class LlamaWeights:
 
     def finish(self, layer: _Layer, x, attn):
         """Residual + output projection, then the SwiGLU MLP block. x (..., H), attn (..., h·d)."""
-        x = x + F.linear(attn, layer.wo, layer.bo)
+        x = _add_linear(x, attn, layer.wo, layer.bo)
         gate, up = F.linear(F.rms_norm(x, (self.hidden,), layer.ln2, self.eps), layer.wgu).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, layer.wd)
+        return _add_linear(x, F.silu(gate) * up, layer.wd, None)
 
     def lookup(self, ids):
         return F.embedding(ids, self.embed, self.padding_idx)
@@ -153,6 +153,13 @@ class LlamaWeights:
         q, k, v = qk[:, :, :self.heads].transpose(1, 2), qk[:, :, self.heads:].transpose(1, 2), v.transpose(1, 2)
         attn = self.attend(q, k, v, mask).transpose(1, 2).reshape(u, tp, -1)
         return self.finish(layer, x, attn), k, v
+
+
+def _add_linear(x, inputs, weight, bias):
+    """x + inputs @ weight.T (+ bias): one addmm for flat (N, H) residual streams."""
+    if x.dim() == 2 and bias is None:
+        return torch.addmm(x, inputs, weight.t())
+    return x + F.linear(inputs, weight, bias)
 
 
 def unique_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
@@ -262,10 +269,11 @@ class Decoder:
             x, k, v = w.prompt_layer(layer, x, rot, attn_mask)
             self.cache[i, 0, :, :, :tp] = k[row]
             self.cache[i, 1, :, :, :tp] = v[row]
-        # Additive mask over cache columns: -inf on the prompt's left padding and on columns not
-        # yet written (`step` opens one per token).
-        self.key_bias = torch.full((b, 1, 1, tp + max_new_tokens), float("-inf"))
-        self.key_bias[:, 0, 0, :tp].masked_fill_(mask_u.bool()[row], 0.0)
+        # Additive mask over cache columns, per kv head so it views as (b·kv, 1, S): -inf on the
+        # prompt's left padding and on columns not yet written (`step` opens one per token).
+        self.key_bias = torch.full((b, w.kv_heads, 1, tp + max_new_tokens), float("-inf"))
+        self.key_bias[:, :, 0, :tp].masked_fill_(mask_u.bool()[row][:, None, :], 0.0)
+        self.rot_table = w.rope(torch.arange(tp + max_new_tokens + 1))     # (S+1, 1, d/2)
         self.width = tp
         self.pos = mask_u.sum(-1)[row]                   # (b,) position of the next token
         self.logits = w.logits(x[:, -1])[row]            # (b, V) next-token logits
@@ -296,12 +304,12 @@ class Decoder:
         b = tokens.shape[0]
         h, kv, d = w.heads, w.kv_heads, w.head_dim
         x = w.lookup(tokens)                             # (b, H)
-        rot = w.rope(self.pos)                           # (b, 1, d/2)
+        rot = self.rot_table[self.pos]                   # (b, 1, d/2)
         # Attend over a span rounded up to a multiple of 16 columns: masked columns cost little, and
         # CPU softmax/bmm kernels are several times slower on rows shorter than a vector register.
         span = min(self.key_bias.shape[-1], -(-(col + 1) // SPAN_MULTIPLE) * SPAN_MULTIPLE)
         self.key_bias[..., col] = 0.0
-        bias = self.key_bias[..., :span]                 # (b, 1, 1, span)
+        bias = self.key_bias[..., :span].reshape(b * kv, 1, span)
         scale = d ** -0.5
         for layer, (k_cache, v_cache) in zip(w.layers, self.cache):
             qk, v = w.project(layer, x, rot)             # (b, h+kv, d), (b, kv, d)
@@ -309,9 +317,10 @@ class Decoder:
             v_cache[:, :, col] = v
             # One query per row: explicit attention beats SDPA's kernel here, and grouping the
             # query heads by their kv head handles GQA without repeating the cache.
-            q = qk[:, :h].reshape(b, kv, h // kv, d)
-            scores = torch.matmul(q, k_cache[:, :, :span].transpose(-1, -2)) * scale + bias
-            attn = torch.matmul(scores.softmax(-1), v_cache[:, :, :span])   # (b, kv, h/kv, d)
+            q = qk[:, :h].reshape(b * kv, h // kv, d)
+            keys = k_cache[:, :, :span].reshape(b * kv, span, d)
+            scores = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=scale)     # (b·kv, h/kv, span)
+            attn = torch.bmm(scores.softmax(-1), v_cache[:, :, :span].reshape(b * kv, span, d))
             x = w.finish(layer, x, attn.reshape(b, h * d))
         self.width += 1
         self.pos = self.pos + 1
