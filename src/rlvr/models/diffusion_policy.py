@@ -66,8 +66,11 @@ class DiffusionPolicy:
 
     def token_logprobs(self, prompt_ids, prompt_mask, completion_ids, *, with_entropy: bool = False,
                        advantages: torch.Tensor | None = None, trace: torch.Tensor | None = None,
-                       mask_seed: int | None = None):
-        """Estimator values (B, Tc) and entropy (B, Tc) or None; see the module doc."""
+                       mask_seed: int | None = None, completion_mask: torch.Tensor | None = None):
+        """Estimator values (B, Tc) and entropy (B, Tc) or None; see the module doc.
+
+        `completion_mask` is accepted for the PolicyModel surface; the window (`self.window`)
+        decides which tokens are scored here."""
         valid = window_mask(completion_ids, self.eos_id, self.window) > 0
         seed = self.mask_seed if mask_seed is None else mask_seed
         ctx = Corruptor(model=self.model, prompt_ids=prompt_ids, prompt_mask=prompt_mask,

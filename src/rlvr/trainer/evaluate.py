@@ -10,8 +10,9 @@ from rlvr.rollout.torch_ar import Rollouts, left_pad
 def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompts -> left-padded (ids, mask); a BOS token is prepended when the tokenizer has one."""
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    encoded = [bos + tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
-    return left_pad(encoded, tokenizer.pad_token_id)
+    unique = list(dict.fromkeys(prompts))  # a GRPO batch repeats each prompt G times: tokenise once
+    ids = dict(zip(unique, tokenizer(unique, add_special_tokens=False).input_ids))
+    return left_pad([bos + ids[p] for p in prompts], tokenizer.pad_token_id)
 
 
 def decode_completions(tokenizer, rollouts: Rollouts) -> list[str]:

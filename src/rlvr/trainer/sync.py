@@ -95,7 +95,7 @@ def _logprobs(policy, batch: TrainBatch, micro_batch_size: int) -> torch.Tensor:
     for i in range(0, len(batch), micro_batch_size):
         mb = batch.select(slice(i, i + micro_batch_size))
         parts.append(policy.token_logprobs(mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
-                                           advantages=mb.advantages)[0])
+                                           advantages=mb.advantages, completion_mask=mb.completion_mask)[0])
     return torch.cat(parts) * batch.completion_mask
 
 
