@@ -24,7 +24,7 @@ from rlvr.errors import ConfigError
 @dataclass(frozen=True)
 class ModelConfig:
     kind: str = "causal"  # `causal` (autoregressive LM) or `diffusion` (masked-diffusion LM)
-    path: str = ""  # local HF directory, `rlvr:NAME` for a packaged checkpoint, empty = fresh tiny model
+    path: str = "rlvr:countdown-warmstart"  # local HF directory, `rlvr:NAME` (packaged checkpoint), empty = fresh tiny model
     shift_logits: bool = False  # diffusion: Dream-style shifted logits (position i predicts token i+1)
     hidden_size: int = 128  # tiny model: width
     num_layers: int = 4  # tiny model: transformer blocks
@@ -39,7 +39,7 @@ class TaskConfig:
     num_count: int = 3  # countdown: how many numbers (3 or 4)
     max_number: int = 9  # countdown: numbers are drawn from 1..max_number
     allow_division: bool = False  # countdown: allow exact integer division
-    ordered: bool = False  # countdown: prompts list the numbers in the order the generating expression uses them
+    ordered: bool = True  # countdown: prompts list the numbers in the order the generating expression uses them
     show_work: bool = False  # countdown: completions list steps `5*2=10,10+3=13` instead of a bare expression
     heldout_size: int = 200  # size of the fixed held-out evaluation set
     path: str = ""  # file tasks: JSONL / Parquet file or HF `save_to_disk` directory
@@ -67,8 +67,8 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    prompts_per_step: int = 8  # P: fresh prompts per step
-    group_size: int = 8  # G: completions per prompt (B = P·G)
+    prompts_per_step: int = 4  # P: fresh prompts per step
+    group_size: int = 16  # G: completions per prompt (B = P·G)
     max_new_tokens: int = 16  # completion length cap (longer samples are truncated)
     temperature: float = 1.0  # sampling temperature (the trainer's log-probs use the same)
     top_p: float = 1.0  # nucleus sampling mass
@@ -132,7 +132,7 @@ class AlgoConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 5e-5  # AdamW learning rate
+    lr: float = 1e-4  # AdamW learning rate
     weight_decay: float = 0.0  # AdamW weight decay
     beta1: float = 0.9  # AdamW β1
     beta2: float = 0.99  # AdamW β2
@@ -142,13 +142,13 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    steps: int = 200  # rollout steps
+    steps: int = 1200  # rollout steps
     minibatches: int = 1  # optimizer steps per rollout batch
     ppo_epochs: int = 1  # passes over each rollout batch
     micro_batch_size: int = 64  # completions per forward; memory only, never changes results
-    eval_every: int = 50  # steps between greedy held-out evaluations (0 = only at start and end)
+    eval_every: int = 200  # steps between greedy held-out evaluations (0 = only at start and end)
     samples_per_step: int = 4  # rollouts written to samples.jsonl each step
-    save_every: int = 100  # steps between checkpoints (0 = only at the end)
+    save_every: int = 200  # steps between checkpoints (0 = only at the end)
     keep_last: int = 2  # checkpoints kept on disk
     out_dir: str = "runs"  # parent of run directories
     name: str = ""  # run directory name, empty = recipe name + seed
@@ -158,7 +158,7 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class SFTConfig:
-    steps: int = 300  # optimizer steps of supervised warm start
+    steps: int = 80  # optimizer steps of supervised warm start
     batch_size: int = 64  # examples per step
     lr: float = 1e-3  # AdamW learning rate
     warmup_steps: int = 20  # linear LR warmup
