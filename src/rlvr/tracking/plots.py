@@ -51,14 +51,18 @@ def plot_groups(groups: list[Group], metrics: list[str], path: str | Path, *, wi
             steps, per_run = aligned_curves(group, metric)
             if not steps:
                 continue
-            per_run = [smooth(v, window) for v in per_run]
+            # Sparse series (evaluations every N steps) are drawn raw: a moving average over a
+            # handful of points would hide the final value the tables report.
+            span = window if len(steps) >= 10 * window else 1
+            per_run = [smooth(v, span) for v in per_run]
             stats = [mean_ci([run[i] for run in per_run], confidence) for i in range(len(steps))]
             mean = [m for m, _ in stats]
             ax.plot(steps, mean, color=color, lw=1.8, label=f"{group.label} (n={len(per_run)})")
             if len(per_run) > 1:
                 ax.fill_between(steps, [m - h for m, h in stats], [m + h for m, h in stats], color=color, alpha=0.2,
                                 lw=0)
-        ax.set_title(metric + (f" (moving avg {window})" if window > 1 else ""), fontsize=10)
+        smoothed = window > 1 and any(len(aligned_curves(g, metric)[0]) >= 10 * window for g in groups)
+        ax.set_title(metric + (f" (moving avg {window})" if smoothed else ""), fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         if ax.has_data():
