@@ -138,6 +138,8 @@ class OptimConfig:
     beta2: float = 0.99  # AdamW β2
     grad_clip: float = 1.0  # max global grad norm, 0 = off
     warmup_steps: int = 10  # linear LR warmup, in optimizer steps
+    schedule: str = "constant"  # after warmup: `constant` or `cosine` (decays to min_lr_ratio·lr at the last step)
+    min_lr_ratio: float = 0.0  # cosine schedule: final LR as a fraction of optim.lr
 
 
 @dataclass(frozen=True)
@@ -317,6 +319,7 @@ def validate(config: Config) -> None:
         (config.algo.correction_level in ("token", "sequence"), "algo.correction_level", "must be 'token' or 'sequence'"),
         (config.algo.correction_mode in ("truncate", "mask"), "algo.correction_mode", "must be 'truncate' or 'mask'"),
         (config.algo.critic_lr > 0, "algo.critic_lr", "must be > 0"),
+        (config.optim.schedule in ("constant", "cosine"), "optim.schedule", "must be 'constant' or 'cosine'"),
         (config.model.kind in ("causal", "diffusion"), "model.kind", "must be 'causal' or 'diffusion'"),
         (config.algo.mc_samples >= 1, "algo.mc_samples", "must be >= 1"),
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 
 import torch
 
@@ -141,10 +142,22 @@ def build_advantage(config: Config):
     return _lookup(get_advantage, config.algo.advantage, "algo.advantage")
 
 
-def build_optimizer(params, *, lr: float, warmup_steps: int, weight_decay: float = 0.0,
-                    betas: tuple[float, float] = (0.9, 0.99)):
-    """AdamW with linear warmup, then constant."""
-    optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+def lr_factor(step: int, *, warmup_steps: int, total_steps: int = 0, schedule: str = "constant",
+              min_ratio: float = 0.0) -> float:
+    """LR multiplier after `step` scheduler steps: linear warmup, then constant or a cosine decay
+    from 1 to `min_ratio` at `total_steps`."""
     warm = max(warmup_steps, 1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warm))
-    return optimizer, scheduler
+    if step + 1 < warm or schedule == "constant" or total_steps <= warm:
+        return min(1.0, (step + 1) / warm)
+    progress = min(1.0, (step + 1 - warm) / (total_steps - warm))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_optimizer(params, *, lr: float, warmup_steps: int, weight_decay: float = 0.0,
+                    betas: tuple[float, float] = (0.9, 0.99), total_steps: int = 0, schedule: str = "constant",
+                    min_lr_ratio: float = 0.0):
+    """AdamW with linear warmup, then a constant or cosine-decaying learning rate."""
+    optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+    factor = functools.partial(lr_factor, warmup_steps=warmup_steps, total_steps=total_steps, schedule=schedule,
+                               min_ratio=min_lr_ratio)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -60,8 +60,10 @@ class Components:
 def build_components(config: Config) -> Components:
     model, tokenizer = build.build_model(config)
     o, a = config.optim, config.algo
+    total = config.trainer.steps * config.trainer.minibatches * config.trainer.ppo_epochs  # optimizer steps
     optimizer, scheduler = build.build_optimizer(model.parameters(), lr=o.lr, warmup_steps=o.warmup_steps,
-                                                 weight_decay=o.weight_decay, betas=(o.beta1, o.beta2))
+                                                 weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
+                                                 total_steps=total, schedule=o.schedule, min_lr_ratio=o.min_lr_ratio)
     policy = build.build_policy(config, model)
     reference = None
     if a.kl_coef > 0:
