@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from rlvr.tracking.plots import plot_groups
-from rlvr.tracking.runs import find_runs, group_runs, markdown_table, summarize
+from rlvr.tracking.runs import Group, find_runs, markdown_table, summarize
 from rlvr.tracking.stats import mean_ci
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,7 +49,11 @@ def _extra_columns(group) -> list[str]:
 
 def report(out: Path, metrics: list[str], plot_metrics: list[str]) -> str:
     """Markdown table (mean ± 95% CI over seeds) of every run under `out`, and curves.png."""
-    groups = group_runs(find_runs([out]))
+    # One group per recipe directory (out/<recipe>/s<seed>), labelled by the recipe's name.
+    by_recipe: dict[str, list] = {}
+    for run in find_runs([out]):
+        by_recipe.setdefault(run.path.parent.name, []).append(run)
+    groups = [Group(label=name, runs=runs) for name, runs in sorted(by_recipe.items())]
     table = markdown_table(groups, metrics, summarize(groups, metrics))
     extra = ["| recipe | wall s/run | response length (final) | entropy (final) |", "|---|---|---|---|"]
     extra += [f"| {g.label} | " + " | ".join(_extra_columns(g)) + " |" for g in groups]
