@@ -36,3 +36,18 @@ def test_every_recipe_loads_and_builds(tmp_path):
         config = load_config(recipe)
         build.build_loss(config)
         build.build_advantage(config)
+
+
+def test_short_run_on_an_easy_reward_raises_it(tmp_path, capsys):
+    # Easy setting: pay for '+' signs. The warm start uses + - * about equally, so a working
+    # policy-gradient loop must push the share of '+' (and the reward) up within a few dozen steps.
+    (tmp_path / "plus.py").write_text(
+        "def score(prompt, completion, **example):\n"
+        "    return completion.count('+') / max(1, len(completion))\n")
+    code = main(["train", f"reward.fn={tmp_path / 'plus.py'}:score", "trainer.steps=30", "optim.lr=1e-3",
+                 "optim.warmup_steps=1", "trainer.eval_every=0", f"trainer.out_dir={tmp_path}", "trainer.name=easy",
+                 "rollout.prompts_per_step=4", "rollout.group_size=8", "trainer.save_every=0"])
+    assert code == 0, capsys.readouterr().err
+    rewards = [m["reward/mean"] for m in _metrics(tmp_path / "easy") if "reward/mean" in m]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.05, (first, last)
