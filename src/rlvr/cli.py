@@ -124,6 +124,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars drown our own lines
     if args.command == "eval" and args.split == "train" and not args.n:
         args.n = 200
     try:

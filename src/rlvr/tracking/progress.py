@@ -18,17 +18,25 @@ class Progress:
         self.echo, self.every, self.total = echo, every, total
         self.bar = tqdm(total=total, initial=initial, dynamic_ncols=True) if sys.stderr.isatty() else None
         self.last_heldout = None
+        self.window: list[dict] = []  # the steps since the last printed line
 
     def update(self, step: int, metrics: dict) -> None:
         if "eval/heldout_accuracy" in metrics:
             self.last_heldout = metrics["eval/heldout_accuracy"]
-        summary = _summary({**metrics, "eval/heldout_accuracy": self.last_heldout} if self.last_heldout is not None
-                           else metrics)
+        # Per-step reward is noisy (a few prompts); lines show the mean since the previous line.
+        self.window = (self.window + [metrics])[-self.every:]
+        averaged = {k: sum(m.get(k, 0.0) for m in self.window) / len(self.window)
+                    for k in ("reward/mean", "reward/accuracy", "perf/rollout_tokens_per_s")}
+        shown = {**metrics, **averaged}
+        if self.last_heldout is not None:
+            shown["eval/heldout_accuracy"] = self.last_heldout
+        summary = _summary(shown)
         if self.bar is not None:
             self.bar.set_postfix(summary, refresh=False)
             self.bar.update(1)
         elif step % self.every == 0 or step == self.total or "eval/heldout_accuracy" in metrics:
             self.echo(f"step {step}/{self.total} " + " ".join(f"{k}={v}" for k, v in summary.items()))
+            self.window = []
 
     def close(self) -> None:
         if self.bar is not None:
