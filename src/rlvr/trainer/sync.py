@@ -187,7 +187,7 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
         metrics["perf/forwards_per_update"] = forwards / max(sum(1 for m in updates if "actor/grad_norm" in m), 1)
     metrics["perf/peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     metrics.update({f"adv/{k}": v for k, v in adv_metrics.items()})
-    for key in {k for m in updates for k in m}:
+    for key in sorted({k for m in updates for k in m}):
         metrics[key] = sum(m.get(key, 0.0) for m in updates) / len(updates)
     _adapt_kl(c, metrics, len(batch))
     stride = max(1, len(got.group) // max(t.samples_per_step, 1))
