@@ -138,7 +138,7 @@ class OptimConfig:
     beta2: float = 0.99  # AdamW β2
     grad_clip: float = 1.0  # max global grad norm, 0 = off
     warmup_steps: int = 10  # linear LR warmup, in optimizer steps
-    schedule: str = "constant"  # after warmup: `constant` or `cosine` (decays to min_lr_ratio·lr at the last step)
+    schedule: str = "cosine"  # after warmup: `constant` or `cosine` (decays to min_lr_ratio·lr at the last step)
     min_lr_ratio: float = 0.0  # cosine schedule: final LR as a fraction of optim.lr
 
 
