@@ -144,13 +144,13 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    steps: int = 1200  # rollout steps
+    steps: int = 3000  # rollout steps
     minibatches: int = 1  # optimizer steps per rollout batch
     ppo_epochs: int = 1  # passes over each rollout batch
     micro_batch_size: int = 64  # completions per forward; memory only, never changes results
-    eval_every: int = 200  # steps between greedy held-out evaluations (0 = only at start and end)
+    eval_every: int = 250  # steps between greedy held-out evaluations (0 = only at start and end)
     samples_per_step: int = 4  # rollouts written to samples.jsonl each step
-    save_every: int = 200  # steps between checkpoints (0 = only at the end)
+    save_every: int = 500  # steps between checkpoints (0 = only at the end)
     keep_last: int = 2  # checkpoints kept on disk
     out_dir: str = "runs"  # parent of run directories
     name: str = ""  # run directory name, empty = recipe name + seed
