@@ -16,7 +16,6 @@ import resource
 import time
 from pathlib import Path
 
-import torch
 from _sweep import report, run_sweep
 
 from rlvr.config import load_config

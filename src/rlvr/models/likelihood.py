@@ -63,7 +63,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from rlvr.rollout.noise import _mix32, uniform_noise
 
