@@ -45,9 +45,10 @@ def _best(fn, repeats: int) -> float:
     return best
 
 
-def run_ours(model, ids, mask, length, pad_id):
+def run_ours(model, ids, mask, length, pad_id, compile=False):
     seeds = torch.arange(len(ids))
-    return lambda: generate(model, ids, mask, seeds, max_new_tokens=length, eos_id=NO_EOS, pad_id=pad_id)
+    return lambda: generate(model, ids, mask, seeds, max_new_tokens=length, eos_id=NO_EOS, pad_id=pad_id,
+                            compile=compile)
 
 
 def run_hf(model, ids, mask, length, pad_id):

@@ -173,3 +173,38 @@ def test_unsupported_models_fall_back_to_the_plain_forward(tokenizer):
     assert not llama_fast.supports(model)
     ids, mask, seeds = _batch(tokenizer, group=1)
     _assert_same_rollouts(*_both(model, tokenizer, ids, mask, seeds))
+
+
+def _functional_vs_eager(model, tokenizer, monkeypatch, *, compile_step: bool, **kw):
+    """Rollouts of the plain fast path and of the `decode_step` path (eager or compiled)."""
+    if not compile_step:  # the pure function itself, without torch.compile: checks the math quickly
+        monkeypatch.setitem(llama_fast._COMPILED, "step", llama_fast.decode_step)
+    ids, mask, seeds = _batch(tokenizer, group=8)
+    kw = {"max_new_tokens": 16, "eos_id": tokenizer.eos_token_id, "pad_id": tokenizer.pad_token_id, **kw}
+    return generate(model, ids, mask, seeds, **kw), generate(model, ids, mask, seeds, compile=True, **kw)
+
+
+@pytest.mark.parametrize("kw", [{}, {"temperature": 0.7, "top_p": 0.9}, {"temperature": 0.0}])
+def test_functional_decode_step_gives_the_same_samples(model, tokenizer, monkeypatch, kw):
+    ref, fast = _functional_vs_eager(model, tokenizer, monkeypatch, compile_step=False, **kw)
+    _assert_same_rollouts(ref, fast)
+    assert torch.allclose(ref.logprobs, fast.logprobs, atol=1e-5)
+
+
+def test_functional_decode_step_with_and_without_dropping_rows(tiny_model, tokenizer, monkeypatch):
+    monkeypatch.setitem(llama_fast._COMPILED, "step", llama_fast.decode_step)
+    ids, mask, seeds = _batch(tokenizer, group=8)
+    kw = dict(max_new_tokens=24, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, compile=True)
+    outs = []
+    for fraction in (0.0, 2.0):
+        monkeypatch.setattr(torch_ar, "COMPACT_FRACTION", fraction)
+        outs.append(generate(tiny_model, ids, mask, seeds, **kw))
+    _assert_same_rollouts(*outs)
+
+
+@pytest.mark.slow  # torch.compile takes tens of seconds on a small CPU
+def test_compiled_decode_step_gives_the_same_samples(tokenizer, monkeypatch):
+    model = load_causal_lm("rlvr:countdown-warmstart", seed=0)[0]
+    ref, fast = _functional_vs_eager(model, tokenizer, monkeypatch, compile_step=True)
+    _assert_same_rollouts(ref, fast)
+    assert torch.allclose(ref.logprobs, fast.logprobs, atol=2e-5)  # inductor's own op order

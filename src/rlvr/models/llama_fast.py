@@ -251,11 +251,65 @@ def _cache_buffers(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     return pool[0][:numel].view(shape).zero_(), pool[1][:numel].view(shape)
 
 
+def decode_step(tokens, cos, sin, cache, key_bias, embed, norm, lm_head, lm_bias, layers, heads: int, kv: int,
+                eps: float):
+    """One decode step as a pure function, for `torch.compile` (shapes: b rows, S cache columns).
+
+    tokens (b,); cos/sin (b, 1, d/2) RoPE at each row's position; cache (L, 2, b, kv, S, d) holds
+    the earlier keys/values; key_bias (b, kv, 1, S) is 0 on readable columns and -inf elsewhere
+    (including this step's column, which is not written yet); layers: (ln1, wqkv, bqkv, wo, bo,
+    ln2, wgu, wd) per layer, as in `LlamaWeights`. Returns (next-token logits (b, V), this step's
+    keys/values (L, 2, b, kv, d)), which the caller writes into the cache: the same math as
+    `Decoder.step`, but over all S columns (the new key is scored separately and joined in the
+    softmax) so that every shape stays fixed while the cache fills.
+    """
+    b = tokens.shape[0]
+    d = cache.shape[-1]
+    hidden = embed.shape[1]
+    x = F.embedding(tokens, embed)
+    scale = d ** -0.5
+    new = []
+    for i, (ln1, wqkv, bqkv, wo, bo, ln2, wgu, wd) in enumerate(layers):
+        fused = F.linear(F.rms_norm(x, (hidden,), ln1, eps), wqkv, bqkv).unflatten(-1, (heads + 2 * kv, d // 2, 2))
+        re, im = fused[:, :heads + kv, :, 0], fused[:, :heads + kv, :, 1]
+        qk = torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1).flatten(-2)  # RoPE, permuted layout
+        v = fused[:, heads + kv:].flatten(-2)                                               # (b, kv, d)
+        q = qk[:, :heads].reshape(b, kv, heads // kv, d)
+        k = qk[:, heads:]
+        scores = torch.cat([torch.matmul(q, cache[i, 0].transpose(-1, -2)) * scale + key_bias,
+                            (q * k[:, :, None, :]).sum(-1, keepdim=True) * scale], dim=-1)  # (b, kv, h/kv, S+1)
+        p = scores.softmax(-1)
+        attn = torch.matmul(p[..., :-1], cache[i, 1]) + p[..., -1:] * v[:, :, None, :]
+        x = x + F.linear(attn.reshape(b, heads * d), wo, bo)
+        gate, up = F.linear(F.rms_norm(x, (hidden,), ln2, eps), wgu).chunk(2, dim=-1)
+        x = x + F.linear(F.silu(gate) * up, wd)
+        new.append(torch.stack([k, v]))
+    logits = F.linear(F.rms_norm(x, (hidden,), norm, eps), lm_head, lm_bias)
+    return logits, torch.stack(new)
+
+
+_COMPILED: dict = {}
+
+
+def compiled_decode_step():
+    """`decode_step` through `torch.compile` (inductor), built once per process; dynamic shapes so
+    that the batch (rows dropped by `Decoder.keep`) and the cache width do not recompile."""
+    if "step" not in _COMPILED:
+        _COMPILED["step"] = torch.compile(decode_step, dynamic=True, fullgraph=True)
+    return _COMPILED["step"]
+
+
 class Decoder:
     """Prefill once per distinct prompt, then one token per live row per `step`, into a static
-    KV cache of width Tp + max_new_tokens. Rows are slots; `keep` drops finished slots."""
+    KV cache of width Tp + max_new_tokens. Rows are slots; `keep` drops finished slots.
 
-    def __init__(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int):
+    `compiled=True` runs each step through `compiled_decode_step()` (same samples, log-probs
+    within float rounding; tests/perf), which pays only when enough decode steps follow the
+    one-off compile (tens of seconds on a small CPU; bench/README.md)."""
+
+    def __init__(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int, *,
+                 compiled: bool = False):
+        self.compiled = compiled
         w = self.w = LlamaWeights(model)
         ids_u, mask_u, row = unique_prompts(prompt_ids, prompt_mask)
         b, tp = prompt_ids.shape
@@ -300,6 +354,8 @@ class Decoder:
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (b,); returns next-token logits (b, V)."""
+        if self.compiled:
+            return self._compiled_step(tokens)
         w, col = self.w, self.width
         b = tokens.shape[0]
         h, kv, d = w.heads, w.kv_heads, w.head_dim
@@ -325,3 +381,17 @@ class Decoder:
         self.width += 1
         self.pos = self.pos + 1
         return w.logits(x)
+
+    def _compiled_step(self, tokens: torch.Tensor) -> torch.Tensor:
+        w, col = self.w, self.width
+        if not hasattr(self, "_layers"):
+            self._layers = [(l.ln1, l.wqkv, l.bqkv, l.wo, l.bo, l.ln2, l.wgu, l.wd) for l in w.layers]
+            self._cos, self._sin = self.rot_table.real.contiguous(), self.rot_table.imag.contiguous()
+        logits, new = compiled_decode_step()(tokens, self._cos[self.pos], self._sin[self.pos], self.cache,
+                                             self.key_bias, w.embed, w.norm, w.lm_head, w.lm_bias, self._layers,
+                                             w.heads, w.kv_heads, w.eps)
+        self.cache[:, :, :, :, col] = new
+        self.key_bias[..., col] = 0.0
+        self.width += 1
+        self.pos = self.pos + 1
+        return logits

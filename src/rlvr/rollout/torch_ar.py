@@ -78,19 +78,22 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
 @torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, *,
              max_new_tokens: int, eos_id: int, pad_id: int,
-             temperature: float = 1.0, top_p: float = 1.0, fast: bool = True) -> Rollouts:
+             temperature: float = 1.0, top_p: float = 1.0, fast: bool = True, compile: bool = False) -> Rollouts:
     """Sample one completion per row. prompt_ids/prompt_mask (B, Tp), seeds (B,) int.
 
     Llama-family models take the fast path (`models.llama_fast`: one prefill per distinct
     prompt, static KV cache, finished rows dropped); anything else, or `fast=False`, runs the
     plain `transformers` forward with its dynamic cache. Both give the same samples (tests/perf).
+    `compile=True` runs the fast path's decode steps through `torch.compile` (same samples; the
+    first call in a process pays the compile, tens of seconds on a small CPU).
     """
     was_training = model.training
     model.eval()
     try:
         if fast and prompt_ids.shape[0] and llama_fast.supports(model):
             return _generate_fast(model, prompt_ids, prompt_mask, seeds, max_new_tokens=max_new_tokens,
-                                  eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p)
+                                  eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p,
+                                  compiled=compile)
         return _generate_hf(model, prompt_ids, prompt_mask, seeds, max_new_tokens=max_new_tokens,
                             eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p)
     finally:
@@ -119,9 +122,9 @@ costs about one decode step, so compacting after every finished row would not pa
 
 
 def _generate_fast(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_id, pad_id,
-                   temperature, top_p) -> Rollouts:
+                   temperature, top_p, compiled=False) -> Rollouts:
     batch = prompt_ids.shape[0]
-    decoder = llama_fast.Decoder(model, prompt_ids, prompt_mask, max_new_tokens)
+    decoder = llama_fast.Decoder(model, prompt_ids, prompt_mask, max_new_tokens, compiled=compiled)
     tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)
     logprobs = torch.zeros((batch, max_new_tokens))
     length = torch.zeros(batch, dtype=torch.long)
@@ -159,7 +162,8 @@ def _decode(decoder, logits, seeds, tokens, logprobs, length, done, *, max_new_t
         finished = int(slot_done.sum())
         if finished == len(rows):
             break
-        if finished >= COMPACT_FRACTION * len(rows):
+        # (The compiled step specialises batch size 1: keep at least 2 slots rather than recompile.)
+        if finished >= COMPACT_FRACTION * len(rows) and not (getattr(decoder, "compiled", False) and finished > len(rows) - 2):
             live = (~slot_done).nonzero().squeeze(-1)
             decoder.keep(live)
             rows, slot_seeds, tok = rows[live], slot_seeds[live], tok[live]
