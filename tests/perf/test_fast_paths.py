@@ -208,3 +208,84 @@ def test_compiled_decode_step_gives_the_same_samples(tokenizer, monkeypatch):
     ref, fast = _functional_vs_eager(model, tokenizer, monkeypatch, compile_step=True)
     _assert_same_rollouts(ref, fast)
     assert torch.allclose(ref.logprobs, fast.logprobs, atol=2e-5)  # inductor's own op order
+
+
+def test_chunked_head_logprobs_match_the_plain_computation():
+    torch.manual_seed(4)
+    hidden = torch.randn(37, 16, requires_grad=True)
+    weight = torch.randn(300, 16, requires_grad=True)
+    tokens = torch.randint(0, 300, (37,))
+    from rlvr.models.policy import chunked_head_logprobs, gather_logprobs, token_entropy
+
+    def head(h):
+        return torch.nn.functional.linear(h, weight)
+    grads = []
+    for chunked in (False, True):
+        hidden.grad = weight.grad = None
+        if chunked:
+            logp, ent = chunked_head_logprobs(head, hidden, tokens, temperature=0.7, with_entropy=True, chunk_rows=5)
+        else:
+            logits = head(hidden) / 0.7
+            logp, ent = gather_logprobs(logits[None], tokens[None])[0], token_entropy(logits)
+        (logp * torch.linspace(-1, 1, 37)).sum().add(0.3 * ent.sum()).backward()
+        grads.append((logp.detach(), ent.detach(), hidden.grad.clone(), weight.grad.clone()))
+    for plain, chunked in zip(*grads):
+        assert torch.allclose(plain, chunked, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        logp, ent = chunked_head_logprobs(head, hidden, tokens, temperature=0.7, chunk_rows=5)
+    assert ent is None and torch.allclose(logp, grads[0][0], atol=1e-5)
+
+
+def test_policy_uses_the_chunked_head_past_the_threshold_with_the_same_gradients(model, tokenizer, monkeypatch):
+    from rlvr.models import policy as policy_module
+    ids, mask, seeds = _batch(tokenizer)
+    out = generate(model, ids, mask, seeds, max_new_tokens=12, eos_id=tokenizer.eos_token_id,
+                   pad_id=tokenizer.pad_token_id, temperature=0.8)
+    kw = {"completion_mask": out.completion_mask}
+    ref = _loss_and_grads(CausalPolicy(model, temperature=0.8), model, out, **kw)
+    monkeypatch.setattr(policy_module, "CHUNK_ELEMENTS", 4 * len(tokenizer) * 7)  # 7-row chunks
+    calls = []
+    real = policy_module.chunked_head_logprobs
+    monkeypatch.setattr(policy_module, "chunked_head_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    logp, ent, grads = _loss_and_grads(CausalPolicy(model, temperature=0.8), model, out, **kw)
+    assert calls
+    assert torch.allclose(logp, ref[0], atol=1e-6) and torch.allclose(ent, ref[1], atol=1e-6)
+    for name, g in grads.items():
+        assert (g - ref[2][name]).abs().max() <= 1e-5 * ref[2][name].abs().max() + 1e-7, name
+
+
+def test_on_policy_step_reuses_the_training_forward_for_old_logprobs(tiny_model, tokenizer, monkeypatch):
+    """Issue 7: with one epoch and one minibatch the trainer skips the old-log-prob forward
+    (old = detached current log-probs, ratio 1) and gets the same gradients as recomputing them."""
+    from rlvr.algos.aggregate import AGGREGATIONS
+    from rlvr.algos.objectives import ppo_clip
+    from rlvr.trainer import sync
+    from rlvr.trainer.step import LossSpec, TrainBatch, micro_batch_loss
+
+    ids, mask, seeds = _batch(tokenizer)
+    out = generate(tiny_model, ids, mask, seeds, max_new_tokens=12, eos_id=tokenizer.eos_token_id,
+                   pad_id=tokenizer.pad_token_id)
+    adv = torch.randn(len(ids), 1, generator=torch.Generator().manual_seed(0)) * out.completion_mask
+    policy = CausalPolicy(tiny_model)
+    spec = LossSpec(objective=ppo_clip, aggregation=AGGREGATIONS["seq_mean_token_mean"], kl_estimator=None,
+                    kl_coef=0.0, entropy_coef=0.01, hparams={"clip_low": 0.2, "clip_high": 0.2})
+    grads = []
+    for reuse in (True, False):
+        batch = TrainBatch(ids, mask, out.completion_ids, out.completion_mask, adv, rollout_logp=out.logprobs)
+        if not reuse:
+            batch.old_logp = sync._logprobs(policy, batch, len(batch))
+        tiny_model.zero_grad()
+        loss, _ = micro_batch_loss(policy, batch, spec, num_tokens=float(out.completion_mask.sum()),
+                                   num_seqs=float(len(batch)))
+        loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in tiny_model.parameters() if p.grad is not None]))
+    assert (grads[0] - grads[1]).norm() <= 1e-6 * grads[1].norm()
+
+    # And rl_step makes no separate no-grad log-prob pass when on-policy.
+    from rlvr.config import load_config
+    c = sync.build_components(load_config(None, ["model.path=", "rollout.prompts_per_step=2",
+                                                 "rollout.group_size=4", "rollout.max_new_tokens=6"]))
+    calls = []
+    monkeypatch.setattr(sync, "_logprobs", lambda *a, **k: calls.append(1))
+    sync.rl_step(c, 1)
+    assert calls == []

@@ -8,8 +8,13 @@ likelihood estimator.
 from __future__ import annotations
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from rlvr.models import llama_fast
+
+CHUNK_ELEMENTS = 1 << 24
+"""The fast path computes the LM head in row chunks once tokens × vocabulary exceeds this (64 MB
+of float32 per (tokens, vocabulary) tensor; the default 101-token vocabulary never does)."""
 
 
 def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, chunk_size: int = 4096) -> torch.Tensor:
@@ -23,6 +28,29 @@ def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, chunk_size: i
         return picked - logits.logsumexp(-1)
     parts = [chunk.logsumexp(-1) for chunk in logits.split(chunk_size, dim=-1)]
     return picked - torch.stack(parts, -1).logsumexp(-1)
+
+
+def chunked_head_logprobs(head, hidden: torch.Tensor, tokens: torch.Tensor, *, temperature: float = 1.0,
+                          with_entropy: bool = False, chunk_rows: int = 256):
+    """log softmax(head(hidden) / temperature)[tokens] and the entropy, in row chunks.
+    hidden (M, H), tokens (M,) -> (log-probs (M,), entropy (M,) or None).
+
+    Each chunk's (chunk_rows, V) logits are recomputed in the backward pass (activation
+    checkpointing), so peak memory holds a few (chunk_rows, V) tensors instead of several (M, V)
+    ones (logits, scaled logits, log-softmax and its exp for the entropy): the difference
+    between megabytes and gigabytes at a 150k-token vocabulary. Same values and gradients as the
+    unchunked computation up to float summation order (tests/perf).
+    """
+    def piece(h, t):
+        logits = head(h).float() / temperature
+        logp = gather_logprobs(logits[None], t[None])[0]
+        return (logp, token_entropy(logits)) if with_entropy else (logp,)
+
+    grad = torch.is_grad_enabled()
+    parts = [checkpoint(piece, h, t, use_reentrant=False) if grad else piece(h, t)
+             for h, t in zip(hidden.split(chunk_rows), tokens.split(chunk_rows))]
+    logp = torch.cat([p[0] for p in parts])
+    return logp, (torch.cat([p[1] for p in parts]) if with_entropy else None)
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -89,14 +117,19 @@ class CausalPolicy:
             lengths = _up_to_last_one(completion_mask).sum(-1).long()
         w = llama_fast.LlamaWeights(self.model)
         hidden, index = llama_fast.completion_hidden(w, prompt_ids, prompt_mask, completion_ids, lengths)
-        logits = w.logits(hidden).float() / self.temperature                  # (M, V), packed
         tokens = completion_ids.flatten()[index]
         size = completion_ids.numel()
-        logp = gather_logprobs(logits[None], tokens[None])[0]
+        vocab = w.lm_head.shape[0]
+        if hidden.shape[0] * vocab > CHUNK_ELEMENTS:  # large vocabulary: never hold (M, V) tensors
+            logp, entropy = chunked_head_logprobs(w.logits, hidden, tokens, temperature=self.temperature,
+                                                  with_entropy=with_entropy,
+                                                  chunk_rows=max(1, CHUNK_ELEMENTS // 4 // vocab))
+        else:
+            logits = w.logits(hidden).float() / self.temperature              # (M, V), packed
+            logp = gather_logprobs(logits[None], tokens[None])[0]
+            entropy = token_entropy(logits) if with_entropy else None
         logp = logp.new_zeros(size).index_copy(0, index, logp).view_as(completion_ids)
-        entropy = None
         if with_entropy:
-            entropy = token_entropy(logits)
             entropy = entropy.new_zeros(size).index_copy(0, index, entropy).view_as(completion_ids)
         return logp, entropy
 
