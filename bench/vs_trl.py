@@ -16,6 +16,16 @@ after N steps for both (same evaluator), and the roofline: float32 matmul GFLOP/
 the model's shapes in this run, the ideal step time (prefill 2N·P + decode 2N·C + forward/
 backward 6N·(P+C) per completion, N = parameters, plus attention), and utilisation = ideal / actual.
 
+Peak memory: the process's resident-set high-water mark during each step (Linux: writing "5" to
+/proc/self/clear_refs resets VmHWM to the current RSS at the step's start; VmHWM is read at its
+end), reported as the median peak and the median rise over the RSS at the step's start. RSS counts
+everything the step touches (weights, optimizer state, allocator caches), unlike torch.profiler's
+memory view, which sees only tensors allocated through torch while profiling and slows the step.
+
+`--memory-vocab V` instead measures one rlvr training forward + backward (log-probs and entropy
+of B completions) for a tiny-hidden Llama with a V-token vocabulary, with the LM head unchunked
+(full (tokens, V) logits, log-softmax and entropy tensors) and chunked (policy.CHUNK_ELEMENTS).
+
 TRL is imported here only; the library never needs it.
 """
 
@@ -43,6 +53,32 @@ from rlvr.trainer.evaluate import decode_completions, encode_prompts  # noqa: E4
 from rlvr.trainer.sync import build_components, rl_step  # noqa: E402
 
 WARM_START = "rlvr:countdown-warmstart"
+
+
+def _proc_status_mb(field: str) -> float:
+    """VmRSS / VmHWM of this process in MB (nan where /proc is unavailable)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def reset_peak_rss() -> float:
+    """Reset the RSS high-water mark to the current RSS; returns the current RSS in MB."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return _proc_status_mb("VmRSS")
+
+
+def peak_rss() -> float:
+    return _proc_status_mb("VmHWM")
 
 
 def rlvr_config(args, seed: int):
@@ -113,13 +149,15 @@ def run_rlvr(args, seed: int) -> dict:
     c.reward = _Timer(c.reward, totals, "reward")
     c.policy.token_logprobs = _Timer(c.policy.token_logprobs, totals, "forward")
     c.optimizer.step = _Timer(c.optimizer.step, totals, "optimizer")
-    steps, cpu, breakdown, tokens = [], [], [], []
+    steps, cpu, breakdown, tokens, memory = [], [], [], [], []
     for step in range(1, args.steps + 1):
         totals.clear()
+        rss0 = reset_peak_rss()
         t0, c0 = time.perf_counter(), time.process_time()
         metrics, _ = rl_step(c, step)
         steps.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
+        memory.append((peak_rss(), peak_rss() - rss0))
         tokens.append(metrics["response/length_mean"] * args.prompts * args.group)
         update = metrics["time/update_s"]
         breakdown.append({
@@ -131,7 +169,7 @@ def run_rlvr(args, seed: int) -> dict:
             "optimizer": totals.get("optimizer", 0.0),
         })
     acc = heldout_accuracy(c.model, c.tokenizer, c.task, args.max_new_tokens)
-    return {"steps": steps, "cpu": cpu, "tokens": tokens, "breakdown": breakdown, "heldout": acc}
+    return {"steps": steps, "cpu": cpu, "tokens": tokens, "breakdown": breakdown, "heldout": acc, "memory": memory}
 
 
 def run_trl(args, seed: int, examples) -> dict:
@@ -150,15 +188,17 @@ def run_trl(args, seed: int, examples) -> dict:
         out = c.reward([ex.prompt for ex in group], completions, [dataclasses.asdict(ex) for ex in group])
         return out.rewards
 
-    steps, cpu, tokens = [], [], []
+    steps, cpu, tokens, memory = [], [], [], []
 
     class StepTimes(TrainerCallback):
         def on_step_begin(self, *_, **__):
+            self.rss0 = reset_peak_rss()
             self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_step_end(self, *_, **__):
             steps.append(time.perf_counter() - self.t0)
             cpu.append(time.process_time() - self.c0)
+            memory.append((peak_rss(), peak_rss() - self.rss0))
 
     batch = args.prompts * args.group
     with tempfile.TemporaryDirectory() as out:
@@ -179,7 +219,7 @@ def run_trl(args, seed: int, examples) -> dict:
                 tokens.append(record["completions/mean_length"] * batch)
     torch.set_num_threads(args.threads)  # the HF Trainer may touch thread settings; restore ours
     acc = heldout_accuracy(model, tokenizer, c.task, args.max_new_tokens)
-    return {"steps": steps, "cpu": cpu, "tokens": tokens, "heldout": acc}
+    return {"steps": steps, "cpu": cpu, "tokens": tokens, "heldout": acc, "memory": memory}
 
 
 def ideal_seconds(n_params: int, cfg, prompt_len: float, completion_len: float, batch: int,
@@ -211,12 +251,63 @@ def main(argv=None) -> None:
                         "speed only: it has no Countdown skill, so completions run to max_new_tokens)")
     p.add_argument("--no-pass-mask", dest="pass_mask", action="store_false",
                    help="do not emulate the trainer passing completion_mask to token_logprobs")
+    p.add_argument("--memory-vocab", type=int, default=0,
+                   help="only measure peak memory of one rlvr training forward+backward at this vocabulary size, "
+                        "LM head unchunked vs chunked (no TRL)")
+    p.add_argument("--memory-batch", type=int, default=32, help="completions in the --memory-vocab step")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"# load before: {os.getloadavg()}  threads={args.threads}  torch {torch.__version__}")
+    if args.memory_vocab:
+        memory_probe(args)
+        return
     with tempfile.TemporaryDirectory() as scratch:
         args.model_path = WARM_START if args.scale == 1 else _large_model(scratch)
         _compare(args)
+
+
+def memory_probe(args) -> None:
+    """Peak RSS of one training forward + backward at a large vocabulary, LM head unchunked vs chunked."""
+    import gc
+
+    from rlvr.models import policy as policy_module
+    from rlvr.models.causal_lm import tiny_llama
+    from rlvr.models.policy import CausalPolicy
+
+    vocab, b, tc, tp = args.memory_vocab, args.memory_batch, args.max_new_tokens, 12
+    model = tiny_llama(vocab, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, max_seq_len=64, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(3, vocab, (b // 8, tp), generator=gen).repeat_interleave(8, 0)[:b]
+    prompt_mask = torch.ones_like(prompt_ids)
+    completion_ids = torch.randint(3, vocab, (b, tc), generator=gen)
+    completion_mask = torch.ones(b, tc)
+    advantages = torch.randn(b, 1, generator=gen)
+    policy = CausalPolicy(model)
+    default = policy_module.CHUNK_ELEMENTS
+    print(f"\nmodel: {param_count(model):,} parameters, vocabulary {vocab:,}, hidden 64; {b} completions x {tc} tokens "
+          f"({b * tc} scored tokens: one (tokens, V) float32 tensor = {b * tc * vocab * 4 / 2**20:,.0f} MB)")
+    print("\n| LM head | peak RSS (MB) | rise over step start (MB) | seconds |\n|---|---|---|---|")
+    results = {}
+    for label, threshold in (("unchunked", float("inf")), ("chunked", default)):
+        policy_module.CHUNK_ELEMENTS = threshold
+        for _ in range(2):  # the second pass is the one reported (allocator and caches warm)
+            model.zero_grad(set_to_none=True)
+            gc.collect()
+            rss0 = reset_peak_rss()
+            t0 = time.perf_counter()
+            logp, entropy = policy.token_logprobs(prompt_ids, prompt_mask, completion_ids, with_entropy=True,
+                                                  completion_mask=completion_mask)
+            loss = -(logp * advantages).mean() - 0.01 * entropy.mean()
+            loss.backward()
+            seconds = time.perf_counter() - t0
+            peak = peak_rss()
+            grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+            del logp, entropy, loss
+        results[label] = grad
+        print(f"| {label} | {peak:,.0f} | {peak - rss0:,.0f} | {seconds:.2f} |", flush=True)
+    policy_module.CHUNK_ELEMENTS = default
+    diff = (results["chunked"] - results["unchunked"]).norm() / results["unchunked"].norm()
+    print(f"\nrelative gradient difference chunked vs unchunked: {diff:.1e}")
 
 
 def _large_model(directory: str) -> str:
@@ -270,6 +361,10 @@ def _compare(args) -> None:
     print(f"| median CPU s/step (process time; with 1 thread, the wall time without contention) | "
           f"{trl_cpu:.3f} | {our_cpu:.3f} |")
     print(f"| completion tokens/s | {trl_tok:,.0f} | {our_tok:,.0f} |")
+    for i, name in enumerate(("peak RSS during a step (MB)", "rise of RSS during a step (MB)")):
+        trl_m = median([m[i] for _, _, t, _ in results for m in t["memory"][k:]])
+        our_m = median([m[i] for _, _, _, o in results for m in o["memory"][k:]])
+        print(f"| median {name} | {trl_m:,.0f} | {our_m:,.0f} |")
     accs_t = [t["heldout"] for _, _, t, _ in results]
     accs_o = [o["heldout"] for _, _, _, o in results]
     print(f"| held-out greedy accuracy after {args.steps} steps (per seed) | "
