@@ -16,7 +16,8 @@ import resource
 import time
 from pathlib import Path
 
-from _sweep import report, run_sweep
+import torch
+from _sweep import REPO, report, run_sweep
 
 from rlvr.config import load_config
 from rlvr.trainer import build
@@ -25,9 +26,11 @@ from rlvr.trainer.evaluate import greedy_accuracy
 RECIPES = ["diffu_grpo", "coupled_grpo", "espo", "bgpo", "spg", "wd1", "trace", "justgrpo"]
 
 
-def sampler_tradeoff(recipe: Path) -> str:
+def sampler_tradeoff(recipe: Path, overrides: list[str] = ()) -> str:
     """Greedy held-out accuracy of the recipe's warm start for several (steps, block) settings."""
-    base = load_config(recipe)
+    base = load_config(recipe, list(overrides))
+    if base.trainer.threads:
+        torch.set_num_threads(base.trainer.threads)
     length = base.rollout.max_new_tokens
     model, tokenizer = build.build_model(base)
     task = build.build_task(base, tokenizer)
@@ -36,7 +39,7 @@ def sampler_tradeoff(recipe: Path) -> str:
         for block in (length, length // 2):
             if steps % (length // block):
                 continue
-            cfg = load_config(recipe, [f"rollout.diffusion_steps={steps}", f"rollout.block_length={block}"])
+            cfg = load_config(recipe, [*overrides, f"rollout.diffusion_steps={steps}", f"rollout.block_length={block}"])
             engine = build.build_engine(cfg, model, tokenizer)
             t0 = time.perf_counter()
             acc = greedy_accuracy(engine, tokenizer, task, task.heldout())
@@ -61,7 +64,7 @@ def main() -> None:
     print(report(out, ["eval/heldout_accuracy", "reward/mean", "time/step_s", "perf/forwards_per_update",
                        "perf/peak_rss_mb"],
                  ["eval/heldout_accuracy", "reward/mean"]))
-    print(sampler_tradeoff(Path(recipes[0])))
+    print(sampler_tradeoff(REPO / recipes[0], args.overrides))
     print(f"bench process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
 
 

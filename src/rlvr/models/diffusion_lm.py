@@ -328,6 +328,9 @@ def load_diffusion_lm(path: str | None, *, seed: int, hidden_size: int = 128, nu
         return tiny_diffusion_lm(config, seed=seed), tokenizer
     from transformers import AutoTokenizer
 
+    from rlvr.models.causal_lm import resolve_model_path
+
+    path = resolve_model_path(path)  # `rlvr:NAME` = a checkpoint shipped in the package
     model = load_diffusion_model(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
