@@ -115,7 +115,7 @@ def main(argv=None) -> None:
         decode = (2 * n_params + attention_flops_per_token(model.config, prompt_len + length / 2)) * length
         flops = batch * (prefill + decode)
 
-        def share(seconds):
+        def share(seconds, flops=flops, peak=peak):
             return f"{flops / seconds / 1e9 / peak:.0%}"
         extra = f" {share(comp[0])} | {share(comp[1])} |" if comp else ""
         print(f"| {batch} | {length} | {peak:.0f} | {flops / ours[0] / 1e9:.0f} | {share(ours[0])} | {share(ours[1])} |"

@@ -194,7 +194,7 @@ def test_functional_decode_step_gives_the_same_samples(model, tokenizer, monkeyp
 def test_functional_decode_step_with_and_without_dropping_rows(tiny_model, tokenizer, monkeypatch):
     monkeypatch.setitem(llama_fast._COMPILED, "step", llama_fast.decode_step)
     ids, mask, seeds = _batch(tokenizer, group=8)
-    kw = dict(max_new_tokens=24, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, compile=True)
+    kw = {"max_new_tokens": 24, "eos_id": tokenizer.eos_token_id, "pad_id": tokenizer.pad_token_id, "compile": True}
     outs = []
     for fraction in (0.0, 2.0):
         monkeypatch.setattr(torch_ar, "COMPACT_FRACTION", fraction)

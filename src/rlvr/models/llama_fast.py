@@ -20,6 +20,10 @@ against it), only arranged differently:
    rotated pair (i, i+d/2) is adjacent — dot products q·k are unchanged); RMSNorm is
    `F.rms_norm`; decode attention is two batched matmuls on the static cache.
 
+`decode_step` is the decode step as a pure function over the whole static cache width, for
+`torch.compile` (opt-in, `generate(compile=True)`); measured on a 2-core CPU it compiles in
+30–70 s and runs no faster than the eager step (bench/README.md), so nothing uses it by default.
+
 Anything this module does not model (non-default RoPE, sliding windows, MLP biases, dropout in
 training, PEFT wrappers, other architectures) makes `supports()` return False, and callers use
 the plain `transformers` forward.
