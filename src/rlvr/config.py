@@ -67,7 +67,7 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    prompts_per_step: int = 4  # P: fresh prompts per step
+    prompts_per_step: int = 8  # P: fresh prompts per step
     group_size: int = 16  # G: completions per prompt (B = P·G)
     max_new_tokens: int = 16  # completion length cap (longer samples are truncated)
     temperature: float = 1.0  # sampling temperature (the trainer's log-probs use the same)
@@ -109,8 +109,8 @@ class AlgoConfig:
     overlong_buffer: int = 0  # DAPO soft overlong punishment: buffer in tokens below max_new_tokens, 0 = off
     overlong_factor: float = 1.0  # DAPO soft overlong punishment at max_new_tokens
     overlong_filter: bool = False  # DAPO overlong filtering: truncated completions get no loss
-    dynamic_sampling: bool = False  # DAPO: drop zero-variance groups and backfill with fresh prompts
-    max_sampling_rounds: int = 4  # dynamic sampling: rollout rounds per step before giving up
+    dynamic_sampling: bool = True  # DAPO: drop zero-variance groups (backfilled while rounds remain)
+    max_sampling_rounds: int = 1  # dynamic sampling: rollout rounds per step; 1 = filter, no backfill
     rollout_correction: bool = False  # weight the loss by pi_old / pi_rollout (TIS / MIS)
     correction_level: str = "token"  # rollout correction: `token` or `sequence` weights
     correction_mode: str = "truncate"  # rollout correction: `truncate` (TIS) or `mask` (MIS)

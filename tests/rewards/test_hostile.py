@@ -285,7 +285,11 @@ def test_all_at_once_16_wide(sandbox, host):
     correct = [dict(source="print(sum(range(10)))")] * 10
     results = sandbox.run_many(jobs + bombs + correct)
     for name, result in zip(names, results):
-        allowed = PROGRAMS[name][1]
+        allowed = set(PROGRAMS[name][1])
+        if allowed & {Verdict.MEMORY_LIMIT, Verdict.RESOURCE_LIMIT}:
+            # 16 sandboxes on 2 busy cores: a hog may reach the wall clock before its memory or
+            # process limit. That kill contains it just as well (the host checks below still run).
+            allowed.add(Verdict.TIMEOUT)
         assert result.verdict in allowed, f"{name} under concurrency: {result.verdict} {result.detail}"
     for result in results[len(jobs):len(jobs) + len(bombs)]:
         assert result.verdict is Verdict.RESOURCE_LIMIT
