@@ -86,8 +86,9 @@ def rlvr_config(args, seed: int):
         f"seed={seed}", f"model.path={args.model_path}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.temperature=1.0",
-        f"optim.lr={args.lr}", "optim.warmup_steps=0", "optim.grad_clip=1.0",
-        "algo.kl_coef=0.0", "algo.advantage=grpo", "algo.objective=ppo_clip",
+        f"optim.lr={args.lr}", "optim.warmup_steps=0", "optim.grad_clip=1.0", "optim.schedule=constant",
+        # like TRL: every group trains, constant LR (the package defaults filter groups, decay the LR)
+        "algo.kl_coef=0.0", "algo.dynamic_sampling=false", "algo.advantage=grpo", "algo.objective=ppo_clip",
         "algo.aggregation=seq_mean_token_mean",
         f"trainer.micro_batch_size={args.prompts * args.group}", f"trainer.steps={args.steps}",
     ])
