@@ -304,6 +304,8 @@ def _loop(c: Components, run: RunDir, start: int, echo) -> dict:
     if start == 0:
         for key, value in derived_batch_numbers(config).items():
             echo(f"  {key:<42} {value}")
+        if config.algo.dynamic_sampling:
+            echo("  (upper bounds: groups whose rewards all tie are dropped before the update)")
         first = evaluate(c, probe)
         for tracker in trackers:
             tracker.log_metrics(0, first)
