@@ -314,6 +314,9 @@ class Decoder:
     def __init__(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int, *,
                  compiled: bool = False):
         self.compiled = compiled
+        # Fewest live slots `keep` may leave: the compiled step specialises batch size 1, so stay
+        # at 2 rather than recompile.
+        self.min_live = 2 if compiled else 1
         w = self.w = LlamaWeights(model)
         ids_u, mask_u, row = unique_prompts(prompt_ids, prompt_mask)
         b, tp = prompt_ids.shape
@@ -332,6 +335,9 @@ class Decoder:
         self.key_bias = torch.full((b, w.kv_heads, 1, tp + max_new_tokens), float("-inf"))
         self.key_bias[:, :, 0, :tp].masked_fill_(mask_u.bool()[row][:, None, :], 0.0)
         self.rot_table = w.rope(torch.arange(tp + max_new_tokens + 1))     # (S+1, 1, d/2)
+        if compiled:  # the pure step's arguments: weight tuples and RoPE as cos/sin tables
+            self._layers = [(l.ln1, l.wqkv, l.bqkv, l.wo, l.bo, l.ln2, l.wgu, l.wd) for l in w.layers]
+            self._cos, self._sin = self.rot_table.real.contiguous(), self.rot_table.imag.contiguous()
         self.width = tp
         self.pos = mask_u.sum(-1)[row]                   # (b,) position of the next token
         self.logits = w.logits(x[:, -1])[row]            # (b, V) next-token logits
@@ -388,9 +394,6 @@ class Decoder:
 
     def _compiled_step(self, tokens: torch.Tensor) -> torch.Tensor:
         w, col = self.w, self.width
-        if not hasattr(self, "_layers"):
-            self._layers = [(l.ln1, l.wqkv, l.bqkv, l.wo, l.bo, l.ln2, l.wgu, l.wd) for l in w.layers]
-            self._cos, self._sin = self.rot_table.real.contiguous(), self.rot_table.imag.contiguous()
         logits, new = compiled_decode_step()(tokens, self._cos[self.pos], self._sin[self.pos], self.cache,
                                              self.key_bias, w.embed, w.norm, w.lm_head, w.lm_bias, self._layers,
                                              w.heads, w.kv_heads, w.eps)

@@ -162,8 +162,7 @@ def _decode(decoder, logits, seeds, tokens, logprobs, length, done, *, max_new_t
         finished = int(slot_done.sum())
         if finished == len(rows):
             break
-        # (The compiled step specialises batch size 1: keep at least 2 slots rather than recompile.)
-        if finished >= COMPACT_FRACTION * len(rows) and not (getattr(decoder, "compiled", False) and finished > len(rows) - 2):
+        if finished >= COMPACT_FRACTION * len(rows) and len(rows) - finished >= decoder.min_live:
             live = (~slot_done).nonzero().squeeze(-1)
             decoder.keep(live)
             rows, slot_seeds, tok = rows[live], slot_seeds[live], tok[live]
