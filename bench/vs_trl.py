@@ -81,6 +81,12 @@ def peak_rss() -> float:
     return _proc_status_mb("VmHWM")
 
 
+def _peak_and_rise(rss0: float) -> tuple[float, float]:
+    """(peak RSS since the last reset, its rise over `rss0`), from one read of /proc."""
+    peak = peak_rss()
+    return peak, peak - rss0
+
+
 def rlvr_config(args, seed: int):
     return load_config(None, [
         f"seed={seed}", f"model.path={args.model_path}",
@@ -158,7 +164,7 @@ def run_rlvr(args, seed: int) -> dict:
         metrics, _ = rl_step(c, step)
         steps.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-        memory.append((peak_rss(), peak_rss() - rss0))
+        memory.append(_peak_and_rise(rss0))
         tokens.append(metrics["response/length_mean"] * args.prompts * args.group)
         update = metrics["time/update_s"]
         breakdown.append({
@@ -199,7 +205,7 @@ def run_trl(args, seed: int, examples) -> dict:
         def on_step_end(self, *_, **__):
             steps.append(time.perf_counter() - self.t0)
             cpu.append(time.process_time() - self.c0)
-            memory.append((peak_rss(), peak_rss() - self.rss0))
+            memory.append(_peak_and_rise(self.rss0))
 
     batch = args.prompts * args.group
     with tempfile.TemporaryDirectory() as out:
