@@ -78,6 +78,10 @@ class RolloutConfig:
     threshold: float | None = None  # diffusion sampler: commit every token above this confidence (dynamic)
     suppress_eos: bool = False  # diffusion sampler: lower EOS confidence so content is committed first
     window: str = "eos"  # diffusion: which window tokens are the completion: `eos` (up to EOS) or `full`
+    prompt_selection: str = "uniform"  # which prompts a step rolls out: `uniform` draws or `mopps` posterior selection
+    selection_candidates: float = 2.0  # mopps: candidates drawn per prompt rolled out (1/κ)
+    selection_target: float = 0.5  # mopps: success rate the selection aims at
+    selection_decay: float = 0.5  # mopps: λ, weight kept by old evidence at each new observation of a prompt
 
 
 @dataclass(frozen=True)
@@ -322,6 +326,11 @@ def validate(config: Config) -> None:
         (config.optim.schedule in ("constant", "cosine"), "optim.schedule", "must be 'constant' or 'cosine'"),
         (config.model.kind in ("causal", "diffusion"), "model.kind", "must be 'causal' or 'diffusion'"),
         (config.algo.mc_samples >= 1, "algo.mc_samples", "must be >= 1"),
+        (config.rollout.prompt_selection in ("uniform", "mopps"), "rollout.prompt_selection",
+         "must be 'uniform' or 'mopps'"),
+        (config.rollout.selection_candidates >= 1, "rollout.selection_candidates", "must be >= 1 (1 = no choice)"),
+        (0 <= config.rollout.selection_target <= 1, "rollout.selection_target", "must be in [0, 1]"),
+        (0 <= config.rollout.selection_decay <= 1, "rollout.selection_decay", "must be in [0, 1] (1 = never forget)"),
     ]
     for ok, name, fix in checks:
         if not ok:

@@ -43,15 +43,25 @@ def score(reward, task, group: list[Example], texts: list[str]) -> tuple[torch.T
     return torch.tensor(out.rewards, dtype=torch.float32), torch.tensor(correct), out.metrics
 
 
+def _prompts(c, n: int) -> list[Example]:
+    """This round's `n` prompts: uniform task draws, or the selector's pick from more candidates."""
+    if c.selector is None:
+        return c.task.sample(n, c.rng)
+    return c.selector.choose(c.task.sample(c.selector.num_candidates(n), c.rng), n)
+
+
 def _one_round(c, step: int, round_index: int) -> Collected:
     r = c.config.rollout
-    examples = c.task.sample(r.prompts_per_step, c.rng)
+    examples = _prompts(c, r.prompts_per_step)
     group = [ex for ex in examples for _ in range(r.group_size)]  # rows p*G .. p*G+G-1 share prompt p
     prompt_ids, prompt_mask = encode_prompts(c.tokenizer, [ex.prompt for ex in group])
     seeds = sample_seeds(c.config.seed, step, len(group), offset=round_index * len(group))
     rollouts = c.engine(prompt_ids, prompt_mask, seeds, temperature=r.temperature)
     texts = decode_completions(c.tokenizer, rollouts)
     rewards, correct, metrics = score(c.reward, c.task, group, texts)
+    if c.selector is not None:  # every generated group informs its prompt's posterior, kept or not
+        for p, ex in enumerate(examples):
+            c.selector.observe(ex.prompt, float(correct[p * r.group_size:(p + 1) * r.group_size].sum()), r.group_size)
     return Collected(group, rollouts, texts, rewards, correct, {f"reward/{k}": v for k, v in metrics.items()})
 
 

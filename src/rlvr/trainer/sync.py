@@ -31,6 +31,7 @@ from rlvr.trainer.checkpoint import latest_checkpoint, load_state, rng_state, sa
 from rlvr.trainer.evaluate import decode_completions, encode_prompts, greedy_accuracy
 from rlvr.trainer.collect import collect, sample_seeds, score
 from rlvr.trainer.critic import critic_step, critic_values
+from rlvr.trainer.selection import PosteriorSelector, build_selector
 from rlvr.trainer.step import LossSpec, TrainBatch, optimizer_step
 
 CORRECTION_KEYS = ("correction_level", "correction_mode", "correction_cap")
@@ -55,6 +56,7 @@ class Components:
     engine: object = None
     critic: ValueModel | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
+    selector: PosteriorSelector | None = None  # prompt selection; None = uniform draws
 
 
 def build_components(config: Config) -> Components:
@@ -79,7 +81,7 @@ def build_components(config: Config) -> Components:
         config=config, model=model, tokenizer=tokenizer, policy=policy, reference=reference, engine=engine,
         task=task, reward=build.build_reward(config, task), optimizer=optimizer, scheduler=scheduler,
         loss=build.build_loss(config), advantage=build.build_advantage(config), rng=random.Random(config.seed),
-        critic=critic, critic_optimizer=critic_optimizer,
+        critic=critic, critic_optimizer=critic_optimizer, selector=build_selector(config.rollout, config.seed),
     )
 
 
@@ -183,6 +185,8 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
 
     metrics = _step_metrics(rewards, got.correct, rollouts, r.group_size, timings, batch)
     metrics.update(got.metrics)
+    if c.selector is not None:
+        metrics.update(c.selector.metrics())
     if forwards:  # module forwards (dLLM estimators); the fused causal fast path bypasses the hook
         metrics["perf/forwards_per_update"] = forwards / max(sum(1 for m in updates if "actor/grad_norm" in m), 1)
     metrics["perf/peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -244,6 +248,8 @@ def _checkpoint(c: Components, run: RunDir, step: int) -> None:
     if c.critic is not None:
         state["critic"] = c.critic.state_dict()
         state["critic_optimizer"] = c.critic_optimizer.state_dict()
+    if c.selector is not None:
+        state["selector"] = c.selector.state_dict()
     save_checkpoint(run.checkpoints, step, c.model, c.tokenizer, state, keep_last=c.config.trainer.keep_last)
 
 
@@ -261,6 +267,8 @@ def _resume(c: Components, run: RunDir) -> int:
     if c.critic is not None:
         c.critic.load_state_dict(state["critic"])
         c.critic_optimizer.load_state_dict(state["critic_optimizer"])
+    if c.selector is not None:
+        c.selector.load_state_dict(state["selector"])
     c.loss = dataclasses.replace(c.loss, kl_coef=state["kl_coef"])
     set_rng_state(state["rng"])
     c.rng.setstate(state["task_rng"])
