@@ -134,7 +134,8 @@ class Corruptor:
         logits[..., self.mask_id] = float("-inf")  # the mask token is never a target (as in the sampler)
         logp_all = logits.log_softmax(-1)
         ell = logp_all.gather(-1, self.completion_ids[..., None]).squeeze(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1).detach() if with_entropy else None
+        # entr(p) = -p log p with entr(0) = 0: the mask id's -inf logit must not give 0 * -inf = NaN
+        entropy = torch.special.entr(logp_all.detach().exp()).sum(-1) if with_entropy else None
         return ell, entropy
 
     def spread(self, per_row: torch.Tensor) -> torch.Tensor:
@@ -253,7 +254,8 @@ def bgpo(ctx: Corruptor, *, n: int = 16, antithetic: bool = False, with_entropy:
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            entropy = _entropy_mean(*_elbo_draw_value(ctx, 0, n, antithetic, True)[1:])
+            # one antithetic pair (2 forwards) masks every valid token at least once
+            entropy = _entropy_mean(*_elbo_draw_value(ctx, 0, n, True, True)[1:])
     return sum_of_recomputed(piece, n), entropy
 
 
@@ -347,17 +349,16 @@ def ar_order(ctx: Corruptor, *, with_entropy: bool = False):
     position, each back-propagated on its own (constant memory in L)."""
     width = ctx.valid.shape[1]
     pos = torch.arange(width)
+    entropy = torch.zeros(ctx.valid.shape) if with_entropy else None
 
     def piece(k):
-        ell, _ = ctx.denoise((pos >= k)[None, :].expand_as(ctx.valid))
+        # the entropy is read off the no-grad value pass (never the backward recompute): no extra forwards
+        want = with_entropy and not torch.is_grad_enabled()
+        ell, h = ctx.denoise((pos >= k)[None, :].expand_as(ctx.valid), with_entropy=want)
+        if want:
+            entropy[:, k] = h[:, k]
         return torch.where((pos == k)[None, :], ell, torch.zeros_like(ell))
 
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = torch.zeros(ctx.valid.shape)
-            for k in range(width):
-                entropy[:, k] = ctx.denoise((pos >= k)[None, :].expand_as(ctx.valid), with_entropy=True)[1][:, k]
     return sum_of_recomputed(piece, width), entropy
 
 
