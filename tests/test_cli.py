@@ -60,3 +60,13 @@ def test_config_prints_resolved_values(capsys):
     assert main(["config", "algo.clip_high=0.28", "seed=3"]) == 0
     out = capsys.readouterr().out
     assert "clip_high: 0.28" in out and "seed: 3" in out
+
+
+@pytest.mark.parametrize("override, field", [
+    ("rollout.prompt_selection=best", "rollout.prompt_selection"),
+    ("rollout.selection_candidates=0.5", "rollout.selection_candidates"),
+    ("rollout.selection_decay=1.5", "rollout.selection_decay"),
+    ("task.partial_credit=loose", "task.partial_credit"),
+])
+def test_selection_and_credit_choices_are_checked(capsys, override, field):
+    assert field in _error(capsys, ["config", override])

@@ -318,6 +318,7 @@ class Countdown:
         heldout_size: int = 200,
         show_work: bool = False,
         ordered: bool = False,
+        partial_credit: str = "parse",
         seed: int = 0,
     ):
         if num_count < 2:
@@ -334,7 +335,9 @@ class Countdown:
             )
         self.num_count, self.max_number = num_count, max_number
         self.allow_division, self.heldout_size = allow_division, heldout_size
-        self.show_work, self.ordered = show_work, ordered
+        if partial_credit not in ("parse", "numbers"):
+            raise ValueError(f"countdown: partial_credit must be 'parse' or 'numbers', got {partial_credit!r}")
+        self.show_work, self.ordered, self.partial_credit = show_work, ordered, partial_credit
         self._rng = random.Random(seed)
         self._heldout: list[Example] | None = None
         self._check_heldout_space()
@@ -426,7 +429,8 @@ class Countdown:
         exactly the given numbers as a multiset (each used once) and the exact (Fraction) value
         equals the target, and 0.1 when not: wrong value, numbers missing, reused or extra, or
         a division by zero. Numbers and target come from ``meta`` when given, else from the
-        prompt.
+        prompt. With ``partial_credit="numbers"`` the 0.1 needs the given numbers too: an
+        expression over other numbers (e.g. a bare ``9``, a shortcut small policies find) gets 0.
 
         >>> task = Countdown()
         >>> [task.reward("3 5 2>13:", c) for c in ("3+5*2", "3*5+2", "3+5+5", "3+5*", "")]
@@ -447,7 +451,7 @@ class Countdown:
         except ParseError:
             return 0.0
         if sorted(leaves(expr)) != sorted(numbers):
-            return 0.1
+            return 0.1 if self.partial_credit == "parse" else 0.0
         try:
             value = evaluate(expr)
         except ZeroDivisionError:
