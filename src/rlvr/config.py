@@ -169,6 +169,7 @@ class SFTConfig:
     batch_size: int = 64  # examples per step
     lr: float = 1e-3  # AdamW learning rate
     warmup_steps: int = 20  # linear LR warmup
+    schedule: str = "constant"  # LR after warmup: `constant` or `cosine` (decays to 0 at the last step)
 
 
 @dataclass(frozen=True)
@@ -325,6 +326,7 @@ def validate(config: Config) -> None:
         (config.algo.correction_mode in ("truncate", "mask"), "algo.correction_mode", "must be 'truncate' or 'mask'"),
         (config.algo.critic_lr > 0, "algo.critic_lr", "must be > 0"),
         (config.optim.schedule in ("constant", "cosine"), "optim.schedule", "must be 'constant' or 'cosine'"),
+        (config.sft.schedule in ("constant", "cosine"), "sft.schedule", "must be 'constant' or 'cosine'"),
         (config.model.kind in ("causal", "diffusion"), "model.kind", "must be 'causal' or 'diffusion'"),
         (config.algo.mc_samples >= 1, "algo.mc_samples", "must be >= 1"),
         (config.task.partial_credit in ("parse", "numbers"), "task.partial_credit", "must be 'parse' or 'numbers'"),

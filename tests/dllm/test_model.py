@@ -1,5 +1,6 @@
 import json
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -109,3 +110,27 @@ def test_sft_loss_is_the_one_over_t_elbo():
     loss = masked_diffusion_loss(model, IDS[:, :3], ATTN[:, :3], IDS[:, 3:] % 20, mask_id=29, generator=gen)
     # E[Σ_masked CE / t] / L = log V exactly in expectation; per row it is (#masked / (t L)) log V.
     assert 0.2 < float(loss) / float(torch.log(torch.tensor(30.0))) < 5.0
+
+
+def test_diffusion_sft_cosine_schedule_decays_the_learning_rate_to_zero():
+    # sft.schedule=cosine: same warmup, then the LR falls to 0 at the last step, so the last step
+    # leaves the weights unchanged; the constant schedule still moves them.
+    from unittest import mock
+
+    import rlvr.trainer.build as build_mod
+
+    seen = {}
+    real = build_mod.build_optimizer
+
+    def spy(*args, **kwargs):
+        optimizer, scheduler = real(*args, **kwargs)
+        seen.setdefault(kwargs.get("schedule", "constant"), []).append(scheduler)
+        return optimizer, scheduler
+
+    for schedule in ("constant", "cosine"):
+        model, tok = load_diffusion_lm(None, seed=0, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+        with mock.patch.object(build_mod, "build_optimizer", spy):
+            diffusion_sft(model, tok, _Reverse(), steps=6, batch_size=4, lr=1e-3, gen_length=5, warmup_steps=2,
+                          schedule=schedule, echo=lambda *_: None)
+    assert seen["constant"][0].get_last_lr()[0] == pytest.approx(1e-3)
+    assert seen["cosine"][0].get_last_lr()[0] == pytest.approx(0.0, abs=1e-12)

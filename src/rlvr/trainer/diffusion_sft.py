@@ -48,7 +48,7 @@ def masked_diffusion_loss(model, prompt_ids, prompt_mask, window_ids, *, mask_id
 
 
 def diffusion_sft(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, gen_length: int,
-                  seed: int = 0, warmup_steps: int = 20, echo=print) -> list[float]:
+                  seed: int = 0, warmup_steps: int = 20, schedule: str = "constant", echo=print) -> list[float]:
     """Train `model` on `task.solution` windows; returns the loss per step. Plain arguments, no
     config: the trainer's builder reads the config and calls this."""
     from rlvr.trainer.build import build_optimizer
@@ -56,7 +56,8 @@ def diffusion_sft(model, tokenizer, task, *, steps: int, batch_size: int, lr: fl
 
     rng = random.Random(seed)
     generator = torch.Generator().manual_seed(seed)
-    optimizer, scheduler = build_optimizer(model.parameters(), lr=lr, warmup_steps=warmup_steps)
+    optimizer, scheduler = build_optimizer(model.parameters(), lr=lr, warmup_steps=warmup_steps, total_steps=steps,
+                                           schedule=schedule)
     model.train()
     losses = []
     for step in range(1, steps + 1):

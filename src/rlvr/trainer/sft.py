@@ -38,7 +38,8 @@ def sft_loss(policy: CausalPolicy, tokenizer, prompts: list[str], completions: l
 
 def _causal_sft(model, tokenizer, task, config: Config, echo) -> None:
     s = config.sft
-    optimizer, scheduler = build.build_optimizer(model.parameters(), lr=s.lr, warmup_steps=s.warmup_steps)
+    optimizer, scheduler = build.build_optimizer(model.parameters(), lr=s.lr, warmup_steps=s.warmup_steps,
+                                                 total_steps=s.steps, schedule=s.schedule)
     policy, rng = CausalPolicy(model), random.Random(config.seed)
     model.train()
     for step in range(1, s.steps + 1):
@@ -64,7 +65,7 @@ def sft(config: Config, out_dir: str | Path, *, echo=print) -> dict:
     if config.model.kind == "diffusion":
         diffusion_sft(model, tokenizer, task, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
                       gen_length=config.rollout.max_new_tokens, seed=config.seed, warmup_steps=s.warmup_steps,
-                      echo=echo)
+                      schedule=s.schedule, echo=echo)
     else:
         _causal_sft(model, tokenizer, task, config, echo)
     engine = build.build_engine(config, model, tokenizer)
