@@ -125,7 +125,9 @@ class CausalPolicy:
                                                   with_entropy=with_entropy,
                                                   chunk_rows=max(1, CHUNK_ELEMENTS // 4 // vocab))
         else:
-            logits = w.logits(hidden).float() / self.temperature              # (M, V), packed
+            logits = w.logits(hidden).float()                                 # (M, V), packed
+            if self.temperature != 1.0:  # x / 1 is x exactly: skip the op (and its backward)
+                logits = logits / self.temperature
             logp = gather_logprobs(logits[None], tokens[None])[0]
             entropy = token_entropy(logits) if with_entropy else None
         logp = logp.new_zeros(size).index_copy(0, index, logp).view_as(completion_ids)

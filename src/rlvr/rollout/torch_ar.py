@@ -58,7 +58,9 @@ def choose_tokens(logits: torch.Tensor, seeds: torch.Tensor, step: int, *,
         logp = logits.log_softmax(-1)
         tokens = logits.argmax(-1)
         return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
-    scaled = logits.float() / temperature
+    scaled = logits.float()
+    if temperature != 1.0:  # x / 1 is x exactly: skip the op
+        scaled = scaled / temperature
     logp = scaled.log_softmax(-1)
     if noise is None:
         noise = gumbel_noise(seeds, step, scaled.shape[-1])
@@ -140,23 +142,28 @@ def _generate_fast(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos
 
 def _decode(decoder, logits, seeds, tokens, logprobs, length, done, *, max_new_tokens, eos_id, pad_id,
             temperature, top_p) -> None:
-    """The sampling loop over decode slots; fills tokens/logprobs/length/done (B, ...) in place."""
+    """The sampling loop over decode slots; fills tokens/logprobs/length/done (B, ...) in place.
+
+    Per step the slots' tokens and log-probs go into slot-ordered buffers (one column write each);
+    they are written back to their original rows only when finished slots are dropped and at the
+    end, and lengths are derived once at the end (first EOS + 1, or every step), rather than a
+    handful of row-indexed updates per token."""
     batch = tokens.shape[0]
     rows = torch.arange(batch)                 # original row of each decode slot
     slot_seeds = seeds
     slot_done = torch.zeros(batch, dtype=torch.bool)
+    slot_tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)
+    slot_logprobs = torch.zeros((batch, max_new_tokens))
     block = None
     for step in range(max_new_tokens):
         if temperature > 0 and step % NOISE_BLOCK == 0:
             block = gumbel_noise_block(slot_seeds, step, min(NOISE_BLOCK, max_new_tokens - step), logits.shape[-1])
         noise = block[:, step % NOISE_BLOCK] if temperature > 0 else None
         tok, logp = choose_tokens(logits, slot_seeds, step, temperature=temperature, top_p=top_p, noise=noise)
-        tok = tok.masked_fill(slot_done, pad_id)
-        tokens[rows, step] = tok
-        logprobs[rows, step] = logp.masked_fill(slot_done, 0.0)
-        length[rows] += (~slot_done).long()
-        slot_done = slot_done | (tok == eos_id)
-        done[rows] = slot_done
+        tok = tok.masked_fill_(slot_done, pad_id)
+        slot_tokens[:, step] = tok
+        slot_logprobs[:, step] = logp.masked_fill_(slot_done, 0.0)
+        slot_done |= tok == eos_id
         if step == max_new_tokens - 1:
             break
         finished = int(slot_done.sum())
@@ -164,11 +171,19 @@ def _decode(decoder, logits, seeds, tokens, logprobs, length, done, *, max_new_t
             break
         if finished >= COMPACT_FRACTION * len(rows) and len(rows) - finished >= decoder.min_live:
             live = (~slot_done).nonzero().squeeze(-1)
+            tokens[rows], logprobs[rows], done[rows] = slot_tokens, slot_logprobs, slot_done
             decoder.keep(live)
             rows, slot_seeds, tok = rows[live], slot_seeds[live], tok[live]
+            slot_tokens, slot_logprobs = slot_tokens[live], slot_logprobs[live]
             block = block[live] if block is not None else None
             slot_done = slot_done[live]
         logits = decoder.step(tok)
+    tokens[rows], logprobs[rows], done[rows] = slot_tokens, slot_logprobs, slot_done
+    # A row that finished emitted EOS at its first EOS position and pad after it; a row that did not
+    # ran every step (the loop ends early only when all rows have finished).
+    if max_new_tokens:
+        first_eos = (tokens == eos_id).int().argmax(-1)
+        length.copy_(torch.where(done, first_eos + 1, max_new_tokens))
 
 
 def _generate_hf(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_id, pad_id,

@@ -156,8 +156,15 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int = 0, schedule: s
 def build_optimizer(params, *, lr: float, warmup_steps: int, weight_decay: float = 0.0,
                     betas: tuple[float, float] = (0.9, 0.99), total_steps: int = 0, schedule: str = "constant",
                     min_lr_ratio: float = 0.0):
-    """AdamW with linear warmup, then a constant or cosine-decaying learning rate."""
-    optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+    """AdamW with linear warmup, then a constant or cosine-decaying learning rate.
+
+    Floating-point CPU parameters use PyTorch's fused AdamW kernel (one pass over all parameters
+    instead of about ten ops per tensor; ≈ 4× faster at rlvr's scale, same update to float rounding,
+    tests/perf)."""
+    params = list(params)
+    fused = bool(params) and all(isinstance(p, torch.Tensor) and p.device.type == "cpu" and p.is_floating_point()
+                                 for p in params)
+    optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
     factor = functools.partial(lr_factor, warmup_steps=warmup_steps, total_steps=total_steps, schedule=schedule,
                                min_ratio=min_lr_ratio)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
