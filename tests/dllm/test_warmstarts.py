@@ -28,3 +28,34 @@ def test_packaged_warm_start_loads_and_decodes(task):
     task_obj = build.build_task(config, tokenizer)
     rewards = [task_obj.reward(e.prompt, t, answer=e.answer, meta=e.meta) for t, e in zip(texts, examples)]
     assert sum(r > 0 for r in rewards) >= 4, (texts, rewards)  # a trained start, not a random model
+
+
+def test_countdown_warm_start_cannot_read_a_masked_prompt_so_the_recipe_does_not_mask_prompts():
+    # d1 masks prompt tokens w.p. 0.15 in its mean-field estimator; LLaDA saw masked prompts in
+    # pre-training, our warm start (response-only SFT) never did. Masking the prompt digit that
+    # the completion's first token copies takes that token's log-prob from about -0.2 to below
+    # uniform over the 9 digits (log 1/9 = -2.2; measured -6.1): out of distribution, which is
+    # why dllm_diffu_grpo_countdown.yaml sets algo.p_mask_prompt: 0 (docs/results.md §4).
+    from pathlib import Path
+
+    from rlvr.models.likelihood import Corruptor, row_hash
+    from rlvr.trainer.diffusion_sft import encode_windows
+
+    recipe = Path(__file__).resolve().parents[2] / RECIPES["countdown"]
+    config = load_config(recipe, ["trainer.threads=1"])
+    assert config.algo.estimator == "mean_field" and config.algo.p_mask_prompt == 0.0
+    model, tokenizer = build.build_model(config)
+    examples = [e for e in build.build_task(config, tokenizer).heldout() if "(" not in e.answer][:32]
+    ids, mask = encode_prompts(tokenizer, [e.prompt for e in examples])
+    window = encode_windows(tokenizer, [e.answer for e in examples], config.rollout.max_new_tokens)
+    ctx = Corruptor(model=model, prompt_ids=ids, prompt_mask=mask, completion_ids=window,
+                    valid=torch.ones_like(window, dtype=torch.bool), keys=row_hash(ids, mask, window, 0),
+                    mask_id=tokenizer.mask_token_id)
+    first_number = mask.cumsum(-1) == 2  # BOS, then the first number (one digit, the answer's first token)
+    assert all(tokenizer.decode(row[m]) == e.answer[0] for row, m, e in zip(ids, first_number, examples))
+    everything = torch.ones_like(window, dtype=torch.bool)
+    with torch.no_grad():
+        clean, _ = ctx.denoise(everything)
+        hidden, _ = ctx.denoise(everything, first_number)
+    assert float(clean[:, 0].mean()) > -0.5
+    assert float(hidden[:, 0].mean()) < -3.0
