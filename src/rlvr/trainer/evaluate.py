@@ -16,9 +16,19 @@ def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.T
 
 
 def decode_completions(tokenizer, rollouts: Rollouts) -> list[str]:
-    lengths = rollouts.lengths.long().tolist()
-    return [tokenizer.decode(ids[:n], skip_special_tokens=True)
-            for ids, n in zip(rollouts.completion_ids.tolist(), lengths)]
+    """Each row's answer text: its tokens up to its length, cut at the first EOS.
+
+    The cut matters for masked-diffusion rollouts with `rollout.window=full`, whose length is the
+    whole window: tokens the sampler committed after the EOS are scored but are not the answer.
+    """
+    eos = tokenizer.eos_token_id
+    texts = []
+    for ids, n in zip(rollouts.completion_ids.tolist(), rollouts.lengths.long().tolist()):
+        ids = ids[:n]
+        if eos is not None and eos in ids:
+            ids = ids[:ids.index(eos)]
+        texts.append(tokenizer.decode(ids, skip_special_tokens=True))
+    return texts
 
 
 def greedy_accuracy(engine, tokenizer, task, examples, *, batch_size: int = 256) -> float:
