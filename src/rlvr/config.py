@@ -42,6 +42,7 @@ class TaskConfig:
     ordered: bool = True  # countdown: prompts list the numbers in the order the generating expression uses them
     show_work: bool = False  # countdown: completions list steps `5*2=10,10+3=13` instead of a bare expression
     heldout_size: int = 200  # size of the fixed held-out evaluation set
+    sampling: str = "draws"  # countdown: training problems as the generator draws them (`draws`) or uniform over problem keys (`keys`, like the held-out set)
     partial_credit: str = "parse"  # countdown: 0.1 for any parseable wrong answer (`parse`, d1/TinyZero) or only one over the given numbers (`numbers`)
     path: str = ""  # file tasks: JSONL / Parquet file or HF `save_to_disk` directory
     prompt_key: str | None = None  # file tasks: field holding the prompt, null = the task's default
@@ -329,6 +330,7 @@ def validate(config: Config) -> None:
         (config.sft.schedule in ("constant", "cosine"), "sft.schedule", "must be 'constant' or 'cosine'"),
         (config.model.kind in ("causal", "diffusion"), "model.kind", "must be 'causal' or 'diffusion'"),
         (config.algo.mc_samples >= 1, "algo.mc_samples", "must be >= 1"),
+        (config.task.sampling in ("draws", "keys"), "task.sampling", "must be 'draws' or 'keys'"),
         (config.task.partial_credit in ("parse", "numbers"), "task.partial_credit", "must be 'parse' or 'numbers'"),
         (config.rollout.prompt_selection in ("uniform", "mopps"), "rollout.prompt_selection",
          "must be 'uniform' or 'mopps'"),

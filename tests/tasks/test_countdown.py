@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+import collections
 import dataclasses
 import doctest
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -16,7 +18,7 @@ import pytest
 
 from rlvr.tasks import TASKS, make_task
 from rlvr.tasks import countdown as cd
-from rlvr.tasks.countdown import ALPHABET, Countdown, evaluate, parse, to_string
+from rlvr.tasks.countdown import ALPHABET, Countdown, evaluate, is_heldout_key, parse, to_string
 from rlvr.types import Example
 
 
@@ -325,3 +327,22 @@ def test_partial_credit_numbers_pays_only_expressions_over_the_given_numbers():
 def test_partial_credit_rejects_unknown_rule():
     with pytest.raises(ValueError, match="partial_credit must be 'parse' or 'numbers'"):
         Countdown(partial_credit="loose")
+
+
+def test_key_sampling_is_uniform_over_training_keys_and_never_held_out():
+    # The generator reaches small all-'+' problems by many routes, so raw draws repeat them;
+    # sampling="keys" picks each training key about equally often, as heldout() picks keys.
+    # Spread of the per-key counts (coefficient of variation): a uniform pick gives the Poisson
+    # value 1/sqrt(16,000 / 1,612) ≈ 0.32; raw draws measured 0.72.
+    num_keys = len(Countdown(ordered=True, sampling="keys")._key_pool())
+
+    def spread(task):
+        got = collections.Counter((tuple(sorted(e.meta["numbers"])), e.meta["target"])
+                                  for e in task.sample(16_000, random.Random(4)))
+        assert not any(is_heldout_key(*key) for key in got)
+        counts = list(got.values()) + [0] * (num_keys - len(got))
+        return statistics.pstdev(counts) / statistics.mean(counts)
+    assert num_keys > 1_600
+    assert spread(Countdown(ordered=True, sampling="keys")) < 0.4 < 0.6 < spread(Countdown(ordered=True))
+    with pytest.raises(ValueError, match="sampling must be 'draws' or 'keys'"):
+        Countdown(sampling="often")

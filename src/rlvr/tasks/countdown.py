@@ -50,6 +50,9 @@ MAX_COMPLETION_CHARS = 64
 HELDOUT_BUCKETS = 5
 """One problem key in this many hashes into the held-out bucket."""
 
+KEY_POOL_DRAWS = 50_000
+"""Generator draws behind ``sampling="keys"``: enough to reach every 3-number key from 1..9."""
+
 _HELDOUT_SEED = "rlvr.countdown.heldout"
 _EXHAUSTIVE_LIMIT = 5_000  # count the problem space exactly when it has at most this many multisets
 _PROMPT_RE = re.compile(r"^(\d+(?: \d+)*)>(\d+):$")
@@ -319,6 +322,7 @@ class Countdown:
         show_work: bool = False,
         ordered: bool = False,
         partial_credit: str = "parse",
+        sampling: str = "draws",
         seed: int = 0,
     ):
         if num_count < 2:
@@ -337,7 +341,11 @@ class Countdown:
         self.allow_division, self.heldout_size = allow_division, heldout_size
         if partial_credit not in ("parse", "numbers"):
             raise ValueError(f"countdown: partial_credit must be 'parse' or 'numbers', got {partial_credit!r}")
+        if sampling not in ("draws", "keys"):
+            raise ValueError(f"countdown: sampling must be 'draws' or 'keys', got {sampling!r}")
         self.show_work, self.ordered, self.partial_credit = show_work, ordered, partial_credit
+        self.sampling = sampling
+        self._pool: dict[tuple, list[Example]] | None = None
         self._rng = random.Random(seed)
         self._heldout: list[Example] | None = None
         self._check_heldout_space()
@@ -379,14 +387,36 @@ class Countdown:
                 )
 
     def sample(self, n: int, rng: random.Random | None = None) -> list[Example]:
-        """``n`` fresh training problems (repeats possible), never in the held-out bucket."""
+        """``n`` fresh training problems (repeats possible), never in the held-out bucket.
+
+        ``sampling="draws"`` takes the generator's draws as they come, so problems it reaches by
+        many routes (small all-``+`` ones) recur often; ``"keys"`` picks a problem key uniformly
+        first, as the held-out set does by taking distinct keys, then one of its prompts.
+        """
         rng = self._rng if rng is None else rng
+        if self.sampling == "keys":
+            pool = self._key_pool()
+            keys = list(pool)
+            return [rng.choice(pool[rng.choice(keys)]) for _ in range(n)]
         out: list[Example] = []
         while len(out) < n:
             ex = self._draw(rng)
             if not is_heldout_key(ex.meta["numbers"], ex.meta["target"]):
                 out.append(ex)
         return out
+
+    def _key_pool(self) -> dict[tuple, list[Example]]:
+        """Training problems grouped by key, from a fixed number of generator draws (built once)."""
+        if self._pool is None:
+            rng, pool = random.Random(f"{_HELDOUT_SEED}/key-pool"), {}
+            for _ in range(KEY_POOL_DRAWS):
+                ex = self._draw(rng)
+                key = (tuple(sorted(ex.meta["numbers"])), ex.meta["target"])
+                if not is_heldout_key(*key):
+                    prompts = pool.setdefault(key, {})
+                    prompts.setdefault(ex.prompt, ex)
+            self._pool = {key: list(prompts.values()) for key, prompts in sorted(pool.items())}
+        return self._pool
 
     def heldout(self) -> list[Example]:
         """The first ``heldout_size`` distinct held-out-bucket problems from a fixed seed.
