@@ -345,7 +345,7 @@ class Countdown:
             raise ValueError(f"countdown: sampling must be 'draws' or 'keys', got {sampling!r}")
         self.show_work, self.ordered, self.partial_credit = show_work, ordered, partial_credit
         self.sampling = sampling
-        self._pool: dict[tuple, list[Example]] | None = None
+        self._pool: list[list[Example]] | None = None
         self._rng = random.Random(seed)
         self._heldout: list[Example] | None = None
         self._check_heldout_space()
@@ -396,8 +396,7 @@ class Countdown:
         rng = self._rng if rng is None else rng
         if self.sampling == "keys":
             pool = self._key_pool()
-            keys = list(pool)
-            return [rng.choice(pool[rng.choice(keys)]) for _ in range(n)]
+            return [rng.choice(rng.choice(pool)) for _ in range(n)]
         out: list[Example] = []
         while len(out) < n:
             ex = self._draw(rng)
@@ -405,8 +404,9 @@ class Countdown:
                 out.append(ex)
         return out
 
-    def _key_pool(self) -> dict[tuple, list[Example]]:
-        """Training problems grouped by key, from a fixed number of generator draws (built once)."""
+    def _key_pool(self) -> list[list[Example]]:
+        """The distinct prompts of each training key, keys in sorted order, from a fixed number of
+        generator draws (built once)."""
         if self._pool is None:
             rng, pool = random.Random(f"{_HELDOUT_SEED}/key-pool"), {}
             for _ in range(KEY_POOL_DRAWS):
@@ -415,7 +415,7 @@ class Countdown:
                 if not is_heldout_key(*key):
                     prompts = pool.setdefault(key, {})
                     prompts.setdefault(ex.prompt, ex)
-            self._pool = {key: list(prompts.values()) for key, prompts in sorted(pool.items())}
+            self._pool = [list(prompts.values()) for _, prompts in sorted(pool.items())]
         return self._pool
 
     def heldout(self) -> list[Example]:

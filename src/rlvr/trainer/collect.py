@@ -60,8 +60,8 @@ def _one_round(c, step: int, round_index: int) -> Collected:
     texts = decode_completions(c.tokenizer, rollouts)
     rewards, correct, metrics = score(c.reward, c.task, group, texts)
     if c.selector is not None:  # every generated group informs its prompt's posterior, kept or not
-        for p, ex in enumerate(examples):
-            c.selector.observe(ex.prompt, float(correct[p * r.group_size:(p + 1) * r.group_size].sum()), r.group_size)
+        for ex, wins in zip(examples, correct.view(-1, r.group_size).sum(-1).tolist()):
+            c.selector.observe(ex.prompt, wins, r.group_size)
     return Collected(group, rollouts, texts, rewards, correct, {f"reward/{k}": v for k, v in metrics.items()})
 
 
