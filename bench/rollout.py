@@ -4,6 +4,11 @@ share of the machine's matmul roofline.
     python bench/rollout.py --threads 2
     python bench/rollout.py --batches 64 --lengths 32        # just the roofline point
 
+Decode engines (`--engines`, default `eager cpp`): rlvr's eager decode step and the fused C++
+step (`models/_decode_cpp.py`, built on first use; its column is dropped, with a stderr line, if it
+cannot be built); `--compile` adds the `torch.compile`d step. Every cell times the engines and
+`model.generate` back to back, so the speed-up columns compare runs under the same load.
+
 Model: the packaged Countdown warm start (1.06M-parameter Llama). Prompts: distinct Countdown
 prompts (no shared prefixes, so rlvr's per-group prefill sharing does not help here; a GRPO
 batch with G=8 gets that on top). Every row generates exactly `length` tokens (EOS disabled in
@@ -48,10 +53,10 @@ def _best(fn, repeats: int) -> tuple[float, float]:
     return wall, cpu
 
 
-def run_ours(model, ids, mask, length, pad_id, compile=False):
+def run_ours(model, ids, mask, length, pad_id, engine="eager"):
     seeds = torch.arange(len(ids))
     return lambda: generate(model, ids, mask, seeds, max_new_tokens=length, eos_id=NO_EOS, pad_id=pad_id,
-                            compile=compile)
+                            engine=engine)
 
 
 def run_hf(model, ids, mask, length, pad_id):
@@ -63,14 +68,40 @@ def run_hf(model, ids, mask, length, pad_id):
     return fn
 
 
+ENGINE_NAMES = {"eager": "rlvr", "cpp": "rlvr C++", "compile": "rlvr compiled"}
+
+
+def _prepare(engines, model, tok, examples, batches) -> list[str]:
+    """Build/compile each non-eager engine once (printing how long that took); drop `cpp` when the
+    extension cannot be built here (the library then falls back to eager, which would be measured
+    twice under two names)."""
+    ids, mask = encode_prompts(tok, [ex.prompt for ex in examples[:max(2, min(batches))]])
+    ready = []
+    for engine in engines:
+        if engine == "cpp":
+            from rlvr.models import _decode_cpp
+            t0 = time.perf_counter()
+            if _decode_cpp.load() is None:
+                continue
+            print(f"# C++ decode engine build/load: {time.perf_counter() - t0:.1f} s wall")
+        elif engine == "compile":
+            t0 = time.perf_counter()
+            run_ours(model, ids, mask, 2, tok.pad_token_id, engine="compile")()
+            print(f"# compile (first compiled call): {time.perf_counter() - t0:.1f} s wall")
+        ready.append(engine)
+    return ready
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     p.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64, 128])
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--engines", nargs="+", default=["eager", "cpp"], choices=list(ENGINE_NAMES),
+                   help="decode engines to time (the first is the baseline of the ratio columns)")
     p.add_argument("--compile", action="store_true",
-                   help="add a column for generate(compile=True) (torch.compile'd decode step; compile time printed)")
+                   help="also time generate(engine='compile') (torch.compile'd decode step; compile time printed)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"# load before: {os.getloadavg()}  threads={args.threads}  torch {torch.__version__}")
@@ -78,48 +109,45 @@ def main(argv=None) -> None:
     model.eval()
     n_params = param_count(model)
     examples = Countdown().sample(max(args.batches), random.Random(0))
+    engines = args.engines + (["compile"] if args.compile and "compile" not in args.engines else [])
+    engines = _prepare(engines, model, tok, examples, args.batches)
+    base, others = engines[0], engines[1:]
+    head = f" {ENGINE_NAMES[base]} tok/s |" + "".join(
+        f" {ENGINE_NAMES[e]} tok/s | {e} speed-up over {base} |" for e in others)
+    print(f"\n| batch | new tokens |{head} model.generate tok/s | {base}/generate |\n"
+          f"|---|---|---|{'---|---|' * len(others)}---|---|")
     rows = []
-    if args.compile:
-        ids, mask = encode_prompts(tok, [ex.prompt for ex in examples[:max(2, min(args.batches))]])
-        t0 = time.perf_counter()
-        run_ours(model, ids, mask, 2, tok.pad_token_id, compile=True)()
-        print(f"# compile (first compiled call): {time.perf_counter() - t0:.1f} s wall")
-    compiled_head = " rlvr compiled tok/s | compiled/eager |" if args.compile else ""
-    print(f"\n| batch | new tokens | rlvr tok/s |{compiled_head} model.generate tok/s | speed-up |\n"
-          f"|---|---|---|{'---|---|' if args.compile else ''}---|---|")
     for batch in args.batches:
         ids, mask = encode_prompts(tok, [ex.prompt for ex in examples[:batch]])
         for length in args.lengths:
-            ours = _best(run_ours(model, ids, mask, length, tok.pad_token_id), args.repeats)
-            comp = _best(run_ours(model, ids, mask, length, tok.pad_token_id, compile=True), args.repeats) \
-                if args.compile else None
+            # Engines and generate interleaved per cell, so load changes hit them alike.
+            times = {e: _best(run_ours(model, ids, mask, length, tok.pad_token_id, engine=e), args.repeats)
+                     for e in engines}
             hf = _best(run_hf(model, ids, mask, length, tok.pad_token_id), args.repeats)
             tokens = batch * length
-            rows.append((batch, length, ids.shape[1], float(mask.sum()) / batch, ours, hf, comp))
-            extra = f" {tokens / comp[0]:,.0f} | {ours[0] / comp[0]:.2f}× |" if comp else ""
-            print(f"| {batch} | {length} | {tokens / ours[0]:,.0f} |{extra} {tokens / hf[0]:,.0f} | "
-                  f"{hf[0] / ours[0]:.1f}× |", flush=True)
+            rows.append((batch, length, float(mask.sum()) / batch, times, hf))
+            cells = f" {tokens / times[base][0]:,.0f} |" + "".join(
+                f" {tokens / times[e][0]:,.0f} | {times[base][0] / times[e][0]:.2f}× |" for e in others)
+            print(f"| {batch} | {length} |{cells} {tokens / hf[0]:,.0f} | {hf[0] / times[base][0]:.1f}× |",
+                  flush=True)
 
     print(f"\n# load after: {os.getloadavg()}")
     print(f"\nroofline ({n_params:,} parameters, {args.threads} threads):")
     print("share = achieved / matmul rate; wall time, and (CPU) process CPU time")
-    print("| batch | new tokens | matmul GFLOP/s at rows=batch | rlvr achieved GFLOP/s | rlvr share | "
-          f"rlvr share (CPU) |{' compiled share | compiled share (CPU) |' if args.compile else ''} "
-          "generate share | generate share (CPU) |")
-    print("|---|---|---|---|---|---|" + ("---|---|" if args.compile else "") + "---|---|")
-    for batch, length, _, prompt_len, ours, hf, comp in rows:
+    names = [ENGINE_NAMES[e] for e in engines] + ["generate"]
+    print("| batch | new tokens | matmul GFLOP/s at rows=batch |"
+          + "".join(f" {n} share | {n} share (CPU) |" for n in names))
+    print("|---|---|---|" + "---|---|" * len(names))
+    for batch, length, prompt_len, times, hf in rows:
         if (batch, length) != (64, 32) and len(rows) > 1:
             continue
         peak = matmul_gflops(model.config, batch)
         prefill = (2 * n_params + attention_flops_per_token(model.config, prompt_len / 2)) * prompt_len
         decode = (2 * n_params + attention_flops_per_token(model.config, prompt_len + length / 2)) * length
         flops = batch * (prefill + decode)
-
-        def share(seconds, flops=flops, peak=peak):
-            return f"{flops / seconds / 1e9 / peak:.0%}"
-        extra = f" {share(comp[0])} | {share(comp[1])} |" if comp else ""
-        print(f"| {batch} | {length} | {peak:.0f} | {flops / ours[0] / 1e9:.0f} | {share(ours[0])} | {share(ours[1])} |"
-              f"{extra} {share(hf[0])} | {share(hf[1])} |")
+        cells = "".join(f" {flops / t[0] / 1e9 / peak:.0%} | {flops / t[1] / 1e9 / peak:.0%} |"
+                        for t in [times[e] for e in engines] + [hf])
+        print(f"| {batch} | {length} | {peak:.0f} |{cells}")
 
 
 if __name__ == "__main__":

@@ -84,6 +84,7 @@ class RolloutConfig:
     selection_candidates: float = 2.0  # mopps: candidates drawn per prompt rolled out (1/κ)
     selection_target: float = 0.5  # mopps: success rate the selection aims at
     selection_decay: float = 0.5  # mopps: λ, weight kept by old evidence at each new observation of a prompt
+    decode_engine: str = "eager"  # Llama/Qwen2 sampler's decode step: `eager` ATen ops, `cpp` fused C++ kernel (built once per machine; eager if no compiler), `compile` torch.compile
 
 
 @dataclass(frozen=True)
@@ -337,6 +338,8 @@ def validate(config: Config) -> None:
         (config.rollout.selection_candidates >= 1, "rollout.selection_candidates", "must be >= 1 (1 = no choice)"),
         (0 <= config.rollout.selection_target <= 1, "rollout.selection_target", "must be in [0, 1]"),
         (0 <= config.rollout.selection_decay <= 1, "rollout.selection_decay", "must be in [0, 1] (1 = never forget)"),
+        (config.rollout.decode_engine in ("eager", "cpp", "compile"), "rollout.decode_engine",
+         "must be 'eager', 'cpp' or 'compile'"),
     ]
     for ok, name, fix in checks:
         if not ok:

@@ -444,17 +444,29 @@ def compiled_decode_step():
     return _COMPILED["step"]
 
 
+ENGINES = ("eager", "cpp", "compile")
+"""Decode-step engines: the eager ATen ops of `Decoder.step`, the fused C++ step of
+`_decode_cpp` (built on first use; falls back to eager if it cannot be built), or `decode_step`
+through `torch.compile`."""
+
+
 class Decoder:
     """Prefill once per distinct prompt, then one token per live row per `step`, into a static
     KV cache of width Tp + max_new_tokens. Rows are slots; `keep` drops finished slots.
 
-    `compiled=True` runs each step through `compiled_decode_step()` (same samples, log-probs
-    within float rounding; tests/perf), which pays only when enough decode steps follow the
-    one-off compile (tens of seconds on a small CPU; bench/README.md)."""
+    `engine` picks how a step runs (`ENGINES`); all give the same samples, with log-probs equal
+    to float rounding (tests/perf). `compile` pays only when enough decode steps follow its
+    one-off compile (tens of seconds on a small CPU); `cpp` needs a C++ compiler once per
+    machine (the build is cached). `compiled=True` is the older spelling of `engine="compile"`."""
 
     def __init__(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int, *,
-                 compiled: bool = False):
-        self.compiled = compiled
+                 compiled: bool = False, engine: str = "eager"):
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        engine = "compile" if compiled else engine
+        self._cpp = _load_cpp() if engine == "cpp" else None
+        self.engine = "eager" if engine == "cpp" and self._cpp is None else engine
+        self.compiled = compiled = self.engine == "compile"
         # Fewest live slots `keep` may leave: the compiled step specialises batch size 1, so stay
         # at 2 rather than recompile.
         self.min_live = 2 if compiled else 1
@@ -477,6 +489,10 @@ class Decoder:
             x, k, v = w.prompt_layer(layer, x, rot, attn_mask)
             # One gather of the distinct prompts' k|v into the rows, from a contiguous copy (gathering
             # from the transposed view directly is several times slower).
+            if self.engine == "cpp":  # the C++ step keeps each (row, kv head)'s keys transposed, (d, S)
+                self.cache[i, 0].view(b, w.kv_heads, w.head_dim, -1)[..., :tp] = k.index_select(0, row).transpose(2, 3)
+                self.cache[i, 1, :, :, :tp] = v.index_select(0, row)
+                continue
             kv_u = torch.stack([k, v])                                     # (2, U, kv, Tp, d)
             self.cache[i, :, :, :, :tp] = kv_u.index_select(1, row)
         # Additive mask over cache columns, per kv head so it views as (b·kv, 1, S): -inf on the
@@ -490,6 +506,8 @@ class Decoder:
         self.width = tp
         self.pos = mask_u.sum(-1)[row]                   # (b,) position of the next token
         self.logits = w.logits(x[:, -1])[row]            # (b, V) next-token logits
+        if self.engine == "cpp":
+            self._fused = _cpp_engine(self._cpp, w, self.rot_table, b)
 
     def close(self) -> None:
         """Hand the cache buffers back to this thread's pool (the decoder is unusable after)."""
@@ -513,6 +531,8 @@ class Decoder:
         """Feed one token per row (b,); returns next-token logits (b, V)."""
         if self.compiled:
             return self._compiled_step(tokens)
+        if self.engine == "cpp":
+            return self._cpp_step(tokens)
         w, col = self.w, self.width
         b = tokens.shape[0]
         h, kv, d = w.heads, w.kv_heads, w.head_dim
@@ -553,3 +573,35 @@ class Decoder:
         self.width += 1
         self.pos = self.pos + 1
         return logits
+
+    def _cpp_step(self, tokens: torch.Tensor) -> torch.Tensor:
+        # The fused step gives columns whose bias is -inf probability 0 whatever they hold, so it needs
+        # no zeroed cache span.
+        col = self.width
+        self.key_bias[..., col] = 0.0
+        logits = self._fused.step(tokens.contiguous(), self.pos, self.cache, self.key_bias, col)
+        self.width += 1
+        self.pos = self.pos + 1
+        return logits
+
+
+def _load_cpp():
+    from rlvr.models import _decode_cpp
+    return _decode_cpp.load()
+
+
+def _cpp_engine(module, w: LlamaWeights, rot_table: torch.Tensor, rows: int):
+    """The C++ step's weights: matmul weights transposed to (in, out) row-major (MKL's faster
+    layout at these shapes), absent biases as empty tensors, RoPE as cos/sin tables (S+1, d/2)."""
+    def t(weight):
+        return weight.detach().t().contiguous()
+
+    def bias(b):
+        return torch.empty(0) if b is None else b.detach().contiguous()
+
+    flat = []
+    for l in w.layers:
+        flat += [l.ln1.detach(), t(l.wqkv), bias(l.bqkv), t(l.wo), bias(l.bo), l.ln2.detach(), t(l.wgu), t(l.wd)]
+    table = rot_table[:, 0]
+    return module.Engine(w.embed.detach(), w.norm.detach(), t(w.lm_head), bias(w.lm_bias), flat,
+                         table.real.contiguous(), table.imag.contiguous(), w.heads, w.kv_heads, w.eps, rows)

@@ -80,14 +80,17 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
 @torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, *,
              max_new_tokens: int, eos_id: int, pad_id: int,
-             temperature: float = 1.0, top_p: float = 1.0, fast: bool = True, compile: bool = False) -> Rollouts:
+             temperature: float = 1.0, top_p: float = 1.0, fast: bool = True, compile: bool = False,
+             engine: str = "eager") -> Rollouts:
     """Sample one completion per row. prompt_ids/prompt_mask (B, Tp), seeds (B,) int.
 
     Llama-family models take the fast path (`models.llama_fast`: one prefill per distinct
     prompt, static KV cache, finished rows dropped); anything else, or `fast=False`, runs the
     plain `transformers` forward with its dynamic cache. Both give the same samples (tests/perf).
-    `compile=True` runs the fast path's decode steps through `torch.compile` (same samples; the
-    first call in a process pays the compile, tens of seconds on a small CPU).
+    `engine` picks how the fast path runs a decode step (`llama_fast.ENGINES`: `eager`, `cpp` the
+    fused C++ step, `compile` via `torch.compile`); all give the same samples. `compile=True` is
+    the older spelling of `engine="compile"` (the first call in a process pays the compile, tens
+    of seconds on a small CPU; `cpp` pays a one-off build per machine, cached on disk).
     """
     was_training = model.training
     model.eval()
@@ -95,7 +98,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: 
         if fast and prompt_ids.shape[0] and llama_fast.supports(model):
             return _generate_fast(model, prompt_ids, prompt_mask, seeds, max_new_tokens=max_new_tokens,
                                   eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p,
-                                  compiled=compile)
+                                  engine="compile" if compile else engine)
         return _generate_hf(model, prompt_ids, prompt_mask, seeds, max_new_tokens=max_new_tokens,
                             eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p)
     finally:
@@ -124,9 +127,9 @@ costs about one decode step, so compacting after every finished row would not pa
 
 
 def _generate_fast(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_id, pad_id,
-                   temperature, top_p, compiled=False) -> Rollouts:
+                   temperature, top_p, engine="eager") -> Rollouts:
     batch = prompt_ids.shape[0]
-    decoder = llama_fast.Decoder(model, prompt_ids, prompt_mask, max_new_tokens, compiled=compiled)
+    decoder = llama_fast.Decoder(model, prompt_ids, prompt_mask, max_new_tokens, engine=engine)
     tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)
     logprobs = torch.zeros((batch, max_new_tokens))
     length = torch.zeros(batch, dtype=torch.long)

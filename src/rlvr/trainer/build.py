@@ -69,7 +69,7 @@ def build_engine(config: Config, model, tokenizer, policies=()):
     r = config.rollout
     if config.model.kind != "diffusion":
         return functools.partial(generate, model, max_new_tokens=r.max_new_tokens, eos_id=tokenizer.eos_token_id,
-                                 pad_id=tokenizer.pad_token_id, top_p=r.top_p)
+                                 pad_id=tokenizer.pad_token_id, top_p=r.top_p, engine=r.decode_engine)
     settings = dict(gen_length=r.max_new_tokens, steps=r.diffusion_steps or r.max_new_tokens,
                     block_length=r.block_length or None, remasking=r.remasking, threshold=r.threshold,
                     suppress_eos=r.suppress_eos, mask_id=tokenizer.mask_token_id, eos_id=tokenizer.eos_token_id,
