@@ -112,7 +112,7 @@ def test_cpp_step_logits_match_the_eager_step(cpp, model, tokenizer):
     fused = llama_fast.Decoder(model, ids, mask, 8, engine="cpp")
     try:
         assert fused.engine == "cpp"
-        torch.testing.assert_close(fused.logits, eager.logits, rtol=0, atol=0)  # the same prefill
+        torch.testing.assert_close(fused.logits, eager.logits, rtol=0, atol=LOGIT_ATOL)  # the C++ prefill
         gen = torch.Generator().manual_seed(0)
         tokens = torch.randint(3, len(tokenizer), (len(ids), 7), generator=gen)
         live = torch.arange(len(ids))

@@ -40,6 +40,8 @@ SOURCE = r"""
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/mm.h>
 #include <torch/csrc/utils/pybind.h>
 #include <algorithm>
@@ -117,23 +119,42 @@ void rope(float* qkv, const int64_t* pos, const float* cos, const float* sin, in
   }
 }
 
+// (out, in) row-major -> (in, out) row-major in 16x16 tiles, writing along output rows: ≈ 0.7 ms for
+// the warm start's 1M weights, against ≈ 1.2 ms for torch's strided copy and ≈ 3 ms for tiles
+// written down columns (power-of-two strides map a tile's writes onto the same cache sets).
+Tensor transposed(const Tensor& w) {
+  const int64_t rows = w.size(0), cols = w.size(1);
+  Tensor out = at::empty({cols, rows}, w.options());
+  const float* src = w.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  constexpr int64_t tile = 16;
+  for (int64_t i0 = 0; i0 < rows; i0 += tile)
+    for (int64_t j0 = 0; j0 < cols; j0 += tile) {
+      const int64_t i1 = std::min(rows, i0 + tile), j1 = std::min(cols, j0 + tile);
+      for (int64_t j = j0; j < j1; ++j)
+        for (int64_t i = i0; i < i1; ++i) dst[j * rows + i] = src[i * cols + j];
+    }
+  return out;
+}
+
 struct Layer {
-  Tensor ln1, wqkv, bqkv, wo, bo, ln2, wgu, wd;  // wqkv/wo/wgu/wd as (in, out); biases may be empty
+  Tensor ln1, wqkv, bqkv, wo, bo, ln2, wgu, wd;  // wqkv/wo/wgu/wd stored (in, out); biases may be empty
 };
 
 class Engine {
  public:
   Engine(Tensor embed, Tensor norm, Tensor lm_head, Tensor lm_bias, std::vector<Tensor> flat, Tensor cos,
          Tensor sin, int64_t heads, int64_t kv_heads, double eps, int64_t max_rows)
-      : embed_(embed), norm_(norm), lm_head_(lm_head), lm_bias_(lm_bias), cos_(cos), sin_(sin),
+      : embed_(embed), norm_(norm), lm_bias_(lm_bias), cos_(cos), sin_(sin),
         heads_(heads), kv_(kv_heads), eps_(static_cast<float>(eps)) {
     TORCH_CHECK(flat.size() % 8 == 0, "8 tensors per layer");
+    for (const Tensor& t : flat) check(t);
+    for (auto* t : {&embed_, &norm_, &lm_head, &lm_bias_, &cos_, &sin_}) check(*t);
+    // MKL is ≈ 25% faster on (in, out) row-major weights at these shapes than on nn.Linear's layout.
+    lm_head_ = transposed(lm_head);
     for (size_t i = 0; i < flat.size(); i += 8)
-      layers_.push_back({flat[i], flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4], flat[i + 5], flat[i + 6],
-                         flat[i + 7]});
-    for (auto* t : {&embed_, &norm_, &lm_head_, &lm_bias_, &cos_, &sin_}) check(*t);
-    for (auto& l : layers_)
-      for (auto* t : {&l.ln1, &l.wqkv, &l.bqkv, &l.wo, &l.bo, &l.ln2, &l.wgu, &l.wd}) check(*t);
+      layers_.push_back({flat[i], transposed(flat[i + 1]), flat[i + 2], transposed(flat[i + 3]), flat[i + 4],
+                         flat[i + 5], transposed(flat[i + 6]), transposed(flat[i + 7])});
     hidden_ = embed_.size(1);
     d_ = 2 * cos_.size(1);
     const int64_t inter = layers_[0].wd.size(0);
@@ -154,32 +175,140 @@ class Engine {
     TORCH_CHECK(cache.is_contiguous() && key_bias.is_contiguous() && tokens.is_contiguous() && pos.is_contiguous(),
                 "contiguous inputs expected");
     TORCH_CHECK(cache.size(2) == b && key_bias.size(0) == b && col < cache.size(4), "shape mismatch");
-    Tensor x = x_.narrow(0, 0, b), xn = xn_.narrow(0, 0, b), qkv = qkv_.narrow(0, 0, b);
-    Tensor attn = attn_.narrow(0, 0, b), gu = gu_.narrow(0, 0, b), act = act_.narrow(0, 0, b);
-    embed_rows(tokens.data_ptr<int64_t>(), b, x.data_ptr<float>());
-    const int64_t layer_stride = cache.stride(0);
+    Work w{x_.narrow(0, 0, b), xn_.narrow(0, 0, b), qkv_.narrow(0, 0, b), attn_.narrow(0, 0, b),
+           gu_.narrow(0, 0, b), act_.narrow(0, 0, b)};
+    embed_rows(tokens.data_ptr<int64_t>(), b, w.x.data_ptr<float>());
     for (size_t i = 0; i < layers_.size(); ++i) {
-      const Layer& l = layers_[i];
-      rms_norm(x.data_ptr<float>(), l.ln1.data_ptr<float>(), xn.data_ptr<float>(), b, hidden_, eps_);
-      if (l.bqkv.numel()) at::addmm_out(qkv, l.bqkv, xn, l.wqkv); else at::mm_out(qkv, xn, l.wqkv);
-      rope(qkv.data_ptr<float>(), pos.data_ptr<int64_t>(), cos_.data_ptr<float>(), sin_.data_ptr<float>(), b,
-           qkv.size(1), heads_ + kv_, d_);
-      float* layer_cache = cache.data_ptr<float>() + i * layer_stride;
-      write_cache(qkv.data_ptr<float>(), layer_cache, b, cache.size(4), col);
-      attend(qkv.data_ptr<float>(), layer_cache, key_bias.data_ptr<float>(), attn.data_ptr<float>(), b,
+      project(layers_[i], w, pos.data_ptr<int64_t>());
+      float* layer_cache = cache.data_ptr<float>() + i * cache.stride(0);
+      write_cache(w.qkv.data_ptr<float>(), layer_cache, b, cache.size(4), col);
+      attend(w.qkv.data_ptr<float>(), layer_cache, key_bias.data_ptr<float>(), w.attn.data_ptr<float>(), b,
              cache.size(4), col + 1);
-      x.addmm_(attn, l.wo);
-      if (l.bo.numel()) x.add_(l.bo);
-      rms_norm(x.data_ptr<float>(), l.ln2.data_ptr<float>(), xn.data_ptr<float>(), b, hidden_, eps_);
-      at::mm_out(gu, xn, l.wgu);
-      silu_mul(gu.data_ptr<float>(), act.data_ptr<float>(), b, act.size(1));
-      x.addmm_(act, l.wd);
+      finish(layers_[i], w);
     }
-    rms_norm(x.data_ptr<float>(), norm_.data_ptr<float>(), xn.data_ptr<float>(), b, hidden_, eps_);
-    return lm_bias_.numel() ? at::addmm(lm_bias_, xn, lm_head_) : at::mm(xn, lm_head_);
+    return head(w.x, w.xn);
+  }
+
+  // The prompts: ids/mask (U, Tp) long, left-padded; row (b,) long, the prompt of each cache row.
+  // Writes every layer's prompt keys/values into columns [0, Tp) of each row's cache (keys
+  // transposed, as `step` reads them) and returns the next-token logits of each row (b, V). The
+  // same math as llama_fast's prefill: causal attention over real prompt tokens, positions
+  // cumsum(mask) - 1, and a padding query attending to itself only (its output is never read).
+  Tensor prefill(const Tensor& ids, const Tensor& mask, const Tensor& row, Tensor& cache) {
+    TORCH_CHECK(ids.is_contiguous() && mask.is_contiguous() && row.is_contiguous() && cache.is_contiguous(),
+                "contiguous inputs expected");
+    const int64_t prompts = ids.size(0), tp = ids.size(1), n = prompts * tp, b = row.size(0);
+    TORCH_CHECK(cache.size(2) == b && tp <= cache.size(4), "shape mismatch");
+    auto opts = x_.options();
+    Work w{at::empty({n, hidden_}, opts), at::empty({n, hidden_}, opts), at::empty({n, qkv_.size(1)}, opts),
+           at::empty({n, attn_.size(1)}, opts), at::empty({n, gu_.size(1)}, opts), at::empty({n, act_.size(1)}, opts)};
+    const int64_t* m = mask.data_ptr<int64_t>();
+    std::vector<int64_t> pos(n);
+    for (int64_t u = 0; u < prompts; ++u)
+      for (int64_t t = 0, seen = 0; t < tp; ++t) {
+        seen += m[u * tp + t] != 0;
+        pos[u * tp + t] = std::max<int64_t>(seen - 1, 0);
+      }
+    embed_rows(ids.data_ptr<int64_t>(), n, w.x.data_ptr<float>());
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      project(layers_[i], w, pos.data());
+      write_prompt_cache(w.qkv.data_ptr<float>(), row.data_ptr<int64_t>(),
+                         cache.data_ptr<float>() + i * cache.stride(0), b, tp, cache.size(4));
+      attend_prompt(w.qkv.data_ptr<float>(), m, w.attn.data_ptr<float>(), prompts, tp);
+      finish(layers_[i], w);
+    }
+    Tensor last = w.x.view({prompts, tp, hidden_}).select(1, tp - 1).contiguous();
+    return head(last, at::empty_like(last)).index_select(0, row);
   }
 
  private:
+  struct Work {  // activations of n rows: residual stream, its norm, q|k|v, attention, gate|up, act
+    Tensor x, xn, qkv, attn, gu, act;
+  };
+
+  // RMSNorm, the fused q|k|v matmul (+ bias) and RoPE at each row's position.
+  void project(const Layer& l, Work& w, const int64_t* pos) const {
+    const int64_t n = w.x.size(0);
+    rms_norm(w.x.data_ptr<float>(), l.ln1.data_ptr<float>(), w.xn.data_ptr<float>(), n, hidden_, eps_);
+    if (l.bqkv.numel()) at::addmm_out(w.qkv, l.bqkv, w.xn, l.wqkv); else at::mm_out(w.qkv, w.xn, l.wqkv);
+    rope(w.qkv.data_ptr<float>(), pos, cos_.data_ptr<float>(), sin_.data_ptr<float>(), n, w.qkv.size(1),
+         heads_ + kv_, d_);
+  }
+
+  // x += attn·Woᵀ (+ bias), then the SwiGLU MLP block with its residual.
+  void finish(const Layer& l, Work& w) const {
+    const int64_t n = w.x.size(0);
+    w.x.addmm_(w.attn, l.wo);
+    if (l.bo.numel()) w.x.add_(l.bo);
+    rms_norm(w.x.data_ptr<float>(), l.ln2.data_ptr<float>(), w.xn.data_ptr<float>(), n, hidden_, eps_);
+    at::mm_out(w.gu, w.xn, l.wgu);
+    silu_mul(w.gu.data_ptr<float>(), w.act.data_ptr<float>(), n, w.act.size(1));
+    w.x.addmm_(w.act, l.wd);
+  }
+
+  // Final RMSNorm and LM head of the rows of x (xn: scratch of the same shape).
+  Tensor head(const Tensor& x, Tensor xn) const {
+    rms_norm(x.data_ptr<float>(), norm_.data_ptr<float>(), xn.data_ptr<float>(), x.size(0), hidden_, eps_);
+    return lm_bias_.numel() ? at::addmm(lm_bias_, xn, lm_head_) : at::mm(xn, lm_head_);
+  }
+
+  // Prompt u's k/v (rows u·Tp .. u·Tp+Tp-1 of qkv) into columns [0, Tp) of every cache row r with row[r] = u.
+  void write_prompt_cache(const float* qkv, const int64_t* row, float* cache, int64_t b, int64_t tp,
+                          int64_t width) const {
+    const int64_t row_width = (heads_ + 2 * kv_) * d_;
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t g = 0; g < kv_; ++g) {
+        float* keys = cache + (r * kv_ + g) * width * d_;
+        float* values = cache + ((b + r) * kv_ + g) * width * d_;
+        for (int64_t t = 0; t < tp; ++t) {
+          const float* k = qkv + (row[r] * tp + t) * row_width + (heads_ + g) * d_;
+          for (int64_t i = 0; i < d_; ++i) keys[i * width + t] = k[i];
+          std::memcpy(values + t * d_, k + kv_ * d_, d_ * sizeof(float));
+        }
+      }
+  }
+
+  // Causal attention within each prompt over its real tokens (mask (U, Tp)); a padding query
+  // attends to itself only. Prompts are short (tens of tokens): one dot product per pair.
+  void attend_prompt(const float* qkv, const int64_t* mask, float* out, int64_t prompts, int64_t tp) const {
+    const int64_t group = heads_ / kv_, row_width = (heads_ + 2 * kv_) * d_, d = d_;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    at::parallel_for(0, prompts * heads_, 4, [&](int64_t begin, int64_t end) {
+      std::vector<float> p(tp);
+      for (int64_t idx = begin; idx < end; ++idx) {
+        const int64_t u = idx / heads_, head = idx % heads_, g = head / group;
+        const float* base = qkv + u * tp * row_width;
+        const int64_t* m = mask + u * tp;
+        for (int64_t t = 0; t < tp; ++t) {
+          const float* q = base + t * row_width + head * d;
+          float* o = out + (u * tp + t) * heads_ * d + head * d;
+          if (!m[t]) {  // padding: attends to itself, weight 1
+            std::memcpy(o, base + t * row_width + (heads_ + kv_ + g) * d, d * sizeof(float));
+            continue;
+          }
+          float top = kNegInf;
+          for (int64_t c = 0; c <= t; ++c) {
+            p[c] = m[c] ? dot(q, base + c * row_width + (heads_ + g) * d, d) * scale : kNegInf;
+            top = std::max(top, p[c]);
+          }
+          float total = 0.f;
+          for (int64_t c = 0; c <= t; ++c) {
+            p[c] = m[c] ? exp_approx(p[c] - top) : 0.f;
+            total += p[c];
+          }
+          const float inv = 1.0f / total;
+          std::fill(o, o + d, 0.f);
+          for (int64_t c = 0; c <= t; ++c) {
+            if (p[c] == 0.f) continue;
+            const float wgt = p[c] * inv;
+            const float* v = base + c * row_width + (heads_ + kv_ + g) * d;
+            for (int64_t i = 0; i < d; ++i) o[i] += wgt * v[i];
+          }
+        }
+      }
+    });
+  }
+
   static void check(const Tensor& t) {
     TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu(),
                 "float32 contiguous CPU tensors expected");
@@ -280,7 +409,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<Engine>(m, "Engine")
       .def(pybind11::init<Tensor, Tensor, Tensor, Tensor, std::vector<Tensor>, Tensor, Tensor, int64_t, int64_t,
                           double, int64_t>())
-      .def("step", &Engine::step);
+      .def("step", &Engine::step)
+      .def("prefill", &Engine::prefill);
 }
 """
 

@@ -473,41 +473,45 @@ class Decoder:
         w = self.w = LlamaWeights(model)
         ids_u, mask_u, row = unique_prompts(prompt_ids, prompt_mask)
         b, tp = prompt_ids.shape
-        rot = w.rope((mask_u.cumsum(-1) - 1).clamp(min=0))
-        attn_mask = _prompt_masks(mask_u)
-        x = w.lookup(ids_u)
         shape = (len(w.layers), 2, b, w.kv_heads, tp + max_new_tokens, w.head_dim)
         self.cache, self.spare = _cache_buffers(shape)
         # The padded span in `step` reads columns not written yet (with weight 0, so they must be
         # finite, and the pool holds stale data): `step` zeroes each new span block as it comes into
         # view, over the rows still live then. The prompt columns are all written below; the compiled
-        # step reads every column, so it gets them all zeroed now.
+        # step reads every column, so it gets them all zeroed now. (The C++ step needs neither.)
         self.zeroed = tp + max_new_tokens if compiled else tp    # columns [0, zeroed) are finite
         if compiled:
             self.cache[..., tp:, :].zero_()
-        for i, layer in enumerate(w.layers):
-            x, k, v = w.prompt_layer(layer, x, rot, attn_mask)
-            # One gather of the distinct prompts' k|v into the rows, from a contiguous copy (gathering
-            # from the transposed view directly is several times slower).
-            if self.engine == "cpp":  # the C++ step keeps each (row, kv head)'s keys transposed, (d, S)
-                self.cache[i, 0].view(b, w.kv_heads, w.head_dim, -1)[..., :tp] = k.index_select(0, row).transpose(2, 3)
-                self.cache[i, 1, :, :, :tp] = v.index_select(0, row)
-                continue
-            kv_u = torch.stack([k, v])                                     # (2, U, kv, Tp, d)
-            self.cache[i, :, :, :, :tp] = kv_u.index_select(1, row)
+        self.rot_table = w.rope(torch.arange(tp + max_new_tokens + 1))     # (S+1, 1, d/2)
+        if self.engine == "cpp":  # prefill in C++ too: it writes the cache in the layout its step reads
+            self._fused = _cpp_engine(self._cpp, w, self.rot_table, b)
+            self.logits = self._fused.prefill(ids_u.contiguous(), mask_u.long().contiguous(), row.contiguous(),
+                                              self.cache)
+        else:
+            self.logits = self._prefill(ids_u, mask_u, row)   # (b, V) next-token logits
         # Additive mask over cache columns, per kv head so it views as (b·kv, 1, S): -inf on the
         # prompt's left padding and on columns not yet written (`step` opens one per token).
         self.key_bias = torch.full((b, w.kv_heads, 1, tp + max_new_tokens), float("-inf"))
         self.key_bias[:, :, 0, :tp].masked_fill_(mask_u.bool()[row][:, None, :], 0.0)
-        self.rot_table = w.rope(torch.arange(tp + max_new_tokens + 1))     # (S+1, 1, d/2)
         if compiled:  # the pure step's arguments: weight tuples and RoPE as cos/sin tables
             self._layers = [(l.ln1, l.wqkv, l.bqkv, l.wo, l.bo, l.ln2, l.wgu, l.wd) for l in w.layers]
             self._cos, self._sin = self.rot_table.real.contiguous(), self.rot_table.imag.contiguous()
         self.width = tp
         self.pos = mask_u.sum(-1)[row]                   # (b,) position of the next token
-        self.logits = w.logits(x[:, -1])[row]            # (b, V) next-token logits
-        if self.engine == "cpp":
-            self._fused = _cpp_engine(self._cpp, w, self.rot_table, b)
+
+    def _prefill(self, ids_u, mask_u, row) -> torch.Tensor:
+        """Eager prefill of the distinct prompts into the cache rows; returns each row's logits."""
+        w, tp = self.w, ids_u.shape[1]
+        rot = w.rope((mask_u.cumsum(-1) - 1).clamp(min=0))
+        attn_mask = _prompt_masks(mask_u)
+        x = w.lookup(ids_u)
+        for i, layer in enumerate(w.layers):
+            x, k, v = w.prompt_layer(layer, x, rot, attn_mask)
+            # One gather of the distinct prompts' k|v into the rows, from a contiguous copy (gathering
+            # from the transposed view directly is several times slower).
+            kv_u = torch.stack([k, v])                                     # (2, U, kv, Tp, d)
+            self.cache[i, :, :, :, :tp] = kv_u.index_select(1, row)
+        return w.logits(x[:, -1])[row]
 
     def close(self) -> None:
         """Hand the cache buffers back to this thread's pool (the decoder is unusable after)."""
@@ -591,17 +595,12 @@ def _load_cpp():
 
 
 def _cpp_engine(module, w: LlamaWeights, rot_table: torch.Tensor, rows: int):
-    """The C++ step's weights: matmul weights transposed to (in, out) row-major (MKL's faster
-    layout at these shapes), absent biases as empty tensors, RoPE as cos/sin tables (S+1, d/2)."""
-    def t(weight):
-        return weight.detach().t().contiguous()
+    """The C++ step for these weights (which it copies, transposed), absent biases as empty
+    tensors, RoPE as cos/sin tables (S+1, d/2), workspaces for up to `rows` rows."""
+    def plain(t):
+        return torch.empty(0) if t is None else t.detach().contiguous()
 
-    def bias(b):
-        return torch.empty(0) if b is None else b.detach().contiguous()
-
-    flat = []
-    for l in w.layers:
-        flat += [l.ln1.detach(), t(l.wqkv), bias(l.bqkv), t(l.wo), bias(l.bo), l.ln2.detach(), t(l.wgu), t(l.wd)]
+    flat = [plain(getattr(l, f)) for l in w.layers for f in ("ln1", "wqkv", "bqkv", "wo", "bo", "ln2", "wgu", "wd")]
     table = rot_table[:, 0]
-    return module.Engine(w.embed.detach(), w.norm.detach(), t(w.lm_head), bias(w.lm_bias), flat,
+    return module.Engine(plain(w.embed), plain(w.norm), plain(w.lm_head), plain(w.lm_bias), flat,
                          table.real.contiguous(), table.imag.contiguous(), w.heads, w.kv_heads, w.eps, rows)
