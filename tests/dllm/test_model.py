@@ -72,11 +72,7 @@ def test_dream_format_checkpoint_loads_with_shifted_logits(tmp_path):
 
 
 def _hidden(model, ids, attn):
-    positions = (attn.cumsum(-1) - 1).clamp(min=0)
-    x = model.embed_tokens(ids)
-    for layer in model.layers:
-        x = layer(x, positions, attn.bool())
-    return x
+    return model.hidden_states(ids, attn)
 
 
 class _Reverse:
