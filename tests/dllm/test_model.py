@@ -130,3 +130,17 @@ def test_diffusion_sft_cosine_schedule_decays_the_learning_rate_to_zero():
                           schedule=schedule, echo=lambda *_: None)
     assert seen["constant"][0].get_last_lr()[0] == pytest.approx(1e-3)
     assert seen["cosine"][0].get_last_lr()[0] == pytest.approx(0.0, abs=1e-12)
+
+
+
+def test_loading_the_shipped_warm_start_prints_no_transformers_warning():
+    # A subprocess: transformers' own log handler writes to the real stderr, past pytest's capture.
+    import subprocess
+    import sys
+
+    code = ("from rlvr.models.diffusion_lm import load_diffusion_lm; "
+            "m, t = load_diffusion_lm('rlvr:countdown-dllm-warmstart', seed=0); "
+            "assert t.mask_token_id == m.mask_token_id")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "instantiate a model of type" not in done.stderr + done.stdout

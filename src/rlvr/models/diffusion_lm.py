@@ -380,6 +380,20 @@ def diffusion_tokenizer():
     return tokenizer
 
 
+def _quiet_auto_tokenizer(auto_tokenizer, path):
+    """`AutoTokenizer.from_pretrained` without its warning that our `config.json` (model_type
+    `rlvr_diffusion`, not a transformers architecture) is not the model it expected: only the
+    tokenizer files are read, so the warning would be noise on every dLLM run."""
+    from transformers.utils import logging as hf_logging
+
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return auto_tokenizer.from_pretrained(path)
+    finally:
+        hf_logging.set_verbosity(previous)
+
+
 def load_diffusion_lm(path: str | None, *, seed: int, hidden_size: int = 128, num_layers: int = 4,
                       num_heads: int = 4, intermediate_size: int = 512, max_seq_len: int = 128,
                       shift_logits: bool = False):
@@ -398,7 +412,7 @@ def load_diffusion_lm(path: str | None, *, seed: int, hidden_size: int = 128, nu
 
     path = resolve_model_path(path)  # `rlvr:NAME` = a checkpoint shipped in the package
     model = load_diffusion_model(path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = _quiet_auto_tokenizer(AutoTokenizer, path)
     tokenizer.padding_side = "left"
     if tokenizer.mask_token_id is None or tokenizer.mask_token_id != model.mask_token_id:
         tokenizer.add_special_tokens({"mask_token": tokenizer.convert_ids_to_tokens(model.mask_token_id)})
