@@ -128,6 +128,17 @@ def test_cpp_step_logits_match_the_eager_step(cpp, model, tokenizer):
         fused.close()
 
 
+@torch.no_grad()
+def test_cpp_step_rejects_out_of_range_token_ids(cpp, tiny_model, tokenizer):
+    ids, mask, _ = _batch(tokenizer, group=1)
+    decoder = llama_fast.Decoder(tiny_model, ids, mask, 4, engine="cpp")
+    try:
+        with pytest.raises(RuntimeError, match="out of range"):
+            decoder.step(torch.full((len(ids),), len(tokenizer)))
+    finally:
+        decoder.close()
+
+
 def test_without_a_build_the_cpp_engine_falls_back_to_eager(tiny_model, tokenizer, monkeypatch, capsys):
     def fail(**kw):
         raise RuntimeError("Ninja is required to load C++ extensions")
@@ -143,6 +154,14 @@ def test_without_a_build_the_cpp_engine_falls_back_to_eager(tiny_model, tokenize
     assert decoder.engine == "eager"
     decoder.close()
     _assert_same(_rollouts(tiny_model, tokenizer, "eager"), _rollouts(tiny_model, tokenizer, "cpp"))
+
+
+def test_non_float32_weights_fall_back_to_eager(tiny_model, monkeypatch, capsys):
+    monkeypatch.setattr(_decode_cpp, "_STATE", {})
+    monkeypatch.setattr(_decode_cpp, "load", lambda: pytest.fail("must not build for bfloat16 weights"))
+    assert llama_fast._load_cpp(tiny_model.to(torch.bfloat16)) is None
+    assert capsys.readouterr().err.strip() == ("rlvr: C++ decode engine unavailable (torch.bfloat16 on cpu: the C++ "
+                                               "decode engine takes float32 on CPU); using the eager decode step")
 
 
 def test_engine_names_are_checked(tiny_model, tokenizer):

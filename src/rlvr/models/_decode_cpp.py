@@ -229,6 +229,7 @@ class Engine {
   // RMSNorm, the fused q|k|v matmul (+ bias) and RoPE at each row's position.
   void project(const Layer& l, Work& w, const int64_t* pos) const {
     const int64_t n = w.x.size(0);
+    for (int64_t r = 0; r < n; ++r) TORCH_CHECK(pos[r] >= 0 && pos[r] < cos_.size(0), "position out of the RoPE table");
     rms_norm(w.x.data_ptr<float>(), l.ln1.data_ptr<float>(), w.xn.data_ptr<float>(), n, hidden_, eps_);
     if (l.bqkv.numel()) at::addmm_out(w.qkv, l.bqkv, w.xn, l.wqkv); else at::mm_out(w.qkv, w.xn, l.wqkv);
     rope(w.qkv.data_ptr<float>(), pos, cos_.data_ptr<float>(), sin_.data_ptr<float>(), n, w.qkv.size(1),
@@ -314,9 +315,14 @@ class Engine {
                 "float32 contiguous CPU tensors expected");
   }
 
+  // Embedding rows, range-checked (a bad id must raise like F.embedding, not read stray memory).
   void embed_rows(const int64_t* tokens, int64_t b, float* x) const {
     const float* e = embed_.data_ptr<float>();
-    for (int64_t r = 0; r < b; ++r) std::memcpy(x + r * hidden_, e + tokens[r] * hidden_, hidden_ * sizeof(float));
+    const int64_t vocab = embed_.size(0);
+    for (int64_t r = 0; r < b; ++r) {
+      TORCH_CHECK(tokens[r] >= 0 && tokens[r] < vocab, "token id ", tokens[r], " out of range [0, ", vocab, ")");
+      std::memcpy(x + r * hidden_, e + tokens[r] * hidden_, hidden_ * sizeof(float));
+    }
   }
 
   // k|v of each row (after RoPE) into column `col`: values at cache[1][r, g, col, :], keys
@@ -437,6 +443,14 @@ def load():
         return _STATE["module"]
 
 
+def warn_once(reason: str) -> None:
+    """One stderr line per reason and process: the caller falls back to the eager step."""
+    if reason not in _STATE.setdefault("warned", set()):
+        _STATE["warned"].add(reason)
+        print(f"rlvr: C++ decode engine unavailable ({reason}); using the eager decode step",
+              file=sys.stderr, flush=True)
+
+
 def _build():
     try:
         from torch.utils import cpp_extension
@@ -445,6 +459,5 @@ def _build():
                                          verbose=False)
     except Exception as exc:  # no compiler/ninja, or a failed build: the eager step still works
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"rlvr: C++ decode engine unavailable ({reason[:200]}); using the eager decode step",
-              file=sys.stderr, flush=True)
+        warn_once(reason[:200])
         return None

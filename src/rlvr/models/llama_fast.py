@@ -29,8 +29,11 @@ against it), only arranged differently:
    backward is a full-size zero tensor plus a copy).
 
 `decode_step` is the decode step as a pure function over the whole static cache width, for
-`torch.compile` (opt-in, `generate(compile=True)`); measured on a 2-core CPU it compiles in
+`torch.compile` (opt-in, `Decoder(engine="compile")`); measured on a 2-core CPU it compiles in
 30–70 s and runs no faster than the eager step (bench/README.md), so nothing uses it by default.
+`Decoder(engine="cpp")` runs the prefill and each decode step as one call into a small C++
+extension (`_decode_cpp`: the same math with the per-op framework overhead gone, ≈ 1.5–1.9× the
+eager sampler at batch 64; opt-in, `rollout.decode_engine=cpp`, eager fallback without a compiler).
 
 Anything this module does not model (non-default RoPE, sliding windows, MLP biases, dropout in
 training, PEFT wrappers, other architectures) makes `supports()` return False, and callers use
@@ -464,7 +467,7 @@ class Decoder:
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         engine = "compile" if compiled else engine
-        self._cpp = _load_cpp() if engine == "cpp" else None
+        self._cpp = _load_cpp(model) if engine == "cpp" else None
         self.engine = "eager" if engine == "cpp" and self._cpp is None else engine
         self.compiled = compiled = self.engine == "compile"
         # Fewest live slots `keep` may leave: the compiled step specialises batch size 1, so stay
@@ -589,8 +592,13 @@ class Decoder:
         return logits
 
 
-def _load_cpp():
+def _load_cpp(model):
+    """The C++ extension, or None (eager fallback): it is built for float32 CPU weights only."""
     from rlvr.models import _decode_cpp
+    weight = model.get_input_embeddings().weight
+    if weight.dtype != torch.float32 or weight.device.type != "cpu":
+        _decode_cpp.warn_once(f"{weight.dtype} on {weight.device.type}: the C++ decode engine takes float32 on CPU")
+        return None
     return _decode_cpp.load()
 
 
