@@ -13,7 +13,6 @@ import shutil
 
 import pytest
 import torch
-
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rlvr.config import load_config
@@ -49,8 +48,8 @@ def cpp():
 
 
 def _small(vocab):
-    return dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64,
-                pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return {"vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "max_position_embeddings": 64, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
 
 def _gqa_llama(vocab):  # 4 query heads on 2 kv heads, biases on q/k/v and o, untied LM head
@@ -147,8 +146,8 @@ def test_without_a_build_the_cpp_engine_falls_back_to_eager(tiny_model, tokenize
     assert _decode_cpp.load() is None
     assert _decode_cpp.load() is None  # one attempt, one line, per process
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["rlvr: C++ decode engine unavailable (Ninja is required to load C++ extensions); "
-                   "using the eager decode step"]
+    assert err == [("rlvr: C++ decode engine unavailable (Ninja is required to load C++ extensions); "
+                    "using the eager decode step")]
     ids, mask, _ = _batch(tokenizer, group=2)
     decoder = llama_fast.Decoder(tiny_model, ids, mask, 4, engine="cpp")
     assert decoder.engine == "eager"
