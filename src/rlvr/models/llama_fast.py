@@ -33,7 +33,7 @@ against it), only arranged differently:
 30–70 s and runs no faster than the eager step (bench/README.md), so nothing uses it by default.
 `Decoder(engine="cpp")` runs the prefill and each decode step as one call into a small C++
 extension (`_decode_cpp`: the same math with the per-op framework overhead gone, ≈ 1.5–1.9× the
-eager sampler at batch 64; opt-in, `rollout.decode_engine=cpp`, eager fallback without a compiler).
+eager sampler at batch 64; the trainer default, `rollout.decode_engine=cpp`, eager fallback without a compiler).
 
 Anything this module does not model (non-default RoPE, sliding windows, MLP biases, dropout in
 training, PEFT wrappers, other architectures) makes `supports()` return False, and callers use
