@@ -444,6 +444,11 @@ def load():
         return _STATE["module"]
 
 
+def fallbacks() -> list[str]:
+    """Why this process fell back to the eager step, if it did (for the run's manifest)."""
+    return sorted(_STATE.get("warned", ()))
+
+
 def warn_once(reason: str) -> None:
     """One stderr line per reason and process: the caller falls back to the eager step."""
     if reason not in _STATE.setdefault("warned", set()):

@@ -130,11 +130,14 @@ def manifest(command: list[str], seed: int, *, config: dict | None = None, data_
 
 
 def finish_manifest(run: RunDir, status: str, *, exit_status: int, final: dict | None = None,
-                    error: str | None = None) -> dict:
-    """Record how a run ended in run.json: status, exit status, end time, duration (and final metrics)."""
+                    error: str | None = None, runtime: dict | None = None) -> dict:
+    """Record how a run ended in run.json: status, exit status, end time, duration (and final
+    metrics, and `runtime` facts only known after running, e.g. which decode engine ran)."""
     info = run.read_json("run.json") if (run.path / "run.json").exists() else {}
     ended = datetime.now(timezone.utc)
     info.update(status=status, exit_status=exit_status, ended=ended.isoformat(timespec="seconds"))
+    if runtime:
+        info["runtime"] = runtime
     try:
         info["duration_s"] = round((ended - datetime.fromisoformat(info["started"])).total_seconds(), 1)
     except (KeyError, TypeError, ValueError):

@@ -298,8 +298,18 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
     _start_run(config, run, command, start)
     with recorded_exit(run):
         line = _loop(c, run, start, echo)
-    finish_manifest(run, "finished", exit_status=0, final=line)
+    finish_manifest(run, "finished", exit_status=0, final=line, runtime=_runtime_facts(config))
     return line
+
+
+def _runtime_facts(config: Config) -> dict:
+    """What ran, where the config only says what was asked for: the causal sampler's decode
+    engine, with the reasons it fell back to the eager step if the C++ one could not run."""
+    if config.model.kind == "diffusion":
+        return {}
+    from rlvr.models import _decode_cpp
+
+    return {"decode_engine": config.rollout.decode_engine, "decode_engine_fallbacks": _decode_cpp.fallbacks()}
 
 
 def _loop(c: Components, run: RunDir, start: int, echo) -> dict:
