@@ -156,6 +156,7 @@ class TrainerConfig:
     ppo_epochs: int = 1  # passes over each rollout batch
     micro_batch_size: int = 64  # completions per forward; memory only, never changes results
     eval_every: int = 250  # steps between greedy held-out evaluations (0 = only at start and end)
+    eval_samples: int = 0  # also score k samples per held-out problem at the rollout temperature (eval/heldout_sampled_accuracy); 0 = greedy only
     samples_per_step: int = 4  # rollouts written to samples.jsonl each step
     save_every: int = 500  # steps between checkpoints (0 = only at the end)
     keep_last: int = 2  # checkpoints kept on disk
@@ -340,6 +341,7 @@ def validate(config: Config) -> None:
         (0 <= config.rollout.selection_decay <= 1, "rollout.selection_decay", "must be in [0, 1] (1 = never forget)"),
         (config.rollout.decode_engine in ("eager", "cpp", "compile"), "rollout.decode_engine",
          "must be 'eager', 'cpp' or 'compile'"),
+        (config.trainer.eval_samples >= 0, "trainer.eval_samples", "must be >= 0 (0 = greedy evaluation only)"),
     ]
     for ok, name, fix in checks:
         if not ok:

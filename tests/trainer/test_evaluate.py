@@ -23,3 +23,26 @@ def test_answer_ends_at_the_first_eos_even_when_the_window_goes_on():
     truncated = enc("1+2+3+")                                 # no EOS at all
     got = decode_completions(tok, _rollouts([full_window, causal, truncated], [6, 4, 6]))
     assert got == ["3+5", "3*5", "1+2+3+"]
+
+
+def test_sampled_accuracy_averages_k_seeded_samples_per_problem():
+    from rlvr.tasks.countdown import Countdown
+    from rlvr.trainer.evaluate import sampled_accuracy
+
+    tok = char_tokenizer()
+    task = Countdown()
+    examples = task.heldout()[:3]
+    calls = []
+
+    def engine(ids, mask, seeds, *, temperature):
+        # Correct on even seeds, a wrong-but-parseable "1" on odd ones: avg@k must be exactly 1/2.
+        calls.append((len(seeds), temperature))
+        prompts = tok.batch_decode(ids, skip_special_tokens=True)
+        by_prompt = {ex.prompt: ex.answer for ex in examples}
+        texts = [by_prompt[p] if int(s) % 2 == 0 else "1" for p, s in zip(prompts, seeds.tolist())]
+        rows = [tok(t, add_special_tokens=False).input_ids + [tok.eos_token_id] for t in texts]
+        width = max(map(len, rows))
+        return _rollouts([r + [tok.pad_token_id] * (width - len(r)) for r in rows], [len(r) for r in rows])
+
+    assert sampled_accuracy(engine, tok, task, examples, samples=4, temperature=0.7, batch_size=5) == 0.5
+    assert calls == [(5, 0.7), (5, 0.7), (2, 0.7)]  # 12 rows in batches of 5, at the asked temperature

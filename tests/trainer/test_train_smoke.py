@@ -19,11 +19,12 @@ def test_user_reward_loaded_by_path_drives_a_real_run(tmp_path, capsys):
         "    return {'reward': 1.0 / (1 + len(completion)), 'has_plus': float('+' in completion)}\n")
     code = main(["train", f"reward.fn={tmp_path / 'my_rewards.py'}:score", "trainer.steps=2",
                  "trainer.eval_every=0", f"trainer.out_dir={tmp_path}", "trainer.name=user",
-                 "rollout.prompts_per_step=4", "rollout.group_size=4"])
+                 "rollout.prompts_per_step=4", "rollout.group_size=4", "trainer.eval_samples=2"])
     assert code == 0, capsys.readouterr().err
     last = _metrics(tmp_path / "user")[-1]
     assert 0 < last["reward/mean"] <= 1.0
     assert "reward/user/has_plus" in last and "reward/user/errors" in last
+    assert 0 <= last["eval/heldout_sampled_accuracy"] <= 1  # avg@2 at the rollout temperature
     # run.json says which decode engine ran, not only which one the config asked for.
     runtime = json.loads((tmp_path / "user" / "run.json").read_text())["runtime"]
     assert runtime["decode_engine"] == "cpp" and isinstance(runtime["decode_engine_fallbacks"], list)

@@ -28,7 +28,7 @@ from rlvr.tracking.run_dir import RunDir, finish_manifest, manifest, now, record
 from rlvr.tracking.tracker import make_trackers
 from rlvr.trainer import build
 from rlvr.trainer.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
-from rlvr.trainer.evaluate import decode_completions, encode_prompts, greedy_accuracy
+from rlvr.trainer.evaluate import decode_completions, encode_prompts, greedy_accuracy, sampled_accuracy
 from rlvr.trainer.collect import collect, sample_seeds, score
 from rlvr.trainer.critic import critic_step, critic_values
 from rlvr.trainer.selection import PosteriorSelector, build_selector
@@ -237,9 +237,14 @@ def _step_metrics(rewards, correct, rollouts, group_size, timings, batch) -> dic
 
 def evaluate(c: Components, probe) -> dict[str, float]:
     t0 = now()
-    held = greedy_accuracy(c.engine, c.tokenizer, c.task, c.task.heldout())
-    train = greedy_accuracy(c.engine, c.tokenizer, c.task, probe)
-    return {"eval/heldout_accuracy": held, "eval/train_accuracy": train, "time/eval_s": now() - t0}
+    heldout = c.task.heldout()
+    metrics = {"eval/heldout_accuracy": greedy_accuracy(c.engine, c.tokenizer, c.task, heldout),
+               "eval/train_accuracy": greedy_accuracy(c.engine, c.tokenizer, c.task, probe)}
+    if c.config.trainer.eval_samples:
+        metrics["eval/heldout_sampled_accuracy"] = sampled_accuracy(
+            c.engine, c.tokenizer, c.task, heldout, samples=c.config.trainer.eval_samples,
+            temperature=c.config.rollout.temperature)
+    return {**metrics, "time/eval_s": now() - t0}
 
 
 def _checkpoint(c: Components, run: RunDir, step: int) -> None:
@@ -327,8 +332,10 @@ def _loop(c: Components, run: RunDir, start: int, echo) -> dict:
         first = evaluate(c, probe)
         for tracker in trackers:
             tracker.log_metrics(0, first)
+        sampled = first.get("eval/heldout_sampled_accuracy")
         echo(f"warm start: held-out accuracy {first['eval/heldout_accuracy']:.3f}, "
-             f"train-probe accuracy {first['eval/train_accuracy']:.3f}")
+             f"train-probe accuracy {first['eval/train_accuracy']:.3f}"
+             + (f", held-out sampled accuracy {sampled:.3f}" if sampled is not None else ""))
     progress = Progress(total=t.steps, initial=start, echo=echo)
     line = {}
     for step in range(start + 1, t.steps + 1):
