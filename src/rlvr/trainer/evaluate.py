@@ -33,14 +33,7 @@ def decode_completions(tokenizer, rollouts: Rollouts) -> list[str]:
 
 def greedy_accuracy(engine, tokenizer, task, examples, *, batch_size: int = 256) -> float:
     """Fraction of `examples` whose greedy completion (engine at temperature 0) is correct."""
-    correct = 0
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start:start + batch_size]
-        ids, mask = encode_prompts(tokenizer, [e.prompt for e in chunk])
-        out = engine(ids, mask, torch.zeros(len(chunk), dtype=torch.long), temperature=0.0)
-        texts = decode_completions(tokenizer, out)
-        correct += sum(task.is_correct(text, ex) for text, ex in zip(texts, chunk))
-    return correct / max(len(examples), 1)
+    return _mean_correct(engine, tokenizer, task, examples, temperature=0.0, first_seed=None, batch_size=batch_size)
 
 
 def sampled_accuracy(engine, tokenizer, task, examples, *, samples: int, temperature: float,
@@ -51,11 +44,20 @@ def sampled_accuracy(engine, tokenizer, task, examples, *, samples: int, tempera
     (a masked-diffusion sampler's argmax path especially). Seeds are fixed (1,000,000 + index),
     so two checkpoints are scored on the same noise."""
     rows = [ex for ex in examples for _ in range(samples)]
+    return _mean_correct(engine, tokenizer, task, rows, temperature=temperature, first_seed=1_000_000,
+                         batch_size=batch_size)
+
+
+def _mean_correct(engine, tokenizer, task, rows, *, temperature: float, first_seed: int | None,
+                  batch_size: int) -> float:
+    """Fraction of `rows` answered correctly, one completion each; seeds first_seed + index (0 if None)."""
     correct = 0
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
         ids, mask = encode_prompts(tokenizer, [e.prompt for e in chunk])
-        seeds = torch.arange(start, start + len(chunk), dtype=torch.long) + 1_000_000
+        seeds = torch.zeros(len(chunk), dtype=torch.long)
+        if first_seed is not None:
+            seeds += torch.arange(start, start + len(chunk)) + first_seed
         texts = decode_completions(tokenizer, engine(ids, mask, seeds, temperature=temperature))
         correct += sum(task.is_correct(text, ex) for text, ex in zip(texts, chunk))
     return correct / max(len(rows), 1)
