@@ -97,7 +97,8 @@ def rlvr_config(args, seed: int):
         "algo.kl_coef=0.0", "algo.dynamic_sampling=false", "algo.advantage=grpo", "algo.objective=ppo_clip",
         "algo.aggregation=seq_mean_token_mean",
         f"trainer.micro_batch_size={args.prompts * args.group}", f"trainer.steps={args.steps}",
-        f"rollout.decode_engine={args.engine}",
+        f"rollout.decode_engine={args.engine}", f"trainer.threads={args.threads}",
+        f"trainer.thread_mode={args.thread_mode}",
     ])
 
 
@@ -186,6 +187,7 @@ def run_trl(args, seed: int, examples) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     c = build_components(rlvr_config(args, seed))  # task, reward runner and evaluator only
+    torch.set_num_threads(args.threads)  # rlvr's rows mode made ops single-threaded; TRL uses intra-op threads
     model, tokenizer = load_causal_lm(args.model_path, seed=0)
     bos = tokenizer.bos_token
     data = datasets.Dataset.from_dict({"prompt": [bos + ex.prompt for ex in examples],
@@ -255,6 +257,8 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--engine", default="eager", choices=["eager", "cpp", "compile"],
                    help="rlvr's decode step (rollout.decode_engine); cpp: its one-off build falls in the excluded warm-up steps")
+    p.add_argument("--thread-mode", default="ops", choices=["ops", "rows"],
+                   help="rlvr's trainer.thread_mode: torch intra-op threads, or each thread a share of the rows")
     p.add_argument("--skip-warmup", type=int, default=2, help="steps excluded from the medians")
     p.add_argument("--scale", type=int, default=1, choices=[1, 10],
                    help="1: the packaged warm start; 10: a ~10x larger Llama (hidden 320, 8 layers, 10.6M parameters, random init, "
@@ -351,6 +355,7 @@ def _compare(args) -> None:
         prompt_len = sum(len(ex.prompt) + 1 for ex in examples) / len(examples)  # + BOS
         trl = run_trl(args, seed, examples)
         ours = run_rlvr(args, seed)
+        torch.set_num_threads(args.threads)  # the roofline is measured with intra-op threads
         results.append((seed, prompt_len, trl, ours))
         rates.append(_rooflines(model.config, batch, prompt_len, ours))
         k = args.skip_warmup
@@ -373,6 +378,7 @@ def _compare(args) -> None:
     print(f"\n# load after: {os.getloadavg()}")
     print(f"model: {n_params:,} parameters; P={args.prompts} G={args.group} B={batch} max_new_tokens="
           f"{args.max_new_tokens} lr={args.lr} steps={args.steps} seeds={args.seeds} threads={args.threads}"
+          f" rlvr thread_mode={args.thread_mode} engine={args.engine}"
           f" completion_mask passed to token_logprobs={args.pass_mask}")
     print("\n| | TRL 1.16 GRPOTrainer | rlvr |\n|---|---|---|")
     trl_cpu = median([s for _, _, t, _ in results for s in t["cpu"][k:]])

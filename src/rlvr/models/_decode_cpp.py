@@ -416,8 +416,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<Engine>(m, "Engine")
       .def(pybind11::init<Tensor, Tensor, Tensor, Tensor, std::vector<Tensor>, Tensor, Tensor, int64_t, int64_t,
                           double, int64_t>())
-      .def("step", &Engine::step)
-      .def("prefill", &Engine::prefill);
+      // No Python objects are touched inside: release the GIL so row-parallel threads
+      // (trainer.thread_mode=rows) decode their shares of the batch at the same time.
+      .def("step", &Engine::step, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("prefill", &Engine::prefill, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
 """
 

@@ -75,26 +75,50 @@ def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: floa
 
 
 def optimizer_step(policy, optimizer, scheduler, batch: TrainBatch, spec: LossSpec, *,
-                   micro_batch_size: int, grad_clip: float) -> dict[str, float]:
-    """One optimizer step over `batch`, accumulated over micro-batches. Returns metrics."""
+                   micro_batch_size: int, grad_clip: float, rows=None) -> dict[str, float]:
+    """One optimizer step over `batch`, accumulated over micro-batches. Returns metrics.
+
+    `rows` (a `trainer.rows.RowPool`, optional) splits each micro-batch over worker threads."""
     chunks = [batch.select(slice(i, i + micro_batch_size)) for i in range(0, len(batch), micro_batch_size)]
-    num_tokens, num_seqs = global_counts(c.completion_mask for c in chunks)
-    if num_tokens == 0:
+    counts = dict(zip(("num_tokens", "num_seqs"), global_counts(c.completion_mask for c in chunks)))
+    if counts["num_tokens"] == 0:
         return {}
     totals: dict[str, float] = {}
     loss_value = 0.0
     for mb in chunks:
-        loss, sums = micro_batch_loss(policy, mb, spec, num_tokens=num_tokens, num_seqs=num_seqs)
-        loss.backward()
-        loss_value += float(loss.detach())
-        for key, value in sums.items():
-            totals[key] = totals.get(key, 0.0) + value
+        for loss, sums in _backward(policy, mb, spec, counts, rows):
+            loss_value += loss
+            for key, value in sums.items():
+                totals[key] = totals.get(key, 0.0) + value
     params = [p for p in policy.parameters() if p.grad is not None]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    metrics = {f"actor/{k}": v / num_tokens for k, v in totals.items()}
+    metrics = {f"actor/{k}": v / counts["num_tokens"] for k, v in totals.items()}
     metrics.update({"loss/policy": loss_value, "actor/grad_norm": float(grad_norm),
                     "actor/lr": scheduler.get_last_lr()[0]})
     return metrics
+
+
+def _backward(policy, mb: TrainBatch, spec: LossSpec, counts: dict, rows) -> list[tuple[float, dict]]:
+    """Accumulate `mb`'s gradient into `.grad`; its (loss, metric sums), one per piece of rows.
+
+    With a row pool each worker takes `torch.autograd.grad` of its rows' loss, and the pieces
+    are added in row order: the same sums as serial micro-batches of those rows."""
+    if rows is None:
+        loss, sums = micro_batch_loss(policy, mb, spec, **counts)
+        loss.backward()
+        return [(float(loss.detach()), sums)]
+    params = [p for p in policy.parameters() if p.requires_grad]
+
+    def piece(part: slice):
+        loss, sums = micro_batch_loss(policy, mb.select(part), spec, **counts)
+        return float(loss.detach()), sums, torch.autograd.grad(loss, params, allow_unused=True)
+
+    results = rows.map(piece, len(mb))
+    for _, _, grads in results:
+        for p, g in zip(params, grads):
+            if g is not None:
+                p.grad = g if p.grad is None else p.grad.add_(g)
+    return [(loss, sums) for loss, sums, _ in results]

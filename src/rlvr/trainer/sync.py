@@ -31,6 +31,7 @@ from rlvr.trainer.checkpoint import latest_checkpoint, load_state, rng_state, sa
 from rlvr.trainer.evaluate import decode_completions, encode_prompts, greedy_accuracy, sampled_accuracy
 from rlvr.trainer.collect import collect, sample_seeds, score
 from rlvr.trainer.critic import critic_step, critic_values
+from rlvr.trainer.rows import RowPool, configure_threads, split_engine
 from rlvr.trainer.selection import PosteriorSelector, build_selector
 from rlvr.trainer.step import LossSpec, TrainBatch, optimizer_step
 
@@ -57,9 +58,12 @@ class Components:
     critic: ValueModel | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
     selector: PosteriorSelector | None = None  # prompt selection; None = uniform draws
+    rows: RowPool | None = None  # trainer.thread_mode=rows: batches split over worker threads
 
 
 def build_components(config: Config) -> Components:
+    """Everything a run needs, built from the config (applies its thread settings to torch)."""
+    rows = configure_threads(config.trainer.threads, config.trainer.thread_mode)
     model, tokenizer = build.build_model(config)
     o, a = config.optim, config.algo
     total = config.trainer.steps * config.trainer.minibatches * config.trainer.ppo_epochs  # optimizer steps
@@ -76,12 +80,15 @@ def build_components(config: Config) -> Components:
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=a.critic_lr, betas=(o.beta1, o.beta2))
     task = build.build_task(config, tokenizer)
     engine = build.build_engine(config, model, tokenizer, [p for p in (policy, reference) if p is not None])
+    if rows is not None:
+        engine = split_engine(engine, rows, tokenizer.pad_token_id)
     model.register_forward_hook(_count_forward)
     return Components(
         config=config, model=model, tokenizer=tokenizer, policy=policy, reference=reference, engine=engine,
         task=task, reward=build.build_reward(config, task), optimizer=optimizer, scheduler=scheduler,
         loss=build.build_loss(config), advantage=build.build_advantage(config), rng=random.Random(config.seed),
         critic=critic, critic_optimizer=critic_optimizer, selector=build_selector(config.rollout, config.seed),
+        rows=rows,
     )
 
 
@@ -94,12 +101,15 @@ def _count_forward(module, args, output) -> None:
 
 
 @torch.no_grad()
-def _logprobs(policy, batch: TrainBatch, micro_batch_size: int) -> torch.Tensor:
+def _logprobs(policy, batch: TrainBatch, micro_batch_size: int, rows: RowPool | None = None) -> torch.Tensor:
+    def logp(mb: TrainBatch) -> torch.Tensor:
+        return policy.token_logprobs(mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
+                                     advantages=mb.advantages, completion_mask=mb.completion_mask)[0]
+
     parts = []
     for i in range(0, len(batch), micro_batch_size):
         mb = batch.select(slice(i, i + micro_batch_size))
-        parts.append(policy.token_logprobs(mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
-                                           advantages=mb.advantages, completion_mask=mb.completion_mask)[0])
+        parts.extend([logp(mb)] if rows is None else rows.map(lambda part: logp(mb.select(part)), len(mb)))
     return torch.cat(parts) * batch.completion_mask
 
 
@@ -152,12 +162,12 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
             policy.set_mask_seed(int(sample_seeds(cfg.seed, step, 1)[0]))
     on_policy = t.ppo_epochs == 1 and t.minibatches == 1 and not a.rollout_correction
     if not on_policy:
-        batch.old_logp = _logprobs(c.policy, batch, t.micro_batch_size)
+        batch.old_logp = _logprobs(c.policy, batch, t.micro_batch_size, c.rows)
     if a.rollout_correction:
         batch.loss_weights, _ = importance_correction(batch.old_logp, rollouts.logprobs, mask,
                                                       **{k: c.loss.hparams[k] for k in CORRECTION_KEYS})
     if c.reference is not None:
-        batch.ref_logp = _logprobs(c.reference, batch, t.micro_batch_size)
+        batch.ref_logp = _logprobs(c.reference, batch, t.micro_batch_size, c.rows)
     old_values = critic_values(c.critic, batch, t.micro_batch_size) if c.critic is not None else None
     inputs = AdvantageInputs(rewards=_shaped_rewards(c, rewards, batch, rollouts.lengths), group_size=r.group_size,
                              response_mask=mask, values=old_values,
@@ -178,7 +188,8 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
                                      grad_clip=cfg.optim.grad_clip))
             if train_policy:
                 m.update(optimizer_step(c.policy, c.optimizer, c.scheduler, batch.select(rows), c.loss,
-                                        micro_batch_size=t.micro_batch_size, grad_clip=cfg.optim.grad_clip))
+                                        micro_batch_size=t.micro_batch_size, grad_clip=cfg.optim.grad_clip,
+                                        rows=c.rows))
             updates.append(m)
     timings["update"] = now() - t0
     forwards = _FORWARDS[0] - forwards_before
@@ -294,8 +305,6 @@ def _start_run(config: Config, run: RunDir, command: list[str], start: int) -> N
 
 def train(config: Config, run: RunDir, *, command: list[str], resume: bool = False, echo=print) -> dict:
     """Run (or resume) the RL loop in `run`. Returns the final metrics line."""
-    if config.trainer.threads:
-        torch.set_num_threads(config.trainer.threads)
     torch.manual_seed(config.seed)
     c = build_components(config)
     run.create()

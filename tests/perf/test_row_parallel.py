@@ -1,0 +1,152 @@
+"""Row parallelism (`trainer.thread_mode=rows`): the same samples and the same update as serial.
+
+Sampling: each row has its own seed, so the split engine gives the whole batch's tokens (log-probs
+equal to float rounding: the matmuls see other batch shapes). Update: each worker takes the
+gradient of its rows and the pieces are added in row order, which is exactly what serial
+micro-batches of those rows accumulate, so parameters after the step are bitwise equal. No
+timings here: bench/vs_trl.py --thread-mode rows measures speed.
+"""
+
+import threading
+
+import pytest
+import torch
+
+from rlvr.algos.aggregate import AGGREGATIONS
+from rlvr.algos.kl import k3
+from rlvr.algos.objectives import ppo_clip
+from rlvr.config import load_config
+from rlvr.errors import ConfigError
+from rlvr.models.policy import CausalPolicy
+from rlvr.rollout.torch_ar import generate
+from rlvr.trainer import sync
+from rlvr.trainer.evaluate import encode_prompts
+from rlvr.trainer.rows import RowPool, configure_threads, split_engine
+from rlvr.trainer.step import LossSpec, TrainBatch, optimizer_step
+
+PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4 1>17:", "7>7:"] * 3  # 15 rows: uneven split
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_slices_cover_rows_in_order():
+    pool = RowPool(3)
+    assert pool.slices(10) == [slice(0, 3), slice(3, 6), slice(6, 10)]
+    assert pool.slices(2) == [slice(0, 1), slice(1, 2)]  # never an empty piece
+    assert pool.slices(0) == []
+    with pytest.raises(ValueError, match="at least 2"):
+        RowPool(1)
+
+
+def test_map_runs_in_workers_keeps_order_and_grad_mode():
+    pool = RowPool(2)
+    seen = []
+
+    def piece(rows):
+        seen.append(threading.current_thread().name)
+        return rows.start, torch.is_grad_enabled()
+
+    with torch.no_grad():
+        out = pool.map(piece, 9)
+    assert out == [(0, False), (4, False)]
+    assert all(name.startswith("rlvr-rows") for name in seen)
+    assert pool.map(lambda rows: torch.is_grad_enabled(), 4) == [True, True]
+
+
+def test_configure_threads():
+    torch.set_num_threads(2)
+    assert configure_threads(0, "ops") is None and torch.get_num_threads() == 2
+    pool = configure_threads(0, "rows")  # torch's count becomes the worker count, ops go single-threaded
+    assert pool.workers == 2 and torch.get_num_threads() == 1
+    assert configure_threads(1, "rows") is None and torch.get_num_threads() == 1
+    assert configure_threads(3, "rows").workers == 3
+
+
+@pytest.mark.parametrize("engine", ["eager", "cpp"])
+def test_split_engine_samples_the_same_rollouts(tiny_model, tokenizer, engine):
+    ids, mask = encode_prompts(tokenizer, PROMPTS)
+    seeds = torch.arange(100, 100 + len(PROMPTS))
+    kw = dict(max_new_tokens=12, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, engine=engine)
+    whole = generate(tiny_model, ids, mask, seeds, temperature=1.0, **kw)
+
+    def run(p_ids, p_mask, s, *, temperature):
+        return generate(tiny_model, p_ids, p_mask, s, temperature=temperature, **kw)
+
+    split = split_engine(run, RowPool(2), tokenizer.pad_token_id)(ids, mask, seeds, temperature=1.0)
+    assert torch.equal(split.completion_ids, whole.completion_ids)
+    assert torch.equal(split.completion_mask, whole.completion_mask)
+    assert torch.equal(split.prompt_ids, whole.prompt_ids) and torch.equal(split.truncated, whole.truncated)
+    torch.testing.assert_close(split.logprobs, whole.logprobs, atol=2e-5, rtol=0)
+    assert whole.completion_mask.sum(-1).float().std() > 0  # ragged lengths: the padding path is exercised
+
+
+def _batch(model, tokenizer):
+    ids, mask = encode_prompts(tokenizer, PROMPTS)
+    out = generate(model, ids, mask, torch.arange(len(PROMPTS)), max_new_tokens=10,
+                   eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    gen = torch.Generator().manual_seed(3)
+    adv = torch.randn(len(PROMPTS), 1, generator=gen) * out.completion_mask
+    old = (out.logprobs + 0.3 * torch.randn(out.logprobs.shape, generator=gen)) * out.completion_mask
+    ref = (out.logprobs - 0.2 * torch.rand(out.logprobs.shape, generator=gen)) * out.completion_mask
+    return TrainBatch(ids, mask, out.completion_ids, out.completion_mask, adv, old_logp=old, ref_logp=ref)
+
+
+def _step(model, batch, *, micro_batch_size, rows):
+    policy = CausalPolicy(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    spec = LossSpec(objective=ppo_clip, aggregation=AGGREGATIONS["seq_mean_token_mean"], kl_estimator=k3,
+                    kl_coef=0.1, entropy_coef=0.01, hparams={"clip_low": 0.2, "clip_high": 0.28})
+    metrics = optimizer_step(policy, optimizer, scheduler, batch, spec, micro_batch_size=micro_batch_size,
+                             grad_clip=1.0, rows=rows)
+    return metrics, [p.detach().clone() for p in model.parameters()]
+
+
+def test_row_split_update_equals_serial_micro_batches(tiny_model, tokenizer):
+    torch.set_num_threads(1)
+    batch = _batch(tiny_model, tokenizer).select(slice(0, 12))
+    start = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+    before = [p.detach().clone() for p in tiny_model.parameters()]
+    # Micro-batches of 6 rows split over 2 workers are pieces of 3: serial micro-batches of 3.
+    ref_metrics, ref_params = _step(tiny_model, batch, micro_batch_size=3, rows=None)
+    tiny_model.load_state_dict(start)
+    metrics, params = _step(tiny_model, batch, micro_batch_size=6, rows=RowPool(2))
+    assert all(torch.equal(a, b) for a, b in zip(params, ref_params))
+    assert any(not torch.equal(a, b) for a, b in zip(params, before))  # the step did move the model
+    assert metrics.keys() == ref_metrics.keys()
+    for key in metrics:
+        assert metrics[key] == pytest.approx(ref_metrics[key], rel=1e-6, abs=1e-9), key
+
+
+def test_thread_mode_config_errors():
+    with pytest.raises(ConfigError, match="trainer.thread_mode: must be 'ops' or 'rows'"):
+        load_config(None, ["trainer.thread_mode=cores"])
+    with pytest.raises(ConfigError, match="trainer.thread_mode: 'rows' splits causal-model batches only"):
+        load_config(None, ["trainer.thread_mode=rows", "model.kind=diffusion"])
+    with pytest.raises(ConfigError, match="trainer.threads: must be >= 0"):
+        load_config(None, ["trainer.threads=-1"])
+
+
+def test_rl_step_in_rows_mode_learns_the_same_as_ops(tmp_path):
+    """Two steps of the default config from the warm start: rows mode (2 workers, micro-batch 16)
+    against ops mode with 1 thread and micro-batches of 8 (the pieces rows mode makes): same
+    rewards (same samples) and the same parameters after both steps, to float rounding."""
+    common = ["trainer.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=8", "algo.dynamic_sampling=false",
+              "rollout.max_new_tokens=12"]
+    ops = sync.build_components(load_config(None, [*common, "trainer.threads=1", "trainer.micro_batch_size=8"]))
+    rows = sync.build_components(load_config(None, [*common, "trainer.threads=2", "trainer.thread_mode=rows",
+                                                    "trainer.micro_batch_size=16"]))
+    assert ops.rows is None and rows.rows is not None and torch.get_num_threads() == 1
+    for step in (1, 2):
+        m_ops, _ = sync.rl_step(ops, step)
+        m_rows, _ = sync.rl_step(rows, step)
+        assert m_rows["reward/mean"] == m_ops["reward/mean"]
+        assert m_rows["response/length_mean"] == m_ops["response/length_mean"]
+        assert m_rows["loss/policy"] == pytest.approx(m_ops["loss/policy"], rel=1e-5, abs=1e-7)
+    for a, b in zip(ops.model.parameters(), rows.model.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
