@@ -150,3 +150,15 @@ def test_rl_step_in_rows_mode_learns_the_same_as_ops(tmp_path):
         assert m_rows["loss/policy"] == pytest.approx(m_ops["loss/policy"], rel=1e-5, abs=1e-7)
     for a, b in zip(ops.model.parameters(), rows.model.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_cli_run_in_rows_mode_records_its_threads(tmp_path, capsys):
+    import json
+
+    from rlvr.cli import main
+
+    code = main(["train", "trainer.steps=2", "trainer.eval_every=0", f"trainer.out_dir={tmp_path}", "trainer.name=rows",
+                 "rollout.prompts_per_step=2", "rollout.group_size=4", "trainer.thread_mode=rows", "trainer.threads=2"])
+    assert code == 0, capsys.readouterr().err
+    runtime = json.loads((tmp_path / "rows" / "run.json").read_text())["runtime"]
+    assert runtime["row_workers"] == 2 and runtime["torch_threads"] == 1

@@ -312,18 +312,21 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
     _start_run(config, run, command, start)
     with recorded_exit(run):
         line = _loop(c, run, start, echo)
-    finish_manifest(run, "finished", exit_status=0, final=line, runtime=_runtime_facts(config))
+    finish_manifest(run, "finished", exit_status=0, final=line, runtime=_runtime_facts(c))
     return line
 
 
-def _runtime_facts(config: Config) -> dict:
-    """What ran, where the config only says what was asked for: the causal sampler's decode
-    engine, with the reasons it fell back to the eager step if the C++ one could not run."""
-    if config.model.kind == "diffusion":
-        return {}
+def _runtime_facts(c: Components) -> dict:
+    """What ran, where the config only says what was asked for: torch's intra-op threads and the
+    row workers, and the causal sampler's decode engine, with the reasons it fell back to the
+    eager step if the C++ one could not run."""
+    threads = {"torch_threads": torch.get_num_threads(), "row_workers": c.rows.workers if c.rows else 0}
+    if c.config.model.kind == "diffusion":
+        return threads
     from rlvr.models import _decode_cpp
 
-    return {"decode_engine": config.rollout.decode_engine, "decode_engine_fallbacks": _decode_cpp.fallbacks()}
+    return {**threads, "decode_engine": c.config.rollout.decode_engine,
+            "decode_engine_fallbacks": _decode_cpp.fallbacks()}
 
 
 def _loop(c: Components, run: RunDir, start: int, echo) -> dict:
