@@ -156,7 +156,7 @@ class TrainerConfig:
     ppo_epochs: int = 1  # passes over each rollout batch
     micro_batch_size: int = 64  # completions per forward; memory only, never changes results
     eval_every: int = 250  # steps between greedy held-out evaluations (0 = only at start and end)
-    eval_samples: int = 0  # also score k samples per held-out problem at the rollout temperature (eval/heldout_sampled_accuracy); 0 = greedy only
+    eval_samples: int = 0  # also score k samples per held-out problem at the rollout temperature (eval/heldout_sampled_accuracy = avg@k, eval/heldout_pass_at_k); 0 = greedy only
     samples_per_step: int = 4  # rollouts written to samples.jsonl each step
     save_every: int = 500  # steps between checkpoints (0 = only at the end)
     keep_last: int = 2  # checkpoints kept on disk

@@ -1,5 +1,6 @@
 """Decoding rollouts into the answer text the verifier sees."""
 
+import pytest
 import torch
 
 from rlvr.models.tokenizer import char_tokenizer
@@ -46,3 +47,26 @@ def test_sampled_accuracy_averages_k_seeded_samples_per_problem():
 
     assert sampled_accuracy(engine, tok, task, examples, samples=4, temperature=0.7, batch_size=5) == 0.5
     assert calls == [(5, 0.7), (5, 0.7), (2, 0.7)]  # 12 rows in batches of 5, at the asked temperature
+
+
+def test_pass_at_k_counts_problems_with_any_right_sample():
+    from rlvr.tasks.countdown import Countdown
+    from rlvr.trainer.evaluate import sampled_scores
+
+    tok = char_tokenizer()
+    task = Countdown()
+    examples = task.heldout()[:3]
+    by_prompt = {ex.prompt: ex.answer for ex in examples}
+    solvable = {examples[0].prompt: {1_000_002}, examples[2].prompt: {1_000_008, 1_000_009, 1_000_010}}
+
+    def engine(ids, mask, seeds, *, temperature):
+        # k = 4 rows per problem, seeds 1,000,000 + row: problem 0 right once (row 2), problem 1 never,
+        # problem 2 three times (rows 8-10). avg@4 = 4/12, pass@4 = 2/3.
+        prompts = tok.batch_decode(ids, skip_special_tokens=True)
+        texts = [by_prompt[p] if int(s) in solvable.get(p, ()) else "1" for p, s in zip(prompts, seeds.tolist())]
+        rows = [tok(t, add_special_tokens=False).input_ids + [tok.eos_token_id] for t in texts]
+        width = max(map(len, rows))
+        return _rollouts([r + [tok.pad_token_id] * (width - len(r)) for r in rows], [len(r) for r in rows])
+
+    avg, passed = sampled_scores(engine, tok, task, examples, samples=4, temperature=1.0, batch_size=5)
+    assert avg == pytest.approx(4 / 12) and passed == pytest.approx(2 / 3)

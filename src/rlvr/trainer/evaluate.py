@@ -1,4 +1,4 @@
-"""Held-out evaluation on a list of Examples: greedy accuracy, and the mean accuracy of k samples."""
+"""Held-out evaluation on a list of Examples: greedy accuracy, and avg@k / pass@k of k samples."""
 
 from __future__ import annotations
 
@@ -33,25 +33,38 @@ def decode_completions(tokenizer, rollouts: Rollouts) -> list[str]:
 
 def greedy_accuracy(engine, tokenizer, task, examples, *, batch_size: int = 256) -> float:
     """Fraction of `examples` whose greedy completion (engine at temperature 0) is correct."""
-    return _mean_correct(engine, tokenizer, task, examples, temperature=0.0, first_seed=None, batch_size=batch_size)
+    correct = _correctness(engine, tokenizer, task, examples, temperature=0.0, first_seed=None, batch_size=batch_size)
+    return sum(correct) / max(len(correct), 1)
 
 
 def sampled_accuracy(engine, tokenizer, task, examples, *, samples: int, temperature: float,
                      batch_size: int = 256) -> float:
-    """Mean correctness of `samples` completions per example at `temperature` (avg@k).
+    """Mean correctness of `samples` completions per example at `temperature` (avg@k)."""
+    return sampled_scores(engine, tokenizer, task, examples, samples=samples, temperature=temperature,
+                          batch_size=batch_size)[0]
+
+
+def sampled_scores(engine, tokenizer, task, examples, *, samples: int, temperature: float,
+                   batch_size: int = 256) -> tuple[float, float]:
+    """(avg@k, pass@k) of `samples` completions per example at `temperature`.
 
     The policy RL optimises is the sampled one; greedy decoding can stay put while it improves
-    (a masked-diffusion sampler's argmax path especially). Seeds are fixed (1,000,000 + index),
-    so two checkpoints are scored on the same noise."""
+    (a masked-diffusion sampler's argmax path especially). pass@k (some sample right) shows
+    whether RL only sharpens onto problems already solved or keeps the others reachable. Seeds
+    are fixed (1,000,000 + index), so two checkpoints are scored on the same noise."""
     rows = [ex for ex in examples for _ in range(samples)]
-    return _mean_correct(engine, tokenizer, task, rows, temperature=temperature, first_seed=1_000_000,
-                         batch_size=batch_size)
+    correct = _correctness(engine, tokenizer, task, rows, temperature=temperature, first_seed=1_000_000,
+                           batch_size=batch_size)
+    if not correct:
+        return 0.0, 0.0
+    per_example = [correct[i:i + samples] for i in range(0, len(correct), samples)]
+    return sum(correct) / len(correct), sum(any(group) for group in per_example) / len(per_example)
 
 
-def _mean_correct(engine, tokenizer, task, rows, *, temperature: float, first_seed: int | None,
-                  batch_size: int) -> float:
-    """Fraction of `rows` answered correctly, one completion each; seeds first_seed + index (0 if None)."""
-    correct = 0
+def _correctness(engine, tokenizer, task, rows, *, temperature: float, first_seed: int | None,
+                 batch_size: int) -> list[bool]:
+    """Whether each of `rows` is answered correctly, one completion each; seeds first_seed + index (0 if None)."""
+    correct = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
         ids, mask = encode_prompts(tokenizer, [e.prompt for e in chunk])
@@ -59,5 +72,5 @@ def _mean_correct(engine, tokenizer, task, rows, *, temperature: float, first_se
         if first_seed is not None:
             seeds += torch.arange(start, start + len(chunk)) + first_seed
         texts = decode_completions(tokenizer, engine(ids, mask, seeds, temperature=temperature))
-        correct += sum(task.is_correct(text, ex) for text, ex in zip(texts, chunk))
-    return correct / max(len(rows), 1)
+        correct.extend(bool(task.is_correct(text, ex)) for text, ex in zip(texts, chunk))
+    return correct

@@ -28,7 +28,7 @@ from rlvr.tracking.run_dir import RunDir, finish_manifest, manifest, now, record
 from rlvr.tracking.tracker import make_trackers
 from rlvr.trainer import build
 from rlvr.trainer.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
-from rlvr.trainer.evaluate import decode_completions, encode_prompts, greedy_accuracy, sampled_accuracy
+from rlvr.trainer.evaluate import decode_completions, encode_prompts, greedy_accuracy, sampled_scores
 from rlvr.trainer.collect import collect, sample_seeds, score
 from rlvr.trainer.critic import critic_step, critic_values
 from rlvr.trainer.rows import RowPool, configure_threads, split_engine
@@ -252,7 +252,7 @@ def evaluate(c: Components, probe) -> dict[str, float]:
     metrics = {"eval/heldout_accuracy": greedy_accuracy(c.engine, c.tokenizer, c.task, heldout),
                "eval/train_accuracy": greedy_accuracy(c.engine, c.tokenizer, c.task, probe)}
     if c.config.trainer.eval_samples:
-        metrics["eval/heldout_sampled_accuracy"] = sampled_accuracy(
+        metrics["eval/heldout_sampled_accuracy"], metrics["eval/heldout_pass_at_k"] = sampled_scores(
             c.engine, c.tokenizer, c.task, heldout, samples=c.config.trainer.eval_samples,
             temperature=c.config.rollout.temperature)
     return {**metrics, "time/eval_s": now() - t0}
