@@ -98,7 +98,7 @@ def rlvr_config(args, seed: int):
         "algo.aggregation=seq_mean_token_mean",
         f"trainer.micro_batch_size={args.prompts * args.group}", f"trainer.steps={args.steps}",
         f"rollout.decode_engine={args.engine}", f"trainer.threads={args.threads}",
-        f"trainer.thread_mode={args.thread_mode}",
+        f"trainer.thread_mode={args.thread_mode}", f"trainer.kernels={args.kernels}",
     ])
 
 
@@ -259,6 +259,8 @@ def main(argv=None) -> None:
                    help="rlvr's decode step (rollout.decode_engine); cpp: its one-off build falls in the excluded warm-up steps")
     p.add_argument("--thread-mode", default="ops", choices=["ops", "rows"],
                    help="rlvr's trainer.thread_mode: torch intra-op threads, or each thread a share of the rows")
+    p.add_argument("--kernels", default="eager", choices=["eager", "cpp"],
+                   help="rlvr's trainer.kernels: eager ATen ops or fused C++ RMSNorm/SwiGLU in the training forward+backward")
     p.add_argument("--skip-warmup", type=int, default=2, help="steps excluded from the medians")
     p.add_argument("--scale", type=int, default=1, choices=[1, 10],
                    help="1: the packaged warm start; 10: a ~10x larger Llama (hidden 320, 8 layers, 10.6M parameters, random init, "
@@ -378,7 +380,7 @@ def _compare(args) -> None:
     print(f"\n# load after: {os.getloadavg()}")
     print(f"model: {n_params:,} parameters; P={args.prompts} G={args.group} B={batch} max_new_tokens="
           f"{args.max_new_tokens} lr={args.lr} steps={args.steps} seeds={args.seeds} threads={args.threads}"
-          f" rlvr thread_mode={args.thread_mode} engine={args.engine}"
+          f" rlvr thread_mode={args.thread_mode} engine={args.engine} kernels={args.kernels}"
           f" completion_mask passed to token_logprobs={args.pass_mask}")
     print("\n| | TRL 1.16 GRPOTrainer | rlvr |\n|---|---|---|")
     trl_cpu = median([s for _, _, t, _ in results for s in t["cpu"][k:]])

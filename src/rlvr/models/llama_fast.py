@@ -89,8 +89,11 @@ class LlamaWeights:
     """The model's parameters, fused where that saves ops. Differentiable: the fused tensors are
     built from the parameters (cat/index), so gradients land on the model's own `.grad`s."""
 
-    def __init__(self, model):
+    def __init__(self, model, kernels=None):
         cfg = model.config
+        # The C++ extension (`_decode_cpp`) whose fused RMSNorm/SwiGLU forward+backward replace
+        # the eager ops while autograd records (`trainer.kernels=cpp`); None = ATen ops.
+        self.kernels = kernels
         self.heads = h = cfg.num_attention_heads
         self.kv_heads = kv = getattr(cfg, "num_key_value_heads", None) or h
         self.head_dim = d = getattr(cfg, "head_dim", None) or cfg.hidden_size // h
@@ -133,7 +136,7 @@ class LlamaWeights:
 
     def fused_qkv(self, layer: _Layer, x):
         """x (..., H) -> q|k|v (..., h+2kv, d), before RoPE."""
-        fused = F.linear(F.rms_norm(x, (self.hidden,), layer.ln1, self.eps), layer.wqkv, layer.bqkv)
+        fused = F.linear(self.rms_norm(x, layer.ln1), layer.wqkv, layer.bqkv)
         return fused.unflatten(-1, (self.heads + 2 * self.kv_heads, self.head_dim))
 
     def project(self, layer: _Layer, x, rot):
@@ -170,14 +173,19 @@ class LlamaWeights:
     def finish(self, layer: _Layer, x, attn):
         """Residual + output projection, then the SwiGLU MLP block. x (..., H), attn (..., h·d)."""
         x = _add_linear(x, attn, layer.wo, layer.bo)
-        return _add_linear(x, swiglu(F.linear(F.rms_norm(x, (self.hidden,), layer.ln2, self.eps), layer.wgu)),
-                           layer.wd, None)
+        return _add_linear(x, swiglu(F.linear(self.rms_norm(x, layer.ln2), layer.wgu), self.kernels), layer.wd, None)
 
     def lookup(self, ids):
         return F.embedding(ids, self.embed, self.padding_idx)
 
     def logits(self, x):
-        return F.linear(F.rms_norm(x, (self.hidden,), self.norm, self.eps), self.lm_head, self.lm_bias)
+        return F.linear(self.rms_norm(x, self.norm), self.lm_head, self.lm_bias)
+
+    def rms_norm(self, x, weight):
+        """F.rms_norm over the hidden size; the fused C++ kernels when they are on and autograd records."""
+        if self.kernels is not None and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+            return _RMSNormCpp.apply(x, weight, self.eps, self.kernels)
+        return F.rms_norm(x, (self.hidden,), weight, self.eps)
 
     def prompt_layer(self, layer: _Layer, x, rot, mask, bias=None):
         """One layer over left-padded prompts x (U, Tp, H); also returns its k, v (U, kv, Tp, d).
@@ -288,10 +296,47 @@ class _FromGrid(torch.autograd.Function):
         return out, None, None
 
 
-def swiglu(fused: torch.Tensor) -> torch.Tensor:
-    """silu(fused[..., :I]) · fused[..., I:]; without autograd, the silu is done in place."""
+class _SwiGLUCpp(torch.autograd.Function):
+    """`_SwiGLU` as two C++ passes (forward; backward recomputing σ(gate)): same math, float rounding."""
+
+    @staticmethod
+    def forward(ctx, fused, kernels):
+        flat = fused.reshape(-1, fused.shape[-1]).contiguous()
+        ctx.save_for_backward(flat)
+        ctx.kernels, ctx.shape = kernels, fused.shape
+        return kernels.swiglu_forward(flat).view(*fused.shape[:-1], -1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (flat,) = ctx.saved_tensors
+        grad = grad.reshape(flat.shape[0], -1).contiguous()
+        return ctx.kernels.swiglu_backward(grad, flat).view(ctx.shape), None
+
+
+class _RMSNormCpp(torch.autograd.Function):
+    """F.rms_norm over the last dim as one C++ pass each way (eager autograd runs ≈ 8 ops
+    backward); the weight gradient is summed in a fixed order, whatever the thread count."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps: float, kernels):
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        out, rstd = kernels.rms_norm_forward(flat, weight.contiguous(), eps)
+        ctx.save_for_backward(flat, weight, rstd)
+        ctx.kernels, ctx.shape = kernels, x.shape
+        return out.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        flat, weight, rstd = ctx.saved_tensors
+        dx, dw = ctx.kernels.rms_norm_backward(grad.reshape(flat.shape).contiguous(), flat, weight.contiguous(), rstd)
+        return dx.view(ctx.shape), dw, None, None
+
+
+def swiglu(fused: torch.Tensor, kernels=None) -> torch.Tensor:
+    """silu(fused[..., :I]) · fused[..., I:]; without autograd, the silu is done in place.
+    `kernels`: the C++ extension, used while autograd records (see `LlamaWeights`)."""
     if torch.is_grad_enabled() and fused.requires_grad:
-        return _SwiGLU.apply(fused)
+        return _SwiGLU.apply(fused) if kernels is None else _SwiGLUCpp.apply(fused, kernels)
     gate, up = fused.chunk(2, dim=-1)
     return F.silu(gate, inplace=True) * up
 
@@ -600,6 +645,21 @@ def _load_cpp(model):
         _decode_cpp.warn_once(f"{weight.dtype} on {weight.device.type}: the C++ decode engine takes float32 on CPU")
         return None
     return _decode_cpp.load()
+
+
+def training_kernels(model):
+    """The C++ extension for `LlamaWeights(model, kernels=...)`, or None (eager ops, after one
+    stderr line): its kernels take float32 CPU tensors and need the one-off build."""
+    from rlvr.models import _decode_cpp
+    weight = model.get_input_embeddings().weight
+    if weight.dtype != torch.float32 or weight.device.type != "cpu":
+        _decode_cpp.warn_once(f"{weight.dtype} on {weight.device.type}: they take float32 on CPU",
+                              what="training kernels")
+        return None
+    module = _decode_cpp.load()
+    if module is None:
+        _decode_cpp.warn_once("the extension could not be built", what="training kernels")
+    return module
 
 
 def _cpp_engine(module, w: LlamaWeights, rot_table: torch.Tensor, rows: int):

@@ -75,10 +75,12 @@ class CausalPolicy:
     other model runs the plain `transformers` forward.
     """
 
-    def __init__(self, model, *, temperature: float = 1.0, fast: bool = True):
+    def __init__(self, model, *, temperature: float = 1.0, fast: bool = True, kernels: str = "eager"):
         self.model = model
         self.temperature = temperature if temperature > 0 else 1.0
         self.fast = fast
+        self.kernels = kernels  # "cpp": fused C++ RMSNorm/SwiGLU in the fast path's forward+backward
+        self._module = None
 
     def parameters(self):
         return self.model.parameters()
@@ -115,7 +117,7 @@ class CausalPolicy:
         lengths = None
         if completion_mask is not None:
             lengths = _up_to_last_one(completion_mask).sum(-1).long()
-        w = llama_fast.LlamaWeights(self.model)
+        w = llama_fast.LlamaWeights(self.model, kernels=self._kernels())
         hidden, index = llama_fast.completion_hidden(w, prompt_ids, prompt_mask, completion_ids, lengths)
         tokens = completion_ids.flatten()[index]
         size = completion_ids.numel()
@@ -134,6 +136,14 @@ class CausalPolicy:
         if with_entropy:
             entropy = entropy.new_zeros(size).index_copy(0, index, entropy).view_as(completion_ids)
         return logp, entropy
+
+
+    def _kernels(self):
+        if self.kernels != "cpp":
+            return None
+        if self._module is None:  # loaded (or found missing, with one stderr line) on first use
+            self._module = llama_fast.training_kernels(self.model) or False
+        return self._module or None
 
 
 def _up_to_last_one(mask: torch.Tensor) -> torch.Tensor:

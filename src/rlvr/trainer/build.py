@@ -56,7 +56,7 @@ def build_policy(config: Config, model):
     """The PolicyModel: exact per-token log-probs (causal) or a named likelihood estimator (diffusion)."""
     temperature = config.rollout.temperature
     if config.model.kind != "diffusion":
-        return CausalPolicy(model, temperature=temperature)
+        return CausalPolicy(model, temperature=temperature, kernels=config.trainer.kernels)
     estimator = _lookup(get_estimator, config.algo.estimator, "algo.estimator")
     accepted = keyword_params(estimator)
     options = {k: getattr(config.algo, f) for k, f in _ESTIMATOR_OPTIONS.items() if k in accepted}
