@@ -19,3 +19,25 @@ def tokenizer():
 def tiny_model(tokenizer):
     return tiny_llama(len(tokenizer), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
                       max_seq_len=64, seed=0)
+
+
+@pytest.fixture
+def make_train_batch(tokenizer):
+    """`make(model, prompts, seed=, with_old=)`: a TrainBatch of sampled completions (10 tokens at
+    most) with seeded random advantages and perturbed old / reference log-probs."""
+    from rlvr.rollout.torch_ar import generate
+    from rlvr.trainer.evaluate import encode_prompts
+    from rlvr.trainer.step import TrainBatch
+
+    def make(model, prompts, *, seed: int = 1, with_old: bool = True):
+        ids, mask = encode_prompts(tokenizer, prompts)
+        out = generate(model, ids, mask, torch.arange(len(prompts)), max_new_tokens=10,
+                       eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+        gen = torch.Generator().manual_seed(seed)
+        adv = torch.randn(len(prompts), 1, generator=gen) * out.completion_mask
+        old = (out.logprobs + 0.3 * torch.randn(out.logprobs.shape, generator=gen)) * out.completion_mask
+        ref = (out.logprobs - 0.2 * torch.rand(out.logprobs.shape, generator=gen)) * out.completion_mask
+        return TrainBatch(ids, mask, out.completion_ids, out.completion_mask, adv,
+                          old_logp=old if with_old else None, ref_logp=ref)
+
+    return make

@@ -22,7 +22,7 @@ from rlvr.rollout.torch_ar import generate
 from rlvr.trainer import sync
 from rlvr.trainer.evaluate import encode_prompts
 from rlvr.trainer.rows import RowPool, configure_threads, split_engine
-from rlvr.trainer.step import LossSpec, TrainBatch, optimizer_step
+from rlvr.trainer.step import LossSpec, optimizer_step
 
 PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4 1>17:", "7>7:"] * 3  # 15 rows: uneven split
 
@@ -85,17 +85,6 @@ def test_split_engine_samples_the_same_rollouts(tiny_model, tokenizer, engine):
     assert whole.completion_mask.sum(-1).float().std() > 0  # ragged lengths: the padding path is exercised
 
 
-def _batch(model, tokenizer):
-    ids, mask = encode_prompts(tokenizer, PROMPTS)
-    out = generate(model, ids, mask, torch.arange(len(PROMPTS)), max_new_tokens=10,
-                   eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
-    gen = torch.Generator().manual_seed(3)
-    adv = torch.randn(len(PROMPTS), 1, generator=gen) * out.completion_mask
-    old = (out.logprobs + 0.3 * torch.randn(out.logprobs.shape, generator=gen)) * out.completion_mask
-    ref = (out.logprobs - 0.2 * torch.rand(out.logprobs.shape, generator=gen)) * out.completion_mask
-    return TrainBatch(ids, mask, out.completion_ids, out.completion_mask, adv, old_logp=old, ref_logp=ref)
-
-
 def _step(model, batch, *, micro_batch_size, rows):
     policy = CausalPolicy(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -107,9 +96,9 @@ def _step(model, batch, *, micro_batch_size, rows):
     return metrics, [p.detach().clone() for p in model.parameters()]
 
 
-def test_row_split_update_equals_serial_micro_batches(tiny_model, tokenizer):
+def test_row_split_update_equals_serial_micro_batches(tiny_model, make_train_batch):
     torch.set_num_threads(1)
-    batch = _batch(tiny_model, tokenizer).select(slice(0, 12))
+    batch = make_train_batch(tiny_model, PROMPTS, seed=3).select(slice(0, 12))
     start = {k: v.clone() for k, v in tiny_model.state_dict().items()}
     before = [p.detach().clone() for p in tiny_model.parameters()]
     # Micro-batches of 6 rows split over 2 workers are pieces of 3: serial micro-batches of 3.

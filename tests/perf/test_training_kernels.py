@@ -124,8 +124,8 @@ def test_non_float32_model_falls_back_with_one_line(kernels, tokenizer, capsys):
     policy = CausalPolicy(model, kernels="cpp")
     assert policy._kernels() is None and policy._kernels() is None
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["rlvr: C++ training kernels unavailable (torch.bfloat16 on cpu: they take float32 on CPU); "
-                   "using eager ops"]
+    assert err == [("rlvr: C++ training kernels unavailable (torch.bfloat16 on cpu: they take float32 on CPU); "
+                    "using eager ops")]
 
 
 def test_kernels_config_error():

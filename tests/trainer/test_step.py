@@ -7,23 +7,9 @@ from rlvr.algos.aggregate import AGGREGATIONS
 from rlvr.algos.kl import k3
 from rlvr.algos.objectives import ppo_clip
 from rlvr.models.policy import CausalPolicy
-from rlvr.rollout.torch_ar import generate
-from rlvr.trainer.evaluate import encode_prompts
-from rlvr.trainer.step import LossSpec, TrainBatch, micro_batch_loss
+from rlvr.trainer.step import LossSpec, micro_batch_loss
 
 PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4 1>17:"] * 4
-
-
-def _batch(model, tokenizer, with_old=True):
-    ids, mask = encode_prompts(tokenizer, PROMPTS)
-    out = generate(model, ids, mask, torch.arange(len(PROMPTS)), max_new_tokens=10,
-                   eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
-    gen = torch.Generator().manual_seed(1)
-    adv = torch.randn(len(PROMPTS), 1, generator=gen) * out.completion_mask
-    old = (out.logprobs + 0.3 * torch.randn(out.logprobs.shape, generator=gen)) * out.completion_mask
-    ref = (out.logprobs - 0.2 * torch.rand(out.logprobs.shape, generator=gen)) * out.completion_mask
-    return TrainBatch(ids, mask, out.completion_ids, out.completion_mask, adv,
-                      old_logp=old if with_old else None, ref_logp=ref)
 
 
 def _grads(model, batch, spec, micro_batch_size):
@@ -39,8 +25,8 @@ def _grads(model, batch, spec, micro_batch_size):
 
 
 @pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
-def test_one_vs_four_micro_batches_same_gradient(tiny_model, tokenizer, aggregation):
-    batch = _batch(tiny_model, tokenizer)
+def test_one_vs_four_micro_batches_same_gradient(tiny_model, make_train_batch, aggregation):
+    batch = make_train_batch(tiny_model, PROMPTS)
     spec = LossSpec(objective=ppo_clip, aggregation=AGGREGATIONS[aggregation], kl_estimator=k3, kl_coef=0.1,
                     entropy_coef=0.01, hparams={"clip_low": 0.2, "clip_high": 0.28, "norm_length": 10.0})
     whole = _grads(tiny_model, batch, spec, len(batch))
@@ -49,9 +35,9 @@ def test_one_vs_four_micro_batches_same_gradient(tiny_model, tokenizer, aggregat
     assert (whole - split).norm() / whole.norm() <= 1e-6
 
 
-def test_on_policy_loss_is_minus_mean_advantage(tiny_model, tokenizer):
+def test_on_policy_loss_is_minus_mean_advantage(tiny_model, make_train_batch):
     # With old = sg(current) the ratio is exactly 1: seq_mean_token_mean loss value = -mean_i A_i.
-    batch = _batch(tiny_model, tokenizer, with_old=False)
+    batch = make_train_batch(tiny_model, PROMPTS, with_old=False)
     batch.ref_logp = None
     spec = LossSpec(objective=ppo_clip, aggregation=AGGREGATIONS["seq_mean_token_mean"], kl_estimator=None,
                     kl_coef=0.0, entropy_coef=0.0, hparams={})

@@ -109,7 +109,7 @@ def _logprobs(policy, batch: TrainBatch, micro_batch_size: int, rows: RowPool | 
     parts = []
     for i in range(0, len(batch), micro_batch_size):
         mb = batch.select(slice(i, i + micro_batch_size))
-        parts.extend([logp(mb)] if rows is None else rows.map(lambda part: logp(mb.select(part)), len(mb)))
+        parts.extend([logp(mb)] if rows is None else rows.map(lambda part, mb=mb: logp(mb.select(part)), len(mb)))
     return torch.cat(parts) * batch.completion_mask
 
 
