@@ -137,7 +137,6 @@ class CausalPolicy:
             entropy = entropy.new_zeros(size).index_copy(0, index, entropy).view_as(completion_ids)
         return logp, entropy
 
-
     def _kernels(self):
         if self.kernels != "cpp":
             return None
