@@ -1,6 +1,8 @@
 """End-to-end runs through `rlvr train` (in-process, tiny budgets)."""
 
 import json
+import platform
+import sys
 
 from rlvr.cli import main
 
@@ -28,6 +30,8 @@ def test_user_reward_loaded_by_path_drives_a_real_run(tmp_path, capsys):
     # run.json says which decode engine ran, not only which one the config asked for.
     runtime = json.loads((tmp_path / "user" / "run.json").read_text())["runtime"]
     assert runtime["decode_engine"] == "cpp" and isinstance(runtime["decode_engine_fallbacks"], list)
+    # glibc was told to keep freed memory mapped (allocation only: no computed value changes).
+    assert runtime["heap_kept"] is (sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc")
 
 
 def test_every_recipe_loads_and_builds(tmp_path):

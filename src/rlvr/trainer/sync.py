@@ -27,6 +27,7 @@ from rlvr.tracking.progress import Progress
 from rlvr.tracking.run_dir import RunDir, finish_manifest, manifest, now, recorded_exit
 from rlvr.tracking.tracker import make_trackers
 from rlvr.trainer import build
+from rlvr.trainer.allocator import keep_freed_memory
 from rlvr.trainer.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from rlvr.trainer.evaluate import decode_completions, encode_prompts, greedy_accuracy, sampled_scores
 from rlvr.trainer.collect import collect, sample_seeds, score
@@ -59,11 +60,14 @@ class Components:
     critic_optimizer: torch.optim.Optimizer | None = None
     selector: PosteriorSelector | None = None  # prompt selection; None = uniform draws
     rows: RowPool | None = None  # trainer.thread_mode=rows: batches split over worker threads
+    heap_kept: bool = False  # glibc keeps freed memory mapped (trainer/allocator.py)
 
 
 def build_components(config: Config) -> Components:
-    """Everything a run needs, built from the config (applies its thread settings to torch)."""
+    """Everything a run needs, built from the config (applies its thread and allocator settings
+    to this process)."""
     rows = configure_threads(config.trainer.threads, config.trainer.thread_mode)
+    heap_kept = keep_freed_memory()
     model, tokenizer = build.build_model(config)
     o, a = config.optim, config.algo
     total = config.trainer.steps * config.trainer.minibatches * config.trainer.ppo_epochs  # optimizer steps
@@ -88,7 +92,7 @@ def build_components(config: Config) -> Components:
         task=task, reward=build.build_reward(config, task), optimizer=optimizer, scheduler=scheduler,
         loss=build.build_loss(config), advantage=build.build_advantage(config), rng=random.Random(config.seed),
         critic=critic, critic_optimizer=critic_optimizer, selector=build_selector(config.rollout, config.seed),
-        rows=rows,
+        rows=rows, heap_kept=heap_kept,
     )
 
 
@@ -317,10 +321,11 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
 
 
 def _runtime_facts(c: Components) -> dict:
-    """What ran, where the config only says what was asked for: torch's intra-op threads and the
-    row workers, and the causal sampler's decode engine, with the reasons it fell back to the
-    eager step if the C++ one could not run."""
-    threads = {"torch_threads": torch.get_num_threads(), "row_workers": c.rows.workers if c.rows else 0}
+    """What ran, where the config only says what was asked for: torch's intra-op threads, the
+    row workers, whether the allocator keeps freed memory, and the causal sampler's decode
+    engine, with the reasons it fell back to eager ops if the C++ extension could not run."""
+    threads = {"torch_threads": torch.get_num_threads(), "row_workers": c.rows.workers if c.rows else 0,
+               "heap_kept": c.heap_kept}
     if c.config.model.kind == "diffusion":
         return threads
     from rlvr.models import _decode_cpp
