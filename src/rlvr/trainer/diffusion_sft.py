@@ -71,7 +71,7 @@ def diffusion_sft(model, tokenizer, task, *, steps: int, batch_size: int, lr: fl
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if step % 100 == 0 or step == steps:
             echo(f"diffusion sft step {step}/{steps} loss={loss.item():.4f}")
     return losses
