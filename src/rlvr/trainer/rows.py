@@ -6,7 +6,8 @@ split every op and meet at a barrier after it, which costs about what they save.
 independent in sampling (each row has its own seed) and in the loss (the gradient is a sum over
 rows), so giving each core whole rows changes neither the samples nor the gradients beyond float
 summation order, and no op waits for another core. ATen ops and the C++ decode step release the
-GIL, so the workers run at the same time. Measured in docs/results.md §2.
+GIL, so the workers run at the same time. Measured in docs/results.md §2a: as fast as intra-op
+threads on a quiet machine, and 2.8× faster than them when another process holds a core.
 """
 
 from __future__ import annotations
