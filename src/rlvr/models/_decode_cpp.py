@@ -92,13 +92,26 @@ inline float exp_approx(float x) {
   return p * scale;
 }
 
-// out = x / sqrt(mean(x^2) + eps) * w, row by row (F.rms_norm).
-void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) {
+// out = x / sqrt(mean(x^2) + eps) * w, row by row (F.rms_norm); each row's 1/sqrt(...) also goes
+// to rstd[r] when given (the training backward needs it).
+void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps,
+              float* rstd = nullptr) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;
     float* o = out + r * n;
     const float inv = 1.0f / std::sqrt(dot(xr, xr, n) / static_cast<float>(n) + eps);
+    if (rstd) rstd[r] = inv;
     for (int64_t i = 0; i < n; ++i) o[i] = xr[i] * inv * w[i];
+  }
+}
+
+// act = silu(gate) * up over b fused (2I) gate|up rows.
+void silu_mul(const float* gu, float* act, int64_t b, int64_t inter) {
+  for (int64_t r = 0; r < b; ++r) {
+    const float* gate = gu + r * 2 * inter;
+    const float* up = gate + inter;
+    float* a = act + r * inter;
+    for (int64_t i = 0; i < inter; ++i) a[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
   }
 }
 
@@ -394,16 +407,6 @@ class Engine {
     });
   }
 
-  // act = silu(gate) * up over the fused (b, 2I) gate|up rows.
-  static void silu_mul(const float* gu, float* act, int64_t b, int64_t inter) {
-    for (int64_t r = 0; r < b; ++r) {
-      const float* gate = gu + r * 2 * inter;
-      const float* up = gate + inter;
-      float* a = act + r * inter;
-      for (int64_t i = 0; i < inter; ++i) a[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
-    }
-  }
-
   Tensor embed_, norm_, lm_head_, lm_bias_, cos_, sin_;
   std::vector<Layer> layers_;
   int64_t heads_, kv_, hidden_ = 0, d_ = 0;
@@ -422,12 +425,7 @@ Tensor swiglu_forward(const Tensor& fused) {
   const float* gu = fused.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* gate = gu + r * 2 * inter;
-      const float* up = gate + inter;
-      float* a = o + r * inter;
-      for (int64_t i = 0; i < inter; ++i) a[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
-    }
+    silu_mul(gu + begin * 2 * inter, o + begin * inter, end - begin, inter);
   });
   return out;
 }
@@ -463,12 +461,7 @@ std::vector<Tensor> rms_norm_forward(const Tensor& x, const Tensor& w, double ep
   const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
   float *yp = y.data_ptr<float>(), *rp = rstd.data_ptr<float>();
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* xr = xp + r * h;
-      const float inv = 1.0f / std::sqrt(dot(xr, xr, h) / static_cast<float>(h) + static_cast<float>(eps));
-      rp[r] = inv;
-      for (int64_t i = 0; i < h; ++i) yp[r * h + i] = xr[i] * inv * wp[i];
-    }
+    rms_norm(xp + begin * h, wp, yp + begin * h, end - begin, h, static_cast<float>(eps), rp + begin);
   });
   return {y, rstd};
 }
