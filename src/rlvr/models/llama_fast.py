@@ -637,29 +637,24 @@ class Decoder:
         return logits
 
 
-def _load_cpp(model):
-    """The C++ extension, or None (eager fallback): it is built for float32 CPU weights only."""
+def _load_cpp(model, what: str = ""):
+    """The C++ extension, or None (eager fallback, after one stderr line): it is built for float32
+    CPU weights only. `what` names the user in that line when it is not the decode step."""
     from rlvr.models import _decode_cpp
     weight = model.get_input_embeddings().weight
     if weight.dtype != torch.float32 or weight.device.type != "cpu":
-        _decode_cpp.warn_once(f"{weight.dtype} on {weight.device.type}: the C++ decode engine takes float32 on CPU")
+        needs = "they take" if what else "the C++ decode engine takes"
+        _decode_cpp.warn_once(f"{weight.dtype} on {weight.device.type}: {needs} float32 on CPU", what=what)
         return None
-    return _decode_cpp.load()
+    module = _decode_cpp.load()
+    if module is None and what:  # the build failure itself was reported once, for the decode step
+        _decode_cpp.warn_once("the extension could not be built", what=what)
+    return module
 
 
 def training_kernels(model):
-    """The C++ extension for `LlamaWeights(model, kernels=...)`, or None (eager ops, after one
-    stderr line): its kernels take float32 CPU tensors and need the one-off build."""
-    from rlvr.models import _decode_cpp
-    weight = model.get_input_embeddings().weight
-    if weight.dtype != torch.float32 or weight.device.type != "cpu":
-        _decode_cpp.warn_once(f"{weight.dtype} on {weight.device.type}: they take float32 on CPU",
-                              what="training kernels")
-        return None
-    module = _decode_cpp.load()
-    if module is None:
-        _decode_cpp.warn_once("the extension could not be built", what="training kernels")
-    return module
+    """The C++ extension for `LlamaWeights(model, kernels=...)`, or None (eager ops)."""
+    return _load_cpp(model, what="training kernels")
 
 
 def _cpp_engine(module, w: LlamaWeights, rot_table: torch.Tensor, rows: int):
