@@ -94,11 +94,21 @@ def test_cpp_engine_gives_the_same_samples(cpp, model, tokenizer, kw):
     _assert_same(_rollouts(model, tokenizer, "eager", **kw), _rollouts(model, tokenizer, "cpp", **kw))
 
 
+@pytest.mark.parametrize("kw", [{}, {"temperature": 0.7}, {"temperature": 0.0}, {"max_new_tokens": 24}])
+def test_cpp_sampling_loop_is_one_call_with_the_same_samples(cpp, model, tokenizer, monkeypatch, kw):
+    """With top_p = 1 the whole loop (noise, choice, EOS, dropping finished rows) runs in C++:
+    no decode step is driven from Python, and the samples are the eager loop's."""
+    ref = _rollouts(model, tokenizer, "eager", **kw)
+    monkeypatch.setattr(llama_fast.Decoder, "step", lambda *a: pytest.fail("a decode step driven from Python"))
+    _assert_same(ref, _rollouts(model, tokenizer, "cpp", **kw))
+
+
 def test_cpp_engine_with_and_without_dropping_rows(cpp, tiny_model, tokenizer, monkeypatch):
+    """The Python loop over the C++ step (top_p < 1), compacting finished rows or not."""
     outs = []
     for fraction in (0.0, 2.0):  # drop finished rows as soon as any finish / never
         monkeypatch.setattr(torch_ar, "COMPACT_FRACTION", fraction)
-        outs.append(_rollouts(tiny_model, tokenizer, "cpp", max_new_tokens=24))
+        outs.append(_rollouts(tiny_model, tokenizer, "cpp", max_new_tokens=24, top_p=0.95))
     assert outs[0].completion_mask.sum(-1).unique().numel() > 1  # rows did finish at different steps
     _assert_same(*outs)
 

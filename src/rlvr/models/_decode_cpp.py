@@ -45,6 +45,7 @@ SOURCE = r"""
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/zeros.h>
 #include <torch/csrc/utils/pybind.h>
 #include <algorithm>
 #include <cmath>
@@ -152,6 +153,42 @@ Tensor transposed(const Tensor& w) {
   return out;
 }
 
+// lowbias32 (Wellons), the hash of rlvr.rollout.noise (which computes it in int64 masked to 32 bits).
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  return x ^ (x >> 16);
+}
+
+// One row's token: argmax(logits / T + Gumbel(hash(row_key ^ column_keys[j]))) in float64, as
+// torch_ar.choose_tokens with top_p = 1; argmax(logits) when T <= 0 (first maximum, as torch).
+// *logp = log-softmax of the (scaled) logits at the token.
+int64_t pick(const float* logits, int64_t vocab, double temperature, uint32_t row_key, const uint32_t* column_keys,
+             float* logp) {
+  const bool greedy = temperature <= 0, scale = !greedy && temperature != 1.0;
+  const float t = static_cast<float>(temperature);  // x / T in float32, as the float32 tensor op does
+  auto scaled = [&](int64_t j) { return scale ? logits[j] / t : logits[j]; };
+  int64_t best = 0;
+  double best_value = -std::numeric_limits<double>::infinity();
+  float top = kNegInf;
+  for (int64_t j = 0; j < vocab; ++j) {
+    const float x = scaled(j);
+    top = std::max(top, x);
+    double value = x;
+    if (!greedy) {
+      const double u = (static_cast<double>(mix32(row_key ^ column_keys[j])) + 0.5) / 4294967296.0;
+      value -= std::log(-std::log(u));
+    }
+    if (j == 0 || value > best_value) best = j, best_value = value;
+  }
+  float total = 0.f;
+  for (int64_t j = 0; j < vocab; ++j) total += std::exp(scaled(j) - top);
+  *logp = scaled(best) - top - std::log(total);
+  return best;
+}
+
 struct Layer {
   Tensor ln1, wqkv, bqkv, wo, bo, ln2, wgu, wd;  // wqkv/wo/wgu/wd stored (in, out); biases may be empty
 };
@@ -186,22 +223,74 @@ class Engine {
   // readable columns (this step's column `col` included) and -inf elsewhere. Returns logits (b, V).
   Tensor step(const Tensor& tokens, const Tensor& pos, Tensor& cache, const Tensor& key_bias, int64_t col) {
     const int64_t b = tokens.size(0);
-    TORCH_CHECK(b <= x_.size(0), "more rows than the engine was built for");
     TORCH_CHECK(cache.is_contiguous() && key_bias.is_contiguous() && tokens.is_contiguous() && pos.is_contiguous(),
                 "contiguous inputs expected");
     TORCH_CHECK(cache.size(2) == b && key_bias.size(0) == b && col < cache.size(4), "shape mismatch");
-    Work w{x_.narrow(0, 0, b), xn_.narrow(0, 0, b), qkv_.narrow(0, 0, b), attn_.narrow(0, 0, b),
-           gu_.narrow(0, 0, b), act_.narrow(0, 0, b)};
-    embed_rows(tokens.data_ptr<int64_t>(), b, w.x.data_ptr<float>());
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      project(layers_[i], w, pos.data_ptr<int64_t>());
-      float* layer_cache = cache.data_ptr<float>() + i * cache.stride(0);
-      write_cache(w.qkv.data_ptr<float>(), layer_cache, b, cache.size(4), col);
-      attend(w.qkv.data_ptr<float>(), layer_cache, key_bias.data_ptr<float>(), w.attn.data_ptr<float>(), b,
-             cache.size(4), col + 1);
-      finish(layers_[i], w);
+    return step_rows(tokens.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), nullptr, b, cache, key_bias, col);
+  }
+
+  // The whole sampling loop of `torch_ar._decode` (top_p = 1) from the prefill's logits (b, V):
+  // per step, each live row picks argmax(logits / T + Gumbel noise) with the noise of
+  // `rollout.noise` (hash of seed, step, vocab index; float64), or argmax(logits) when T <= 0,
+  // records the token and its log-softmax, and a row that emits EOS leaves the batch at once.
+  // The next step runs over the live rows only, reading and writing their own cache rows through
+  // a slot map (no cache copy, unlike `Decoder.keep`). Returns (tokens (b, n) long, pad after EOS;
+  // log-probs (b, n), 0 after EOS; done (b,) bool). Called with the GIL released: row-parallel
+  // workers (trainer.thread_mode=rows) decode their shares without taking turns on Python.
+  std::vector<Tensor> generate(const Tensor& first_logits, const Tensor& seeds, const Tensor& pos0, Tensor& cache,
+                               Tensor& key_bias, int64_t col, int64_t max_new_tokens, double temperature,
+                               int64_t eos_id, int64_t pad_id) {
+    const int64_t b = first_logits.size(0), vocab = first_logits.size(1);
+    TORCH_CHECK(cache.is_contiguous() && key_bias.is_contiguous() && seeds.is_contiguous() && pos0.is_contiguous(),
+                "contiguous inputs expected");
+    TORCH_CHECK(cache.size(2) == b && key_bias.size(0) == b && seeds.size(0) == b && pos0.size(0) == b,
+                "shape mismatch");
+    TORCH_CHECK(col + max_new_tokens <= cache.size(4) + 1, "the cache is too narrow for max_new_tokens");
+    Tensor tokens = at::empty({b, max_new_tokens}, seeds.options());
+    Tensor logprobs = at::zeros({b, max_new_tokens}, first_logits.options());
+    Tensor done = at::zeros({b}, seeds.options().dtype(at::kBool));
+    int64_t* tok_out = tokens.data_ptr<int64_t>();
+    std::fill(tok_out, tok_out + b * max_new_tokens, pad_id);
+    float* logp_out = logprobs.data_ptr<float>();
+    bool* done_out = done.data_ptr<bool>();
+    const int64_t* seed = seeds.data_ptr<int64_t>();
+    std::vector<uint32_t> column_keys(vocab);
+    for (int64_t j = 0; j < vocab; ++j) column_keys[j] = mix32(static_cast<uint32_t>(j) * 0x632BE5ABu + 0x85EBCA6Bu);
+    std::vector<int64_t> slot(b), pos(pos0.data_ptr<int64_t>(), pos0.data_ptr<int64_t>() + b), chosen(b);
+    for (int64_t r = 0; r < b; ++r) slot[r] = r;
+    float* bias = key_bias.data_ptr<float>();
+    const int64_t width = key_bias.size(-1);
+    Tensor logits = first_logits.contiguous();
+    for (int64_t step = 0; step < max_new_tokens && !slot.empty(); ++step) {
+      const int64_t n = static_cast<int64_t>(slot.size());
+      const float* lg = logits.data_ptr<float>();
+      const uint32_t step_key = mix32(static_cast<uint32_t>(step) + 0x9E3779B9u);
+      at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const int64_t r = slot[i];
+          const uint32_t row_key = mix32(mix32(static_cast<uint32_t>(seed[r])) ^ step_key);
+          float logp;
+          chosen[i] = pick(lg + i * vocab, vocab, temperature, row_key, column_keys.data(), &logp);
+          tok_out[r * max_new_tokens + step] = chosen[i];
+          logp_out[r * max_new_tokens + step] = logp;
+        }
+      });
+      // Keep the rows that did not emit EOS, in order (chosen/pos compacted along with slot).
+      int64_t kept = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (chosen[i] == eos_id) { done_out[slot[i]] = true; continue; }
+        slot[kept] = slot[i], chosen[kept] = chosen[i], pos[kept] = pos[i];
+        ++kept;
+      }
+      slot.resize(kept);
+      if (step == max_new_tokens - 1 || kept == 0) break;
+      for (int64_t i = 0; i < kept; ++i)
+        for (int64_t g = 0; g < kv_; ++g) bias[(slot[i] * kv_ + g) * width + col] = 0.f;
+      logits = step_rows(chosen.data(), pos.data(), slot.data(), kept, cache, key_bias, col);
+      ++col;
+      for (int64_t i = 0; i < kept; ++i) ++pos[i];
     }
-    return head(w.x, w.xn);
+    return {tokens, logprobs, done};
   }
 
   // The prompts: ids/mask (U, Tp) long, left-padded; row (b,) long, the prompt of each cache row.
@@ -239,6 +328,32 @@ class Engine {
  private:
   struct Work {  // activations of n rows: residual stream, its norm, q|k|v, attention, gate|up, act
     Tensor x, xn, qkv, attn, gu, act;
+  };
+
+  // One decode step of n rows: row i feeds tokens[i] at pos[i] into cache row slot[i] (row i when
+  // slot is null) at column col; returns their next-token logits (n, V).
+  Tensor step_rows(const int64_t* tokens, const int64_t* pos, const int64_t* slot, int64_t n, Tensor& cache,
+                   const Tensor& key_bias, int64_t col) {
+    TORCH_CHECK(n <= x_.size(0), "more rows than the engine was built for");
+    Work w{x_.narrow(0, 0, n), xn_.narrow(0, 0, n), qkv_.narrow(0, 0, n), attn_.narrow(0, 0, n),
+           gu_.narrow(0, 0, n), act_.narrow(0, 0, n)};
+    embed_rows(tokens, n, w.x.data_ptr<float>());
+    const Rows rows{slot, n, cache.size(2), cache.size(4)};
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      project(layers_[i], w, pos);
+      float* layer_cache = cache.data_ptr<float>() + i * cache.stride(0);
+      write_cache(w.qkv.data_ptr<float>(), layer_cache, rows, col);
+      attend(w.qkv.data_ptr<float>(), layer_cache, key_bias.data_ptr<float>(), w.attn.data_ptr<float>(), rows,
+             col + 1);
+      finish(layers_[i], w);
+    }
+    return head(w.x, w.xn);
+  }
+
+  struct Rows {  // which cache rows a step's n activation rows use: slot[i] (or i when null) of `total`
+    const int64_t* slot;
+    int64_t n, total, width;
+    int64_t operator[](int64_t i) const { return slot ? slot[i] : i; }
   };
 
   // RMSNorm, the fused q|k|v matmul (+ bias) and RoPE at each row's position.
@@ -342,14 +457,15 @@ class Engine {
 
   // k|v of each row (after RoPE) into column `col`: values at cache[1][r, g, col, :], keys
   // transposed at cache[0][r, g, :, col] (the key block of a (row, kv head) is (d, S), see attend).
-  void write_cache(const float* qkv, float* cache, int64_t b, int64_t width, int64_t col) const {
-    const int64_t row_width = (heads_ + 2 * kv_) * d_;
-    for (int64_t r = 0; r < b; ++r)
+  void write_cache(const float* qkv, float* cache, const Rows& rows, int64_t col) const {
+    const int64_t row_width = (heads_ + 2 * kv_) * d_, width = rows.width;
+    for (int64_t r = 0; r < rows.n; ++r)
       for (int64_t g = 0; g < kv_; ++g) {
+        const int64_t s = rows[r];
         const float* k = qkv + r * row_width + (heads_ + g) * d_;
-        float* keys = cache + (r * kv_ + g) * width * d_;
+        float* keys = cache + (s * kv_ + g) * width * d_;
         for (int64_t i = 0; i < d_; ++i) keys[i * width + col] = k[i];
-        std::memcpy(cache + (((b + r) * kv_ + g) * width + col) * d_, k + kv_ * d_, d_ * sizeof(float));
+        std::memcpy(cache + (((rows.total + s) * kv_ + g) * width + col) * d_, k + kv_ * d_, d_ * sizeof(float));
       }
   }
 
@@ -359,20 +475,20 @@ class Engine {
   // and a horizontal sum per column. Scores run over `padded` >= span columns (a multiple of 16, so
   // the loop has no scalar tail); columns whose bias is -inf (left padding, not written yet: stale
   // but never NaN-propagating, since they are replaced, not added) get probability 0 and are skipped.
-  void attend(const float* qkv, const float* cache, const float* key_bias, float* out, int64_t b, int64_t width,
+  void attend(const float* qkv, const float* cache, const float* key_bias, float* out, const Rows& rows,
               int64_t span) const {
-    const int64_t group = heads_ / kv_, row_width = (heads_ + 2 * kv_) * d_, d = d_;
+    const int64_t group = heads_ / kv_, row_width = (heads_ + 2 * kv_) * d_, d = d_, width = rows.width;
     const int64_t padded = std::min(width, (span + 15) / 16 * 16);
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    at::parallel_for(0, b * kv_, 8, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, rows.n * kv_, 8, [&](int64_t begin, int64_t end) {
       std::vector<float> buf(padded + d);
       float* __restrict p = buf.data();
       float* __restrict acc = p + padded;
       for (int64_t idx = begin; idx < end; ++idx) {
-        const int64_t r = idx / kv_, g = idx % kv_;
-        const float* __restrict keys = cache + (r * kv_ + g) * width * d;
-        const float* __restrict values = cache + ((b + r) * kv_ + g) * width * d;
-        const float* __restrict bias = key_bias + (r * kv_ + g) * width;
+        const int64_t r = idx / kv_, g = idx % kv_, s = rows[r];
+        const float* __restrict keys = cache + (s * kv_ + g) * width * d;
+        const float* __restrict values = cache + ((rows.total + s) * kv_ + g) * width * d;
+        const float* __restrict bias = key_bias + (s * kv_ + g) * width;
         for (int64_t j = 0; j < group; ++j) {
           const int64_t head = g * group + j;
           const float* __restrict q = qkv + r * row_width + head * d;
@@ -514,7 +630,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       // No Python objects are touched inside: release the GIL so row-parallel threads
       // (trainer.thread_mode=rows) decode their shares of the batch at the same time.
       .def("step", &Engine::step, pybind11::call_guard<pybind11::gil_scoped_release>())
-      .def("prefill", &Engine::prefill, pybind11::call_guard<pybind11::gil_scoped_release>());
+      .def("prefill", &Engine::prefill, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("generate", &Engine::generate, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
 """
 

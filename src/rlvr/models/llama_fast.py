@@ -626,6 +626,17 @@ class Decoder:
         self.pos = self.pos + 1
         return logits
 
+    def sample_all(self, seeds: torch.Tensor, max_new_tokens: int, *, temperature: float, eos_id: int,
+                   pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The cpp engine's whole sampling loop in one call (top_p = 1 only): the same tokens as
+        `torch_ar._decode` over `step`, with finished rows leaving at once instead of in batches.
+        Returns (tokens (b, n) long, log-probs (b, n), done (b,) bool); the decoder is spent after."""
+        if self.engine != "cpp":
+            raise ValueError("sample_all needs the cpp engine")
+        return self._fused.generate(self.logits.contiguous(), seeds.long().contiguous(), self.pos.contiguous(),
+                                    self.cache, self.key_bias, self.width, max_new_tokens, float(temperature),
+                                    eos_id, pad_id)
+
     def _cpp_step(self, tokens: torch.Tensor) -> torch.Tensor:
         # The fused step gives columns whose bias is -inf probability 0 whatever they hold, so it needs
         # no zeroed cache span.

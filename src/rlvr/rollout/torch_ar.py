@@ -136,8 +136,14 @@ def _generate_fast(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos
     done = torch.zeros(batch, dtype=torch.bool)
     logits = decoder.logits
     try:
-        _decode(decoder, logits, seeds, tokens, logprobs, length, done, max_new_tokens=max_new_tokens,
-                eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p)
+        if decoder.engine == "cpp" and top_p >= 1.0 and max_new_tokens:
+            # The whole loop in C++ (no Python per token, the GIL released throughout).
+            tokens, logprobs, done = decoder.sample_all(seeds, max_new_tokens, temperature=temperature,
+                                                        eos_id=eos_id, pad_id=pad_id)
+            length.copy_(_lengths(tokens, done, eos_id, max_new_tokens))
+        else:
+            _decode(decoder, logits, seeds, tokens, logprobs, length, done, max_new_tokens=max_new_tokens,
+                    eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p)
     finally:
         decoder.close()
     return _rollouts(prompt_ids, prompt_mask, tokens, logprobs, length, done)
@@ -182,11 +188,15 @@ def _decode(decoder, logits, seeds, tokens, logprobs, length, done, *, max_new_t
             slot_done = slot_done[live]
         logits = decoder.step(tok)
     tokens[rows], logprobs[rows], done[rows] = slot_tokens, slot_logprobs, slot_done
-    # A row that finished emitted EOS at its first EOS position and pad after it; a row that did not
-    # ran every step (the loop ends early only when all rows have finished).
     if max_new_tokens:
-        first_eos = (tokens == eos_id).int().argmax(-1)
-        length.copy_(torch.where(done, first_eos + 1, max_new_tokens))
+        length.copy_(_lengths(tokens, done, eos_id, max_new_tokens))
+
+
+def _lengths(tokens, done, eos_id: int, max_new_tokens: int) -> torch.Tensor:
+    """A row that finished emitted EOS at its first EOS position and pad after it; a row that did not
+    ran every step (the loop ends early only when all rows have finished)."""
+    first_eos = (tokens == eos_id).int().argmax(-1)
+    return torch.where(done, first_eos + 1, max_new_tokens)
 
 
 def _generate_hf(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_id, pad_id,
