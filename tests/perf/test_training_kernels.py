@@ -1,8 +1,9 @@
 """The fused C++ training kernels (`trainer.kernels=cpp`) against the eager ops they replace.
 
 RMSNorm and SwiGLU, forward and backward, on 2-D and 3-D inputs; the weight gradient does not
-depend on the thread count; and the whole training forward + backward of `CausalPolicy` on three
-model shapes (log-probs and parameter gradients to float rounding). Skips only without a C++
+depend on the thread count; and the whole training forward + backward of `CausalPolicy` (each
+layer one C++ call each way) on three model shapes and ragged completions (log-probs and
+parameter gradients to float rounding). Skips only without a C++
 toolchain. No timings here: bench/vs_trl.py --kernels cpp measures speed.
 """
 
@@ -115,6 +116,25 @@ def test_policy_forward_backward_matches_eager(kernels, tokenizer):
         cpp_logp, cpp_grads = _logprobs_and_grads(model, "cpp", ids, mask, out)
         torch.testing.assert_close(cpp_logp, eager_logp, atol=2e-5, rtol=0, msg=name)
         assert cpp_grads.keys() == eager_grads.keys()
+        for key, grad in eager_grads.items():
+            assert (cpp_grads[key] - grad).norm() <= 1e-5 * grad.norm() + 1e-7, (name, key)
+
+
+def test_fused_layers_on_ragged_completions(kernels, tokenizer, monkeypatch):
+    """kernels=cpp runs every layer as one C++ call each way (`_LayerCpp`, never the eager layers),
+    with completions of lengths 0, 1, ... full sharing prompts: same log-probs and gradients."""
+    ids, mask = encode_prompts(tokenizer, PROMPTS)
+    gen = torch.Generator().manual_seed(4)
+    completion_ids = torch.randint(3, len(tokenizer), (len(PROMPTS), 9), generator=gen)
+    lengths = torch.tensor([0, 1, 2, 9, 5, 9, 3, 1, 7, 4])
+    out = type("Out", (), {"completion_ids": completion_ids,
+                           "completion_mask": (torch.arange(9)[None, :] < lengths[:, None]).float()})
+    for name, model in _models(len(tokenizer)):
+        eager_logp, eager_grads = _logprobs_and_grads(model, "eager", ids, mask, out)
+        with monkeypatch.context() as m:
+            m.setattr(llama_fast, "_layers_eager", lambda *a: pytest.fail("eager layers under kernels=cpp"))
+            cpp_logp, cpp_grads = _logprobs_and_grads(model, "cpp", ids, mask, out)
+        torch.testing.assert_close(cpp_logp, eager_logp, atol=2e-5, rtol=0, msg=name)
         for key, grad in eager_grads.items():
             assert (cpp_grads[key] - grad).norm() <= 1e-5 * grad.norm() + 1e-7, (name, key)
 

@@ -45,6 +45,7 @@ SOURCE = r"""
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/utils/pybind.h>
 #include <algorithm>
@@ -118,18 +119,20 @@ void silu_mul(const float* gu, float* act, int64_t b, int64_t inter) {
 
 // Rotates q and k heads in place: the weight rows are permuted so that pair i of a head is the
 // adjacent (re, im) = (x[2i], x[2i+1]), rotated by angle pos * inv_freq[i] (cos/sin tables).
+// `inverse` rotates by the negative angle: the backward of RoPE (a rotation's transpose).
 void rope(float* qkv, const int64_t* pos, const float* cos, const float* sin, int64_t rows,
-          int64_t row_width, int64_t rotated_heads, int64_t d) {
+          int64_t row_width, int64_t rotated_heads, int64_t d, bool inverse = false) {
   const int64_t half = d / 2;
+  const float sign = inverse ? -1.f : 1.f;
   for (int64_t r = 0; r < rows; ++r) {
     const float* c = cos + pos[r] * half;
     const float* s = sin + pos[r] * half;
     for (int64_t head = 0; head < rotated_heads; ++head) {
       float* x = qkv + r * row_width + head * d;
       for (int64_t i = 0; i < half; ++i) {
-        const float re = x[2 * i], im = x[2 * i + 1];
-        x[2 * i] = re * c[i] - im * s[i];
-        x[2 * i + 1] = re * s[i] + im * c[i];
+        const float re = x[2 * i], im = x[2 * i + 1], si = sign * s[i];
+        x[2 * i] = re * c[i] - im * si;
+        x[2 * i + 1] = re * si + im * c[i];
       }
     }
   }
@@ -617,6 +620,186 @@ std::vector<Tensor> rms_norm_backward(const Tensor& grad, const Tensor& x, const
   return {dx, dw};
 }
 
+// ---- A whole training layer (trainer.kernels=cpp): forward and backward in one call each --------
+// Rows: the U·Tp rows of the distinct left-padded prompts (prompt u, column t), then N packed
+// completion rows. A real prompt row attends causally to its prompt's real rows; a padding row
+// to itself only; completion row i to its prompt's real rows and to its own sequence's packed
+// rows start[i] .. i. The same attention as llama_fast.completion_hidden's eager path.
+struct Plan {
+  int64_t prompts, tp, n;
+  const int64_t* mask;   // (U, Tp) 1 on real prompt tokens
+  const int64_t* owner;  // (N,) the prompt of each completion row
+  const int64_t* start;  // (N,) packed index of the first completion row of its sequence
+  std::vector<std::vector<int64_t>> queries;  // per prompt: every row whose keys lie in its family
+
+  Plan(const Tensor& mask_t, const Tensor& owner_t, const Tensor& start_t)
+      : prompts(mask_t.size(0)), tp(mask_t.size(1)), n(owner_t.size(0)), mask(mask_t.data_ptr<int64_t>()),
+        owner(owner_t.data_ptr<int64_t>()), start(start_t.data_ptr<int64_t>()), queries(prompts) {
+    for (int64_t u = 0; u < prompts; ++u)
+      for (int64_t t = 0; t < tp; ++t) queries[u].push_back(u * tp + t);
+    for (int64_t i = 0; i < n; ++i) {
+      TORCH_CHECK(owner[i] >= 0 && owner[i] < prompts && start[i] >= 0 && start[i] <= i, "bad attention plan");
+      queries[owner[i]].push_back(prompts * tp + i);
+    }
+  }
+
+  void keys(int64_t row, std::vector<int64_t>& out) const {
+    out.clear();
+    const int64_t prompt_rows = prompts * tp;
+    if (row < prompt_rows) {
+      const int64_t u = row / tp, t = row % tp;
+      if (!mask[row]) { out.push_back(row); return; }
+      for (int64_t c = 0; c <= t; ++c) if (mask[u * tp + c]) out.push_back(u * tp + c);
+      return;
+    }
+    const int64_t i = row - prompt_rows, u = owner[i];
+    for (int64_t c = 0; c < tp; ++c) if (mask[u * tp + c]) out.push_back(u * tp + c);
+    for (int64_t j = start[i]; j <= i; ++j) out.push_back(prompt_rows + j);
+  }
+};
+
+struct Heads {
+  int64_t heads, kv, d;
+  int64_t width() const { return (heads + 2 * kv) * d; }
+  int64_t q(int64_t h) const { return h * d; }
+  int64_t k(int64_t h) const { return (heads + h / (heads / kv)) * d; }       // kv head of query head h
+  int64_t v(int64_t h) const { return (heads + kv + h / (heads / kv)) * d; }
+};
+
+// Softmax weights p[j] of query head h of `row` over `keys` (scores q·k/√d); returns nothing, fills p.
+void attention_weights(const float* qkv, const Heads& hd, int64_t row, int64_t h, const std::vector<int64_t>& keys,
+                       float* p) {
+  const int64_t w = hd.width();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd.d));
+  const float* q = qkv + row * w + hd.q(h);
+  float top = kNegInf;
+  for (size_t j = 0; j < keys.size(); ++j) {
+    p[j] = dot(q, qkv + keys[j] * w + hd.k(h), hd.d) * scale;
+    top = std::max(top, p[j]);
+  }
+  float total = 0.f;
+  for (size_t j = 0; j < keys.size(); ++j) total += (p[j] = std::exp(p[j] - top));
+  for (size_t j = 0; j < keys.size(); ++j) p[j] /= total;
+}
+
+// out (R, h·d) = softmax(q·kᵀ/√d)·v per row and head. One task per prompt family: no shared writes.
+void attention_forward(const float* qkv, float* out, const Plan& plan, const Heads& hd) {
+  const int64_t w = hd.width(), d = hd.d;
+  at::parallel_for(0, plan.prompts, 1, [&](int64_t u0, int64_t u1) {
+    std::vector<int64_t> keys;
+    std::vector<float> p(plan.tp + plan.n + 1);
+    for (int64_t u = u0; u < u1; ++u)
+      for (int64_t row : plan.queries[u]) {
+        plan.keys(row, keys);
+        for (int64_t h = 0; h < hd.heads; ++h) {
+          attention_weights(qkv, hd, row, h, keys, p.data());
+          float* o = out + row * hd.heads * d + h * d;
+          std::fill(o, o + d, 0.f);
+          for (size_t j = 0; j < keys.size(); ++j) {
+            const float* v = qkv + keys[j] * w + hd.v(h);
+            for (int64_t i = 0; i < d; ++i) o[i] += p[j] * v[i];
+          }
+        }
+      }
+  });
+}
+
+// d q|k|v (R, W) from d out: dv_j += p_j·do, dS_j = p_j·(do·v_j − Σ_l p_l·do·v_l), dq += dS_j·k_j/√d,
+// dk_j += dS_j·q/√d. A prompt family's keys are written by its own task only.
+void attention_backward(const float* qkv, const float* dout, float* dqkv, const Plan& plan, const Heads& hd) {
+  const int64_t w = hd.width(), d = hd.d;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  at::parallel_for(0, plan.prompts, 1, [&](int64_t u0, int64_t u1) {
+    std::vector<int64_t> keys;
+    std::vector<float> p(plan.tp + plan.n + 1), dp(plan.tp + plan.n + 1);
+    for (int64_t u = u0; u < u1; ++u)
+      for (int64_t row : plan.queries[u]) {
+        plan.keys(row, keys);
+        for (int64_t h = 0; h < hd.heads; ++h) {
+          attention_weights(qkv, hd, row, h, keys, p.data());
+          const float* g = dout + row * hd.heads * d + h * d;
+          float mean = 0.f;
+          for (size_t j = 0; j < keys.size(); ++j) {
+            dp[j] = dot(g, qkv + keys[j] * w + hd.v(h), d);
+            mean += p[j] * dp[j];
+          }
+          const float* q = qkv + row * w + hd.q(h);
+          float* dq = dqkv + row * w + hd.q(h);
+          for (size_t j = 0; j < keys.size(); ++j) {
+            const float ds = p[j] * (dp[j] - mean) * scale;
+            const float* k = qkv + keys[j] * w + hd.k(h);
+            float* dk = dqkv + keys[j] * w + hd.k(h);
+            float* dv = dqkv + keys[j] * w + hd.v(h);
+            for (int64_t i = 0; i < d; ++i) {
+              dq[i] += ds * k[i];
+              dk[i] += ds * q[i];
+              dv[i] += p[j] * g[i];
+            }
+          }
+        }
+      }
+  });
+}
+
+// One decoder layer over the rows (see Plan): RMSNorm, q|k|v (+ bias), RoPE at `pos` (tables cos/sin
+// (S, d/2), weight rows permuted as llama_fast.LlamaWeights does), attention, x1 = x + attn·Woᵀ
+// (+ bias), RMSNorm, gate|up, SwiGLU, y = x1 + act·Wdᵀ. Weights in nn.Linear's (out, in) layout.
+// Returns y and what the backward needs: xn1, rstd1, qkv (rotated), attn, x1, xn2, rstd2, gu, act.
+std::vector<Tensor> layer_forward(const Tensor& x, const Tensor& ln1, const Tensor& wqkv, const Tensor& bqkv,
+                                  const Tensor& wo, const Tensor& bo, const Tensor& ln2, const Tensor& wgu,
+                                  const Tensor& wd, const Tensor& mask, const Tensor& owner, const Tensor& start,
+                                  const Tensor& pos, const Tensor& cos, const Tensor& sin, int64_t heads, int64_t kv,
+                                  double eps) {
+  const Plan plan(mask, owner, start);
+  const Heads hd{heads, kv, 2 * cos.size(1)};
+  const int64_t rows = x.size(0);
+  TORCH_CHECK(rows == plan.prompts * plan.tp + plan.n && pos.size(0) == rows, "rows do not match the plan");
+  auto n1 = rms_norm_forward(x, ln1, eps);
+  Tensor qkv = bqkv.numel() ? at::addmm(bqkv, n1[0], wqkv.t()) : at::mm(n1[0], wqkv.t());
+  rope(qkv.data_ptr<float>(), pos.data_ptr<int64_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), rows,
+       hd.width(), heads + kv, hd.d);
+  Tensor attn = at::empty({rows, heads * hd.d}, x.options());
+  attention_forward(qkv.data_ptr<float>(), attn.data_ptr<float>(), plan, hd);
+  Tensor x1 = at::addmm(x, attn, wo.t());
+  if (bo.numel()) x1.add_(bo);
+  auto n2 = rms_norm_forward(x1, ln2, eps);
+  Tensor gu = at::mm(n2[0], wgu.t());
+  Tensor act = swiglu_forward(gu);
+  Tensor y = at::addmm(x1, act, wd.t());
+  return {y, n1[0], n1[1], qkv, attn, x1, n2[0], n2[1], gu, act};
+}
+
+// Its backward: returns dx, d ln1, d Wqkv, d bqkv (empty without), d Wo, d bo (empty without), d ln2,
+// d Wgu, d Wd.
+std::vector<Tensor> layer_backward(const Tensor& dy, const Tensor& x, const Tensor& xn1, const Tensor& rstd1,
+                                   const Tensor& qkv, const Tensor& attn, const Tensor& x1, const Tensor& xn2,
+                                   const Tensor& rstd2, const Tensor& gu, const Tensor& act, const Tensor& ln1,
+                                   const Tensor& wqkv, bool has_bqkv, const Tensor& wo, bool has_bo,
+                                   const Tensor& ln2, const Tensor& wgu, const Tensor& wd, const Tensor& mask,
+                                   const Tensor& owner, const Tensor& start, const Tensor& pos, const Tensor& cos,
+                                   const Tensor& sin, int64_t heads, int64_t kv) {
+  const Plan plan(mask, owner, start);
+  const Heads hd{heads, kv, 2 * cos.size(1)};
+  const int64_t rows = x.size(0);
+  Tensor dwd = at::mm(dy.t(), act);
+  Tensor dgu = swiglu_backward(at::mm(dy, wd), gu);
+  Tensor dwgu = at::mm(dgu.t(), xn2);
+  auto r2 = rms_norm_backward(at::mm(dgu, wgu), x1, ln2, rstd2);
+  Tensor dx1 = r2[0].add_(dy);
+  Tensor dwo = at::mm(dx1.t(), attn);
+  Tensor dbo = has_bo ? dx1.sum(0) : at::empty({0}, x.options());
+  Tensor dattn = at::mm(dx1, wo);
+  Tensor dqkv = at::zeros({rows, hd.width()}, x.options());
+  attention_backward(qkv.data_ptr<float>(), dattn.data_ptr<float>(), dqkv.data_ptr<float>(), plan, hd);
+  rope(dqkv.data_ptr<float>(), pos.data_ptr<int64_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), rows,
+       hd.width(), heads + kv, hd.d, /*inverse=*/true);
+  Tensor dwqkv = at::mm(dqkv.t(), xn1);
+  Tensor dbqkv = has_bqkv ? dqkv.sum(0) : at::empty({0}, x.options());
+  auto r1 = rms_norm_backward(at::mm(dqkv, wqkv), x, ln1, rstd1);
+  Tensor dx = r1[0].add_(dx1);
+  return {dx, r1[1], dwqkv, dbqkv, dwo, dbo, r2[1], dwgu, dwd};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -624,6 +807,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("swiglu_backward", &swiglu_backward, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("rms_norm_forward", &rms_norm_forward, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("rms_norm_backward", &rms_norm_backward, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("layer_forward", &layer_forward, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("layer_backward", &layer_backward, pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<Engine>(m, "Engine")
       .def(pybind11::init<Tensor, Tensor, Tensor, Tensor, std::vector<Tensor>, Tensor, Tensor, int64_t, int64_t,
                           double, int64_t>())

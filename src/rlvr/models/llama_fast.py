@@ -332,6 +332,31 @@ class _RMSNormCpp(torch.autograd.Function):
         return dx.view(ctx.shape), dw, None, None
 
 
+class _LayerCpp(torch.autograd.Function):
+    """One decoder layer forward and backward as single C++ calls (`_decode_cpp.layer_forward` /
+    `layer_backward`): no per-op dispatch or Python between the ops, and the GIL released for the
+    whole layer (row-parallel workers run at once). Same math as the eager layer; float rounding."""
+
+    @staticmethod
+    def forward(ctx, x, ln1, wqkv, bqkv, wo, bo, ln2, wgu, wd, plan, w):
+        none = torch.empty(0)
+        out = w.kernels.layer_forward(x.contiguous(), ln1, wqkv, none if bqkv is None else bqkv, wo,
+                                      none if bo is None else bo, ln2, wgu, wd, *plan, w.heads, w.kv_heads, w.eps)
+        ctx.save_for_backward(x, *out[1:], ln1, wqkv, wo, ln2, wgu, wd)
+        ctx.plan, ctx.w, ctx.biases = plan, w, (bqkv is not None, bo is not None)
+        return out[0]
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, xn1, rstd1, qkv, attn, x1, xn2, rstd2, gu, act, ln1, wqkv, wo, ln2, wgu, wd = ctx.saved_tensors
+        w, (has_bqkv, has_bo) = ctx.w, ctx.biases
+        dx, dln1, dwqkv, dbqkv, dwo, dbo, dln2, dwgu, dwd = w.kernels.layer_backward(
+            dy.contiguous(), x, xn1, rstd1, qkv, attn, x1, xn2, rstd2, gu, act, ln1, wqkv, has_bqkv, wo, has_bo,
+            ln2, wgu, wd, *ctx.plan, w.heads, w.kv_heads)
+        return (dx, dln1, dwqkv, dbqkv if has_bqkv else None, dwo, dbo if has_bo else None, dln2, dwgu, dwd,
+                None, None)
+
+
 def swiglu(fused: torch.Tensor, kernels=None) -> torch.Tensor:
     """silu(fused[..., :I]) · fused[..., I:]; without autograd, the silu is done in place.
     `kernels`: the C++ extension, used while autograd records (see `LlamaWeights`)."""
@@ -389,6 +414,19 @@ def completion_hidden(w: LlamaWeights, prompt_ids, prompt_mask, completion_ids, 
     t_in = int(fed.max()) if b else 0
     flat = (torch.arange(t_in)[None, :] < fed[:, None]).flatten().nonzero().squeeze(-1)  # into (B·t_in)
     in_row, in_col = flat // max(t_in, 1), flat % max(t_in, 1)
+    if w.kernels is not None:
+        xp, xc = _layers_cpp(w, ids_u, mask_u, row, completion_ids[in_row, in_col], in_row, in_col)
+    else:
+        xp, xc = _layers_eager(w, ids_u, mask_u, row, completion_ids, flat, in_row, in_col, t_in)
+    scored = (lengths > 0).nonzero().squeeze(-1)
+    hidden = torch.cat([xp[row[scored], -1], xc])
+    index = torch.cat([scored * tc, in_row * tc + in_col + 1])
+    return hidden, index
+
+
+def _layers_eager(w: LlamaWeights, ids_u, mask_u, row, completion_ids, flat, in_row, in_col, t_in):
+    """The layers of `completion_hidden` as ATen ops: (prompt rows (U, Tp, H), packed rows (N, H))."""
+    b, tp = completion_ids.shape[0], ids_u.shape[1]
     rot_p = w.rope((mask_u.cumsum(-1) - 1).clamp(min=0))                 # (U, Tp, 1, d/2)
     rot_c = w.rope(mask_u.sum(-1)[row][in_row] + in_col)                  # (N, 1, d/2): packed tokens
     mask_p = _prompt_masks(mask_u)
@@ -412,10 +450,25 @@ def completion_hidden(w: LlamaWeights, prompt_ids, prompt_mask, completion_ids, 
             values = _KeysGrid.apply(vp, v, row, in_row, in_col, t_in)
             attn = w.attend_explicit(q, keys, values, bias_c)
             xc = w.finish(layer, xc, _FromGrid.apply(attn, in_row, in_col))
-    scored = (lengths > 0).nonzero().squeeze(-1)
-    hidden = torch.cat([xp[row[scored], -1], xc])
-    index = torch.cat([scored * tc, in_row * tc + in_col + 1])
-    return hidden, index
+    return xp, xc
+
+
+def _layers_cpp(w: LlamaWeights, ids_u, mask_u, row, fed_ids, in_row, in_col):
+    """The layers of `completion_hidden` as one C++ call per layer each way (`trainer.kernels=cpp`):
+    prompt rows and packed completion rows go through one (U·Tp + N, H) matrix, attention follows
+    the same masks as `_layers_eager`. Returns (prompt rows (U, Tp, H), packed rows (N, H))."""
+    u, tp = ids_u.shape
+    mask_u = mask_u.long().contiguous()
+    pos = torch.cat([((mask_u.cumsum(-1) - 1).clamp(min=0)).flatten(), mask_u.sum(-1)[row][in_row] + in_col])
+    table = w.rope(torch.arange(int(pos.max()) + 1))[:, 0]                # (S, d/2) complex
+    # Packed rows are row-major, so a sequence's first packed row is `in_col` rows back.
+    plan = (mask_u, row[in_row].contiguous(), (torch.arange(len(in_row)) - in_col).contiguous(), pos.contiguous(),
+            table.real.contiguous(), table.imag.contiguous())
+    x = torch.cat([w.lookup(ids_u).flatten(0, 1), w.lookup(fed_ids)])
+    for layer in w.layers:
+        x = _LayerCpp.apply(x, layer.ln1, layer.wqkv, layer.bqkv, layer.wo, layer.bo, layer.ln2, layer.wgu, layer.wd,
+                            plan, w)
+    return x[:u * tp].view(u, tp, -1), x[u * tp:]
 
 
 SPAN_MULTIPLE = 16
