@@ -17,6 +17,7 @@ from rlvr.algos.kl import k3
 from rlvr.algos.objectives import ppo_clip
 from rlvr.config import load_config
 from rlvr.errors import ConfigError
+from rlvr.models import _decode_cpp
 from rlvr.models.policy import CausalPolicy
 from rlvr.rollout.torch_ar import generate
 from rlvr.trainer import sync
@@ -67,8 +68,10 @@ def test_configure_threads():
     assert configure_threads(3, "rows").workers == 3
 
 
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("engine", ["eager", "cpp"])
-def test_split_engine_samples_the_same_rollouts(tiny_model, tokenizer, engine):
+def test_split_engine_samples_the_same_rollouts(tiny_model, tokenizer, engine, shared, monkeypatch):
+    """With `model` given, the workers share one weight preparation (one C++ engine built, then forked)."""
     ids, mask = encode_prompts(tokenizer, PROMPTS)
     seeds = torch.arange(100, 100 + len(PROMPTS))
     kw = dict(max_new_tokens=12, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, engine=engine)
@@ -77,7 +80,15 @@ def test_split_engine_samples_the_same_rollouts(tiny_model, tokenizer, engine):
     def run(p_ids, p_mask, s, *, temperature):
         return generate(tiny_model, p_ids, p_mask, s, temperature=temperature, **kw)
 
-    split = split_engine(run, RowPool(2), tokenizer.pad_token_id)(ids, mask, seeds, temperature=1.0)
+    built = []
+    module = _decode_cpp.load() if engine == "cpp" else None
+    if module is not None:
+        engine_class = module.Engine
+        monkeypatch.setattr(module, "Engine", lambda *a: built.append(1) or engine_class(*a), raising=False)
+    split = split_engine(run, RowPool(2), tokenizer.pad_token_id, tiny_model if shared else None)(
+        ids, mask, seeds, temperature=1.0)
+    if module is not None:
+        assert len(built) == (1 if shared else 2)
     assert torch.equal(split.completion_ids, whole.completion_ids)
     assert torch.equal(split.completion_mask, whole.completion_mask)
     assert torch.equal(split.prompt_ids, whole.prompt_ids) and torch.equal(split.truncated, whole.truncated)

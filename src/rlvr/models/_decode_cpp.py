@@ -212,6 +212,21 @@ class Engine {
                          flat[i + 5], transposed(flat[i + 6]), transposed(flat[i + 7])});
     hidden_ = embed_.size(1);
     d_ = 2 * cos_.size(1);
+    allocate(max_rows);
+  }
+
+  // An engine over the same weights (shared, not copied or transposed again) with its own RoPE
+  // tables and workspaces: row-parallel workers decoding one batch prepare the weights once.
+  Engine fork(Tensor cos, Tensor sin, int64_t max_rows) const {
+    check(cos), check(sin);
+    TORCH_CHECK(cos.size(1) == cos_.size(1) && sin.sizes() == cos.sizes(), "RoPE tables of another head size");
+    Engine out(*this);
+    out.cos_ = cos, out.sin_ = sin;
+    out.allocate(max_rows);
+    return out;
+  }
+
+  void allocate(int64_t max_rows) {
     const int64_t inter = layers_[0].wd.size(0);
     auto opts = embed_.options();
     x_ = at::empty({max_rows, hidden_}, opts);
@@ -811,7 +826,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layer_backward", &layer_backward, pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<Engine>(m, "Engine")
       .def(pybind11::init<Tensor, Tensor, Tensor, Tensor, std::vector<Tensor>, Tensor, Tensor, int64_t, int64_t,
-                          double, int64_t>())
+                          double, int64_t>(), pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("fork", &Engine::fork, pybind11::call_guard<pybind11::gil_scoped_release>())
       // No Python objects are touched inside: release the GIL so row-parallel threads
       // (trainer.thread_mode=rows) decode their shares of the batch at the same time.
       .def("step", &Engine::step, pybind11::call_guard<pybind11::gil_scoped_release>())

@@ -42,6 +42,7 @@ the plain `transformers` forward.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 
@@ -571,7 +572,8 @@ class Decoder:
         # Fewest live slots `keep` may leave: the compiled step specialises batch size 1, so stay
         # at 2 rather than recompile.
         self.min_live = 2 if compiled else 1
-        w = self.w = LlamaWeights(model)
+        shared = _SHARED.get(id(model))
+        w = self.w = LlamaWeights(model) if shared is None else shared.weights(model)
         ids_u, mask_u, row = unique_prompts(prompt_ids, prompt_mask)
         b, tp = prompt_ids.shape
         shape = (len(w.layers), 2, b, w.kv_heads, tp + max_new_tokens, w.head_dim)
@@ -585,7 +587,7 @@ class Decoder:
             self.cache[..., tp:, :].zero_()
         self.rot_table = w.rope(torch.arange(tp + max_new_tokens + 1))     # (S+1, 1, d/2)
         if self.engine == "cpp":  # prefill in C++ too: it writes the cache in the layout its step reads
-            self._fused = _cpp_engine(self._cpp, w, self.rot_table, b)
+            self._fused = _cpp_engine(self._cpp, w, self.rot_table, b, shared)
             self.logits = self._fused.prefill(ids_u.contiguous(), mask_u.long().contiguous(), row.contiguous(),
                                               self.cache)
         else:
@@ -721,13 +723,55 @@ def training_kernels(model):
     return _load_cpp(model, what="training kernels")
 
 
-def _cpp_engine(module, w: LlamaWeights, rot_table: torch.Tensor, rows: int):
+def _cpp_engine(module, w: LlamaWeights, rot_table: torch.Tensor, rows: int, shared: "_Shared | None" = None):
     """The C++ step for these weights (which it copies, transposed), absent biases as empty
-    tensors, RoPE as cos/sin tables (S+1, d/2), workspaces for up to `rows` rows."""
+    tensors, RoPE as cos/sin tables (S+1, d/2), workspaces for up to `rows` rows. Inside a
+    `shared_weights` block the weights are prepared once and each call forks that engine."""
     def plain(t):
         return torch.empty(0) if t is None else t.detach().contiguous()
 
-    flat = [plain(getattr(l, f)) for l in w.layers for f in ("ln1", "wqkv", "bqkv", "wo", "bo", "ln2", "wgu", "wd")]
     table = rot_table[:, 0]
-    return module.Engine(plain(w.embed), plain(w.norm), plain(w.lm_head), plain(w.lm_bias), flat,
-                         table.real.contiguous(), table.imag.contiguous(), w.heads, w.kv_heads, w.eps, rows)
+    cos, sin = table.real.contiguous(), table.imag.contiguous()
+
+    def build():
+        flat = [plain(getattr(l, f)) for l in w.layers for f in ("ln1", "wqkv", "bqkv", "wo", "bo", "ln2", "wgu", "wd")]
+        return module.Engine(plain(w.embed), plain(w.norm), plain(w.lm_head), plain(w.lm_bias), flat,
+                             cos, sin, w.heads, w.kv_heads, w.eps, rows)
+
+    if shared is None:
+        return build()
+    with shared.lock:
+        if shared.engine is None:
+            shared.engine = build()
+    return shared.engine.fork(cos, sin, rows)
+
+
+class _Shared:
+    """One preparation of a model's weights for the Decoders of a `shared_weights` block."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.prepared: LlamaWeights | None = None
+        self.engine = None  # the C++ engine built first; later Decoders fork it
+
+    def weights(self, model) -> LlamaWeights:
+        with self.lock:
+            if self.prepared is None:
+                self.prepared = LlamaWeights(model)
+            return self.prepared
+
+
+_SHARED: dict[int, _Shared] = {}
+
+
+@contextlib.contextmanager
+def shared_weights(model):
+    """Within this block, Decoders of `model` (from any thread) share one `LlamaWeights` and one
+    set of the C++ engine's transposed weights, made by the first of them; row-parallel workers
+    sampling one batch then prepare the weights once instead of once each. The model's weights
+    must not change inside the block."""
+    _SHARED[id(model)] = _Shared()
+    try:
+        yield
+    finally:
+        _SHARED.pop(id(model), None)

@@ -12,11 +12,13 @@ threads on a quiet machine, and 2.8× faster than them when another process hold
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from rlvr.models import llama_fast
 from rlvr.rollout.torch_ar import Rollouts, concat_rollouts
 
 
@@ -60,12 +62,15 @@ def configure_threads(threads: int, mode: str) -> RowPool | None:
     return RowPool(workers) if workers > 1 else None
 
 
-def split_engine(engine, pool: RowPool, pad_id: int):
+def split_engine(engine, pool: RowPool, pad_id: int, model=None):
     """A rollout engine that samples each worker's share of the rows and stacks the results
-    (same samples as the whole batch: every row has its own seed)."""
+    (same samples as the whole batch: every row has its own seed). With `model` the workers'
+    decoders prepare its weights once per batch (`llama_fast.shared_weights`)."""
 
     def run(prompt_ids, prompt_mask, seeds, **kwargs) -> Rollouts:
-        parts = pool.map(lambda rows: engine(prompt_ids[rows], prompt_mask[rows], seeds[rows], **kwargs), len(seeds))
+        with llama_fast.shared_weights(model) if model is not None else contextlib.nullcontext():
+            parts = pool.map(lambda rows: engine(prompt_ids[rows], prompt_mask[rows], seeds[rows], **kwargs),
+                             len(seeds))
         return concat_rollouts(parts, pad_id) if parts else engine(prompt_ids, prompt_mask, seeds, **kwargs)
 
     return run

@@ -85,7 +85,7 @@ def build_components(config: Config) -> Components:
     task = build.build_task(config, tokenizer)
     engine = build.build_engine(config, model, tokenizer, [p for p in (policy, reference) if p is not None])
     if rows is not None:
-        engine = split_engine(engine, rows, tokenizer.pad_token_id)
+        engine = split_engine(engine, rows, tokenizer.pad_token_id, model)
     model.register_forward_hook(_count_forward)
     return Components(
         config=config, model=model, tokenizer=tokenizer, policy=policy, reference=reference, engine=engine,
