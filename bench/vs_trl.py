@@ -255,12 +255,12 @@ def main(argv=None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--engine", default="eager", choices=["eager", "cpp", "compile"],
+    p.add_argument("--engine", default="cpp", choices=["eager", "cpp", "compile"],
                    help="rlvr's decode step (rollout.decode_engine); cpp: its one-off build falls in the excluded warm-up steps")
-    p.add_argument("--thread-mode", default="ops", choices=["ops", "rows"],
-                   help="rlvr's trainer.thread_mode: torch intra-op threads, or each thread a share of the rows")
-    p.add_argument("--kernels", default="eager", choices=["eager", "cpp"],
-                   help="rlvr's trainer.kernels: eager ATen ops or fused C++ RMSNorm/SwiGLU in the training forward+backward")
+    p.add_argument("--thread-mode", default="auto", choices=["auto", "ops", "rows"],
+                   help="rlvr's trainer.thread_mode: torch intra-op threads, each thread a share of the rows, or auto (rows)")
+    p.add_argument("--kernels", default="cpp", choices=["eager", "cpp"],
+                   help="rlvr's trainer.kernels: eager ATen ops, or each training layer one C++ call forward and backward")
     p.add_argument("--skip-warmup", type=int, default=2, help="steps excluded from the medians")
     p.add_argument("--scale", type=int, default=1, choices=[1, 10],
                    help="1: the packaged warm start; 10: a ~10x larger Llama (hidden 320, 8 layers, 10.6M parameters, random init, "

@@ -163,8 +163,8 @@ class TrainerConfig:
     out_dir: str = "runs"  # parent of run directories
     name: str = ""  # run directory name, empty = recipe name + seed
     threads: int = 0  # torch threads, 0 = torch's default
-    kernels: str = "eager"  # training forward+backward of Llama-family models: `eager` ATen ops, or `cpp` fused C++ RMSNorm and SwiGLU (≈ 10% faster per step with 1 thread; same math to float rounding)
-    thread_mode: str = "ops"  # how threads are used: `ops` = torch's intra-op threads; `rows` = each thread takes a share of every batch's rows with single-threaded ops (as fast on a quiet machine, no collapse when another process holds a core; causal models)
+    kernels: str = "cpp"  # training forward+backward of Llama-family models: `cpp` = each layer one C++ call each way (built once per machine; eager if it cannot be built), `eager` = ATen ops; same math to float rounding
+    thread_mode: str = "auto"  # how threads are used: `ops` = torch's intra-op threads; `rows` = each thread takes a share of every batch's rows with single-threaded ops (faster, and no collapse when another process holds a core; causal models); `auto` = rows for causal models, ops for diffusion ones
     trackers: str = ""  # extra metric sinks beside metrics.jsonl, comma-separated: tensorboard,wandb,mlflow
 
 
@@ -345,9 +345,9 @@ def validate(config: Config) -> None:
          "must be 'eager', 'cpp' or 'compile'"),
         (config.trainer.eval_samples >= 0, "trainer.eval_samples", "must be >= 0 (0 = greedy evaluation only)"),
         (config.trainer.threads >= 0, "trainer.threads", "must be >= 0 (0 = torch's default)"),
-        (config.trainer.thread_mode in ("ops", "rows"), "trainer.thread_mode", "must be 'ops' or 'rows'"),
+        (config.trainer.thread_mode in ("auto", "ops", "rows"), "trainer.thread_mode", "must be 'auto', 'ops' or 'rows'"),
         (config.trainer.kernels in ("eager", "cpp"), "trainer.kernels", "must be 'eager' or 'cpp'"),
-        (config.trainer.thread_mode == "ops" or config.model.kind == "causal", "trainer.thread_mode",
+        (config.trainer.thread_mode != "rows" or config.model.kind == "causal", "trainer.thread_mode",
          "'rows' splits causal-model batches only; use 'ops' with model.kind=diffusion"),
     ]
     for ok, name, fix in checks:

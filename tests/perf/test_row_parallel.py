@@ -22,7 +22,7 @@ from rlvr.models.policy import CausalPolicy
 from rlvr.rollout.torch_ar import generate
 from rlvr.trainer import sync
 from rlvr.trainer.evaluate import encode_prompts
-from rlvr.trainer.rows import RowPool, configure_threads, split_engine
+from rlvr.trainer.rows import RowPool, configure_threads, resolve_mode, split_engine
 from rlvr.trainer.step import LossSpec, optimizer_step
 
 PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4 1>17:", "7>7:"] * 3  # 15 rows: uneven split
@@ -123,8 +123,15 @@ def test_row_split_update_equals_serial_micro_batches(tiny_model, make_train_bat
         assert metrics[key] == pytest.approx(ref_metrics[key], rel=1e-6, abs=1e-9), key
 
 
+def test_auto_thread_mode_splits_rows_of_causal_models_only():
+    assert load_config(None, []).trainer.thread_mode == "auto"
+    assert resolve_mode("auto", "causal") == "rows" and resolve_mode("auto", "diffusion") == "ops"
+    assert resolve_mode("ops", "causal") == "ops" and resolve_mode("rows", "causal") == "rows"
+    load_config(None, ["model.kind=diffusion"])  # auto is valid for diffusion models (it means ops there)
+
+
 def test_thread_mode_config_errors():
-    with pytest.raises(ConfigError, match="trainer.thread_mode: must be 'ops' or 'rows'"):
+    with pytest.raises(ConfigError, match="trainer.thread_mode: must be 'auto', 'ops' or 'rows'"):
         load_config(None, ["trainer.thread_mode=cores"])
     with pytest.raises(ConfigError, match="trainer.thread_mode: 'rows' splits causal-model batches only"):
         load_config(None, ["trainer.thread_mode=rows", "model.kind=diffusion"])

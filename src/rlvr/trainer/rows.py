@@ -48,6 +48,14 @@ class RowPool:
         return list(self._executor.map(run, self.slices(rows)))
 
 
+def resolve_mode(mode: str, model_kind: str) -> str:
+    """`trainer.thread_mode=auto`: rows for causal models (the faster mode wherever it was measured,
+    docs/results.md §2), ops for diffusion models (whose batches are not split)."""
+    if mode != "auto":
+        return mode
+    return "rows" if model_kind == "causal" else "ops"
+
+
 def configure_threads(threads: int, mode: str) -> RowPool | None:
     """Apply `trainer.threads` / `trainer.thread_mode` to torch; the row pool when rows are split.
 

@@ -32,7 +32,7 @@ from rlvr.trainer.checkpoint import latest_checkpoint, load_state, rng_state, sa
 from rlvr.trainer.evaluate import decode_completions, encode_prompts, greedy_accuracy, sampled_scores
 from rlvr.trainer.collect import collect, sample_seeds, score
 from rlvr.trainer.critic import critic_step, critic_values
-from rlvr.trainer.rows import RowPool, configure_threads, split_engine
+from rlvr.trainer.rows import RowPool, configure_threads, resolve_mode, split_engine
 from rlvr.trainer.selection import PosteriorSelector, build_selector
 from rlvr.trainer.step import LossSpec, TrainBatch, optimizer_step
 
@@ -66,7 +66,7 @@ class Components:
 def build_components(config: Config) -> Components:
     """Everything a run needs, built from the config (applies its thread and allocator settings
     to this process)."""
-    rows = configure_threads(config.trainer.threads, config.trainer.thread_mode)
+    rows = configure_threads(config.trainer.threads, resolve_mode(config.trainer.thread_mode, config.model.kind))
     heap_kept = keep_freed_memory()
     model, tokenizer = build.build_model(config)
     o, a = config.optim, config.algo
