@@ -1,5 +1,6 @@
-"""A fused Llama/Qwen2 decode step as a small C++ extension (`rollout.decode_engine=cpp`, the default),
-and fused RMSNorm / SwiGLU forward+backward kernels for the training forward (`trainer.kernels=cpp`).
+"""A fused Llama/Qwen2 decode step and sampling loop as a small C++ extension
+(`rollout.decode_engine=cpp`, the default), and the training step's decoder layers, forward and
+backward, one call each (`trainer.kernels=cpp`, the default).
 
 Why: at rlvr's scale (hidden 128, batch ≈ 64) one eager decode step is ≈ 35 small ATen ops per
 layer. The weight matmuls are only ≈ 30% of its CPU time; the rest is framework dispatch,
@@ -15,6 +16,15 @@ whole step in one call from Python:
                 x += attn · Woᵀ (+ bias)                                     [at::addmm_]
                 RMSNorm -> g|u = mm(x, Wguᵀ) -> silu(g)·u -> x += · Wdᵀ      [mm, loop, addmm_]
     RMSNorm -> logits = x · lm_headᵀ (+ bias)
+
+With top_p = 1 the whole sampling loop runs here too (`Engine.generate`): Gumbel-max over the
+counter-based noise of `rollout.noise`, log-softmax of the chosen token, EOS, and a slot map that
+drops finished rows at once, all without the GIL, so row-parallel workers decode side by side.
+
+The training layer (`layer_forward` / `layer_backward`) takes the distinct prompts' rows and the
+packed completion rows as one matrix: RMSNorm, q|k|v, RoPE, attention (per prompt family, so the
+backward's key/value gradients never race), output projection, SwiGLU MLP, and the exact
+backward of each, with MKL matmuls. It replaces ≈ 60 autograd ops per layer and their Python.
 
 The weights are pre-transposed to (in, out) row-major once per `Decoder` (MKL is faster on that
 layout at these shapes), and the activations live in workspaces sized for the first batch, so a
@@ -681,7 +691,7 @@ struct Heads {
   int64_t v(int64_t h) const { return (heads + kv + h / (heads / kv)) * d; }
 };
 
-// Softmax weights p[j] of query head h of `row` over `keys` (scores q·k/√d); returns nothing, fills p.
+// p[j] = softmax over `keys` of q·k_j/√d, for query head h of `row` (recomputed by the backward).
 void attention_weights(const float* qkv, const Heads& hd, int64_t row, int64_t h, const std::vector<int64_t>& keys,
                        float* p) {
   const int64_t w = hd.width();
