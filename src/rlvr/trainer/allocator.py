@@ -6,7 +6,7 @@ back to the kernel, so the next step touches new pages again: 716 minor page fau
 forward + backward at the default scale, and with two threads they contend in the kernel. Raising
 the mmap and trim thresholds keeps the memory mapped: the RSS stays at its high-water mark (it
 reaches it every step anyway). Allocation only; no value computed anywhere changes. Measured in
-docs/results.md §2a.
+docs/results.md §2b.
 """
 
 from __future__ import annotations
