@@ -79,6 +79,7 @@ class RolloutConfig:
     remasking: str = "low_confidence"  # diffusion sampler: low_confidence | random | entropy | margin
     threshold: float | None = None  # diffusion sampler: commit every token above this confidence (dynamic)
     suppress_eos: bool = False  # diffusion sampler: lower EOS confidence so content is committed first
+    greedy_in_group: bool = False  # diffusion models: the last completion of every group is decoded greedily (T = 0) and trains with its siblings, so the advantage sees whether the greedy answer (what evaluation scores) beats the samples
     window: str = "eos"  # diffusion: which window tokens are the completion: `eos` (up to EOS) or `full`
     prompt_selection: str = "uniform"  # which prompts a step rolls out: `uniform` draws or `mopps` posterior selection
     selection_candidates: float = 2.0  # mopps: candidates drawn per prompt rolled out (1/κ)
@@ -347,6 +348,8 @@ def validate(config: Config) -> None:
         (config.trainer.threads >= 0, "trainer.threads", "must be >= 0 (0 = torch's default)"),
         (config.trainer.thread_mode in ("auto", "ops", "rows"), "trainer.thread_mode", "must be 'auto', 'ops' or 'rows'"),
         (config.trainer.kernels in ("eager", "cpp"), "trainer.kernels", "must be 'eager' or 'cpp'"),
+        (not config.rollout.greedy_in_group or config.model.kind == "diffusion", "rollout.greedy_in_group",
+         "is implemented for model.kind=diffusion only; set it to false"),
         (config.trainer.thread_mode != "rows" or config.model.kind == "causal", "trainer.thread_mode",
          "'rows' splits causal-model batches only; use 'ops' with model.kind=diffusion"),
     ]

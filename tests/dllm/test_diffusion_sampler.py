@@ -106,3 +106,16 @@ def test_window_mask_stops_at_the_first_eos(setup):
     ids = torch.tensor([[5, eos, 7, eos], [5, 6, 7, 8]])
     assert window_mask(ids, eos).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
     assert window_mask(ids, eos, "full").tolist() == [[1, 1, 1, 1], [1, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("kw", [{}, {"threshold": 0.05, "steps": 0}])
+def test_per_row_temperatures(setup, kw):
+    """A (B,) temperature: rows at T sample exactly as with the scalar T, rows at 0 as greedy."""
+    seeds = [1, 2, 3, 4]
+    sampled, greedy = _gen(setup, seeds, temperature=0.7, **kw), _gen(setup, seeds, temperature=0.0, **kw)
+    mixed = _gen(setup, seeds, temperature=torch.tensor([0.7, 0.0, 0.7, 0.0]), **kw)
+    for row, ref in ((0, sampled), (1, greedy), (2, sampled), (3, greedy)):
+        assert torch.equal(mixed.completion_ids[row], ref.completion_ids[row])
+        assert torch.equal(mixed.trace[row], ref.trace[row])
+        assert torch.equal(mixed.logprobs[row], ref.logprobs[row])
+    assert not torch.equal(sampled.completion_ids, greedy.completion_ids)  # the two settings differ here

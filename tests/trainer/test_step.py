@@ -46,3 +46,16 @@ def test_on_policy_loss_is_minus_mean_advantage(tiny_model, make_train_batch):
     per_seq_adv = batch.advantages.sum(-1) / batch.completion_mask.sum(-1)
     assert loss.item() == pytest.approx(-per_seq_adv.mean().item(), abs=1e-6)
     assert sums["clip_frac_low"] == 0 and sums["clip_frac_high"] == 0
+
+
+def test_greedy_in_group_temperatures_and_config():
+    from rlvr.config import load_config
+    from rlvr.errors import ConfigError
+    from rlvr.trainer.collect import row_temperatures
+
+    r = load_config(None, ["model.kind=diffusion", "rollout.group_size=4", "rollout.temperature=0.8",
+                           "rollout.greedy_in_group=true"]).rollout
+    assert row_temperatures(r, 8).tolist() == pytest.approx([0.8, 0.8, 0.8, 0.0] * 2)
+    assert row_temperatures(load_config(None, []).rollout, 8) == 1.0
+    with pytest.raises(ConfigError, match=r"^rollout\.greedy_in_group: is implemented for model\.kind=diffusion"):
+        load_config(None, ["rollout.greedy_in_group=true"])

@@ -75,13 +75,31 @@ def _scores(logits: torch.Tensor, candidates: torch.Tensor, remasking: str, keys
     raise ValueError(f"unknown remasking {remasking!r}; valid: {', '.join(REMASKING)}")
 
 
+def _candidates(logits: torch.Tensor, temperature, seeds, row_steps) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits / T (B, b, V), each masked position's candidate token (B, b)): Gumbel-max over the
+    tempered logits, or argmax where T = 0; T a float or per row (B,)."""
+    if not isinstance(temperature, torch.Tensor):
+        if temperature <= 0:
+            return logits, logits.argmax(-1)
+        tempered = logits / temperature
+        noise = gumbel_noise(_row_keys(seeds, row_steps, 0x51), 0, logits.shape[1] * logits.shape[-1])
+        return tempered, (tempered + noise.view_as(logits)).argmax(-1)
+    sampled = (temperature > 0)[:, None]
+    tempered = torch.where(sampled[..., None], logits / temperature.double().clamp_min(1e-30)[:, None, None], logits)
+    noise = gumbel_noise(_row_keys(seeds, row_steps, 0x51), 0, logits.shape[1] * logits.shape[-1])
+    return tempered, torch.where(sampled, (tempered + noise.view_as(logits)).argmax(-1), logits.argmax(-1))
+
+
 @torch.no_grad()
 def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, *,
-                       gen_length: int, steps: int, block_length: int | None = None, temperature: float = 1.0,
+                       gen_length: int, steps: int, block_length: int | None = None,
+                       temperature: float | torch.Tensor = 1.0,
                        remasking: str = "low_confidence", threshold: float | None = None,
                        suppress_eos: bool = False, mask_id: int, eos_id: int,
                        window: str = "eos") -> DiffusionRollouts:
-    """Sample one window per row. prompt_ids/prompt_mask (B, Tp) left-padded, seeds (B,) int."""
+    """Sample one window per row. prompt_ids/prompt_mask (B, Tp) left-padded, seeds (B,) int.
+    `temperature`: one for all rows, or one per row (B,) where 0 decodes that row greedily
+    (`rollout.greedy_in_group`)."""
     block = block_length or gen_length
     if gen_length % block:
         raise ValueError(f"gen_length={gen_length} must be a multiple of block_length={block}")
@@ -109,12 +127,7 @@ def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             logits = model(x, attention, positions)[:, lo:hi].double()  # (B, b, V)
             forwards += 1
             logits[..., mask_id] = float("-inf")  # the mask token is never a candidate
-            tempered = logits / temperature if temperature > 0 else logits
-            if temperature > 0:
-                noise = gumbel_noise(_row_keys(seeds, row_steps, 0x51), 0, block * logits.shape[-1])
-                candidates = (tempered + noise.view_as(logits)).argmax(-1)
-            else:
-                candidates = logits.argmax(-1)
+            tempered, candidates = _candidates(logits, temperature, seeds, row_steps)
             logp = tempered.log_softmax(-1).gather(-1, candidates[..., None]).squeeze(-1)
             score = _scores(logits, candidates, remasking, _row_keys(seeds, row_steps, 0x77))
             if suppress_eos:

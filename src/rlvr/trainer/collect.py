@@ -43,6 +43,17 @@ def score(reward, task, group: list[Example], texts: list[str]) -> tuple[torch.T
     return torch.tensor(out.rewards, dtype=torch.float32), torch.tensor(correct), out.metrics
 
 
+def row_temperatures(r, rows: int) -> float | torch.Tensor:
+    """The sampling temperature, or with `rollout.greedy_in_group` one per row: 0 (greedy) for the
+    last row of every group. The greedy decode is what evaluation scores; as a group member its
+    advantage is negative exactly when samples of the same prompt beat it, which moves the mode."""
+    if not r.greedy_in_group:
+        return r.temperature
+    temperature = torch.full((rows,), float(r.temperature))
+    temperature[r.group_size - 1::r.group_size] = 0.0
+    return temperature
+
+
 def _prompts(c, n: int) -> list[Example]:
     """This round's `n` prompts: uniform task draws, or the selector's pick from more candidates."""
     if c.selector is None:
@@ -56,7 +67,7 @@ def _one_round(c, step: int, round_index: int) -> Collected:
     group = [ex for ex in examples for _ in range(r.group_size)]  # rows p*G .. p*G+G-1 share prompt p
     prompt_ids, prompt_mask = encode_prompts(c.tokenizer, [ex.prompt for ex in group])
     seeds = sample_seeds(c.config.seed, step, len(group), offset=round_index * len(group))
-    rollouts = c.engine(prompt_ids, prompt_mask, seeds, temperature=r.temperature)
+    rollouts = c.engine(prompt_ids, prompt_mask, seeds, temperature=row_temperatures(r, len(group)))
     texts = decode_completions(c.tokenizer, rollouts)
     rewards, correct, metrics = score(c.reward, c.task, group, texts)
     if c.selector is not None:  # every generated group informs its prompt's posterior, kept or not
