@@ -92,8 +92,8 @@ class LlamaWeights:
 
     def __init__(self, model, kernels=None):
         cfg = model.config
-        # The C++ extension (`_decode_cpp`) whose fused RMSNorm/SwiGLU forward+backward replace
-        # the eager ops while autograd records (`trainer.kernels=cpp`); None = ATen ops.
+        # The C++ extension (`_decode_cpp`) that runs the training forward's layers (`_LayerCpp`)
+        # and final RMSNorm (`trainer.kernels=cpp`); None = ATen ops.
         self.kernels = kernels
         self.heads = h = cfg.num_attention_heads
         self.kv_heads = kv = getattr(cfg, "num_key_value_heads", None) or h
@@ -174,7 +174,7 @@ class LlamaWeights:
     def finish(self, layer: _Layer, x, attn):
         """Residual + output projection, then the SwiGLU MLP block. x (..., H), attn (..., h·d)."""
         x = _add_linear(x, attn, layer.wo, layer.bo)
-        return _add_linear(x, swiglu(F.linear(self.rms_norm(x, layer.ln2), layer.wgu), self.kernels), layer.wd, None)
+        return _add_linear(x, swiglu(F.linear(self.rms_norm(x, layer.ln2), layer.wgu)), layer.wd, None)
 
     def lookup(self, ids):
         return F.embedding(ids, self.embed, self.padding_idx)
@@ -297,23 +297,6 @@ class _FromGrid(torch.autograd.Function):
         return out, None, None
 
 
-class _SwiGLUCpp(torch.autograd.Function):
-    """`_SwiGLU` as two C++ passes (forward; backward recomputing σ(gate)): same math, float rounding."""
-
-    @staticmethod
-    def forward(ctx, fused, kernels):
-        flat = fused.reshape(-1, fused.shape[-1]).contiguous()
-        ctx.save_for_backward(flat)
-        ctx.kernels, ctx.shape = kernels, fused.shape
-        return kernels.swiglu_forward(flat).view(*fused.shape[:-1], -1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (flat,) = ctx.saved_tensors
-        grad = grad.reshape(flat.shape[0], -1).contiguous()
-        return ctx.kernels.swiglu_backward(grad, flat).view(ctx.shape), None
-
-
 class _RMSNormCpp(torch.autograd.Function):
     """F.rms_norm over the last dim as one C++ pass each way (eager autograd runs ≈ 8 ops
     backward); the weight gradient is summed in a fixed order, whatever the thread count."""
@@ -358,11 +341,10 @@ class _LayerCpp(torch.autograd.Function):
                 None, None)
 
 
-def swiglu(fused: torch.Tensor, kernels=None) -> torch.Tensor:
-    """silu(fused[..., :I]) · fused[..., I:]; without autograd, the silu is done in place.
-    `kernels`: the C++ extension, used while autograd records (see `LlamaWeights`)."""
+def swiglu(fused: torch.Tensor) -> torch.Tensor:
+    """silu(fused[..., :I]) · fused[..., I:]; without autograd, the silu is done in place."""
     if torch.is_grad_enabled() and fused.requires_grad:
-        return _SwiGLU.apply(fused) if kernels is None else _SwiGLUCpp.apply(fused, kernels)
+        return _SwiGLU.apply(fused)
     gate, up = fused.chunk(2, dim=-1)
     return F.silu(gate, inplace=True) * up
 
