@@ -59,3 +59,22 @@ def test_greedy_in_group_temperatures_and_config():
     assert row_temperatures(load_config(None, []).rollout, 8) == 1.0
     with pytest.raises(ConfigError, match=r"^rollout\.greedy_in_group: is implemented for model\.kind=diffusion"):
         load_config(None, ["rollout.greedy_in_group=true"])
+
+
+def test_greedy_in_group_collects_the_greedy_decode_as_each_groups_last_row():
+    from rlvr.config import load_config
+    from rlvr.trainer.collect import collect, sample_seeds
+    from rlvr.trainer.sync import build_components
+
+    config = load_config("recipes/dllm_diffu_grpo_countdown.yaml",
+                         ["rollout.prompts_per_step=2", "rollout.group_size=3", "rollout.greedy_in_group=true",
+                          "trainer.threads=1"])
+    c = build_components(config)
+    got = collect(c, 1).rollouts
+    r = config.rollout
+    greedy = c.engine(got.prompt_ids[2::3], got.prompt_mask[2::3], torch.zeros(2, dtype=torch.long), temperature=0.0)
+    assert torch.equal(got.completion_ids[2::3], greedy.completion_ids)
+    rows = torch.tensor([0, 1, 3, 4])  # the others are ordinary samples with their own seeds
+    sampled = c.engine(got.prompt_ids[rows], got.prompt_mask[rows], sample_seeds(config.seed, 1, 6)[rows],
+                       temperature=r.temperature)
+    assert torch.equal(got.completion_ids[rows], sampled.completion_ids)
