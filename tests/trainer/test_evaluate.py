@@ -70,3 +70,16 @@ def test_pass_at_k_counts_problems_with_any_right_sample():
 
     avg, passed = sampled_scores(engine, tok, task, examples, samples=4, temperature=1.0, batch_size=5)
     assert avg == pytest.approx(4 / 12) and passed == pytest.approx(2 / 3)
+
+
+def test_paired_sign_test_vectors():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("paired", Path(__file__).resolve().parents[2] / "bench/paired_heldout.py")
+    paired = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(paired)
+    assert paired.sign_test(0, 0) == 1.0
+    assert paired.sign_test(3, 0) == 1 / 8  # all three discordant problems fixed
+    assert paired.sign_test(2, 1) == 4 / 8  # C(3,2) + C(3,3) of 8
+    assert abs(paired.sign_test(63, 45) - 0.0506) < 5e-4  # docs/results.md §4a, three 1-thread runs

@@ -33,8 +33,13 @@ def decode_completions(tokenizer, rollouts: Rollouts) -> list[str]:
 
 def greedy_accuracy(engine, tokenizer, task, examples, *, batch_size: int = 256) -> float:
     """Fraction of `examples` whose greedy completion (engine at temperature 0) is correct."""
-    correct = _correctness(engine, tokenizer, task, examples, temperature=0.0, first_seed=None, batch_size=batch_size)
+    correct = greedy_verdicts(engine, tokenizer, task, examples, batch_size=batch_size)
     return sum(correct) / max(len(correct), 1)
+
+
+def greedy_verdicts(engine, tokenizer, task, examples, *, batch_size: int = 256) -> list[bool]:
+    """Whether each example's greedy completion is correct (for paired comparisons of checkpoints)."""
+    return _correctness(engine, tokenizer, task, examples, temperature=0.0, first_seed=None, batch_size=batch_size)
 
 
 def sampled_accuracy(engine, tokenizer, task, examples, *, samples: int, temperature: float,
