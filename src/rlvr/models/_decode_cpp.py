@@ -236,17 +236,6 @@ class Engine {
     return out;
   }
 
-  void allocate(int64_t max_rows) {
-    const int64_t inter = layers_[0].wd.size(0);
-    auto opts = embed_.options();
-    x_ = at::empty({max_rows, hidden_}, opts);
-    xn_ = at::empty({max_rows, hidden_}, opts);
-    qkv_ = at::empty({max_rows, (heads_ + 2 * kv_) * d_}, opts);
-    attn_ = at::empty({max_rows, heads_ * d_}, opts);
-    gu_ = at::empty({max_rows, 2 * inter}, opts);
-    act_ = at::empty({max_rows, inter}, opts);
-  }
-
   // tokens (b,) long, pos (b,) long; cache (L, 2, b, kv, S, d); key_bias (b, kv, 1, S), 0 on the
   // readable columns (this step's column `col` included) and -inf elsewhere. Returns logits (b, V).
   Tensor step(const Tensor& tokens, const Tensor& pos, Tensor& cache, const Tensor& key_bias, int64_t col) {
@@ -354,6 +343,18 @@ class Engine {
   }
 
  private:
+  // Workspaces for up to max_rows rows (a step allocates only its logits).
+  void allocate(int64_t max_rows) {
+    const int64_t inter = layers_[0].wd.size(0);
+    auto opts = embed_.options();
+    x_ = at::empty({max_rows, hidden_}, opts);
+    xn_ = at::empty({max_rows, hidden_}, opts);
+    qkv_ = at::empty({max_rows, (heads_ + 2 * kv_) * d_}, opts);
+    attn_ = at::empty({max_rows, heads_ * d_}, opts);
+    gu_ = at::empty({max_rows, 2 * inter}, opts);
+    act_ = at::empty({max_rows, inter}, opts);
+  }
+
   struct Work {  // activations of n rows: residual stream, its norm, q|k|v, attention, gate|up, act
     Tensor x, xn, qkv, attn, gu, act;
   };
