@@ -79,7 +79,7 @@ class CausalPolicy:
         self.model = model
         self.temperature = temperature if temperature > 0 else 1.0
         self.fast = fast
-        self.kernels = kernels  # "cpp": fused C++ RMSNorm/SwiGLU in the fast path's forward+backward
+        self.kernels = kernels  # "cpp": the fast path's layers run as C++ calls forward and backward
         self._module = None
 
     def parameters(self):

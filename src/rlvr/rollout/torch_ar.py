@@ -130,28 +130,25 @@ def _generate_fast(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos
                    temperature, top_p, engine="eager") -> Rollouts:
     batch = prompt_ids.shape[0]
     decoder = llama_fast.Decoder(model, prompt_ids, prompt_mask, max_new_tokens, engine=engine)
-    tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)
-    logprobs = torch.zeros((batch, max_new_tokens))
-    length = torch.zeros(batch, dtype=torch.long)
-    done = torch.zeros(batch, dtype=torch.bool)
-    logits = decoder.logits
     try:
-        if decoder.engine == "cpp" and top_p >= 1.0 and max_new_tokens:
+        if decoder.engine == "cpp" and top_p >= 1.0:
             # The whole loop in C++ (no Python per token, the GIL released throughout).
             tokens, logprobs, done = decoder.sample_all(seeds, max_new_tokens, temperature=temperature,
                                                         eos_id=eos_id, pad_id=pad_id)
-            length.copy_(_lengths(tokens, done, eos_id, max_new_tokens))
         else:
-            _decode(decoder, logits, seeds, tokens, logprobs, length, done, max_new_tokens=max_new_tokens,
+            tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)
+            logprobs = torch.zeros((batch, max_new_tokens))
+            done = torch.zeros(batch, dtype=torch.bool)
+            _decode(decoder, decoder.logits, seeds, tokens, logprobs, done, max_new_tokens=max_new_tokens,
                     eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p)
     finally:
         decoder.close()
-    return _rollouts(prompt_ids, prompt_mask, tokens, logprobs, length, done)
+    return _rollouts(prompt_ids, prompt_mask, tokens, logprobs, _lengths(tokens, done, eos_id, max_new_tokens), done)
 
 
-def _decode(decoder, logits, seeds, tokens, logprobs, length, done, *, max_new_tokens, eos_id, pad_id,
+def _decode(decoder, logits, seeds, tokens, logprobs, done, *, max_new_tokens, eos_id, pad_id,
             temperature, top_p) -> None:
-    """The sampling loop over decode slots; fills tokens/logprobs/length/done (B, ...) in place.
+    """The sampling loop over decode slots; fills tokens/logprobs/done (B, ...) in place.
 
     Per step the slots' tokens and log-probs go into slot-ordered buffers (one column write each);
     they are written back to their original rows only when finished slots are dropped and at the
@@ -188,13 +185,13 @@ def _decode(decoder, logits, seeds, tokens, logprobs, length, done, *, max_new_t
             slot_done = slot_done[live]
         logits = decoder.step(tok)
     tokens[rows], logprobs[rows], done[rows] = slot_tokens, slot_logprobs, slot_done
-    if max_new_tokens:
-        length.copy_(_lengths(tokens, done, eos_id, max_new_tokens))
 
 
 def _lengths(tokens, done, eos_id: int, max_new_tokens: int) -> torch.Tensor:
     """A row that finished emitted EOS at its first EOS position and pad after it; a row that did not
     ran every step (the loop ends early only when all rows have finished)."""
+    if not max_new_tokens:
+        return torch.zeros(len(tokens), dtype=torch.long)
     first_eos = (tokens == eos_id).int().argmax(-1)
     return torch.where(done, first_eos + 1, max_new_tokens)
 

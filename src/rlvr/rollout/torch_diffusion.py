@@ -78,16 +78,14 @@ def _scores(logits: torch.Tensor, candidates: torch.Tensor, remasking: str, keys
 def _candidates(logits: torch.Tensor, temperature, seeds, row_steps) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits / T (B, b, V), each masked position's candidate token (B, b)): Gumbel-max over the
     tempered logits, or argmax where T = 0; T a float or per row (B,)."""
-    if not isinstance(temperature, torch.Tensor):
-        if temperature <= 0:
-            return logits, logits.argmax(-1)
-        tempered = logits / temperature
-        noise = gumbel_noise(_row_keys(seeds, row_steps, 0x51), 0, logits.shape[1] * logits.shape[-1])
-        return tempered, (tempered + noise.view_as(logits)).argmax(-1)
-    sampled = (temperature > 0)[:, None]
-    tempered = torch.where(sampled[..., None], logits / temperature.double().clamp_min(1e-30)[:, None, None], logits)
+    rows_t = torch.as_tensor(temperature, dtype=torch.float64).expand(logits.shape[0])
+    sampled = rows_t > 0
+    if not bool(sampled.any()):  # greedy decoding (evaluation): no noise to draw
+        return logits, logits.argmax(-1)
+    tempered = torch.where(sampled[:, None, None], logits / rows_t.clamp_min(1e-30)[:, None, None], logits)
     noise = gumbel_noise(_row_keys(seeds, row_steps, 0x51), 0, logits.shape[1] * logits.shape[-1])
-    return tempered, torch.where(sampled, (tempered + noise.view_as(logits)).argmax(-1), logits.argmax(-1))
+    candidates = (tempered + noise.view_as(logits)).argmax(-1)
+    return tempered, torch.where(sampled[:, None], candidates, logits.argmax(-1))
 
 
 @torch.no_grad()
