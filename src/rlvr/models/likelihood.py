@@ -91,6 +91,31 @@ def row_hash(prompt_ids, prompt_mask, completion_ids, mask_seed: int) -> torch.T
     return h
 
 
+def distinct_forward(model, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor,
+                     rows: torch.Tensor | None = None) -> torch.Tensor:
+    """model(ids, attention, positions) (B, T, V), with each distinct input row run once.
+
+    Rows of a group often feed the model identical inputs: a fully masked completion (`mean_field`
+    without prompt masking, `coupled`'s all-masked pass, the sampler's first step) depends on the
+    prompt only, so G rows cost one row's forward and the logits (and their gradients, summed by
+    the gather's backward) are shared. `rows` (B,) bool: only these rows are needed; the others'
+    logits are 0 (the sampler's rows whose block is done). Values equal the plain call's up to
+    float rounding of a different batch size.
+    """
+    batch = ids.shape[0]
+    wanted = torch.arange(batch) if rows is None else rows.nonzero().squeeze(-1)
+    key = torch.cat([ids[wanted], attention[wanted].to(ids.dtype), positions[wanted].to(ids.dtype)], dim=1)
+    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
+    if rows is None and distinct.shape[0] == batch:
+        return model(ids, attention, positions)
+    first = torch.full((distinct.shape[0],), batch, dtype=torch.long).scatter_reduce(
+        0, inverse, wanted, reduce="amin")
+    logits = model(ids[first], attention[first], positions[first])[inverse]
+    if rows is None:
+        return logits
+    return logits.new_zeros((batch,) + logits.shape[1:]).index_copy(0, wanted, logits)
+
+
 @dataclass
 class Corruptor:
     """One batch of rows and the means to corrupt and denoise them. Shapes (B, Tp), (B, Tc)."""
@@ -128,7 +153,7 @@ class Corruptor:
         ids = torch.cat([prompt_in, completion_in], dim=1)
         attention = torch.cat([self.prompt_mask, torch.ones_like(self.completion_ids)], dim=1)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(ids, attention, positions)[:, self.prompt_ids.shape[1]:].float()  # (B, Tc, V)
+        logits = distinct_forward(self.model, ids, attention, positions)[:, self.prompt_ids.shape[1]:].float()
         if self.temperature != 1.0:
             logits = logits / self.temperature
         logits[..., self.mask_id] = float("-inf")  # the mask token is never a target (as in the sampler)
@@ -393,5 +418,5 @@ def bgpo_objective(draw_logp, draw_old, advantages, *, clip_low: float = 0.2, cl
 
 
 __all__ = ["ESTIMATORS", "SEQUENCE_LEVEL", "WINDOWS", "Corruptor", "ar_order", "bgpo", "bgpo_objective", "coupled",
-           "elbo_draw", "elbo_mc", "get_estimator", "mean_field", "row_hash", "spg", "sum_of_recomputed", "trace",
+           "distinct_forward", "elbo_draw", "elbo_mc", "get_estimator", "mean_field", "row_hash", "spg", "sum_of_recomputed", "trace",
            "window_mask"]

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr.models.likelihood import window_mask
+from rlvr.models.likelihood import distinct_forward, window_mask
 from rlvr.rollout.noise import _mix32, gumbel_noise, uniform_noise
 from rlvr.rollout.torch_ar import Rollouts
 
@@ -122,7 +122,8 @@ def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
         s = 0
         while bool((x[:, lo:hi] == mask_id).any()):
             masked = x[:, lo:hi] == mask_id  # (B, b)
-            logits = model(x, attention, positions)[:, lo:hi].double()  # (B, b, V)
+            # rows whose block is done skip the forward; rows with identical inputs share one
+            logits = distinct_forward(model, x, attention, positions, rows=masked.any(-1))[:, lo:hi].double()
             forwards += 1
             logits[..., mask_id] = float("-inf")  # the mask token is never a candidate
             tempered, candidates = _candidates(logits, temperature, seeds, row_steps)
