@@ -1,6 +1,7 @@
 """Paired greedy held-out comparison: each run's final checkpoint against the model it started from.
 
     python bench/paired_heldout.py runs/dllm_diffu_grpo_countdown_s0 runs/dllm_diffu_grpo_countdown_s1 ...
+    python bench/paired_heldout.py --heldout-size 2000 RUN...   # more held-out problems than the runs used
 
 Both are scored on the same held-out problems with the run's own sampler, so a problem counts as
 *fixed* (wrong at the start, right at the end) or *broken* (the reverse). Prints per run the final
@@ -39,15 +40,19 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="run directories (with config.yaml and checkpoints/)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--heldout-size", type=int, default=None,
+                   help="score on this many held-out problems instead of the runs' task.heldout_size (a larger "
+                        "set shrinks the evaluation's own noise; the bucket stays disjoint from training)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    start = verdicts(load_config(args.runs[0] / "config.yaml", []))
+    size = [] if args.heldout_size is None else [f"task.heldout_size={args.heldout_size}"]
+    start = verdicts(load_config(args.runs[0] / "config.yaml", size))
     print(f"start: held-out greedy accuracy {sum(start) / len(start):.3f} ({len(start)} problems)")
     print("\n| run | checkpoint | accuracy | fixed | broken |\n|---|---|---|---|---|")
     total_fixed = total_broken = 0
     for run in args.runs:
         checkpoint = sorted((run / "checkpoints").glob("step_*"))[-1]
-        final = verdicts(load_config(run / "config.yaml", [f"model.path={checkpoint}"]))
+        final = verdicts(load_config(run / "config.yaml", [*size, f"model.path={checkpoint}"]))
         fixed = sum(1 for a, b in zip(start, final) if b and not a)
         broken = sum(1 for a, b in zip(start, final) if a and not b)
         total_fixed, total_broken = total_fixed + fixed, total_broken + broken
