@@ -5,7 +5,8 @@ block_length` semi-autoregressive blocks; each block gets `steps / num_blocks` d
 commits its tokens on LLaDA's schedule (block size split evenly, remainder to the earliest steps).
 Every step: one full-window forward, of the distinct rows whose block is not done yet
 (`distinct_forward`: rows that coincide, as a group's do at its first step, share one); at every
-masked position of the current block draw a candidate by Gumbel-max at `temperature` in float64 (argmax at 0); score positions by `remasking`:
+masked position of the current block draw a candidate by Gumbel-max at `temperature` in float64
+(argmax at 0); score positions by `remasking`:
 - `low_confidence`: untempered softmax probability of the candidate (LLaDA),
 - `random`: an independent uniform,
 - `entropy`: sum p log p (negative entropy; Dream's `entropy`),
