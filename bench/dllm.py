@@ -66,6 +66,10 @@ def main() -> None:
     args = p.parse_args()
     out = args.out or Path(f"runs/bench_dllm_{args.task}")
     recipes = [f"recipes/dllm_{r}_{args.task}.yaml" for r in args.recipes]
+    for name, recipe in zip(args.recipes, recipes):
+        if not (REPO / recipe).exists():  # e.g. an override typed after --recipes, which takes the rest
+            p.error(f"--recipes: no recipe {recipe} for {name!r}; valid: {', '.join(RECIPES)} "
+                    "(put key=value overrides before --recipes)")
     overrides = [f"trainer.steps={args.steps}", f"trainer.eval_every={max(args.steps // 3, 1)}",
                  "trainer.save_every=0", f"trainer.eval_samples={args.eval_samples}", *args.overrides]
     run_sweep(recipes, args.seeds, overrides, out)

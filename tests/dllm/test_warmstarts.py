@@ -59,3 +59,16 @@ def test_countdown_warm_start_cannot_read_a_masked_prompt_so_the_recipe_does_not
         hidden, _ = ctx.denoise(everything, first_number)
     assert float(clean[:, 0].mean()) > -0.5
     assert float(hidden[:, 0].mean()) < -3.0
+
+
+def test_bench_rejects_an_override_swallowed_by_recipes():
+    """`--recipes spg trainer.threads=1` would make the override a recipe name: one-line error, no run."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "bench/dllm.py"
+    done = subprocess.run([sys.executable, str(bench), "--steps", "1", "--recipes", "spg", "trainer.threads=1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "put key=value overrides before --recipes" in done.stderr.splitlines()[-1]
