@@ -78,18 +78,38 @@ def test_mean_field_of_a_group_costs_one_row_per_prompt():
     torch.testing.assert_close(values, expected, rtol=0, atol=1e-6)
 
 
+def test_an_empty_row_selection_is_an_error():
+    ids, attention, positions = _inputs()
+    try:
+        distinct_forward(enumerable_model(), ids, attention, positions, rows=torch.zeros(6, dtype=torch.bool))
+    except ValueError as err:
+        assert "selects no row" in str(err)
+    else:
+        raise AssertionError("expected a ValueError")
+
+
+class _InputRecorder(_RowCounter):
+    def forward(self, ids, attention, positions):
+        self.inputs = getattr(self, "inputs", []) + [ids.clone()]
+        return super().forward(ids, attention, positions)
+
+
 def test_sampler_forwards_only_distinct_unfinished_rows():
     model, tok = load_diffusion_lm(None, seed=0, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
-    counter = _RowCounter(model)
+    recorder = _InputRecorder(model)
     ids, mask = encode_prompts(tok, ["3 5 2>13:", "1 2>3:"])
     group = 4
-    settings = dict(gen_length=8, steps=0, block_length=4, threshold=0.3, mask_id=tok.mask_token_id,
+    # one block, and a threshold low enough for this random model that rows finish at different steps
+    settings = dict(gen_length=8, steps=0, block_length=8, threshold=0.01, mask_id=tok.mask_token_id,
                     eos_id=tok.eos_token_id)
     seeds = torch.arange(2 * group)
-    out = generate_diffusion(counter, ids.repeat_interleave(group, 0), mask.repeat_interleave(group, 0), seeds,
+    out = generate_diffusion(recorder, ids.repeat_interleave(group, 0), mask.repeat_interleave(group, 0), seeds,
                              **settings)
-    assert counter.rows[0] == 2  # the first step: every row of a group is the prompt plus masks
-    assert sum(counter.rows) < out.forwards * 2 * group
+    assert recorder.rows[0] == 2  # the first step: every row of a group is the prompt plus masks
+    for step in recorder.inputs:  # a finished row (no mask left) is never forwarded, duplicates never twice
+        assert bool((step == tok.mask_token_id).any(-1).all())
+        assert torch.unique(step, dim=0).shape[0] == step.shape[0]
+    assert min(recorder.rows[1:]) < 2 * group and out.forwards > 2
     for row in (0, group - 1, group, 2 * group - 1):  # each row as if decoded alone (no batch neighbours)
         alone = generate_diffusion(model, ids[row // group:row // group + 1], mask[row // group:row // group + 1],
                                    seeds[row:row + 1], **settings)

@@ -98,17 +98,20 @@ def distinct_forward(model, ids: torch.Tensor, attention: torch.Tensor, position
     Rows of a group often feed the model identical inputs: a fully masked completion (`mean_field`
     without prompt masking, `coupled`'s all-masked pass, the sampler's first step) depends on the
     prompt only, so G rows cost one row's forward and the logits (and their gradients, summed by
-    the gather's backward) are shared. `rows` (B,) bool: only these rows are needed; the others'
-    logits are 0 (the sampler's rows whose block is done). Values equal the plain call's up to
-    float rounding of a different batch size.
+    the gather's backward) are shared. This assumes the forward is a function of its inputs (no
+    dropout), as for `DiffusionLM`. `rows` (B,) bool, at least one True: only these rows are
+    needed; the others' logits are 0 (the sampler's rows whose block is done). Values equal the
+    plain call's up to float rounding of a different batch size.
     """
     batch = ids.shape[0]
-    wanted = torch.arange(batch) if rows is None else rows.nonzero().squeeze(-1)
+    wanted = torch.arange(batch, device=ids.device) if rows is None else rows.nonzero().squeeze(-1)
+    if wanted.numel() == 0:
+        raise ValueError("distinct_forward: `rows` selects no row; skip the call instead")
     key = torch.cat([ids[wanted], attention[wanted].to(ids.dtype), positions[wanted].to(ids.dtype)], dim=1)
     distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
-    if rows is None and distinct.shape[0] == batch:
+    if distinct.shape[0] == batch:  # every row wanted and no two alike: the plain call
         return model(ids, attention, positions)
-    first = torch.full((distinct.shape[0],), batch, dtype=torch.long).scatter_reduce(
+    first = torch.full((distinct.shape[0],), batch, dtype=torch.long, device=ids.device).scatter_reduce(
         0, inverse, wanted, reduce="amin")
     logits = model(ids[first], attention[first], positions[first])[inverse]
     if rows is None:
