@@ -1,7 +1,7 @@
 """Paired greedy held-out comparison: each run's final checkpoint against the model it started from.
 
     python bench/paired_heldout.py runs/dllm_diffu_grpo_countdown_s0 runs/dllm_diffu_grpo_countdown_s1 ...
-    python bench/paired_heldout.py --heldout-size 360 RUN...   # every problem of Countdown's held-out bucket
+    python bench/paired_heldout.py --heldout-size 360 RUN...   # the whole held-out bucket of the recipes' Countdown
 
 Both are scored on the same held-out problems with the run's own sampler, so a problem counts as
 *fixed* (wrong at the start, right at the end) or *broken* (the reverse). Prints per run the final
