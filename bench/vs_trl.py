@@ -48,8 +48,8 @@ from roofline import attention_flops_per_token, matmul_gflops, param_count  # no
 
 from rlvr.config import load_config  # noqa: E402
 from rlvr.models.causal_lm import load_causal_lm  # noqa: E402
-from rlvr.rollout.torch_ar import generate  # noqa: E402
-from rlvr.trainer.evaluate import decode_completions, encode_prompts  # noqa: E402
+from rlvr.engines.torch_ar import generate  # noqa: E402
+from rlvr.codec import decode_completions, encode_prompts  # noqa: E402
 from rlvr.trainer.sync import build_components, rl_step  # noqa: E402
 
 WARM_START = "rlvr:countdown-warmstart"

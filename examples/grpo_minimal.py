@@ -28,7 +28,8 @@ from rlvr.algos.aggregate import seq_mean_token_mean
 from rlvr.algos.objectives import ppo_clip
 from rlvr.models.causal_lm import load_causal_lm
 from rlvr.models.policy import CausalPolicy
-from rlvr.rollout.torch_ar import generate, left_pad
+from rlvr.batch import left_pad
+from rlvr.engines.torch_ar import generate
 from rlvr.tasks.countdown import Countdown
 
 WARM_START = "rlvr:countdown-warmstart"

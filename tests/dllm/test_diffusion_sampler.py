@@ -3,8 +3,8 @@ import torch
 
 from rlvr.models.diffusion_lm import load_diffusion_lm
 from rlvr.models.diffusion_policy import DiffusionPolicy
-from rlvr.rollout.torch_diffusion import DiffusionSampler, generate_diffusion, transfer_schedule
-from rlvr.trainer.evaluate import encode_prompts
+from rlvr.engines.torch_diffusion import DiffusionSampler, generate_diffusion, transfer_schedule
+from rlvr.codec import encode_prompts
 
 PROMPTS = ["3 5 2>13:", "1 2>3:", "9 9 9>729:", "4 4>16:"]
 

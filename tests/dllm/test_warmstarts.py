@@ -5,7 +5,7 @@ import torch
 
 from rlvr.config import load_config
 from rlvr.trainer import build
-from rlvr.trainer.evaluate import decode_completions, encode_prompts
+from rlvr.codec import decode_completions, encode_prompts
 
 RECIPES = {"countdown": "recipes/dllm_diffu_grpo_countdown.yaml", "sudoku": "recipes/dllm_diffu_grpo_sudoku.yaml"}
 

@@ -19,9 +19,9 @@ from rlvr.config import load_config
 from rlvr.errors import ConfigError
 from rlvr.models import _decode_cpp, llama_fast
 from rlvr.models.causal_lm import load_causal_lm
-from rlvr.rollout import torch_ar
-from rlvr.rollout.torch_ar import generate
-from rlvr.trainer.evaluate import encode_prompts
+from rlvr.engines import torch_ar
+from rlvr.engines.torch_ar import generate
+from rlvr.codec import encode_prompts
 
 PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4>16:", "7>7:"]  # ragged: left padding
 LOGPROB_ATOL = 2e-5  # measured max |Δ log p| ≈ 5e-6 on these models (|log p| up to ≈ 10)

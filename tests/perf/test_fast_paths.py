@@ -12,9 +12,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from rlvr.models import llama_fast
 from rlvr.models.causal_lm import load_causal_lm
 from rlvr.models.policy import CausalPolicy
-from rlvr.rollout import torch_ar
-from rlvr.rollout.torch_ar import generate
-from rlvr.trainer.evaluate import encode_prompts
+from rlvr.engines import torch_ar
+from rlvr.engines.torch_ar import generate
+from rlvr.codec import encode_prompts
 
 PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4>16:", "7>7:"]
 
@@ -260,7 +260,8 @@ def test_on_policy_step_reuses_the_training_forward_for_old_logprobs(tiny_model,
     from rlvr.algos.aggregate import AGGREGATIONS
     from rlvr.algos.objectives import ppo_clip
     from rlvr.trainer import sync
-    from rlvr.trainer.step import LossSpec, TrainBatch, micro_batch_loss
+    from rlvr.batch import TrainBatch
+    from rlvr.trainer.step import LossSpec, micro_batch_loss
 
     ids, mask, seeds = _batch(tokenizer)
     out = generate(tiny_model, ids, mask, seeds, max_new_tokens=12, eos_id=tokenizer.eos_token_id,

@@ -19,9 +19,9 @@ from rlvr.config import load_config
 from rlvr.errors import ConfigError
 from rlvr.models import _decode_cpp
 from rlvr.models.policy import CausalPolicy
-from rlvr.rollout.torch_ar import generate
+from rlvr.engines.torch_ar import generate
 from rlvr.trainer import sync
-from rlvr.trainer.evaluate import encode_prompts
+from rlvr.codec import encode_prompts
 from rlvr.trainer.rows import RowPool, configure_threads, resolve_mode, split_engine
 from rlvr.trainer.step import LossSpec, optimizer_step
 

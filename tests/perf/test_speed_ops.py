@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from rlvr.models import llama_fast
 from rlvr.models.causal_lm import load_causal_lm
 from rlvr.models.policy import CausalPolicy
-from rlvr.rollout import torch_ar
-from rlvr.rollout.torch_ar import generate
+from rlvr.engines import torch_ar
+from rlvr.engines.torch_ar import generate
 from rlvr.trainer.build import build_optimizer
-from rlvr.trainer.evaluate import encode_prompts
+from rlvr.codec import encode_prompts
 
 PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4>16:", "7>7:"]
 

@@ -18,8 +18,8 @@ from rlvr.config import load_config
 from rlvr.errors import ConfigError
 from rlvr.models import _decode_cpp, llama_fast
 from rlvr.models.policy import CausalPolicy
-from rlvr.rollout.torch_ar import generate
-from rlvr.trainer.evaluate import encode_prompts
+from rlvr.engines.torch_ar import generate
+from rlvr.codec import encode_prompts
 
 PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4>16:", "7>7:"] * 2
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from rlvr.models.tokenizer import char_tokenizer
-from rlvr.rollout.torch_ar import Rollouts
-from rlvr.trainer.evaluate import decode_completions
+from rlvr.batch import Rollouts
+from rlvr.codec import decode_completions
 
 
 def _rollouts(rows, lengths):

@@ -18,7 +18,7 @@ whole step in one call from Python:
     RMSNorm -> logits = x · lm_headᵀ (+ bias)
 
 With top_p = 1 the whole sampling loop runs here too (`Engine.generate`): Gumbel-max over the
-counter-based noise of `rollout.noise`, log-softmax of the chosen token, EOS, and a slot map that
+counter-based noise of `rlvr.noise`, log-softmax of the chosen token, EOS, and a slot map that
 drops finished rows at once, all without the GIL, so row-parallel workers decode side by side.
 
 The training layer (`layer_forward` / `layer_backward`) takes the distinct prompts' rows and the
@@ -166,7 +166,7 @@ Tensor transposed(const Tensor& w) {
   return out;
 }
 
-// lowbias32 (Wellons), the hash of rlvr.rollout.noise (which computes it in int64 masked to 32 bits).
+// lowbias32 (Wellons), the hash of rlvr.engines.noise (which computes it in int64 masked to 32 bits).
 inline uint32_t mix32(uint32_t x) {
   x ^= x >> 16;
   x *= 0x7FEB352Du;
@@ -248,7 +248,7 @@ class Engine {
 
   // The whole sampling loop of `torch_ar._decode` (top_p = 1) from the prefill's logits (b, V):
   // per step, each live row picks argmax(logits / T + Gumbel noise) with the noise of
-  // `rollout.noise` (hash of seed, step, vocab index; float64), or argmax(logits) when T <= 0,
+  // `rlvr.noise` (hash of seed, step, vocab index; float64), or argmax(logits) when T <= 0,
   // records the token and its log-softmax, and a row that emits EOS leaves the batch at once.
   // The next step runs over the live rows only, reading and writing their own cache rows through
   // a slot map (no cache copy, unlike `Decoder.keep`). Returns (tokens (b, n) long, pad after EOS;

@@ -22,7 +22,7 @@ ratio, equal to `gspo` on these values. k2 KL on spread values is ½((B̂θ − 
 token (ESPO's ½(B̂θ − B̂ref)² / L up to a factor 1/L, absorbed in the coefficient).
 
 Common random numbers: every random choice of row i comes from hashed counters keyed by
-(mask_seed, a hash of row i's prompt and completion tokens, draw index) (`rollout.noise`), so the
+(mask_seed, a hash of row i's prompt and completion tokens, draw index) (`rlvr.noise`), so the
 current, old and reference policies see identical masks for the same row under the same
 mask_seed, whatever the micro-batch, the row order or the padding width.
 
@@ -64,7 +64,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr.rollout.noise import _mix32, uniform_noise
+from rlvr.noise import mix32, uniform_noise
 
 WINDOWS = ("eos", "full")
 
@@ -82,12 +82,12 @@ def window_mask(completion_ids: torch.Tensor, eos_id: int, window: str = "eos") 
 
 def row_hash(prompt_ids, prompt_mask, completion_ids, mask_seed: int) -> torch.Tensor:
     """(B,) int64 key from the row's real tokens and the mask seed (padding-invariant)."""
-    h = _mix32(torch.full((prompt_ids.shape[0],), int(mask_seed) & 0xFFFFFFFF, dtype=torch.int64) + 0x2545F491)
+    h = mix32(torch.full((prompt_ids.shape[0],), int(mask_seed) & 0xFFFFFFFF, dtype=torch.int64) + 0x2545F491)
     for j in range(prompt_ids.shape[1]):
-        mixed = _mix32(h ^ _mix32(prompt_ids[:, j].to(torch.int64) + 0x1B873593))
+        mixed = mix32(h ^ mix32(prompt_ids[:, j].to(torch.int64) + 0x1B873593))
         h = torch.where(prompt_mask[:, j] > 0, mixed, h)
     for j in range(completion_ids.shape[1]):
-        h = _mix32(h ^ _mix32(completion_ids[:, j].to(torch.int64) * 0x3C6EF372 + j + 0x68E31DA4))
+        h = mix32(h ^ mix32(completion_ids[:, j].to(torch.int64) * 0x3C6EF372 + j + 0x68E31DA4))
     return h
 
 

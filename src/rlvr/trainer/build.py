@@ -21,8 +21,8 @@ from rlvr.models.diffusion_lm import load_diffusion_lm
 from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.models.likelihood import get_estimator
 from rlvr.models.policy import CausalPolicy
-from rlvr.rollout.torch_ar import generate
-from rlvr.rollout.torch_diffusion import generate_diffusion
+from rlvr.engines.torch_ar import generate
+from rlvr.engines.torch_diffusion import generate_diffusion
 from rlvr.rewards.runner import RewardRunner, load_reward_fn
 from rlvr.tasks import TASKS, make_task
 from rlvr.trainer.step import LossSpec

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.algos.shaping import zero_variance_groups
-from rlvr.rollout.torch_ar import Rollouts, concat_rollouts, select_rows
-from rlvr.trainer.evaluate import decode_completions, encode_prompts
+from rlvr.batch import Rollouts, concat_rollouts
+from rlvr.codec import decode_completions, encode_prompts
 from rlvr.types import Example
 
 
@@ -106,7 +106,7 @@ def collect(c, step: int) -> Collected:
 
 def _select(b: Collected, rows: torch.Tensor) -> Collected:
     idx = rows.tolist()
-    return Collected([b.group[i] for i in idx], select_rows(b.rollouts, rows), [b.texts[i] for i in idx],
+    return Collected([b.group[i] for i in idx], b.rollouts.select(rows), [b.texts[i] for i in idx],
                      b.rewards[rows], b.correct[rows], {})
 
 
@@ -119,5 +119,5 @@ def _merge(parts: list[Collected], pad_id: int, limit: int) -> Collected:
         correct=torch.cat([p.correct for p in parts])[:limit],
         metrics={},
     )
-    merged.rollouts = select_rows(merged.rollouts, torch.arange(len(merged.group)))
+    merged.rollouts = merged.rollouts.select(torch.arange(len(merged.group)))
     return merged

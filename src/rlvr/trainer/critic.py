@@ -6,7 +6,7 @@ import torch
 
 from rlvr.algos.value import value_loss
 from rlvr.models.value import ValueModel
-from rlvr.trainer.step import TrainBatch
+from rlvr.batch import TrainBatch
 
 
 @torch.no_grad()

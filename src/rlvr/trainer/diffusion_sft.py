@@ -52,7 +52,7 @@ def diffusion_sft(model, tokenizer, task, *, steps: int, batch_size: int, lr: fl
     """Train `model` on `task.solution` windows; returns the loss per step. Plain arguments, no
     config: the trainer's builder reads the config and calls this."""
     from rlvr.trainer.build import build_optimizer
-    from rlvr.trainer.evaluate import encode_prompts
+    from rlvr.codec import encode_prompts
 
     rng = random.Random(seed)
     generator = torch.Generator().manual_seed(seed)

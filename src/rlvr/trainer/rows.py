@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from rlvr.models import llama_fast
-from rlvr.rollout.torch_ar import Rollouts, concat_rollouts
+from rlvr.batch import Rollouts, concat_rollouts
 
 
 class RowPool:

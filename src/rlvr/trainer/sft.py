@@ -16,10 +16,11 @@ import torch
 
 from rlvr.config import Config, dump_yaml
 from rlvr.models.policy import CausalPolicy
-from rlvr.rollout.torch_ar import left_pad
+from rlvr.batch import left_pad
 from rlvr.trainer import build
 from rlvr.trainer.diffusion_sft import diffusion_sft
-from rlvr.trainer.evaluate import encode_prompts, greedy_accuracy
+from rlvr.codec import encode_prompts
+from rlvr.trainer.evaluate import greedy_accuracy
 
 
 def completion_batch(tokenizer, completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:

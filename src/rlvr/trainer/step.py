@@ -8,34 +8,13 @@ the whole optimizer step, computed before the first micro-batch, so gradients do
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 
 import torch
 
 from rlvr.algos import call_with_hparams
 from rlvr.algos.aggregate import global_counts
-
-
-@dataclass
-class TrainBatch:
-    """Rows of completions with everything the loss needs. All (B, Tc) except the prompts."""
-
-    prompt_ids: torch.Tensor         # (B, Tp)
-    prompt_mask: torch.Tensor        # (B, Tp)
-    completion_ids: torch.Tensor     # (B, Tc)
-    completion_mask: torch.Tensor    # (B, Tc) float, 1 = trained token
-    advantages: torch.Tensor         # (B, Tc)
-    old_logp: torch.Tensor | None = None   # (B, Tc) policy before this update; None = on-policy (ρ ≡ 1)
-    ref_logp: torch.Tensor | None = None   # (B, Tc) frozen reference, when a KL term is on
-    rollout_logp: torch.Tensor | None = None  # (B, Tc) the sampler's behaviour log-probs (gap metric)
-    loss_weights: torch.Tensor | None = None  # (B, Tc) detached per-token weights (rollout correction)
-
-    def __len__(self) -> int:
-        return self.completion_ids.shape[0]
-
-    def select(self, rows: slice | torch.Tensor) -> "TrainBatch":
-        return replace(self, **{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows]
-                                for f in fields(self)})
+from rlvr.batch import TrainBatch
 
 
 @dataclass(frozen=True)

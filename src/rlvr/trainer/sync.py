@@ -29,12 +29,14 @@ from rlvr.tracking.tracker import make_trackers
 from rlvr.trainer import build
 from rlvr.trainer.allocator import keep_freed_memory
 from rlvr.trainer.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
-from rlvr.trainer.evaluate import decode_completions, encode_prompts, greedy_accuracy, sampled_scores
+from rlvr.codec import decode_completions, encode_prompts
+from rlvr.trainer.evaluate import greedy_accuracy, sampled_scores
 from rlvr.trainer.collect import collect, sample_seeds, score
 from rlvr.trainer.critic import critic_step, critic_values
 from rlvr.trainer.rows import RowPool, configure_threads, resolve_mode, split_engine
 from rlvr.trainer.selection import PosteriorSelector, build_selector
-from rlvr.trainer.step import LossSpec, TrainBatch, optimizer_step
+from rlvr.batch import TrainBatch
+from rlvr.trainer.step import LossSpec, optimizer_step
 
 CORRECTION_KEYS = ("correction_level", "correction_mode", "correction_cap")
 

@@ -2,7 +2,7 @@
 
 Returns everything the trainer needs (DESIGN §2, RolloutEngine): completion ids and mask,
 behaviour log-probs and the finish reason. Sampling is Gumbel-max over per-sample hashed noise
-(`rollout.noise`), so the same seed gives the same completion whatever else is in the batch.
+(`rlvr.noise`), so the same seed gives the same completion whatever else is in the batch.
 
 Log-prob semantics: behaviour log-probs are log-softmax(logits / temperature) of the sampled
 token *before* top-p truncation, the same quantity the trainer recomputes; with top_p < 1 the
@@ -11,28 +11,11 @@ true sampling probability is higher than recorded (verl makes the same choice).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from rlvr.batch import Rollouts
 from rlvr.models import llama_fast
-from rlvr.rollout.noise import gumbel_noise, gumbel_noise_block
-
-
-@dataclass
-class Rollouts:
-    """B = P·G sampled completions. Prompts are left-padded, completions right-padded."""
-
-    prompt_ids: torch.Tensor       # (B, Tp) long
-    prompt_mask: torch.Tensor      # (B, Tp) long, 1 on real prompt tokens
-    completion_ids: torch.Tensor   # (B, Tc) long, pad after the end
-    completion_mask: torch.Tensor  # (B, Tc) float, 1 on generated tokens (EOS included)
-    logprobs: torch.Tensor         # (B, Tc) float, behaviour log-probs, 0 on padding
-    truncated: torch.Tensor        # (B,) bool, True when max_new_tokens ended the sample
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        return self.completion_mask.sum(-1)
+from rlvr.noise import gumbel_noise, gumbel_noise_block
 
 
 def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -67,14 +50,6 @@ def choose_tokens(logits: torch.Tensor, seeds: torch.Tensor, step: int, *,
     noisy = top_p_filter(scaled, top_p).double() + noise
     tokens = noisy.argmax(-1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
-
-
-def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token lists -> (ids (B, T), mask (B, T)) padded on the left."""
-    width = max(len(s) for s in sequences)
-    ids = torch.tensor([[pad_id] * (width - len(s)) + list(s) for s in sequences], dtype=torch.long)
-    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences], dtype=torch.long)
-    return ids.view(len(sequences), width), mask.view(len(sequences), width)
 
 
 @torch.no_grad()
@@ -225,32 +200,3 @@ def _generate_hf(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_i
         cache, last_logits = out.past_key_values, out.logits[:, -1]
         next_pos = next_pos + 1
     return _rollouts(prompt_ids, prompt_mask, tokens, logprobs, length, done)
-
-
-def _pad_to(x: torch.Tensor, width: int, value, *, left: bool) -> torch.Tensor:
-    extra = width - x.shape[1]
-    if extra == 0:
-        return x
-    pad = torch.full((x.shape[0], extra), value, dtype=x.dtype)
-    return torch.cat([pad, x] if left else [x, pad], dim=1)
-
-
-def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
-    """Stack rollouts of different widths: prompts re-padded on the left, completions on the right."""
-    if len(parts) == 1:
-        return parts[0]
-    tp = max(p.prompt_ids.shape[1] for p in parts)
-    tc = max(p.completion_ids.shape[1] for p in parts)
-    return Rollouts(
-        prompt_ids=torch.cat([_pad_to(p.prompt_ids, tp, pad_id, left=True) for p in parts]),
-        prompt_mask=torch.cat([_pad_to(p.prompt_mask, tp, 0, left=True) for p in parts]),
-        completion_ids=torch.cat([_pad_to(p.completion_ids, tc, pad_id, left=False) for p in parts]),
-        completion_mask=torch.cat([_pad_to(p.completion_mask, tc, 0.0, left=False) for p in parts]),
-        logprobs=torch.cat([_pad_to(p.logprobs, tc, 0.0, left=False) for p in parts]),
-        truncated=torch.cat([p.truncated for p in parts]),
-    )
-
-
-def select_rows(r: Rollouts, rows: torch.Tensor) -> Rollouts:
-    return Rollouts(r.prompt_ids[rows], r.prompt_mask[rows], r.completion_ids[rows], r.completion_mask[rows],
-                    r.logprobs[rows], r.truncated[rows])

@@ -16,7 +16,7 @@ and commit the best-scored ones; the rest stay masked. `threshold` switches to d
 score is >= threshold, at least one per step; `steps` is then ignored.
 
 Per-sample seeding: the noise of row i at its k-th step depends only on (seed_i, k) (hashed
-counters, `rollout.noise`), so a completion does not depend on its batch neighbours, also in
+counters, `rlvr.noise`), so a completion does not depend on its batch neighbours, also in
 threshold mode where rows advance at different speeds.
 
 Recorded per token: `trace` = the row's step that committed it (0-based) and `logprobs` =
@@ -34,22 +34,14 @@ sets w = 0), no top-p/top-k, no KV cache.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from rlvr.models.likelihood import distinct_forward, window_mask
-from rlvr.rollout.noise import _mix32, gumbel_noise, uniform_noise
-from rlvr.rollout.torch_ar import Rollouts
+from rlvr.noise import mix32, gumbel_noise, uniform_noise
+from rlvr.batch import Rollouts
 
 REMASKING = ("low_confidence", "random", "entropy", "margin")
 _EOS_PENALTY = 1e9  # subtracted from an EOS candidate's score: last, but still above non-masked (-inf)
-
-
-@dataclass
-class DiffusionRollouts(Rollouts):
-    trace: torch.Tensor = None  # (B, Tc) long, the row's step at which each token was committed
-    forwards: int = 0  # model forwards the batch took
 
 
 def transfer_schedule(block_length: int, steps_per_block: int) -> list[int]:
@@ -59,7 +51,7 @@ def transfer_schedule(block_length: int, steps_per_block: int) -> list[int]:
 
 
 def _row_keys(seeds: torch.Tensor, row_steps: torch.Tensor, salt: int) -> torch.Tensor:
-    return _mix32(seeds.to(torch.int64)) ^ _mix32(row_steps * 0x9E3779B1 + salt)
+    return mix32(seeds.to(torch.int64)) ^ mix32(row_steps * 0x9E3779B1 + salt)
 
 
 def _scores(logits: torch.Tensor, candidates: torch.Tensor, remasking: str, keys: torch.Tensor) -> torch.Tensor:
@@ -96,7 +88,7 @@ def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                        temperature: float | torch.Tensor = 1.0,
                        remasking: str = "low_confidence", threshold: float | None = None,
                        suppress_eos: bool = False, mask_id: int, eos_id: int,
-                       window: str = "eos") -> DiffusionRollouts:
+                       window: str = "eos") -> Rollouts:
     """Sample one window per row. prompt_ids/prompt_mask (B, Tp) left-padded, seeds (B,) int.
     `temperature`: one for all rows, or one per row (B,) where 0 decodes that row greedily
     (`rollout.greedy_in_group`)."""
@@ -150,7 +142,7 @@ def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     model.train(was_training)
     completion = x[:, tp:]
     mask = window_mask(completion, eos_id, window)
-    return DiffusionRollouts(
+    return Rollouts(
         prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion, completion_mask=mask,
         logprobs=logprobs * mask, truncated=~(completion == eos_id).any(-1), trace=trace, forwards=forwards)
 
@@ -163,11 +155,11 @@ class DiffusionSampler:
     def __init__(self, model, *, policies=(), **settings):
         self.model, self.policies, self.settings = model, list(policies), settings
 
-    def __call__(self, prompt_ids, prompt_mask, seeds) -> DiffusionRollouts:
+    def __call__(self, prompt_ids, prompt_mask, seeds) -> Rollouts:
         out = generate_diffusion(self.model, prompt_ids, prompt_mask, seeds, **self.settings)
         for policy in self.policies:
             policy.record_traces(out)
         return out
 
 
-__all__ = ["REMASKING", "DiffusionRollouts", "DiffusionSampler", "generate_diffusion", "transfer_schedule"]
+__all__ = ["REMASKING", "DiffusionSampler", "generate_diffusion", "transfer_schedule"]

@@ -12,7 +12,7 @@ import torch
 _MASK32 = 0xFFFFFFFF
 
 
-def _mix32(x: torch.Tensor) -> torch.Tensor:
+def mix32(x: torch.Tensor) -> torch.Tensor:
     """lowbias32 integer hash (Wellons), computed in int64 and kept to 32 bits."""
     x = x & _MASK32
     x = x ^ (x >> 16)
@@ -23,7 +23,7 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def _column_keys(width: int) -> torch.Tensor:
-    return _mix32(torch.arange(width, dtype=torch.int64) * 0x632BE5AB + 0x85EBCA6B)
+    return mix32(torch.arange(width, dtype=torch.int64) * 0x632BE5AB + 0x85EBCA6B)
 
 
 def uniform_noise_block(seeds: torch.Tensor, first_step: int, steps: int, width: int) -> torch.Tensor:
@@ -32,9 +32,9 @@ def uniform_noise_block(seeds: torch.Tensor, first_step: int, steps: int, width:
     Entry [:, j] equals `uniform_noise(seeds, first_step + j, width)` bit for bit; computing a
     block at once costs the same integer work with a fraction of the per-op overhead.
     """
-    step_keys = _mix32(torch.arange(first_step, first_step + steps, dtype=torch.int64) + 0x9E3779B9)  # (S,)
-    base = _mix32(_mix32(seeds.to(torch.int64))[:, None] ^ step_keys[None, :])                      # (B, S)
-    bits = _mix32(base[:, :, None] ^ _column_keys(width)[None, None, :])
+    step_keys = mix32(torch.arange(first_step, first_step + steps, dtype=torch.int64) + 0x9E3779B9)  # (S,)
+    base = mix32(mix32(seeds.to(torch.int64))[:, None] ^ step_keys[None, :])                      # (B, S)
+    bits = mix32(base[:, :, None] ^ _column_keys(width)[None, None, :])
     return (bits.to(torch.float64) + 0.5) / 2.0**32
 
 
