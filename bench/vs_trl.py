@@ -50,7 +50,9 @@ from rlvr.config import load_config  # noqa: E402
 from rlvr.models.causal_lm import load_causal_lm  # noqa: E402
 from rlvr.engines.torch_ar import generate  # noqa: E402
 from rlvr.codec import decode_completions, encode_prompts  # noqa: E402
-from rlvr.trainer.sync import build_components, rl_step  # noqa: E402
+from rlvr.runtime import configure_for  # noqa: E402
+from rlvr.trainer.components import build_components  # noqa: E402
+from rlvr.trainer.sync import rl_step  # noqa: E402
 
 WARM_START = "rlvr:countdown-warmstart"
 
@@ -150,7 +152,8 @@ def _with_completion_mask(token_logprobs, eos_id: int):
 
 
 def run_rlvr(args, seed: int) -> dict:
-    c = build_components(rlvr_config(args, seed))
+    config = rlvr_config(args, seed)
+    c = build_components(config, runtime=configure_for(config))
     totals: dict[str, float] = {}
     if args.pass_mask:
         c.policy.token_logprobs = _with_completion_mask(c.policy.token_logprobs, c.tokenizer.eos_token_id)

@@ -27,6 +27,7 @@ def _run_dir(config, recipe: str | None, resume: str | None) -> Path:
 
 def cmd_train(args) -> int:
     from rlvr.config import load_config
+    from rlvr.runtime import configure_for
     from rlvr.tracking.run_dir import RunDir
     from rlvr.trainer.sync import train
 
@@ -39,7 +40,7 @@ def cmd_train(args) -> int:
     config = load_config(recipe, overrides)
     run = RunDir(_run_dir(config, recipe, args.resume))
     print(f"run directory: {run.path}")
-    final = train(config, run, command=sys.argv, resume=bool(args.resume))
+    final = train(config, run, command=sys.argv, resume=bool(args.resume), runtime=configure_for(config))
     print(f"done: step {final.get('step')} held-out accuracy {final.get('eval/heldout_accuracy', float('nan')):.3f} "
           f"-> {run.path}")
     return 0
@@ -47,10 +48,12 @@ def cmd_train(args) -> int:
 
 def cmd_sft(args) -> int:
     from rlvr.config import load_config
+    from rlvr.runtime import configure_process
     from rlvr.trainer.sft import sft
 
     recipe, overrides = _split(args.args)
     config = load_config(recipe, overrides)
+    configure_process(threads=config.trainer.threads, thread_mode="ops", model_kind=config.model.kind)
     sft(config, args.out)
     print(f"saved warm start to {args.out}")
     return 0

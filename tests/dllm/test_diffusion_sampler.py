@@ -3,7 +3,7 @@ import torch
 
 from rlvr.models.diffusion_lm import load_diffusion_lm
 from rlvr.models.diffusion_policy import DiffusionPolicy
-from rlvr.engines.torch_diffusion import DiffusionSampler, generate_diffusion, transfer_schedule
+from rlvr.engines.torch_diffusion import generate_diffusion, transfer_schedule
 from rlvr.codec import encode_prompts
 
 PROMPTS = ["3 5 2>13:", "1 2>3:", "9 9 9>729:", "4 4>16:"]
@@ -84,11 +84,10 @@ def test_eos_suppression_commits_eos_last(setup):
 def test_trace_and_ar_order_estimators_replay_the_sampler_exactly(setup):
     model, tok, ids, mask = setup
     policy = DiffusionPolicy(model, "trace", window="full")
-    sampler = DiffusionSampler(model, policies=[policy], gen_length=8, steps=8, block_length=4,
-                               mask_id=tok.mask_token_id, eos_id=tok.eos_token_id, window="full")
-    out = sampler(ids, mask, torch.tensor([1, 2, 3, 4]))
+    out = generate_diffusion(model, ids, mask, torch.tensor([1, 2, 3, 4]), gen_length=8, steps=8, block_length=4,
+                             mask_id=tok.mask_token_id, eos_id=tok.eos_token_id, window="full")
     with torch.no_grad():
-        logp, _ = policy.token_logprobs(ids, mask, out.completion_ids)
+        logp, _ = policy.token_logprobs(ids, mask, out.completion_ids, trace=out.trace)
     assert torch.allclose(logp, out.logprobs, atol=1e-5)
     # JustGRPO rollouts (block 1, N = L) are left to right, and ar_order gives their log-probs.
     ar = generate_diffusion(model, ids, mask, torch.tensor([1, 2, 3, 4]), gen_length=6, steps=6, block_length=1,

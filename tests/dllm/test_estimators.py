@@ -139,14 +139,14 @@ def test_policy_masks_are_shared_across_micro_batches_row_orders_and_calls():
     prompt, pmask = PROMPT.expand(4, -1), torch.ones(4, 2, dtype=torch.long)
     for name in ("mean_field", "coupled", "elbo_mc", "spg"):
         policy = DiffusionPolicy(model, name, window="full")
-        policy.set_mask_seed(11)
+        policy.begin_step(11)
         adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
         with torch.no_grad():
             full, _ = policy.token_logprobs(prompt, pmask, SEQS, advantages=adv)
             order = torch.tensor([2, 0, 3, 1])
             part, _ = policy.token_logprobs(prompt[order], pmask[order], SEQS[order], advantages=adv[order])
             assert torch.allclose(part, full[order], atol=1e-6), name
-            policy.set_mask_seed(12)
+            policy.begin_step(12)
             other, _ = policy.token_logprobs(prompt, pmask, SEQS, advantages=adv)
         if name != "mean_field":  # 2-token prompt: the p = 0.15 prompt mask may draw nothing
             assert not torch.allclose(other, full), name

@@ -14,6 +14,7 @@ from rlvr.models.causal_lm import load_causal_lm
 from rlvr.models.policy import CausalPolicy
 from rlvr.engines import torch_ar
 from rlvr.engines.torch_ar import generate
+from rlvr.batch import TrainBatch
 from rlvr.codec import encode_prompts
 
 PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4>16:", "7>7:"]
@@ -134,7 +135,7 @@ def test_fast_logprobs_and_gradients_match_the_plain_forward(model, tokenizer, p
         assert (g - ref_grads[name]).abs().max() <= 1e-4 * scale + 1e-7, name
 
 
-def test_packed_logprobs_are_zero_after_the_mask_and_extra_kwargs_are_ignored(tiny_model, tokenizer):
+def test_packed_logprobs_are_zero_after_the_mask_and_estimator_inputs_are_ignored(tiny_model, tokenizer):
     ids, mask, seeds = _batch(tokenizer)
     out = generate(tiny_model, ids, mask, seeds, max_new_tokens=12, eos_id=tokenizer.eos_token_id,
                    pad_id=tokenizer.pad_token_id)
@@ -142,8 +143,9 @@ def test_packed_logprobs_are_zero_after_the_mask_and_extra_kwargs_are_ignored(ti
     cmask = out.completion_mask.clone()
     cmask[0] = 0.0                      # a row dropped entirely (e.g. overlong filtering)
     with torch.no_grad():
-        logp, _ = policy.token_logprobs(out.prompt_ids, out.prompt_mask, out.completion_ids, completion_mask=cmask,
-                                        advantages=torch.ones(len(cmask)))
+        batch = TrainBatch(out.prompt_ids, out.prompt_mask, out.completion_ids, cmask,
+                           advantages=torch.ones_like(cmask), trace=torch.zeros_like(out.completion_ids))
+        logp, _ = policy.batch_logprobs(batch)
         full, _ = policy.token_logprobs(out.prompt_ids, out.prompt_mask, out.completion_ids)
     assert torch.all(logp[0] == 0)
     assert torch.all(logp[cmask == 0] == 0)

@@ -22,6 +22,8 @@ from rlvr.models.policy import CausalPolicy
 from rlvr.engines.torch_ar import generate
 from rlvr.trainer import sync
 from rlvr.codec import encode_prompts
+from rlvr.runtime import configure_for
+from rlvr.trainer.components import build_components
 from rlvr.trainer.rows import RowPool, configure_threads, resolve_mode, split_engine
 from rlvr.trainer.step import LossSpec, optimizer_step
 
@@ -145,9 +147,11 @@ def test_rl_step_in_rows_mode_learns_the_same_as_ops(tmp_path):
     rewards (same samples) and the same parameters after both steps, to float rounding."""
     common = ["trainer.steps=2", "rollout.prompts_per_step=2", "rollout.group_size=8", "algo.dynamic_sampling=false",
               "rollout.max_new_tokens=12"]
-    ops = sync.build_components(load_config(None, [*common, "trainer.threads=1", "trainer.micro_batch_size=8"]))
-    rows = sync.build_components(load_config(None, [*common, "trainer.threads=2", "trainer.thread_mode=rows",
-                                                    "trainer.micro_batch_size=16"]))
+    ops_config = load_config(None, [*common, "trainer.threads=1", "trainer.micro_batch_size=8"])
+    ops = build_components(ops_config, runtime=configure_for(ops_config))
+    rows_config = load_config(None, [*common, "trainer.threads=2", "trainer.thread_mode=rows",
+                                     "trainer.micro_batch_size=16"])
+    rows = build_components(rows_config, runtime=configure_for(rows_config))
     assert ops.rows is None and rows.rows is not None and torch.get_num_threads() == 1
     for step in (1, 2):
         m_ops, _ = sync.rl_step(ops, step)

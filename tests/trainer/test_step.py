@@ -64,7 +64,7 @@ def test_greedy_in_group_temperatures_and_config():
 def test_greedy_in_group_collects_the_greedy_decode_as_each_groups_last_row():
     from rlvr.config import load_config
     from rlvr.trainer.collect import collect, sample_seeds
-    from rlvr.trainer.sync import build_components
+    from rlvr.trainer.components import build_components
 
     config = load_config("recipes/dllm_diffu_grpo_countdown.yaml",
                          ["rollout.prompts_per_step=2", "rollout.group_size=3", "rollout.greedy_in_group=true",

@@ -147,19 +147,4 @@ def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
         logprobs=logprobs * mask, truncated=~(completion == eos_id).any(-1), trace=trace, forwards=forwards)
 
 
-class DiffusionSampler:
-    """`generate_diffusion` with its settings bound; hands each rollout's trace to `policies`
-    (objects with `record_traces(rollouts)`, e.g. the current and reference DiffusionPolicy) so
-    the `trace` estimator can replay it without the trainer knowing about traces."""
-
-    def __init__(self, model, *, policies=(), **settings):
-        self.model, self.policies, self.settings = model, list(policies), settings
-
-    def __call__(self, prompt_ids, prompt_mask, seeds) -> Rollouts:
-        out = generate_diffusion(self.model, prompt_ids, prompt_mask, seeds, **self.settings)
-        for policy in self.policies:
-            policy.record_traces(out)
-        return out
-
-
-__all__ = ["REMASKING", "DiffusionSampler", "generate_diffusion", "transfer_schedule"]
+__all__ = ["REMASKING", "generate_diffusion", "transfer_schedule"]

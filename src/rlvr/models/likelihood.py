@@ -353,8 +353,8 @@ def trace(ctx: Corruptor, *, trace: torch.Tensor | None = None, shrink: int = 1,
     y_k), the state being the completion with every token of that or a later step masked.
     Replays the real state: post-EOS tokens are kept as the sampler saw them."""
     if trace is None:
-        raise ValueError("trace estimator: no trace for these rows; sample with DiffusionSampler(policies=[policy]) "
-                         "or pass trace= to token_logprobs")
+        raise ValueError("trace estimator: no trace for these rows; pass the sampler's Rollouts.trace "
+                         "(TrainBatch.trace, or trace= to token_logprobs)")
     merged = trace // shrink
     values = torch.zeros(ctx.valid.shape)
     ent = torch.zeros(ctx.valid.shape) if with_entropy else None

@@ -81,21 +81,29 @@ class CausalPolicy:
         self.fast = fast
         self.kernels = kernels  # "cpp": the fast path's layers run as C++ calls forward and backward
         self._module = None
+        self.forwards = 0  # module forwards (the fused fast path bypasses the module and is not counted)
+        model.register_forward_hook(self._count_forward)
+
+    def _count_forward(self, module, args, output) -> None:
+        self.forwards += 1
 
     def parameters(self):
         return self.model.parameters()
 
-    def set_mask_seed(self, seed: int) -> None:
-        """Exact log-probs draw no masks; present so every PolicyModel has the same surface."""
+    def begin_step(self, seed: int) -> None:
+        """Exact log-probs draw no random masks: nothing to seed."""
+
+    def batch_logprobs(self, batch, *, with_entropy: bool = False):
+        """`token_logprobs` of a `TrainBatch` (the PolicyModel seam)."""
+        return self.token_logprobs(batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                   with_entropy=with_entropy, completion_mask=batch.completion_mask)
 
     def token_logprobs(self, prompt_ids, prompt_mask, completion_ids, *, with_entropy: bool = False,
-                       completion_mask=None, **_estimator_inputs):
+                       completion_mask=None):
         """Log-probs (B, Tc) of `completion_ids` given the prompts, and entropy (B, Tc) or None.
 
         `completion_mask` (B, Tc), optional: positions after a row's last 1 are not computed
         (their log-prob and entropy are 0), which skips the padding of short completions.
-        `_estimator_inputs` (e.g. `advantages=`) feed estimators of other policies; exact
-        log-probs need none of them.
         """
         if self.fast and completion_ids.shape[1] and llama_fast.supports(self.model):
             return self._fast_logprobs(prompt_ids, prompt_mask, completion_ids, with_entropy, completion_mask)

@@ -22,26 +22,13 @@ import os
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 from rlvr.errors import ConfigError
+from rlvr.protocols import Tracker
 from rlvr.tracking.run_dir import RunDir, atomic_write_text
 from rlvr.tracking.runs import flatten
 
 STATE_FILE = "trackers.json"
-
-
-@runtime_checkable
-class Tracker(Protocol):
-    """Receives each step's metrics. `metrics` maps `area/name` to a float; `step` is the x-axis."""
-
-    name: str
-
-    def log_config(self, config: Mapping) -> None: ...
-
-    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def _scalars(metrics: Mapping) -> dict[str, float]:

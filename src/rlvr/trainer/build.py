@@ -21,6 +21,7 @@ from rlvr.models.diffusion_lm import load_diffusion_lm
 from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.models.likelihood import get_estimator
 from rlvr.models.policy import CausalPolicy
+from rlvr.protocols import RolloutEngine
 from rlvr.engines.torch_ar import generate
 from rlvr.engines.torch_diffusion import generate_diffusion
 from rlvr.rewards.runner import RewardRunner, load_reward_fn
@@ -64,7 +65,7 @@ def build_policy(config: Config, model):
                            **{k: v for k, v in options.items() if v is not None})
 
 
-def build_engine(config: Config, model, tokenizer, policies=()):
+def build_engine(config: Config, model, tokenizer) -> RolloutEngine:
     """The rollout engine: `engine(prompt_ids, prompt_mask, seeds, *, temperature) -> Rollouts`."""
     r = config.rollout
     if config.model.kind != "diffusion":
@@ -74,14 +75,7 @@ def build_engine(config: Config, model, tokenizer, policies=()):
                     block_length=r.block_length or None, remasking=r.remasking, threshold=r.threshold,
                     suppress_eos=r.suppress_eos, mask_id=tokenizer.mask_token_id, eos_id=tokenizer.eos_token_id,
                     window=r.window)
-
-    def engine(prompt_ids, prompt_mask, seeds, *, temperature):
-        out = generate_diffusion(model, prompt_ids, prompt_mask, seeds, temperature=temperature, **settings)
-        for policy in policies:  # the `trace` estimator replays the sampler's commit order
-            policy.record_traces(out)
-        return out
-
-    return engine
+    return functools.partial(generate_diffusion, model, **settings)
 
 
 def _task_keywords(cls) -> set[str]:

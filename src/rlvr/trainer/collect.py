@@ -29,6 +29,7 @@ class Collected:
     rewards: torch.Tensor      # (B,) task reward, NaN = not scorable
     correct: torch.Tensor      # (B,) 1.0 where the verifier says correct
     metrics: dict[str, float]
+    baseline_rewards: torch.Tensor | None = None  # (P,) reward of each prompt's greedy completion (ReMax)
 
 
 def sample_seeds(seed: int, step: int, count: int, offset: int = 0) -> torch.Tensor:
@@ -76,8 +77,25 @@ def _one_round(c, step: int, round_index: int) -> Collected:
     return Collected(group, rollouts, texts, rewards, correct, {f"reward/{k}": v for k, v in metrics.items()})
 
 
+def greedy_baseline(c, group: list[Example]) -> torch.Tensor:
+    """ReMax's baseline: (P,) rewards of one greedy completion per prompt of `group` (G rows each)."""
+    examples = group[::c.config.rollout.group_size]
+    ids, mask = encode_prompts(c.tokenizer, [ex.prompt for ex in examples])
+    out = c.engine(ids, mask, torch.zeros(len(examples), dtype=torch.long), temperature=0.0)
+    rewards, _, _ = score(c.reward, c.task, examples, decode_completions(c.tokenizer, out))
+    return rewards
+
+
 def collect(c, step: int) -> Collected:
-    """Roll out and score one step's batch (several rounds under dynamic sampling)."""
+    """Roll out and score one step's batch (several rounds under dynamic sampling), and the greedy
+    baseline when the advantage estimator needs one (`remax`)."""
+    got = _collect_rounds(c, step)
+    if c.config.algo.advantage == "remax":
+        got.baseline_rewards = greedy_baseline(c, got.group)
+    return got
+
+
+def _collect_rounds(c, step: int) -> Collected:
     r, a = c.config.rollout, c.config.algo
     first = _one_round(c, step, 0)
     if not a.dynamic_sampling:

@@ -57,8 +57,6 @@ def _causal_sft(model, tokenizer, task, config: Config, echo) -> None:
 
 def sft(config: Config, out_dir: str | Path, *, echo=print) -> dict:
     """Train from `config.model` on task solutions; save a HF directory to `out_dir` atomically."""
-    if config.trainer.threads:
-        torch.set_num_threads(config.trainer.threads)
     torch.manual_seed(config.seed)
     model, tokenizer = build.build_model(config)
     task = build.build_task(config, tokenizer)

@@ -31,8 +31,7 @@ class LossSpec:
 
 def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: float, num_seqs: float):
     """This micro-batch's share of the step loss, and its per-token metric sums (masked)."""
-    logp, entropy = policy.token_logprobs(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, with_entropy=True,
-                                          advantages=mb.advantages, completion_mask=mb.completion_mask)
+    logp, entropy = policy.batch_logprobs(mb, with_entropy=True)
     old = logp.detach() if mb.old_logp is None else mb.old_logp
     mask = mb.completion_mask
     loss_tok, tok_metrics = call_with_hparams(spec.objective, logp, old, mb.advantages, mask, hparams=spec.hparams)

@@ -6,12 +6,12 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import random
 import resource
-from dataclasses import dataclass
+from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
@@ -22,111 +22,35 @@ from rlvr.algos.correction import importance_correction
 from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.shaping import overlong_penalty
 from rlvr.config import Config, derived_batch_numbers, dump_yaml, to_dict
-from rlvr.models.value import ValueModel
 from rlvr.tracking.progress import Progress
 from rlvr.tracking.run_dir import RunDir, finish_manifest, manifest, now, recorded_exit
 from rlvr.tracking.tracker import make_trackers
-from rlvr.trainer import build
-from rlvr.trainer.allocator import keep_freed_memory
 from rlvr.trainer.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
-from rlvr.codec import decode_completions, encode_prompts
 from rlvr.trainer.evaluate import greedy_accuracy, sampled_scores
-from rlvr.trainer.collect import collect, sample_seeds, score
+from rlvr.trainer.collect import collect, sample_seeds
+from rlvr.trainer.components import Components, build_components
 from rlvr.trainer.critic import critic_step, critic_values
-from rlvr.trainer.rows import RowPool, configure_threads, resolve_mode, split_engine
-from rlvr.trainer.selection import PosteriorSelector, build_selector
+from rlvr.trainer.rows import RowPool
 from rlvr.batch import TrainBatch
-from rlvr.trainer.step import LossSpec, optimizer_step
+from rlvr.protocols import PolicyModel
+from rlvr.runtime import Runtime
+from rlvr.trainer.step import optimizer_step
 
 CORRECTION_KEYS = ("correction_level", "correction_mode", "correction_cap")
 
 TRAIN_PROBE_SEED = 20_240_601  # fixed training-distribution probe for the memorisation check
 
 
-@dataclass
-class Components:
-    config: Config
-    model: torch.nn.Module
-    tokenizer: object
-    policy: object  # PolicyModel: token_logprobs(...) and set_mask_seed(...)
-    reference: object | None
-    task: object
-    optimizer: torch.optim.Optimizer
-    scheduler: object
-    loss: LossSpec
-    advantage: object
-    rng: random.Random
-    reward: object = None
-    engine: object = None
-    critic: ValueModel | None = None
-    critic_optimizer: torch.optim.Optimizer | None = None
-    selector: PosteriorSelector | None = None  # prompt selection; None = uniform draws
-    rows: RowPool | None = None  # trainer.thread_mode=rows: batches split over worker threads
-    heap_kept: bool = False  # glibc keeps freed memory mapped (trainer/allocator.py)
-
-
-def build_components(config: Config) -> Components:
-    """Everything a run needs, built from the config (applies its thread and allocator settings
-    to this process)."""
-    rows = configure_threads(config.trainer.threads, resolve_mode(config.trainer.thread_mode, config.model.kind))
-    heap_kept = keep_freed_memory()
-    model, tokenizer = build.build_model(config)
-    o, a = config.optim, config.algo
-    total = config.trainer.steps * config.trainer.minibatches * config.trainer.ppo_epochs  # optimizer steps
-    optimizer, scheduler = build.build_optimizer(model.parameters(), lr=o.lr, warmup_steps=o.warmup_steps,
-                                                 weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
-                                                 total_steps=total, schedule=o.schedule, min_lr_ratio=o.min_lr_ratio)
-    policy = build.build_policy(config, model)
-    reference = None
-    if a.kl_coef > 0:
-        reference = build.build_policy(config, copy.deepcopy(model).requires_grad_(False))
-    critic = critic_optimizer = None
-    if a.advantage == "gae":
-        critic = ValueModel(model)
-        critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=a.critic_lr, betas=(o.beta1, o.beta2))
-    task = build.build_task(config, tokenizer)
-    engine = build.build_engine(config, model, tokenizer, [p for p in (policy, reference) if p is not None])
-    if rows is not None:
-        engine = split_engine(engine, rows, tokenizer.pad_token_id, model)
-    model.register_forward_hook(_count_forward)
-    return Components(
-        config=config, model=model, tokenizer=tokenizer, policy=policy, reference=reference, engine=engine,
-        task=task, reward=build.build_reward(config, task), optimizer=optimizer, scheduler=scheduler,
-        loss=build.build_loss(config), advantage=build.build_advantage(config), rng=random.Random(config.seed),
-        critic=critic, critic_optimizer=critic_optimizer, selector=build_selector(config.rollout, config.seed),
-        rows=rows, heap_kept=heap_kept,
-    )
-
-
-_FORWARDS = [0]
-
-
-def _count_forward(module, args, output) -> None:
-    """Forward hook on the policy model: counts module forwards (the cost unit of dLLM estimators)."""
-    _FORWARDS[0] += 1
-
-
 @torch.no_grad()
-def _logprobs(policy, batch: TrainBatch, micro_batch_size: int, rows: RowPool | None = None) -> torch.Tensor:
+def _logprobs(policy: PolicyModel, batch: TrainBatch, micro_batch_size: int, rows: RowPool | None = None) -> torch.Tensor:
     def logp(mb: TrainBatch) -> torch.Tensor:
-        return policy.token_logprobs(mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
-                                     advantages=mb.advantages, completion_mask=mb.completion_mask)[0]
+        return policy.batch_logprobs(mb)[0]
 
     parts = []
     for i in range(0, len(batch), micro_batch_size):
         mb = batch.select(slice(i, i + micro_batch_size))
         parts.extend([logp(mb)] if rows is None else rows.map(lambda part, mb=mb: logp(mb.select(part)), len(mb)))
     return torch.cat(parts) * batch.completion_mask
-
-
-def _greedy_baseline(c: Components, group: list) -> torch.Tensor:
-    """ReMax: (P,) rewards of one greedy completion per prompt."""
-    g = c.config.rollout.group_size
-    examples = group[::g]
-    ids, mask = encode_prompts(c.tokenizer, [ex.prompt for ex in examples])
-    out = c.engine(ids, mask, torch.zeros(len(examples), dtype=torch.long), temperature=0.0)
-    rewards, _, _ = score(c.reward, c.task, examples, decode_completions(c.tokenizer, out))
-    return rewards
 
 
 def _shaped_rewards(c: Components, rewards: torch.Tensor, batch: TrainBatch, lengths: torch.Tensor):
@@ -156,16 +80,16 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
     got = collect(c, step)
     rollouts, rewards = got.rollouts, got.rewards
     timings["rollout"], t0 = now() - t0, now()
-    forwards_before = _FORWARDS[0]
+    forwards_before = c.policy.forwards
 
     mask = rollouts.completion_mask
     if a.overlong_filter:  # DAPO: a truncated completion has no verdict on its ending; drop it from the loss
         mask = mask * (~rollouts.truncated)[:, None].float()
     batch = TrainBatch(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, mask,
-                       advantages=torch.zeros_like(mask), rollout_logp=rollouts.logprobs)
-    for policy in (c.policy, c.reference):  # common random numbers: one mask seed per step, shared
+                       advantages=torch.zeros_like(mask), rollout_logp=rollouts.logprobs, trace=rollouts.trace)
+    for policy in (c.policy, c.reference):  # common random numbers: one step seed, shared
         if policy is not None:
-            policy.set_mask_seed(int(sample_seeds(cfg.seed, step, 1)[0]))
+            policy.begin_step(int(sample_seeds(cfg.seed, step, 1)[0]))
     on_policy = t.ppo_epochs == 1 and t.minibatches == 1 and not a.rollout_correction
     if not on_policy:
         batch.old_logp = _logprobs(c.policy, batch, t.micro_batch_size, c.rows)
@@ -177,7 +101,7 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
     old_values = critic_values(c.critic, batch, t.micro_batch_size) if c.critic is not None else None
     inputs = AdvantageInputs(rewards=_shaped_rewards(c, rewards, batch, rollouts.lengths), group_size=r.group_size,
                              response_mask=mask, values=old_values,
-                             baseline_rewards=_greedy_baseline(c, got.group) if a.advantage == "remax" else None)
+                             baseline_rewards=got.baseline_rewards)
     batch.advantages, adv_metrics = call_with_hparams(c.advantage, inputs, hparams=c.loss.hparams)
     returns = call_with_hparams(gae_returns, inputs, hparams=c.loss.hparams) if c.critic is not None else None
     timings["logprob"], t0 = now() - t0, now()
@@ -198,13 +122,13 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
                                         rows=c.rows))
             updates.append(m)
     timings["update"] = now() - t0
-    forwards = _FORWARDS[0] - forwards_before
+    forwards = c.policy.forwards - forwards_before
 
     metrics = _step_metrics(rewards, got.correct, rollouts, r.group_size, timings, batch)
     metrics.update(got.metrics)
     if c.selector is not None:
         metrics.update(c.selector.metrics())
-    if forwards:  # module forwards (dLLM estimators); the fused causal fast path bypasses the hook
+    if forwards:  # module forwards (dLLM estimators); the fused causal fast path bypasses the module
         metrics["perf/forwards_per_update"] = forwards / max(sum(1 for m in updates if "actor/grad_norm" in m), 1)
     metrics["perf/peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     metrics.update({f"adv/{k}": v for k, v in adv_metrics.items()})
@@ -264,7 +188,7 @@ def evaluate(c: Components, probe) -> dict[str, float]:
     return {**metrics, "time/eval_s": now() - t0}
 
 
-def _checkpoint(c: Components, run: RunDir, step: int) -> None:
+def _checkpoint(c: Components, run: RunDir, step: int) -> Path:
     state = {"optimizer": c.optimizer.state_dict(), "scheduler": c.scheduler.state_dict(),
              "rng": rng_state(), "task_rng": c.rng.getstate(), "kl_coef": c.loss.kl_coef}
     if c.critic is not None:
@@ -272,7 +196,7 @@ def _checkpoint(c: Components, run: RunDir, step: int) -> None:
         state["critic_optimizer"] = c.critic_optimizer.state_dict()
     if c.selector is not None:
         state["selector"] = c.selector.state_dict()
-    save_checkpoint(run.checkpoints, step, c.model, c.tokenizer, state, keep_last=c.config.trainer.keep_last)
+    return save_checkpoint(run.checkpoints, step, c.model, c.tokenizer, state, keep_last=c.config.trainer.keep_last)
 
 
 def _resume(c: Components, run: RunDir) -> int:
@@ -309,15 +233,21 @@ def _start_run(config: Config, run: RunDir, command: list[str], start: int) -> N
     run.write_json("run.json", {**info, "status": "running"})
 
 
-def train(config: Config, run: RunDir, *, command: list[str], resume: bool = False, echo=print) -> dict:
-    """Run (or resume) the RL loop in `run`. Returns the final metrics line."""
+def train(config: Config, run: RunDir, *, command: list[str], resume: bool = False, echo=print,
+          runtime: Runtime | None = None, callbacks: Sequence = (), **objects) -> dict:
+    """Run (or resume) the RL loop in `run`. Returns the final metrics line.
+
+    `runtime`: what `rlvr.runtime.configure_process` set up (None = this process as it is).
+    `callbacks`: objects with any of `on_step_end`, `on_evaluate`, `on_checkpoint` (see
+    `rlvr.protocols.Callback`). `objects`: `model`/`tokenizer`, `task`, `reward` passed to
+    `build_components` instead of the ones the config names."""
     torch.manual_seed(config.seed)
-    c = build_components(config)
+    c = build_components(config, runtime=runtime, **objects)
     run.create()
     start = _resume(c, run) if resume else 0
     _start_run(config, run, command, start)
     with recorded_exit(run):
-        line = _loop(c, run, start, echo)
+        line = _loop(c, run, start, echo, list(callbacks))
     finish_manifest(run, "finished", exit_status=0, final=line, runtime=_runtime_facts(c))
     return line
 
@@ -336,7 +266,13 @@ def _runtime_facts(c: Components) -> dict:
             "decode_engine_fallbacks": _decode_cpp.fallbacks()}
 
 
-def _loop(c: Components, run: RunDir, start: int, echo) -> dict:
+def _notify(callbacks: list, hook: str, *args) -> bool:
+    """Call `hook(*args)` on every callback that defines it; False if any asks to stop."""
+    results = [getattr(cb, hook)(*args) for cb in callbacks if hasattr(cb, hook)]
+    return all(result is not False for result in results)
+
+
+def _loop(c: Components, run: RunDir, start: int, echo, callbacks: list) -> dict:
     config, t = c.config, c.config.trainer
     names = [n.strip() for n in t.trackers.split(",") if n.strip()]
     trackers = make_trackers(names, run.path, resume_step=start if start else None)
@@ -359,7 +295,8 @@ def _loop(c: Components, run: RunDir, start: int, echo) -> dict:
     line = {}
     for step in range(start + 1, t.steps + 1):
         metrics, samples = rl_step(c, step)
-        if step == t.steps or (t.eval_every and step % t.eval_every == 0):
+        evaluated = step == t.steps or (t.eval_every and step % t.eval_every == 0)
+        if evaluated:
             metrics.update(evaluate(c, probe))
         if not all(math.isfinite(metrics.get(k, 0.0)) for k in ("loss/policy", "actor/grad_norm")):
             raise FloatingPointError(f"non-finite loss at step {step}; lower optim.lr or raise algo.adv_eps")
@@ -369,8 +306,14 @@ def _loop(c: Components, run: RunDir, start: int, echo) -> dict:
             run.append(run.samples_file, record)
         progress.update(step, metrics)
         line = {"step": step, **metrics}
-        if step == t.steps or (t.save_every and step % t.save_every == 0):
-            _checkpoint(c, run, step)
+        go_on = _notify(callbacks, "on_step_end", step, metrics)
+        if evaluated:
+            go_on = _notify(callbacks, "on_evaluate", step, {k: v for k, v in metrics.items() if k.startswith("eval/")}) and go_on
+        if step == t.steps or not go_on or (t.save_every and step % t.save_every == 0):
+            go_on = _notify(callbacks, "on_checkpoint", step, _checkpoint(c, run, step)) and go_on
+        if not go_on:
+            echo(f"stopped by a callback after step {step}")
+            break
     progress.close()
     for tracker in trackers:
         tracker.close()

@@ -1,0 +1,109 @@
+"""The seams of the loop, as `typing.Protocol`s: what each stage must offer the next.
+
+    Task --Example--> RolloutEngine --Rollouts--> RewardFn --rewards--> advantage --> update step
+                            ^ weights (PolicyModel's model)                 TrainBatch --> PolicyModel
+
+Any object with these methods plugs in (no base class to subclass). The trainer never branches
+on the model type: a causal LM and a masked-diffusion LM differ only behind `PolicyModel` (exact
+log-probs vs a named likelihood estimator) and `RolloutEngine` (KV-cache sampler vs denoising
+sampler).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # torch stays out of this module's import, so tasks and rewards can name the seams
+    import torch
+
+    from rlvr.batch import Rollouts, TrainBatch
+    from rlvr.types import Example
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A source of prompts with a verifier: procedural generators or files."""
+
+    def sample(self, n: int, rng: random.Random) -> list[Example]:
+        """`n` training examples drawn with `rng` (the run's seeded generator)."""
+
+    def heldout(self) -> list[Example]:
+        """The fixed evaluation set, disjoint from training."""
+
+    def reward(self, prompt: str, completion: str, **example: Any) -> float | dict | None:
+        """The verifier's score of one completion (see `RewardFn`)."""
+
+    def is_correct(self, completion: str, example: Example) -> bool:
+        """Whether `completion` solves `example` (accuracy metrics; may differ from reward > 0)."""
+
+
+@runtime_checkable
+class RewardFn(Protocol):
+    """`fn(prompt, completion, **example) -> float | dict | None`: every field of the example
+    (dataset column) arrives as a keyword. A dict holds `"reward"` and extra numeric metrics;
+    `None` means not scorable. Batched (`fn.batched = True`) and async forms are accepted by
+    `rlvr.rewards.runner.RewardRunner`."""
+
+    def __call__(self, prompt: str, completion: str, **example: Any) -> float | dict | None: ...
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Turns B prompt rows into B completions: token ids in and out, behaviour log-probs per token.
+
+    `seeds` (B,) long: one seed per row, so a row's completion does not depend on its batch
+    neighbours. `temperature` 0 is greedy; a (B,) tensor gives each row its own."""
+
+    def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, *,
+                 temperature: float | torch.Tensor) -> Rollouts: ...
+
+
+@runtime_checkable
+class PolicyModel(Protocol):
+    """Answers one question: the log-probabilities of given completion tokens under the current
+    weights, (B, Tc), plus the entropy when asked.
+
+    Causal LMs return exact per-token log-probs; masked-diffusion LMs a named likelihood
+    estimator's values. Estimator inputs (advantages, the sampler's trace) are read from the
+    batch, so the trainer passes the same `TrainBatch` to every policy."""
+
+    forwards: int
+    """Model forwards this policy has run (a cost measure; fused paths that bypass the module
+    forward do not count)."""
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]: ...
+
+    def begin_step(self, seed: int) -> None:
+        """Called once per step before any log-prob of that step, with the step's seed: estimators
+        that draw masks use it for common random numbers across old, reference and current
+        policy; exact log-probs ignore it."""
+
+    def batch_logprobs(self, batch: TrainBatch, *,
+                       with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log-probs (B, Tc), entropy (B, Tc) or None) of `batch.completion_ids`."""
+
+
+@runtime_checkable
+class Tracker(Protocol):
+    """A metric sink beside `metrics.jsonl`. `metrics` maps `area/name` to a float; `step` is the x-axis."""
+
+    name: str
+
+    def log_config(self, config: Mapping) -> None: ...
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Callback(Protocol):
+    """Hooks into a training run (all optional: define the ones you need).
+
+    `on_step_end(step, metrics)` after each step's metrics are logged; `on_evaluate(step, metrics)`
+    after each held-out evaluation; `on_checkpoint(step, path)` after a checkpoint is written.
+    Any hook returning `False` stops the run cleanly after the current step (the final
+    checkpoint is still written)."""
+

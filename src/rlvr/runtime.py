@@ -1,0 +1,35 @@
+"""Process-wide settings a run needs, applied by one explicit call (the CLI and the API make it).
+
+`configure_process(threads=..., thread_mode=..., model_kind=...)` sets torch's intra-op thread
+count, starts the row pool when batches are split over worker threads, and keeps freed memory
+in glibc's heap. Nothing else in rlvr changes process state, so building components or calling
+the math in a notebook never changes the caller's threads or allocator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlvr.trainer.allocator import keep_freed_memory
+from rlvr.trainer.rows import RowPool, configure_threads, resolve_mode
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What `configure_process` set up: the row pool (None = torch's own intra-op threads) and
+    whether glibc keeps freed memory mapped."""
+
+    rows: RowPool | None = None
+    heap_kept: bool = False
+
+
+def configure_process(*, threads: int, thread_mode: str, model_kind: str) -> Runtime:
+    """Apply `trainer.threads` / `trainer.thread_mode` and the allocator setting to this process."""
+    rows = configure_threads(threads, resolve_mode(thread_mode, model_kind))
+    return Runtime(rows=rows, heap_kept=keep_freed_memory())
+
+
+def configure_for(config) -> Runtime:
+    """`configure_process` from a `Config`'s trainer and model sections."""
+    return configure_process(threads=config.trainer.threads, thread_mode=config.trainer.thread_mode,
+                             model_kind=config.model.kind)

@@ -1,0 +1,80 @@
+"""Everything a run needs, built once from the config: the model and its policy, the rollout
+engine, the task and its verifier, the loss, the optimizer and the run's RNG.
+
+`build_components(config)` reads the config; the keyword arguments let the Python API pass
+objects instead (a model and tokenizer in memory, a task built from a dataset, reward callables).
+Process-wide settings are not applied here: `rlvr.runtime.configure_process` does that, and its
+`Runtime` is passed in.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.config import Config
+from rlvr.models.value import ValueModel
+from rlvr.protocols import PolicyModel, RolloutEngine, Task
+from rlvr.rewards.runner import RewardRunner
+from rlvr.runtime import Runtime
+from rlvr.trainer import build
+from rlvr.trainer.rows import RowPool, split_engine
+from rlvr.trainer.selection import PosteriorSelector, build_selector
+from rlvr.trainer.step import LossSpec
+
+
+@dataclass
+class Components:
+    config: Config
+    model: torch.nn.Module
+    tokenizer: object  # a `transformers` tokenizer (pad, eos and, for diffusion models, mask ids set)
+    policy: PolicyModel
+    reference: PolicyModel | None  # frozen initial policy, when a KL term is on
+    task: Task
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loss: LossSpec
+    advantage: object  # a bound advantage estimator: (AdvantageInputs) -> (advantages (B, T), metrics)
+    rng: random.Random
+    reward: RewardRunner
+    engine: RolloutEngine
+    critic: ValueModel | None = None
+    critic_optimizer: torch.optim.Optimizer | None = None
+    selector: PosteriorSelector | None = None  # prompt selection; None = uniform draws
+    rows: RowPool | None = None  # trainer.thread_mode=rows: batches split over worker threads
+    heap_kept: bool = False  # glibc keeps freed memory mapped (trainer/allocator.py)
+
+
+def build_components(config: Config, *, runtime: Runtime | None = None, model: torch.nn.Module | None = None,
+                     tokenizer=None, task: Task | None = None, reward: RewardRunner | None = None) -> Components:
+    """Build a run's components from `config`; any of `model` (with `tokenizer`), `task` and
+    `reward` given here is used instead of the one the config names."""
+    runtime = runtime or Runtime()
+    if model is None:
+        model, tokenizer = build.build_model(config)
+    o, a = config.optim, config.algo
+    total = config.trainer.steps * config.trainer.minibatches * config.trainer.ppo_epochs  # optimizer steps
+    optimizer, scheduler = build.build_optimizer(model.parameters(), lr=o.lr, warmup_steps=o.warmup_steps,
+                                                 weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
+                                                 total_steps=total, schedule=o.schedule, min_lr_ratio=o.min_lr_ratio)
+    frozen = copy.deepcopy(model).requires_grad_(False) if a.kl_coef > 0 else None  # before a policy hooks `model`
+    policy = build.build_policy(config, model)
+    reference = build.build_policy(config, frozen) if frozen is not None else None
+    critic = critic_optimizer = None
+    if a.advantage == "gae":
+        critic = ValueModel(model)
+        critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=a.critic_lr, betas=(o.beta1, o.beta2))
+    task = task if task is not None else build.build_task(config, tokenizer)
+    engine = build.build_engine(config, model, tokenizer)
+    if runtime.rows is not None:
+        engine = split_engine(engine, runtime.rows, tokenizer.pad_token_id, model)
+    return Components(
+        config=config, model=model, tokenizer=tokenizer, policy=policy, reference=reference, engine=engine,
+        task=task, reward=reward if reward is not None else build.build_reward(config, task), optimizer=optimizer,
+        scheduler=scheduler, loss=build.build_loss(config), advantage=build.build_advantage(config),
+        rng=random.Random(config.seed), critic=critic, critic_optimizer=critic_optimizer,
+        selector=build_selector(config.rollout, config.seed), rows=runtime.rows, heap_kept=runtime.heap_kept,
+    )
