@@ -50,7 +50,7 @@ from rlvr.config import load_config  # noqa: E402
 from rlvr.models.causal_lm import load_causal_lm  # noqa: E402
 from rlvr.engines.torch_ar import generate  # noqa: E402
 from rlvr.codec import decode_completions, encode_prompts  # noqa: E402
-from rlvr.runtime import configure_for  # noqa: E402
+from rlvr.trainer.runtime import configure_for  # noqa: E402
 from rlvr.trainer.components import build_components  # noqa: E402
 from rlvr.trainer.sync import rl_step  # noqa: E402
 

@@ -27,7 +27,7 @@ def _run_dir(config, recipe: str | None, resume: str | None) -> Path:
 
 def cmd_train(args) -> int:
     from rlvr.config import load_config
-    from rlvr.runtime import configure_for
+    from rlvr.trainer.runtime import configure_for
     from rlvr.tracking.run_dir import RunDir
     from rlvr.trainer.sync import train
 
@@ -48,7 +48,7 @@ def cmd_train(args) -> int:
 
 def cmd_sft(args) -> int:
     from rlvr.config import load_config
-    from rlvr.runtime import configure_process
+    from rlvr.trainer.runtime import configure_process
     from rlvr.trainer.sft import sft
 
     recipe, overrides = _split(args.args)

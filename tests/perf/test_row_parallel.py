@@ -22,7 +22,7 @@ from rlvr.models.policy import CausalPolicy
 from rlvr.engines.torch_ar import generate
 from rlvr.trainer import sync
 from rlvr.codec import encode_prompts
-from rlvr.runtime import configure_for
+from rlvr.trainer.runtime import configure_for
 from rlvr.trainer.components import build_components
 from rlvr.trainer.rows import RowPool, configure_threads, resolve_mode, split_engine
 from rlvr.trainer.step import LossSpec, optimizer_step

@@ -3,7 +3,7 @@ engine, the task and its verifier, the loss, the optimizer and the run's RNG.
 
 `build_components(config)` reads the config; the keyword arguments let the Python API pass
 objects instead (a model and tokenizer in memory, a task built from a dataset, reward callables).
-Process-wide settings are not applied here: `rlvr.runtime.configure_process` does that, and its
+Process-wide settings are not applied here: `rlvr.trainer.runtime.configure_process` does that, and its
 `Runtime` is passed in.
 """
 
@@ -19,7 +19,7 @@ from rlvr.config import Config
 from rlvr.models.value import ValueModel
 from rlvr.protocols import PolicyModel, RolloutEngine, Task
 from rlvr.rewards.runner import RewardRunner
-from rlvr.runtime import Runtime
+from rlvr.trainer.runtime import Runtime
 from rlvr.trainer import build
 from rlvr.trainer.rows import RowPool, split_engine
 from rlvr.trainer.selection import PosteriorSelector, build_selector

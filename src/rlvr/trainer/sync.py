@@ -33,7 +33,7 @@ from rlvr.trainer.critic import critic_step, critic_values
 from rlvr.trainer.rows import RowPool
 from rlvr.batch import TrainBatch
 from rlvr.protocols import PolicyModel
-from rlvr.runtime import Runtime
+from rlvr.trainer.runtime import Runtime
 from rlvr.trainer.step import optimizer_step
 
 CORRECTION_KEYS = ("correction_level", "correction_mode", "correction_cap")
@@ -237,7 +237,7 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
           runtime: Runtime | None = None, callbacks: Sequence = (), **objects) -> dict:
     """Run (or resume) the RL loop in `run`. Returns the final metrics line.
 
-    `runtime`: what `rlvr.runtime.configure_process` set up (None = this process as it is).
+    `runtime`: what `rlvr.trainer.runtime.configure_process` set up (None = this process as it is).
     `callbacks`: objects with any of `on_step_end`, `on_evaluate`, `on_checkpoint` (see
     `rlvr.protocols.Callback`). `objects`: `model`/`tokenizer`, `task`, `reward` passed to
     `build_components` instead of the ones the config names."""

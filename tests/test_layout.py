@@ -1,0 +1,133 @@
+"""The package's shape: one meaning per folder, imports that point one way, small files.
+
+Folders depend on each other in one direction (base types <- algos <- models <- engines <-
+trainer <- api/cli); the rules below are the ones a reader relies on: the math imports only
+torch, rewards and tasks never import torch or the trainer, and optional extras are imported
+lazily in the one module that needs them.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "rlvr"
+MAX_LINES = 500
+OPTIONAL_EXTRAS = ("wandb", "tensorboard", "mlflow", "datasets", "pyarrow", "peft", "vllm", "ray", "trl")
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every Python file of the package."""
+    out = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(imported module, at module level?) for every import statement of `path`."""
+    tree = ast.parse(path.read_text())
+    top_level = {id(node) for node in tree.body}
+    guarded = {id(n) for node in tree.body if isinstance(node, ast.If) for n in ast.walk(node)}  # TYPE_CHECKING
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        at_top = id(node) in top_level and id(node) not in guarded
+        found.extend((name, at_top) for name in names)
+    return found
+
+
+def _unit(module: str) -> str:
+    """The folder (or top-level module) a module belongs to: rlvr.trainer.sync -> trainer."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "rlvr"
+
+
+def _unit_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in modules.items():
+        for name, _ in _imports(path):
+            if name.startswith("rlvr.") and name in modules and _unit(name) != _unit(module):
+                graph[_unit(module)].add(_unit(name))
+    return graph
+
+
+def test_no_import_cycle_between_folders():
+    graph = _unit_graph()
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        if state.get(node) == 1:
+            raise AssertionError(f"import cycle: {' -> '.join(trail[trail.index(node):] + [node])}")
+        if state.get(node) == 2:
+            return
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, trail + [node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        visit(node, [])
+
+
+@pytest.mark.parametrize("folder, forbidden", [
+    ("models", {"engines", "trainer", "tracking", "cli", "api"}),
+    ("kernels", {"models", "engines", "trainer", "tracking", "cli", "api"}),
+    ("engines", {"trainer", "tracking", "cli", "api"}),
+    ("rewards", {"trainer", "models", "engines", "algos", "kernels"}),
+    ("tasks", {"trainer", "models", "engines", "algos", "kernels"}),
+    ("algos", {"trainer", "models", "engines", "rewards", "tasks", "tracking", "kernels"}),
+])
+def test_folder_does_not_import(folder, forbidden):
+    assert not (_unit_graph().get(folder, set()) & forbidden), f"{folder} imports {_unit_graph()[folder] & forbidden}"
+
+
+def test_algos_import_only_torch_and_the_standard_library():
+    for module, path in _modules().items():
+        if _unit(module) != "algos":
+            continue
+        for name, _ in _imports(path):
+            top = name.split(".")[0]
+            assert top in sys.stdlib_module_names or top == "torch" or name.startswith("rlvr.algos"), (module, name)
+
+
+def test_rewards_and_tasks_never_load_torch_or_the_trainer():
+    """Checked on the real import, transitively: a verifier worker stays light."""
+    code = ("import sys, rlvr.rewards, rlvr.tasks, rlvr.protocols, rlvr.types; "
+            "print(sorted(m for m in ('torch', 'transformers', 'rlvr.trainer', 'rlvr.models') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_importing_rlvr_is_cheap():
+    code = "import sys, rlvr; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_optional_extras_are_imported_lazily_in_one_module_each():
+    users: dict[str, set[str]] = defaultdict(set)
+    for module, path in _modules().items():
+        for name, at_top in _imports(path):
+            top = name.split(".")[0]
+            extra = top if top in OPTIONAL_EXTRAS else ("tensorboard" if name.startswith("torch.utils.tensorboard") else None)
+            if extra:
+                assert not at_top, f"{module} imports the optional extra {name} at module level"
+                users[extra].add(module)
+    assert all(len(mods) == 1 for mods in users.values()), dict(users)
+
+
+def test_no_source_file_is_over_the_size_limit():
+    long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"files over {MAX_LINES} lines: {long}"
