@@ -255,17 +255,41 @@ def _stdio_verdict(run: RunResult, expected: str) -> Verdict:
     return run.verdict
 
 
+def _parse_record(line: str, nonce: str, count: int) -> dict | None:
+    """One tagged result line as a record, or None when it is malformed in any way.
+
+    The line comes from the sandbox, so it is hostile input: JSON nested past the recursion
+    limit, numbers that overflow, an index out of range or fields of the wrong type must fail
+    that sample's tests, never raise in the grader (which would stop the training run)."""
+    try:
+        record = json.loads(line[len(nonce):])
+    except (ValueError, RecursionError, OverflowError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    index = record.get("i")
+    if type(index) is not int or not -1 <= index < count:
+        return None
+    if "error" in record and not isinstance(record["error"], str):
+        return None
+    return record
+
+
+def _expr_passes(record: dict, spec: dict) -> bool:
+    try:
+        return "value" in record and _values_equal(record["value"], _serialize(spec["expected"]))
+    except (RecursionError, TypeError, ValueError):  # a value nested deeper than any expected literal
+        return False
+
+
 def _assert_grade(run: RunResult, specs: list[dict], nonce: str) -> Grade:
     if run.verdict is Verdict.SANDBOX_ERROR:
         return Grade(Verdict.SANDBOX_ERROR, 0, len(specs), [Verdict.SANDBOX_ERROR] * len(specs), run.detail)
     results: dict[int, dict] = {}
     for line in run.stdout.splitlines():
-        if line.startswith(nonce):
-            try:
-                record = json.loads(line[len(nonce):])
-                results.setdefault(int(record["i"]), record)
-            except (ValueError, KeyError, TypeError):
-                continue
+        record = _parse_record(line, nonce, len(specs)) if line.startswith(nonce) else None
+        if record is not None:
+            results.setdefault(record["i"], record)
     verdicts = []
     for i, spec in enumerate(specs):
         record = results.get(i)
@@ -276,8 +300,7 @@ def _assert_grade(run: RunResult, specs: list[dict], nonce: str) -> Grade:
             verdicts.append(Verdict.RUNTIME_ERROR if not record["error"].startswith("AssertionError")
                             else Verdict.FAIL)
         elif spec["kind"] == "expr":
-            same = "value" in record and _values_equal(record["value"], _serialize(spec["expected"]))
-            verdicts.append(Verdict.PASS if same else Verdict.FAIL)
+            verdicts.append(Verdict.PASS if _expr_passes(record, spec) else Verdict.FAIL)
         else:
             verdicts.append(Verdict.PASS if record.get("ok") is True else Verdict.FAIL)
     passed = sum(v is Verdict.PASS for v in verdicts)
