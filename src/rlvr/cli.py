@@ -54,7 +54,7 @@ def cmd_sft(args) -> int:
     recipe, overrides = _split(args.args)
     config = load_config(recipe, overrides)
     configure_process(threads=config.trainer.threads, thread_mode="ops", model_kind=config.model.kind)
-    sft(config, args.out)
+    sft(config, args.out, overwrite=args.overwrite)
     print(f"saved warm start to {args.out}")
     return 0
 
@@ -111,6 +111,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sft", help="supervised warm start on procedural solutions")
     s.add_argument("args", nargs="*", help="[RECIPE.yaml] [key.sub=value ...]")
     s.add_argument("--out", required=True, help="directory for the Hugging Face checkpoint")
+    s.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
     s.set_defaults(fn=cmd_sft)
     e = sub.add_parser("eval", help="greedy accuracy of a run's newest checkpoint")
     e.add_argument("run", help="run directory")

@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 
 from rlvr.config import Config, dump_yaml
+from rlvr.errors import ConfigError
+from rlvr.models.causal_lm import resolve_model_path
 from rlvr.models.policy import CausalPolicy
 from rlvr.batch import left_pad
 from rlvr.trainer import build
@@ -55,8 +57,25 @@ def _causal_sft(model, tokenizer, task, config: Config, echo) -> None:
             echo(f"sft step {step}/{s.steps} loss={loss.item():.4f}")
 
 
-def sft(config: Config, out_dir: str | Path, *, echo=print) -> dict:
-    """Train from `config.model` on task solutions; save a HF directory to `out_dir` atomically."""
+def check_output_dir(out_dir: str | Path, model_path: str, *, overwrite: bool) -> None:
+    """Refuse to write where it would destroy something: the base model's own folder, ever, and
+    a non-empty folder unless `overwrite` (raises ConfigError before any training)."""
+    out = Path(out_dir).resolve()
+    base = Path(resolve_model_path(model_path)).resolve() if model_path else None
+    if base is not None and (out == base or base.is_relative_to(out)):
+        raise ConfigError(f"--out: '{out_dir}' holds the base model (model.path={model_path}); choose another folder")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: '{out_dir}' is a file; choose a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"--out: '{out_dir}' is not empty; choose a new folder or pass --overwrite to replace it")
+
+
+def sft(config: Config, out_dir: str | Path, *, overwrite: bool = False, echo=print) -> dict:
+    """Train from `config.model` on task solutions; save a HF directory to `out_dir` atomically.
+
+    An existing non-empty `out_dir` is replaced only with `overwrite`; the base model's own
+    folder never is (`check_output_dir`)."""
+    check_output_dir(out_dir, config.model.path, overwrite=overwrite)
     torch.manual_seed(config.seed)
     model, tokenizer = build.build_model(config)
     task = build.build_task(config, tokenizer)
