@@ -1,7 +1,7 @@
 """PolicyModel for masked-diffusion LMs: a named likelihood estimator behind `token_logprobs`.
 
 The trainer calls `token_logprobs(prompt_ids, prompt_mask, completion_ids, with_entropy=...)`
-exactly as for `CausalPolicy` (DESIGN §2) and never branches on the model type. What the
+exactly as for `CausalPolicy` and never branches on the model type. What the
 returned (B, Tc) "log-probs" mean depends on the estimator (`rlvr.models.likelihood`): token
 estimators give per-token proxies, sequence estimators give B̂_i / L_i on each valid token.
 Values outside the window (`window_mask`) are 0 and carry no gradient.
