@@ -87,7 +87,7 @@ def test_relative_links_in_markdown_point_at_files_in_the_repo():
 
 def _results_sections():
     text = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
-    return set(re.findall(r"^#{2,3} (\d+[a-z]?)\.", text, flags=re.M))
+    return set(re.findall(r"^#{2,3} (\d+[a-z]?)\.", text, flags=re.MULTILINE))
 
 
 SECTION_REF = re.compile(r"results\.md,? §(\d+[a-z]?)")
