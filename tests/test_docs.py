@@ -30,12 +30,12 @@ HISTORY = [
     (r"\b(the )?(previous|old|earlier) (code|default|defaults|recipe|asset)\b", "earlier code"),
     (r"\bthe issue's\b", "the project issue"),
     (r"\bhelpers?'s? (jobs?|runs?|builds?)\b", "a helper's work"),
-    (r"\b_s\d+\.png\b", "a session-labelled image"),
+    (r"_s\d+\.png\b", "a session-labelled image"),
 ]
 OUTSIDE = [
     (r"\bDESIGN(\.md)?\b", "a design note outside the repo"),
     (r"\bSTYLE §", "a style note outside the repo"),
-    (r"\banchors[-\w]*(\.md)?\b", "a research note outside the repo"),
+    (r"\banchors(-[\w-]+\.md|\.md| §)", "a research note outside the repo"),
     (r"\bresearch/", "a research folder outside the repo"),
     (r"\.\./shared\b", "a folder outside the repo"),
     (r"/work/", "a machine-local path"),
