@@ -367,7 +367,7 @@ def dump_yaml(config: Config) -> str:
 
 
 def derived_batch_numbers(config: Config) -> dict[str, int]:
-    """The batch vocabulary of DESIGN §3, resolved for this config."""
+    """The batch vocabulary (README, "Batch vocabulary"), resolved for this config."""
     r, t = config.rollout, config.trainer
     completions = r.prompts_per_step * r.group_size
     per_opt = completions // t.minibatches

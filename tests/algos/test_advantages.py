@@ -1,4 +1,4 @@
-"""Hand vectors and edge cases for the advantage estimators (anchors §2.2, §2.11)."""
+"""Hand vectors and edge cases for the advantage estimators."""
 
 import math
 

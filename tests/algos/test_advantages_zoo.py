@@ -1,4 +1,4 @@
-"""Hand vectors for opo, lite_ppo, maxrl, passk and the token-level estimators (anchors §2.2)."""
+"""Hand vectors for opo, lite_ppo, maxrl, passk and the token-level estimators."""
 
 import itertools
 import math

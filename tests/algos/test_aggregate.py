@@ -1,4 +1,4 @@
-"""Aggregation table (anchors §2.5, §2.11) and micro-batch invariance of the gradient."""
+"""Aggregation table and micro-batch invariance of the gradient."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Hand vectors for the KL estimators (anchors §2.4, §2.11)."""
+"""Hand vectors for the KL estimators."""
 
 import pytest
 import torch

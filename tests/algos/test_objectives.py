@@ -1,4 +1,4 @@
-"""Hand vectors for the policy objectives (anchors §2.3, §2.11)."""
+"""Hand vectors for the policy objectives."""
 
 import math
 

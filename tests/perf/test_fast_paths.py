@@ -1,4 +1,4 @@
-"""Equivalence tests for the speed work (issue 7): every fast path against the plain one.
+"""Equivalence tests for the speed work: every fast path against the plain one.
 
 The fast paths (`models.llama_fast`, used by `rollout.torch_ar.generate` and `CausalPolicy`)
 must give the same samples, log-probs and gradients as the straightforward `transformers`
@@ -257,7 +257,7 @@ def test_policy_uses_the_chunked_head_past_the_threshold_with_the_same_gradients
 
 
 def test_on_policy_step_reuses_the_training_forward_for_old_logprobs(tiny_model, tokenizer, monkeypatch):
-    """Issue 7: with one epoch and one minibatch the trainer skips the old-log-prob forward
+    """With one epoch and one minibatch the trainer skips the old-log-prob forward
     (old = detached current log-probs, ratio 1) and gets the same gradients as recomputing them."""
     from rlvr.algos.aggregate import AGGREGATIONS
     from rlvr.algos.objectives import ppo_clip

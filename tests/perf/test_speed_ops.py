@@ -1,4 +1,4 @@
-"""Equivalence tests for the second round of speed work (issue 7): each rewritten piece of the fast
+"""Equivalence tests for the fast paths, piece by piece: each rewritten piece of the fast
 paths against the plain computation it replaces. Values and gradients, never timings."""
 
 import pytest

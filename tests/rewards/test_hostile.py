@@ -1,4 +1,4 @@
-"""The hostile-program suite of research/anchors-systems.md §4.4, run through the real sandbox.
+"""The hostile-program suite, run through the real sandbox.
 
 Each program gets its verdict checked and the host checked afterwards: no process left under
 any sandbox uid, no file created outside the sandbox (probe paths in /tmp, /dev/shm, $HOME and
@@ -278,7 +278,7 @@ def test_21_slow_but_correct_vs_over_the_limit_is_stable(sandbox, host):
 
 
 def test_all_at_once_16_wide(sandbox, host):
-    """The whole suite plus fork bombs next to correct programs, 16 sandboxes at a time (#22)."""
+    """The whole suite plus fork bombs next to correct programs, 16 sandboxes at a time."""
     names = sorted(PROGRAMS)
     jobs = [dict(source=_source(n, host)) for n in names]
     bombs = [dict(source=PROGRAMS["05a_fork_bomb"][0])] * 6

@@ -1,5 +1,5 @@
 """Exact resume: a run SIGKILLed at 5 random steps and resumed each time logs exactly what an
-uninterrupted run logs (DESIGN §8, issue 6).
+uninterrupted run logs.
 
 Deterministic settings: CPU, `trainer.threads=1` (one intra-op thread, so reductions have one
 order), fixed seeds; wall-clock keys (`time/*`, `perf/*`) are the only ones allowed to differ.

@@ -1,6 +1,6 @@
 """Advantage estimators: rewards -> token advantages (B, T), and the ADVANTAGES registry.
 
-Papers (abstracts in /work/shared/literature/, see docs/papers.md):
+Papers (arXiv ids and links in docs/papers.md):
 - `grpo`: DeepSeekMath (Shao et al. 2024), group-normalised outcome advantage.
 - `dr_grpo`: "Understanding R1-Zero-Like Training" (Liu et al. 2025), no std division.
 - `rloo`: "Back to Basics: Revisiting REINFORCE Style Optimization" (Ahmadian et al. 2024).

@@ -1,6 +1,6 @@
 """Loss aggregations: per-token loss (B, T) -> this micro-batch's share of the step's loss.
 
-Papers (abstracts in /work/shared/literature/, see docs/papers.md):
+Papers (arXiv ids and links in docs/papers.md):
 - `token_mean`: DAPO (Yu et al. 2025), token-level policy-gradient loss.
 - `seq_mean_token_mean`: DeepSeekMath GRPO (Shao et al. 2024), per-sample mean then batch mean.
 - `seq_mean_token_sum_norm`: Dr.GRPO (Liu et al. 2025), divide by a constant length.

@@ -1,6 +1,6 @@
 """Advantages for pass/fail rewards: maximum-likelihood RL (`maxrl`) and pass@k (`passk`).
 
-Papers (abstracts in /work/shared/literature/, see docs/papers.md):
+Papers (arXiv ids and links in docs/papers.md):
 - `maxrl`: "Maximum Likelihood Reinforcement Learning" (MaxRL; literature/000_*.txt line 195).
 - `passk`: "Pass@k Training for Adaptively Balancing Exploration and Exploitation of Large
   Reasoning Models" (Chen et al. 2025), its analytic advantage for binary rewards.

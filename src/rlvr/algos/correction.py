@@ -3,7 +3,7 @@ log-probs, and the size of the gap.
 
 Papers (see docs/papers.md): truncated importance sampling (TIS, "Your Efficient RL Framework
 Secretly Brings You Off-Policy RL Training", Yao et al. 2025) and masked importance sampling
-(MIS / IcePop); the verl, TRL and OpenRLHF implementations are summarised in anchors §2.6.
+(MIS / IcePop); verl, TRL and OpenRLHF implement the same corrections.
 
 The sampler (vLLM, a quantised or differently-batched engine) returns rollout_logp; the trainer
 recomputes old_logp for the same tokens. The policy objective's ratio is taken against old_logp,

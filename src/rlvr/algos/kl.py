@@ -1,6 +1,6 @@
 """KL estimators: per-token estimate (B, T) of a divergence between the policy and a reference.
 
-Papers (abstracts in /work/shared/literature/, see docs/papers.md):
+Papers (arXiv ids and links in docs/papers.md):
 - k1, k2, k3: J. Schulman, "Approximating KL Divergence" (2020 note); k3 as GRPO's KL loss
   (DeepSeekMath, Shao et al. 2024). Which placement gives which gradient: "A Comedy of
   Estimators" (literature/000_*.txt line 117) and RPG (literature/000_*.txt line 155).

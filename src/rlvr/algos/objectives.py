@@ -1,6 +1,6 @@
 """Policy objectives: per-token policy loss (B, T), before aggregation.
 
-Papers (abstracts in /work/shared/literature/, see docs/papers.md):
+Papers (arXiv ids and links in docs/papers.md):
 - `ppo_clip`: PPO (Schulman et al. 2017); asymmetric "clip-higher" from DAPO (Yu et al. 2025;
   literature/000_*.txt line 93); dual-clip from "Mastering Complex Control in MOBA Games with
   Deep Reinforcement Learning" (Ye et al. 2020).

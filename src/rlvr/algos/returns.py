@@ -1,6 +1,6 @@
 """Token-level advantage estimators built on returns: REINFORCE++, ReMax, GAE.
 
-Papers (abstracts in /work/shared/literature/, see docs/papers.md):
+Papers (arXiv ids and links in docs/papers.md):
 - `reinforce_pp`, `reinforce_pp_baseline`: "REINFORCE++: Stabilizing Critic-Free Policy
   Optimization with Global Advantage Normalization" (Hu et al. 2025).
 - `remax`: "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning

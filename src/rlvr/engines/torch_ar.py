@@ -1,6 +1,6 @@
 """Batched autoregressive sampler with a KV cache, for any `transformers` causal LM.
 
-Returns everything the trainer needs (DESIGN §2, RolloutEngine): completion ids and mask,
+Returns everything the trainer needs (the RolloutEngine seam): completion ids and mask,
 behaviour log-probs and the finish reason. Sampling is Gumbel-max over per-sample hashed noise
 (`rlvr.noise`), so the same seed gives the same completion whatever else is in the batch.
 

@@ -28,7 +28,7 @@ trace replays exactly.
 
 Deviations: `suppress_eos` moves EOS candidates to the end of the ranking (they are committed
 only when nothing else is left in the block), applied to EOS itself (LLaDA's
-`confidence_eos_eot_inf` line only ends up suppressing EOT, anchors §1.5). No CFG (every RL repo
+`confidence_eos_eot_inf` line only ends up suppressing EOT). No CFG (every RL repo
 sets w = 0), no top-p/top-k, no KV cache.
 """
 

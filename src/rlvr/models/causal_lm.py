@@ -1,7 +1,7 @@
 """Causal LMs: the tiny built-in Llama and any local Hugging Face checkpoint.
 
 `load_causal_lm` is the one place that turns a model config into (model, tokenizer). The
-trainer sees the result only through `CausalPolicy` (the PolicyModel seam of DESIGN §2).
+trainer sees the result only through `CausalPolicy` (the PolicyModel seam).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Masked-diffusion LM: a bidirectional transformer with a reserved mask token (DESIGN §4).
+"""Masked-diffusion LM: a bidirectional transformer with a reserved mask token.
 
-Architecture (LLaDA / Dream family, anchors-dllm-rl.md §4.1): token embedding, `num_layers`
+Architecture (LLaDA / Dream family): token embedding, `num_layers`
 pre-norm blocks of [RMSNorm -> multi-head attention with RoPE, no causal mask -> residual,
 RMSNorm -> SwiGLU MLP -> residual], final RMSNorm, linear head. No time input (RADD: the
 optimal absorbing-diffusion denoiser is time-independent). The mask token is an ordinary

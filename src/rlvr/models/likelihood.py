@@ -1,4 +1,4 @@
-"""Likelihood estimators for masked-diffusion LMs, by name (anchors-dllm-rl.md §2).
+"""Likelihood estimators for masked-diffusion LMs, by name (papers: docs/papers.md).
 
 A masked-diffusion LM has no tractable log π(y|c); each RL method uses a proxy. Every estimator
 here has one signature,

@@ -1,6 +1,6 @@
 """PolicyModel for causal LMs: log-probs of given completion tokens under the current weights.
 
-This is the seam of DESIGN §2 that lets the trainer stay model-agnostic: the update step only
+This is the seam that lets the trainer stay model-agnostic: the update step only
 calls `token_logprobs`. A masked-diffusion policy implements the same method with a named
 likelihood estimator.
 """

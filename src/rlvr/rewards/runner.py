@@ -1,6 +1,6 @@
 """Load user reward functions by path and call them over a batch, capturing per-sample failures.
 
-A reward function has one of four forms (DESIGN §2):
+A reward function has one of four forms:
 
 - per-sample: ``fn(prompt, completion, **example) -> float | dict | None``
 - batched: ``fn(prompts, completions, **columns) -> list[...]`` with ``fn.batched = True``

@@ -1,6 +1,6 @@
 """Run model-written programs so that they cannot touch the host.
 
-Design (``research/anchors-systems.md`` §4.5). Every program runs in its own process tree:
+Design. Every program runs in its own process tree:
 
 1. **Process layer, always on.** ``Popen`` in a new session with an allow-list environment,
    ``python -E -s -S``, stdin from ``/dev/null`` (or a host file the program cannot name), rlimits
@@ -23,7 +23,7 @@ Design (``research/anchors-systems.md`` §4.5). Every program runs in its own pr
 The sandbox reports how a program ended (``Verdict.OK`` = exit status 0, or one of the limit
 verdicts); deciding PASS or FAIL is the grader's job (``rlvr.rewards.code``), done outside.
 
-Deviations from the §4.5 design: no cgroup layer (rlimits only: ``RLIMIT_AS`` is the memory
+Deviations from a full isolation design: no cgroup layer (rlimits only: ``RLIMIT_AS`` is the memory
 limit) and no seccomp filter; remote backends are not implemented.
 """
 

@@ -1,4 +1,4 @@
-"""Metric sinks behind one small protocol (DESIGN §8): JSONL always, mirrors optional.
+"""Metric sinks behind one small protocol: JSONL always, mirrors optional.
 
 | name          | where it writes (inside the run directory) | extra                  |
 |---------------|--------------------------------------------|------------------------|

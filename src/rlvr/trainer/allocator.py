@@ -5,8 +5,7 @@ above its (adaptive, 128 KB-32 MB) mmap threshold with a fresh mmap and give the
 back to the kernel, so the next step touches new pages again: 716 minor page faults per training
 forward + backward at the default scale, and with two threads they contend in the kernel. Raising
 the mmap and trim thresholds keeps the memory mapped: the RSS stays at its high-water mark (it
-reaches it every step anyway). Allocation only; no value computed anywhere changes. Measured in
-docs/results.md §2b.
+reaches it every step anyway). Allocation only; no value computed anywhere changes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The one place that reads the config and builds components (STYLE §7)."""
+"""The one place that reads the config and builds components."""
 
 from __future__ import annotations
 

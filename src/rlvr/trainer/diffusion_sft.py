@@ -1,6 +1,6 @@
 """Masked-diffusion SFT: the 1/t-weighted ELBO on the response window (LLaDA SFT recipe).
 
-Choices (anchors-dllm-rl.md §1.3, §1.5):
+Choices:
 1. Response-only masking: the prompt is never corrupted and never a target.
 2. The response is the solution + EOS, then EOS padding up to the fixed window `gen_length`, and
    every position of the window, padding included, is a target: the model learns to "generate"

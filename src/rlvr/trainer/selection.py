@@ -1,6 +1,6 @@
 """Which prompts a step rolls out: uniform draws, or MoPPS posterior selection.
 
-MoPPS (model-predictive prompt selection; anchors-curricula.md §1.3) keeps a Beta posterior
+MoPPS (Model Predictive Prompt Selection, arXiv:2507.04632) keeps a Beta posterior
 over each prompt's success rate, fed by the verifier's verdicts on that prompt's past groups at
 no extra rollout cost. Each step draws `candidates_per_prompt × P` candidates from the task,
 samples a success rate for each from its posterior (Thompson sampling) and rolls out the `P`

@@ -1,6 +1,6 @@
 """The update step: micro-batches -> log-probs -> objective -> aggregate -> backward -> clip -> step.
 
-One function, shared by every loop (DESIGN §2). The aggregation is normalised by counts over
+One function, shared by every loop. The aggregation is normalised by counts over
 the whole optimizer step, computed before the first micro-batch, so gradients do not depend on
 `micro_batch_size` (a test checks 1 vs 4 micro-batches).
 """

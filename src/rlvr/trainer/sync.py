@@ -1,7 +1,7 @@
 """The synchronous RL loop: task -> rollouts -> verifier -> advantages -> update, every step.
 
 `train()` owns the run directory and the schedule (eval, samples, checkpoints, resume);
-`rl_step()` is one step of the algorithm and reads like the diagram in DESIGN §2.
+`rl_step()` is one step of the algorithm and reads as the algorithm's diagram would.
 """
 
 from __future__ import annotations
