@@ -267,6 +267,44 @@ def test_18_19_20_grader_cannot_be_fooled(sandbox, host):
     assert_host_unaffected(host, [])
 
 
+FORGE_TESTS = ["assert is_prime(7)", "assert not is_prime(8)", "assert abs(area(2) - 12.57) < 0.01",
+               "assert sorted(dedup([3, 1, 3])) == [1, 3]", "assert fib(2) < fib(5) <= 10",
+               "assert math.isclose(area(1), 3.14, rel_tol=0.01)", "assert add(1, 2) == 3"]
+
+
+def _forger(value) -> str:
+    """Defines nothing; reads the grader's nonce out of the harness's frame and prints a result
+    line claiming `value` for every probe of every test, before the harness gets to run them."""
+    return ("import sys, json\n"
+            "frame = sys._getframe(1)\n"
+            "nonce = frame.f_locals['nonce']; tests = frame.f_locals['tests']\n"
+            "for i, t in enumerate(tests):\n"
+            "    claim = {'i': i, 'ok': True} if t['kind'] == 'stmt' else {'i': i, 'values': [%r] * len(t['src'])}\n"
+            "    print(nonce + json.dumps(claim))\n"
+            "sys.stdout.flush()\n" % (value,))
+
+
+def test_grader_cannot_be_forged_for_any_assertion_form(sandbox, host):
+    """A program that finds the nonce and prints results for every test is graded exactly like an
+    honest program whose functions return the values it claimed: forging buys nothing, for
+    truthiness, negation, tolerances, chained and builtin-wrapped comparisons alike (tests whose
+    probes are calls of the candidate's functions; see rlvr.rewards.asserts for whole-expression
+    probes)."""
+    grader = CodeGrader(sandbox)
+    claims = [True, False, 0, 12.57, [1, 3], 5]
+    honest = "is_prime = area = dedup = fib = add = lambda *a: %r\n"
+    forged = grader.grade_many([(_forger(v), FORGE_TESTS) for v in claims])
+    constant = grader.grade_many([(honest % (v,), FORGE_TESTS) for v in claims])
+    for value, f, c in zip(claims, forged, constant):
+        assert f.tests == c.tests, f"claiming {value!r}: forged {f.tests} vs honest constant {c.tests}"
+        assert f.passed < len(FORGE_TESTS)
+    real = "def is_prime(n): return n > 1 and all(n % d for d in range(2, n))\n" \
+           "def area(r): return 3.1416 * r * r\ndef dedup(xs): return list(dict.fromkeys(xs))\n" \
+           "def fib(n): return n if n < 2 else fib(n - 1) + fib(n - 2)\ndef add(a, b): return a + b\n"
+    assert grader.grade(real, FORGE_TESTS).reward() == 1.0
+    assert_host_unaffected(host, [])
+
+
 def test_21_slow_but_correct_vs_over_the_limit_is_stable(sandbox, host):
     grader = CodeGrader(sandbox)
     tests = [{"input": "", "output": "ok\n"}]

@@ -6,18 +6,18 @@ Two kinds of tests (a row's ``tests`` field):
   run with that stdin; the parent compares stdout with the expected text: lines right-stripped,
   trailing blank lines dropped, and the **line counts must match** (printing only a correct
   prefix fails).
-- **assert-style**: ``["assert add(1, 2) == 3", ...]`` (MBPP/HumanEval-like). A harness in the
-  sandbox imports the solution and runs each test. For ``assert EXPR == LITERAL`` only EXPR is
-  sent in: its value comes back as strict JSON (exact builtin types only; an object whose
-  ``__eq__`` is always true cannot be serialised) and is compared with LITERAL **in the parent**,
-  so expected values never enter the sandbox. Other asserts run inside and count as passed when
-  they raise nothing. Results are printed on lines tagged with a per-run random nonce read from
-  stdin (which is then replaced by ``/dev/null``): ``print("PASSED")``, ``sys.exit(0)`` or
-  ``os._exit(0)`` before the tests produce no tagged lines, hence FAIL.
-
-Limit of the in-process harness: a candidate that introspects the interpreter (``gc``, frames)
-could find the nonce and forge results of non-``==`` asserts; ``==`` tests and stdin/stdout
-tests cannot be forged without computing the right answers.
+- **assert-style**: ``["assert add(1, 2) == 3", ...]`` (MBPP/HumanEval-like). Each assert is
+  split (``rlvr.rewards.asserts``) into probes, the sub-expressions that call the candidate's
+  code, and a check that stays in the parent: a harness in the sandbox imports the solution,
+  evaluates the probes and prints their values as strict JSON (exact builtin types only; an
+  object whose ``__eq__`` is always true cannot be serialised), and the parent evaluates every
+  check on those values. Expected values and comparisons never enter the sandbox, so whatever a
+  program prints, it is graded like an honest program returning the printed values. Result
+  lines are tagged with a per-run random nonce read from stdin (then replaced by
+  ``/dev/null``), so ``print("PASSED")``, ``sys.exit(0)`` or ``os._exit(0)`` before the tests
+  produce no tagged lines and FAIL; a malformed line fails its test only. A test that is not a
+  single ``assert`` statement runs inside as a statement (passed when it raises nothing): the
+  one form a program that introspects the interpreter could forge.
 
 Reward = fraction of tests passed, or 1/0 with ``all_or_nothing``. ``SANDBOX_ERROR`` (our
 fault) gives reward ``None`` (not scorable) and is counted, never turned into a silent zero.
@@ -25,16 +25,16 @@ fault) gives reward ``None`` (not scorable) and is counted, never turned into a 
 
 from __future__ import annotations
 
-import ast
 import inspect
 import json
 import re
 import secrets
 from dataclasses import dataclass, field
 
+from rlvr.rewards.asserts import CheckError, Spec, deserialize, evaluate_check, split_test
 from rlvr.rewards.sandbox import Limits, RunResult, Sandbox, Verdict
 
-__all__ = ["Grade", "CodeGrader", "extract_code", "compare_stdout", "split_assert"]
+__all__ = ["Grade", "CodeGrader", "extract_code", "compare_stdout"]
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
@@ -94,43 +94,6 @@ def _serialize(value, _depth=0):
     raise TypeError(f"cannot serialise {t.__name__}")
 
 
-def _values_equal(a, b) -> bool:
-    """Python ``==`` on serialised values, except that bools only equal bools."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
-
-
-def split_assert(test: str) -> dict:
-    """``assert EXPR == LITERAL`` -> an ``expr`` test (value compared outside); else a ``stmt`` test.
-
-    >>> split_assert("assert add(1, 2) == 3")
-    {'kind': 'expr', 'src': 'add(1, 2)', 'expected': 3}
-    >>> split_assert("assert is_prime(7)")["kind"]
-    'stmt'
-    """
-    try:
-        tree = ast.parse(test.strip())
-    except SyntaxError:
-        return {"kind": "stmt", "src": test}
-    if len(tree.body) == 1 and isinstance(node := tree.body[0], ast.Assert):
-        cmp = node.test
-        if isinstance(cmp, ast.Compare) and len(cmp.ops) == 1 and isinstance(cmp.ops[0], ast.Eq):
-            for expr_node, lit_node in ((cmp.left, cmp.comparators[0]), (cmp.comparators[0], cmp.left)):
-                try:
-                    expected = ast.literal_eval(lit_node)
-                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                    continue
-                return {"kind": "expr", "src": ast.unparse(expr_node), "expected": expected}
-    return {"kind": "stmt", "src": test}
-
-
 _HARNESS = '''
 import sys, os, json
 def _main():
@@ -154,14 +117,14 @@ def _main():
         return
     for i, t in enumerate(tests):
         try:
-            if t["kind"] == "expr":
-                value = eval(t["src"], ns)
+            if t["kind"] == "probes":
+                values = [eval(src, ns) for src in t["src"]]
                 try:
-                    value = _serialize(value)
+                    values = [_serialize(v) for v in values]
                 except BaseException:
                     report(i, unserialisable=True)
                     continue
-                report(i, value=value)
+                report(i, values=values)
             else:
                 exec(t["src"], ns)
                 report(i, ok=True)
@@ -226,9 +189,10 @@ class CodeGrader:
                 jobs += [dict(source=code, stdin=str(t["input"]), limits=self.limits) for t in tests]
                 plans.append(("stdio", start, tests))
             else:
-                specs = [split_assert(t) if isinstance(t, str) else t for t in tests]
+                specs = [split_test(str(t)) for t in tests]
                 nonce = secrets.token_hex(16)
-                sent = [{k: v for k, v in s.items() if k != "expected"} for s in specs]
+                sent = [{"kind": "stmt", "src": s.source} if s.forgeable else {"kind": "probes", "src": list(s.probes)}
+                        for s in specs]
                 stdin = nonce + "\n" + json.dumps(sent) + "\n"
                 plans.append(("assert", len(jobs), (specs, nonce)))
                 jobs.append(dict(source=_harness_source(), files={"solution.py": code}, stdin=stdin,
@@ -275,14 +239,19 @@ def _parse_record(line: str, nonce: str, count: int) -> dict | None:
     return record
 
 
-def _expr_passes(record: dict, spec: dict) -> bool:
+def _check_passes(record: dict, spec: Spec) -> bool:
+    """The test's check, evaluated here on the probe values the sandbox reported."""
+    values = record.get("values")
+    if not isinstance(values, list) or len(values) != len(spec.probes):
+        return False
     try:
-        return "value" in record and _values_equal(record["value"], _serialize(spec["expected"]))
-    except (RecursionError, TypeError, ValueError):  # a value nested deeper than any expected literal
+        env = {f"_v{i}": deserialize(v) for i, v in enumerate(values)}
+        return bool(evaluate_check(spec.check, env))
+    except (CheckError, RecursionError, TypeError, ValueError):  # unhashable set items, deep nesting
         return False
 
 
-def _assert_grade(run: RunResult, specs: list[dict], nonce: str) -> Grade:
+def _assert_grade(run: RunResult, specs: list[Spec], nonce: str) -> Grade:
     if run.verdict is Verdict.SANDBOX_ERROR:
         return Grade(Verdict.SANDBOX_ERROR, 0, len(specs), [Verdict.SANDBOX_ERROR] * len(specs), run.detail)
     results: dict[int, dict] = {}
@@ -299,8 +268,8 @@ def _assert_grade(run: RunResult, specs: list[dict], nonce: str) -> Grade:
         elif "error" in record:
             verdicts.append(Verdict.RUNTIME_ERROR if not record["error"].startswith("AssertionError")
                             else Verdict.FAIL)
-        elif spec["kind"] == "expr":
-            verdicts.append(Verdict.PASS if _expr_passes(record, spec) else Verdict.FAIL)
+        elif not spec.forgeable:
+            verdicts.append(Verdict.PASS if _check_passes(record, spec) else Verdict.FAIL)
         else:
             verdicts.append(Verdict.PASS if record.get("ok") is True else Verdict.FAIL)
     passed = sum(v is Verdict.PASS for v in verdicts)

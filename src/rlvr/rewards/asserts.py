@@ -1,0 +1,240 @@
+"""Assert-style tests graded outside the sandbox, whatever their form.
+
+A test such as ``assert abs(area(2) - 12.57) < 0.01`` is split into **probes**, the
+sub-expressions that need the candidate's code (``area(2)``), and a **check**, the rest of the
+expression with each probe replaced by a placeholder (``abs(_v0 - 12.57) < 0.01``). Only the
+probes enter the sandbox; their values come back as strict JSON (exact builtin types, so an
+object whose ``__eq__`` is always true cannot come back) and the check is evaluated here, by a
+small interpreter over a fixed set of node types and safe builtins, never by ``eval``.
+
+Why this cannot be forged: whatever the program prints, the grader only ever learns *values*
+for the probes, and every verdict is computed from those values outside. A program that forges
+its output is therefore graded exactly like an honest program whose probes returned the forged
+values; the expected values and the comparisons never enter its process.
+
+Expressions the interpreter does not know (comprehensions, a call consuming a generator or a
+lambda, method calls, names other than the safe builtins) become probes as a whole: their one
+value travels out and the check tests it, so such a test is only as strong as that value (for
+``assert all(f(i) > 0 for i in ...)``, a claimed ``True``). A test that is not a single
+``assert`` statement runs inside the sandbox as a statement and is the one form a program that
+introspects the interpreter could forge (``Spec.forgeable``). Probes are all evaluated, so a
+probe that raises fails its test even where Python's ``and``/``or`` would have skipped it.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from dataclasses import dataclass
+
+__all__ = ["Spec", "split_test", "evaluate_check", "deserialize", "CheckError"]
+
+MAX_ITEMS = 1 << 20  # longest str/list/tuple an operator may build here (the grader's memory stays small)
+MAX_INT_BITS = 1 << 16  # largest int an operator may build here
+
+SAFE_CALLS = {
+    "abs": abs, "len": len, "sorted": sorted, "set": set, "frozenset": frozenset, "list": list, "tuple": tuple,
+    "dict": dict, "sum": sum, "min": min, "max": max, "round": round, "int": int, "float": float, "str": str,
+    "bool": bool, "all": all, "any": any, "reversed": lambda x: list(reversed(x)), "isinstance": isinstance,
+}
+SAFE_NAMES = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "tuple": tuple, "dict": dict,
+              "set": set, "frozenset": frozenset}
+SAFE_MATH = {"isclose": math.isclose, "sqrt": math.sqrt, "floor": math.floor, "ceil": math.ceil,
+             "fabs": math.fabs, "isnan": math.isnan, "isinf": math.isinf, "pi": math.pi, "inf": math.inf}
+
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_COMPARE = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
+            ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
+            ast.Is: operator.is_, ast.IsNot: operator.is_not}
+_UNARY = {ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+class CheckError(Exception):
+    """The check cannot be evaluated on these values (a wrong type, an oversized result): the test fails."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One test, split: `probes` go into the sandbox, `check` (an expression over `_v0`, `_v1`, ...)
+    stays here. A `forgeable` spec is a whole statement run inside (`source`)."""
+
+    source: str
+    probes: tuple[str, ...] = ()
+    check: ast.expr | None = None
+    forgeable: bool = False
+
+
+def split_test(test: str) -> Spec:
+    """``assert EXPR[, msg]`` -> probes and a check; anything else -> a statement run inside.
+
+    >>> spec = split_test("assert abs(area(2) - 12.57) < 0.01")
+    >>> spec.probes, ast.unparse(spec.check)
+    (('area(2)',), 'abs(_v0 - 12.57) < 0.01')
+    >>> split_test("x = f(1); assert x == 2").forgeable
+    True
+    """
+    try:
+        tree = ast.parse(test.strip())
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return Spec(source=test, forgeable=True)
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
+        return Spec(source=test, forgeable=True)
+    probes: list[str] = []
+    check = _open(tree.body[0].test, probes)
+    return Spec(source=test, probes=tuple(probes), check=check)
+
+
+def _is_safe_leaf(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.Name):
+        return node.id in SAFE_NAMES
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "math" \
+        and node.attr in SAFE_MATH
+
+
+def _open(node: ast.expr, probes: list[str]) -> ast.expr:
+    """`node` with every sub-expression the interpreter cannot evaluate replaced by a placeholder."""
+    if _is_safe_leaf(node):
+        return node
+    structural = (ast.Compare, ast.BoolOp, ast.UnaryOp, ast.BinOp, ast.IfExp, ast.Tuple, ast.List, ast.Set,
+                  ast.Dict, ast.Subscript, ast.Slice)
+    # A generator or a lambda has no value that travels as JSON: the call consuming it is the probe.
+    arguments = [*node.args, *(k.value for k in node.keywords)] if isinstance(node, ast.Call) else []
+    is_safe_call = isinstance(node, ast.Call) and (
+        (isinstance(node.func, ast.Name) and node.func.id in SAFE_CALLS) or _is_safe_leaf(node.func)) and not any(
+        isinstance(a, (ast.Starred, ast.GeneratorExp, ast.Lambda)) for a in arguments)
+    if isinstance(node, structural) or is_safe_call:
+        for field, value in ast.iter_fields(node):
+            if field in ("op", "ops", "ctx", "func"):
+                continue
+            if isinstance(value, list):
+                setattr(node, field, [_open(v, probes) if isinstance(v, ast.expr) else _open_keyword(v, probes)
+                                      for v in value])
+            elif isinstance(value, ast.expr):
+                setattr(node, field, _open(value, probes))
+        return node
+    probes.append(ast.unparse(node))
+    return ast.Name(id=f"_v{len(probes) - 1}", ctx=ast.Load())
+
+
+def _open_keyword(value, probes):
+    if isinstance(value, ast.keyword):
+        value.value = _open(value.value, probes)
+    return value
+
+
+def deserialize(value):
+    """Inverse of the harness's strict JSON form (tagged tuples, sets, dicts and special floats)."""
+    if isinstance(value, list):
+        return [deserialize(v) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {"__tuple__"}:
+            return tuple(deserialize(v) for v in value["__tuple__"])
+        if set(value) == {"__set__"}:
+            return {deserialize(v) for v in value["__set__"]}
+        if set(value) == {"__dict__"}:
+            return {deserialize(k): deserialize(v) for k, v in value["__dict__"]}
+        if set(value) == {"__float__"} and value["__float__"] in ("nan", "inf", "-inf"):
+            return float(value["__float__"])
+        raise CheckError("malformed value")
+    return value
+
+
+def _equal(a, b) -> bool:
+    """`==` except that a bool equals only a bool (`True == 1` is a wrong answer, not a pass)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _bounded(value):
+    if isinstance(value, (str, list, tuple)) and len(value) > MAX_ITEMS:
+        raise CheckError("result too large")
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise CheckError("integer too large")
+    return value
+
+
+def _binary(op: ast.operator, a, b):
+    if isinstance(op, ast.Pow) and isinstance(b, int) and abs(b) > 4096 and not isinstance(a, float):
+        raise CheckError("exponent too large")
+    if isinstance(op, ast.Mult):
+        for seq, n in ((a, b), (b, a)):
+            if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * max(n, 0) > MAX_ITEMS:
+                raise CheckError("result too large")
+    return _bounded(_BINARY[type(op)](a, b))
+
+
+def evaluate_check(node: ast.expr, values: dict[str, object]):
+    """The value of a check expression given the probes' values (`_v0` ...). Raises CheckError on
+    anything outside the interpreter's node types or on a value of the wrong type."""
+    try:
+        return _eval(node, values)
+    except CheckError:
+        raise
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError, KeyError, IndexError, RecursionError,
+            AttributeError) as err:
+        raise CheckError(f"{type(err).__name__}: {err}") from None
+
+
+def _eval(node: ast.expr, env: dict):  # noqa: C901 - one branch per node type reads best
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id in env:
+            return env[node.id]
+        return SAFE_NAMES[node.id]
+    if isinstance(node, ast.Attribute):
+        return SAFE_MATH[node.attr]
+    if isinstance(node, ast.BoolOp):
+        result = None
+        for value in node.values:
+            result = _eval(value, env)
+            if isinstance(node.op, ast.And) != bool(result):
+                return result
+        return result
+    if isinstance(node, ast.UnaryOp):
+        return _UNARY[type(node.op)](_eval(node.operand, env)) if not isinstance(node.op, ast.Invert) \
+            else ~_eval(node.operand, env)
+    if isinstance(node, ast.BinOp):
+        if type(node.op) not in _BINARY:
+            raise CheckError(f"operator {type(node.op).__name__} is not evaluated here")
+        return _binary(node.op, _eval(node.left, env), _eval(node.right, env))
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env)
+        for op, right_node in zip(node.ops, node.comparators):
+            right = _eval(right_node, env)
+            if isinstance(op, (ast.Eq, ast.NotEq)):
+                ok = _equal(left, right) == isinstance(op, ast.Eq)
+            else:
+                ok = _COMPARE[type(op)](left, right)
+            if not ok:
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.IfExp):
+        return _eval(node.body, env) if _eval(node.test, env) else _eval(node.orelse, env)
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        items = [_eval(e, env) for e in node.elts]
+        return {ast.Tuple: tuple, ast.List: list, ast.Set: set}[type(node)](items)
+    if isinstance(node, ast.Dict):
+        return {_eval(k, env): _eval(v, env) for k, v in zip(node.keys, node.values)}
+    if isinstance(node, ast.Subscript):
+        return _eval(node.value, env)[_eval(node.slice, env)]
+    if isinstance(node, ast.Slice):
+        return slice(*(None if part is None else _eval(part, env) for part in (node.lower, node.upper, node.step)))
+    if isinstance(node, ast.Call):
+        fn = SAFE_CALLS[node.func.id] if isinstance(node.func, ast.Name) else _eval(node.func, env)
+        args = [_eval(a, env) for a in node.args]
+        kwargs = {k.arg: _eval(k.value, env) for k in node.keywords if k.arg is not None}
+        if any(isinstance(a, (str, list, tuple, set, dict)) and len(a) > MAX_ITEMS for a in args):
+            raise CheckError("argument too large")
+        return _bounded(fn(*args, **kwargs))
+    raise CheckError(f"{type(node).__name__} is not evaluated here")
