@@ -16,9 +16,7 @@ from dataclasses import dataclass
 import torch
 from safetensors.torch import load_file
 
-from rlvr.algos import call_with_hparams
-from rlvr.algos.advantages import AdvantageInputs, gae_returns
-from rlvr.algos.correction import importance_correction
+from rlvr.algos.advantages import AdvantageInputs
 from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.shaping import overlong_penalty
 from rlvr.config import Config, derived_batch_numbers, dump_yaml, to_dict
@@ -37,8 +35,6 @@ from rlvr.trainer.rows import RowPool, configure_threads, resolve_mode, split_en
 from rlvr.trainer.selection import PosteriorSelector, build_selector
 from rlvr.batch import TrainBatch
 from rlvr.trainer.step import LossSpec, optimizer_step
-
-CORRECTION_KEYS = ("correction_level", "correction_mode", "correction_cap")
 
 TRAIN_PROBE_SEED = 20_240_601  # fixed training-distribution probe for the memorisation check
 
@@ -170,16 +166,15 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
     if not on_policy:
         batch.old_logp = _logprobs(c.policy, batch, t.micro_batch_size, c.rows)
     if a.rollout_correction:
-        batch.loss_weights, _ = importance_correction(batch.old_logp, rollouts.logprobs, mask,
-                                                      **{k: c.loss.hparams[k] for k in CORRECTION_KEYS})
+        batch.loss_weights, _ = c.loss.correction(batch.old_logp, rollouts.logprobs, mask)
     if c.reference is not None:
         batch.ref_logp = _logprobs(c.reference, batch, t.micro_batch_size, c.rows)
     old_values = critic_values(c.critic, batch, t.micro_batch_size) if c.critic is not None else None
     inputs = AdvantageInputs(rewards=_shaped_rewards(c, rewards, batch, rollouts.lengths), group_size=r.group_size,
                              response_mask=mask, values=old_values,
                              baseline_rewards=_greedy_baseline(c, got.group) if a.advantage == "remax" else None)
-    batch.advantages, adv_metrics = call_with_hparams(c.advantage, inputs, hparams=c.loss.hparams)
-    returns = call_with_hparams(gae_returns, inputs, hparams=c.loss.hparams) if c.critic is not None else None
+    batch.advantages, adv_metrics = c.advantage.estimate(inputs)
+    returns = c.advantage.returns(inputs) if c.critic is not None else None
     timings["logprob"], t0 = now() - t0, now()
 
     updates: list[dict] = []
