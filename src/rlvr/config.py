@@ -765,6 +765,12 @@ def dump_yaml(config: Config) -> str:
     return yaml.safe_dump(to_dict(config), sort_keys=False)
 
 
+def data_files(config: Config) -> list[str]:
+    """The data files the chosen task reads (file tasks: `path`, `heldout_path`), for the manifest."""
+    section = getattr(config.task, config.task.name, None)
+    return [p for p in (getattr(section, "path", None), getattr(section, "heldout_path", None)) if p]
+
+
 def derived_batch_numbers(config: Config) -> dict[str, int]:
     """The batch vocabulary of DESIGN §3, resolved for this config."""
     r, t = config.rollout, config.trainer

@@ -10,7 +10,7 @@ recomputes old_logp for the same tokens. The policy objective's ratio is taken a
 so the loss should be reweighted by w = pi_old / pi_rollout, per token or per sequence:
     loss_tok = objective_loss_tok * weights   (weights detached)
 
-Hyperparameters (flat namespace names):
+Hyperparameters (config fields `algo.<name>`):
 - `correction_level`: "token" (w_t = exp(old - roll)) or "sequence" (w = exp(sum_t m (old - roll))
   broadcast to every token of the row).
 - `correction_mode`: "truncate" (w <- min(w, cap), TIS) or "mask" (w <- w * 1[w <= cap], MIS:

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from rlvr.algos.advantages import AdvantageInputs
 from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.shaping import overlong_penalty
-from rlvr.config import Config, derived_batch_numbers, dump_yaml, to_dict
+from rlvr.config import Config, data_files, derived_batch_numbers, dump_yaml, to_dict
 from rlvr.models.value import ValueModel
 from rlvr.tracking.progress import Progress
 from rlvr.tracking.run_dir import RunDir, finish_manifest, manifest, now, recorded_exit
@@ -299,8 +299,7 @@ def _start_run(config: Config, run: RunDir, command: list[str], start: int) -> N
     if start:
         info = {**run.read_json("run.json"), "resumed_at": start}
     else:
-        data = [p for p in (config.task.path, config.task.heldout_path) if p]
-        info = manifest(command, config.seed, config=to_dict(config), data_files=data)
+        info = manifest(command, config.seed, config=to_dict(config), data_files=data_files(config))
     run.write_json("run.json", {**info, "status": "running"})
 
 
