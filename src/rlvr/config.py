@@ -1,17 +1,33 @@
-"""The one source of truth for a run's settings: frozen dataclasses, a one-line doc per field.
+"""The one source of truth for a run's settings: frozen dataclasses, a docstring under each field.
 
 `load_config(recipe, overrides)` reads a YAML recipe, applies dotted command-line overrides
-(`algo.clip_high=0.28 seed=3`), checks names, types and ranges, and returns a `Config`.
-Every mistake becomes one `ConfigError` line that names the field and the fix.
+(`algo.clip_high=0.28 seed=3`), checks names, types and ranges, resolves defaults, and returns a
+`Config`. Every mistake becomes one `ConfigError` line that names the field and the fix.
 Components never see this object: `rlvr.trainer.build` reads it once.
+
+Registry entries (advantages, objectives, aggregations, KL estimators, likelihood estimators,
+tasks) declare their hyperparameters as keyword-only parameters with their papers' defaults, and
+each such keyword is a config field of the same name in the entry's section (`algo`,
+`estimator`, `task.<name>`). A field left null takes the chosen entry's own default, so
+`rlvr config algo.objective=gspo` shows GSPO's clip widths (3e-4 / 4e-4) and a run's
+`config.yaml` records every value used. When two chosen entries declare one field with different
+defaults, the config is rejected until that field is set (no precedence rule to remember).
+Fields of entries that are not chosen stay null. Every name that picks a registry entry, and
+every option with a fixed set of values, is checked against its registry on loading, so a typo
+fails at `rlvr config` already.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import importlib
 import inspect
+import itertools
+import os
+import sys
+import textwrap
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -657,6 +673,7 @@ def _suggest(full: str) -> str:
     keys = all_keys()
     leaf = full.rsplit(".", 1)[-1]
     same_leaf = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
+    same_leaf.sort(key=lambda k: -len(os.path.commonprefix([k.split("."), full.split(".")])))  # nearest section first
     close = same_leaf or difflib.get_close_matches(full, keys, n=1, cutoff=0.5)
     return f"; did you mean '{close[0]}'?" if close else "; run `rlvr config` to list valid keys"
 
@@ -783,3 +800,105 @@ def derived_batch_numbers(config: Config) -> dict[str, int]:
         "max_completion_tokens_per_optimizer_step": per_opt * r.max_new_tokens,
         "micro_batches_per_optimizer_step": -(-per_opt // t.micro_batch_size),
     }
+
+
+# ---------------------------------------------------------------------------- reference
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name -> its attribute docstring (the string literal under the field), read with ast."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, after in itertools.pairwise(body):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    for base in cls.__mro__[1:]:
+        if dataclasses.is_dataclass(base):
+            docs = {**field_docs(base), **docs}
+    return docs
+
+
+def all_entries() -> dict[str, list[Entry]]:
+    """Section path -> every entry whose keywords its fields set (chosen or not): the registries'
+    entries, their companions and the rollout correction (`algo`), the estimators
+    (`estimator`), and each task for its own section (`task.<name>`)."""
+    out: dict[str, list[Entry]] = {"algo": [], "estimator": []}
+    for reg in REGISTRIES:
+        if reg.section in out:
+            out[reg.section] += [(name, fn, reg) for name, fn in reg.entries().items()]
+            out[reg.section] += [(src.split(":")[1], _import(src), None) for src in COMPANIONS.get(reg.key, {}).values()]
+    out["algo"].append(("importance_correction", _import(CORRECTION), None))
+    tasks = REGISTRY["task.name"]
+    for name, cls in tasks.entries().items():
+        out[f"task.{name}"] = [(name, cls, tasks)]
+    return out
+
+
+def _yaml(value: Any) -> str:
+    if value is inspect.Parameter.empty:
+        return "required"
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def _section_rows(cls: type, path: str, entries: list[Entry]) -> list[str]:
+    docs = field_docs(cls)
+    declared: dict[str, dict[str, list[str]]] = {}  # field -> default -> entries declaring it
+    for label, fn, reg in entries:
+        for key, default in hyperparameters(fn, reg).items():
+            declared.setdefault(key, {}).setdefault(_yaml(default), []).append(label)
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        key = f"{path}.{f.name}" if path else f.name
+        if _section_type(typing.get_type_hints(cls)[f.name]) is not None:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if default is None and f.name in declared and set(declared[f.name]) != {"null"}:
+            shown = "; ".join(f"`{value}` ({', '.join(labels)})" for value, labels in declared[f.name].items())
+            default_text = f"null → {shown}"
+        else:
+            default_text = f"`{_yaml(default)}`"
+        meaning = docs.get(f.name, "")
+        if key in REGISTRY:
+            meaning += f" One of: {', '.join(f'`{n}`' for n in sorted(REGISTRY[key].entries()))}."
+        cells = [f"`{key}`", f"`{f.type}`", default_text, meaning]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return rows
+
+
+def markdown() -> str:
+    """docs/config.md: every section and field, its type, default and docstring, with the
+    registries' allowed names and each entry's own default for its hyperparameters."""
+    entries = all_entries()
+    generated = ("Generated from the field docstrings of `src/rlvr/config.py` by "
+                 "`python -m rlvr.config --markdown > docs/config.md` (a test checks that this file is current).")
+    lines = ["# Configuration reference", "", generated, ""]
+    lines += [" ".join(part.split()) + "\n" for part in __doc__.split("\n\n")[1:]]
+    lines += ["A default `null → v (entries)` is what a null field resolves to when one of those entries is chosen.", ""]
+
+    def section(cls: type, path: str) -> None:
+        doc = inspect.getdoc(cls) if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(") else ""
+        lines.extend([f"## `{path}`" if path else "## Top level", ""] + ([" ".join(doc.split()), ""] if doc else []))
+        lines.extend(_section_rows(cls, path, entries.get(path, [])) + [""])
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            sub = _section_type(hints[f.name])
+            if sub is not None:
+                section(sub, f"{path}.{f.name}" if path else f.name)
+
+    section(Config, "")
+    elsewhere = ", ".join(f"`{k}` from {v}" for k, v in ELSEWHERE.items())
+    lines.extend(["## Bound from elsewhere", "", f"Keywords the builder binds from other fields: {elsewhere}.", ""])
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if argv != ["--markdown"]:
+        print("usage: python -m rlvr.config --markdown > docs/config.md", file=sys.stderr)
+        return 2
+    print(markdown(), end="")
+    return 0
+
+
+if __name__ == "__main__":  # run the copy every other module imports, not this __main__ one
+    sys.exit(importlib.import_module("rlvr.config").main(sys.argv[1:]))

@@ -29,10 +29,10 @@ def bind(entry: Callable, section, registry: Registry | None = None, **elsewhere
     (`registry` says which of its keywords are data, passed at call time); a null field keeps the
     entry's own default. `elsewhere`: values from other sections (`group_size=`), bound where the
     entry takes them."""
-    values = {k: getattr(section, k) for k in hyperparameters(entry, registry)}
-    values = {k: v for k, v in values.items() if v is not None}
     accepted = keywords(entry)
-    return functools.partial(entry, **{**values, **{k: v for k, v in elsewhere.items() if k in accepted}})
+    values = {k: getattr(section, k) for k in hyperparameters(entry, registry) if k not in elsewhere}
+    values.update({k: v for k, v in elsewhere.items() if k in accepted})
+    return functools.partial(entry, **{k: v for k, v in values.items() if v is not None})
 
 
 def _bind_named(config: Config, key: str, **elsewhere) -> Callable:
