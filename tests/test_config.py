@@ -83,6 +83,22 @@ def test_a_resolved_config_reloads_to_itself(recipe, tmp_path):
 
 # ---------------------------------------------------------------------------- binding
 
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_resolving_first_binds_the_same_values_as_binding_the_nulls(recipe):
+    """The printed config is what runs: null fields bound as the entries' defaults give the same calls."""
+    raw, resolved = cfg._build(cfg.Config, cfg.read_recipe(recipe), ""), load_config(recipe)
+
+    def calls(c):
+        loss, adv = build.build_loss(c), build.build_advantage(c)
+        parts = [loss.objective, loss.aggregation, loss.kl_estimator, loss.correction, adv.estimate, adv.returns]
+        if c.model.kind == "diffusion":
+            parts.append(build._bind_named(c, "estimator.name"))
+        return [(p.func, {**cfg.keywords(p.func), **p.keywords}) if p else None for p in parts]
+
+    assert calls(raw) == calls(resolved)
+
+
+
 def test_bind_sets_declared_keywords_only_and_null_keeps_the_default():
     def fn(a, b=1, *, clip_low=0.0, gamma=1.0, group_size=1):
         return (a, b, clip_low, gamma, group_size)

@@ -11,7 +11,7 @@ import torch
 
 from rlvr.algos.advantages import gae_returns
 from rlvr.algos.correction import importance_correction
-from rlvr.config import REGISTRY, Config, Registry, hyperparameters, keywords
+from rlvr.config import REGISTRY, Config, Registry, hyperparameters, keywords, task_sections
 from rlvr.errors import ConfigError
 from rlvr.models.causal_lm import load_causal_lm
 from rlvr.models.diffusion_lm import load_diffusion_lm
@@ -89,8 +89,8 @@ def build_task(config: Config, tokenizer=None):
     t = config.task
     registry = REGISTRY["task.name"]
     cls = registry.get(t.name)
-    section = getattr(t, t.name, None)
-    bound = bind(cls, section, registry) if section is not None else functools.partial(cls)
+    section = getattr(t, t.name) or task_sections()[t.name]()  # unresolved config: the section's defaults
+    bound = bind(cls, section, registry)
     accepted = keywords(cls)
     common = {"heldout_size": t.heldout_size, "tokenizer": tokenizer, "seed": config.seed}
     options = {**bound.keywords, **{k: v for k, v in common.items() if k in accepted}}
