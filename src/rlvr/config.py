@@ -414,7 +414,7 @@ class Registry:
     """A config field whose value names an entry of a registry.
 
     `source` is `module:NAME` of the registry (a mapping name -> entry, or a tuple of names),
-    imported on first use so that reading a config costs no torch import until it is checked."""
+    imported on first use, so importing this module stays free of torch."""
 
     key: str
     """Dotted field holding the entry's name, e.g. `algo.objective`."""
@@ -430,8 +430,7 @@ class Registry:
     """Keyword-only parameters the builder binds from other sections (`group_size`)."""
 
     def entries(self) -> Any:
-        module, name = self.source.split(":")
-        return getattr(importlib.import_module(module), name)
+        return _import(self.source)
 
     def get(self, name: str) -> Any:
         """The entry registered as `name`; a one-line ConfigError naming the valid ones otherwise."""
@@ -474,8 +473,9 @@ LOOP_KNOBS = {
              "dynamic_sampling", "max_sampling_rounds", "rollout_correction"),
     "task": ("heldout_size",),
 }
-"""Fields the training loop reads itself (or passes to every entry, `task.heldout_size`), not a
-keyword of one registry entry."""
+"""Fields of a section that no entry's keyword binds: the loop reads them itself (`algo.kl_coef`,
+the DAPO, critic and adaptive-KL knobs), or the builder passes them to every entry
+(`task.heldout_size`)."""
 
 ELSEWHERE = {"group_size": "rollout.group_size", "tokenizer": "the model's tokenizer", "seed": "seed",
              "norm_length": "rollout.max_new_tokens (when algo.norm_length is null)"}
