@@ -66,7 +66,7 @@ def test_config_prints_resolved_values(capsys):
     ("rollout.prompt_selection=best", "rollout.prompt_selection"),
     ("rollout.selection_candidates=0.5", "rollout.selection_candidates"),
     ("rollout.selection_decay=1.5", "rollout.selection_decay"),
-    ("task.partial_credit=loose", "task.partial_credit"),
+    ("task.countdown.partial_credit=loose", "task.countdown.partial_credit"),
     ("trainer.eval_samples=-1", "trainer.eval_samples"),
 ])
 def test_selection_and_credit_choices_are_checked(capsys, override, field):

@@ -17,7 +17,7 @@ FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_t
 def test_built_components_satisfy_the_protocols(tmp_path):
     from rlvr.tracking.tracker import JsonlTracker
 
-    for overrides in (FAST, [*FAST, "model.kind=diffusion", "model.path=", "algo.estimator=trace"]):
+    for overrides in (FAST, [*FAST, "model.kind=diffusion", "model.path=", "estimator.name=trace"]):
         c = build_components(load_config(None, overrides))
         assert isinstance(c.policy, PolicyModel) and isinstance(c.engine, RolloutEngine)
         assert isinstance(c.task, Task)
@@ -27,7 +27,7 @@ def test_built_components_satisfy_the_protocols(tmp_path):
 def test_the_diffusion_trace_reaches_the_estimator_through_the_batch():
     """The `trace` estimator replays the sampler's commit order: the engine puts it on Rollouts,
     rl_step copies it to the TrainBatch, and the policy reads it there (no lookup by row hash)."""
-    config = load_config(None, [*FAST, "model.kind=diffusion", "model.path=", "algo.estimator=trace",
+    config = load_config(None, [*FAST, "model.kind=diffusion", "model.path=", "estimator.name=trace",
                                 "rollout.window=full", "rollout.temperature=1.0"])
     c = build_components(config)
     ids = torch.tensor([[1, 2, 3], [1, 2, 3]])

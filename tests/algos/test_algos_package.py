@@ -1,4 +1,4 @@
-"""Package-level rules: torch-only imports, call_with_hparams, module headers."""
+"""Package-level rules: torch-only imports, module headers, documented hyperparameters."""
 
 import ast
 import pathlib
@@ -7,7 +7,6 @@ import sys
 import pytest
 
 import rlvr.algos as algos
-from rlvr.algos import call_with_hparams, keyword_params
 
 ALGOS_DIR = pathlib.Path(algos.__file__).parent
 ALLOWED_THIRD_PARTY = {"torch"}
@@ -41,16 +40,6 @@ def test_module_docstring(path):
     assert doc, f"{path.name} has no module docstring"
     if not path.name.startswith("_"):
         assert "Deliberate deviations" in doc or "Hyperparameters" in doc or path.name == "__init__.py"
-
-
-def test_call_with_hparams_passes_only_declared_keywords():
-    def fn(a, b=1, *, clip_low=0.0, gamma=1.0):
-        return (a, b, clip_low, gamma)
-
-    hp = {"clip_low": 0.3, "lam": 0.9, "b": 99}
-    assert call_with_hparams(fn, 1, hparams=hp) == (1, 1, 0.3, 1.0)
-    assert call_with_hparams(fn, 1, hparams=hp, clip_low=0.5) == (1, 1, 0.5, 1.0)
-    assert keyword_params(fn) == {"clip_low", "gamma"}
 
 
 def test_every_hyperparameter_is_documented_in_its_module():

@@ -65,7 +65,7 @@ def test_chat_template_and_length_filter(tmp_path):
 
 @pytest.mark.parametrize("rows,message", [
     (['{"question": "ok", "answer": "1"}', '{"question": "bad" "answer"}'], r"d.jsonl:2: invalid JSON"),
-    ([{"question": "ok", "answer": "1"}, {"prompt": "x", "answer": "2"}], r"d.jsonl:2: field 'question' missing \(row has answer, prompt\); set task.prompt_key"),
+    ([{"question": "ok", "answer": "1"}, {"prompt": "x", "answer": "2"}], r"d.jsonl:2: field 'question' missing \(row has answer, prompt\); set task.math_file.prompt_key"),
     ([{"question": "ok", "answer": ["1"]}], r"d.jsonl:1: field 'answer' must be str or int or float, got list"),
     ([{"question": "ok", "answer": " "}], r"d.jsonl:1: field 'answer' is empty"),
     (['[1, 2]'], r"d.jsonl:1: expected a JSON object, got list"),
@@ -112,7 +112,7 @@ def test_parquet_and_hf_dataset(tmp_path):
     datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "hf"))
     task = MathFileTask(path=str(tmp_path / "hf"), prompt_key="q", answer_key="a")
     assert len(task.sample(5, random.Random(0))) == 5
-    with pytest.raises(ConfigError, match="task.split='test' not in"):
+    with pytest.raises(ConfigError, match="task.math_file.split='test' not in"):
         MathFileTask(path=str(tmp_path / "hf"), prompt_key="q", answer_key="a", split="test")
 
 

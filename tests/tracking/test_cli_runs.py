@@ -12,6 +12,11 @@ from rlvr.errors import ConfigError
 from fake_runs import make_run
 
 
+# Labels list every key in which the groups' resolved configs differ: the objective and its own clip widths.
+PPO = "algo.clip_high=0.2, algo.clip_low=0.2, algo.objective=ppo_clip"
+GSPO = "algo.clip_high=0.0004, algo.clip_low=0.0003, algo.objective=gspo"
+
+
 def run_cli(argv: list[str]) -> int:
     """What `rlvr.cli.main` does once its parser() calls register(sub)."""
     parser = argparse.ArgumentParser(prog="rlvr")
@@ -31,15 +36,15 @@ def test_compare_groups_by_recipe_prints_table_and_writes_plot(fake_runs, tmp_pa
     table = [line for line in printed.splitlines() if line.startswith("|")]
     assert table[0].startswith("| recipe | seeds | steps | eval/heldout_accuracy (final)")
     rows = {line.split("|")[1].strip(): line for line in table[2:]}
-    assert set(rows) == {"algo.objective=ppo_clip", "algo.objective=gspo"}  # seeds grouped, not 6 rows
+    assert set(rows) == {PPO, GSPO}  # seeds grouped, not 6 rows
     assert all("| 3 |" in row and "±" in row for row in rows.values())
 
     with open(out / "compare.csv") as handle:
         records = list(csv.DictReader(handle))
     assert len(records) == 2 * 2 * 2  # groups × metrics × (final, auc)
-    gspo = next(r for r in records if r["recipe"] == "algo.objective=gspo" and r["metric"] == "eval/heldout_accuracy"
+    gspo = next(r for r in records if r["recipe"] == GSPO and r["metric"] == "eval/heldout_accuracy"
                 and r["statistic"] == "auc")
-    ppo = next(r for r in records if r["recipe"] == "algo.objective=ppo_clip" and r["metric"] == "eval/heldout_accuracy"
+    ppo = next(r for r in records if r["recipe"] == PPO and r["metric"] == "eval/heldout_accuracy"
                and r["statistic"] == "auc")
     assert gspo["n"] == "3" and gspo["seeds"] == "0 1 2"
     assert float(gspo["mean"]) > float(ppo["mean"])  # synthetic gspo curves rise faster

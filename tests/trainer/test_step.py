@@ -1,5 +1,7 @@
 """The update step: micro-batching never changes the gradient; the loss wiring is the algos math."""
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -27,8 +29,9 @@ def _grads(model, batch, spec, micro_batch_size):
 @pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
 def test_one_vs_four_micro_batches_same_gradient(tiny_model, make_train_batch, aggregation):
     batch = make_train_batch(tiny_model, PROMPTS)
-    spec = LossSpec(objective=ppo_clip, aggregation=AGGREGATIONS[aggregation], kl_estimator=k3, kl_coef=0.1,
-                    entropy_coef=0.01, hparams={"clip_low": 0.2, "clip_high": 0.28, "norm_length": 10.0})
+    spec = LossSpec(objective=partial(ppo_clip, clip_low=0.2, clip_high=0.28),
+                    aggregation=partial(AGGREGATIONS[aggregation], norm_length=10.0), kl_estimator=k3, kl_coef=0.1,
+                    entropy_coef=0.01)
     whole = _grads(tiny_model, batch, spec, len(batch))
     split = _grads(tiny_model, batch, spec, len(batch) // 4)
     assert whole.norm() > 0
@@ -40,7 +43,7 @@ def test_on_policy_loss_is_minus_mean_advantage(tiny_model, make_train_batch):
     batch = make_train_batch(tiny_model, PROMPTS, with_old=False)
     batch.ref_logp = None
     spec = LossSpec(objective=ppo_clip, aggregation=AGGREGATIONS["seq_mean_token_mean"], kl_estimator=None,
-                    kl_coef=0.0, entropy_coef=0.0, hparams={})
+                    kl_coef=0.0, entropy_coef=0.0)
     loss, sums = micro_batch_loss(CausalPolicy(tiny_model), batch, spec,
                                   num_tokens=float(batch.completion_mask.sum()), num_seqs=float(len(batch)))
     per_seq_adv = batch.advantages.sum(-1) / batch.completion_mask.sum(-1)

@@ -16,7 +16,7 @@ sequence score s_i = R_i + sum_t m*token_rewards. Every estimator is
 `fn(inp, **hparams) -> (advantages (B, T), metrics dict[str, float])`; the advantages are
 already multiplied by `response_mask`.
 
-Hyperparameters of the whole registry (one flat namespace, same meaning wherever used):
+Hyperparameters of the whole registry (config fields `algo.<name>`, same meaning wherever used):
 - `std_normalize` (bool): divide by a standard deviation (group std for GRPO, the subset-reward
   std for pass@k); False keeps only the centring.
 - `adv_eps` (float): added to a standard deviation before dividing (never to the variance).

@@ -10,7 +10,7 @@ recomputes old_logp for the same tokens. The policy objective's ratio is taken a
 so the loss should be reweighted by w = pi_old / pi_rollout, per token or per sequence:
     loss_tok = objective_loss_tok * weights   (weights detached)
 
-Hyperparameters (flat namespace names):
+Hyperparameters (config fields `algo.<name>`):
 - `correction_level`: "token" (w_t = exp(old - roll)) or "sequence" (w = exp(sum_t m (old - roll))
   broadcast to every token of the row).
 - `correction_mode`: "truncate" (w <- min(w, cap), TIS) or "mask" (w <- w * 1[w <= cap], MIS:
@@ -29,7 +29,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["importance_correction", "mismatch_metrics"]
+__all__ = ["LEVELS", "MODES", "importance_correction", "mismatch_metrics"]
+
+LEVELS = ("token", "sequence")
+"""Values of `correction_level`."""
+MODES = ("truncate", "mask")
+"""Values of `correction_mode`."""
 
 
 def mismatch_metrics(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> dict[str, float]:
@@ -65,7 +70,7 @@ def importance_correction(
     elif correction_level == "sequence":
         log_w = log_w.sum(dim=-1, keepdim=True).expand_as(log_w)
     else:
-        raise ValueError(f"unknown correction_level {correction_level!r}; valid: sequence, token")
+        raise ValueError(f"unknown correction_level {correction_level!r}; valid: {', '.join(sorted(LEVELS))}")
     w = torch.exp(log_w.clamp(-20.0, 20.0))
     over = w > correction_cap
     if correction_mode == "truncate":
@@ -73,7 +78,7 @@ def importance_correction(
     elif correction_mode == "mask":
         w = torch.where(over, torch.zeros_like(w), w)
     else:
-        raise ValueError(f"unknown correction_mode {correction_mode!r}; valid: mask, truncate")
+        raise ValueError(f"unknown correction_mode {correction_mode!r}; valid: {', '.join(sorted(MODES))}")
     w = torch.where(keep, w, torch.zeros_like(w))
     metrics = mismatch_metrics(old_logp, rollout_logp, mask)
     metrics["correction_clip_frac"] = float((over & keep).sum() / keep.sum().clamp(min=1))

@@ -22,7 +22,8 @@ Signature of every objective:
 is float 0/1. The loss is zero outside the mask. Metric tensors are detached per-token floats;
 the caller takes their masked mean with the same mask. Every objective reports "ratio".
 
-Hyperparameters (one flat namespace, same meaning wherever used):
+Hyperparameters (config fields `algo.<name>`, same meaning wherever used; the defaults below are
+each objective's own and are what a null config field resolves to):
 - `clip_low`, `clip_high` (float): half-widths of the ratio clip, [1 - clip_low, 1 + clip_high]
   (`ppo_clip`, `gspo` on the sequence ratio, `cispo` on the detached weight).
 - `dual_clip` (float | None): c > 1 caps a negative-advantage token's loss at c * |A|.

@@ -19,7 +19,7 @@ Deliberate deviations:
 2. A singleton group (G = 1) is never flagged (verl keeps it: with G = 1 the advantage is R);
    a group with fewer than two scorable rewards (G > 1) is flagged.
 3. Names are overlong_buffer / overlong_factor rather than buffer / factor so they stay
-   unambiguous in the trainer's flat hyperparameter namespace.
+   unambiguous as `algo.*` config fields.
 """
 
 from __future__ import annotations

@@ -67,6 +67,7 @@ import torch
 from rlvr.noise import mix32, uniform_noise
 
 WINDOWS = ("eos", "full")
+SPG_BOUNDS = ("elbo", "eubo", "mixture")  # `spg`'s bound for negative advantages
 
 
 def window_mask(completion_ids: torch.Tensor, eos_id: int, window: str = "eos") -> torch.Tensor:
@@ -315,8 +316,8 @@ def spg(ctx: Corruptor, *, advantages: torch.Tensor | None = None, n: int = 2, b
     EUBO per token: (1/β) log mean_passes[w · 1[masked] · p^β], summed over tokens.
     `advantages` (B,) or (B, Tc) is required unless bound == "elbo".
     """
-    if bound not in ("elbo", "eubo", "mixture"):
-        raise ValueError(f"spg: unknown bound {bound!r}; valid: elbo, eubo, mixture")
+    if bound not in SPG_BOUNDS:
+        raise ValueError(f"spg: unknown bound {bound!r}; valid: {', '.join(SPG_BOUNDS)}")
     if bound != "elbo" and advantages is None:
         raise ValueError("spg needs advantages= (their sign picks ELBO or EUBO); pass them to token_logprobs")
     elbo_tok = torch.zeros(ctx.valid.shape)
@@ -420,6 +421,6 @@ def bgpo_objective(draw_logp, draw_old, advantages, *, clip_low: float = 0.2, cl
     return -surrogate.mean(0).mean()
 
 
-__all__ = ["ESTIMATORS", "SEQUENCE_LEVEL", "WINDOWS", "Corruptor", "ar_order", "bgpo", "bgpo_objective", "coupled",
+__all__ = ["ESTIMATORS", "SEQUENCE_LEVEL", "SPG_BOUNDS", "WINDOWS", "Corruptor", "ar_order", "bgpo", "bgpo_objective", "coupled",
            "distinct_forward", "elbo_draw", "elbo_mc", "get_estimator", "mean_field", "row_hash", "spg", "sum_of_recomputed", "trace",
            "window_mask"]

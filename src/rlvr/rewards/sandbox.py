@@ -45,7 +45,10 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-__all__ = ["Verdict", "Limits", "RunResult", "Sandbox", "SandboxWarning", "detect_isolation"]
+__all__ = ["ISOLATIONS", "Verdict", "Limits", "RunResult", "Sandbox", "SandboxWarning", "detect_isolation"]
+
+ISOLATIONS = ("auto", "bwrap", "unshare", "none")
+"""Sandbox isolation modes (`auto` picks the strongest that works here)."""
 
 
 class Verdict(str, enum.Enum):
@@ -251,7 +254,7 @@ class Sandbox:
                  python: str | None = None, base_uid: int = 60000, _probe: bool = False):
         if workers < 1:
             raise ValueError(f"sandbox: workers must be >= 1, got {workers}")
-        if isolation not in ("auto", "bwrap", "unshare", "none"):
+        if isolation not in ISOLATIONS:
             raise ValueError(f"sandbox: isolation must be auto|bwrap|unshare|none, got {isolation!r}")
         self.workers, self.limits, self.python, self.base_uid = workers, limits, python or default_python(), base_uid
         if not os.access(self.python, os.X_OK):

@@ -301,6 +301,12 @@ def solve(numbers, target: int, *, allow_division: bool = False) -> str | None:
 # ---------------------------------------------------------------------------- the task
 
 
+SAMPLINGS = ("draws", "keys")
+"""How `Countdown.sample` picks training problems (its `sampling` knob)."""
+PARTIAL_CREDITS = ("parse", "numbers")
+"""Which wrong answers earn Countdown's 0.1 (its `partial_credit` knob)."""
+
+
 class Countdown:
     """Procedural Countdown task: ``sample`` for training, ``heldout`` for evaluation.
 
@@ -339,9 +345,9 @@ class Countdown:
             )
         self.num_count, self.max_number = num_count, max_number
         self.allow_division, self.heldout_size = allow_division, heldout_size
-        if partial_credit not in ("parse", "numbers"):
+        if partial_credit not in PARTIAL_CREDITS:
             raise ValueError(f"countdown: partial_credit must be 'parse' or 'numbers', got {partial_credit!r}")
-        if sampling not in ("draws", "keys"):
+        if sampling not in SAMPLINGS:
             raise ValueError(f"countdown: sampling must be 'draws' or 'keys', got {sampling!r}")
         self.show_work, self.ordered, self.partial_credit = show_work, ordered, partial_credit
         self.sampling = sampling

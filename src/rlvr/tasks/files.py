@@ -33,13 +33,14 @@ from rlvr.types import Example
 __all__ = ["load_rows", "FileTask", "MathFileTask", "CodeFileTask"]
 
 
-def load_rows(path: str | Path, *, split: str = "train") -> list[tuple[dict, str]]:
-    """Rows of a data file as ``(row, location)`` pairs; location is ``file:line`` for errors."""
+def load_rows(path: str | Path, *, split: str = "train", field: str = "task.path") -> list[tuple[dict, str]]:
+    """Rows of a data file as ``(row, location)`` pairs; location is ``file:line`` for errors.
+    ``field``: the config key that named the file, for error messages."""
     p = Path(path)
     if not p.exists():
-        raise ConfigError(f"task.path: {str(p)!r} not found")
+        raise ConfigError(f"{field}: {str(p)!r} not found")
     if p.is_dir():
-        return _load_hf(p, split)
+        return _load_hf(p, split, field)
     suffix = p.suffix.lower()
     if suffix in (".jsonl", ".json"):
         rows = []
@@ -59,24 +60,24 @@ def load_rows(path: str | Path, *, split: str = "train") -> list[tuple[dict, str
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise ConfigError(f"task.path: reading {str(p)!r} needs pyarrow; pip install -e '.[data]'") from None
+            raise ConfigError(f"{field}: reading {str(p)!r} needs pyarrow; pip install -e '.[data]'") from None
         table = pq.read_table(p)
         return [(row, f"{p}:row {i + 1}") for i, row in enumerate(table.to_pylist())]
-    raise ConfigError(f"task.path: {str(p)!r} is not .jsonl, .json, .parquet or a datasets directory")
+    raise ConfigError(f"{field}: {str(p)!r} is not .jsonl, .json, .parquet or a datasets directory")
 
 
-def _load_hf(p: Path, split: str) -> list[tuple[dict, str]]:
+def _load_hf(p: Path, split: str, field: str) -> list[tuple[dict, str]]:
     try:
         import datasets
     except ImportError:
-        raise ConfigError(f"task.path: {str(p)!r} is a directory; loading it needs `datasets`; pip install -e '.[data]'") from None
+        raise ConfigError(f"{field}: {str(p)!r} is a directory; loading it needs `datasets`; pip install -e '.[data]'") from None
     try:
         ds = datasets.load_from_disk(str(p))
     except Exception as err:  # noqa: BLE001 - datasets raises many types for a bad directory
-        raise ConfigError(f"task.path: {str(p)!r} is not a dataset saved with save_to_disk ({err})") from None
+        raise ConfigError(f"{field}: {str(p)!r} is not a dataset saved with save_to_disk ({err})") from None
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
-            raise ConfigError(f"task.split={split!r} not in {str(p)!r}; splits: {', '.join(ds)}")
+            raise ConfigError(f"{field.rsplit('.', 1)[0]}.split={split!r} not in {str(p)!r}; splits: {', '.join(ds)}")
         ds = ds[split]
     return [(row, f"{p}[{split}]:row {i + 1}") for i, row in enumerate(ds)]
 
@@ -95,7 +96,7 @@ class FileTask:
                  max_prompt_length: int = 0, heldout_size: int = 0, heldout_path: str = "",
                  split: str = "train", tokenizer: Any = None, seed: int = 0):
         if "{prompt}" not in prompt_template:
-            raise ConfigError(f"task.prompt_template must contain {{prompt}}, got {prompt_template!r}")
+            raise ConfigError(f"task.{self.name}.prompt_template must contain {{prompt}}, got {prompt_template!r}")
         if heldout_size < 0:
             raise ConfigError(f"task.heldout_size must be >= 0, got {heldout_size}")
         self.prompt_key, self.answer_key, self.tests_key = prompt_key, answer_key, tests_key
@@ -103,16 +104,16 @@ class FileTask:
         self.max_prompt_length, self.tokenizer = max_prompt_length, tokenizer
         self._rng = random.Random(seed)
         self.stats = {"rows": 0, "dropped_long": 0}
-        examples = self._examples(load_rows(path, split=split))
+        examples = self._examples(load_rows(path, split=split, field=f"task.{self.name}.path"))
         if heldout_path:
-            self._train, self._heldout = examples, self._examples(load_rows(heldout_path, split=split))
+            self._train, self._heldout = examples, self._examples(load_rows(heldout_path, split=split, field=f"task.{self.name}.heldout_path"))
         else:
             ranked = sorted(range(len(examples)), key=lambda i: _stable_bucket(examples[i].prompt))
             held = set(ranked[:heldout_size])
             self._heldout = [ex for i, ex in enumerate(examples) if i in held]
             self._train = [ex for i, ex in enumerate(examples) if i not in held]
         if not self._train:
-            raise ConfigError(f"task.path: {path!r} leaves no training rows "
+            raise ConfigError(f"task.{self.name}.path: {path!r} leaves no training rows "
                               f"({self.stats['rows']} rows, {self.stats['dropped_long']} too long, "
                               f"{len(self._heldout)} held out)")
 
@@ -192,13 +193,13 @@ class MathFileTask(FileTask):
         super().__init__(path=path, **kwargs)
 
     def _row_to_example(self, row: dict, where: str) -> Example:
-        text = self._field(row, self.prompt_key, where, (str,), "task.prompt_key")
-        answer = self._field(row, self.answer_key, where, (str, int, float), "task.answer_key")
+        text = self._field(row, self.prompt_key, where, (str,), f"task.{self.name}.prompt_key")
+        answer = self._field(row, self.answer_key, where, (str, int, float), f"task.{self.name}.answer_key")
         if not str(answer).strip():
             raise ConfigError(f"{where}: field {self.answer_key!r} is empty")
         meta = {"source": where}
         if self.solution_key:
-            meta["solution"] = str(self._field(row, self.solution_key, where, (str,), "task.solution_key"))
+            meta["solution"] = str(self._field(row, self.solution_key, where, (str,), f"task.{self.name}.solution_key"))
         return Example(self.format_prompt(text), str(answer), meta)
 
     def reward(self, prompt: str, completion: str, /, answer: str | None = None, **example) -> float | None:
@@ -233,8 +234,8 @@ class CodeFileTask(FileTask):
         self._cache: dict[str, Any] = {}
 
     def _row_to_example(self, row: dict, where: str) -> Example:
-        text = self._field(row, self.prompt_key, where, (str,), "task.prompt_key")
-        tests = self._field(row, self.tests_key, where, (list, str), "task.tests_key")
+        text = self._field(row, self.prompt_key, where, (str,), f"task.{self.name}.prompt_key")
+        tests = self._field(row, self.tests_key, where, (list, str), f"task.{self.name}.tests_key")
         if isinstance(tests, str):  # a JSON-encoded list (common in Parquet exports)
             try:
                 tests = json.loads(tests)

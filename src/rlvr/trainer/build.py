@@ -2,38 +2,46 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import inspect
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from rlvr.algos.advantages import get_advantage
-from rlvr.algos.aggregate import get_aggregation
-from rlvr.algos.kl import get_kl_estimator
-from rlvr.algos.objectives import get_objective
-from rlvr.config import Config
+from rlvr.algos.advantages import gae_returns
+from rlvr.algos.correction import importance_correction
+from rlvr.config import REGISTRY, Config, Registry, hyperparameters, keywords, task_sections
 from rlvr.errors import ConfigError
-from rlvr.algos import keyword_params
 from rlvr.models.causal_lm import load_causal_lm
 from rlvr.models.diffusion_lm import load_diffusion_lm
 from rlvr.models.diffusion_policy import DiffusionPolicy
-from rlvr.models.likelihood import get_estimator
 from rlvr.models.policy import CausalPolicy
 from rlvr.protocols import RolloutEngine
 from rlvr.engines.torch_ar import generate
 from rlvr.engines.torch_diffusion import generate_diffusion
 from rlvr.rewards.runner import RewardRunner, load_reward_fn
-from rlvr.tasks import TASKS, make_task
+from rlvr.tasks import make_task
 from rlvr.trainer.step import LossSpec
 
 
-def _lookup(getter, name: str, field: str):
-    try:
-        return getter(name)
-    except (KeyError, ValueError) as err:
-        raise ConfigError(f"{field}: {str(err).strip(chr(39))}") from None
+def bind(entry: Callable, section, registry: Registry | None = None, **elsewhere) -> Callable:
+    """`entry` with its hyperparameters bound once from the fields of the same names in `section`
+    (`registry` says which of its keywords are data, passed at call time); a null field keeps the
+    entry's own default. `elsewhere`: values from other sections (`group_size=`), bound where the
+    entry takes them."""
+    accepted = keywords(entry)
+    values = {k: getattr(section, k) for k in hyperparameters(entry, registry) if k not in elsewhere}
+    values.update({k: v for k, v in elsewhere.items() if k in accepted})
+    return functools.partial(entry, **{k: v for k, v in values.items() if v is not None})
+
+
+def _bind_named(config: Config, key: str, **elsewhere) -> Callable:
+    """The entry named by the config field `key`, bound from its registry's section."""
+    registry = REGISTRY[key]
+    section, field = key.split(".")
+    entry = registry.get(getattr(getattr(config, section), field))
+    return bind(entry, getattr(config, registry.section), registry, **elsewhere)
 
 
 def build_model(config: Config):
@@ -46,23 +54,14 @@ def build_model(config: Config):
     return load_causal_lm(m.path, seed=config.seed, **size)
 
 
-_ESTIMATOR_OPTIONS = {  # estimator keyword -> AlgoConfig field
-    "n": "mc_samples", "antithetic": "antithetic", "p_mask_prompt": "p_mask_prompt", "t_min": "t_min",
-    "t_max": "t_max", "include_full": "include_full", "beta": "spg_beta", "omega": "spg_omega",
-    "bound": "spg_bound", "block_length": "spg_block_length", "shrink": "trace_shrink",
-}
-
-
 def build_policy(config: Config, model):
     """The PolicyModel: exact per-token log-probs (causal) or a named likelihood estimator (diffusion)."""
     temperature = config.rollout.temperature
     if config.model.kind != "diffusion":
         return CausalPolicy(model, temperature=temperature, kernels=config.trainer.kernels)
-    estimator = _lookup(get_estimator, config.algo.estimator, "algo.estimator")
-    accepted = keyword_params(estimator)
-    options = {k: getattr(config.algo, f) for k, f in _ESTIMATOR_OPTIONS.items() if k in accepted}
-    return DiffusionPolicy(model, config.algo.estimator, window=config.rollout.window, temperature=temperature,
-                           **{k: v for k, v in options.items() if v is not None})
+    options = _bind_named(config, "estimator.name").keywords
+    return DiffusionPolicy(model, config.estimator.name, window=config.rollout.window, temperature=temperature,
+                           **options)
 
 
 def build_engine(config: Config, model, tokenizer) -> RolloutEngine:
@@ -78,25 +77,17 @@ def build_engine(config: Config, model, tokenizer) -> RolloutEngine:
     return functools.partial(generate_diffusion, model, **settings)
 
 
-def _task_keywords(cls) -> set[str]:
-    """Keyword arguments a task class accepts, following **kwargs up its base classes."""
-    names = set()
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is not None:
-            names |= {p.name for p in inspect.signature(init).parameters.values()
-                      if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"}
-    return names
-
-
 def build_task(config: Config, tokenizer=None):
-    """The task named by `task.name`, given the knobs it declares (unset fields keep its defaults)."""
+    """The task named by `task.name`, given its section's knobs (null ones keep the class's
+    defaults), the common `task.heldout_size`, the tokenizer and the seed."""
     t = config.task
-    if t.name not in TASKS:
-        raise ConfigError(f"task.name: unknown task '{t.name}'; valid: {', '.join(sorted(TASKS))}")
-    accepted = _task_keywords(TASKS[t.name])
-    options = {k: v for k, v in dataclasses.asdict(t).items() if k != "name" and k in accepted and v is not None}
-    options.update({k: v for k, v in (("tokenizer", tokenizer), ("seed", config.seed)) if k in accepted})
+    registry = REGISTRY["task.name"]
+    cls = registry.get(t.name)
+    section = getattr(t, t.name) or task_sections()[t.name]()  # unresolved config: the section's defaults
+    bound = bind(cls, section, registry)
+    accepted = keywords(cls)
+    common = {"heldout_size": t.heldout_size, "tokenizer": tokenizer, "seed": config.seed}
+    options = {**bound.keywords, **{k: v for k, v in common.items() if k in accepted}}
     try:
         return make_task(t.name, **options)
     except (ValueError, FileNotFoundError, OSError) as err:
@@ -110,30 +101,34 @@ def build_reward(config: Config, task) -> RewardRunner:
     return RewardRunner(getattr(task, "reward_batch", task.reward), name="task")
 
 
-def hparams(config: Config) -> dict:
-    """The flat hyperparameter namespace the algos functions pick their keywords from."""
-    values = dataclasses.asdict(config.algo)
-    values["group_size"] = config.rollout.group_size
-    if values["norm_length"] is None:
-        values["norm_length"] = float(config.rollout.max_new_tokens)
-    return values
-
-
 def build_loss(config: Config) -> LossSpec:
+    """The loss pieces named in `algo`, each with its hyperparameters bound (`bind`)."""
     a = config.algo
     kl_in_loss = a.kl_coef > 0 and a.kl_placement == "loss"
+    norm_length = a.norm_length if a.norm_length is not None else float(config.rollout.max_new_tokens)
     return LossSpec(
-        objective=_lookup(get_objective, a.objective, "algo.objective"),
-        aggregation=_lookup(get_aggregation, a.aggregation, "algo.aggregation"),
-        kl_estimator=_lookup(get_kl_estimator, a.kl_estimator, "algo.kl_estimator") if kl_in_loss else None,
+        objective=_bind_named(config, "algo.objective", group_size=config.rollout.group_size),
+        aggregation=_bind_named(config, "algo.aggregation", norm_length=norm_length),
+        kl_estimator=_bind_named(config, "algo.kl_estimator") if kl_in_loss else None,
         kl_coef=a.kl_coef,
         entropy_coef=a.entropy_coef,
-        hparams=hparams(config),
+        correction=bind(importance_correction, a) if a.rollout_correction else None,
     )
 
 
-def build_advantage(config: Config):
-    return _lookup(get_advantage, config.algo.advantage, "algo.advantage")
+@dataclass(frozen=True)
+class AdvantageSpec:
+    """The advantage estimator named by `algo.advantage` and, for `gae`, the critic's targets,
+    both with their hyperparameters bound: `estimate(inputs) -> (advantages, metrics)`,
+    `returns(inputs) -> (B, T)`."""
+
+    estimate: Callable
+    returns: Callable | None = None
+
+
+def build_advantage(config: Config) -> AdvantageSpec:
+    a = config.algo
+    return AdvantageSpec(_bind_named(config, "algo.advantage"), bind(gae_returns, a) if a.advantage == "gae" else None)
 
 
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int = 0, schedule: str = "constant",

@@ -67,6 +67,10 @@ class PosteriorSelector:
         self.rng.setstate(state["rng"])
 
 
+SELECTIONS = ("uniform", "mopps")
+"""Values of `rollout.prompt_selection`."""
+
+
 def build_selector(rollout, seed: int) -> PosteriorSelector | None:
     """The configured selector, or None for uniform draws."""
     if rollout.prompt_selection == "uniform":

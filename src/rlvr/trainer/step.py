@@ -12,21 +12,21 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr.algos import call_with_hparams
 from rlvr.algos.aggregate import global_counts
 from rlvr.batch import TrainBatch
 
 
 @dataclass(frozen=True)
 class LossSpec:
-    """The resolved loss: registry functions plus the flat hyperparameter namespace."""
+    """The resolved loss: registry functions with their hyperparameters already bound (the
+    builder binds them from the config once), called here with data only."""
 
-    objective: Callable
-    aggregation: Callable
-    kl_estimator: Callable | None  # None = no KL term in the loss
+    objective: Callable  # (logp, old_logp, advantages, mask) -> (loss (B, T), metrics)
+    aggregation: Callable  # (loss_tok, mask, *, num_tokens, num_seqs) -> scalar
+    kl_estimator: Callable | None  # (logp, ref_logp, *, old_logp) -> (B, T); None = no KL term in the loss
     kl_coef: float
     entropy_coef: float
-    hparams: dict
+    correction: Callable | None = None  # (old_logp, rollout_logp, mask) -> (weights, metrics); None = off
 
 
 def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: float, num_seqs: float):
@@ -34,17 +34,16 @@ def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: floa
     logp, entropy = policy.batch_logprobs(mb, with_entropy=True)
     old = logp.detach() if mb.old_logp is None else mb.old_logp
     mask = mb.completion_mask
-    loss_tok, tok_metrics = call_with_hparams(spec.objective, logp, old, mb.advantages, mask, hparams=spec.hparams)
+    loss_tok, tok_metrics = spec.objective(logp, old, mb.advantages, mask)
     if spec.kl_estimator is not None and spec.kl_coef > 0:
-        kl_tok = call_with_hparams(spec.kl_estimator, logp, mb.ref_logp, hparams=spec.hparams, old_logp=old)
+        kl_tok = spec.kl_estimator(logp, mb.ref_logp, old_logp=old)
         loss_tok = loss_tok + spec.kl_coef * kl_tok
         tok_metrics = {**tok_metrics, "kl": kl_tok.detach()}
     if spec.entropy_coef:
         loss_tok = loss_tok - spec.entropy_coef * entropy
     if mb.loss_weights is not None:
         loss_tok = loss_tok * mb.loss_weights
-    counts = {"num_tokens": num_tokens, "num_seqs": num_seqs}
-    loss = call_with_hparams(spec.aggregation, loss_tok, mask, hparams=spec.hparams, **counts)
+    loss = spec.aggregation(loss_tok, mask, num_tokens=num_tokens, num_seqs=num_seqs)
     sums = {name: float((value.detach() * mask).sum()) for name, value in tok_metrics.items()}
     sums["entropy"] = float((entropy.detach() * mask).sum())
     if mb.rollout_logp is not None:  # how far the sampler's log-probs are from the trainer's

@@ -16,12 +16,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from rlvr.algos import call_with_hparams
-from rlvr.algos.advantages import AdvantageInputs, gae_returns
-from rlvr.algos.correction import importance_correction
+from rlvr.algos.advantages import AdvantageInputs
 from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.shaping import overlong_penalty
-from rlvr.config import Config, derived_batch_numbers, dump_yaml, to_dict
+from rlvr.config import Config, data_files, derived_batch_numbers, dump_yaml, to_dict
 from rlvr.tracking.progress import Progress
 from rlvr.tracking.run_dir import RunDir, finish_manifest, manifest, now, recorded_exit
 from rlvr.tracking.tracker import make_trackers
@@ -35,8 +33,6 @@ from rlvr.batch import TrainBatch
 from rlvr.protocols import PolicyModel
 from rlvr.trainer.runtime import Runtime
 from rlvr.trainer.step import optimizer_step
-
-CORRECTION_KEYS = ("correction_level", "correction_mode", "correction_cap")
 
 TRAIN_PROBE_SEED = 20_240_601  # fixed training-distribution probe for the memorisation check
 
@@ -94,16 +90,15 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
     if not on_policy:
         batch.old_logp = _logprobs(c.policy, batch, t.micro_batch_size, c.rows)
     if a.rollout_correction:
-        batch.loss_weights, _ = importance_correction(batch.old_logp, rollouts.logprobs, mask,
-                                                      **{k: c.loss.hparams[k] for k in CORRECTION_KEYS})
+        batch.loss_weights, _ = c.loss.correction(batch.old_logp, rollouts.logprobs, mask)
     if c.reference is not None:
         batch.ref_logp = _logprobs(c.reference, batch, t.micro_batch_size, c.rows)
     old_values = critic_values(c.critic, batch, t.micro_batch_size) if c.critic is not None else None
     inputs = AdvantageInputs(rewards=_shaped_rewards(c, rewards, batch, rollouts.lengths), group_size=r.group_size,
                              response_mask=mask, values=old_values,
                              baseline_rewards=got.baseline_rewards)
-    batch.advantages, adv_metrics = call_with_hparams(c.advantage, inputs, hparams=c.loss.hparams)
-    returns = call_with_hparams(gae_returns, inputs, hparams=c.loss.hparams) if c.critic is not None else None
+    batch.advantages, adv_metrics = c.advantage.estimate(inputs)
+    returns = c.advantage.returns(inputs) if c.critic is not None else None
     timings["logprob"], t0 = now() - t0, now()
 
     updates: list[dict] = []
@@ -228,8 +223,7 @@ def _start_run(config: Config, run: RunDir, command: list[str], start: int) -> N
     if start:
         info = {**run.read_json("run.json"), "resumed_at": start}
     else:
-        data = [p for p in (config.task.path, config.task.heldout_path) if p]
-        info = manifest(command, config.seed, config=to_dict(config), data_files=data)
+        info = manifest(command, config.seed, config=to_dict(config), data_files=data_files(config))
     run.write_json("run.json", {**info, "status": "running"})
 
 
