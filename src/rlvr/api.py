@@ -83,7 +83,9 @@ class Trainer:
         overrides = _override_list(overrides)
         self._model, self._tokenizer = _model_argument(model, tokenizer, overrides)
         self.config, recipe = _load(config, overrides)
-        self.task, self.rows, self.heldout_rows = _dataset_arguments(train_dataset, eval_dataset)
+        if not isinstance(prompt_key, str) or not prompt_key:
+            raise ConfigError(f"prompt_key: expected a column name, got {prompt_key!r}")
+        self.task, self.rows, self.heldout_rows = _dataset_arguments(train_dataset, eval_dataset, prompt_key)
         self._prompt_options(prompt_key, system_prompt, correct_fn, correct_threshold)
         self.reward_funcs, self.reward_weights = self._reward_arguments(reward_funcs, reward_weights)
         self.callbacks = _callbacks(callbacks)
@@ -102,8 +104,6 @@ class Trainer:
     # ------------------------------------------------------------------------------ arguments
 
     def _prompt_options(self, prompt_key, system_prompt, correct_fn, correct_threshold) -> None:
-        if not isinstance(prompt_key, str) or not prompt_key:
-            raise ConfigError(f"prompt_key: expected a column name, got {prompt_key!r}")
         if correct_fn is not None and not callable(correct_fn):
             raise ConfigError(f"correct_fn: expected a callable (prompt, completion, **columns) -> bool, "
                               f"got {type(correct_fn).__name__}")
@@ -289,7 +289,7 @@ def _is_task(value: Any) -> bool:
     return all(callable(getattr(value, name, None)) for name in ("sample", "heldout", "is_correct"))
 
 
-def _dataset_arguments(train_dataset: Any, eval_dataset: Any):
+def _dataset_arguments(train_dataset: Any, eval_dataset: Any, prompt_key: str):
     """(task, rows, held-out rows): a Task object, or rows (with optional held-out rows)."""
     from rlvr.tasks.dataset import dataset_rows
 
@@ -298,8 +298,8 @@ def _dataset_arguments(train_dataset: Any, eval_dataset: Any):
             raise ConfigError("eval_dataset: a task brings its own held-out set (heldout()); pass rows as "
                               "train_dataset to evaluate on eval_dataset")
         return train_dataset, None, None
-    heldout = dataset_rows(eval_dataset, "eval_dataset") if eval_dataset is not None else None
-    return None, dataset_rows(train_dataset, "train_dataset"), heldout
+    heldout = dataset_rows(eval_dataset, "eval_dataset", prompt_key) if eval_dataset is not None else None
+    return None, dataset_rows(train_dataset, "train_dataset", prompt_key), heldout
 
 
 def _numbers(values: Any, argument: str) -> list[float]:

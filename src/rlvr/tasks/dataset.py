@@ -32,8 +32,9 @@ from rlvr.types import Example
 __all__ = ["DatasetTask", "dataset_rows"]
 
 
-def dataset_rows(data: Any, argument: str) -> list[dict]:
-    """The rows of a list of dicts, a `datasets.Dataset` or any iterable of mappings, as dicts.
+def dataset_rows(data: Any, argument: str, prompt_key: str = "prompt") -> list[dict]:
+    """The rows of a list of dicts, a `datasets.Dataset` or any iterable of mappings, as dicts,
+    each checked for its prompt column (before any model is loaded).
 
     `argument` names the caller's parameter in error messages."""
     if isinstance(data, Mapping):  # a DatasetDict, or one row passed alone
@@ -46,6 +47,9 @@ def dataset_rows(data: Any, argument: str) -> list[dict]:
     for i, row in enumerate(data):
         if not isinstance(row, Mapping):
             raise ConfigError(f"{argument}[{i}]: expected a dict of columns, got {type(row).__name__}")
+        if prompt_key not in row:
+            raise ConfigError(f"{argument}[{i}]: field {prompt_key!r} missing (row has {', '.join(sorted(map(str, row)))}); "
+                              f"set prompt_key to the right field name")
         rows.append(dict(row))
     if not rows:
         raise ConfigError(f"{argument}: no rows")
