@@ -163,7 +163,7 @@ def test_config_object_dict_and_list_overrides(tmp_path):
     from rlvr import Trainer
     from rlvr.config import Config
 
-    fn = lambda p, c, **cols: 0.0  # noqa: E731
+    fn = lambda p, c, **cols: 0.0
     trainer = Trainer(None, fn, _rows(), config=Config(seed=4),
                       overrides={"trainer.name": "007", "algo.clip_high": 0.28, "trainer.out_dir": str(tmp_path)})
     assert trainer.config.seed == 4 and trainer.config.trainer.name == "007" and trainer.config.algo.clip_high == 0.28
@@ -245,3 +245,18 @@ def test_reward_sum_marks_a_sample_unscorable_when_a_weighted_function_fails():
     out = RewardSum([fails_on_b, lambda p, c, **e: 2.0], [1.0, 0.5])(["q", "q"], ["a", "b"], [{}, {}])
     assert out.rewards[0] == 2.0 and math.isnan(out.rewards[1]) and out.errors == [None, "ValueError: no b"]
     assert math.isnan(RewardSum([fails_on_b]).score_one("q", "b", {}))
+
+
+def test_a_run_on_rows_is_not_resumed_or_evaluated_without_them(tmp_path, capsys):
+    from rlvr import Trainer
+    from rlvr.cli import main
+
+    trainer = _trainer(tmp_path, lambda p, c, **cols: float(len(c) > 3))
+    trainer.train()
+    with pytest.raises(ConfigError, match="resume: .* trained on a train dataset passed from Python"):
+        Trainer(resume=trainer.run_dir)
+    assert main(["eval", str(trainer.run_dir)]) == 2
+    assert "cannot rebuild" in capsys.readouterr().err
+    resumed = _trainer(tmp_path, lambda p, c, **cols: float(len(c) > 3), resume=trainer.run_dir,
+                       overrides={"trainer.steps": 3})
+    assert resumed.train()["step"] == 3

@@ -89,6 +89,8 @@ class Trainer:
         self._prompt_options(prompt_key, system_prompt, correct_fn, correct_threshold)
         self.reward_funcs, self.reward_weights = self._reward_arguments(reward_funcs, reward_weights)
         self.callbacks = _callbacks(callbacks)
+        if self.resume:
+            _check_resumable(Path(run_dir), rows=self.rows is not None, task=self.task is not None)
         self.correct_fn, self.prompt_key, self.system_prompt = correct_fn, prompt_key, system_prompt
         positive = sum(w for w in self.reward_weights if w > 0) if self.reward_weights else 1.0
         self.correct_threshold = positive if correct_threshold is None else float(correct_threshold)
@@ -216,6 +218,7 @@ class Trainer:
                                            "eval_dataset": self.heldout_rows is not None, "sha256": task.fingerprint()}
         elif self.task is not None:
             objects["task"] = self.task
+            provenance["task"] = {"class": f"{type(self.task).__module__}.{type(self.task).__qualname__}"}
         return objects, provenance
 
 
@@ -240,6 +243,24 @@ def _quiet_transformers():
     finally:
         if enabled:
             hf_logging.enable_progress_bar()
+
+
+def python_objects(run_dir: Path) -> str | None:
+    """What a run got from Python that its config cannot rebuild (`train_dataset` rows or a
+    `task` object, from run.json), or None."""
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return next((key for key in ("train_dataset", "task") if key in info), None)
+
+
+def _check_resumable(run_dir: Path, *, rows: bool, task: bool) -> None:
+    """A run trained on rows or a task object resumes only with them passed again."""
+    needed = python_objects(run_dir)
+    if needed == "train_dataset" and not rows or needed == "task" and not task:
+        raise ConfigError(f"resume: '{run_dir}' trained on a {needed.replace('_', ' ')} passed from Python, which its "
+                          f"config cannot rebuild; pass the same train_dataset to resume it")
 
 
 def _override_list(overrides: Any) -> list[str]:

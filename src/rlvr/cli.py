@@ -39,6 +39,7 @@ def cmd_sft(args) -> int:
 def cmd_eval(args) -> int:
     import random
 
+    from rlvr.api import python_objects
     from rlvr.config import load_config
     from rlvr.trainer.build import build_engine, build_model, build_task
     from rlvr.trainer.checkpoint import latest_checkpoint
@@ -47,6 +48,10 @@ def cmd_eval(args) -> int:
     run = Path(args.run)
     if not (run / "config.yaml").is_file():
         raise ConfigError(f"eval: '{run}' is not a run directory (no config.yaml)")
+    if python_objects(run):  # its config names the default task, not the data it trained on
+        raise ConfigError(f"eval: '{run}' trained on a {python_objects(run).replace('_', ' ')} passed from Python, "
+                          f"which `rlvr eval` cannot rebuild; its held-out accuracy is eval/heldout_accuracy "
+                          f"in metrics.jsonl")
     checkpoint = latest_checkpoint(run / "checkpoints")
     if checkpoint is None:
         raise ConfigError(f"eval: '{run}' has no checkpoint yet; train longer or lower trainer.save_every")
