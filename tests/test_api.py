@@ -260,3 +260,13 @@ def test_a_run_on_rows_is_not_resumed_or_evaluated_without_them(tmp_path, capsys
     resumed = _trainer(tmp_path, lambda p, c, **cols: float(len(c) > 3), resume=trainer.run_dir,
                        overrides={"trainer.steps": 3})
     assert resumed.train()["step"] == 3
+
+
+def test_a_datasets_dataset_gives_the_same_rows():
+    datasets = pytest.importorskip("datasets")
+    from rlvr.tasks.dataset import dataset_rows
+
+    dataset = datasets.Dataset.from_list(_rows(5))
+    assert dataset_rows(dataset, "train_dataset") == _rows(5)
+    with pytest.raises(ConfigError, match=r"one split of a DatasetDict, e.g. dataset\['train'\]"):
+        dataset_rows(datasets.DatasetDict({"train": dataset}), "train_dataset")
