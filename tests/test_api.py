@@ -184,6 +184,7 @@ def test_config_object_dict_and_list_overrides(tmp_path):
     ({"train_dataset": {"train": []}}, "train_dataset: got a mapping"),
     ({"train_dataset": [{"question": "x"}]}, "train_dataset[0]: field 'prompt' missing"),
     ({"train_dataset": [{"question": "x"}], "prompt_key": "q"}, "set prompt_key"),
+    ({"train_dataset": [{"prompt": 3}]}, "train_dataset[0]: field 'prompt' must be a string"),
     ({"eval_dataset": "rows.jsonl"}, "eval_dataset: expected a list of dicts"),
     ({"model": object()}, "model: expected a model directory"),
     ({"model": "", "tokenizer": object()}, "tokenizer: only used with a model object"),
@@ -270,3 +271,11 @@ def test_a_datasets_dataset_gives_the_same_rows():
     assert dataset_rows(dataset, "train_dataset") == _rows(5)
     with pytest.raises(ConfigError, match=r"one split of a DatasetDict, e.g. dataset\['train'\]"):
         dataset_rows(datasets.DatasetDict({"train": dataset}), "train_dataset")
+
+
+def test_rlvr_train_is_trainer_train(tmp_path):
+    import rlvr
+
+    final = rlvr.train("rlvr:countdown-warmstart", lambda p, c, **cols: 1.0, _rows(),
+                       overrides={**TINY, "trainer.out_dir": str(tmp_path)}, echo=lambda *a: None)
+    assert final["step"] == 2 and final["reward/mean"] == 1.0 and final["reward/accuracy"] == 1.0

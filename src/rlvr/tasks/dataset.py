@@ -50,6 +50,9 @@ def dataset_rows(data: Any, argument: str, prompt_key: str = "prompt") -> list[d
         if prompt_key not in row:
             raise ConfigError(f"{argument}[{i}]: field {prompt_key!r} missing (row has {', '.join(sorted(map(str, row)))}); "
                               f"set prompt_key to the right field name")
+        if not isinstance(row[prompt_key], (str, list)):
+            raise ConfigError(f"{argument}[{i}]: field {prompt_key!r} must be a string or a list of chat messages, "
+                              f"got {type(row[prompt_key]).__name__}")
         rows.append(dict(row))
     if not rows:
         raise ConfigError(f"{argument}: no rows")
