@@ -71,3 +71,51 @@ def test_config_prints_resolved_values(capsys):
 ])
 def test_selection_and_credit_choices_are_checked(capsys, override, field):
     assert field in _error(capsys, ["config", override])
+
+
+def test_options_and_overrides_in_any_order():
+    from rlvr.cli import parse_args
+
+    args = parse_args(["sft", "model.path=", "--out", "w", "sft.steps=300"])
+    assert args.out == "w" and args.args == ["model.path=", "sft.steps=300"]
+    args = parse_args(["train", "seed=3", "--resume", "runs/x", "trainer.steps=4"])
+    assert args.resume == "runs/x" and args.args == ["seed=3", "trainer.steps=4"]
+    args = parse_args(["train", "recipes/grpo_countdown.yaml", "--resume", "r", "seed=1"])
+    assert args.args == ["recipes/grpo_countdown.yaml", "seed=1"]
+
+
+@pytest.mark.parametrize("argv", [["train", "seed=3", "--bogus"], ["eval", "runs/x", "seed=3"]])
+def test_unknown_options_and_stray_words_are_still_errors(capsys, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_train_is_the_python_api(monkeypatch):
+    import rlvr.api
+
+    made = []
+
+    class Recorder:
+        def __init__(self, *args, **kwargs):
+            made.append((args, kwargs))
+
+        def train(self):
+            return {}
+
+    monkeypatch.setattr(rlvr.api, "Trainer", Recorder)
+    assert main(["train", "recipes/grpo_countdown.yaml", "seed=3", "trainer.steps=2"]) == 0
+    (_, kwargs), = made
+    assert kwargs["config"] == "recipes/grpo_countdown.yaml" and kwargs["overrides"] == ["seed=3", "trainer.steps=2"]
+
+
+def test_resume_with_overrides_after_the_option(tmp_path, capsys):
+    import json
+
+    base = ["trainer.eval_every=0", "task.heldout_size=4", "rollout.prompts_per_step=2", "rollout.group_size=2",
+            "trainer.threads=1", f"trainer.out_dir={tmp_path}", "trainer.name=r"]
+    assert main(["train", "trainer.steps=2", *base]) == 0
+    assert main(["train", "--resume", str(tmp_path / "r"), "trainer.steps=3"]) == 0, capsys.readouterr().err
+    steps = [json.loads(line)["step"] for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3]
+    assert "resume: " in _error(capsys, ["train", "--resume", str(tmp_path / "nothing")])

@@ -13,36 +13,13 @@ from rlvr.cli_runs import register as register_run_commands
 from rlvr.errors import ConfigError
 
 
-def _run_dir(config, recipe: str | None, resume: str | None) -> Path:
-    if resume:
-        return Path(resume)
-    name = config.trainer.name or f"{Path(recipe).stem if recipe else 'grpo_countdown'}_s{config.seed}"
-    path = Path(config.trainer.out_dir) / name
-    suffix = 2
-    while path.exists():  # never overwrite an earlier run
-        path = Path(config.trainer.out_dir) / f"{name}-{suffix}"
-        suffix += 1
-    return path
-
-
 def cmd_train(args) -> int:
-    from rlvr.config import load_config
-    from rlvr.trainer.runtime import configure_for
-    from rlvr.tracking.run_dir import RunDir
-    from rlvr.trainer.sync import train
+    from rlvr.api import Trainer
 
     recipe, overrides = _split(args.args)
-    if args.resume:
-        run_path = Path(args.resume)
-        if not (run_path / "config.yaml").is_file():
-            raise ConfigError(f"--resume: '{run_path}' is not a run directory (no config.yaml)")
-        recipe = recipe or str(run_path / "config.yaml")
-    config = load_config(recipe, overrides)
-    run = RunDir(_run_dir(config, recipe, args.resume))
-    print(f"run directory: {run.path}")
-    final = train(config, run, command=sys.argv, resume=bool(args.resume), runtime=configure_for(config))
-    print(f"done: step {final.get('step')} held-out accuracy {final.get('eval/heldout_accuracy', float('nan')):.3f} "
-          f"-> {run.path}")
+    if args.resume and not (Path(args.resume) / "config.yaml").is_file():
+        raise ConfigError(f"--resume: '{args.resume}' is not a run directory (no config.yaml)")
+    Trainer(config=recipe, overrides=overrides, resume=args.resume or False, command=sys.argv).train()
     return 0
 
 
@@ -62,7 +39,7 @@ def cmd_sft(args) -> int:
 def cmd_eval(args) -> int:
     import random
 
-
+    from rlvr.api import python_objects
     from rlvr.config import load_config
     from rlvr.trainer.build import build_engine, build_model, build_task
     from rlvr.trainer.checkpoint import latest_checkpoint
@@ -71,6 +48,10 @@ def cmd_eval(args) -> int:
     run = Path(args.run)
     if not (run / "config.yaml").is_file():
         raise ConfigError(f"eval: '{run}' is not a run directory (no config.yaml)")
+    if python_objects(run):  # its config names the default task, not the data it trained on
+        raise ConfigError(f"eval: '{run}' trained on a {python_objects(run).replace('_', ' ')} passed from Python, "
+                          f"which `rlvr eval` cannot rebuild; its held-out accuracy is eval/heldout_accuracy "
+                          f"in metrics.jsonl")
     checkpoint = latest_checkpoint(run / "checkpoints")
     if checkpoint is None:
         raise ConfigError(f"eval: '{run}' has no checkpoint yet; train longer or lower trainer.save_every")
@@ -126,8 +107,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Options and KEY=VALUE overrides in any order (`rlvr sft model.path= --out DIR sft.steps=300`):
+    what argparse leaves over after the options is appended to the command's positional list."""
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    unknown = [item for item in extra if item.startswith("-") or not hasattr(args, "args")]
+    if unknown:
+        p.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        args.args = [*args.args, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse_args(argv)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars drown our own lines

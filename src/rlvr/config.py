@@ -20,6 +20,7 @@ fails at `rlvr config` already.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import difflib
 import importlib
@@ -717,8 +718,9 @@ def read_recipe(path: str | Path) -> dict:
     return tree
 
 
-def load_config(recipe: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    tree = read_recipe(recipe) if recipe else {}
+def load_config(recipe: str | Path | dict | None = None, overrides: list[str] = ()) -> Config:
+    """`recipe`: a YAML file, or its content as a mapping (e.g. `to_dict(config)`, to override a `Config`)."""
+    tree = copy.deepcopy(dict(recipe)) if isinstance(recipe, dict) else read_recipe(recipe) if recipe else {}
     for key, value in parse_overrides(list(overrides)):
         _set_dotted(tree, key, value)
     config = resolve(_build(Config, tree, ""))

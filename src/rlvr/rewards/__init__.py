@@ -3,19 +3,20 @@
 - ``math``: final-answer extraction and equivalence (``math_reward``, ``math_equal``).
 - ``format``: tag-format and length rewards.
 - ``combine``: weighted sums and per-reward group ("decoupled") normalisation.
-- ``runner``: ``load_reward_fn("file.py:name")`` and ``RewardRunner`` (per-sample error capture,
-  batched and async forms, ``None``/dict rewards, ``RewardError`` when a whole step fails).
+- ``runner``: ``load_reward_fn("file.py:name")``, ``RewardRunner`` (per-sample error capture,
+  batched and async forms, ``None``/dict rewards, ``RewardError`` when a whole step fails) and
+  ``RewardSum`` (several functions, weighted; ``load_reward_spec`` reads ``reward.fn``'s form).
 - ``sandbox`` / ``code``: run model-written programs isolated; grade them from outside.
 """
 
 from rlvr.rewards.combine import decoupled_normalize, group_normalize, weighted_sum
 from rlvr.rewards.format import extract_tag, length_penalty, length_reward, tag_count_reward, tag_format_reward
 from rlvr.rewards.math import extract_answer, math_equal, math_reward, normalize_answer
-from rlvr.rewards.runner import RewardBatch, RewardRunner, batched, load_reward_fn
+from rlvr.rewards.runner import RewardBatch, RewardRunner, RewardSum, batched, load_reward_fn, load_reward_spec
 
 __all__ = [
     "decoupled_normalize", "group_normalize", "weighted_sum",
     "extract_tag", "length_penalty", "length_reward", "tag_count_reward", "tag_format_reward",
     "extract_answer", "math_equal", "math_reward", "normalize_answer",
-    "RewardBatch", "RewardRunner", "batched", "load_reward_fn",
+    "RewardBatch", "RewardRunner", "RewardSum", "batched", "load_reward_fn", "load_reward_spec",
 ]

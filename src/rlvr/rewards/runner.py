@@ -14,6 +14,10 @@ metrics (mean over the samples that returned them). A sample whose call raises, 
 something else, is excluded like ``None`` and counted as an error; a batched call that raises or
 returns the wrong length fails every sample. When every sample of a step errors, ``RewardError``
 stops the run with one line naming the function and the first error.
+
+Several functions: ``RewardSum`` calls each (its metrics under its own name) and rewards the
+weighted sum; ``load_reward_spec("a.py:right, 0.2*a.py:short")`` reads the ``reward.fn`` form
+(comma-separated, each optionally ``WEIGHT*``).
 """
 
 from __future__ import annotations
@@ -22,16 +26,19 @@ import asyncio
 import importlib
 import importlib.util
 import inspect
+import json
 import math
 import numbers
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rlvr.errors import ConfigError, RewardError
+from rlvr.rewards.combine import weighted_sum
 
-__all__ = ["load_reward_fn", "batched", "RewardRunner", "RewardBatch"]
+__all__ = ["RewardBatch", "RewardRunner", "RewardSum", "batched", "load_reward_fn", "load_reward_spec"]
 
 
 def batched(fn: Callable) -> Callable:
@@ -76,6 +83,26 @@ def load_reward_fn(spec: str, *, base_dir: str | Path | None = None) -> Callable
         raise ConfigError(f"reward.fn={spec!r}: {name!r} is not callable")
     return fn
 
+
+
+def load_reward_spec(spec: str, *, base_dir: str | Path | None = None) -> list[tuple[Callable, float]]:
+    """``"a.py:right, 0.2*a.py:short"`` -> [(right, 1.0), (short, 0.2)]: the ``reward.fn`` form,
+    one or several ``FILE.py:NAME`` / ``MODULE:NAME`` separated by commas, each optionally
+    prefixed by its weight and ``*``."""
+    out = []
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            raise ConfigError(f"reward.fn={spec!r}: empty entry; separate functions by single commas")
+        weight, star, target = item.partition("*")
+        if not star:
+            weight, target = "1", item
+        try:
+            value = float(weight)
+        except ValueError:
+            raise ConfigError(f"reward.fn={spec!r}: weight {weight.strip()!r} of {target.strip()!r} is not a number; "
+                              f"write WEIGHT*FILE.py:NAME, e.g. 0.2*my_rewards.py:short") from None
+        out.append((load_reward_fn(target.strip(), base_dir=base_dir), value))
+    return out
 
 @dataclass
 class RewardBatch:
@@ -196,3 +223,77 @@ def _run_coroutine(coro):
     import concurrent.futures
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+class RewardSum:
+    """Several reward functions as one: each runs as a `RewardRunner` (its metrics under its own
+    name), and the reward is the weighted sum, not scorable (nan) when a function with non-zero
+    weight could not score the sample (``rlvr.rewards.combine.weighted_sum``).
+
+    Names: a single function is ``user`` (metrics ``reward/user/...``); several use their
+    ``__name__`` (made unique with ``_2``, ``_3``). ``columns=True``: each example's ``meta`` holds
+    dataset columns, passed to the functions as the keywords (``fn(prompt, completion, **columns)``)
+    instead of the example's fields.
+
+    >>> right = lambda p, c, **ex: float(c == ex["answer"])
+    >>> short = lambda p, c, **ex: 1.0 / len(c)
+    >>> out = RewardSum([right, short], [1.0, 0.5])(["q", "q"], ["4", "44"], [{"answer": "4"}] * 2)
+    >>> out.rewards, sorted(out.metrics)[:2]
+    ([1.5, 0.25], ['lambda/errors', 'lambda/mean'])
+    """
+
+    def __init__(self, fns: Sequence[Callable], weights: Sequence[float] | None = None, *, columns: bool = False):
+        if not fns:
+            raise ValueError("RewardSum needs at least one function")
+        weights = [1.0] * len(fns) if weights is None else [float(w) for w in weights]
+        if len(weights) != len(fns):
+            raise ValueError(f"{len(weights)} weights for {len(fns)} reward functions")
+        self.runners = [RewardRunner(fn, name=name) for fn, name in zip(fns, _names(fns))]
+        self.weights = dict(zip((r.name for r in self.runners), weights))
+        self.columns = columns
+        self._recent: dict[tuple[str, str, str], float] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return [r.name for r in self.runners]
+
+    def __call__(self, prompts: list[str], completions: list[str], examples: list[dict[str, Any]]) -> RewardBatch:
+        if self.columns:
+            examples = [ex.get("meta") or {} for ex in examples]
+        parts = [runner(prompts, completions, examples) for runner in self.runners]
+        rewards = weighted_sum({r.name: b.rewards for r, b in zip(self.runners, parts)}, self.weights)
+        metrics = {k: v for b in parts for k, v in b.metrics.items()}
+        errors = [next((e for e in sample if e), None) for sample in zip(*(b.errors for b in parts))]
+        # Correctness is asked per sample right after the batch is scored: answer it from here.
+        self._recent = {(p, c, _key(ex)): r for p, c, ex, r in zip(prompts, completions, examples, rewards)}
+        return RewardBatch(rewards, metrics, errors)
+
+    def score_one(self, prompt: str, completion: str, example: dict[str, Any]) -> float:
+        """The weighted reward of one sample (nan = not scorable): from the last batch when it was
+        scored there, else by calling the functions. `example` is what a function receives
+        (the columns when ``columns=True``)."""
+        cached = self._recent.get((prompt, completion, _key(example)))
+        if cached is not None:
+            return cached
+        parts = []
+        for runner in self.runners:
+            try:
+                parts.append(runner([prompt], [completion], [example]).rewards)
+            except RewardError:  # one sample that raised: not scorable, as in a batch
+                parts.append([math.nan])
+        return weighted_sum({r.name: v for r, v in zip(self.runners, parts)}, self.weights)[0]
+
+
+def _names(fns: Sequence[Callable]) -> list[str]:
+    if len(fns) == 1:
+        return ["user"]
+    names, seen = [], {}
+    for fn in fns:
+        base = "".join(ch if ch.isalnum() or ch == "_" else "" for ch in getattr(fn, "__name__", "reward")) or "reward"
+        seen[base] = seen.get(base, 0) + 1
+        names.append(base if seen[base] == 1 else f"{base}_{seen[base]}")
+    return names
+
+
+def _key(example: dict[str, Any]) -> str:
+    return json.dumps(example, sort_keys=True, default=str)

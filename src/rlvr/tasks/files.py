@@ -97,23 +97,37 @@ class FileTask:
                  split: str = "train", tokenizer: Any = None, seed: int = 0):
         if "{prompt}" not in prompt_template:
             raise ConfigError(f"task.{self.name}.prompt_template must contain {{prompt}}, got {prompt_template!r}")
-        if heldout_size < 0:
-            raise ConfigError(f"task.heldout_size must be >= 0, got {heldout_size}")
-        self.prompt_key, self.answer_key, self.tests_key = prompt_key, answer_key, tests_key
-        self.system_prompt, self.prompt_template = system_prompt, prompt_template
+        self.answer_key, self.tests_key = answer_key, tests_key
+        self._setup(prompt_key=prompt_key, system_prompt=system_prompt, prompt_template=prompt_template,
+                    max_prompt_length=max_prompt_length, tokenizer=tokenizer, seed=seed)
+        examples = self._examples(load_rows(path, split=split, field=f"task.{self.name}.path"))
+        heldout = (self._examples(load_rows(heldout_path, split=split, field=f"task.{self.name}.heldout_path"))
+                   if heldout_path else None)
+        self._split(examples, heldout, heldout_size, f"task.{self.name}.path: {path!r}")
+
+    def _setup(self, *, prompt_key: str, system_prompt: str, prompt_template: str, max_prompt_length: int,
+               tokenizer: Any, seed: int) -> None:
+        """The state every row source needs before `_examples` (subclasses that hold rows in memory
+        call it instead of `FileTask.__init__`)."""
+        self.prompt_key, self.system_prompt, self.prompt_template = prompt_key, system_prompt, prompt_template
         self.max_prompt_length, self.tokenizer = max_prompt_length, tokenizer
         self._rng = random.Random(seed)
         self.stats = {"rows": 0, "dropped_long": 0}
-        examples = self._examples(load_rows(path, split=split, field=f"task.{self.name}.path"))
-        if heldout_path:
-            self._train, self._heldout = examples, self._examples(load_rows(heldout_path, split=split, field=f"task.{self.name}.heldout_path"))
+
+    def _split(self, examples: list[Example], heldout: list[Example] | None, heldout_size: int, source: str) -> None:
+        """Training and held-out rows: `heldout` when given, else the `heldout_size` rows whose
+        prompts hash lowest (stable across runs and row order)."""
+        if heldout_size < 0:
+            raise ConfigError(f"task.heldout_size must be >= 0, got {heldout_size}")
+        if heldout is not None:
+            self._train, self._heldout = examples, heldout
         else:
             ranked = sorted(range(len(examples)), key=lambda i: _stable_bucket(examples[i].prompt))
             held = set(ranked[:heldout_size])
             self._heldout = [ex for i, ex in enumerate(examples) if i in held]
             self._train = [ex for i, ex in enumerate(examples) if i not in held]
         if not self._train:
-            raise ConfigError(f"task.{self.name}.path: {path!r} leaves no training rows "
+            raise ConfigError(f"{source} leaves no training rows "
                               f"({self.stats['rows']} rows, {self.stats['dropped_long']} too long, "
                               f"{len(self._heldout)} held out)")
 

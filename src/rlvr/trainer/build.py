@@ -20,7 +20,7 @@ from rlvr.models.policy import CausalPolicy
 from rlvr.protocols import RolloutEngine
 from rlvr.engines.torch_ar import generate
 from rlvr.engines.torch_diffusion import generate_diffusion
-from rlvr.rewards.runner import RewardRunner, load_reward_fn
+from rlvr.rewards.runner import RewardRunner, RewardSum, load_reward_spec
 from rlvr.tasks import make_task
 from rlvr.trainer.step import LossSpec
 
@@ -94,10 +94,12 @@ def build_task(config: Config, tokenizer=None):
         raise ConfigError(f"task: {err}") from None
 
 
-def build_reward(config: Config, task) -> RewardRunner:
-    """The verifier: the user's `reward.fn` when set, otherwise the task's own (batched if it has one)."""
+def build_reward(config: Config, task) -> RewardRunner | RewardSum:
+    """The verifier: the user's `reward.fn` when set (one function or a weighted sum of several),
+    otherwise the task's own (batched if it has one)."""
     if config.reward.fn:
-        return RewardRunner(load_reward_fn(config.reward.fn), name="user")
+        fns, weights = zip(*load_reward_spec(config.reward.fn))
+        return RewardSum(fns, weights)
     return RewardRunner(getattr(task, "reward_batch", task.reward), name="task")
 
 

@@ -217,29 +217,32 @@ def _resume(c: Components, run: RunDir) -> int:
     return state["step"]
 
 
-def _start_run(config: Config, run: RunDir, command: list[str], start: int) -> None:
+def _start_run(config: Config, run: RunDir, command: list[str], start: int, provenance: dict) -> None:
     run.create()
     (run.path / "config.yaml").write_text(dump_yaml(config))
     if start:
         info = {**run.read_json("run.json"), "resumed_at": start}
     else:
-        info = manifest(command, config.seed, config=to_dict(config), data_files=data_files(config))
+        info = {**manifest(command, config.seed, config=to_dict(config), data_files=data_files(config)), **provenance}
     run.write_json("run.json", {**info, "status": "running"})
 
 
 def train(config: Config, run: RunDir, *, command: list[str], resume: bool = False, echo=print,
-          runtime: Runtime | None = None, callbacks: Sequence = (), **objects) -> dict:
+          runtime: Runtime | None = None, callbacks: Sequence = (), provenance: dict | None = None,
+          **objects) -> dict:
     """Run (or resume) the RL loop in `run`. Returns the final metrics line.
 
     `runtime`: what `rlvr.trainer.runtime.configure_process` set up (None = this process as it is).
     `callbacks`: objects with any of `on_step_end`, `on_evaluate`, `on_checkpoint` (see
-    `rlvr.protocols.Callback`). `objects`: `model`/`tokenizer`, `task`, `reward` passed to
-    `build_components` instead of the ones the config names."""
+    `rlvr.protocols.Callback`). `provenance`: extra run.json entries describing what the config
+    does not (an in-memory dataset, reward functions passed as objects). `objects`:
+    `model`/`tokenizer`, `task`, `reward` passed to `build_components` instead of the ones the
+    config names."""
     torch.manual_seed(config.seed)
     c = build_components(config, runtime=runtime, **objects)
     run.create()
     start = _resume(c, run) if resume else 0
-    _start_run(config, run, command, start)
+    _start_run(config, run, command, start, provenance or {})
     with recorded_exit(run):
         line = _loop(c, run, start, echo, list(callbacks))
     finish_manifest(run, "finished", exit_status=0, final=line, runtime=_runtime_facts(c))

@@ -1,0 +1,370 @@
+"""The Python API: ``Trainer(model, reward_funcs, train_dataset).train()``, the run `rlvr train` makes.
+
+    from rlvr import Trainer
+
+    rows = [{"prompt": "3 5 2>10:", "target": 10}, ...]
+    def hits(prompt, completion, target, **columns): ...
+    Trainer(reward_funcs=hits, train_dataset=rows, overrides={"trainer.steps": 60}).train()
+
+`rlvr train` is a thin layer over this class: the same config resolution, run directory, process
+settings and loop. Every bad argument raises `ConfigError` with one line naming it and the fix.
+
+- **config**: a `Config`, a recipe path, or None (the defaults), plus `overrides` (a list of
+  ``key=value`` strings, as on the command line, or a dict of dotted keys to values).
+- **model**: None (the config's `model.path`), a local Hugging Face directory (or ``rlvr:NAME``,
+  a packaged checkpoint; ``""`` a fresh tiny model), or a model object (a `transformers`
+  model: checkpoints use its ``save_pretrained``) with its `tokenizer`.
+- **train_dataset**: None (the config's task), a `Task` (``rlvr.protocols.Task``), or rows: a list
+  of dicts or a ``datasets.Dataset``, the prompt in column `prompt_key`
+  (``rlvr.tasks.dataset.DatasetTask``). Every other column reaches the reward functions as a
+  keyword argument. Held out: `eval_dataset` rows, else ``task.heldout_size`` rows (at most a fifth
+  of the rows) chosen by a stable hash of the prompt, as the file tasks do.
+- **reward_funcs**: a callable ``fn(prompt, completion, **columns) -> float | dict | None``, a
+  ``"file.py:name"`` / ``"module:name"`` string, or a list of them, weighted by `reward_weights`
+  (default 1 each); None = the config's ``reward.fn`` (``"a.py:f, 0.2*a.py:g"`` names several),
+  else the task's own verifier. Several functions log ``reward/<name>/mean`` each and reward the
+  weighted sum.
+- **correctness** of a completion (``reward/accuracy``, held-out accuracy) on rows:
+  ``correct_fn(prompt, completion, **columns) -> bool`` when given, else the weighted reward
+  reaching `correct_threshold` (default: the sum of the positive weights, i.e. every function at
+  1.0). A `Task` decides correctness itself.
+- **callbacks**: objects with any of ``on_step_end(step, metrics)``, ``on_evaluate(step, metrics)``,
+  ``on_checkpoint(step, path)``, or plain callables (called as ``on_step_end``); a hook returning
+  False stops the run after that step, with a final checkpoint.
+- **run_dir**: default ``<trainer.out_dir>/<name>_s<seed>`` with the recipe's name (or
+  ``grpo_countdown`` for the built-in task, ``grpo_dataset`` for rows), never an existing run
+  (``-2``, ``-3`` ... are appended); ``resume=True`` (or ``resume=RUN_DIR``) continues `run_dir`
+  from its newest checkpoint, with its saved config unless `config` is given.
+
+`train()` applies `trainer.threads` / `trainer.thread_mode` to the process
+(`rlvr.trainer.runtime.configure_for`), runs, and returns the final metrics line. The run directory
+holds what a CLI run's does (config.yaml, run.json, metrics.jsonl, samples.jsonl, checkpoints/);
+run.json also records the rows' fingerprint and the reward functions' names and weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rlvr.errors import ConfigError
+
+__all__ = ["Trainer", "train"]
+
+HOOKS = ("on_step_end", "on_evaluate", "on_checkpoint")
+HELDOUT_SHARE = 5  # rows without an eval_dataset hold out at most 1/HELDOUT_SHARE of themselves
+
+
+class Trainer:
+    """One RL run over a model, reward functions and a dataset; see the module doc for each argument."""
+
+    def __init__(self, model: Any = None, reward_funcs: Any = None, train_dataset: Any = None, *,
+                 eval_dataset: Any = None, config: Any = None, overrides: Any = None, tokenizer: Any = None,
+                 reward_weights: Iterable[float] | None = None, prompt_key: str = "prompt",
+                 system_prompt: str = "", correct_fn: Callable | None = None,
+                 correct_threshold: float | None = None, callbacks: Any = (), run_dir: str | Path | None = None,
+                 resume: bool | str | Path = False, command: list[str] | None = None, echo: Callable = print):
+        self.echo, self.command = echo, list(sys.argv if command is None else command)
+        self.resume = bool(resume)
+        if resume and not isinstance(resume, bool):
+            if run_dir is not None and Path(run_dir) != Path(resume):
+                raise ConfigError(f"resume: {str(resume)!r} differs from run_dir={str(run_dir)!r}; pass one of them")
+            run_dir = resume
+        if self.resume:
+            if run_dir is None:
+                raise ConfigError("resume=True: no run to continue; pass run_dir=RUN_DIR (or resume=RUN_DIR)")
+            if not (Path(run_dir) / "config.yaml").is_file():
+                raise ConfigError(f"resume: '{run_dir}' is not a run directory (no config.yaml)")
+            config = Path(run_dir) / "config.yaml" if config is None else config
+        overrides = _override_list(overrides)
+        self._model, self._tokenizer = _model_argument(model, tokenizer, overrides)
+        self.config, recipe = _load(config, overrides)
+        if not isinstance(prompt_key, str) or not prompt_key:
+            raise ConfigError(f"prompt_key: expected a column name, got {prompt_key!r}")
+        self.task, self.rows, self.heldout_rows = _dataset_arguments(train_dataset, eval_dataset, prompt_key)
+        self._prompt_options(prompt_key, system_prompt, correct_fn, correct_threshold)
+        self.reward_funcs, self.reward_weights = self._reward_arguments(reward_funcs, reward_weights)
+        self.callbacks = _callbacks(callbacks)
+        if self.resume:
+            _check_resumable(Path(run_dir), rows=self.rows is not None, task=self.task is not None)
+        self.correct_fn, self.prompt_key, self.system_prompt = correct_fn, prompt_key, system_prompt
+        positive = sum(w for w in self.reward_weights if w > 0) if self.reward_weights else 1.0
+        self.correct_threshold = positive if correct_threshold is None else float(correct_threshold)
+        self._default_dir = _default_run_dir(self.config, self._stem(recipe)) if run_dir is None else None
+        self.run_dir = _unused(self._default_dir) if run_dir is None else Path(run_dir)
+        self._check_run_dir()
+
+    def _check_run_dir(self) -> None:
+        if not self.resume and (self.run_dir / "config.yaml").exists():
+            raise ConfigError(f"run_dir: '{self.run_dir}' already holds a run; pass resume=True to continue it "
+                              f"or choose another directory")
+
+    # ------------------------------------------------------------------------------ arguments
+
+    def _prompt_options(self, prompt_key, system_prompt, correct_fn, correct_threshold) -> None:
+        if correct_fn is not None and not callable(correct_fn):
+            raise ConfigError(f"correct_fn: expected a callable (prompt, completion, **columns) -> bool, "
+                              f"got {type(correct_fn).__name__}")
+        if self.rows is None:
+            given = [name for name, value, default in (("prompt_key", prompt_key, "prompt"),
+                                                        ("system_prompt", system_prompt, ""),
+                                                        ("correct_fn", correct_fn, None),
+                                                        ("correct_threshold", correct_threshold, None))
+                     if value != default]
+            if given:
+                raise ConfigError(f"{given[0]}: applies to rows passed as train_dataset; a task builds its own "
+                                  f"prompts and decides correctness itself")
+
+    def _reward_arguments(self, reward_funcs, reward_weights) -> tuple[list[Callable], list[float]]:
+        """The reward functions and weights: the arguments, else the config's `reward.fn`."""
+        from rlvr.rewards.runner import load_reward_fn, load_reward_spec
+
+        if reward_funcs is None:
+            if self.config.reward.fn:
+                fns, weights = (list(x) for x in zip(*load_reward_spec(self.config.reward.fn)))
+            elif self.rows is not None:
+                raise ConfigError("reward_funcs: rows need reward functions; pass a callable, 'file.py:name' or a "
+                                  "list of them (or set reward.fn)")
+            elif reward_weights is not None:
+                raise ConfigError("reward_weights: given without reward_funcs; the task's own verifier has no weights")
+            else:
+                return [], []
+        else:
+            items = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+            if not items:
+                raise ConfigError("reward_funcs: empty list; pass at least one function")
+            fns = []
+            for i, item in enumerate(items):
+                where = "reward_funcs" if len(items) == 1 else f"reward_funcs[{i}]"
+                if isinstance(item, (str, Path)):
+                    try:
+                        item = load_reward_fn(str(item))
+                    except ConfigError as err:
+                        raise ConfigError(str(err).replace("reward.fn=", f"{where}=", 1)) from None
+                elif not callable(item):
+                    raise ConfigError(f"{where}: expected a callable or 'file.py:name', got {type(item).__name__}")
+                fns.append(item)
+            weights = [1.0] * len(fns)
+        if reward_weights is not None:
+            weights = _numbers(reward_weights, "reward_weights")
+            if len(weights) != len(fns):
+                raise ConfigError(f"reward_weights: {len(weights)} weights for {len(fns)} reward functions; "
+                                  f"give one per function")
+        return fns, weights
+
+    def _stem(self, recipe: str | None) -> str:
+        if recipe:
+            return Path(recipe).stem
+        if self.rows is not None:
+            return "grpo_dataset"
+        return f"grpo_{getattr(self.task, 'name', 'task')}" if self.task is not None else "grpo_countdown"
+
+    # ------------------------------------------------------------------------------ the run
+
+    def train(self) -> dict:
+        """Apply the process settings, run (or resume) the loop, return the final metrics line."""
+        from rlvr.trainer.runtime import configure_for
+        from rlvr.tracking.run_dir import RunDir
+        from rlvr.trainer.sync import train
+
+        if self._default_dir is not None:
+            self.run_dir = _unused(self._default_dir)  # another run may have taken the name since __init__
+        self._check_run_dir()
+        runtime = configure_for(self.config)
+        with _quiet_transformers():
+            objects, provenance = self._objects()
+            run = RunDir(self.run_dir)
+            self.echo(f"run directory: {run.path}")
+            final = train(self.config, run, command=self.command, resume=self.resume, echo=self.echo,
+                          runtime=runtime, callbacks=self.callbacks, provenance=provenance, **objects)
+        self.echo(f"done: step {final.get('step')} held-out accuracy "
+                  f"{final.get('eval/heldout_accuracy', float('nan')):.3f} -> {run.path}")
+        return final
+
+    def _objects(self) -> tuple[dict, dict]:
+        """What `rlvr.trainer.sync.train` gets instead of building it from the config, and the
+        run.json entries that describe it."""
+        from rlvr.rewards.runner import RewardSum
+
+        objects, provenance = {}, {}
+        model, tokenizer = self._model, self._tokenizer
+        if model is None and self.rows is not None:  # the prompts need the tokenizer (chat template)
+            from rlvr.trainer.build import build_model
+
+            model, tokenizer = build_model(self.config)
+        if model is not None:
+            objects.update(model=model, tokenizer=tokenizer)
+        if self.reward_funcs:
+            reward = RewardSum(self.reward_funcs, self.reward_weights, columns=self.rows is not None)
+            objects["reward"] = reward
+            provenance["reward_funcs"] = [
+                {"name": name, "weight": weight, "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"}
+                for name, weight, fn in zip(reward.names, self.reward_weights, self.reward_funcs)]
+        if self.rows is not None:
+            from rlvr.tasks.dataset import DatasetTask
+
+            size = min(self.config.task.heldout_size, len(self.rows) // HELDOUT_SHARE)
+            task = DatasetTask(self.rows, reward=objects["reward"], prompt_key=self.prompt_key,
+                               heldout_rows=self.heldout_rows, heldout_size=size, tokenizer=tokenizer,
+                               system_prompt=self.system_prompt, correct_fn=self.correct_fn,
+                               correct_threshold=self.correct_threshold, seed=self.config.seed)
+            objects["task"] = task
+            provenance["train_dataset"] = {"rows": len(self.rows), "train_rows": len(self.rows) - (0 if self.heldout_rows else len(task.heldout())),
+                                           "heldout_rows": len(task.heldout()), "prompt_key": self.prompt_key,
+                                           "eval_dataset": self.heldout_rows is not None, "sha256": task.fingerprint()}
+        elif self.task is not None:
+            objects["task"] = self.task
+            provenance["task"] = {"class": f"{type(self.task).__module__}.{type(self.task).__qualname__}"}
+        return objects, provenance
+
+
+def train(model: Any = None, reward_funcs: Any = None, train_dataset: Any = None, **kwargs) -> dict:
+    """``Trainer(model, reward_funcs, train_dataset, **kwargs).train()``: the final metrics line."""
+    return Trainer(model, reward_funcs, train_dataset, **kwargs).train()
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """No "Loading weights" / "Writing model shards" bars while a run prints its own lines
+    (restored afterwards: the caller's process keeps its setting)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+def python_objects(run_dir: Path) -> str | None:
+    """What a run got from Python that its config cannot rebuild (`train_dataset` rows or a
+    `task` object, from run.json), or None."""
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return next((key for key in ("train_dataset", "task") if key in info), None)
+
+
+def _check_resumable(run_dir: Path, *, rows: bool, task: bool) -> None:
+    """A run trained on rows or a task object resumes only with them passed again."""
+    needed = python_objects(run_dir)
+    if needed == "train_dataset" and not rows or needed == "task" and not task:
+        raise ConfigError(f"resume: '{run_dir}' trained on a {needed.replace('_', ' ')} passed from Python, which its "
+                          f"config cannot rebuild; pass the same train_dataset to resume it")
+
+
+def _override_list(overrides: Any) -> list[str]:
+    """`key=value` strings from a list of them or a dict of dotted keys (values JSON-encoded, which
+    YAML reads back as the same value: "3" stays a string, 3 an int)."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, Mapping):
+        return [f"{key}={json.dumps(value, default=str)}" for key, value in overrides.items()]
+    if isinstance(overrides, str) or not all(isinstance(item, str) for item in overrides):
+        raise ConfigError(f"overrides: expected a list of 'key=value' strings or a dict, got {overrides!r}")
+    return list(overrides)
+
+
+def _load(config: Any, overrides: list[str]):
+    """(Config, recipe path or None) from a Config, a recipe path or None, plus overrides."""
+    from rlvr.config import Config, load_config, to_dict
+
+    if config is None or isinstance(config, (str, Path)):
+        return load_config(config, overrides), (str(config) if config is not None else None)
+    if isinstance(config, Config):
+        return (load_config(to_dict(config), overrides) if overrides else config), None
+    raise ConfigError(f"config: expected a Config, a recipe path or None, got {type(config).__name__}")
+
+
+def _model_argument(model: Any, tokenizer: Any, overrides: list[str]) -> tuple[Any, Any]:
+    """(model object, tokenizer) or (None, None) with a path turned into a `model.path` override."""
+    if model is None or isinstance(model, (str, Path)):
+        if tokenizer is not None:
+            raise ConfigError("tokenizer: only used with a model object; a model directory brings its own")
+        if model is not None:
+            overrides.append(f"model.path={json.dumps(str(model))}")
+        return None, None
+    if not hasattr(model, "parameters"):
+        raise ConfigError(f"model: expected a model directory or a torch model, got {type(model).__name__}")
+    if not hasattr(model, "save_pretrained"):
+        raise ConfigError("model: checkpoints need save_pretrained; pass a transformers model (or its directory)")
+    if tokenizer is None:
+        raise ConfigError("tokenizer: a model object needs its tokenizer; pass tokenizer=...")
+    tokenizer.padding_side = "left"  # prompts end where completions start (as loaded models are set up)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def _is_task(value: Any) -> bool:
+    return all(callable(getattr(value, name, None)) for name in ("sample", "heldout", "is_correct"))
+
+
+def _dataset_arguments(train_dataset: Any, eval_dataset: Any, prompt_key: str):
+    """(task, rows, held-out rows): a Task object, or rows (with optional held-out rows)."""
+    from rlvr.tasks.dataset import dataset_rows
+
+    if train_dataset is None or _is_task(train_dataset):
+        if eval_dataset is not None:
+            raise ConfigError("eval_dataset: a task brings its own held-out set (heldout()); pass rows as "
+                              "train_dataset to evaluate on eval_dataset")
+        return train_dataset, None, None
+    heldout = dataset_rows(eval_dataset, "eval_dataset", prompt_key) if eval_dataset is not None else None
+    return None, dataset_rows(train_dataset, "train_dataset", prompt_key), heldout
+
+
+def _numbers(values: Any, argument: str) -> list[float]:
+    try:
+        out = [float(v) for v in values]
+    except (TypeError, ValueError):
+        raise ConfigError(f"{argument}: expected a list of numbers, got {values!r}") from None
+    return out
+
+
+class _StepHook:
+    """A plain callable used as a callback: called as ``fn(step, metrics)`` after each step."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def on_step_end(self, step: int, metrics: dict):
+        return self.fn(step, metrics)
+
+
+def _callbacks(callbacks: Any) -> list:
+    if callbacks is None:
+        return []
+    items = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+    out = []
+    for i, cb in enumerate(items):
+        if any(hasattr(cb, hook) for hook in HOOKS):
+            out.append(cb)
+        elif callable(cb):
+            out.append(_StepHook(cb))
+        else:
+            raise ConfigError(f"callbacks[{i}]: {type(cb).__name__} has none of {', '.join(HOOKS)} and is not "
+                              f"callable; define one of those methods")
+    return out
+
+
+def _default_run_dir(config, stem: str) -> Path:
+    return Path(config.trainer.out_dir) / (config.trainer.name or f"{stem}_s{config.seed}")
+
+
+def _unused(path: Path) -> Path:
+    """`path`, or `path-2`, `path-3` ... when it exists: never overwrite an earlier run."""
+    candidate, suffix = path, 2
+    while candidate.exists():
+        candidate = path.with_name(f"{path.name}-{suffix}")
+        suffix += 1
+    return candidate

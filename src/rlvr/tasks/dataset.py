@@ -1,0 +1,111 @@
+"""In-memory datasets as a task: rows (dicts) scored by user reward functions.
+
+``DatasetTask(rows, reward=...)`` is what ``rlvr.Trainer(train_dataset=[...])`` builds: a list of
+dicts, a ``datasets.Dataset`` or any iterable of mappings. It shares the file tasks' row
+handling (``rlvr.tasks.files.FileTask``):
+
+- **Prompt.** The ``prompt_key`` column (default ``prompt``). A string goes through the same
+  steps as a file task's prompt: the optional ``system_prompt``, and the tokenizer's chat template
+  when it has one. A list of ``{"role", "content"}`` messages (the conversational format) goes
+  through the chat template, which the tokenizer then must have.
+- **Columns.** Every other column rides in ``Example.meta`` and reaches each reward function as a
+  keyword argument: the row ``{"prompt": ..., "target": 7}`` is scored as
+  ``fn(prompt, completion, target=7)`` (``rlvr.rewards.runner.RewardSum(columns=True)``).
+- **Split.** ``heldout_rows`` (an ``eval_dataset``) are the held-out set; without them the
+  ``heldout_size`` rows whose prompts hash lowest are held out, as in the file tasks.
+- **Correctness** (``reward/accuracy``, held-out accuracy): ``correct_fn(prompt, completion,
+  **columns)`` when given, else the weighted reward reaching ``correct_threshold`` (by default the
+  sum of the weights: every function at 1.0, the usual "right answer" value).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from rlvr.errors import ConfigError
+from rlvr.tasks.files import FileTask
+from rlvr.types import Example
+
+__all__ = ["DatasetTask", "dataset_rows"]
+
+
+def dataset_rows(data: Any, argument: str, prompt_key: str = "prompt") -> list[dict]:
+    """The rows of a list of dicts, a `datasets.Dataset` or any iterable of mappings, as dicts,
+    each checked for its prompt column (before any model is loaded).
+
+    `argument` names the caller's parameter in error messages."""
+    if isinstance(data, Mapping):  # a DatasetDict, or one row passed alone
+        keys = ", ".join(map(str, list(data)[:5]))
+        raise ConfigError(f"{argument}: got a mapping (keys {keys}); pass a list of rows, or one split "
+                          f"of a DatasetDict, e.g. dataset['train']")
+    if isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
+        raise ConfigError(f"{argument}: expected a list of dicts or a datasets.Dataset, got {type(data).__name__}")
+    rows = []
+    for i, row in enumerate(data):
+        if not isinstance(row, Mapping):
+            raise ConfigError(f"{argument}[{i}]: expected a dict of columns, got {type(row).__name__}")
+        if prompt_key not in row:
+            raise ConfigError(f"{argument}[{i}]: field {prompt_key!r} missing (row has {', '.join(sorted(map(str, row)))}); "
+                              f"set prompt_key to the right field name")
+        if not isinstance(row[prompt_key], (str, list)):
+            raise ConfigError(f"{argument}[{i}]: field {prompt_key!r} must be a string or a list of chat messages, "
+                              f"got {type(row[prompt_key]).__name__}")
+        rows.append(dict(row))
+    if not rows:
+        raise ConfigError(f"{argument}: no rows")
+    return rows
+
+
+class DatasetTask(FileTask):
+    """Rows held in memory, scored by `reward` (a `RewardSum` over the rows' columns)."""
+
+    name = "dataset"
+
+    def __init__(self, rows: list[dict], *, reward: Callable, prompt_key: str = "prompt",
+                 heldout_rows: list[dict] | None = None, heldout_size: int = 0, tokenizer: Any = None,
+                 system_prompt: str = "", correct_fn: Callable | None = None,
+                 correct_threshold: float = 1.0, seed: int = 0):
+        self.reward_sum, self.correct_fn, self.correct_threshold = reward, correct_fn, correct_threshold
+        self._setup(prompt_key=prompt_key, system_prompt=system_prompt, prompt_template="{prompt}",
+                    max_prompt_length=0, tokenizer=tokenizer, seed=seed)
+        examples = self._examples([(row, f"train_dataset[{i}]") for i, row in enumerate(rows)])
+        heldout = None
+        if heldout_rows is not None:
+            heldout = self._examples([(row, f"eval_dataset[{i}]") for i, row in enumerate(heldout_rows)])
+        self._split(examples, heldout, heldout_size, "train_dataset")
+
+    def _row_to_example(self, row: dict, where: str) -> Example:
+        text = self._field(row, self.prompt_key, where, (str, list), "prompt_key")
+        columns = {k: v for k, v in row.items() if k != self.prompt_key}
+        answer = columns.get("answer")
+        return Example(self._prompt(text, where), "" if answer is None else str(answer), columns)
+
+    def _prompt(self, text: str | list, where: str) -> str:
+        if isinstance(text, str):
+            return self.format_prompt(text)
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ConfigError(f"{where}: field {self.prompt_key!r} holds chat messages, but the tokenizer has no "
+                              f"chat template; pass prompts as strings or use a chat model")
+        messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + list(text)
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def reward(self, prompt: str, completion: str, /, **example) -> float | None:
+        """The weighted reward of one completion (None when some weighted function could not score it)."""
+        value = self.reward_sum.score_one(prompt, completion, example.get("meta") or {})
+        return None if math.isnan(value) else value
+
+    def is_correct(self, completion: str, example: Example) -> bool:
+        if self.correct_fn is not None:
+            return bool(self.correct_fn(example.prompt, completion, **example.meta))
+        value = self.reward_sum.score_one(example.prompt, completion, example.meta)
+        return not math.isnan(value) and value >= self.correct_threshold
+
+    def fingerprint(self) -> str:
+        """sha256 of the training and held-out rows (prompt and columns), for the run manifest."""
+        import hashlib
+
+        rows = [[ex.prompt, ex.meta] for ex in self._train] + [None] + [[ex.prompt, ex.meta] for ex in self._heldout]
+        return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
