@@ -296,7 +296,11 @@ def test_registry():
 
 
 def test_doctests():
-    assert doctest.testmod(cd).failed == 0
+    from rlvr.tasks import countdown_expr
+
+    for module in (cd, countdown_expr):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0, module.__name__
 
 
 def test_no_torch_import():
