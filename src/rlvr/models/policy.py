@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from rlvr.models import llama_fast
+from rlvr.kernels import training
+from rlvr.kernels.weights import LlamaWeights, supports
 
 CHUNK_ELEMENTS = 1 << 24
 """The fast path computes the LM head in row chunks once tokens × vocabulary exceeds this (64 MB
@@ -70,7 +71,7 @@ def sequence_inputs(prompt_ids, prompt_mask, completion_ids):
 class CausalPolicy:
     """Wraps a `transformers` causal LM; temperature matches the sampler's so ratios are exact.
 
-    Llama-family models use `models.llama_fast` (each distinct prompt is run once for its whole
+    Llama-family models use `rlvr.kernels.training` (each distinct prompt is run once for its whole
     group; same log-probs and gradients as the plain forward, tests/perf); `fast=False` or any
     other model runs the plain `transformers` forward.
     """
@@ -97,7 +98,7 @@ class CausalPolicy:
         `_estimator_inputs` (e.g. `advantages=`) feed estimators of other policies; exact
         log-probs need none of them.
         """
-        if self.fast and completion_ids.shape[1] and llama_fast.supports(self.model):
+        if self.fast and completion_ids.shape[1] and supports(self.model):
             return self._fast_logprobs(prompt_ids, prompt_mask, completion_ids, with_entropy, completion_mask)
         ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids)
         width = completion_ids.shape[1]
@@ -117,8 +118,8 @@ class CausalPolicy:
         lengths = None
         if completion_mask is not None:
             lengths = _up_to_last_one(completion_mask).sum(-1).long()
-        w = llama_fast.LlamaWeights(self.model, kernels=self._kernels())
-        hidden, index = llama_fast.completion_hidden(w, prompt_ids, prompt_mask, completion_ids, lengths)
+        w = LlamaWeights(self.model, kernels=self._kernels() is not None)
+        hidden, index = training.completion_hidden(w, prompt_ids, prompt_mask, completion_ids, lengths)
         tokens = completion_ids.flatten()[index]
         size = completion_ids.numel()
         vocab = w.lm_head.shape[0]
@@ -141,7 +142,7 @@ class CausalPolicy:
         if self.kernels != "cpp":
             return None
         if self._module is None:  # loaded (or found missing, with one stderr line) on first use
-            self._module = llama_fast.training_kernels(self.model) or False
+            self._module = training.training_kernels(self.model) or False
         return self._module or None
 
 

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from rlvr.models import llama_fast
+from rlvr.kernels.decoder import shared_weights
 from rlvr.batch import Rollouts, concat_rollouts
 
 
@@ -74,10 +74,10 @@ def configure_threads(threads: int, mode: str) -> RowPool | None:
 def split_engine(engine, pool: RowPool, pad_id: int, model=None):
     """A rollout engine that samples each worker's share of the rows and stacks the results
     (same samples as the whole batch: every row has its own seed). With `model` the workers'
-    decoders prepare its weights once per batch (`llama_fast.shared_weights`)."""
+    decoders prepare its weights once per batch (`kernels.decoder.shared_weights`)."""
 
     def run(prompt_ids, prompt_mask, seeds, **kwargs) -> Rollouts:
-        with llama_fast.shared_weights(model) if model is not None else contextlib.nullcontext():
+        with shared_weights(model) if model is not None else contextlib.nullcontext():
             parts = pool.map(lambda rows: engine(prompt_ids[rows], prompt_mask[rows], seeds[rows], **kwargs),
                              len(seeds))
         return concat_rollouts(parts, pad_id) if parts else engine(prompt_ids, prompt_mask, seeds, **kwargs)
