@@ -180,7 +180,7 @@ class Decoder:
         return logits
 
 
-def _cpp_engine(module, w: LlamaWeights, rot_table: torch.Tensor, rows: int, shared: "_Shared | None" = None):
+def _cpp_engine(module, w: LlamaWeights, rot_table: torch.Tensor, rows: int, shared: _Shared | None = None):
     """The C++ step for these weights (which it copies, transposed), absent biases as empty
     tensors, RoPE as cos/sin tables (S+1, d/2), workspaces for up to `rows` rows. Inside a
     `shared_weights` block the weights are prepared once and each call forks that engine."""

@@ -114,7 +114,6 @@ def completion_hidden(w: LlamaWeights, prompt_ids, prompt_mask, completion_ids, 
     """
     ids_u, mask_u, row = unique_prompts(prompt_ids, prompt_mask)
     b, tc = completion_ids.shape
-    tp = ids_u.shape[1]
     if lengths is None:
         lengths = torch.full((b,), tc, dtype=torch.long)
     lengths = lengths.long().clamp(0, tc)

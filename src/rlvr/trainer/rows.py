@@ -14,13 +14,14 @@ faster when another process holds a core (§2b). The default (`thread_mode=auto`
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from rlvr.kernels.decoder import shared_weights
 from rlvr.batch import Rollouts, concat_rollouts
+from rlvr.kernels.decoder import shared_weights
 
 
 class RowPool:
@@ -36,7 +37,7 @@ class RowPool:
     def slices(self, rows: int) -> list[slice]:
         """Consecutive, near-equal, non-empty slices covering `rows` rows."""
         bounds = [rows * i // self.workers for i in range(self.workers + 1)]
-        return [slice(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+        return [slice(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
     def map(self, fn: Callable[[slice], object], rows: int) -> list:
         # Grad mode is thread-local: a worker must run under the caller's (no_grad for sampling).
