@@ -3,9 +3,10 @@ kernels, so the ops trace under FakeTensor / `torch.compile`, and the autograd f
 call the hand-written backward ops. `register()` runs once, right after `native.load()` has
 loaded the library (the ops must exist before Python can register on them).
 
-Saved activations come back as extra outputs of the forward ops; they are marked
-non-differentiable and gradients are not materialised, so no zero tensor is made per output in
-the backward pass.
+`layer_forward`'s autograd kernel is in C++ (`LayerFunction` in csrc/training.cpp): it runs once
+per layer and micro-batch, and the Python wrapper of `register_autograd` would add ≈ 150 µs per
+call there. rms_norm's saved rstd comes back as an extra output; it is marked non-differentiable
+and gradients are not materialised, so no zero tensor is made for it in the backward pass.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ def register() -> None:
     torch.library.register_fake(lib + "layer_backward", _layer_backward_fake)
     torch.library.register_autograd(lib + "swiglu", _swiglu_backward, setup_context=_swiglu_setup)
     torch.library.register_autograd(lib + "rms_norm", _rms_norm_backward, setup_context=_rms_norm_setup)
-    torch.library.register_autograd(lib + "layer_forward", _layer_backward, setup_context=_layer_setup)
     _REGISTERED.append(True)
 
 
@@ -97,27 +97,3 @@ def _rms_norm_backward(ctx, grad, _grad_rstd):
     x, weight, rstd = ctx.saved_tensors
     dx, dw = torch.ops.rlvr.rms_norm_backward(grad, x, weight, rstd)
     return dx, dw, None
-
-
-_PLAN_ARGS = 9   # inputs after x and the 8 layer tensors: mask, owner, start, pos, cos, sin, heads, kv, eps
-
-
-def _layer_setup(ctx, inputs, output):
-    x, ln1, wqkv, bqkv, wo, bo, ln2, wgu, wd, *plan = inputs
-    ctx.save_for_backward(x, *output[1:], ln1, wqkv, wo, ln2, wgu, wd, *plan[:6])
-    ctx.mark_non_differentiable(*output[1:])
-    ctx.set_materialize_grads(False)
-    ctx.heads, ctx.kv_heads = plan[6], plan[7]
-    ctx.biases = (bqkv is not None, bo is not None)
-
-
-def _layer_backward(ctx, dy, *_saved_grads):
-    if dy is None:
-        return (None,) * (9 + _PLAN_ARGS)
-    x, xn1, rstd1, qkv, attn, x1, xn2, rstd2, gu, act, ln1, wqkv, wo, ln2, wgu, wd, *plan = ctx.saved_tensors
-    has_bqkv, has_bo = ctx.biases
-    dx, dln1, dwqkv, dbqkv, dwo, dbo, dln2, dwgu, dwd = torch.ops.rlvr.layer_backward(
-        dy, x, xn1, rstd1, qkv, attn, x1, xn2, rstd2, gu, act, ln1, wqkv, has_bqkv, wo, has_bo, ln2, wgu, wd,
-        *plan, ctx.heads, ctx.kv_heads)
-    return (dx, dln1, dwqkv, dbqkv if has_bqkv else None, dwo, dbo if has_bo else None, dln2, dwgu, dwd,
-            *(None,) * _PLAN_ARGS)
