@@ -104,9 +104,16 @@ def _build():
         module = cpp_extension.load(name=name, sources=[str(CSRC / s) for s in SOURCES],
                                     extra_cflags=list(CFLAGS), extra_include_paths=[str(CSRC)], verbose=False)
     except Exception as exc:  # noqa: BLE001 -- any build failure (no compiler/ninja, headers, link) means eager
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        warn_once(reason[:200])
+        warn_once(_reason(exc))
         return None
     from rlvr.kernels import ops
     ops.register()
     return module
+
+
+def _reason(exc: Exception) -> str:
+    """The line of a build failure worth showing: the compiler's first error (file:line: error:
+    ..., in csrc/) when there is one, else the exception's first line."""
+    lines = str(exc).strip().splitlines()
+    errors = [line.strip() for line in lines if ": error:" in line or ": fatal error:" in line]
+    return (errors or lines or [type(exc).__name__])[0][:200]
