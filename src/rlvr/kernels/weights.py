@@ -21,7 +21,7 @@ _ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 
 
 def supports(model) -> bool:
-    """True when `model` is a plain Llama/Qwen2 causal LM this module computes exactly."""
+    """True when `model` is a plain Llama/Qwen2 causal LM this package computes exactly."""
     cfg = getattr(model, "config", None)
     if _ARCHITECTURES.get(type(model).__name__) != getattr(cfg, "model_type", None):
         return False
