@@ -62,9 +62,9 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: 
     Llama-family models take the fast path (`rlvr.kernels.decoder`: one prefill per distinct
     prompt, static KV cache, finished rows dropped); anything else, or `fast=False`, runs the
     plain `transformers` forward with its dynamic cache. Both give the same samples (tests/perf).
-    `engine` picks how the fast path runs a decode step (`kernels.decoder.ENGINES`: `eager`, or `cpp` the
-    fused C++ engine, which pays a one-off build per machine, cached on disk); both give the same
-    samples.
+    `engine` picks how the fast path runs a decode step (`kernels.decoder.ENGINES`: `eager`, or
+    `cpp` the fused C++ engine, which pays a one-off build per machine, cached on disk); both give
+    the same samples.
     """
     was_training = model.training
     model.eval()
