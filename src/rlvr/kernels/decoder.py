@@ -9,7 +9,10 @@ block written into the cache with one copy; attention is two batched matmuls on 
 `Decoder(engine="cpp")` runs the prefill, each decode step and (with top_p = 1) the whole
 sampling loop as single calls into the C++ engine (`csrc/decode.cpp`: the same math without the
 per-op framework overhead, ≈ 1.5–1.9× the eager sampler at batch 64), eager after one stderr line
-when it cannot be built.
+when it cannot be built. That engine is a bound (pybind) class, not `torch.library` ops like the
+training kernels: it keeps state across calls (weights transposed once, workspaces, RoPE tables)
+that a stateless op would have to take as arguments or rebuild per step, it has no autograd and
+is never traced, and each method releases the GIL for its whole call.
 """
 
 from __future__ import annotations
