@@ -120,3 +120,12 @@ def test_unused_outputs_cost_no_gradient():
     assert out[0].requires_grad and not any(t.requires_grad for t in out[1:])
     y, rstd = torch.ops.rlvr.rms_norm(tensors[0], tensors[1], 1e-6)
     assert y.requires_grad and not rstd.requires_grad
+
+
+def test_bad_plans_raise():
+    tensors, plan, scalars = _layer_inputs(torch.float32)
+    mask, owner, start, pos, cos, sin = plan
+    with pytest.raises(RuntimeError, match="out of the RoPE table"):
+        ops.layer(tensors[0], tensors[1:], [mask, owner, start, pos + len(cos), cos, sin], *scalars)
+    with pytest.raises(RuntimeError, match="bad attention plan"):
+        ops.layer(tensors[0], tensors[1:], [mask, owner + 5, start, pos, cos, sin], *scalars)

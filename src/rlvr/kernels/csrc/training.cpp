@@ -292,8 +292,12 @@ void attention_backward(const T* qkv, const T* dout, T* dqkv, const Plan& plan, 
   });
 }
 
-// RoPE on the q and k heads of every row, in place (`inverse`: the backward's rotation).
+// RoPE on the q and k heads of every row, in place (`inverse`: the backward's rotation). A
+// position outside the tables must raise, not read stray memory.
 void rope_rows(Tensor& qkv, const Tensor& pos, const Tensor& cos, const Tensor& sin, const Heads& hd, bool inverse) {
+  const int64_t* p = pos.data_ptr<int64_t>();
+  for (int64_t r = 0; r < pos.numel(); ++r)
+    TORCH_CHECK(p[r] >= 0 && p[r] < cos.size(0), "position ", p[r], " out of the RoPE table");
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "rope", [&] {
     rlvr::rope(qkv.data_ptr<scalar_t>(), pos.data_ptr<int64_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
                qkv.size(0), hd.width(), hd.heads + hd.kv, hd.d, inverse);
@@ -319,7 +323,9 @@ LayerOut layer_forward(const Tensor& x_in, const Tensor& ln1, const Tensor& wqkv
   const Heads hd{heads, kv, 2 * cos.size(1)};
   const int64_t rows = x.size(0);
   TORCH_CHECK(rows == plan.prompts * plan.tp + plan.n && in.pos.size(0) == rows, "rows do not match the plan");
-  TORCH_CHECK(wqkv.size(0) == hd.width() && cos.scalar_type() == x.scalar_type(), "heads do not match the weights");
+  TORCH_CHECK(wqkv.size(0) == hd.width(), "heads do not match the q|k|v weight");
+  TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
+              "RoPE tables of another dtype than the rows");
   auto [xn1, rstd1] = rms_norm(x, ln1, eps);
   Tensor qkv = bqkv ? at::addmm(*bqkv, xn1, wqkv.t()) : at::mm(xn1, wqkv.t());
   rope_rows(qkv, in.pos, cos, sin, hd, /*inverse=*/false);
