@@ -24,7 +24,7 @@ from rlvr.kernels import native, ops
 from rlvr.kernels.weights import LlamaWeights, additive, prompt_masks, unique_prompts
 
 
-def training_kernels(model):
+def kernels_for(model):
     """The C++ extension when `LlamaWeights(model, kernels=True)` may use its ops, else None
     (eager ops, after one stderr line)."""
     return native.load_for(model, what="training kernels")

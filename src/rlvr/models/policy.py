@@ -142,7 +142,7 @@ class CausalPolicy:
         if self.kernels != "cpp":
             return None
         if self._module is None:  # loaded (or found missing, with one stderr line) on first use
-            self._module = training.training_kernels(self.model) or False
+            self._module = training.kernels_for(self.model) or False
         return self._module or None
 
 
