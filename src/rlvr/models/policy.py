@@ -71,9 +71,9 @@ def sequence_inputs(prompt_ids, prompt_mask, completion_ids):
 class CausalPolicy:
     """Wraps a `transformers` causal LM; temperature matches the sampler's so ratios are exact.
 
-    Llama-family models use `rlvr.kernels.training` (each distinct prompt is run once for its whole
-    group; same log-probs and gradients as the plain forward, tests/perf); `fast=False` or any
-    other model runs the plain `transformers` forward.
+    Llama-family models use `rlvr.kernels.training` (each distinct prompt is run once for its
+    whole group; same log-probs and gradients as the plain forward, tests/perf); `fast=False` or
+    any other model runs the plain `transformers` forward.
     """
 
     def __init__(self, model, *, temperature: float = 1.0, fast: bool = True, kernels: str = "eager"):
