@@ -3,10 +3,11 @@
 `load()` compiles `csrc/decode.cpp` (the decode engine, a bound class) and `csrc/training.cpp`
 (the training kernels, `torch.ops.rlvr.*`) into one module with `torch.utils.cpp_extension.load`,
 once per machine: torch caches the build in `~/.cache/torch_extensions`. The cache key is the
-extension's name, so the name carries a hash of the sources, the flags and this CPU's feature
-flags: an edited source, or a checkout of another version, never loads a stale build. The first
-build prints one line (it takes about 30 s); when there is no compiler or ninja, or the build
-fails, `load()` returns None after one stderr line and callers run their pure-PyTorch path.
+extension's name, so the name carries a hash of the sources, the flags, torch's version and this
+CPU's feature flags: an edited source, or a checkout of another version, never loads a stale
+build. The first build prints one line (it takes about 30 s); when there is no compiler or ninja,
+or the build fails, `load()` returns None after one stderr line and callers run their
+pure-PyTorch path.
 """
 
 from __future__ import annotations
@@ -68,13 +69,13 @@ def warn_once(reason: str, *, what: str = "") -> None:
 
 
 def extension_name() -> str:
-    """`rlvr_kernels_<hash>`: the hash covers every source and header, the flags and the CPU
-    (the build uses -march=native, so a shared home directory must not hand one machine's build
-    to a CPU with other instructions)."""
+    """`rlvr_kernels_<hash>`: the hash covers every source and header, the flags, torch's version
+    and the CPU (the build uses -march=native, so a shared home directory must not hand one
+    machine's build to a CPU with other instructions)."""
     digest = hashlib.sha1()
     for name in (*SOURCES, *HEADERS):
         digest.update(name.encode() + b"\0" + (CSRC / name).read_bytes() + b"\0")
-    digest.update(" ".join(CFLAGS).encode() + _cpu_flags().encode())
+    digest.update(" ".join(CFLAGS).encode() + torch.__version__.encode() + _cpu_flags().encode())
     return f"rlvr_kernels_{digest.hexdigest()[:12]}"
 
 
