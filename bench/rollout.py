@@ -5,8 +5,8 @@ share of the machine's matmul roofline.
     python bench/rollout.py --batches 64 --lengths 32        # just the roofline point
 
 Decode engines (`--engines`, default `eager cpp`): rlvr's eager decode step and the fused C++
-step (`models/_decode_cpp.py`, built on first use; its column is dropped, with a stderr line, if it
-cannot be built); `--compile` adds the `torch.compile`d step. Every cell times the engines and
+engine (`src/rlvr/kernels/csrc/decode.cpp`, built on first use; its column is dropped, with a
+stderr line, if it cannot be built). Every cell times the engines and
 `model.generate` back to back, so the speed-up columns compare runs under the same load.
 
 Model: the packaged Countdown warm start (1.06M-parameter Llama). Prompts: distinct Countdown
@@ -68,26 +68,21 @@ def run_hf(model, ids, mask, length, pad_id):
     return fn
 
 
-ENGINE_NAMES = {"eager": "rlvr", "cpp": "rlvr C++", "compile": "rlvr compiled"}
+ENGINE_NAMES = {"eager": "rlvr", "cpp": "rlvr C++"}
 
 
-def _prepare(engines, model, tok, examples, batches) -> list[str]:
-    """Build/compile each non-eager engine once (printing how long that took); drop `cpp` when the
+def _prepare(engines) -> list[str]:
+    """Build the C++ engine once (printing how long that took); drop `cpp` when the
     extension cannot be built here (the library then falls back to eager, which would be measured
     twice under two names)."""
-    ids, mask = encode_prompts(tok, [ex.prompt for ex in examples[:max(2, min(batches))]])
     ready = []
     for engine in engines:
         if engine == "cpp":
-            from rlvr.models import _decode_cpp
+            from rlvr.kernels import native
             t0 = time.perf_counter()
-            if _decode_cpp.load() is None:
+            if native.load() is None:
                 continue
             print(f"# C++ decode engine build/load: {time.perf_counter() - t0:.1f} s wall")
-        elif engine == "compile":
-            t0 = time.perf_counter()
-            run_ours(model, ids, mask, 2, tok.pad_token_id, engine="compile")()
-            print(f"# compile (first compiled call): {time.perf_counter() - t0:.1f} s wall")
         ready.append(engine)
     return ready
 
@@ -100,8 +95,6 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--engines", nargs="+", default=["eager", "cpp"], choices=list(ENGINE_NAMES),
                    help="decode engines to time (the first is the baseline of the ratio columns)")
-    p.add_argument("--compile", action="store_true",
-                   help="also time generate(engine='compile') (torch.compile'd decode step; compile time printed)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"# load before: {os.getloadavg()}  threads={args.threads}  torch {torch.__version__}")
@@ -109,8 +102,7 @@ def main(argv=None) -> None:
     model.eval()
     n_params = param_count(model)
     examples = Countdown().sample(max(args.batches), random.Random(0))
-    engines = args.engines + (["compile"] if args.compile and "compile" not in args.engines else [])
-    engines = _prepare(engines, model, tok, examples, args.batches)
+    engines = _prepare(args.engines)
     base, others = engines[0], engines[1:]
     head = f" {ENGINE_NAMES[base]} tok/s |" + "".join(
         f" {ENGINE_NAMES[e]} tok/s | {e} speed-up over {base} |" for e in others)

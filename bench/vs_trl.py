@@ -258,7 +258,7 @@ def main(argv=None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--engine", default="cpp", choices=["eager", "cpp", "compile"],
+    p.add_argument("--engine", default="cpp", choices=["eager", "cpp"],
                    help="rlvr's decode step (rollout.decode_engine); cpp: its one-off build falls in the excluded warm-up steps")
     p.add_argument("--thread-mode", default="auto", choices=["auto", "ops", "rows"],
                    help="rlvr's trainer.thread_mode: torch intra-op threads, each thread a share of the rows, or auto (rows)")

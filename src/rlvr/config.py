@@ -207,7 +207,7 @@ class RolloutConfig:
     selection_decay: float = 0.5
     """Mopps: λ, weight kept by old evidence at each new observation of a prompt."""
     decode_engine: str = "cpp"
-    """Llama/Qwen2 sampler's decode step: `cpp` fused C++ kernel (built once per machine, ~30 s; falls back to `eager` with one line if it cannot be built), `eager` ATen ops, `compile` torch.compile."""
+    """Llama/Qwen2 sampler's decode step: `cpp` fused C++ kernel (built once per machine, ~30 s; falls back to `eager` with one line if it cannot be built), `eager` ATen ops."""
 
 
 @dataclass(frozen=True)
@@ -760,8 +760,8 @@ def validate(config: Config) -> None:
         (config.rollout.selection_candidates >= 1, "rollout.selection_candidates", "must be >= 1 (1 = no choice)"),
         (0 <= config.rollout.selection_target <= 1, "rollout.selection_target", "must be in [0, 1]"),
         (0 <= config.rollout.selection_decay <= 1, "rollout.selection_decay", "must be in [0, 1] (1 = never forget)"),
-        (config.rollout.decode_engine in ("eager", "cpp", "compile"), "rollout.decode_engine",
-         "must be 'eager', 'cpp' or 'compile'"),
+        (config.rollout.decode_engine in ("eager", "cpp"), "rollout.decode_engine",
+         "must be 'eager' or 'cpp'"),
         (config.trainer.eval_samples >= 0, "trainer.eval_samples", "must be >= 0 (0 = greedy evaluation only)"),
         (config.trainer.threads >= 0, "trainer.threads", "must be >= 0 (0 = torch's default)"),
         (config.trainer.thread_mode in ("auto", "ops", "rows"), "trainer.thread_mode", "must be 'auto', 'ops' or 'rows'"),

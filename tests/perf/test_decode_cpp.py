@@ -1,4 +1,4 @@
-"""The fused C++ decode step (`Decoder(engine="cpp")`) against the eager `Decoder.step`.
+"""The fused C++ decode engine (`Decoder(engine="cpp")`) against the eager `Decoder.step`.
 
 Same sampled tokens, masks and finish flags; log-probs and logits equal to float rounding (the
 kernel sums in another order and uses its own exp). Models: the tiny Llama, a GQA Llama with
@@ -15,13 +15,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from rlvr.codec import encode_prompts
 from rlvr.config import load_config
-from rlvr.errors import ConfigError
-from rlvr.models import _decode_cpp, llama_fast
-from rlvr.models.causal_lm import load_causal_lm
 from rlvr.engines import torch_ar
 from rlvr.engines.torch_ar import generate
-from rlvr.codec import encode_prompts
+from rlvr.errors import ConfigError
+from rlvr.kernels import native
+from rlvr.kernels.decoder import Decoder
+from rlvr.models.causal_lm import load_causal_lm
 
 PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4>16:", "7>7:"]  # ragged: left padding
 LOGPROB_ATOL = 2e-5  # measured max |Δ log p| ≈ 5e-6 on these models (|log p| up to ≈ 10)
@@ -42,7 +43,7 @@ def cpp():
     missing = _toolchain_missing()
     if missing:
         pytest.skip(missing)
-    module = _decode_cpp.load()
+    module = native.load()
     assert module is not None, "a compiler is present but the C++ decode engine failed to build (see stderr)"
     return module
 
@@ -99,7 +100,7 @@ def test_cpp_sampling_loop_is_one_call_with_the_same_samples(cpp, model, tokeniz
     """With top_p = 1 the whole loop (noise, choice, EOS, dropping finished rows) runs in C++:
     no decode step is driven from Python, and the samples are the eager loop's."""
     ref = _rollouts(model, tokenizer, "eager", **kw)
-    monkeypatch.setattr(llama_fast.Decoder, "step", lambda *a: pytest.fail("a decode step driven from Python"))
+    monkeypatch.setattr(Decoder, "step", lambda *a: pytest.fail("a decode step driven from Python"))
     _assert_same(ref, _rollouts(model, tokenizer, "cpp", **kw))
 
 
@@ -117,8 +118,8 @@ def test_cpp_engine_with_and_without_dropping_rows(cpp, tiny_model, tokenizer, m
 def test_cpp_step_logits_match_the_eager_step(cpp, model, tokenizer):
     """Step by step on forced tokens, with a `keep` of every other row after the third step."""
     ids, mask, _ = _batch(tokenizer, group=2)
-    eager = llama_fast.Decoder(model, ids, mask, 8)
-    fused = llama_fast.Decoder(model, ids, mask, 8, engine="cpp")
+    eager = Decoder(model, ids, mask, 8)
+    fused = Decoder(model, ids, mask, 8, engine="cpp")
     try:
         assert fused.engine == "cpp"
         torch.testing.assert_close(fused.logits, eager.logits, rtol=0, atol=LOGIT_ATOL)  # the C++ prefill
@@ -140,7 +141,7 @@ def test_cpp_step_logits_match_the_eager_step(cpp, model, tokenizer):
 @torch.no_grad()
 def test_cpp_step_rejects_out_of_range_token_ids(cpp, tiny_model, tokenizer):
     ids, mask, _ = _batch(tokenizer, group=1)
-    decoder = llama_fast.Decoder(tiny_model, ids, mask, 4, engine="cpp")
+    decoder = Decoder(tiny_model, ids, mask, 4, engine="cpp")
     try:
         with pytest.raises(RuntimeError, match="out of range"):
             decoder.step(torch.full((len(ids),), len(tokenizer)))
@@ -151,34 +152,35 @@ def test_cpp_step_rejects_out_of_range_token_ids(cpp, tiny_model, tokenizer):
 def test_without_a_build_the_cpp_engine_falls_back_to_eager(tiny_model, tokenizer, monkeypatch, capsys):
     def fail(**kw):
         raise RuntimeError("Ninja is required to load C++ extensions")
-    monkeypatch.setattr("torch.utils.cpp_extension.load_inline", fail)
-    monkeypatch.setattr(_decode_cpp, "_STATE", {})
-    assert _decode_cpp.load() is None
-    assert _decode_cpp.load() is None  # one attempt, one line, per process
+    monkeypatch.setattr("torch.utils.cpp_extension.load", fail)
+    monkeypatch.setattr(native, "_STATE", {})
+    assert native.load() is None
+    assert native.load() is None  # one attempt, one line, per process
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == ("rlvr: C++ decode engine unavailable (Ninja is required to load C++ extensions); "
                        "using the eager decode step")
     assert len(err) <= 2  # at most the one-line build notice before it
-    assert _decode_cpp.fallbacks() == ["Ninja is required to load C++ extensions"]  # for run.json
+    assert native.fallbacks() == ["Ninja is required to load C++ extensions"]  # for run.json
     ids, mask, _ = _batch(tokenizer, group=2)
-    decoder = llama_fast.Decoder(tiny_model, ids, mask, 4, engine="cpp")
+    decoder = Decoder(tiny_model, ids, mask, 4, engine="cpp")
     assert decoder.engine == "eager"
     decoder.close()
     _assert_same(_rollouts(tiny_model, tokenizer, "eager"), _rollouts(tiny_model, tokenizer, "cpp"))
 
 
 def test_non_float32_weights_fall_back_to_eager(tiny_model, monkeypatch, capsys):
-    monkeypatch.setattr(_decode_cpp, "_STATE", {})
-    monkeypatch.setattr(_decode_cpp, "load", lambda: pytest.fail("must not build for bfloat16 weights"))
-    assert llama_fast._load_cpp(tiny_model.to(torch.bfloat16)) is None
+    monkeypatch.setattr(native, "_STATE", {})
+    monkeypatch.setattr(native, "load", lambda: pytest.fail("must not build for bfloat16 weights"))
+    assert native.load_for(tiny_model.to(torch.bfloat16)) is None
     assert capsys.readouterr().err.strip() == ("rlvr: C++ decode engine unavailable (torch.bfloat16 on cpu: the C++ "
                                                "decode engine takes float32 on CPU); using the eager decode step")
 
 
 def test_engine_names_are_checked(tiny_model, tokenizer):
     ids, mask, _ = _batch(tokenizer, group=1)
-    with pytest.raises(ValueError, match="engine must be one of eager, cpp, compile"):
-        llama_fast.Decoder(tiny_model, ids, mask, 4, engine="fast")
+    with pytest.raises(ValueError, match="engine must be one of eager, cpp, got 'fast'"):
+        Decoder(tiny_model, ids, mask, 4, engine="fast")
     assert load_config(None, ["rollout.decode_engine=cpp"]).rollout.decode_engine == "cpp"
-    with pytest.raises(ConfigError, match=r"^rollout\.decode_engine: must be 'eager', 'cpp' or 'compile'$"):
-        load_config(None, ["rollout.decode_engine=fast"])
+    for name in ("fast", "compile"):
+        with pytest.raises(ConfigError, match=r"^rollout\.decode_engine: must be 'eager' or 'cpp'$"):
+            load_config(None, [f"rollout.decode_engine={name}"])

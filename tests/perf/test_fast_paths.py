@@ -1,6 +1,6 @@
 """Equivalence tests for the speed work: every fast path against the plain one.
 
-The fast paths (`models.llama_fast`, used by `rollout.torch_ar.generate` and `CausalPolicy`)
+The fast paths (`rlvr.kernels`, used by `rollout.torch_ar.generate` and `CausalPolicy`)
 must give the same samples, log-probs and gradients as the straightforward `transformers`
 forward, within float tolerance. No timings here: speed is measured by bench/.
 """
@@ -11,20 +11,21 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from rlvr.models import llama_fast
-from rlvr.models.causal_lm import load_causal_lm
-from rlvr.models.policy import CausalPolicy
+from rlvr.codec import encode_prompts
 from rlvr.engines import torch_ar
 from rlvr.engines.torch_ar import generate
 from rlvr.batch import TrainBatch
-from rlvr.codec import encode_prompts
+from rlvr.kernels.decoder import Decoder
+from rlvr.kernels.weights import supports
+from rlvr.models.causal_lm import load_causal_lm
+from rlvr.models.policy import CausalPolicy
 
 PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4>16:", "7>7:"]
 
 
 def _config_kwargs(vocab):
-    return dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64,
-                pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return {"vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "max_position_embeddings": 64,
+                "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
 
 def _gqa_llama(vocab):
@@ -69,7 +70,7 @@ def _assert_same_rollouts(ref, fast):
 
 
 def test_supported_models_take_the_fast_path(model):
-    assert llama_fast.supports(model)
+    assert supports(model)
 
 
 @pytest.mark.parametrize("kw", [{}, {"temperature": 0.7, "top_p": 0.9}, {"temperature": 0.0}])
@@ -96,13 +97,13 @@ def test_long_generation_crosses_the_span_padding(tokenizer, tiny_model):
 
 def test_pooled_cache_is_reused_safely(tiny_model, tokenizer):
     ids, mask, seeds = _batch(tokenizer)
-    kw = dict(max_new_tokens=12, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    kw = {"max_new_tokens": 12, "eos_id": tokenizer.eos_token_id, "pad_id": tokenizer.pad_token_id}
     first = generate(tiny_model, ids, mask, seeds, **kw)
     small = generate(tiny_model, ids[:3], mask[:3], seeds[:3], **kw)   # reuses (part of) the pool
     again = generate(tiny_model, ids, mask, seeds, **kw)
     _assert_same_rollouts(first, again)
     # A decoder still open in this thread makes the next one allocate its own buffers.
-    held = llama_fast.Decoder(tiny_model, ids, mask, 12)
+    held = Decoder(tiny_model, ids, mask, 12)
     nested = generate(tiny_model, ids[:3], mask[:3], seeds[:3], **kw)
     held.close()
     _assert_same_rollouts(small, nested)
@@ -174,44 +175,9 @@ def test_unsupported_models_fall_back_to_the_plain_forward(tokenizer):
     cfg = LlamaConfig(num_attention_heads=2, rope_parameters={"rope_type": "linear", "factor": 2.0,
                                                               "rope_theta": 10000.0}, **_config_kwargs(len(tokenizer)))
     model = LlamaForCausalLM(cfg)
-    assert not llama_fast.supports(model)
+    assert not supports(model)
     ids, mask, seeds = _batch(tokenizer, group=1)
     _assert_same_rollouts(*_both(model, tokenizer, ids, mask, seeds))
-
-
-def _functional_vs_eager(model, tokenizer, monkeypatch, *, compile_step: bool, **kw):
-    """Rollouts of the plain fast path and of the `decode_step` path (eager or compiled)."""
-    if not compile_step:  # the pure function itself, without torch.compile: checks the math quickly
-        monkeypatch.setitem(llama_fast._COMPILED, "step", llama_fast.decode_step)
-    ids, mask, seeds = _batch(tokenizer, group=8)
-    kw = {"max_new_tokens": 16, "eos_id": tokenizer.eos_token_id, "pad_id": tokenizer.pad_token_id, **kw}
-    return generate(model, ids, mask, seeds, **kw), generate(model, ids, mask, seeds, compile=True, **kw)
-
-
-@pytest.mark.parametrize("kw", [{}, {"temperature": 0.7, "top_p": 0.9}, {"temperature": 0.0}])
-def test_functional_decode_step_gives_the_same_samples(model, tokenizer, monkeypatch, kw):
-    ref, fast = _functional_vs_eager(model, tokenizer, monkeypatch, compile_step=False, **kw)
-    _assert_same_rollouts(ref, fast)
-    assert torch.allclose(ref.logprobs, fast.logprobs, atol=1e-5)
-
-
-def test_functional_decode_step_with_and_without_dropping_rows(tiny_model, tokenizer, monkeypatch):
-    monkeypatch.setitem(llama_fast._COMPILED, "step", llama_fast.decode_step)
-    ids, mask, seeds = _batch(tokenizer, group=8)
-    kw = {"max_new_tokens": 24, "eos_id": tokenizer.eos_token_id, "pad_id": tokenizer.pad_token_id, "compile": True}
-    outs = []
-    for fraction in (0.0, 2.0):
-        monkeypatch.setattr(torch_ar, "COMPACT_FRACTION", fraction)
-        outs.append(generate(tiny_model, ids, mask, seeds, **kw))
-    _assert_same_rollouts(*outs)
-
-
-@pytest.mark.slow  # torch.compile takes tens of seconds on a small CPU
-def test_compiled_decode_step_gives_the_same_samples(tokenizer, monkeypatch):
-    model = load_causal_lm("rlvr:countdown-warmstart", seed=0)[0]
-    ref, fast = _functional_vs_eager(model, tokenizer, monkeypatch, compile_step=True)
-    _assert_same_rollouts(ref, fast)
-    assert torch.allclose(ref.logprobs, fast.logprobs, atol=2e-5)  # inductor's own op order
 
 
 def test_chunked_head_logprobs_match_the_plain_computation():
@@ -263,8 +229,8 @@ def test_on_policy_step_reuses_the_training_forward_for_old_logprobs(tiny_model,
     (old = detached current log-probs, ratio 1) and gets the same gradients as recomputing them."""
     from rlvr.algos.aggregate import AGGREGATIONS
     from rlvr.algos.objectives import ppo_clip
-    from rlvr.trainer import sync
     from rlvr.batch import TrainBatch
+    from rlvr.trainer import sync
     from rlvr.trainer.step import LossSpec, micro_batch_loss
 
     ids, mask, seeds = _batch(tokenizer)

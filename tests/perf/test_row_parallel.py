@@ -16,15 +16,15 @@ import torch
 from rlvr.algos.aggregate import AGGREGATIONS
 from rlvr.algos.kl import k3
 from rlvr.algos.objectives import ppo_clip
-from rlvr.config import load_config
-from rlvr.errors import ConfigError
-from rlvr.models import _decode_cpp
-from rlvr.models.policy import CausalPolicy
-from rlvr.engines.torch_ar import generate
-from rlvr.trainer import sync
 from rlvr.codec import encode_prompts
 from rlvr.trainer.runtime import configure_for
 from rlvr.trainer.components import build_components
+from rlvr.config import load_config
+from rlvr.engines.torch_ar import generate
+from rlvr.errors import ConfigError
+from rlvr.kernels import native
+from rlvr.models.policy import CausalPolicy
+from rlvr.trainer import sync
 from rlvr.trainer.rows import RowPool, configure_threads, resolve_mode, split_engine
 from rlvr.trainer.step import LossSpec, optimizer_step
 
@@ -77,14 +77,14 @@ def test_split_engine_samples_the_same_rollouts(tiny_model, tokenizer, engine, s
     """With `model` given, the workers share one weight preparation (one C++ engine built, then forked)."""
     ids, mask = encode_prompts(tokenizer, PROMPTS)
     seeds = torch.arange(100, 100 + len(PROMPTS))
-    kw = dict(max_new_tokens=12, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, engine=engine)
+    kw = {"max_new_tokens": 12, "eos_id": tokenizer.eos_token_id, "pad_id": tokenizer.pad_token_id, "engine": engine}
     whole = generate(tiny_model, ids, mask, seeds, temperature=1.0, **kw)
 
     def run(p_ids, p_mask, s, *, temperature):
         return generate(tiny_model, p_ids, p_mask, s, temperature=temperature, **kw)
 
     built = []
-    module = _decode_cpp.load() if engine == "cpp" else None
+    module = native.load() if engine == "cpp" else None
     if module is not None:
         engine_class = module.Engine
         monkeypatch.setattr(module, "Engine", lambda *a: built.append(1) or engine_class(*a), raising=False)

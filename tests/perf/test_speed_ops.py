@@ -5,13 +5,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlvr.models import llama_fast
-from rlvr.models.causal_lm import load_causal_lm
-from rlvr.models.policy import CausalPolicy
+from rlvr.codec import encode_prompts
 from rlvr.engines import torch_ar
 from rlvr.engines.torch_ar import generate
+from rlvr.kernels import decoder, training, weights
+from rlvr.models.causal_lm import load_causal_lm
+from rlvr.models.policy import CausalPolicy
 from rlvr.trainer.build import build_optimizer
-from rlvr.codec import encode_prompts
 
 PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4>16:", "7>7:"]
 
@@ -23,7 +23,7 @@ def _rel(a, b):
 def test_swiglu_matches_chunk_silu_mul_bit_for_bit():
     fused = torch.randn(37, 64, generator=torch.Generator().manual_seed(0), requires_grad=True)
     grad = torch.randn(37, 32, generator=torch.Generator().manual_seed(1))
-    out = llama_fast.swiglu(fused)
+    out = weights.swiglu(fused)
     out.backward(grad)
     ours = fused.grad.clone()
     fused.grad = None
@@ -32,7 +32,7 @@ def test_swiglu_matches_chunk_silu_mul_bit_for_bit():
     ref.backward(grad)
     assert torch.equal(out, ref) and torch.equal(ours, fused.grad)
     with torch.no_grad():  # the in-place inference path
-        assert torch.equal(llama_fast.swiglu(fused.detach().clone()), ref)
+        assert torch.equal(weights.swiglu(fused.detach().clone()), ref)
 
 
 def test_grid_functions_match_the_plain_scatter_gather_and_cat():
@@ -57,9 +57,9 @@ def test_grid_functions_match_the_plain_scatter_gather_and_cat():
         return grid, keys, out
 
     def ours():
-        grid = llama_fast._ToGrid.apply(packed, in_row, in_col, b, t)
-        keys = llama_fast._KeysGrid.apply(prompt, packed, rows, in_row, in_col, t)
-        out = llama_fast._FromGrid.apply(grid, in_row, in_col)
+        grid = training._ToGrid.apply(packed, in_row, in_col, b, t)
+        keys = training._KeysGrid.apply(prompt, packed, rows, in_row, in_col, t)
+        out = training._FromGrid.apply(grid, in_row, in_col)
         return grid, keys, out
 
     results = []
@@ -90,8 +90,8 @@ def test_explicit_attention_matches_sdpa(heads, kv_heads):
     w = W()
     w.heads, w.kv_heads, w.head_dim = heads, kv_heads, d
     results = []
-    for fn, m in ((llama_fast.LlamaWeights.attend, mask), (llama_fast.LlamaWeights.attend_explicit,
-                                                           llama_fast._additive(mask))):
+    for fn, m in ((weights.LlamaWeights.attend, mask), (weights.LlamaWeights.attend_explicit,
+                                                        weights.additive(mask))):
         out = fn(w, q, k, v, m)
         out.backward(grad)
         results.append((out.detach(), [x.grad.clone() for x in (q, k, v)]))
@@ -135,12 +135,12 @@ def test_stale_pool_memory_never_reaches_the_samples(tiny_model, tokenizer, monk
     over several span blocks (40 tokens; the tiny random model rarely stops)."""
     prompts = [p for p in PROMPTS for _ in range(3)]
     ids, mask = encode_prompts(tokenizer, prompts)
-    kw = dict(max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    kw = {"max_new_tokens": max_new_tokens, "eos_id": tokenizer.eos_token_id, "pad_id": tokenizer.pad_token_id}
     seeds = torch.arange(len(prompts))
     for fraction in (0.0, 2.0):  # drop finished rows as soon as one finishes / never
         monkeypatch.setattr(torch_ar, "COMPACT_FRACTION", fraction)
         first = generate(tiny_model, ids, mask, seeds, **kw)
-        for buffer in llama_fast._LOCAL.pool:
+        for buffer in decoder._LOCAL.pool:
             buffer.fill_(float("nan"))
         again = generate(tiny_model, ids, mask, seeds, **kw)
         for field in ("completion_ids", "completion_mask", "logprobs", "truncated"):
@@ -155,7 +155,7 @@ def test_lengths_from_first_eos_match_the_plain_sampler(tiny_model, tokenizer, s
     prompts = [p for p in PROMPTS for _ in range(2)]
     ids, mask = encode_prompts(tokenizer, prompts)
     eos = tokenizer.eos_token_id
-    kw = dict(max_new_tokens=10, eos_id=eos, pad_id=eos if same_pad else tokenizer.pad_token_id)
+    kw = {"max_new_tokens": 10, "eos_id": eos, "pad_id": eos if same_pad else tokenizer.pad_token_id}
     for eos_id in (eos, 5, 7):  # frequent EOS ids on the random tiny model exercise early stops
         kw["eos_id"] = eos_id
         if same_pad:

@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from rlvr.config import load_config
-from rlvr.errors import ConfigError
-from rlvr.models import _decode_cpp, llama_fast
-from rlvr.models.policy import CausalPolicy
-from rlvr.engines.torch_ar import generate
 from rlvr.codec import encode_prompts
+from rlvr.config import load_config
+from rlvr.engines.torch_ar import generate
+from rlvr.errors import ConfigError
+from rlvr.kernels import native, ops, training, weights
+from rlvr.models.policy import CausalPolicy
 
 PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4>16:", "7>7:"] * 2
 
@@ -29,7 +29,7 @@ def kernels():
     from torch.utils.cpp_extension import is_ninja_available
     if not (shutil.which("c++") or shutil.which("g++")) or not is_ninja_available():
         pytest.skip("no C++ compiler or ninja: the C++ kernels cannot be built here")
-    module = _decode_cpp.load()
+    module = native.load()
     assert module is not None, "a toolchain is present but the extension failed to build (see stderr)"
     return module
 
@@ -50,7 +50,7 @@ def test_rms_norm_forward_and_backward(kernels, shape):
     F.rms_norm(x, (shape[-1],), w, 1e-6).backward(g)
     ref = (F.rms_norm(x, (shape[-1],), w, 1e-6).detach(), x.grad.clone(), w.grad.clone())
     x.grad = w.grad = None
-    out = llama_fast._RMSNormCpp.apply(x, w, 1e-6, kernels)
+    out = ops.rms_norm(x, w, 1e-6)
     out.backward(g)
     torch.testing.assert_close(out.detach(), ref[0], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(x.grad, ref[1], atol=1e-5, rtol=1e-5)
@@ -60,11 +60,11 @@ def test_rms_norm_forward_and_backward(kernels, shape):
 def test_rms_norm_weight_gradient_is_the_same_for_any_thread_count(kernels):
     torch.manual_seed(1)
     x, g, w = torch.randn(300, 64), torch.randn(300, 64), torch.randn(64)
-    rstd = kernels.rms_norm_forward(x, w, 1e-6)[1]
+    rstd = torch.ops.rlvr.rms_norm(x, w, 1e-6)[1]
     torch.set_num_threads(1)
-    one = kernels.rms_norm_backward(g, x, w, rstd)
+    one = torch.ops.rlvr.rms_norm_backward(g, x, w, rstd)
     torch.set_num_threads(2)
-    two = kernels.rms_norm_backward(g, x, w, rstd)
+    two = torch.ops.rlvr.rms_norm_backward(g, x, w, rstd)
     assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
 
 
@@ -74,10 +74,10 @@ def test_swiglu_forward_and_backward(kernels, rows):
     torch.manual_seed(2)
     fused = (3 * torch.randn(rows, 2 * 48)).requires_grad_()  # gates well into both tails of the sigmoid
     g = torch.randn(rows, 48)
-    ref_out = llama_fast._SwiGLU.apply(fused)
+    ref_out = weights._SwiGLU.apply(fused)
     ref_out.backward(g)
-    torch.testing.assert_close(kernels.swiglu_forward(fused.detach()), ref_out.detach(), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(kernels.swiglu_backward(g, fused.detach()), fused.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.ops.rlvr.swiglu(fused.detach()), ref_out.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.ops.rlvr.swiglu_backward(g, fused.detach()), fused.grad, atol=1e-5, rtol=1e-5)
 
 
 def _small(vocab):
@@ -119,7 +119,7 @@ def test_policy_forward_backward_matches_eager(kernels, tokenizer):
 
 
 def test_fused_layers_on_ragged_completions(kernels, tokenizer, monkeypatch):
-    """kernels=cpp runs every layer as one C++ call each way (`_LayerCpp`, never the eager layers),
+    """kernels=cpp runs every layer as one C++ call each way (`ops.layer`, never the eager layers),
     with completions of lengths 0, 1, ... full sharing prompts: same log-probs and gradients."""
     ids, mask = encode_prompts(tokenizer, PROMPTS)
     gen = torch.Generator().manual_seed(4)
@@ -130,7 +130,7 @@ def test_fused_layers_on_ragged_completions(kernels, tokenizer, monkeypatch):
     for name, model in _models(len(tokenizer)):
         eager_logp, eager_grads = _logprobs_and_grads(model, "eager", ids, mask, out)
         with monkeypatch.context() as m:
-            m.setattr(llama_fast, "_layers_eager", lambda *a: pytest.fail("eager layers under kernels=cpp"))
+            m.setattr(training, "_layers_eager", lambda *a: pytest.fail("eager layers under kernels=cpp"))
             cpp_logp, cpp_grads = _logprobs_and_grads(model, "cpp", ids, mask, out)
         torch.testing.assert_close(cpp_logp, eager_logp, atol=2e-5, rtol=0, msg=name)
         for key, grad in eager_grads.items():

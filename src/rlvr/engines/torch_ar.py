@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from rlvr.batch import Rollouts
-from rlvr.models import llama_fast
+from rlvr.kernels.decoder import Decoder
+from rlvr.kernels.weights import supports
 from rlvr.noise import gumbel_noise, gumbel_noise_block
 
 
@@ -55,25 +56,23 @@ def choose_tokens(logits: torch.Tensor, seeds: torch.Tensor, step: int, *,
 @torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, *,
              max_new_tokens: int, eos_id: int, pad_id: int,
-             temperature: float = 1.0, top_p: float = 1.0, fast: bool = True, compile: bool = False,
-             engine: str = "eager") -> Rollouts:
+             temperature: float = 1.0, top_p: float = 1.0, fast: bool = True, engine: str = "eager") -> Rollouts:
     """Sample one completion per row. prompt_ids/prompt_mask (B, Tp), seeds (B,) int.
 
-    Llama-family models take the fast path (`models.llama_fast`: one prefill per distinct
+    Llama-family models take the fast path (`rlvr.kernels.decoder`: one prefill per distinct
     prompt, static KV cache, finished rows dropped); anything else, or `fast=False`, runs the
     plain `transformers` forward with its dynamic cache. Both give the same samples (tests/perf).
-    `engine` picks how the fast path runs a decode step (`llama_fast.ENGINES`: `eager`, `cpp` the
-    fused C++ step, `compile` via `torch.compile`); all give the same samples. `compile=True` is
-    the older spelling of `engine="compile"` (the first call in a process pays the compile, tens
-    of seconds on a small CPU; `cpp` pays a one-off build per machine, cached on disk).
+    `engine` picks how the fast path runs a decode step (`kernels.decoder.ENGINES`: `eager`, or
+    `cpp` the fused C++ engine, which pays a one-off build per machine, cached on disk); both give
+    the same samples.
     """
     was_training = model.training
     model.eval()
     try:
-        if fast and prompt_ids.shape[0] and llama_fast.supports(model):
+        if fast and prompt_ids.shape[0] and supports(model):
             return _generate_fast(model, prompt_ids, prompt_mask, seeds, max_new_tokens=max_new_tokens,
                                   eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p,
-                                  engine="compile" if compile else engine)
+                                  engine=engine)
         return _generate_hf(model, prompt_ids, prompt_mask, seeds, max_new_tokens=max_new_tokens,
                             eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p)
     finally:
@@ -104,7 +103,7 @@ costs about one decode step, so compacting after every finished row would not pa
 def _generate_fast(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_id, pad_id,
                    temperature, top_p, engine="eager") -> Rollouts:
     batch = prompt_ids.shape[0]
-    decoder = llama_fast.Decoder(model, prompt_ids, prompt_mask, max_new_tokens, engine=engine)
+    decoder = Decoder(model, prompt_ids, prompt_mask, max_new_tokens, engine=engine)
     try:
         if decoder.engine == "cpp" and top_p >= 1.0:
             # The whole loop in C++ (no Python per token, the GIL released throughout).
@@ -150,7 +149,7 @@ def _decode(decoder, logits, seeds, tokens, logprobs, done, *, max_new_tokens, e
         finished = int(slot_done.sum())
         if finished == len(rows):
             break
-        if finished >= COMPACT_FRACTION * len(rows) and len(rows) - finished >= decoder.min_live:
+        if finished >= COMPACT_FRACTION * len(rows):
             live = (~slot_done).nonzero().squeeze(-1)
             tokens[rows], logprobs[rows], done[rows] = slot_tokens, slot_logprobs, slot_done
             decoder.keep(live)

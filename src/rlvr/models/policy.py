@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from rlvr.models import llama_fast
+from rlvr.kernels import training
+from rlvr.kernels.weights import LlamaWeights, supports
 
 CHUNK_ELEMENTS = 1 << 24
 """The fast path computes the LM head in row chunks once tokens × vocabulary exceeds this (64 MB
@@ -70,9 +71,9 @@ def sequence_inputs(prompt_ids, prompt_mask, completion_ids):
 class CausalPolicy:
     """Wraps a `transformers` causal LM; temperature matches the sampler's so ratios are exact.
 
-    Llama-family models use `models.llama_fast` (each distinct prompt is run once for its whole
-    group; same log-probs and gradients as the plain forward, tests/perf); `fast=False` or any
-    other model runs the plain `transformers` forward.
+    Llama-family models use `rlvr.kernels.training` (each distinct prompt is run once for its
+    whole group; same log-probs and gradients as the plain forward, tests/perf); `fast=False` or
+    any other model runs the plain `transformers` forward.
     """
 
     def __init__(self, model, *, temperature: float = 1.0, fast: bool = True, kernels: str = "eager"):
@@ -105,7 +106,7 @@ class CausalPolicy:
         `completion_mask` (B, Tc), optional: positions after a row's last 1 are not computed
         (their log-prob and entropy are 0), which skips the padding of short completions.
         """
-        if self.fast and completion_ids.shape[1] and llama_fast.supports(self.model):
+        if self.fast and completion_ids.shape[1] and supports(self.model):
             return self._fast_logprobs(prompt_ids, prompt_mask, completion_ids, with_entropy, completion_mask)
         ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids)
         width = completion_ids.shape[1]
@@ -125,8 +126,8 @@ class CausalPolicy:
         lengths = None
         if completion_mask is not None:
             lengths = _up_to_last_one(completion_mask).sum(-1).long()
-        w = llama_fast.LlamaWeights(self.model, kernels=self._kernels())
-        hidden, index = llama_fast.completion_hidden(w, prompt_ids, prompt_mask, completion_ids, lengths)
+        w = LlamaWeights(self.model, kernels=self._kernels() is not None)
+        hidden, index = training.completion_hidden(w, prompt_ids, prompt_mask, completion_ids, lengths)
         tokens = completion_ids.flatten()[index]
         size = completion_ids.numel()
         vocab = w.lm_head.shape[0]
@@ -149,7 +150,7 @@ class CausalPolicy:
         if self.kernels != "cpp":
             return None
         if self._module is None:  # loaded (or found missing, with one stderr line) on first use
-            self._module = llama_fast.training_kernels(self.model) or False
+            self._module = training.kernels_for(self.model) or False
         return self._module or None
 
 

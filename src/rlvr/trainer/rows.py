@@ -14,13 +14,14 @@ faster when another process holds a core (measured with the eager layers). The d
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from rlvr.models import llama_fast
 from rlvr.batch import Rollouts, concat_rollouts
+from rlvr.kernels.decoder import shared_weights
 
 
 class RowPool:
@@ -36,7 +37,7 @@ class RowPool:
     def slices(self, rows: int) -> list[slice]:
         """Consecutive, near-equal, non-empty slices covering `rows` rows."""
         bounds = [rows * i // self.workers for i in range(self.workers + 1)]
-        return [slice(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+        return [slice(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
     def map(self, fn: Callable[[slice], object], rows: int) -> list:
         # Grad mode is thread-local: a worker must run under the caller's (no_grad for sampling).
@@ -74,10 +75,10 @@ def configure_threads(threads: int, mode: str) -> RowPool | None:
 def split_engine(engine, pool: RowPool, pad_id: int, model=None):
     """A rollout engine that samples each worker's share of the rows and stacks the results
     (same samples as the whole batch: every row has its own seed). With `model` the workers'
-    decoders prepare its weights once per batch (`llama_fast.shared_weights`)."""
+    decoders prepare its weights once per batch (`kernels.decoder.shared_weights`)."""
 
     def run(prompt_ids, prompt_mask, seeds, **kwargs) -> Rollouts:
-        with llama_fast.shared_weights(model) if model is not None else contextlib.nullcontext():
+        with shared_weights(model) if model is not None else contextlib.nullcontext():
             parts = pool.map(lambda rows: engine(prompt_ids[rows], prompt_mask[rows], seeds[rows], **kwargs),
                              len(seeds))
         return concat_rollouts(parts, pad_id) if parts else engine(prompt_ids, prompt_mask, seeds, **kwargs)

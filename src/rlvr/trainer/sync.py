@@ -257,10 +257,10 @@ def _runtime_facts(c: Components) -> dict:
                "heap_kept": c.heap_kept}
     if c.config.model.kind == "diffusion":
         return threads
-    from rlvr.models import _decode_cpp
+    from rlvr.kernels import native
 
     return {**threads, "decode_engine": c.config.rollout.decode_engine,
-            "decode_engine_fallbacks": _decode_cpp.fallbacks()}
+            "decode_engine_fallbacks": native.fallbacks()}
 
 
 def _notify(callbacks: list, hook: str, *args) -> bool:
