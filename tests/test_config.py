@@ -10,9 +10,12 @@ import pytest
 import yaml
 
 from rlvr import config as cfg
+from rlvr.config.load import _build
+from rlvr.config.reference import field_docs, markdown
 from rlvr.algos import objectives
 from rlvr.cli import main
-from rlvr.config import ConfigError, load_config
+from rlvr.config import load_config
+from rlvr.errors import ConfigError
 from rlvr.trainer import build
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -86,7 +89,7 @@ def test_a_resolved_config_reloads_to_itself(recipe, tmp_path):
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 def test_resolving_first_binds_the_same_values_as_binding_the_nulls(recipe):
     """The printed config is what runs: null fields bound as the entries' defaults give the same calls."""
-    raw, resolved = cfg._build(cfg.Config, cfg.read_recipe(recipe), ""), load_config(recipe)
+    raw, resolved = _build(cfg.Config, cfg.read_recipe(recipe), ""), load_config(recipe)
 
     def calls(c):
         loss, adv = build.build_loss(c), build.build_advantage(c)
@@ -133,7 +136,7 @@ def test_estimator_and_task_options_reach_their_classes():
 
 def _fields(cls) -> set[str]:
     hints = typing.get_type_hints(cls)
-    return {f.name for f in dataclasses.fields(cls) if cfg._section_type(hints[f.name]) is None}
+    return {f.name for f in dataclasses.fields(cls) if cfg.section_type(hints[f.name]) is None}
 
 
 def test_every_keyword_of_every_entry_maps_to_one_field_and_back():
@@ -168,18 +171,18 @@ def test_every_keyword_of_every_entry_maps_to_one_field_and_back():
 
 def test_every_field_has_a_docstring():
     def walk(cls):
-        docs, hints = cfg.field_docs(cls), typing.get_type_hints(cls)
+        docs, hints = field_docs(cls), typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            assert docs.get(f.name) or cfg._section_type(hints[f.name]), f"{cls.__name__}.{f.name} has no docstring"
-            if cfg._section_type(hints[f.name]):
-                walk(cfg._section_type(hints[f.name]))
+            assert docs.get(f.name) or cfg.section_type(hints[f.name]), f"{cls.__name__}.{f.name} has no docstring"
+            if cfg.section_type(hints[f.name]):
+                walk(cfg.section_type(hints[f.name]))
 
     walk(cfg.Config)
 
 
 def test_docs_config_md_is_current():
     committed = (ROOT / "docs" / "config.md").read_text()
-    assert committed == cfg.markdown(), "regenerate: python -m rlvr.config --markdown > docs/config.md"
+    assert committed == markdown(), "regenerate: python -m rlvr.config --markdown > docs/config.md"
 
 
 # ---------------------------------------------------------------------------- names from the registries

@@ -1,0 +1,213 @@
+"""Reading a config: a YAML recipe (or a mapping) plus dotted overrides -> a checked, resolved `Config`."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlvr.config.registries import resolve
+from rlvr.config.schema import Config, section_type
+from rlvr.errors import ConfigError
+
+
+def _coerce(value: Any, annotation: Any, name: str) -> Any:
+    """Check `value` against a field annotation; ints are accepted where floats are expected."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in (o for o in options if o is not type(None)):
+            try:
+                return _coerce(value, option, name)
+            except ConfigError as err:
+                errors.append(err)
+        raise errors[0]
+    if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if annotation is float and isinstance(value, str):  # YAML 1.1 reads `5e-5` (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if isinstance(value, annotation) and not (annotation is int and isinstance(value, bool)):
+        return value
+    shown = "null" if value is None else repr(value)
+    raise ConfigError(f"{name}: expected {annotation.__name__}, got {shown}; fix the value in the recipe or override")
+
+
+def _build(cls: type, values: dict, prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        full = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(f"unknown config key '{full}'{_suggest(full)}")
+        section = section_type(hints[key])
+        if section is not None and value is None and section is not hints[key]:
+            kwargs[key] = None  # an optional section left empty (a task that is not chosen)
+        elif section is not None:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{full}: expected a section (mapping), got {value!r}")
+            kwargs[key] = _build(section, value, f"{full}.")
+        else:
+            kwargs[key] = _coerce(value, hints[key], full)
+    return cls(**kwargs)
+
+
+def all_keys(cls: type | None = None, prefix: str = "") -> list[str]:
+    """Every dotted leaf key of the schema, e.g. 'algo.clip_high'."""
+    cls = cls or Config
+    hints = typing.get_type_hints(cls)
+    keys = []
+    for f in dataclasses.fields(cls):
+        section = section_type(hints[f.name])
+        if section is not None:
+            keys += all_keys(section, f"{prefix}{f.name}.")
+        else:
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
+def _suggest(full: str) -> str:
+    keys = all_keys()
+    leaf = full.rsplit(".", 1)[-1]
+    same_leaf = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
+    same_leaf.sort(key=lambda k: -len(os.path.commonprefix([k.split("."), full.split(".")])))  # nearest section first
+    close = same_leaf or difflib.get_close_matches(full, keys, n=1, cutoff=0.5)
+    return f"; did you mean '{close[0]}'?" if close else "; run `rlvr config` to list valid keys"
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
+    node[leaf] = value
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    """`key.sub=value` strings -> (key, YAML-parsed value) pairs."""
+    pairs = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override '{item}': expected KEY=VALUE, e.g. algo.clip_high=0.28")
+        try:
+            pairs.append((key.strip(), yaml.safe_load(raw) if raw else ""))
+        except yaml.YAMLError:
+            pairs.append((key.strip(), raw))
+    return pairs
+
+
+def read_recipe(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"recipe '{path}' does not exist; pass a YAML file such as recipes/grpo_countdown.yaml")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"recipe '{path}' is not valid YAML{where}; fix its syntax") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"recipe '{path}' must be a mapping of sections (model:, algo:, ...)")
+    return tree
+
+
+def load_config(recipe: str | Path | dict | None = None, overrides: list[str] = ()) -> Config:
+    """`recipe`: a YAML file, or its content as a mapping (e.g. `to_dict(config)`, to override a `Config`)."""
+    tree = copy.deepcopy(dict(recipe)) if isinstance(recipe, dict) else read_recipe(recipe) if recipe else {}
+    for key, value in parse_overrides(list(overrides)):
+        _set_dotted(tree, key, value)
+    config = resolve(_build(Config, tree, ""))
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    """Range checks that types alone cannot express."""
+    checks = [
+        (config.optim.lr > 0, "optim.lr", "must be > 0, e.g. 5e-5"),
+        (config.sft.lr > 0, "sft.lr", "must be > 0, e.g. 1e-3"),
+        (config.rollout.group_size >= 2, "rollout.group_size", "must be >= 2 (group baselines need siblings)"),
+        (config.rollout.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1"),
+        (config.rollout.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1"),
+        (config.rollout.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)"),
+        (0 < config.rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]"),
+        (config.trainer.steps >= 1, "trainer.steps", "must be >= 1"),
+        (config.trainer.minibatches >= 1, "trainer.minibatches", "must be >= 1"),
+        (config.trainer.ppo_epochs >= 1, "trainer.ppo_epochs", "must be >= 1"),
+        (config.trainer.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1"),
+        (config.rollout.prompts_per_step % config.trainer.minibatches == 0, "trainer.minibatches",
+         f"must divide rollout.prompts_per_step ({config.rollout.prompts_per_step}) so groups stay whole"),
+        (config.algo.kl_coef >= 0, "algo.kl_coef", "must be >= 0"),
+        (config.algo.kl_placement in ("loss", "reward"), "algo.kl_placement", "must be 'loss' or 'reward'"),
+        (config.algo.dual_clip is None or config.algo.dual_clip > 1, "algo.dual_clip", "must be > 1 or null"),
+        (config.trainer.keep_last >= 1, "trainer.keep_last", "must be >= 1"),
+        (0 <= config.algo.overlong_buffer <= config.rollout.max_new_tokens, "algo.overlong_buffer",
+         "must be between 0 (off) and rollout.max_new_tokens"),
+        (config.algo.max_sampling_rounds >= 1, "algo.max_sampling_rounds", "must be >= 1"),
+        (config.algo.kl_target is None or config.algo.kl_target > 0, "algo.kl_target", "must be > 0 or null"),
+        (config.algo.critic_lr > 0, "algo.critic_lr", "must be > 0"),
+        (config.optim.schedule in ("constant", "cosine"), "optim.schedule", "must be 'constant' or 'cosine'"),
+        (config.sft.schedule in ("constant", "cosine"), "sft.schedule", "must be 'constant' or 'cosine'"),
+        (config.model.kind in ("causal", "diffusion"), "model.kind", "must be 'causal' or 'diffusion'"),
+        (config.estimator.n is None or config.estimator.n >= 1, "estimator.n", "must be >= 1"),
+        (config.rollout.selection_candidates >= 1, "rollout.selection_candidates", "must be >= 1 (1 = no choice)"),
+        (0 <= config.rollout.selection_target <= 1, "rollout.selection_target", "must be in [0, 1]"),
+        (0 <= config.rollout.selection_decay <= 1, "rollout.selection_decay", "must be in [0, 1] (1 = never forget)"),
+        (config.rollout.decode_engine in ("eager", "cpp"), "rollout.decode_engine",
+         "must be 'eager' or 'cpp'"),
+        (config.trainer.eval_samples >= 0, "trainer.eval_samples", "must be >= 0 (0 = greedy evaluation only)"),
+        (config.trainer.threads >= 0, "trainer.threads", "must be >= 0 (0 = torch's default)"),
+        (config.trainer.thread_mode in ("auto", "ops", "rows"), "trainer.thread_mode", "must be 'auto', 'ops' or 'rows'"),
+        (config.trainer.kernels in ("eager", "cpp"), "trainer.kernels", "must be 'eager' or 'cpp'"),
+        (not config.rollout.greedy_in_group or config.model.kind == "diffusion", "rollout.greedy_in_group",
+         "is implemented for model.kind=diffusion only; set it to false"),
+        (config.trainer.thread_mode != "rows" or config.model.kind == "causal", "trainer.thread_mode",
+         "'rows' splits causal-model batches only; use 'ops' with model.kind=diffusion"),
+    ]
+    for ok, name, fix in checks:
+        if not ok:
+            raise ConfigError(f"{name}: {fix}")
+
+
+def to_dict(config: Config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def dump_yaml(config: Config) -> str:
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
+
+
+def data_files(config: Config) -> list[str]:
+    """The data files the chosen task reads (file tasks: `path`, `heldout_path`), for the manifest."""
+    section = getattr(config.task, config.task.name, None)
+    return [p for p in (getattr(section, "path", None), getattr(section, "heldout_path", None)) if p]
+
+
+def derived_batch_numbers(config: Config) -> dict[str, int]:
+    """The batch vocabulary (README, "Batch vocabulary"), resolved for this config."""
+    r, t = config.rollout, config.trainer
+    completions = r.prompts_per_step * r.group_size
+    per_opt = completions // t.minibatches
+    return {
+        "completions_per_step": completions,
+        "optimizer_steps_per_rollout_batch": t.minibatches * t.ppo_epochs,
+        "completions_per_optimizer_step": per_opt,
+        "max_completion_tokens_per_optimizer_step": per_opt * r.max_new_tokens,
+        "micro_batches_per_optimizer_step": -(-per_opt // t.micro_batch_size),
+    }

@@ -1,0 +1,219 @@
+"""Registry-backed fields: which config field names an entry of which registry, which section
+holds that entry's hyperparameters, and the resolution of null fields to the chosen entries' own
+defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rlvr.config.schema import Config, TaskConfig, section_type
+from rlvr.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Registry:
+    """A config field whose value names an entry of a registry.
+
+    `source` is `module:NAME` of the registry (a mapping name -> entry, or a tuple of names),
+    imported on first use, so importing this module stays free of torch."""
+
+    key: str
+    """Dotted field holding the entry's name, e.g. `algo.objective`."""
+    kind: str
+    """The noun of the error message: `unknown <kind> 'x'; valid: ...`."""
+    source: str
+    """`module:NAME` of the registry."""
+    section: str = ""
+    """Section holding the entries' hyperparameters, one field per keyword ("" = none)."""
+    data: tuple[str, ...] = ()
+    """Keyword-only parameters that carry data at call time, not hyperparameters."""
+    elsewhere: tuple[str, ...] = ()
+    """Keyword-only parameters the builder binds from other sections (`group_size`)."""
+
+    def entries(self) -> Any:
+        return _import(self.source)
+
+    def get(self, name: str) -> Any:
+        """The entry registered as `name`; a one-line ConfigError naming the valid ones otherwise."""
+        entries = self.entries()
+        if name not in entries:
+            raise ConfigError(f"{self.key}: unknown {self.kind} {name!r}; valid: {', '.join(sorted(entries))}")
+        return entries[name] if isinstance(entries, Mapping) else name
+
+
+REGISTRIES = (
+    Registry("algo.advantage", "advantage", "rlvr.algos.advantages:ADVANTAGES", "algo"),
+    Registry("algo.objective", "objective", "rlvr.algos.objectives:OBJECTIVES", "algo", elsewhere=("group_size",)),
+    Registry("algo.aggregation", "aggregation", "rlvr.algos.aggregate:AGGREGATIONS", "algo",
+             data=("num_tokens", "num_seqs")),
+    Registry("algo.kl_estimator", "KL estimator", "rlvr.algos.kl:KL_ESTIMATORS", "algo", data=("old_logp",)),
+    Registry("estimator.name", "likelihood estimator", "rlvr.models.likelihood:ESTIMATORS", "estimator",
+             data=("advantages", "trace", "with_entropy")),
+    Registry("task.name", "task", "rlvr.tasks:TASKS", "task", elsewhere=("tokenizer", "seed")),
+    Registry("algo.correction_level", "correction level", "rlvr.algos.correction:LEVELS"),
+    Registry("algo.correction_mode", "correction mode", "rlvr.algos.correction:MODES"),
+    Registry("estimator.bound", "SPG bound", "rlvr.models.likelihood:SPG_BOUNDS"),
+    Registry("rollout.remasking", "remasking", "rlvr.engines.torch_diffusion:REMASKING"),
+    Registry("rollout.window", "window", "rlvr.models.likelihood:WINDOWS"),
+    Registry("rollout.prompt_selection", "prompt selection", "rlvr.trainer.selection:SELECTIONS"),
+    Registry("task.countdown.sampling", "sampling", "rlvr.tasks.countdown:SAMPLINGS"),
+    Registry("task.countdown.partial_credit", "partial credit", "rlvr.tasks.countdown:PARTIAL_CREDITS"),
+    Registry("task.code_file.isolation", "isolation", "rlvr.rewards.sandbox:ISOLATIONS"),
+)
+REGISTRY = {r.key: r for r in REGISTRIES}
+
+COMPANIONS = {"algo.advantage": {"gae": "rlvr.algos.advantages:gae_returns"}}
+"""Functions that come with a chosen entry and share its hyperparameters: `gae`'s critic targets."""
+
+CORRECTION = "rlvr.algos.correction:importance_correction"
+"""The rollout correction (used when `algo.rollout_correction`); its keywords are `algo` fields."""
+
+LOOP_KNOBS = {
+    "algo": ("kl_coef", "kl_placement", "entropy_coef", "value_clip", "critic_lr", "critic_warmup_steps",
+             "kl_target", "kl_horizon", "overlong_buffer", "overlong_factor", "overlong_filter",
+             "dynamic_sampling", "max_sampling_rounds", "rollout_correction"),
+    "task": ("heldout_size",),
+}
+"""Fields of a section that no entry's keyword binds: the loop reads them itself (`algo.kl_coef`,
+the DAPO, critic and adaptive-KL knobs), or the builder passes them to every entry
+(`task.heldout_size`)."""
+
+ELSEWHERE = {"group_size": "rollout.group_size", "tokenizer": "the model's tokenizer", "seed": "seed",
+             "norm_length": "rollout.max_new_tokens (when algo.norm_length is null)"}
+"""Where the builder takes a keyword from when it is not a field of the entry's section."""
+
+
+def _import(source: str) -> Any:
+    module, name = source.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def keywords(fn: Callable) -> dict[str, Any]:
+    """Keyword-only parameters of `fn` (for a class, of its `__init__` and, through **kwargs, its
+    bases'; the most derived default wins) -> default (`inspect.Parameter.empty` if required)."""
+    found: dict[str, Any] = {}
+    inits = [k.__dict__["__init__"] for k in fn.__mro__ if "__init__" in k.__dict__] if isinstance(fn, type) else [fn]
+    for init in inits:
+        for p in inspect.signature(init).parameters.values():
+            if p.kind is p.KEYWORD_ONLY and p.name not in found:
+                found[p.name] = p.default
+    return found
+
+
+def hyperparameters(entry: Callable, registry: Registry | None = None) -> dict[str, Any]:
+    """The keywords of `entry` that config fields set, with their defaults: all keyword-only
+    parameters but the registry's data and elsewhere keywords and its section's loop knobs."""
+    skip = set(registry.data) | set(registry.elsewhere) | set(LOOP_KNOBS.get(registry.section, ())) if registry else set()
+    return {k: v for k, v in keywords(entry).items() if k not in skip}
+
+
+Entry = tuple[str, Callable, Registry | None]
+"""(label, function or class, the registry that says which of its keywords are data; None = none are)."""
+
+
+def chosen(config: Config) -> dict[str, list[Entry]]:
+    """Section -> the entries this config uses whose hyperparameters live there. The names are
+    checked here: an unknown one is a one-line ConfigError."""
+    used: dict[str, list[Entry]] = {"algo": [], "estimator": []}
+    for reg in REGISTRIES:
+        if reg.section not in used:
+            continue
+        name = _get(config, reg.key)
+        used[reg.section].append((name, reg.get(name), reg))
+        companion = COMPANIONS.get(reg.key, {}).get(name)
+        if companion:
+            used[reg.section].append((companion.split(":")[1], _import(companion), None))
+    if config.model.kind != "diffusion":
+        used["estimator"] = []  # causal models have exact log-probs: no estimator runs
+    if config.algo.rollout_correction:
+        used["algo"].append(("importance_correction", _import(CORRECTION), None))
+    return used
+
+
+def _get(config: Any, dotted: str) -> Any:
+    node = config
+    for part in dotted.split("."):
+        node = getattr(node, part) if node is not None else None
+    return node
+
+
+def _fill(section: Any, prefix: str, entries: list[Entry]) -> Any:
+    """`section` with each null hyperparameter field set to the default of the entries that
+    declare it; a ConfigError where they disagree or where one has no default."""
+    defaults: dict[str, dict[str, Any]] = {}
+    for label, fn, reg in entries:
+        for key, default in hyperparameters(fn, reg).items():
+            defaults.setdefault(key, {})[label] = default
+    updates = {}
+    for key, by_entry in defaults.items():
+        if getattr(section, key, None) is not None:
+            continue
+        distinct = {repr(v): v for v in by_entry.values()}
+        if len(distinct) > 1:
+            shown = ", ".join(f"{label} {value!r}" for label, value in by_entry.items())
+            raise ConfigError(f"{prefix}{key}: the chosen entries default it differently ({shown}); set {prefix}{key}")
+        (value,) = distinct.values()
+        if value is inspect.Parameter.empty:
+            raise ConfigError(f"{prefix}{key}: {' and '.join(by_entry)} needs it; set {prefix}{key}")
+        updates[key] = value
+    return dataclasses.replace(section, **updates)
+
+
+def task_sections() -> dict[str, type]:
+    """Task name -> the dataclass of its knobs (the `TaskConfig` sections)."""
+    hints = typing.get_type_hints(TaskConfig)
+    return {f.name: section_type(hints[f.name]) for f in dataclasses.fields(TaskConfig)
+            if section_type(hints[f.name]) is not None}
+
+
+def _resolve_task(config: Config) -> TaskConfig:
+    t = config.task
+    cls = REGISTRY["task.name"].get(t.name)
+    sections = task_sections()
+    for name in sections:
+        if name != t.name and getattr(t, name) is not None:
+            raise ConfigError(f"task.{name}: knobs of task '{name}', but task.name is '{t.name}'; "
+                              f"use task.{t.name}.* or set task.name={name}")
+    if t.name not in sections:
+        raise ConfigError(f"task.name: task '{t.name}' has no knob section in TaskConfig; add one")
+    section = getattr(t, t.name) or sections[t.name]()
+    filled = _fill(section, f"task.{t.name}.", [(t.name, cls, REGISTRY["task.name"])])
+    return dataclasses.replace(t, **{t.name: filled})
+
+
+def resolve(config: Config) -> Config:
+    """`config` with every registry name checked and every null hyperparameter of a chosen entry
+    set to that entry's own default (what the builder will bind); other fields unchanged."""
+    used = chosen(config)
+    algo = _fill(config.algo, "algo.", used["algo"])
+    if algo.norm_length is None:
+        algo = dataclasses.replace(algo, norm_length=float(config.rollout.max_new_tokens))
+    estimator = _fill(config.estimator, "estimator.", used["estimator"])
+    config = dataclasses.replace(config, algo=algo, estimator=estimator, task=_resolve_task(config))
+    for reg in REGISTRIES:  # the choices inside sections (an option's allowed values), now filled
+        value = _get(config, reg.key)
+        if value is not None:
+            reg.get(value)
+    return config
+
+
+def all_entries() -> dict[str, list[Entry]]:
+    """Section path -> every entry whose keywords its fields set (chosen or not): the registries'
+    entries, their companions and the rollout correction (`algo`), the estimators
+    (`estimator`), and each task for its own section (`task.<name>`)."""
+    out: dict[str, list[Entry]] = {"algo": [], "estimator": []}
+    for reg in REGISTRIES:
+        if reg.section in out:
+            out[reg.section] += [(name, fn, reg) for name, fn in reg.entries().items()]
+            out[reg.section] += [(src.split(":")[1], _import(src), None) for src in COMPANIONS.get(reg.key, {}).values()]
+    out["algo"].append(("importance_correction", _import(CORRECTION), None))
+    tasks = REGISTRY["task.name"]
+    for name, cls in tasks.entries().items():
+        out[f"task.{name}"] = [(name, cls, tasks)]
+    return out

@@ -1,0 +1,387 @@
+"""The schema: one frozen dataclass per section, a docstring under each field (docs/config.md is
+generated from them)."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    kind: str = "causal"
+    """`causal` (autoregressive LM) or `diffusion` (masked-diffusion LM)."""
+    path: str = "rlvr:countdown-warmstart"
+    """Local HF directory, `rlvr:NAME` (packaged checkpoint), empty = fresh tiny model."""
+    shift_logits: bool = False
+    """Diffusion: Dream-style shifted logits (position i predicts token i+1)."""
+    hidden_size: int = 128
+    """Tiny model: width."""
+    num_layers: int = 4
+    """Tiny model: transformer blocks."""
+    num_heads: int = 4
+    """Tiny model: attention heads."""
+    intermediate_size: int = 512
+    """Tiny model: MLP width."""
+    max_seq_len: int = 64
+    """Tiny model: longest prompt + completion."""
+
+
+@dataclass(frozen=True)
+class CountdownTaskConfig:
+    """Knobs of `rlvr.tasks.countdown.Countdown` (null = the class's own default)."""
+
+    num_count: int | None = None
+    """How many numbers per problem (3 or 4 are the useful settings)."""
+    max_number: int | None = None
+    """Numbers are drawn from 1..max_number."""
+    allow_division: bool | None = None
+    """Allow exact integer division."""
+    ordered: bool = True
+    """Prompts list the numbers in the order the generating expression uses them. True here (the
+    class's own default is False): the packaged warm start was trained on ordered prompts."""
+    show_work: bool | None = None
+    """Completions list steps `5*2=10,10+3=13` instead of a bare expression."""
+    sampling: str | None = None
+    """Training problems as the generator draws them (`draws`) or uniform over problem keys (`keys`,
+    like the held-out set)."""
+    partial_credit: str | None = None
+    """0.1 for any parseable wrong answer (`parse`, d1/TinyZero) or only one over the given numbers
+    (`numbers`)."""
+
+
+@dataclass(frozen=True)
+class Sudoku4TaskConfig:
+    """Knobs of `rlvr.tasks.sudoku.Sudoku4` (null = the class's own default)."""
+
+    min_blanks: int | None = None
+    """Fewest blank cells of a puzzle (1..12)."""
+    max_blanks: int | None = None
+    """Most blank cells of a puzzle (min_blanks..12)."""
+
+
+@dataclass(frozen=True)
+class FileTaskConfig:
+    """Knobs shared by the file tasks (`rlvr.tasks.files.FileTask`; null = the class's own default)."""
+
+    path: str | None = None
+    """JSONL / Parquet file or HF `save_to_disk` directory (required)."""
+    prompt_key: str | None = None
+    """Field holding the prompt."""
+    answer_key: str | None = None
+    """Field holding the reference answer (math_file)."""
+    tests_key: str | None = None
+    """Field holding the tests (code_file)."""
+    system_prompt: str | None = None
+    """System message (chat templates) or prefix."""
+    prompt_template: str | None = None
+    """Format string with {prompt}."""
+    max_prompt_length: int | None = None
+    """Drop longer prompts (tokens), 0 = keep all."""
+    heldout_path: str | None = None
+    """Separate evaluation file, empty = hash split of `path`."""
+    split: str | None = None
+    """HF datasets directory: split name."""
+
+
+@dataclass(frozen=True)
+class MathFileTaskConfig(FileTaskConfig):
+    """Knobs of `rlvr.tasks.files.MathFileTask` (null = the class's own default)."""
+
+    math_timeout_s: float | None = None
+    """Time limit of one equivalence check."""
+    solution_key: str | None = None
+    """Field holding a worked solution (for SFT), empty = none."""
+
+
+@dataclass(frozen=True)
+class CodeFileTaskConfig(FileTaskConfig):
+    """Knobs of `rlvr.tasks.files.CodeFileTask` (null = the class's own default)."""
+
+    all_or_nothing: bool | None = None
+    """Reward 1 only if every test passes (otherwise the fraction passed)."""
+    sandbox_workers: int | None = None
+    """Programs run at once."""
+    wall_s: float | None = None
+    """Wall-clock limit per program."""
+    memory_mb: int | None = None
+    """Address-space limit per program."""
+    isolation: str | None = None
+    """Sandbox isolation: auto | bwrap | unshare | none."""
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """The task: its name, the knobs every task has, and one section per task for its own knobs.
+
+    Only the chosen task's section may be set; `rlvr config` fills it with the effective values
+    and leaves the others null."""
+
+    name: str = "countdown"
+    """Task registry key (`rlvr.tasks.TASKS`)."""
+    heldout_size: int = 200
+    """Size of the fixed held-out evaluation set (every task; file tasks hold out this many rows
+    by a hash of the prompt unless `heldout_path` is set)."""
+    countdown: CountdownTaskConfig | None = None
+    """Knobs of task `countdown`."""
+    sudoku4: Sudoku4TaskConfig | None = None
+    """Knobs of task `sudoku4`."""
+    math_file: MathFileTaskConfig | None = None
+    """Knobs of task `math_file`."""
+    code_file: CodeFileTaskConfig | None = None
+    """Knobs of task `code_file`."""
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    fn: str = ""
+    """User reward `file.py:name` or `module:name` replacing the task's verifier; empty = task's."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    prompts_per_step: int = 8
+    """P: fresh prompts per step."""
+    group_size: int = 16
+    """G: completions per prompt (B = P·G)."""
+    max_new_tokens: int = 16
+    """Completion length cap (longer samples are truncated)."""
+    temperature: float = 1.0
+    """Sampling temperature (the trainer's log-probs use the same)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    diffusion_steps: int = 0
+    """Diffusion sampler: denoising steps N, 0 = one token per step (N = L)."""
+    block_length: int = 0
+    """Diffusion sampler: semi-autoregressive block length B, 0 = the whole window."""
+    remasking: str = "low_confidence"
+    """Diffusion sampler: low_confidence | random | entropy | margin."""
+    threshold: float | None = None
+    """Diffusion sampler: commit every token above this confidence (dynamic)."""
+    suppress_eos: bool = False
+    """Diffusion sampler: lower EOS confidence so content is committed first."""
+    greedy_in_group: bool = False
+    """Diffusion models: the last completion of every group is decoded greedily (T = 0) and trains with its siblings, so the advantage sees whether the greedy answer (what evaluation scores) beats the samples."""
+    window: str = "eos"
+    """Diffusion: which window tokens are the completion: `eos` (up to EOS) or `full`."""
+    prompt_selection: str = "uniform"
+    """Which prompts a step rolls out: `uniform` draws or `mopps` posterior selection."""
+    selection_candidates: float = 2.0
+    """Mopps: candidates drawn per prompt rolled out (1/κ)."""
+    selection_target: float = 0.5
+    """Mopps: success rate the selection aims at."""
+    selection_decay: float = 0.5
+    """Mopps: λ, weight kept by old evidence at each new observation of a prompt."""
+    decode_engine: str = "cpp"
+    """Llama/Qwen2 sampler's decode step: `cpp` fused C++ kernel (built once per machine, ~30 s; falls back to `eager` with one line if it cannot be built), `eager` ATen ops."""
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """The RL algorithm: which advantage, objective, aggregation and KL estimator, their
+    hyperparameters, and the loop-level knobs (KL, DAPO, critic, rollout correction).
+
+    A hyperparameter field left null takes the default of the chosen entry that declares it
+    (GSPO's clip widths are 3e-4 / 4e-4, CISPO's 1.0 / 4.0, PPO-clip's 0.2 / 0.2); `rlvr config`
+    prints the value that will be used. Where two chosen entries declare one with different
+    defaults, the config is rejected until the field is set. Fields of entries not chosen stay
+    null."""
+
+    advantage: str = "grpo"
+    """Advantage estimator (`rlvr.algos.advantages.ADVANTAGES`)."""
+    objective: str = "ppo_clip"
+    """Policy objective (`rlvr.algos.objectives.OBJECTIVES`)."""
+    aggregation: str = "seq_mean_token_mean"
+    """Loss aggregation (`rlvr.algos.aggregate.AGGREGATIONS`)."""
+    kl_estimator: str = "k3"
+    """KL estimator (`rlvr.algos.kl.KL_ESTIMATORS`)."""
+    kl_coef: float = 0.0
+    """KL weight β against the frozen initial policy; 0 = no reference model."""
+    kl_placement: str = "loss"
+    """Where the KL goes: `loss` or `reward`."""
+    std_normalize: bool | None = None
+    """Divide the centred score by a standard deviation (grpo: the group std; passk: the
+    subset-reward std)."""
+    adv_eps: float | None = None
+    """Added to a standard deviation before dividing by it."""
+    pass_k: int | None = None
+    """k of the pass@k objective."""
+    gamma: float | None = None
+    """Discount of token-level returns."""
+    lam: float | None = None
+    """GAE lambda."""
+    clip_low: float | None = None
+    """ε_low: ratio floor 1-ε_low (gspo: of the sequence ratio; cispo: of the detached weight)."""
+    clip_high: float | None = None
+    """ε_high: ratio ceiling 1+ε_high."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 for A<0, null = off."""
+    log_ratio_clamp: float | None = None
+    """Clamp |log ratio| to this before exp (overflow guard)."""
+    tau_pos: float | None = None
+    """Gate temperature for A > 0."""
+    tau_neg: float | None = None
+    """Gate temperature for A <= 0."""
+    wd1_psi: float | None = None
+    """Inverse temperature ψ of the group softmax over advantages."""
+    norm_length: float | None = None
+    """Constant length normaliser of Dr.GRPO's aggregation; null = `rollout.max_new_tokens`."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (0 = entropy only logged)."""
+    value_clip: float | None = 0.5
+    """GAE critic: clip of the value update around the old value, null = off."""
+    critic_lr: float = 1e-4
+    """GAE critic: AdamW learning rate of the value model."""
+    critic_warmup_steps: int = 0
+    """GAE critic: steps that train only the critic."""
+    kl_target: float | None = None
+    """Adaptive KL: target per-sequence KL, null = fixed kl_coef."""
+    kl_horizon: float = 10000.0
+    """Adaptive KL: horizon (in samples) of the controller."""
+    overlong_buffer: int = 0
+    """DAPO soft overlong punishment: buffer in tokens below max_new_tokens, 0 = off."""
+    overlong_factor: float = 1.0
+    """DAPO soft overlong punishment at max_new_tokens."""
+    overlong_filter: bool = False
+    """DAPO overlong filtering: truncated completions get no loss."""
+    dynamic_sampling: bool = True
+    """DAPO: drop zero-variance groups (backfilled while rounds remain)."""
+    max_sampling_rounds: int = 1
+    """Dynamic sampling: rollout rounds per step; 1 = filter, no backfill."""
+    rollout_correction: bool = False
+    """Weight the loss by pi_old / pi_rollout (TIS / MIS)."""
+    correction_level: str | None = None
+    """Rollout correction: `token` or `sequence` weights."""
+    correction_mode: str | None = None
+    """Rollout correction: `truncate` (TIS) or `mask` (MIS)."""
+    correction_cap: float | None = None
+    """Rollout correction: cap C on the weight."""
+
+
+@dataclass(frozen=True)
+class EstimatorConfig:
+    """Diffusion models: the likelihood estimator behind the policy's log-probs
+    (`rlvr.models.likelihood.ESTIMATORS`) and its options, named as the estimators' keywords.
+    A null option takes the chosen estimator's own default; options of other estimators stay
+    null. Unused by causal models."""
+
+    name: str = "mean_field"
+    """Likelihood estimator (`rlvr.models.likelihood.ESTIMATORS`)."""
+    n: int | None = None
+    """Monte-Carlo mask draws."""
+    antithetic: bool | None = None
+    """Complementary (antithetic) mask pairs."""
+    p_mask_prompt: float | None = None
+    """Prompt-token masking probability."""
+    t_min: float | None = None
+    """Lowest mask ratio."""
+    t_max: float | None = None
+    """Highest mask ratio."""
+    include_full: bool | None = None
+    """Add the all-masked pass as the released code does."""
+    beta: float | None = None
+    """EUBO exponent β."""
+    omega: float | None = None
+    """Weight of the EUBO in the ω-mixture for A < 0."""
+    bound: str | None = None
+    """Bound for negative advantages: `elbo`, `eubo` or `mixture`."""
+    block_length: int | None = None
+    """Block-wise masking block, null = the whole window."""
+    shrink: int | None = None
+    """Merge this many sampler steps into one (σ)."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    beta1: float = 0.9
+    """AdamW β1."""
+    beta2: float = 0.99
+    """AdamW β2."""
+    grad_clip: float = 1.0
+    """Max global grad norm, 0 = off."""
+    warmup_steps: int = 10
+    """Linear LR warmup, in optimizer steps."""
+    schedule: str = "cosine"
+    """After warmup: `constant` or `cosine` (decays to min_lr_ratio·lr at the last step)."""
+    min_lr_ratio: float = 0.0
+    """Cosine schedule: final LR as a fraction of optim.lr."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    steps: int = 3000
+    """Rollout steps."""
+    minibatches: int = 1
+    """Optimizer steps per rollout batch."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    micro_batch_size: int = 64
+    """Completions per forward; memory only, never changes results."""
+    eval_every: int = 250
+    """Steps between greedy held-out evaluations (0 = only at start and end)."""
+    eval_samples: int = 0
+    """Also score k samples per held-out problem at the rollout temperature (eval/heldout_sampled_accuracy = avg@k, eval/heldout_pass_at_k); 0 = greedy only."""
+    samples_per_step: int = 4
+    """Rollouts written to samples.jsonl each step."""
+    save_every: int = 500
+    """Steps between checkpoints (0 = only at the end)."""
+    keep_last: int = 2
+    """Checkpoints kept on disk."""
+    out_dir: str = "runs"
+    """Parent of run directories."""
+    name: str = ""
+    """Run directory name, empty = recipe name + seed."""
+    threads: int = 0
+    """Torch threads, 0 = torch's default."""
+    kernels: str = "cpp"
+    """Training forward+backward of Llama-family models: `cpp` = each layer one C++ call each way (built once per machine; eager if it cannot be built), `eager` = ATen ops; same math to float rounding."""
+    thread_mode: str = "auto"
+    """How threads are used: `ops` = torch's intra-op threads; `rows` = each thread takes a share of every batch's rows with single-threaded ops (faster, and no collapse when another process holds a core; causal models); `auto` = rows for causal models, ops for diffusion ones."""
+    trackers: str = ""
+    """Extra metric sinks beside metrics.jsonl, comma-separated: tensorboard,wandb,mlflow."""
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    steps: int = 80
+    """Optimizer steps of supervised warm start."""
+    batch_size: int = 64
+    """Examples per step."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    warmup_steps: int = 20
+    """Linear LR warmup."""
+    schedule: str = "constant"
+    """LR after warmup: `constant` or `cosine` (decays to 0 at the last step)."""
+
+
+@dataclass(frozen=True)
+class Config:
+    seed: int = 0
+    """Seeds model init, prompts and sampling."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+
+
+def section_type(annotation: Any) -> type | None:
+    """The dataclass a field holds (also through `X | None`), or None for a leaf field."""
+    if dataclasses.is_dataclass(annotation):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(annotation) if dataclasses.is_dataclass(a)]
+        return inner[0] if inner else None
+    return None
