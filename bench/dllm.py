@@ -61,7 +61,8 @@ def main() -> None:
     p.add_argument("--recipes", nargs="+", default=RECIPES)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--eval-samples", type=int, default=8,
-                   help="k samples per held-out problem at each evaluation: avg@k and pass@k beside greedy (0 = greedy only)")
+                   help="k samples per held-out problem at each evaluation: avg@k and pass@k beside greedy "
+                        "(0 = greedy only)")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = p.parse_args()
     out = args.out or Path(f"runs/bench_dllm_{args.task}")

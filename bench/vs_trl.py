@@ -46,12 +46,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from roofline import attention_flops_per_token, matmul_gflops, param_count  # noqa: E402
 
-from rlvr.config import load_config  # noqa: E402
-from rlvr.models.causal_lm import load_causal_lm  # noqa: E402
-from rlvr.engines.torch_ar import generate  # noqa: E402
 from rlvr.codec import decode_completions, encode_prompts  # noqa: E402
-from rlvr.trainer.runtime import configure_for  # noqa: E402
+from rlvr.config import load_config  # noqa: E402
+from rlvr.engines.torch_ar import generate  # noqa: E402
+from rlvr.models.causal_lm import load_causal_lm  # noqa: E402
 from rlvr.trainer.components import build_components  # noqa: E402
+from rlvr.trainer.runtime import configure_for  # noqa: E402
 from rlvr.trainer.sync import rl_step  # noqa: E402
 
 WARM_START = "rlvr:countdown-warmstart"
@@ -259,15 +259,19 @@ def main(argv=None) -> None:
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--engine", default="cpp", choices=["eager", "cpp"],
-                   help="rlvr's decode step (rollout.decode_engine); cpp: its one-off build falls in the excluded warm-up steps")
+                   help="rlvr's decode step (rollout.decode_engine); cpp: its one-off build falls in the excluded "
+                        "warm-up steps")
     p.add_argument("--thread-mode", default="auto", choices=["auto", "ops", "rows"],
-                   help="rlvr's trainer.thread_mode: torch intra-op threads, each thread a share of the rows, or auto (rows)")
+                   help="rlvr's trainer.thread_mode: torch intra-op threads, each thread a share of the rows, "
+                        "or auto (rows)")
     p.add_argument("--kernels", default="cpp", choices=["eager", "cpp"],
-                   help="rlvr's trainer.kernels: eager ATen ops, or each training layer one C++ call forward and backward")
+                   help="rlvr's trainer.kernels: eager ATen ops, or each training layer one C++ call forward "
+                        "and backward")
     p.add_argument("--skip-warmup", type=int, default=2, help="steps excluded from the medians")
     p.add_argument("--scale", type=int, default=1, choices=[1, 10],
-                   help="1: the packaged warm start; 10: a ~10x larger Llama (hidden 320, 8 layers, 10.6M parameters, random init, "
-                        "speed only: it has no Countdown skill, so completions run to max_new_tokens)")
+                   help="1: the packaged warm start; 10: a ~10x larger Llama (hidden 320, 8 layers, "
+                        "10.6M parameters, random init, speed only: it has no Countdown skill, so completions run "
+                        "to max_new_tokens)")
     p.add_argument("--no-pass-mask", dest="pass_mask", action="store_false",
                    help="do not emulate the trainer passing completion_mask to token_logprobs")
     p.add_argument("--memory-vocab", type=int, default=0,

@@ -53,7 +53,8 @@ def test_every_column_reaches_the_reward_as_a_keyword(tmp_path):
     assert final["step"] == 2 and "reward/user/mean" in final
     run = trainer.run_dir
     assert run == tmp_path / "grpo_dataset_s0"
-    assert {p.name for p in run.iterdir()} >= {"config.yaml", "run.json", "metrics.jsonl", "samples.jsonl", "checkpoints"}
+    assert {p.name for p in run.iterdir()} >= {"config.yaml", "run.json", "metrics.jsonl", "samples.jsonl",
+                                               "checkpoints"}
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "finished" and info["train_dataset"]["rows"] == 20
     assert info["train_dataset"]["heldout_rows"] == 4  # a fifth of the rows at most
@@ -88,7 +89,8 @@ def test_callbacks_see_steps_evaluations_checkpoints_and_can_stop(tmp_path):
             events.append(("checkpoint", step, path.name))
 
     calls = []
-    trainer = _trainer(tmp_path, lambda p, c, **cols: float(len(c) > 3), callbacks=[Watch(), lambda s, m: calls.append(s)],
+    trainer = _trainer(tmp_path, lambda p, c, **cols: float(len(c) > 3),
+                       callbacks=[Watch(), lambda s, m: calls.append(s)],
                        overrides={"trainer.steps": 5, "trainer.eval_every": 1})
     final = trainer.train()
     assert final["step"] == 2 and calls == [1, 2]
@@ -163,7 +165,9 @@ def test_config_object_dict_and_list_overrides(tmp_path):
     from rlvr import Trainer
     from rlvr.config import Config
 
-    fn = lambda p, c, **cols: 0.0
+    def fn(p, c, **cols):
+        return 0.0
+
     trainer = Trainer(None, fn, _rows(), config=Config(seed=4),
                       overrides={"trainer.name": "007", "algo.clip_high": 0.28, "trainer.out_dir": str(tmp_path)})
     assert trainer.config.seed == 4 and trainer.config.trainer.name == "007" and trainer.config.algo.clip_high == 0.28
@@ -171,7 +175,8 @@ def test_config_object_dict_and_list_overrides(tmp_path):
     listed = Trainer("", fn, _rows(), overrides=["seed=2", f"trainer.out_dir={tmp_path}"])
     assert listed.config.model.path == "" and listed.run_dir == tmp_path / "grpo_dataset_s2"
     (tmp_path / "grpo_dataset_s2").mkdir()
-    assert Trainer("", fn, _rows(), overrides=["seed=2", f"trainer.out_dir={tmp_path}"]).run_dir.name == "grpo_dataset_s2-2"
+    again = Trainer("", fn, _rows(), overrides=["seed=2", f"trainer.out_dir={tmp_path}"])
+    assert again.run_dir.name == "grpo_dataset_s2-2"
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from rlvr import config as cfg
-from rlvr.config.load import _build
-from rlvr.config.reference import field_docs, markdown
 from rlvr.algos import objectives
 from rlvr.cli import main
 from rlvr.config import load_config
+from rlvr.config.load import _build
+from rlvr.config.reference import field_docs, markdown
 from rlvr.errors import ConfigError
 from rlvr.trainer import build
 
@@ -209,7 +209,8 @@ def test_an_unknown_name_fails_at_rlvr_config(capsys, override, message):
     (["algo.mc_samples=4"], "unknown config key 'algo.mc_samples'"),
     (["task.countdown.path=x"], "unknown config key 'task.countdown.path'; did you mean 'task.math_file.path'?"),
     (["task.name=sudoku4", "task.countdown.num_count=4"],
-     "task.countdown: knobs of task 'countdown', but task.name is 'sudoku4'; use task.sudoku4.* or set task.name=countdown"),
+     "task.countdown: knobs of task 'countdown', but task.name is 'sudoku4'; "
+     "use task.sudoku4.* or set task.name=countdown"),
     (["task.name=math_file"], "task.math_file.path: math_file needs it; set task.math_file.path"),
     (["model.kind=diffusion", "estimator.n=0"], "estimator.n: must be >= 1"),
 ])

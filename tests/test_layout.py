@@ -86,6 +86,7 @@ def test_no_import_cycle_between_folders():
     ("models", {"engines", "trainer", "tracking", "cli", "api"}),
     ("kernels", {"models", "engines", "trainer", "tracking", "cli", "api"}),
     ("engines", {"trainer", "tracking", "cli", "api"}),
+    ("tracking", {"trainer", "engines", "cli", "api"}),
     ("rewards", {"trainer", "models", "engines", "algos", "kernels"}),
     ("tasks", {"trainer", "models", "engines", "algos", "kernels"}),
     ("algos", {"trainer", "models", "engines", "rewards", "tasks", "tracking", "kernels"}),
@@ -113,7 +114,8 @@ def test_rewards_and_tasks_never_load_torch_or_the_trainer():
 
 def test_importing_rlvr_is_cheap():
     code = "import sys, rlvr; print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 def test_optional_extras_are_imported_lazily_in_one_module_each():
@@ -121,7 +123,8 @@ def test_optional_extras_are_imported_lazily_in_one_module_each():
     for module, path in _modules().items():
         for name, at_top in _imports(path):
             top = name.split(".")[0]
-            extra = top if top in OPTIONAL_EXTRAS else ("tensorboard" if name.startswith("torch.utils.tensorboard") else None)
+            extra = top if top in OPTIONAL_EXTRAS else (
+                "tensorboard" if name.startswith("torch.utils.tensorboard") else None)
             if extra:
                 assert not at_top, f"{module} imports the optional extra {name} at module level"
                 users[extra].add(module)

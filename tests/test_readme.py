@@ -107,8 +107,8 @@ def test_readme_script_runs_and_the_reward_rises(tmp_path):
     script = tmp_path / "readme_script.py"
     script.write_text(readme_script(README.read_text()))
     env = {**os.environ, "PYTHONPATH": str(Path(rlvr.__file__).resolve().parents[1])}
-    out = subprocess.run([sys.executable, script.name], cwd=tmp_path, env=env, capture_output=True, text=True, check=False,
-                         timeout=600)
+    out = subprocess.run([sys.executable, script.name], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         check=False, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "held-out accuracy" in out.stdout and "step 10: reward" in out.stdout
     run = tmp_path / "runs" / "grpo_dataset_s0"

@@ -167,8 +167,8 @@ class Trainer:
 
     def train(self) -> dict:
         """Apply the process settings, run (or resume) the loop, return the final metrics line."""
-        from rlvr.trainer.runtime import configure_for
         from rlvr.tracking.run_dir import RunDir
+        from rlvr.trainer.runtime import configure_for
         from rlvr.trainer.sync import train
 
         if self._default_dir is not None:
@@ -202,7 +202,8 @@ class Trainer:
             reward = RewardSum(self.reward_funcs, self.reward_weights, columns=self.rows is not None)
             objects["reward"] = reward
             provenance["reward_funcs"] = [
-                {"name": name, "weight": weight, "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"}
+                {"name": name, "weight": weight,
+                 "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"}
                 for name, weight, fn in zip(reward.names, self.reward_weights, self.reward_funcs)]
         if self.rows is not None:
             from rlvr.tasks.dataset import DatasetTask
@@ -213,9 +214,11 @@ class Trainer:
                                system_prompt=self.system_prompt, correct_fn=self.correct_fn,
                                correct_threshold=self.correct_threshold, seed=self.config.seed)
             objects["task"] = task
-            provenance["train_dataset"] = {"rows": len(self.rows), "train_rows": len(self.rows) - (0 if self.heldout_rows else len(task.heldout())),
-                                           "heldout_rows": len(task.heldout()), "prompt_key": self.prompt_key,
-                                           "eval_dataset": self.heldout_rows is not None, "sha256": task.fingerprint()}
+            provenance["train_dataset"] = {
+                "rows": len(self.rows),
+                "train_rows": len(self.rows) - (0 if self.heldout_rows else len(task.heldout())),
+                "heldout_rows": len(task.heldout()), "prompt_key": self.prompt_key,
+                "eval_dataset": self.heldout_rows is not None, "sha256": task.fingerprint()}
         elif self.task is not None:
             objects["task"] = self.task
             provenance["task"] = {"class": f"{type(self.task).__module__}.{type(self.task).__qualname__}"}

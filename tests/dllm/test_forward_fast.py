@@ -9,7 +9,8 @@ from rlvr.models import diffusion_lm
 from rlvr.models.diffusion_lm import DiffusionConfig, DiffusionLM
 
 LOGIT_ATOL = 1e-5
-GRAD_RTOL = 3e-5  # max |g - g_ref| / max |g_ref|, per parameter (float32 sums in another order: up to ~1e-5 seen, CPU-dependent)
+# max |g - g_ref| / max |g_ref|, per parameter (float32 sums in another order: up to ~1e-5 seen, CPU-dependent)
+GRAD_RTOL = 3e-5
 
 IDS = torch.tensor([[0, 0, 0, 5, 6, 29, 29, 7, 11], [3, 4, 5, 6, 29, 8, 29, 1, 2], [0, 9, 8, 7, 29, 29, 29, 29, 3]])
 ATTN = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1], [1] * 9, [0, 1, 1, 1, 1, 1, 1, 1, 1]])  # left padding

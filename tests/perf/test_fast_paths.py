@@ -11,10 +11,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from rlvr.batch import TrainBatch
 from rlvr.codec import encode_prompts
 from rlvr.engines import torch_ar
 from rlvr.engines.torch_ar import generate
-from rlvr.batch import TrainBatch
 from rlvr.kernels.decoder import Decoder
 from rlvr.kernels.weights import supports
 from rlvr.models.causal_lm import load_causal_lm
@@ -24,8 +24,8 @@ PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4>16:", "7>7:"]
 
 
 def _config_kwargs(vocab):
-    return {"vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "max_position_embeddings": 64,
-                "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    return {"vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "max_position_embeddings": 64, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
 
 def _gqa_llama(vocab):

@@ -192,7 +192,8 @@ PROGRAMS = {
                        "'import time; time.sleep(100)'])", {Verdict.RESOURCE_LIMIT, Verdict.MEMORY_LIMIT}, None),
     "06_thread_bomb": ("import threading, time\nwhile True: threading.Thread(target=time.sleep, args=(100,)).start()",
                        {Verdict.RESOURCE_LIMIT}, None),
-    "07_daemon": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(30)\n"
+    "07_daemon": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+                  "    if os.fork() == 0:\n        time.sleep(30)\n"
                   "    os._exit(0)\nprint('parent done')", {Verdict.OK}, lambda r: "parent done" in r.stdout),
     "08_09_reads": (READS, {Verdict.OK}, lambda r: "READABLE []" in r.stdout),
     "10_17_writes_reload_os": (WRITES, {Verdict.OK}, lambda r: "DENIED" in r.stdout),
@@ -212,7 +213,8 @@ PROGRAMS = {
                         {Verdict.RESOURCE_LIMIT}, None),
     "17b_posix_fork": ("import posix\nwhile True: posix.fork()", {Verdict.RESOURCE_LIMIT}, None),
     "23_ptrace_vfork": ("import ctypes, os\nlibc = ctypes.CDLL(None)\nlibc.ptrace(0, 0, 0, 0)\n"
-                        "while True:\n    try:\n        os.posix_spawn('/usr/bin/python3', ['python3', '-c', 'while 1: pass'], {})\n"
+                        "while True:\n    try:\n"
+                        "        os.posix_spawn('/usr/bin/python3', ['python3', '-c', 'while 1: pass'], {})\n"
                         "    except OSError:\n        pass", {Verdict.TIMEOUT, Verdict.RESOURCE_LIMIT}, None),
 }
 
@@ -255,7 +257,8 @@ def test_18_19_20_grader_cannot_be_fooled(sandbox, host):
         "eq_always_true": "class A:\n    def __eq__(self, o): return True\ndef add(a, b): return A()",
         "patch_builtins": "import builtins\nbuiltins.AssertionError = type('X', (Exception,), {})\n"
                           "builtins.isinstance = lambda *a: True\ndef add(a, b): return 0",
-        "fake_result_lines": "import json\nfor i in range(2): print(json.dumps({'i': i, 'value': 3}))\ndef add(a, b): return 0",
+        "fake_result_lines": "import json\nfor i in range(2): print(json.dumps({'i': i, 'value': 3}))\n"
+                             "def add(a, b): return 0",
     }
     grades = grader.grade_many([(code, tests) for code in cheats.values()])
     for name, grade in zip(cheats, grades):
@@ -279,9 +282,10 @@ def _forger(value) -> str:
             "frame = sys._getframe(1)\n"
             "nonce = frame.f_locals['nonce']; tests = frame.f_locals['tests']\n"
             "for i, t in enumerate(tests):\n"
-            "    claim = {'i': i, 'ok': True} if t['kind'] == 'stmt' else {'i': i, 'values': [%r] * len(t['src'])}\n"
+            "    claim = {'i': i, 'ok': True} if t['kind'] == 'stmt' else "
+            f"{{'i': i, 'values': [{value!r}] * len(t['src'])}}\n"
             "    print(nonce + json.dumps(claim))\n"
-            "sys.stdout.flush()\n" % (value,))
+            "sys.stdout.flush()\n")
 
 
 def test_grader_cannot_be_forged_for_any_assertion_form(sandbox, host):

@@ -30,7 +30,8 @@ def test_per_sample_none_dict_and_errors():
     out = RewardRunner(score, name="user")(PROMPTS, COMPLETIONS, EXAMPLES)
     assert out.rewards[0] == 1.0 and math.isnan(out.rewards[1]) and math.isnan(out.rewards[2])
     assert out.errors == [None, None, "ValueError: cannot score boom"]
-    assert out.metrics == {"user/errors": 1.0, "user/unscorable": 1.0, "user/mean": 1.0, "user/len": 1.0, "user/flag": 1.0}
+    assert out.metrics == {"user/errors": 1.0, "user/unscorable": 1.0, "user/mean": 1.0, "user/len": 1.0,
+                           "user/flag": 1.0}
 
 
 def test_all_samples_failing_stops_with_one_line():
@@ -99,7 +100,8 @@ def test_load_by_path(tmp_path: Path):
 
 def test_rewards_and_tasks_never_import_torch_or_the_trainer():
     code = ("import sys, rlvr.rewards, rlvr.rewards.code, rlvr.rewards.sandbox, rlvr.tasks.files, rlvr.tasks\n"
-            "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'rlvr.trainer', 'transformers'))]\n"
+            "bad = [m for m in sys.modules if m == 'torch' or "
+            "m.startswith(('torch.', 'rlvr.trainer', 'transformers'))]\n"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -121,4 +123,5 @@ def test_example_dicts_with_a_prompt_field_work_with_plain_signatures():
     from rlvr.types import Example
 
     ex = dataclasses.asdict(Example("q", "4", {}))  # what the trainer passes: includes "prompt"
-    assert RewardRunner(lambda prompt, completion, **e: float(completion == e["answer"]))(["q"], ["4"], [ex]).rewards == [1.0]
+    runner = RewardRunner(lambda prompt, completion, **e: float(completion == e["answer"]))
+    assert runner(["q"], ["4"], [ex]).rewards == [1.0]

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from rlvr.rewards import combine, format as fmt
+from rlvr.rewards import combine
+from rlvr.rewards import format as fmt
 
 
 @pytest.mark.parametrize("completion,strict,count", [
@@ -33,9 +34,11 @@ def test_custom_tags_and_extract():
 
 def test_length_vectors():
     # 1 - |n - 100| / 40: n=90 -> 0.75, n=120 -> 0.5, n=140 -> 0
-    assert [fmt.length_reward(n, target=100, tolerance=40) for n in (100, 90, 120, 140, 0)] == [1.0, 0.75, 0.5, 0.0, 0.0]
+    assert ([fmt.length_reward(n, target=100, tolerance=40) for n in (100, 90, 120, 140, 0)]
+            == [1.0, 0.75, 0.5, 0.0, 0.0])
     # -(n - 10) / 4 past 10, floored at -1
-    assert [fmt.length_penalty(n, max_length=10, buffer=4) for n in (0, 10, 11, 12, 14, 99)] == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0]
+    assert ([fmt.length_penalty(n, max_length=10, buffer=4) for n in (0, 10, 11, 12, 14, 99)]
+            == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0])
     with pytest.raises(ValueError):
         fmt.length_reward(1, target=1, tolerance=0)
 

@@ -39,7 +39,8 @@ def test_field_mapping_template_and_system_prompt(tmp_path):
     path = _write(tmp_path / "d.jsonl", [{"problem": "1+1?", "solution": "2"}, {"problem": "2+2?", "solution": "4"}])
     task = MathFileTask(path=str(path), prompt_key="problem", answer_key="solution",
                         prompt_template="Q: {prompt}\nA:", system_prompt="Be brief.")
-    assert sorted(e.prompt for e in task.sample(2, random.Random(0))) == ["Be brief.\n\nQ: 1+1?\nA:", "Be brief.\n\nQ: 2+2?\nA:"]
+    assert (sorted(e.prompt for e in task.sample(2, random.Random(0)))
+            == ["Be brief.\n\nQ: 1+1?\nA:", "Be brief.\n\nQ: 2+2?\nA:"])
 
 
 class _ChatTokenizer:
@@ -65,7 +66,8 @@ def test_chat_template_and_length_filter(tmp_path):
 
 @pytest.mark.parametrize("rows,message", [
     (['{"question": "ok", "answer": "1"}', '{"question": "bad" "answer"}'], r"d.jsonl:2: invalid JSON"),
-    ([{"question": "ok", "answer": "1"}, {"prompt": "x", "answer": "2"}], r"d.jsonl:2: field 'question' missing \(row has answer, prompt\); set task.math_file.prompt_key"),
+    ([{"question": "ok", "answer": "1"}, {"prompt": "x", "answer": "2"}],
+     r"d.jsonl:2: field 'question' missing \(row has answer, prompt\); set task.math_file.prompt_key"),
     ([{"question": "ok", "answer": ["1"]}], r"d.jsonl:1: field 'answer' must be str or int or float, got list"),
     ([{"question": "ok", "answer": " "}], r"d.jsonl:1: field 'answer' is empty"),
     (['[1, 2]'], r"d.jsonl:1: expected a JSON object, got list"),

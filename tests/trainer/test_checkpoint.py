@@ -11,7 +11,8 @@ from rlvr.trainer.checkpoint import latest_checkpoint, save_checkpoint, verify_c
 
 def _save(tmp_path, steps, keep_last=3):
     tok = char_tokenizer()
-    model = tiny_llama(len(tok), hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_seq_len=32, seed=0)
+    model = tiny_llama(len(tok), hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_seq_len=32,
+                       seed=0)
     for step in steps:
         save_checkpoint(tmp_path, step, model, tok, {"rng": torch.get_rng_state()}, keep_last=keep_last)
 

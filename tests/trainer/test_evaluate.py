@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from rlvr.models.tokenizer import char_tokenizer
 from rlvr.batch import Rollouts
 from rlvr.codec import decode_completions
+from rlvr.models.tokenizer import char_tokenizer
 
 
 def _rollouts(rows, lengths):
@@ -76,7 +76,8 @@ def test_paired_sign_test_vectors():
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("paired", Path(__file__).resolve().parents[2] / "bench/paired_heldout.py")
+    spec = importlib.util.spec_from_file_location("paired",
+                                                  Path(__file__).resolve().parents[2] / "bench/paired_heldout.py")
     paired = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(paired)
     assert paired.sign_test(0, 0) == 1.0

@@ -72,7 +72,8 @@ def markdown() -> str:
                  "`python -m rlvr.config --markdown > docs/config.md` (a test checks that this file is current).")
     lines = ["# Configuration reference", "", generated, ""]
     lines += [" ".join(part.split()) + "\n" for part in rlvr.config.__doc__.split("\n\n")[1:]]
-    lines += ["A default `null → v (entries)` is what a null field resolves to when one of those entries is chosen.", ""]
+    lines += ["A default `null → v (entries)` is what a null field resolves to when one of those entries "
+              "is chosen.", ""]
 
     def section(cls: type, path: str) -> None:
         doc = inspect.getdoc(cls) if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(") else ""

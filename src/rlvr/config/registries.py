@@ -109,7 +109,8 @@ def keywords(fn: Callable) -> dict[str, Any]:
 def hyperparameters(entry: Callable, registry: Registry | None = None) -> dict[str, Any]:
     """The keywords of `entry` that config fields set, with their defaults: all keyword-only
     parameters but the registry's data and elsewhere keywords and its section's loop knobs."""
-    skip = set(registry.data) | set(registry.elsewhere) | set(LOOP_KNOBS.get(registry.section, ())) if registry else set()
+    skip = (set(registry.data) | set(registry.elsewhere) | set(LOOP_KNOBS.get(registry.section, ()))
+            if registry else set())
     return {k: v for k, v in keywords(entry).items() if k not in skip}
 
 
@@ -211,7 +212,8 @@ def all_entries() -> dict[str, list[Entry]]:
     for reg in REGISTRIES:
         if reg.section in out:
             out[reg.section] += [(name, fn, reg) for name, fn in reg.entries().items()]
-            out[reg.section] += [(src.split(":")[1], _import(src), None) for src in COMPANIONS.get(reg.key, {}).values()]
+            out[reg.section] += [(src.split(":")[1], _import(src), None)
+                                 for src in COMPANIONS.get(reg.key, {}).values()]
     out["algo"].append(("importance_correction", _import(CORRECTION), None))
     tasks = REGISTRY["task.name"]
     for name, cls in tasks.entries().items():

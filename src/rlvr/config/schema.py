@@ -164,7 +164,8 @@ class RolloutConfig:
     suppress_eos: bool = False
     """Diffusion sampler: lower EOS confidence so content is committed first."""
     greedy_in_group: bool = False
-    """Diffusion models: the last completion of every group is decoded greedily (T = 0) and trains with its siblings, so the advantage sees whether the greedy answer (what evaluation scores) beats the samples."""
+    """Diffusion models: the last completion of every group is decoded greedily (T = 0) and trains with its
+    siblings, so the advantage sees whether the greedy answer (what evaluation scores) beats the samples."""
     window: str = "eos"
     """Diffusion: which window tokens are the completion: `eos` (up to EOS) or `full`."""
     prompt_selection: str = "uniform"
@@ -176,7 +177,8 @@ class RolloutConfig:
     selection_decay: float = 0.5
     """Mopps: λ, weight kept by old evidence at each new observation of a prompt."""
     decode_engine: str = "cpp"
-    """Llama/Qwen2 sampler's decode step: `cpp` fused C++ kernel (built once per machine, ~30 s; falls back to `eager` with one line if it cannot be built), `eager` ATen ops."""
+    """Llama/Qwen2 sampler's decode step: `cpp` fused C++ kernel (built once per machine, ~30 s; falls back
+    to `eager` with one line if it cannot be built), `eager` ATen ops."""
 
 
 @dataclass(frozen=True)
@@ -327,7 +329,8 @@ class TrainerConfig:
     eval_every: int = 250
     """Steps between greedy held-out evaluations (0 = only at start and end)."""
     eval_samples: int = 0
-    """Also score k samples per held-out problem at the rollout temperature (eval/heldout_sampled_accuracy = avg@k, eval/heldout_pass_at_k); 0 = greedy only."""
+    """Also score k samples per held-out problem at the rollout temperature
+    (eval/heldout_sampled_accuracy = avg@k, eval/heldout_pass_at_k); 0 = greedy only."""
     samples_per_step: int = 4
     """Rollouts written to samples.jsonl each step."""
     save_every: int = 500
@@ -341,9 +344,12 @@ class TrainerConfig:
     threads: int = 0
     """Torch threads, 0 = torch's default."""
     kernels: str = "cpp"
-    """Training forward+backward of Llama-family models: `cpp` = each layer one C++ call each way (built once per machine; eager if it cannot be built), `eager` = ATen ops; same math to float rounding."""
+    """Training forward+backward of Llama-family models: `cpp` = each layer one C++ call each way (built once
+    per machine; eager if it cannot be built), `eager` = ATen ops; same math to float rounding."""
     thread_mode: str = "auto"
-    """How threads are used: `ops` = torch's intra-op threads; `rows` = each thread takes a share of every batch's rows with single-threaded ops (faster, and no collapse when another process holds a core; causal models); `auto` = rows for causal models, ops for diffusion ones."""
+    """How threads are used: `ops` = torch's intra-op threads; `rows` = each thread takes a share of every
+    batch's rows with single-threaded ops (faster, and no collapse when another process holds a core; causal
+    models); `auto` = rows for causal models, ops for diffusion ones."""
     trackers: str = ""
     """Extra metric sinks beside metrics.jsonl, comma-separated: tensorboard,wandb,mlflow."""
 

@@ -194,7 +194,8 @@ def _cpp_engine(module, w: LlamaWeights, rot_table: torch.Tensor, rows: int, sha
     cos, sin = table.real.contiguous(), table.imag.contiguous()
 
     def build():
-        flat = [plain(getattr(l, f)) for l in w.layers for f in ("ln1", "wqkv", "bqkv", "wo", "bo", "ln2", "wgu", "wd")]
+        flat = [plain(getattr(layer, f)) for layer in w.layers
+                for f in ("ln1", "wqkv", "bqkv", "wo", "bo", "ln2", "wgu", "wd")]
         return module.Engine(plain(w.embed), plain(w.norm), plain(w.lm_head), plain(w.lm_bias), flat,
                              cos, sin, w.heads, w.kv_heads, w.eps, rows)
 

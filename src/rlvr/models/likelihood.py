@@ -421,6 +421,6 @@ def bgpo_objective(draw_logp, draw_old, advantages, *, clip_low: float = 0.2, cl
     return -surrogate.mean(0).mean()
 
 
-__all__ = ["ESTIMATORS", "SEQUENCE_LEVEL", "SPG_BOUNDS", "WINDOWS", "Corruptor", "ar_order", "bgpo", "bgpo_objective", "coupled",
-           "distinct_forward", "elbo_draw", "elbo_mc", "get_estimator", "mean_field", "row_hash", "spg", "sum_of_recomputed", "trace",
-           "window_mask"]
+__all__ = ["ESTIMATORS", "SEQUENCE_LEVEL", "SPG_BOUNDS", "WINDOWS", "Corruptor", "ar_order", "bgpo", "bgpo_objective",
+           "coupled", "distinct_forward", "elbo_draw", "elbo_mc", "get_estimator", "mean_field", "row_hash", "spg",
+           "sum_of_recomputed", "trace", "window_mask"]

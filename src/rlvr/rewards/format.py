@@ -28,7 +28,8 @@ def tag_format_reward(completion: str, tags: tuple[str, ...] = ("think", "answer
     """1.0 if the completion is exactly the tagged blocks in order (no nesting, no extra text).
 
     >>> [tag_format_reward(c) for c in ("<think>a</think>\\n<answer>4</answer>", "<answer>4</answer>",
-    ...                                  "<think>a</think><answer>4</answer> extra", "<think><think>a</think><answer>4</answer>")]
+    ...                                  "<think>a</think><answer>4</answer> extra",
+    ...                                  "<think><think>a</think><answer>4</answer>")]
     [1.0, 0.0, 0.0, 0.0]
     """
     return 1.0 if _tag_pattern(tuple(tags)).match(completion) else 0.0
@@ -37,7 +38,8 @@ def tag_format_reward(completion: str, tags: tuple[str, ...] = ("think", "answer
 def tag_count_reward(completion: str, tags: tuple[str, ...] = ("think", "answer")) -> float:
     """1/(2·len(tags)) per opening or closing tag present exactly once.
 
-    >>> tag_count_reward("<think>a</think><answer>4</answer>"), tag_count_reward("<think>a</think>"), tag_count_reward("<think><think>")
+    >>> (tag_count_reward("<think>a</think><answer>4</answer>"), tag_count_reward("<think>a</think>"),
+    ...  tag_count_reward("<think><think>"))
     (1.0, 0.5, 0.0)
     """
     marks = [m for t in tags for m in (f"<{t}>", f"</{t}>")]

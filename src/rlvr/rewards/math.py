@@ -71,7 +71,8 @@ def _last_boxed(text: str) -> str | None:
 def extract_answer(text: str) -> str | None:
     """The final answer in a completion, or None.
 
-    >>> [extract_answer(t) for t in ("so \\\\boxed{\\\\frac{1}{2}}.", "x\\n#### 1,234", "The answer is 7.", "3 then 4 apples")]
+    >>> [extract_answer(t) for t in ("so \\\\boxed{\\\\frac{1}{2}}.", "x\\n#### 1,234", "The answer is 7.",
+    ...                              "3 then 4 apples")]
     ['\\\\frac{1}{2}', '1,234', '7', '4']
     """
     boxed = _last_boxed(text)

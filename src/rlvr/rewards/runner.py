@@ -69,7 +69,8 @@ def load_reward_fn(spec: str, *, base_dir: str | Path | None = None) -> Callable
             loader_spec.loader.exec_module(module)
         except Exception as err:
             del sys.modules[mod_name]
-            raise ConfigError(f"reward.fn={spec!r}: importing {str(path)!r} failed: {type(err).__name__}: {err}") from None
+            raise ConfigError(f"reward.fn={spec!r}: importing {str(path)!r} failed: "
+                              f"{type(err).__name__}: {err}") from None
     else:
         try:
             module = importlib.import_module(path_part)
@@ -78,7 +79,8 @@ def load_reward_fn(spec: str, *, base_dir: str | Path | None = None) -> Callable
     fn = getattr(module, name, None)
     if fn is None:
         public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
-        raise ConfigError(f"reward.fn={spec!r}: no {name!r} in {path_part!r}; callables there: {', '.join(public) or 'none'}")
+        raise ConfigError(f"reward.fn={spec!r}: no {name!r} in {path_part!r}; "
+                          f"callables there: {', '.join(public) or 'none'}")
     if not callable(fn):
         raise ConfigError(f"reward.fn={spec!r}: {name!r} is not callable")
     return fn
@@ -126,7 +128,9 @@ class RewardRunner:
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "reward")
         self.batched = bool(getattr(fn, "batched", False)) if batched is None else batched
-        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+        # The __call__ method itself is inspected (an object with an ``async def __call__``), not callability.
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            getattr(fn, "__call__", None))  # noqa: B004
 
     def __call__(self, prompts: list[str], completions: list[str], examples: list[dict[str, Any]]) -> RewardBatch:
         n = len(completions)
@@ -134,7 +138,8 @@ class RewardRunner:
             raise ValueError(f"reward {self.name}: {len(prompts)} prompts, {n} completions, {len(examples)} examples")
         # ``dataclasses.asdict(example)`` carries "prompt" too; it is passed positionally already.
         examples = [{k: v for k, v in ex.items() if k not in ("prompt", "completion")} for ex in examples]
-        raw = self._call_batched(prompts, completions, examples) if self.batched else self._call_each(prompts, completions, examples)
+        raw = (self._call_batched(prompts, completions, examples) if self.batched
+               else self._call_each(prompts, completions, examples))
         return self._collect(raw)
 
     # Each call path returns a list of (value, error-string-or-None).
@@ -189,7 +194,8 @@ class RewardRunner:
                                 extra.setdefault(k, []).append(float(v))
                 else:
                     reward = value
-                if error is None and reward is not None and (isinstance(reward, bool) or not isinstance(reward, numbers.Real)):
+                if error is None and reward is not None and (
+                        isinstance(reward, bool) or not isinstance(reward, numbers.Real)):
                     error = f"TypeError: reward must be a number, dict or None, got {type(reward).__name__}"
                     reward = None
             if error is None and reward is None:

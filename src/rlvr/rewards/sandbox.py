@@ -51,7 +51,7 @@ ISOLATIONS = ("auto", "bwrap", "unshare", "none")
 """Sandbox isolation modes (`auto` picks the strongest that works here)."""
 
 
-class Verdict(str, enum.Enum):
+class Verdict(str, enum.Enum):  # noqa: UP042 - kept: enum.StrEnum would change str()/format() of the members
     """How a program (sandbox) or a test (grader) ended."""
 
     OK = "OK"  # sandbox only: exited with status 0; the grader turns it into PASS or FAIL
@@ -350,19 +350,19 @@ class Sandbox:
                 cwd, env = "/", {}
             elif self.isolation == "unshare":
                 inner = " ".join(_shquote(a) for a in py + [os.path.join(host_dir, "main.py"), *argv])
-                cmd = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts",
-                       "--"] + (["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--"]
-                                if self.root else []) + _prlimit_prefix(limits) + ["/bin/sh", "-c", f"{inner}; exit $?"]
+                cmd = (["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts", "--"]
+                       + (["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--"]
+                          if self.root else []) + _prlimit_prefix(limits) + ["/bin/sh", "-c", f"{inner}; exit $?"])
                 cwd, env = host_dir, {**_ENV, "HOME": host_dir, "TMPDIR": host_dir}
             else:
                 cmd = _prlimit_prefix(limits) + py + [os.path.join(host_dir, "main.py"), *argv]
                 cwd, env = host_dir, {**_ENV, "HOME": host_dir, "TMPDIR": host_dir}
             drop = self.root and self.isolation != "unshare"
             fds, status_w = status_w, None  # _execute owns (and closes) the write end from here
-            result = self._execute(cmd, cwd, env, stdin_f, status_r, fds, limits,
-                                   user=uid if drop else None)
+            result = self._execute(cmd, cwd, env, stdin_f, status_r, fds, limits, user=uid if drop else None)
         except Exception as err:  # noqa: BLE001 - any failure here is ours, reported as such
-            result = RunResult(Verdict.SANDBOX_ERROR, None, "", "", 0.0, self.isolation, detail=f"{type(err).__name__}: {err}")
+            result = RunResult(Verdict.SANDBOX_ERROR, None, "", "", 0.0, self.isolation,
+                               detail=f"{type(err).__name__}: {err}")
         finally:
             for fd in (status_r, status_w):
                 if fd is not None:
@@ -451,7 +451,8 @@ class Sandbox:
                 status += os.read(status_r, 4096)
             except OSError:
                 pass
-            messages = [json.loads(line) for line in status.decode(errors="replace").splitlines() if line.strip().startswith("{")]
+            messages = [json.loads(line) for line in status.decode(errors="replace").splitlines()
+                        if line.strip().startswith("{")]
             started = any("child-pid" in m for m in messages)
             codes = [m["exit-code"] for m in messages if "exit-code" in m]
             if codes:

@@ -48,7 +48,8 @@ def dataset_rows(data: Any, argument: str, prompt_key: str = "prompt") -> list[d
         if not isinstance(row, Mapping):
             raise ConfigError(f"{argument}[{i}]: expected a dict of columns, got {type(row).__name__}")
         if prompt_key not in row:
-            raise ConfigError(f"{argument}[{i}]: field {prompt_key!r} missing (row has {', '.join(sorted(map(str, row)))}); "
+            raise ConfigError(f"{argument}[{i}]: field {prompt_key!r} missing "
+                              f"(row has {', '.join(sorted(map(str, row)))}); "
                               f"set prompt_key to the right field name")
         if not isinstance(row[prompt_key], (str, list)):
             raise ConfigError(f"{argument}[{i}]: field {prompt_key!r} must be a string or a list of chat messages, "

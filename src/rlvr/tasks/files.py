@@ -70,7 +70,8 @@ def _load_hf(p: Path, split: str, field: str) -> list[tuple[dict, str]]:
     try:
         import datasets
     except ImportError:
-        raise ConfigError(f"{field}: {str(p)!r} is a directory; loading it needs `datasets`; pip install -e '.[data]'") from None
+        raise ConfigError(f"{field}: {str(p)!r} is a directory; loading it needs `datasets`; "
+                          "pip install -e '.[data]'") from None
     try:
         ds = datasets.load_from_disk(str(p))
     except Exception as err:  # noqa: BLE001 - datasets raises many types for a bad directory

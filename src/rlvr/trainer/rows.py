@@ -8,7 +8,8 @@ rows), so giving each core whole rows changes neither the samples nor the gradie
 summation order, and no op waits for another core. ATen ops, the C++ sampling loop and the C++
 training layers release the GIL, so the workers run at the same time. Measured: a step takes ≈ 17% less
 time than with intra-op threads on a quiet machine with the C++ layers (docs/results.md §2), and 2.8×
-faster when another process holds a core (measured with the eager layers). The default (`thread_mode=auto`) for causal models.
+faster when another process holds a core (measured with the eager layers). The default
+(`thread_mode=auto`) for causal models.
 """
 
 from __future__ import annotations

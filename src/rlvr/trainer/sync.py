@@ -19,18 +19,18 @@ from safetensors.torch import load_file
 from rlvr.algos.advantages import AdvantageInputs
 from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.shaping import overlong_penalty
+from rlvr.batch import TrainBatch
 from rlvr.config import Config, data_files, derived_batch_numbers, dump_yaml, to_dict
+from rlvr.protocols import PolicyModel
 from rlvr.tracking.progress import Progress
 from rlvr.tracking.run_dir import RunDir, finish_manifest, manifest, now, recorded_exit
 from rlvr.tracking.tracker import make_trackers
 from rlvr.trainer.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
-from rlvr.trainer.evaluate import greedy_accuracy, sampled_scores
 from rlvr.trainer.collect import collect, sample_seeds
 from rlvr.trainer.components import Components, build_components
 from rlvr.trainer.critic import critic_step, critic_values
+from rlvr.trainer.evaluate import greedy_accuracy, sampled_scores
 from rlvr.trainer.rows import RowPool
-from rlvr.batch import TrainBatch
-from rlvr.protocols import PolicyModel
 from rlvr.trainer.runtime import Runtime
 from rlvr.trainer.step import optimizer_step
 
@@ -38,7 +38,8 @@ TRAIN_PROBE_SEED = 20_240_601  # fixed training-distribution probe for the memor
 
 
 @torch.no_grad()
-def _logprobs(policy: PolicyModel, batch: TrainBatch, micro_batch_size: int, rows: RowPool | None = None) -> torch.Tensor:
+def _logprobs(policy: PolicyModel, batch: TrainBatch, micro_batch_size: int,
+              rows: RowPool | None = None) -> torch.Tensor:
     def logp(mb: TrainBatch) -> torch.Tensor:
         return policy.batch_logprobs(mb)[0]
 
@@ -305,7 +306,8 @@ def _loop(c: Components, run: RunDir, start: int, echo, callbacks: list) -> dict
         line = {"step": step, **metrics}
         go_on = _notify(callbacks, "on_step_end", step, metrics)
         if evaluated:
-            go_on = _notify(callbacks, "on_evaluate", step, {k: v for k, v in metrics.items() if k.startswith("eval/")}) and go_on
+            go_on = _notify(callbacks, "on_evaluate", step,
+                            {k: v for k, v in metrics.items() if k.startswith("eval/")}) and go_on
         if step == t.steps or not go_on or (t.save_every and step % t.save_every == 0):
             go_on = _notify(callbacks, "on_checkpoint", step, _checkpoint(c, run, step)) and go_on
         if not go_on:
