@@ -32,10 +32,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from roofline import attention_flops_per_token, matmul_gflops, param_count  # noqa: E402
 
-from rlvr.models.causal_lm import load_causal_lm  # noqa: E402
-from rlvr.engines.torch_ar import generate  # noqa: E402
-from rlvr.tasks.countdown import Countdown  # noqa: E402
 from rlvr.codec import encode_prompts  # noqa: E402
+from rlvr.engines.torch_ar import generate  # noqa: E402
+from rlvr.models.causal_lm import load_causal_lm  # noqa: E402
+from rlvr.tasks.countdown import Countdown  # noqa: E402
 
 NO_EOS = -1  # a token id that is never sampled: every row runs to max_new_tokens
 

@@ -26,10 +26,10 @@ import torch
 from rlvr.algos.advantages import AdvantageInputs, grpo
 from rlvr.algos.aggregate import seq_mean_token_mean
 from rlvr.algos.objectives import ppo_clip
-from rlvr.models.causal_lm import load_causal_lm
-from rlvr.models.policy import CausalPolicy
 from rlvr.batch import left_pad
 from rlvr.engines.torch_ar import generate
+from rlvr.models.causal_lm import load_causal_lm
+from rlvr.models.policy import CausalPolicy
 from rlvr.tasks.countdown import Countdown
 
 WARM_START = "rlvr:countdown-warmstart"

@@ -25,9 +25,9 @@ def tiny_model(tokenizer):
 def make_train_batch(tokenizer):
     """`make(model, prompts, seed=, with_old=)`: a TrainBatch of sampled completions (10 tokens at
     most) with seeded random advantages and perturbed old / reference log-probs."""
-    from rlvr.engines.torch_ar import generate
-    from rlvr.codec import encode_prompts
     from rlvr.batch import TrainBatch
+    from rlvr.codec import encode_prompts
+    from rlvr.engines.torch_ar import generate
 
     def make(model, prompts, *, seed: int = 1, with_old: bool = True):
         ids, mask = encode_prompts(tokenizer, prompts)

@@ -1,10 +1,10 @@
 import pytest
 import torch
 
+from rlvr.codec import encode_prompts
+from rlvr.engines.torch_diffusion import generate_diffusion, transfer_schedule
 from rlvr.models.diffusion_lm import load_diffusion_lm
 from rlvr.models.diffusion_policy import DiffusionPolicy
-from rlvr.engines.torch_diffusion import generate_diffusion, transfer_schedule
-from rlvr.codec import encode_prompts
 
 PROMPTS = ["3 5 2>13:", "1 2>3:", "9 9 9>729:", "4 4>16:"]
 

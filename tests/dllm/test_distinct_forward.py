@@ -1,13 +1,13 @@
 """distinct_forward: rows with identical inputs share one forward, values and gradients unchanged."""
 
 import torch
-
 from _tiny import MASK, PROMPT, enumerable_model
+
+from rlvr.codec import encode_prompts
+from rlvr.engines.torch_diffusion import generate_diffusion
 from rlvr.models.diffusion_lm import load_diffusion_lm
 from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.models.likelihood import distinct_forward
-from rlvr.engines.torch_diffusion import generate_diffusion
-from rlvr.codec import encode_prompts
 
 
 class _RowCounter(torch.nn.Module):

@@ -1,12 +1,21 @@
 """Estimators against exact enumeration on a model with L = 3, vocabulary 4 (+ mask)."""
 
 import torch
+from _tiny import (
+    MASK,
+    PROMPT,
+    all_sequences,
+    context,
+    enumerable_model,
+    exact_elbo,
+    exact_eubo,
+    exact_loglik,
+    order_logps,
+)
 
-from _tiny import (MASK, PROMPT, all_sequences, context, enumerable_model, exact_elbo, exact_eubo, exact_loglik,
-                   order_logps)
-from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.algos.objectives import wd1
 from rlvr.algos.preference import vrpo_loss
+from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.models.likelihood import ar_order, bgpo, bgpo_objective, elbo_mc, mean_field, spg
 
 SEQS = torch.tensor([[0, 1, 2], [1, 1, 3], [2, 0, 1], [3, 3, 3]])

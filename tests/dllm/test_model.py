@@ -4,8 +4,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rlvr.models.diffusion_lm import (DiffusionConfig, dream_key, llada_key, load_diffusion_lm, load_diffusion_model,
-                                      tiny_diffusion_lm)
+from rlvr.models.diffusion_lm import (
+    DiffusionConfig,
+    dream_key,
+    llada_key,
+    load_diffusion_lm,
+    load_diffusion_model,
+    tiny_diffusion_lm,
+)
 from rlvr.trainer.diffusion_sft import diffusion_sft, encode_windows, masked_diffusion_loss
 from rlvr.types import Example
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from rlvr.codec import decode_completions, encode_prompts
 from rlvr.config import load_config
 from rlvr.trainer import build
-from rlvr.codec import decode_completions, encode_prompts
 
 RECIPES = {"countdown": "recipes/dllm_diffu_grpo_countdown.yaml", "sudoku": "recipes/dllm_diffu_grpo_sudoku.yaml"}
 

@@ -1,9 +1,9 @@
 import torch
 
+from rlvr.codec import encode_prompts
+from rlvr.engines.torch_ar import generate, top_p_filter
 from rlvr.models.policy import CausalPolicy
 from rlvr.noise import uniform_noise
-from rlvr.engines.torch_ar import generate, top_p_filter
-from rlvr.codec import encode_prompts
 
 PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4>16:"]
 

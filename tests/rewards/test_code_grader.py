@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from rlvr.rewards.code import _assert_grade
 from rlvr.rewards.asserts import split_test
+from rlvr.rewards.code import _assert_grade
 from rlvr.rewards.sandbox import RunResult, Verdict
 
 NONCE = "n" * 32

@@ -6,11 +6,10 @@ import argparse
 import csv
 
 import pytest
+from fake_runs import make_run
 
 from rlvr.cli_runs import register
 from rlvr.errors import ConfigError
-from fake_runs import make_run
-
 
 # Labels list every key in which the groups' resolved configs differ: the objective and its own clip widths.
 PPO = "algo.clip_high=0.2, algo.clip_low=0.2, algo.objective=ppo_clip"

@@ -10,11 +10,11 @@ from fake_runs import make_run
 from test_cli_runs import run_cli
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlvr.codec import decode_completions, encode_prompts
+from rlvr.engines.torch_ar import generate
 from rlvr.models.causal_lm import tiny_llama
 from rlvr.models.tokenizer import char_tokenizer
-from rlvr.engines.torch_ar import generate
 from rlvr.trainer.checkpoint import save_checkpoint
-from rlvr.codec import decode_completions, encode_prompts
 
 PROMPTS = ["Numbers: 3 4 5\nTarget: 12\n", "Numbers: 9 1\nTarget: 8\n", "7+", "Numbers: 2 2 8 6\nTarget: 24\n"]
 

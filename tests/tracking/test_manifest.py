@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rlvr.tracking.run_dir import RunDir, finish_manifest, fingerprint, manifest, recorded_exit
+from rlvr.tracking.run_dir import RunDir, fingerprint, finish_manifest, manifest, recorded_exit
 
 
 def test_manifest_records_code_environment_hardware_and_data(tmp_path, monkeypatch):

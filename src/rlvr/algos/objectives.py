@@ -58,6 +58,7 @@ from torch import Tensor
 
 from rlvr.algos._registry import lookup
 
+
 def wd1(logp, old_logp, advantages, mask, *, group_size: int = 1, wd1_psi: float = 1.0):
     """wd1 (ratio-free weighted likelihood): loss per token (−w⁺_i + w⁻_i) · logp, with
     w± = softmax over the group of ±ψ A_i. Aggregate with `seq_mean_token_sum` to get the paper's

@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import torch
 
-from rlvr.models.likelihood import distinct_forward, window_mask
-from rlvr.noise import mix32, gumbel_noise, uniform_noise
 from rlvr.batch import Rollouts
+from rlvr.models.likelihood import distinct_forward, window_mask
+from rlvr.noise import gumbel_noise, mix32, uniform_noise
 
 REMASKING = ("low_confidence", "random", "entropy", "margin")
 _EOS_PENALTY = 1e9  # subtracted from an EOS candidate's score: last, but still above non-masked (-inf)

@@ -246,7 +246,7 @@ class DiffusionLM(nn.Module):
         save_file(state, str(out / "model.safetensors"))
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path) -> "DiffusionLM":
+    def from_pretrained(cls, directory: str | Path) -> DiffusionLM:
         return load_diffusion_model(directory)
 
 

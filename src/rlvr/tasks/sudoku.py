@@ -30,7 +30,7 @@ HELDOUT_BUCKETS = 5
 _HELDOUT_SEED = "rlvr.sudoku4.heldout"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def all_grids() -> tuple[str, ...]:
     """The 288 valid 4×4 Sudoku grids as 16-character strings."""
     rows = ["".join(p) for p in itertools.permutations("1234")]

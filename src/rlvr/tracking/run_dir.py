@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
@@ -121,7 +121,7 @@ def manifest(command: list[str], seed: int, *, config: dict | None = None, data_
         "gpus": gpu_info(),
         "env": {k: os.environ[k] for k in DETERMINISM_ENV if k in os.environ},
         "datasets": [fingerprint(p) for p in data_files],
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     if config is not None:
         info["config"] = config
@@ -134,7 +134,7 @@ def finish_manifest(run: RunDir, status: str, *, exit_status: int, final: dict |
     """Record how a run ended in run.json: status, exit status, end time, duration (and final
     metrics, and `runtime` facts only known after running, e.g. which decode engine ran)."""
     info = run.read_json("run.json") if (run.path / "run.json").exists() else {}
-    ended = datetime.now(timezone.utc)
+    ended = datetime.now(UTC)
     info.update(status=status, exit_status=exit_status, ended=ended.isoformat(timespec="seconds"))
     if runtime:
         info["runtime"] = runtime

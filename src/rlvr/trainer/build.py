@@ -12,14 +12,14 @@ import torch
 from rlvr.algos.advantages import gae_returns
 from rlvr.algos.correction import importance_correction
 from rlvr.config import REGISTRY, Config, Registry, hyperparameters, keywords, task_sections
+from rlvr.engines.torch_ar import generate
+from rlvr.engines.torch_diffusion import generate_diffusion
 from rlvr.errors import ConfigError
 from rlvr.models.causal_lm import load_causal_lm
 from rlvr.models.diffusion_lm import load_diffusion_lm
 from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.models.policy import CausalPolicy
 from rlvr.protocols import RolloutEngine
-from rlvr.engines.torch_ar import generate
-from rlvr.engines.torch_diffusion import generate_diffusion
 from rlvr.rewards.runner import RewardRunner, RewardSum, load_reward_spec
 from rlvr.tasks import make_task
 from rlvr.trainer.step import LossSpec

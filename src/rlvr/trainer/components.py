@@ -19,9 +19,9 @@ from rlvr.config import Config
 from rlvr.models.value import ValueModel
 from rlvr.protocols import PolicyModel, RolloutEngine, Task
 from rlvr.rewards.runner import RewardRunner
-from rlvr.trainer.runtime import Runtime
 from rlvr.trainer import build
 from rlvr.trainer.rows import RowPool, split_engine
+from rlvr.trainer.runtime import Runtime
 from rlvr.trainer.selection import PosteriorSelector, build_selector
 from rlvr.trainer.step import LossSpec
 

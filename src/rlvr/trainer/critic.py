@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from rlvr.algos.value import value_loss
-from rlvr.models.value import ValueModel
 from rlvr.batch import TrainBatch
+from rlvr.models.value import ValueModel
 
 
 @torch.no_grad()

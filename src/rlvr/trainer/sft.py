@@ -14,14 +14,14 @@ from pathlib import Path
 
 import torch
 
+from rlvr.batch import left_pad
+from rlvr.codec import encode_prompts
 from rlvr.config import Config, dump_yaml
 from rlvr.errors import ConfigError
 from rlvr.models.causal_lm import resolve_model_path
 from rlvr.models.policy import CausalPolicy
-from rlvr.batch import left_pad
 from rlvr.trainer import build
 from rlvr.trainer.diffusion_sft import diffusion_sft
-from rlvr.codec import encode_prompts
 from rlvr.trainer.evaluate import greedy_accuracy
 
 
