@@ -95,6 +95,13 @@ class TrainBatch:
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
 
+    def to(self, device: torch.device) -> TrainBatch:
+        """The batch on `device` (itself when already there)."""
+        if self.completion_ids.device == device:
+            return self
+        return replace(self, **{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                                for f in fields(self)})
+
     def select(self, rows: slice | torch.Tensor) -> TrainBatch:
         return replace(self, **{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows]
                                 for f in fields(self)})

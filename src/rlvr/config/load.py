@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import difflib
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -176,6 +177,16 @@ def validate(config: Config) -> None:
         (config.trainer.thread_mode in ("auto", "ops", "rows"), "trainer.thread_mode",
          "must be 'auto', 'ops' or 'rows'"),
         (config.trainer.kernels in ("eager", "cpp"), "trainer.kernels", "must be 'eager' or 'cpp'"),
+        (config.model.dtype in ("float32", "bfloat16"), "model.dtype", "must be 'float32' or 'bfloat16'"),
+        (re.fullmatch(r"auto|cpu|cuda(:\d+)?", config.trainer.device) is not None, "trainer.device",
+         "must be 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+        (config.model.lora.r >= 0, "model.lora.r", "must be >= 0 (0 = no adapters)"),
+        (config.model.lora.alpha > 0, "model.lora.alpha", "must be > 0, e.g. 16"),
+        (0 <= config.model.lora.dropout < 1, "model.lora.dropout", "must be in [0, 1)"),
+        (bool(config.model.lora.target_modules), "model.lora.target_modules",
+         "must name modules, e.g. [q_proj, v_proj] or all-linear"),
+        (not config.model.lora.r or config.model.kind == "causal", "model.lora.r",
+         "LoRA is implemented for model.kind=causal only; set it to 0"),
         (not config.rollout.greedy_in_group or config.model.kind == "diffusion", "rollout.greedy_in_group",
          "is implemented for model.kind=diffusion only; set it to false"),
         (config.trainer.thread_mode != "rows" or config.model.kind == "causal", "trainer.thread_mode",

@@ -11,6 +11,22 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters through `peft` (the `lora` extra): only the adapters train, the base stays
+    as loaded, and the KL reference is the base (the adapter disabled)."""
+
+    r: int = 0
+    """Adapter rank, 0 = off (full fine-tuning)."""
+    alpha: float = 16.0
+    """Scaling numerator: the update is (alpha / r)·BA."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input."""
+    target_modules: str | list = "all-linear"
+    """Modules that get adapters: a list of module-name suffixes (`[q_proj, v_proj]`) or a peft
+    shorthand such as `all-linear` (every linear layer but the LM head)."""
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     kind: str = "causal"
     """`causal` (autoregressive LM) or `diffusion` (masked-diffusion LM)."""
@@ -28,6 +44,12 @@ class ModelConfig:
     """Tiny model: MLP width."""
     max_seq_len: int = 64
     """Tiny model: longest prompt + completion."""
+    dtype: str = "float32"
+    """Weight dtype: `float32` or `bfloat16` (log-probs are computed in float32 from the logits
+    either way; the fused fast path and C++ kernels take float32 only, bf16 runs the plain
+    `transformers` forward)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters (causal models)."""
 
 
 @dataclass(frozen=True)
@@ -350,6 +372,12 @@ class TrainerConfig:
     """How threads are used: `ops` = torch's intra-op threads; `rows` = each thread takes a share of every
     batch's rows with single-threaded ops (faster, and no collapse when another process holds a core; causal
     models); `auto` = rows for causal models, ops for diffusion ones."""
+    device: str = "auto"
+    """Where the model and the step's tensors live: `auto` (cuda when available, else cpu), `cpu`,
+    `cuda` or `cuda:i`. The fused fast path and C++ kernels run on CPU only."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, one more forward) on the plain
+    `transformers` forward; the fused fast path already keeps only what its backward needs."""
     trackers: str = ""
     """Extra metric sinks beside metrics.jsonl, comma-separated: tensorboard,wandb,mlflow."""
 

@@ -39,7 +39,7 @@ def choose_tokens(logits: torch.Tensor, seeds: torch.Tensor, step: int, *,
     `noise` (B, V) float64, optional: this step's Gumbel noise if already computed
     (`gumbel_noise_block`); it must equal `gumbel_noise(seeds, step, V)`."""
     if temperature <= 0:  # greedy
-        logp = logits.log_softmax(-1)
+        logp = logits.float().log_softmax(-1)
         tokens = logits.argmax(-1)
         return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
     scaled = logits.float()
@@ -48,6 +48,8 @@ def choose_tokens(logits: torch.Tensor, seeds: torch.Tensor, step: int, *,
     logp = scaled.log_softmax(-1)
     if noise is None:
         noise = gumbel_noise(seeds, step, scaled.shape[-1])
+    if noise.device != scaled.device:  # the noise is hashed from the seeds on the host
+        noise = noise.to(scaled.device)
     noisy = top_p_filter(scaled, top_p).double() + noise
     tokens = noisy.argmax(-1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
@@ -73,6 +75,14 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: 
             return _generate_fast(model, prompt_ids, prompt_mask, seeds, max_new_tokens=max_new_tokens,
                                   eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p,
                                   engine=engine)
+        device = model.get_input_embeddings().weight.device
+        if prompt_ids.device != device:  # prompts come from the host; rollouts go back to it
+            host = prompt_ids.device
+            out = _generate_hf(model, prompt_ids.to(device), prompt_mask.to(device), seeds,
+                               max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
+                               temperature=temperature, top_p=top_p)
+            return Rollouts(*(x.to(host) for x in (out.prompt_ids, out.prompt_mask, out.completion_ids,
+                                                   out.completion_mask, out.logprobs, out.truncated)))
         return _generate_hf(model, prompt_ids, prompt_mask, seeds, max_new_tokens=max_new_tokens,
                             eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p)
     finally:
@@ -81,7 +91,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: 
 
 def _rollouts(prompt_ids, prompt_mask, tokens, logprobs, length, done) -> Rollouts:
     width = int(length.max()) if len(length) else 0
-    steps = torch.arange(width)
+    steps = torch.arange(width, device=length.device)
     return Rollouts(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
@@ -180,10 +190,11 @@ def _generate_hf(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_i
     cache, last_logits = out.past_key_values, out.logits[:, -1]
     next_pos = positions[:, -1:] + 1
 
-    tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)
-    logprobs = torch.zeros((batch, max_new_tokens))
-    done = torch.zeros(batch, dtype=torch.bool)
-    length = torch.zeros(batch, dtype=torch.long)
+    device = prompt_ids.device
+    tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros((batch, max_new_tokens), device=device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    length = torch.zeros(batch, dtype=torch.long, device=device)
     for step in range(max_new_tokens):
         tok, logp = choose_tokens(last_logits, seeds, step, temperature=temperature, top_p=top_p)
         tok = tok.masked_fill(done, pad_id)
@@ -193,7 +204,7 @@ def _generate_hf(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_i
         done |= tok == eos_id
         if bool(done.all()) or step == max_new_tokens - 1:
             break
-        attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype)], dim=-1)
+        attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=device)], dim=-1)
         out = model(input_ids=tok[:, None], attention_mask=attention, position_ids=next_pos,
                     past_key_values=cache, use_cache=True)
         cache, last_logits = out.past_key_values, out.logits[:, -1]

@@ -21,9 +21,14 @@ _ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 
 
 def supports(model) -> bool:
-    """True when `model` is a plain Llama/Qwen2 causal LM this package computes exactly."""
+    """True when `model` is a plain float32 CPU Llama/Qwen2 causal LM this package computes exactly."""
     cfg = getattr(model, "config", None)
     if _ARCHITECTURES.get(type(model).__name__) != getattr(cfg, "model_type", None):
+        return False
+    # The fused path's ops and the C++ kernels are written (and tested) for float32 on CPU; other
+    # dtypes and devices run the plain `transformers` forward.
+    weight = model.get_input_embeddings().weight
+    if weight.dtype != torch.float32 or weight.device.type != "cpu":
         return False
     rope = getattr(cfg, "rope_parameters", None) or {}
     return (rope.get("rope_type", "default") == "default" and "rope_theta" in rope

@@ -51,13 +51,17 @@ def tiny_llama(vocab_size: int, *, hidden_size: int, num_layers: int, num_heads:
     return model
 
 
-def load_causal_lm(path: str | None, *, seed: int, **size):
-    """(model, tokenizer) from a local directory, a packaged checkpoint, or a fresh tiny config."""
+def load_causal_lm(path: str | None, *, seed: int, dtype: str = "float32", **size):
+    """(model, tokenizer) from a local directory, a packaged checkpoint, or a fresh tiny config,
+    with weights in `dtype` (`float32` or `bfloat16`)."""
+    weights = getattr(torch, dtype)
     if not path:
         tokenizer = char_tokenizer()
-        return tiny_llama(len(tokenizer), seed=seed, **size), tokenizer
+        model = tiny_llama(len(tokenizer), seed=seed, **size)
+        # Initialised in float32 and cast, so a bf16 tiny model is the fp32 one rounded.
+        return (model if weights == torch.float32 else model.to(weights)), tokenizer
     directory = resolve_model_path(path)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=weights)
     tokenizer = AutoTokenizer.from_pretrained(directory)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:

@@ -7,6 +7,8 @@ likelihood estimator.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -76,8 +78,12 @@ class CausalPolicy:
     any other model runs the plain `transformers` forward.
     """
 
-    def __init__(self, model, *, temperature: float = 1.0, fast: bool = True, kernels: str = "eager"):
+    def __init__(self, model, *, temperature: float = 1.0, fast: bool = True, kernels: str = "eager",
+                 checkpointing: bool = False):
         self.model = model
+        # True: the model's layers were set to recompute activations (`trainer.gradient_checkpointing`);
+        # transformers does so only in training mode, which the plain forward switches on for them.
+        self.checkpointing = checkpointing
         self.temperature = temperature if temperature > 0 else 1.0
         self.fast = fast
         self.kernels = kernels  # "cpp": the fast path's layers run as C++ calls forward and backward
@@ -108,12 +114,17 @@ class CausalPolicy:
         """
         if self.fast and completion_ids.shape[1] and supports(self.model):
             return self._fast_logprobs(prompt_ids, prompt_mask, completion_ids, with_entropy, completion_mask)
+        device = self.model.get_input_embeddings().weight.device
+        if completion_ids.device != device:  # trainer tensors live on the host; the model may not
+            prompt_ids, prompt_mask, completion_ids = (x.to(device) for x in (prompt_ids, prompt_mask, completion_ids))
+            completion_mask = None if completion_mask is None else completion_mask.to(device)
         ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids)
         width = completion_ids.shape[1]
         # Only the positions that predict completion tokens need logits (the last width+1, minus one).
-        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions,
-                         logits_to_keep=width + 1, use_cache=False)
-        logits = out.logits[:, :-1].float() / self.temperature  # (B, Tc, V)
+        with self._recompute():
+            out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions,
+                             logits_to_keep=width + 1, use_cache=False)
+        logits = out.logits[:, :-1].float() / self.temperature  # (B, Tc, V), float32 whatever the weights
         logp = gather_logprobs(logits, completion_ids)
         entropy = token_entropy(logits) if with_entropy else None
         if completion_mask is not None:
@@ -146,6 +157,13 @@ class CausalPolicy:
             entropy = entropy.new_zeros(size).index_copy(0, index, entropy).view_as(completion_ids)
         return logp, entropy
 
+    def _recompute(self):
+        """Checkpointed layers in training mode for this forward (only their own flag, so dropout
+        elsewhere keeps the model's mode), when gradients are being taken."""
+        if not (self.checkpointing and torch.is_grad_enabled()):
+            return contextlib.nullcontext()
+        return _layers_training(self.model)
+
     def _kernels(self):
         if self.kernels != "cpp":
             return None
@@ -158,3 +176,15 @@ def _up_to_last_one(mask: torch.Tensor) -> torch.Tensor:
     """(B, T) float: 1 up to and including each row's last nonzero of `mask`, 0 after."""
     nonzero = (mask != 0).float()
     return nonzero.flip(-1).cummax(-1).values.flip(-1)
+
+
+@contextlib.contextmanager
+def _layers_training(model):
+    layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True and not m.training]
+    for m in layers:
+        m.training = True
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.training = False

@@ -44,21 +44,60 @@ def _bind_named(config: Config, key: str, **elsewhere) -> Callable:
     return bind(entry, getattr(config, registry.section), registry, **elsewhere)
 
 
-def build_model(config: Config):
-    """(model, tokenizer) for `model.kind`: a causal LM or a masked-diffusion LM."""
+def resolve_device(name: str) -> torch.device:
+    """`trainer.device`: `auto` is cuda when torch sees a GPU, else cpu; a cuda device this process
+    cannot use is a one-line ConfigError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            found = f"{count} CUDA device(s)" if count else "no CUDA device (or a CPU-only torch)"
+            raise ConfigError(f"trainer.device: '{name}' requested but this process sees {found}; "
+                              "use trainer.device=cpu or auto")
+    return device
+
+
+def base_model(config: Config):
+    """(model, tokenizer) for `model.kind` as loaded or built, in `model.dtype`, on CPU, without adapters."""
     m = config.model
     size = dict(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                 intermediate_size=m.intermediate_size, max_seq_len=m.max_seq_len)
     if m.kind == "diffusion":
-        return load_diffusion_lm(m.path or None, seed=config.seed, shift_logits=m.shift_logits, **size)
-    return load_causal_lm(m.path, seed=config.seed, **size)
+        model, tokenizer = load_diffusion_lm(m.path or None, seed=config.seed, shift_logits=m.shift_logits, **size)
+        return (model if m.dtype == "float32" else model.to(getattr(torch, m.dtype))), tokenizer
+    return load_causal_lm(m.path, seed=config.seed, dtype=m.dtype, **size)
+
+
+def build_model(config: Config):
+    """(model, tokenizer) for `model.kind`: a causal LM or a masked-diffusion LM, on `trainer.device`."""
+    model, tokenizer = base_model(config)
+    return prepare_model(config, model), tokenizer
+
+
+def prepare_model(config: Config, model):
+    """`model` on `trainer.device`, with gradient checkpointing and LoRA adapters as configured."""
+    device = resolve_device(config.trainer.device)
+    if next(model.parameters()).device != device:
+        model = model.to(device)
+    if config.trainer.gradient_checkpointing and hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    lora = config.model.lora
+    if lora.r:
+        from rlvr.models.lora import apply_lora
+
+        model = apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
+                           target_modules=lora.target_modules)
+    return model
 
 
 def build_policy(config: Config, model):
     """The PolicyModel: exact per-token log-probs (causal) or a named likelihood estimator (diffusion)."""
     temperature = config.rollout.temperature
     if config.model.kind != "diffusion":
-        return CausalPolicy(model, temperature=temperature, kernels=config.trainer.kernels)
+        return CausalPolicy(model, temperature=temperature, kernels=config.trainer.kernels,
+                            checkpointing=config.trainer.gradient_checkpointing)
     options = _bind_named(config, "estimator.name").keywords
     return DiffusionPolicy(model, config.estimator.name, window=config.rollout.window, temperature=temperature,
                            **options)

@@ -53,16 +53,23 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     """Build a run's components from `config`; any of `model` (with `tokenizer`), `task` and
     `reward` given here is used instead of the one the config names."""
     runtime = runtime or Runtime()
-    if model is None:
-        model, tokenizer = build.build_model(config)
+    model, tokenizer = build.build_model(config) if model is None else (build.prepare_model(config, model), tokenizer)
     o, a = config.optim, config.algo
     total = config.trainer.steps * config.trainer.minibatches * config.trainer.ppo_epochs  # optimizer steps
-    optimizer, scheduler = build.build_optimizer(model.parameters(), lr=o.lr, warmup_steps=o.warmup_steps,
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+    optimizer, scheduler = build.build_optimizer(trainable, lr=o.lr, warmup_steps=o.warmup_steps,
                                                  weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
                                                  total_steps=total, schedule=o.schedule, min_lr_ratio=o.min_lr_ratio)
-    frozen = copy.deepcopy(model).requires_grad_(False) if a.kl_coef > 0 else None  # before a policy hooks `model`
+    lora = config.model.lora.r > 0
+    # The KL reference: under LoRA the base itself (the adapter switched off), else a frozen copy
+    # taken before a policy hooks `model`.
+    frozen = copy.deepcopy(model).requires_grad_(False) if a.kl_coef > 0 and not lora else None
     policy = build.build_policy(config, model)
     reference = build.build_policy(config, frozen) if frozen is not None else None
+    if a.kl_coef > 0 and lora:
+        from rlvr.models.lora import AdapterDisabled
+
+        reference = AdapterDisabled(policy)
     critic = critic_optimizer = None
     if a.advantage == "gae":
         critic = ValueModel(model)

@@ -32,6 +32,7 @@ class LossSpec:
 def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: float, num_seqs: float):
     """This micro-batch's share of the step loss, and its per-token metric sums (masked)."""
     logp, entropy = policy.batch_logprobs(mb, with_entropy=True)
+    mb = mb.to(logp.device)  # the loss runs where the model does
     old = logp.detach() if mb.old_logp is None else mb.old_logp
     mask = mb.completion_mask
     loss_tok, tok_metrics = spec.objective(logp, old, mb.advantages, mask)

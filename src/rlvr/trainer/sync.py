@@ -47,7 +47,7 @@ def _logprobs(policy: PolicyModel, batch: TrainBatch, micro_batch_size: int,
     for i in range(0, len(batch), micro_batch_size):
         mb = batch.select(slice(i, i + micro_batch_size))
         parts.extend([logp(mb)] if rows is None else rows.map(lambda part, mb=mb: logp(mb.select(part)), len(mb)))
-    return torch.cat(parts) * batch.completion_mask
+    return torch.cat(parts).to(batch.completion_mask.device) * batch.completion_mask
 
 
 def _shaped_rewards(c: Components, rewards: torch.Tensor, batch: TrainBatch, lengths: torch.Tensor):
@@ -201,9 +201,14 @@ def _resume(c: Components, run: RunDir) -> int:
     if checkpoint is None:
         return 0
     state = load_state(checkpoint)
-    c.model.load_state_dict(load_file(str(checkpoint / "model.safetensors")), strict=False)
-    if hasattr(c.model, "tie_weights"):  # HF drops tied copies on save; re-tie after loading
-        c.model.tie_weights()
+    if c.config.model.lora.r:  # the checkpoint holds the adapter; the base is rebuilt as loaded
+        from rlvr.models.lora import load_adapter
+
+        load_adapter(c.model, checkpoint)
+    else:
+        c.model.load_state_dict(load_file(str(checkpoint / "model.safetensors")), strict=False)
+        if hasattr(c.model, "tie_weights"):  # HF drops tied copies on save; re-tie after loading
+            c.model.tie_weights()
     c.optimizer.load_state_dict(state["optimizer"])
     c.scheduler.load_state_dict(state["scheduler"])
     if c.critic is not None:

@@ -1,0 +1,120 @@
+"""LoRA adapters through `peft` (the `lora` extra), the one module that imports it.
+
+`apply_lora` wraps a causal LM so only the adapters train; `AdapterDisabled` is the KL reference
+under LoRA (the same module with the adapter switched off, so no second copy of the weights);
+`load_adapter` restores a checkpoint's adapter and `merged` folds an adapter into a copy of its
+base for export. A peft-wrapped model is not a plain Llama to `kernels.weights.supports`, so it
+always runs the plain `transformers` forward: the fused path reads the base weights directly
+and would skip the adapters.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from pathlib import Path
+
+from rlvr.errors import ConfigError
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def _peft():
+    try:
+        import peft
+    except ImportError:
+        raise ConfigError("model.lora.r: LoRA needs peft; install it with pip install 'rlvr[lora]' "
+                          "or set model.lora.r=0") from None
+    return peft
+
+
+def apply_lora(model, *, r: int, alpha: float, dropout: float, target_modules):
+    """`model` wrapped by `peft.get_peft_model`: base weights frozen, rank-`r` adapters on `target_modules`."""
+    peft = _peft()
+    targets = target_modules if isinstance(target_modules, str) else list(target_modules)
+    config = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
+                             task_type="CAUSAL_LM")
+    try:
+        return peft.get_peft_model(model, config)
+    except ValueError as err:
+        reason = str(err).strip().splitlines()[0][:160]
+        raise ConfigError(f"model.lora.target_modules: {targets!r} matches no module of {type(model).__name__} "
+                          f"({reason}); name its linear layers (e.g. [q_proj, v_proj]) or use all-linear") from None
+
+
+class AdapterDisabled:
+    """A policy's log-probs with its adapter switched off: the base model, the KL reference.
+
+    Switching is counted so that row workers calling at once share one switch-off; the policy
+    itself is never called while a reference call is in flight (the loop runs them in turn)."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        self._lock = threading.Lock()
+        self._users = 0
+        self._context = None
+
+    @property
+    def forwards(self) -> int:
+        return self.policy.forwards
+
+    def parameters(self):
+        return iter(())
+
+    def begin_step(self, seed: int) -> None:
+        self.policy.begin_step(seed)
+
+    def _enter(self) -> None:
+        with self._lock:
+            if self._users == 0:
+                self._context = self.policy.model.disable_adapter()
+                self._context.__enter__()
+            self._users += 1
+
+    def _exit(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                self._context.__exit__(None, None, None)
+                self._context = None
+
+    def batch_logprobs(self, batch, *, with_entropy: bool = False):
+        self._enter()
+        try:
+            return self.policy.batch_logprobs(batch, with_entropy=with_entropy)
+        finally:
+            self._exit()
+
+    def token_logprobs(self, *args, **kwargs):
+        self._enter()
+        try:
+            return self.policy.token_logprobs(*args, **kwargs)
+        finally:
+            self._exit()
+
+
+def is_adapter_checkpoint(directory: Path) -> bool:
+    return (Path(directory) / ADAPTER_WEIGHTS).is_file()
+
+
+def load_adapter(model, directory: Path) -> None:
+    """Load the adapter weights saved in `directory` into the peft-wrapped `model` (the base is untouched)."""
+    peft = _peft()
+    from safetensors.torch import load_file
+
+    result = peft.set_peft_model_state_dict(model, load_file(str(Path(directory) / ADAPTER_WEIGHTS)))
+    unexpected = getattr(result, "unexpected_keys", None)
+    if unexpected:
+        raise ConfigError(f"checkpoint '{directory}': adapter weights do not fit this model ({unexpected[0]}, ...); "
+                          "resume with the model.lora settings the run was started with")
+
+
+def merged(base, directory: Path):
+    """A plain `transformers` model: a copy of `base` with the adapter saved in `directory` folded in."""
+    peft = _peft()
+    return peft.PeftModel.from_pretrained(copy.deepcopy(base), str(directory)).merge_and_unload()
+
+
+def merge_copy(model):
+    """A plain `transformers` model: the peft-wrapped `model`'s adapters folded into a copy of its base."""
+    return copy.deepcopy(model).merge_and_unload()
