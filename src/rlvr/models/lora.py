@@ -110,11 +110,12 @@ def load_adapter(model, directory: Path) -> None:
 
 
 def merged(base, directory: Path):
-    """A plain `transformers` model: a copy of `base` with the adapter saved in `directory` folded in."""
+    """A plain `transformers` model: `base` (modified in place) with the adapter saved in `directory` folded in."""
     peft = _peft()
-    return peft.PeftModel.from_pretrained(copy.deepcopy(base), str(directory)).merge_and_unload()
+    return peft.PeftModel.from_pretrained(base, str(directory)).merge_and_unload()
 
 
 def merge_copy(model):
-    """A plain `transformers` model: the peft-wrapped `model`'s adapters folded into a copy of its base."""
+    """A plain `transformers` model: the peft-wrapped `model`'s adapters folded into a copy of its
+    base (the training model keeps its adapters)."""
     return copy.deepcopy(model).merge_and_unload()

@@ -30,7 +30,8 @@ def find_checkpoint(run: Path, step: int | None = None) -> Path:
     """The newest complete checkpoint of `run` (or the one at `step`), with a one-line error if none."""
     directory = run / "checkpoints"
     candidates = directory.glob("step_*") if directory.is_dir() else []
-    complete = sorted(p for p in candidates if (p / "config.json").is_file())
+    # A LoRA run's checkpoints hold the adapter (adapter_config.json) instead of a whole model.
+    complete = sorted(p for p in candidates if (p / "config.json").is_file() or (p / "adapter_config.json").is_file())
     if step is not None:
         wanted = directory / f"step_{step:06d}"
         if wanted not in complete:
@@ -49,8 +50,22 @@ def _same_weights(a, b) -> bool:
     return left.keys() == right.keys() and all(torch.equal(left[k], right[k]) for k in left)
 
 
+def _merged_adapter(run: Path, checkpoint: Path):
+    """A LoRA checkpoint as a plain model: the run's base, rebuilt as the run loaded it (`model.*`
+    of its config.yaml), with the checkpoint's adapter merged into its weights."""
+    from rlvr.config import load_config
+    from rlvr.models.causal_lm import load_causal_lm
+    from rlvr.models.lora import merged
+
+    config = load_config(run / "config.yaml")
+    m = config.model
+    base, _ = load_causal_lm(m.path, seed=config.seed, dtype=m.dtype,
+                             hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
+                             intermediate_size=m.intermediate_size, max_seq_len=m.max_seq_len)
+    return merged(base, checkpoint)
+
+
 def export_run(run: str | Path, out: str | Path, *, step: int | None = None, force: bool = False) -> Exported:
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     run, out = Path(run), Path(out)
@@ -60,7 +75,9 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None, for
         raise ConfigError(f"export: '{out}' exists and is not empty; choose a new directory or pass --force")
     checkpoint = find_checkpoint(run, step)
     try:
-        model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+        # dtype "auto": the checkpoint's own (a bf16 run exports bf16 weights, not an fp32 upcast).
+        model = (_merged_adapter(run, checkpoint) if (checkpoint / "adapter_config.json").is_file()
+                 else AutoModelForCausalLM.from_pretrained(checkpoint, dtype="auto"))
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     except (OSError, ValueError) as err:
         raise ConfigError(f"export: checkpoint '{checkpoint}' is unreadable ({type(err).__name__}); "
@@ -75,7 +92,7 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None, for
         provenance = {"run": str(run.resolve()), "checkpoint": checkpoint.name, "git_sha": manifest.get("git_sha"),
                       "seed": manifest.get("seed"), "rlvr": (manifest.get("packages") or {}).get("rlvr")}
         (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
-        reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+        reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype="auto")
         AutoTokenizer.from_pretrained(tmp)
         if not _same_weights(model, reloaded):
             raise RuntimeError(f"export: reloaded weights in {tmp} differ from {checkpoint}")
