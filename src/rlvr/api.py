@@ -193,9 +193,9 @@ class Trainer:
         objects, provenance = {}, {}
         model, tokenizer = self._model, self._tokenizer
         if model is None and self.rows is not None:  # the prompts need the tokenizer (chat template)
-            from rlvr.trainer.build import build_model
+            from rlvr.trainer.build import base_model
 
-            model, tokenizer = build_model(self.config)
+            model, tokenizer = base_model(self.config)  # build_components puts it on the device, adds adapters
         if model is not None:
             objects.update(model=model, tokenizer=tokenizer)
         if self.reward_funcs:

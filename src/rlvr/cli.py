@@ -55,8 +55,15 @@ def cmd_eval(args) -> int:
     checkpoint = latest_checkpoint(run / "checkpoints")
     if checkpoint is None:
         raise ConfigError(f"eval: '{run}' has no checkpoint yet; train longer or lower trainer.save_every")
-    config = load_config(run / "config.yaml", [f"model.path={checkpoint}"])
-    model, tokenizer = build_model(config)
+    if (checkpoint / "adapter_config.json").is_file():  # LoRA: the run's base plus the checkpoint's adapter
+        from rlvr.models.lora import load_adapter
+
+        config = load_config(run / "config.yaml")
+        model, tokenizer = build_model(config)
+        load_adapter(model, checkpoint)
+    else:
+        config = load_config(run / "config.yaml", [f"model.path={checkpoint}"])
+        model, tokenizer = build_model(config)
     task = build_task(config, tokenizer)
 
     examples = task.heldout() if args.split == "heldout" else task.sample(args.n, random.Random(args.seed))

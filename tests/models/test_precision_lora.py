@@ -154,6 +154,7 @@ def test_lora_resume_continues_and_export_merges(tmp_path, length_reward):
     for key in adapters[0]:
         torch.testing.assert_close(adapters[1][key], adapters[0][key])
 
+    assert main(["eval", str(split), "--n", "4"]) == 0  # the base rebuilt and the adapter loaded
     assert main(["export", str(split), str(tmp_path / "hf")]) == 0
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     assert type(exported).__name__ == "LlamaForCausalLM"

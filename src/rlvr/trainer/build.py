@@ -84,7 +84,7 @@ def prepare_model(config: Config, model):
     if config.trainer.gradient_checkpointing and hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     lora = config.model.lora
-    if lora.r:
+    if lora.r and not hasattr(model, "peft_config"):  # a model already wrapped by peft keeps its adapters
         from rlvr.models.lora import apply_lora
 
         model = apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,

@@ -76,6 +76,9 @@ def sft(config: Config, out_dir: str | Path, *, overwrite: bool = False, echo=pr
     An existing non-empty `out_dir` is replaced only with `overwrite`; the base model's own
     folder never is (`check_output_dir`)."""
     check_output_dir(out_dir, config.model.path, overwrite=overwrite)
+    if config.model.lora.r:
+        raise ConfigError("model.lora.r: the supervised warm start trains the whole model; set model.lora.r=0 "
+                          "(LoRA applies to rlvr train)")
     torch.manual_seed(config.seed)
     model, tokenizer = build.build_model(config)
     task = build.build_task(config, tokenizer)
