@@ -89,6 +89,20 @@ def test_device_option():
         assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("overrides, field", [
+    (["model.dtype=float16"], "model.dtype"),
+    (["model.kind=diffusion", "model.dtype=bfloat16"], "model.dtype"),
+    (["model.kind=diffusion", "trainer.device=cuda"], "trainer.device"),
+    (["model.lora.r=-1"], "model.lora.r"),
+    (["model.lora.r=4", "model.lora.dropout=1.0"], "model.lora.dropout"),
+    (["model.lora.r=4", "model.kind=diffusion"], "model.lora.r"),
+])
+def test_bad_values_are_one_line_errors_naming_the_field(overrides, field):
+    with pytest.raises(ConfigError, match=field) as err:
+        load_config(None, overrides)
+    assert "\n" not in str(err.value)
+
+
 def test_gradient_checkpointing_gives_the_same_gradients():
     tokenizer = char_tokenizer()
     plain = tiny_llama(len(tokenizer), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,

@@ -45,7 +45,7 @@ class ModelConfig:
     max_seq_len: int = 64
     """Tiny model: longest prompt + completion."""
     dtype: str = "float32"
-    """Weight dtype: `float32` or `bfloat16` (log-probs are computed in float32 from the logits
+    """Weight dtype: `float32` or `bfloat16` (causal models; log-probs are computed in float32 from the logits
     either way; the fused fast path and C++ kernels take float32 only, bf16 runs the plain
     `transformers` forward)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -374,7 +374,8 @@ class TrainerConfig:
     models); `auto` = rows for causal models, ops for diffusion ones."""
     device: str = "auto"
     """Where the model and the step's tensors live: `auto` (cuda when available, else cpu), `cpu`,
-    `cuda` or `cuda:i`. The fused fast path and C++ kernels run on CPU only."""
+    `cuda` or `cuda:i` (causal models; diffusion ones run on cpu). The fused fast path and C++
+    kernels run on CPU only."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, one more forward) on the plain
     `transformers` forward; the fused fast path already keeps only what its backward needs."""

@@ -11,7 +11,7 @@ more in framework overhead and redundant work than in FLOPs.
   `torch.ops.rlvr` training ops (fake kernels, autograd).
 
 Anything this package does not model (non-default RoPE, sliding windows, MLP biases, dropout in
-training, PEFT wrappers, other architectures) makes `supports()` return False, and callers use
-the plain `transformers` forward. Nothing here imports `rlvr.models`, `rlvr.engines` or
-`rlvr.trainer`: callers hand in the model.
+training, PEFT wrappers, other architectures, weights other than float32 on CPU) makes `supports()`
+return False, and callers use the plain `transformers` forward. Nothing here imports `rlvr.models`,
+`rlvr.engines` or `rlvr.trainer`: callers hand in the model.
 """

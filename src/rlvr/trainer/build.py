@@ -44,11 +44,11 @@ def _bind_named(config: Config, key: str, **elsewhere) -> Callable:
     return bind(entry, getattr(config, registry.section), registry, **elsewhere)
 
 
-def resolve_device(name: str) -> torch.device:
-    """`trainer.device`: `auto` is cuda when torch sees a GPU, else cpu; a cuda device this process
-    cannot use is a one-line ConfigError."""
+def resolve_device(name: str, kind: str = "causal") -> torch.device:
+    """`trainer.device`: `auto` is cuda when torch sees a GPU (causal models; diffusion ones run on
+    the CPU), else cpu; a cuda device this process cannot use is a one-line ConfigError."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device("cuda" if torch.cuda.is_available() and kind == "causal" else "cpu")
     device = torch.device(name)
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -64,9 +64,8 @@ def base_model(config: Config):
     m = config.model
     size = dict(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                 intermediate_size=m.intermediate_size, max_seq_len=m.max_seq_len)
-    if m.kind == "diffusion":
-        model, tokenizer = load_diffusion_lm(m.path or None, seed=config.seed, shift_logits=m.shift_logits, **size)
-        return (model if m.dtype == "float32" else model.to(getattr(torch, m.dtype))), tokenizer
+    if m.kind == "diffusion":  # float32 only (config validation)
+        return load_diffusion_lm(m.path or None, seed=config.seed, shift_logits=m.shift_logits, **size)
     return load_causal_lm(m.path, seed=config.seed, dtype=m.dtype, **size)
 
 
@@ -78,7 +77,7 @@ def build_model(config: Config):
 
 def prepare_model(config: Config, model):
     """`model` on `trainer.device`, with gradient checkpointing and LoRA adapters as configured."""
-    device = resolve_device(config.trainer.device)
+    device = resolve_device(config.trainer.device, config.model.kind)
     if next(model.parameters()).device != device:
         model = model.to(device)
     if config.trainer.gradient_checkpointing and hasattr(model, "activation_checkpointing_enable"):

@@ -31,5 +31,9 @@ def configure_process(*, threads: int, thread_mode: str, model_kind: str) -> Run
 
 def configure_for(config) -> Runtime:
     """`configure_process` from a `Config`'s trainer and model sections."""
-    return configure_process(threads=config.trainer.threads, thread_mode=config.trainer.thread_mode,
-                             model_kind=config.model.kind)
+    from rlvr.trainer.build import resolve_device
+
+    mode = config.trainer.thread_mode
+    if mode == "auto" and resolve_device(config.trainer.device, config.model.kind).type != "cpu":
+        mode = "ops"  # row workers share out CPU work; a batch on a GPU runs whole
+    return configure_process(threads=config.trainer.threads, thread_mode=mode, model_kind=config.model.kind)
