@@ -96,6 +96,7 @@ def test_device_option():
     (["model.lora.r=-1"], "model.lora.r"),
     (["model.lora.r=4", "model.lora.dropout=1.0"], "model.lora.dropout"),
     (["model.lora.r=4", "model.kind=diffusion"], "model.lora.r"),
+    (["model.lora.r=4", "algo.advantage=gae"], "model.lora.r"),
 ])
 def test_bad_values_are_one_line_errors_naming_the_field(overrides, field):
     with pytest.raises(ConfigError, match=field) as err:

@@ -191,6 +191,8 @@ def validate(config: Config) -> None:
          "must name modules, e.g. [q_proj, v_proj] or all-linear"),
         (not config.model.lora.r or config.model.kind == "causal", "model.lora.r",
          "LoRA is implemented for model.kind=causal only; set it to 0"),
+        (not config.model.lora.r or config.algo.advantage != "gae", "model.lora.r",
+         "the GAE critic is not implemented with LoRA; use a critic-free advantage such as grpo, or set it to 0"),
         (not config.rollout.greedy_in_group or config.model.kind == "diffusion", "rollout.greedy_in_group",
          "is implemented for model.kind=diffusion only; set it to false"),
         (config.trainer.thread_mode != "rows" or config.model.kind == "causal", "trainer.thread_mode",

@@ -2,15 +2,14 @@
 
 `apply_lora` wraps a causal LM so only the adapters train; `AdapterDisabled` is the KL reference
 under LoRA (the same module with the adapter switched off, so no second copy of the weights);
-`load_adapter` restores a checkpoint's adapter and `merged` folds an adapter into a copy of its
-base for export. A peft-wrapped model is not a plain Llama to `kernels.weights.supports`, so it
+`load_adapter` restores a checkpoint's adapter and `merged` folds a saved adapter into a base
+for export. A peft-wrapped model is not a plain Llama to `kernels.weights.supports`, so it
 always runs the plain `transformers` forward: the fused path reads the base weights directly
 and would skip the adapters.
 """
 
 from __future__ import annotations
 
-import copy
 import threading
 from pathlib import Path
 
@@ -114,8 +113,3 @@ def merged(base, directory: Path):
     peft = _peft()
     return peft.PeftModel.from_pretrained(base, str(directory)).merge_and_unload()
 
-
-def merge_copy(model):
-    """A plain `transformers` model: the peft-wrapped `model`'s adapters folded into a copy of its
-    base (the training model keeps its adapters)."""
-    return copy.deepcopy(model).merge_and_unload()

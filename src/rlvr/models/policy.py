@@ -8,6 +8,7 @@ likelihood estimator.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -84,6 +85,7 @@ class CausalPolicy:
         # True: the model's layers were set to recompute activations (`trainer.gradient_checkpointing`);
         # transformers does so only in training mode, which the plain forward switches on for them.
         self.checkpointing = checkpointing
+        self._lock, self._users, self._switched = threading.Lock(), 0, []
         self.temperature = temperature if temperature > 0 else 1.0
         self.fast = fast
         self.kernels = kernels  # "cpp": the fast path's layers run as C++ calls forward and backward
@@ -157,12 +159,29 @@ class CausalPolicy:
             entropy = entropy.new_zeros(size).index_copy(0, index, entropy).view_as(completion_ids)
         return logp, entropy
 
+    @contextlib.contextmanager
     def _recompute(self):
         """Checkpointed layers in training mode for this forward (only their own flag, so dropout
-        elsewhere keeps the model's mode), when gradients are being taken."""
+        elsewhere keeps the model's mode), when gradients are being taken. Counted, so row workers
+        in flight together share one switch."""
         if not (self.checkpointing and torch.is_grad_enabled()):
-            return contextlib.nullcontext()
-        return _layers_training(self.model)
+            yield
+            return
+        with self._lock:
+            if self._users == 0:
+                self._switched = [m for m in self.model.modules()
+                                  if getattr(m, "gradient_checkpointing", False) is True and not m.training]
+                for m in self._switched:
+                    m.training = True
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    for m in self._switched:
+                        m.training = False
 
     def _kernels(self):
         if self.kernels != "cpp":
@@ -177,14 +196,3 @@ def _up_to_last_one(mask: torch.Tensor) -> torch.Tensor:
     nonzero = (mask != 0).float()
     return nonzero.flip(-1).cummax(-1).values.flip(-1)
 
-
-@contextlib.contextmanager
-def _layers_training(model):
-    layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True and not m.training]
-    for m in layers:
-        m.training = True
-    try:
-        yield
-    finally:
-        for m in layers:
-            m.training = False
