@@ -199,7 +199,8 @@ class Trainer:
         if model is not None:
             objects.update(model=model, tokenizer=tokenizer)
         if self.reward_funcs:
-            reward = RewardSum(self.reward_funcs, self.reward_weights, columns=self.rows is not None)
+            reward = RewardSum(self.reward_funcs, self.reward_weights, columns=self.rows is not None,
+                               timeout_s=self.config.reward.timeout_s)
             objects["reward"] = reward
             provenance["reward_funcs"] = [
                 {"name": name, "weight": weight,

@@ -132,7 +132,9 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
         metrics[key] = sum(m.get(key, 0.0) for m in updates) / len(updates)
     _adapt_kl(c, metrics, len(batch))
     stride = max(1, len(got.group) // max(t.samples_per_step, 1))
-    samples = [{"step": step, "prompt": got.group[i].prompt, "completion": got.texts[i], "reward": float(rewards[i])}
+    # An unscorable or failed sample is NaN here; JSON has no NaN, so samples.jsonl says null.
+    samples = [{"step": step, "prompt": got.group[i].prompt, "completion": got.texts[i],
+                "reward": float(rewards[i]) if math.isfinite(float(rewards[i])) else None}
                for i in range(0, len(got.group), stride)][:t.samples_per_step]
     return metrics, samples
 
