@@ -132,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGINT during training (RunInterrupted)
+        print(f"interrupted: {err}" if str(err) else "interrupted", file=sys.stderr)
+        return getattr(err, "exit_status", 130)
 
 
 if __name__ == "__main__":

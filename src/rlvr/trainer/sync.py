@@ -23,7 +23,7 @@ from rlvr.batch import TrainBatch
 from rlvr.config import Config, data_files, derived_batch_numbers, dump_yaml, to_dict
 from rlvr.protocols import PolicyModel
 from rlvr.tracking.progress import Progress
-from rlvr.tracking.run_dir import RunDir, finish_manifest, manifest, now, recorded_exit
+from rlvr.tracking.run_dir import RunDir, StopSignals, finish_manifest, manifest, now, recorded_exit
 from rlvr.tracking.tracker import make_trackers
 from rlvr.trainer.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from rlvr.trainer.collect import collect, sample_seeds
@@ -242,13 +242,18 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
     `model`/`tokenizer`, `task`, `reward` passed to `build_components` instead of the ones the
     config names."""
     torch.manual_seed(config.seed)
-    c = build_components(config, runtime=runtime, **objects)
-    run.create()
-    start = _resume(c, run) if resume else 0
-    _start_run(config, run, command, start, provenance or {})
-    with recorded_exit(run):
-        line = _loop(c, run, start, echo, list(callbacks))
-    finish_manifest(run, "finished", exit_status=0, final=line, runtime=_runtime_facts(c))
+    with StopSignals(echo) as stop:  # SIGTERM/SIGINT: finish the step, checkpoint, record `interrupted`
+        c = build_components(config, runtime=runtime, **objects)
+        run.create()
+        start = _resume(c, run) if resume else 0
+        _start_run(config, run, command, start, provenance or {})
+        with recorded_exit(run):
+            line = _loop(c, run, start, echo, list(callbacks), stop)
+        if stop.received:
+            finish_manifest(run, "interrupted", exit_status=stop.exit_status, signal=stop.received,
+                            final=line, runtime=_runtime_facts(c))
+            stop.check(line.get("step"))
+        finish_manifest(run, "finished", exit_status=0, final=line, runtime=_runtime_facts(c))
     return line
 
 
@@ -272,7 +277,7 @@ def _notify(callbacks: list, hook: str, *args) -> bool:
     return all(result is not False for result in results)
 
 
-def _loop(c: Components, run: RunDir, start: int, echo, callbacks: list) -> dict:
+def _loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop: StopSignals) -> dict:
     config, t = c.config, c.config.trainer
     names = [n.strip() for n in t.trackers.split(",") if n.strip()]
     trackers = make_trackers(names, run.path, resume_step=start if start else None)
@@ -294,6 +299,8 @@ def _loop(c: Components, run: RunDir, start: int, echo, callbacks: list) -> dict
     progress = Progress(total=t.steps, initial=start, echo=echo)
     line = {}
     for step in range(start + 1, t.steps + 1):
+        if stop.received:  # came before the first step (while building or evaluating)
+            break
         metrics, samples = rl_step(c, step)
         evaluated = step == t.steps or (t.eval_every and step % t.eval_every == 0)
         if evaluated:
@@ -310,8 +317,11 @@ def _loop(c: Components, run: RunDir, start: int, echo, callbacks: list) -> dict
         if evaluated:
             go_on = _notify(callbacks, "on_evaluate", step,
                             {k: v for k, v in metrics.items() if k.startswith("eval/")}) and go_on
-        if step == t.steps or not go_on or (t.save_every and step % t.save_every == 0):
+        if step == t.steps or not go_on or stop.received or (t.save_every and step % t.save_every == 0):
             go_on = _notify(callbacks, "on_checkpoint", step, _checkpoint(c, run, step)) and go_on
+        if stop.received:
+            echo(f"stopped by {stop.received} after step {step}; --resume continues from its checkpoint")
+            break
         if not go_on:
             echo(f"stopped by a callback after step {step}")
             break
