@@ -68,3 +68,75 @@ def test_handlers_are_restored_after_training(tmp_path):
     config = load_config(None, [*TINY, "trainer.steps=1"])
     train(config, RunDir(tmp_path / "run"), command=["test"], echo=lambda *a: None)
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def _short_run(tmp_path, capsys, *extra: str) -> Path:
+    from rlvr.cli import main
+
+    args = ["train", *TINY, "trainer.steps=2", f"trainer.out_dir={tmp_path}", "trainer.name=r", *extra]
+    assert main(args) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    return tmp_path / "r"
+
+
+def test_resume_removes_stale_temp_checkpoints(tmp_path, capsys):
+    from rlvr.cli import main
+
+    run = _short_run(tmp_path, capsys)
+    stale = run / "checkpoints" / ".tmp_step_000003"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"torn")
+    assert main(["train", "--resume", str(run), "trainer.steps=3"]) == 0, capsys.readouterr().err
+    assert not stale.exists() and (run / "checkpoints" / "step_000003").is_dir()
+
+
+def test_resume_with_a_changed_config_is_refused_or_recorded(tmp_path, capsys):
+    from rlvr.cli import main
+
+    run = _short_run(tmp_path, capsys)
+    assert main(["train", "--resume", str(run), "trainer.steps=3", "optim.lr=1e-3", "seed=9"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: resume: the config differs")
+    assert "optim.lr" in err and "seed (0 -> 9)" in err and "trainer.steps" not in err
+    assert "--allow-config-change" in err
+    assert json.loads((run / "run.json").read_text())["status"] == "finished"  # untouched
+
+    argv = ["train", "--resume", str(run), "trainer.steps=3", "optim.lr=1e-3", "--allow-config-change"]
+    assert main(argv) == 0, capsys.readouterr().err
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "finished" and info["final"]["step"] == 3
+    [change] = info["config_changes"]
+    assert change["resumed_at"] == 2 and list(change["changes"]) == ["optim.lr"]
+    assert change["changes"]["optim.lr"]["to"] == 1e-3 and change["command"]
+    assert main(["train", "--allow-config-change", "trainer.steps=1"]) == 2
+    assert "only applies with --resume" in capsys.readouterr().err
+
+
+def test_resume_of_a_finished_run_says_so_in_one_line(tmp_path, capsys):
+    from rlvr import Trainer
+    from rlvr.cli import main
+
+    run = _short_run(tmp_path, capsys)
+    before = (run / "run.json").read_text()
+    assert main(["train", "--resume", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith("nothing to train:") and "step 2 of trainer.steps=2" in out
+    assert "nan" not in out and "None" not in out
+    assert (run / "run.json").read_text() == before  # a no-op resume leaves the record alone
+    lines = []
+    final = Trainer(resume=run, echo=lines.append).train()
+    assert final["step"] == 2 and len(lines) == 1 and lines[0].startswith("nothing to train")
+
+
+def test_trainer_allow_config_change_argument(tmp_path, capsys):
+    from rlvr import Trainer
+    from rlvr.errors import ConfigError
+
+    run = _short_run(tmp_path, capsys)
+    with pytest.raises(ConfigError, match=r"differs .* algo.clip_high"):
+        Trainer(resume=run, overrides={"algo.clip_high": 0.3, "trainer.steps": 3})
+    trainer = Trainer(resume=run, overrides={"algo.clip_high": 0.3, "trainer.steps": 3}, allow_config_change=True,
+                      echo=lambda *a: None)
+    assert trainer.train()["step"] == 3
+    changes = json.loads((run / "run.json").read_text())["config_changes"][0]["changes"]
+    assert changes == {"algo.clip_high": {"from": 0.2, "to": 0.3}}
