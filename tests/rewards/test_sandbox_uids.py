@@ -10,17 +10,18 @@ import textwrap
 
 import pytest
 
-from rlvr.rewards import sandbox
-from rlvr.rewards.sandbox import Sandbox, allocate_uids, release_uids
+from rlvr.rewards import uids
+from rlvr.rewards.sandbox import Sandbox
+from rlvr.rewards.uids import allocate_uids, release_uids
 
 HOLDER = textwrap.dedent("""
     import sys
-    from rlvr.rewards import sandbox
+    from rlvr.rewards import sandbox, uids
     if sys.argv[1] == "sandbox":
         sb = sandbox.Sandbox(workers=3, isolation="none", base_uid=63000)
         start = sb.uid_range.start
     else:
-        start, _ = sandbox.allocate_uids(63000, 3, sys.argv[2])
+        start, _ = uids.allocate_uids(63000, 3, sys.argv[2])
     print(start, flush=True)
     sys.stdin.read()  # hold the range until the parent closes our stdin (or kills us)
 """)
@@ -59,7 +60,7 @@ def test_ranges_in_one_process_are_disjoint_and_released(tmp_path):
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="slot uids are reserved as root only")
 def test_two_sandboxes_in_two_processes_never_share_uids(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox, "UID_REGISTRY", str(tmp_path))
+    monkeypatch.setattr(uids, "UID_REGISTRY", str(tmp_path))
     child, child_start = _holder("sandbox", tmp_path, env={"RLVR_SANDBOX_UID_DIR": str(tmp_path)})
     try:
         with Sandbox(workers=3, isolation="none", base_uid=63000) as sb:

@@ -8,14 +8,10 @@ Design. Every program runs in its own process tree:
    processes, no core; no ``preexec_fn``, which is unsafe next to threads), a reader that drains
    stdout and stderr concurrently with a byte cap, a wall-clock ``SIGKILL`` of the process
    group, then ``wait()`` so no zombie is left.
-2. **Unprivileged uid per worker slot.** As root, slot ``k`` runs as uid/gid ``uid_start + k``:
+2. **Unprivileged uid per worker slot.** As root, slot ``k`` runs as uid/gid ``uid_range[k]``:
    root ignores ``RLIMIT_NPROC``, and one uid per slot keeps a fork bomb in one sample from
-   starving the others. After every run every process of that uid is killed (a backstop that
-   also catches ``setsid`` daemons when namespaces are unavailable). Because of that sweep no two
-   sandboxes may share a uid: each Sandbox reserves its range, the lowest free one from
-   ``base_uid`` up, in a host-wide registry (``UID_REGISTRY``, a JSON file guarded by ``flock``,
-   each range with its owner's pid and start time); ``close()`` or the process's exit releases it,
-   and a range whose owner died without releasing is reclaimed by the next allocation.
+   starving the others. After every run every process of that uid is killed (a backstop that also
+   catches ``setsid`` daemons without namespaces), so each range is reserved host-wide (``uids``).
 3. **Namespaces.** ``bwrap`` (bubblewrap) when installed and working: new user, pid, net, ipc,
    uts, cgroup and mount namespaces; only ``/usr`` (read-only), a private ``/proc``, ``/dev``
    and a size-capped ``/tmp``; the program's files read-only at ``/task``; a fresh size-capped
@@ -34,7 +30,6 @@ limit) and no seccomp filter; remote backends are not implemented.
 from __future__ import annotations
 
 import enum
-import fcntl
 import json
 import os
 import queue
@@ -46,11 +41,8 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 import warnings
-import weakref
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 __all__ = ["ISOLATIONS", "Verdict", "Limits", "RunResult", "Sandbox", "SandboxWarning", "detect_isolation"]
@@ -110,14 +102,8 @@ _RESOURCE_MARKERS = (
     "Too many open files",
     "No space left on device",
 )
-_ENV = {
-    "PATH": "/usr/bin:/bin",
-    "LANG": "C.UTF-8",
-    "LC_ALL": "C.UTF-8",
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "PYTHONIOENCODING": "utf-8",
-    "OMP_NUM_THREADS": "1",
-}
+_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
 _warned: set[str] = set()
 _isolation_cache: dict[tuple, str] = {}
 
@@ -231,74 +217,6 @@ def _become_subreaper() -> None:
         pass
 
 
-UID_REGISTRY = os.environ.get("RLVR_SANDBOX_UID_DIR", "/tmp/rlvr-sandbox-uids")
-"""Host-wide directory of the slot-uid registry (``ranges.json`` and its ``lock``)."""
-UID_SEARCH = 1_000_000  # how far above base_uid a free range is looked for
-
-
-def _process_start(pid: int) -> str | None:
-    """The kernel's start time of `pid` (tells a live owner from a reused pid), None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return None
-
-
-def _alive(entry: dict) -> bool:
-    start = _process_start(entry.get("pid", -1))
-    return start is not None and start == entry.get("started")
-
-
-@contextmanager
-def _registry(directory: str):
-    """The registry's live entries under an exclusive lock; what the body leaves in the list is written back."""
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    path = os.path.join(directory, "ranges.json")
-    with open(os.path.join(directory, "lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            try:
-                with open(path) as f:
-                    entries = json.load(f)
-            except (OSError, ValueError):
-                entries = []
-            entries = [e for e in entries if isinstance(e, dict) and _alive(e)]  # dead owners' ranges return
-            yield entries
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(entries, f)
-            os.replace(tmp, path)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def allocate_uids(base_uid: int, count: int, directory: str | None = None) -> tuple[int, str]:
-    """Reserve `count` consecutive uids, the lowest free range from `base_uid`: (first uid, token)."""
-    token = uuid.uuid4().hex
-    with _registry(directory or UID_REGISTRY) as entries:
-        taken = sorted((e["start"], e["start"] + e["count"]) for e in entries)
-        start = base_uid
-        for lo, hi in taken:
-            if start + count <= lo:
-                break
-            start = max(start, hi)
-        if start + count > base_uid + UID_SEARCH:
-            raise RuntimeError(f"sandbox: no {count} free slot uids between {base_uid} and {base_uid + UID_SEARCH}")
-        entries.append({"start": start, "count": count, "pid": os.getpid(),
-                        "started": _process_start(os.getpid()), "token": token})
-    return start, token
-
-
-def release_uids(token: str, directory: str | None = None) -> None:
-    """Give a range from `allocate_uids` back (a no-op when it is already gone)."""
-    try:
-        with _registry(directory or UID_REGISTRY) as entries:
-            entries[:] = [e for e in entries if e.get("token") != token]
-    except OSError:  # at interpreter exit, or the directory vanished: a dead owner's range is reclaimed anyway
-        pass
-
-
 def detect_isolation(python: str | None = None, base_uid: int = 60000) -> str:
     """The strongest mode that works here: ``bwrap``, ``unshare`` (root) or ``none``."""
     python = python or default_python()
@@ -337,12 +255,12 @@ class Sandbox:
         if not os.access(self.python, os.X_OK):
             raise ValueError(f"sandbox: interpreter {self.python!r} is not executable")
         self.root = _is_root()
-        self.uid_start = base_uid
-        self._release = None
-        if self.root:  # slot uids are used (and swept) only as root; without root every slot is our uid
+        self.uid_range, self._release = range(base_uid, base_uid + workers), lambda: None
+        if self.root:  # slot uids are used (and swept) as root only; otherwise every slot is our uid
+            from rlvr.rewards.uids import reserve
+
             _become_subreaper()
-            self.uid_start, token = allocate_uids(base_uid, workers)
-            self._release = weakref.finalize(self, release_uids, token, UID_REGISTRY)
+            self.uid_range, self._release = reserve(self, base_uid, workers)
         if isolation == "auto":
             isolation = detect_isolation(self.python, base_uid)
         self.isolation = isolation
@@ -390,17 +308,11 @@ class Sandbox:
         futures = [self._pool.submit(lambda j=j: self.run(**j)) for j in jobs]
         return [f.result() for f in futures]
 
-    @property
-    def uid_range(self) -> range:
-        """The slot uids this sandbox runs programs as (when root)."""
-        return range(self.uid_start, self.uid_start + self.workers)
-
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-        if self._release is not None:
-            self._release()  # once only; also runs at exit or when the sandbox is collected
+        self._release()  # the slot uids go back (once; also at exit or when the sandbox is collected)
 
     def __enter__(self):
         return self
@@ -411,7 +323,7 @@ class Sandbox:
     # ------------------------------------------------------------------------------ one run
 
     def _run_in_slot(self, slot, source, stdin, files, argv, limits) -> RunResult:
-        uid = self.uid_start + slot
+        uid = self.uid_range[slot]
         host_dir = tempfile.mkdtemp(prefix="rlvr-sbx-")
         status_r = status_w = stdin_f = None
         try:
