@@ -157,7 +157,8 @@ def finish_manifest(run: RunDir, status: str, *, exit_status: int, final: dict |
 
 @contextmanager
 def recorded_exit(run: RunDir):
-    """Mark run.json `failed` (exit 1) or `interrupted` (exit 130) if the body raises, then re-raise.
+    """Mark run.json `failed` (exit 1) or `interrupted` (with the signal: 130 for Ctrl-C, a
+    `RunInterrupted`'s own status for SIGTERM) if the body raises, then re-raise.
 
     A SIGKILL cannot be recorded; such a run keeps `status: running` with no `ended`.
     """
