@@ -34,7 +34,9 @@ settings and loop. Every bad argument raises `ConfigError` with one line naming 
 - **run_dir**: default ``<trainer.out_dir>/<name>_s<seed>`` with the recipe's name (or
   ``grpo_countdown`` for the built-in task, ``grpo_dataset`` for rows), never an existing run
   (``-2``, ``-3`` ... are appended); ``resume=True`` (or ``resume=RUN_DIR``) continues `run_dir`
-  from its newest checkpoint, with its saved config unless `config` is given.
+  from its newest checkpoint, with its saved config unless `config` is given. A resume whose config
+  differs from the saved one (other than ``trainer.steps``) is refused unless
+  ``allow_config_change=True``, which records each change in run.json (``config_changes``).
 
 `train()` applies `trainer.threads` / `trainer.thread_mode` to the process
 (`rlvr.trainer.runtime.configure_for`), runs, and returns the final metrics line. The run directory
@@ -67,8 +69,10 @@ class Trainer:
                  reward_weights: Iterable[float] | None = None, prompt_key: str = "prompt",
                  system_prompt: str = "", correct_fn: Callable | None = None,
                  correct_threshold: float | None = None, callbacks: Any = (), run_dir: str | Path | None = None,
-                 resume: bool | str | Path = False, command: list[str] | None = None, echo: Callable = print):
+                 resume: bool | str | Path = False, allow_config_change: bool = False,
+                 command: list[str] | None = None, echo: Callable = print):
         self.echo, self.command = echo, list(sys.argv if command is None else command)
+        self.config_changes: dict[str, tuple[Any, Any]] = {}
         self.resume = bool(resume)
         if resume and not isinstance(resume, bool):
             if run_dir is not None and Path(run_dir) != Path(resume):
@@ -91,6 +95,7 @@ class Trainer:
         self.callbacks = _callbacks(callbacks)
         if self.resume:
             _check_resumable(Path(run_dir), rows=self.rows is not None, task=self.task is not None)
+            self.config_changes = _config_changes(Path(run_dir), self.config, allowed=allow_config_change)
         self.correct_fn, self.prompt_key, self.system_prompt = correct_fn, prompt_key, system_prompt
         positive = sum(w for w in self.reward_weights if w > 0) if self.reward_weights else 1.0
         self.correct_threshold = positive if correct_threshold is None else float(correct_threshold)
@@ -174,13 +179,22 @@ class Trainer:
         if self._default_dir is not None:
             self.run_dir = _unused(self._default_dir)  # another run may have taken the name since __init__
         self._check_run_dir()
+        if self.resume:
+            from rlvr.trainer.checkpoint import checkpoint_step, latest_checkpoint
+            from rlvr.trainer.sync import nothing_left_message
+
+            newest = latest_checkpoint(self.run_dir / "checkpoints")
+            if newest is not None and checkpoint_step(newest) >= self.config.trainer.steps:
+                self.echo(nothing_left_message(self.run_dir, checkpoint_step(newest), self.config.trainer.steps))
+                return RunDir(self.run_dir).read_json("run.json").get("final") or {"step": checkpoint_step(newest)}
         runtime = configure_for(self.config)
         with _quiet_transformers():
             objects, provenance = self._objects()
             run = RunDir(self.run_dir)
             self.echo(f"run directory: {run.path}")
             final = train(self.config, run, command=self.command, resume=self.resume, echo=self.echo,
-                          runtime=runtime, callbacks=self.callbacks, provenance=provenance, **objects)
+                          runtime=runtime, callbacks=self.callbacks, provenance=provenance,
+                          config_changes=self.config_changes, **objects)
         self.echo(f"done: step {final.get('step')} held-out accuracy "
                   f"{final.get('eval/heldout_accuracy', float('nan')):.3f} -> {run.path}")
         return final
@@ -199,7 +213,8 @@ class Trainer:
         if model is not None:
             objects.update(model=model, tokenizer=tokenizer)
         if self.reward_funcs:
-            reward = RewardSum(self.reward_funcs, self.reward_weights, columns=self.rows is not None)
+            reward = RewardSum(self.reward_funcs, self.reward_weights, columns=self.rows is not None,
+                               timeout_s=self.config.reward.timeout_s)
             objects["reward"] = reward
             provenance["reward_funcs"] = [
                 {"name": name, "weight": weight,
@@ -264,6 +279,37 @@ def _check_resumable(run_dir: Path, *, rows: bool, task: bool) -> None:
     if needed == "train_dataset" and not rows or needed == "task" and not task:
         raise ConfigError(f"resume: '{run_dir}' trained on a {needed.replace('_', ' ')} passed from Python, which its "
                           f"config cannot rebuild; pass the same train_dataset to resume it")
+
+
+RESUME_FREE_KEYS = ("trainer.steps",)  # extending a run changes its length, not what it trains
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _config_changes(run_dir: Path, config, *, allowed: bool) -> dict[str, tuple[Any, Any]]:
+    """{key: (saved, new)} where `config` differs from the run's config.yaml (`trainer.steps`
+    aside); a ConfigError naming them unless `allowed` (a changed config makes the resumed run a
+    different experiment from the one its first steps belong to)."""
+    from rlvr.config import load_config, to_dict
+
+    saved = _flat(to_dict(load_config(run_dir / "config.yaml")))
+    new = _flat(to_dict(config))
+    changes = {key: (saved.get(key), new.get(key)) for key in sorted(saved.keys() | new.keys())
+               if saved.get(key) != new.get(key) and key not in RESUME_FREE_KEYS}
+    if changes and not allowed:
+        listed = ", ".join(f"{key} ({old!r} -> {value!r})" for key, (old, value) in changes.items())
+        raise ConfigError(f"resume: the config differs from '{run_dir / 'config.yaml'}' in {listed}; resume with the "
+                          f"run's config, or pass --allow-config-change (allow_config_change=True) to record and "
+                          f"keep the change")
+    return changes
 
 
 def _override_list(overrides: Any) -> list[str]:

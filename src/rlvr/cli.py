@@ -19,7 +19,10 @@ def cmd_train(args) -> int:
     recipe, overrides = _split(args.args)
     if args.resume and not (Path(args.resume) / "config.yaml").is_file():
         raise ConfigError(f"--resume: '{args.resume}' is not a run directory (no config.yaml)")
-    Trainer(config=recipe, overrides=overrides, resume=args.resume or False, command=sys.argv).train()
+    if args.allow_config_change and not args.resume:
+        raise ConfigError("--allow-config-change: only applies with --resume RUN_DIR")
+    Trainer(config=recipe, overrides=overrides, resume=args.resume or False,
+            allow_config_change=args.allow_config_change, command=sys.argv).train()
     return 0
 
 
@@ -95,6 +98,8 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="RL-train a policy (default: tiny model on Countdown)")
     t.add_argument("args", nargs="*", help="[RECIPE.yaml] [key.sub=value ...]")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")
+    t.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: accept a config that differs from the run's (recorded in run.json)")
     t.set_defaults(fn=cmd_train)
     s = sub.add_parser("sft", help="supervised warm start on procedural solutions")
     s.add_argument("args", nargs="*", help="[RECIPE.yaml] [key.sub=value ...]")
@@ -139,9 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGINT during training (RunInterrupted)
+        print(f"interrupted: {err}" if str(err) else "interrupted", file=sys.stderr)
+        return getattr(err, "exit_status", 130)
 
 
 if __name__ == "__main__":

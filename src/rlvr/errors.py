@@ -7,3 +7,14 @@ class ConfigError(Exception):
 
 class RewardError(ConfigError):
     """A reward function failed on every sample of a step (a bug in it, not a model failure)."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT ended a run; run.json says `interrupted` with the signal. A
+    KeyboardInterrupt, so code that handles Ctrl-C handles it; `exit_status` is 128 + the signal
+    number (143 for SIGTERM, 130 for SIGINT), what a shell reports for a process killed by it."""
+
+    def __init__(self, signal_name: str, exit_status: int, step: int | None = None):
+        where = f" after step {step}" if step else ""
+        super().__init__(f"{signal_name}: run interrupted{where}")
+        self.signal_name, self.exit_status, self.step = signal_name, exit_status, step

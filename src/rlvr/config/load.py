@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 import os
 import re
 import types
@@ -149,6 +150,8 @@ def validate(config: Config) -> None:
         (config.rollout.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)"),
         (0 < config.rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]"),
         (config.trainer.steps >= 1, "trainer.steps", "must be >= 1"),
+        (math.isfinite(config.reward.timeout_s) and config.reward.timeout_s >= 0, "reward.timeout_s",
+         "must be a number of seconds >= 0, e.g. 10 (0 = no limit)"),
         (config.trainer.minibatches >= 1, "trainer.minibatches", "must be >= 1"),
         (config.trainer.ppo_epochs >= 1, "trainer.ppo_epochs", "must be >= 1"),
         (config.trainer.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1"),

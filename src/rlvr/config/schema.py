@@ -161,6 +161,9 @@ class TaskConfig:
 class RewardConfig:
     fn: str = ""
     """User reward `file.py:name` or `module:name` replacing the task's verifier; empty = task's."""
+    timeout_s: float = 10.0
+    """Wall-clock limit of one reward call (a sample, or a whole batch for batched functions); a call past it
+    is an error (`reward/<name>/timeouts`), its thread left to finish on its own. 0 = no limit."""
 
 
 @dataclass(frozen=True)

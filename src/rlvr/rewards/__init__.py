@@ -4,9 +4,11 @@
 - ``format``: tag-format and length rewards.
 - ``combine``: weighted sums and per-reward group ("decoupled") normalisation.
 - ``runner``: ``load_reward_fn("file.py:name")``, ``RewardRunner`` (per-sample error capture,
-  batched and async forms, ``None``/dict rewards, ``RewardError`` when a whole step fails) and
-  ``RewardSum`` (several functions, weighted; ``load_reward_spec`` reads ``reward.fn``'s form).
-- ``sandbox`` / ``code``: run model-written programs isolated; grade them from outside.
+  batched and async forms, ``None``/dict rewards, non-finite rewards, ``SystemExit`` and calls past
+  ``timeout_s`` counted as errors, ``RewardError`` when a whole step fails) and ``RewardSum``
+  (several functions, weighted; ``load_reward_spec`` reads ``reward.fn``'s form).
+- ``sandbox`` / ``code``: run model-written programs isolated; grade them from outside
+  (``uids``: the host-wide registry that gives every sandbox its own slot uids).
 """
 
 from rlvr.rewards.combine import decoupled_normalize, group_normalize, weighted_sum

@@ -15,6 +15,16 @@ something else, is excluded like ``None`` and counted as an error; a batched cal
 returns the wrong length fails every sample. When every sample of a step errors, ``RewardError``
 stops the run with one line naming the function and the first error.
 
+A reward function cannot stop or fool the run: a non-finite number (inf, -inf, NaN) is an error
+(``<name>/nonfinite``), never a reward; ``SystemExit`` or any other ``BaseException`` raised by
+the function is an error of that sample (only ``KeyboardInterrupt`` propagates, so Ctrl-C still
+stops the run); and with ``timeout_s`` > 0 a call that takes longer is an error
+(``<name>/timeouts``). Sync functions then run in a worker thread awaited with a deadline, async
+ones under ``asyncio.wait_for``. Python cannot kill a thread: a timed-out sync call keeps running
+in its (daemon) thread until it returns, and the runner moves on with a fresh thread; an async
+function that blocks without awaiting cannot be timed out at all. The ``nonfinite`` and
+``timeouts`` metrics appear in the steps where one occurred.
+
 Several functions: ``RewardSum`` calls each (its metrics under its own name) and rewards the
 weighted sum; ``load_reward_spec("a.py:right, 0.2*a.py:short")`` reads the ``reward.fn`` form
 (comma-separated, each optionally ``WEIGHT*``).
@@ -29,8 +39,11 @@ import inspect
 import json
 import math
 import numbers
+import queue
 import sys
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,8 +137,13 @@ class RewardRunner:
     ([1.0, 0.0], 2.5, 0.0)
     """
 
-    def __init__(self, fn: Callable, *, name: str | None = None, batched: bool | None = None):
+    def __init__(self, fn: Callable, *, name: str | None = None, batched: bool | None = None,
+                 timeout_s: float = 0.0):
+        if not (isinstance(timeout_s, numbers.Real) and math.isfinite(timeout_s) and timeout_s >= 0):
+            raise ConfigError(f"reward.timeout_s: must be a number >= 0 (0 = no limit), got {timeout_s!r}")
         self.fn = fn
+        self.timeout_s = float(timeout_s)
+        self._worker: _Worker | None = None
         self.name = name or getattr(fn, "__name__", "reward")
         self.batched = bool(getattr(fn, "batched", False)) if batched is None else batched
         # The __call__ method itself is inspected (an object with an ``async def __call__``), not callability.
@@ -146,35 +164,74 @@ class RewardRunner:
 
     def _call_each(self, prompts, completions, examples) -> list[tuple[Any, str | None]]:
         if self.is_async:
+            async def contained(p, c, ex):
+                # Caught inside the coroutine: asyncio re-raises a task's SystemExit out of the loop.
+                try:
+                    return await self.fn(p, c, **ex), None
+                except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C; wait_for's timeout
+                    raise
+                except BaseException as err:  # noqa: BLE001 - SystemExit included: one sample, not the run
+                    return None, _describe(err)
+
             async def one(p, c, ex):
-                return await self.fn(p, c, **ex)
+                try:
+                    return await _awaited(contained(p, c, ex), self.timeout_s)
+                except _Timeout:
+                    return None, self._timeout_error()
+                except asyncio.CancelledError as err:  # the function's own, not a timeout
+                    return None, _describe(err)
 
             async def gather():
-                return await asyncio.gather(*(one(p, c, ex) for p, c, ex in zip(prompts, completions, examples)),
-                                            return_exceptions=True)
-            results = _run_coroutine(gather())
-            return [(None, _describe(r)) if isinstance(r, BaseException) else (r, None) for r in results]
-        out = []
-        for p, c, ex in zip(prompts, completions, examples):
-            try:
-                out.append((self.fn(p, c, **ex), None))
-            except Exception as err:  # noqa: BLE001 - one bad sample must not stop the run
-                out.append((None, _describe(err)))
-        return out
+                return await asyncio.gather(*(one(p, c, ex) for p, c, ex in zip(prompts, completions, examples)))
+            return _run_coroutine(gather())
+        return [self._guarded(self.fn, (p, c), ex) for p, c, ex in zip(prompts, completions, examples)]
 
     def _call_batched(self, prompts, completions, examples) -> list[tuple[Any, str | None]]:
         keys = sorted({k for ex in examples for k in ex})
         columns = {k: [ex.get(k) for ex in examples] for k in keys}
-        try:
-            values = self.fn(list(prompts), list(completions), **columns)
+
+        def call(prompts, completions, **columns):
+            values = self.fn(prompts, completions, **columns)
             if inspect.isawaitable(values):
-                values = _run_coroutine(values)
-            values = list(values)
-            if len(values) != len(completions):
-                raise ValueError(f"returned {len(values)} values for {len(completions)} samples")
-        except Exception as err:  # noqa: BLE001
-            return [(None, _describe(err))] * len(completions)
+                values = _run_coroutine(_awaited(values, self.timeout_s))
+            return list(values)
+
+        values, error = self._guarded(call, (list(prompts), list(completions)), columns)
+        if error is None and len(values) != len(completions):
+            error = f"ValueError: returned {len(values)} values for {len(completions)} samples"
+        if error is not None:
+            return [(None, error)] * len(completions)
         return [(v, None) for v in values]
+
+    def _guarded(self, fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, str | None]:
+        """(value, None) or (None, error) for one call: any exception but KeyboardInterrupt is an
+        error, and so is running past `timeout_s` (the call then goes on in its abandoned thread)."""
+        if not self.timeout_s:
+            try:
+                return fn(*args, **kwargs), None
+            except KeyboardInterrupt:
+                raise
+            except BaseException as err:  # noqa: BLE001 - one bad sample must not stop the run
+                return None, _describe(err)
+        if self._worker is None or self._worker.stuck:
+            self._worker = _Worker(self.name)
+        future = self._worker.submit(fn, args, kwargs)
+        try:
+            return future.result(timeout=self.timeout_s), None
+        except KeyboardInterrupt:
+            raise
+        except _Timeout:
+            return None, self._timeout_error()
+        except TimeoutError:
+            if not future.done():  # else the function itself raised TimeoutError: an ordinary error
+                self._worker.stuck = True
+                return None, self._timeout_error()
+            return None, _describe(future.exception())
+        except BaseException as err:  # noqa: BLE001
+            return None, _describe(err)
+
+    def _timeout_error(self) -> str:
+        return f"{TIMEOUT_ERROR}: took longer than reward.timeout_s={self.timeout_s:g}s"
 
     def _collect(self, raw: list[tuple[Any, str | None]]) -> RewardBatch:
         rewards, errors, extra = [], [], {}
@@ -189,7 +246,8 @@ class RewardRunner:
                         reward = value["reward"]
                         for k, v in value.items():
                             if k != "reward" and isinstance(v, numbers.Real) and not isinstance(v, bool):
-                                extra.setdefault(k, []).append(float(v))
+                                if math.isfinite(v):  # a non-finite side metric would poison its mean
+                                    extra.setdefault(k, []).append(float(v))
                             elif k != "reward" and isinstance(v, bool):
                                 extra.setdefault(k, []).append(float(v))
                 else:
@@ -197,6 +255,9 @@ class RewardRunner:
                 if error is None and reward is not None and (
                         isinstance(reward, bool) or not isinstance(reward, numbers.Real)):
                     error = f"TypeError: reward must be a number, dict or None, got {type(reward).__name__}"
+                    reward = None
+                if error is None and reward is not None and not math.isfinite(reward):
+                    error = f"{NONFINITE_ERROR}: reward is {float(reward)!r}, not a finite number"
                     reward = None
             if error is None and reward is None:
                 unscorable += 1
@@ -207,12 +268,58 @@ class RewardRunner:
             first = next(e for e in errors if e)
             raise RewardError(f"reward {self.name} failed on all {len(raw)} samples of this step; first error: {first}")
         metrics = {f"{self.name}/errors": float(n_err), f"{self.name}/unscorable": float(unscorable)}
+        for kind, prefix in (("nonfinite", NONFINITE_ERROR), ("timeouts", TIMEOUT_ERROR)):
+            count = sum(bool(e) and e.startswith(prefix + ":") for e in errors)
+            if count:
+                metrics[f"{self.name}/{kind}"] = float(count)
         ok = [r for r in rewards if not math.isnan(r)]
         if ok:
             metrics[f"{self.name}/mean"] = sum(ok) / len(ok)
         for k, vs in extra.items():
             metrics[f"{self.name}/{k}"] = sum(vs) / len(vs)
         return RewardBatch(rewards, metrics, errors)
+
+
+NONFINITE_ERROR = "NonFiniteReward"
+TIMEOUT_ERROR = "RewardTimeout"
+
+
+class _Worker:
+    """One daemon thread running reward calls in order. Daemon: a call that never returns must not
+    keep the process alive at exit (a ThreadPoolExecutor's threads are joined at exit)."""
+
+    def __init__(self, name: str):
+        self.stuck = False  # a call ran past its deadline: later calls go to a fresh worker
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name=f"rlvr-reward-{name}", daemon=True).start()
+
+    def submit(self, fn: Callable, args: tuple, kwargs: dict) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, fn, args, kwargs))
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            future, fn, args, kwargs = self._jobs.get()
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as err:  # noqa: BLE001 - handed to the waiting caller
+                future.set_exception(err)
+            if self.stuck:  # abandoned: its caller has moved on to a fresh worker
+                return
+
+
+class _Timeout(Exception):  # noqa: N818 - internal marker, never escapes the runner
+    """An awaited batched call ran past its deadline (told apart from a TimeoutError the function raises)."""
+
+
+async def _awaited(awaitable, timeout_s: float):
+    if not timeout_s:
+        return await awaitable
+    try:
+        return await asyncio.wait_for(awaitable, timeout_s)
+    except TimeoutError:  # asyncio's is this builtin since 3.11
+        raise _Timeout from None
 
 
 def _describe(err: BaseException) -> str:
@@ -248,13 +355,14 @@ class RewardSum:
     ([1.5, 0.25], ['lambda/errors', 'lambda/mean'])
     """
 
-    def __init__(self, fns: Sequence[Callable], weights: Sequence[float] | None = None, *, columns: bool = False):
+    def __init__(self, fns: Sequence[Callable], weights: Sequence[float] | None = None, *, columns: bool = False,
+                 timeout_s: float = 0.0):
         if not fns:
             raise ValueError("RewardSum needs at least one function")
         weights = [1.0] * len(fns) if weights is None else [float(w) for w in weights]
         if len(weights) != len(fns):
             raise ValueError(f"{len(weights)} weights for {len(fns)} reward functions")
-        self.runners = [RewardRunner(fn, name=name) for fn, name in zip(fns, _names(fns))]
+        self.runners = [RewardRunner(fn, name=name, timeout_s=timeout_s) for fn, name in zip(fns, _names(fns))]
         self.weights = dict(zip((r.name for r in self.runners), weights))
         self.columns = columns
         self._recent: dict[tuple[str, str, str], float] = {}

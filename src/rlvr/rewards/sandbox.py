@@ -8,10 +8,10 @@ Design. Every program runs in its own process tree:
    processes, no core; no ``preexec_fn``, which is unsafe next to threads), a reader that drains
    stdout and stderr concurrently with a byte cap, a wall-clock ``SIGKILL`` of the process
    group, then ``wait()`` so no zombie is left.
-2. **Unprivileged uid per worker slot.** As root, slot ``k`` runs as uid/gid ``base_uid + k``:
+2. **Unprivileged uid per worker slot.** As root, slot ``k`` runs as uid/gid ``uid_range[k]``:
    root ignores ``RLIMIT_NPROC``, and one uid per slot keeps a fork bomb in one sample from
-   starving the others. After every run every process of that uid is killed (a backstop that
-   also catches ``setsid`` daemons when namespaces are unavailable).
+   starving the others. After every run every process of that uid is killed (a backstop that also
+   catches ``setsid`` daemons without namespaces), so each range is reserved host-wide (``uids``).
 3. **Namespaces.** ``bwrap`` (bubblewrap) when installed and working: new user, pid, net, ipc,
    uts, cgroup and mount namespaces; only ``/usr`` (read-only), a private ``/proc``, ``/dev``
    and a size-capped ``/tmp``; the program's files read-only at ``/task``; a fresh size-capped
@@ -102,14 +102,8 @@ _RESOURCE_MARKERS = (
     "Too many open files",
     "No space left on device",
 )
-_ENV = {
-    "PATH": "/usr/bin:/bin",
-    "LANG": "C.UTF-8",
-    "LC_ALL": "C.UTF-8",
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "PYTHONIOENCODING": "utf-8",
-    "OMP_NUM_THREADS": "1",
-}
+_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
 _warned: set[str] = set()
 _isolation_cache: dict[tuple, str] = {}
 
@@ -238,6 +232,7 @@ def detect_isolation(python: str | None = None, base_uid: int = 60000) -> str:
         probe.isolation = "unshare"
         if probe.run("print(6*7)", limits=Limits(wall_s=10)).stdout.strip() == "42":
             mode = "unshare"
+    probe.close()  # its uid goes back: the sandbox being built after the probe starts at base_uid
     _isolation_cache[key] = mode
     return mode
 
@@ -260,8 +255,12 @@ class Sandbox:
         if not os.access(self.python, os.X_OK):
             raise ValueError(f"sandbox: interpreter {self.python!r} is not executable")
         self.root = _is_root()
-        if self.root:
+        self.uid_range, self._release = range(base_uid, base_uid + workers), lambda: None
+        if self.root:  # slot uids are used (and swept) as root only; otherwise every slot is our uid
+            from rlvr.rewards.uids import reserve
+
             _become_subreaper()
+            self.uid_range, self._release = reserve(self, base_uid, workers)
         if isolation == "auto":
             isolation = detect_isolation(self.python, base_uid)
         self.isolation = isolation
@@ -313,6 +312,7 @@ class Sandbox:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        self._release()  # the slot uids go back (once; also at exit or when the sandbox is collected)
 
     def __enter__(self):
         return self
@@ -323,7 +323,7 @@ class Sandbox:
     # ------------------------------------------------------------------------------ one run
 
     def _run_in_slot(self, slot, source, stdin, files, argv, limits) -> RunResult:
-        uid = self.base_uid + slot
+        uid = self.uid_range[slot]
         host_dir = tempfile.mkdtemp(prefix="rlvr-sbx-")
         status_r = status_w = stdin_f = None
         try:

@@ -11,14 +11,18 @@ import hashlib
 import json
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
+
+from rlvr.errors import RunInterrupted
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pyyaml", "tqdm", "matplotlib",
             "tensorboard", "wandb", "mlflow-skinny", "rlvr")
@@ -130,7 +134,7 @@ def manifest(command: list[str], seed: int, *, config: dict | None = None, data_
 
 
 def finish_manifest(run: RunDir, status: str, *, exit_status: int, final: dict | None = None,
-                    error: str | None = None, runtime: dict | None = None) -> dict:
+                    error: str | None = None, runtime: dict | None = None, **extra) -> dict:
     """Record how a run ended in run.json: status, exit status, end time, duration (and final
     metrics, and `runtime` facts only known after running, e.g. which decode engine ran)."""
     info = run.read_json("run.json") if (run.path / "run.json").exists() else {}
@@ -146,24 +150,76 @@ def finish_manifest(run: RunDir, status: str, *, exit_status: int, final: dict |
         info["final"] = final
     if error is not None:
         info["error"] = error
+    info.update(extra)
     run.write_json("run.json", info)
     return info
 
 
 @contextmanager
 def recorded_exit(run: RunDir):
-    """Mark run.json `failed` (exit 1) or `interrupted` (exit 130) if the body raises, then re-raise.
+    """Mark run.json `failed` (exit 1) or `interrupted` (with the signal: 130 for Ctrl-C, a
+    `RunInterrupted`'s own status for SIGTERM) if the body raises, then re-raise.
 
     A SIGKILL cannot be recorded; such a run keeps `status: running` with no `ended`.
     """
     try:
         yield
+    except RunInterrupted as err:
+        finish_manifest(run, "interrupted", exit_status=err.exit_status, signal=err.signal_name)
+        raise
     except KeyboardInterrupt:
-        finish_manifest(run, "interrupted", exit_status=130)
+        finish_manifest(run, "interrupted", exit_status=130, signal="SIGINT")
         raise
     except BaseException as err:
         finish_manifest(run, "failed", exit_status=1, error=f"{type(err).__name__}: {err}"[:2000])
         raise
+
+
+class StopSignals:
+    """SIGTERM and SIGINT, caught while a run trains: the first asks the loop to stop at its next
+    safe point (after the current step is logged and checkpointed), a second one stops it at once
+    (`RunInterrupted` raised from the handler). Used as a context manager; the previous handlers
+    are restored on exit. Installed only in the main thread (Python delivers signals there), and a
+    signal the process was started ignoring (e.g. SIGINT under nohup) stays ignored."""
+
+    SIGNALS = ("SIGTERM", "SIGINT")
+
+    def __init__(self, echo=print):
+        self.echo = echo
+        self.received: str | None = None  # the first signal's name
+        self._previous: dict[int, object] = {}
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + int(getattr(signal, self.received)) if self.received else 0
+
+    def check(self, step: int | None = None) -> None:
+        """Raise `RunInterrupted` if a signal came (where stopping is safe)."""
+        if self.received:
+            raise RunInterrupted(self.received, self.exit_status, step)
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.received:
+            raise RunInterrupted(name, 128 + signum)
+        self.received = name
+        self.echo(f"received {name}: stopping after this step (send it again to stop now)")
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                number = getattr(signal, name)
+                previous = signal.getsignal(number)
+                if previous is signal.SIG_IGN:
+                    continue
+                self._previous[number] = previous
+                signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for number, previous in self._previous.items():
+            signal.signal(number, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
 
 
 class RunDir:

@@ -137,8 +137,8 @@ def build_reward(config: Config, task) -> RewardRunner | RewardSum:
     otherwise the task's own (batched if it has one)."""
     if config.reward.fn:
         fns, weights = zip(*load_reward_spec(config.reward.fn))
-        return RewardSum(fns, weights)
-    return RewardRunner(getattr(task, "reward_batch", task.reward), name="task")
+        return RewardSum(fns, weights, timeout_s=config.reward.timeout_s)
+    return RewardRunner(getattr(task, "reward_batch", task.reward), name="task", timeout_s=config.reward.timeout_s)
 
 
 def build_loss(config: Config) -> LossSpec:

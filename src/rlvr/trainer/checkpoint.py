@@ -65,6 +65,20 @@ def save_checkpoint(directory: Path, step: int, model, tokenizer, state: dict, *
     return final
 
 
+def remove_stale_temps(directory: Path) -> list[Path]:
+    """Delete `.tmp_step_*` folders: checkpoints a kill interrupted before their rename. Only ever
+    called before training (re)starts, when no save is in progress. Returns what was removed."""
+    stale = sorted(directory.glob(".tmp_step_*")) if directory.exists() else []
+    for tmp in stale:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return stale
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    """The step of `checkpoints/step_NNNNNN`."""
+    return int(checkpoint.name.removeprefix("step_"))
+
+
 def latest_checkpoint(directory: Path, *, verify: bool = False) -> Path | None:
     """The newest complete checkpoint; with `verify`, a corrupt newest one is a one-line error
     naming it and the last good one (deleting the bad one resumes from there)."""

@@ -23,9 +23,16 @@ from rlvr.batch import TrainBatch
 from rlvr.config import Config, data_files, derived_batch_numbers, dump_yaml, to_dict
 from rlvr.protocols import PolicyModel
 from rlvr.tracking.progress import Progress
-from rlvr.tracking.run_dir import RunDir, finish_manifest, manifest, now, recorded_exit
+from rlvr.tracking.run_dir import RunDir, StopSignals, finish_manifest, manifest, now, recorded_exit
 from rlvr.tracking.tracker import make_trackers
-from rlvr.trainer.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
+from rlvr.trainer.checkpoint import (
+    latest_checkpoint,
+    load_state,
+    remove_stale_temps,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from rlvr.trainer.collect import collect, sample_seeds
 from rlvr.trainer.components import Components, build_components
 from rlvr.trainer.critic import critic_step, critic_values
@@ -132,7 +139,9 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
         metrics[key] = sum(m.get(key, 0.0) for m in updates) / len(updates)
     _adapt_kl(c, metrics, len(batch))
     stride = max(1, len(got.group) // max(t.samples_per_step, 1))
-    samples = [{"step": step, "prompt": got.group[i].prompt, "completion": got.texts[i], "reward": float(rewards[i])}
+    # An unscorable or failed sample is NaN here; JSON has no NaN, so samples.jsonl says null.
+    samples = [{"step": step, "prompt": got.group[i].prompt, "completion": got.texts[i],
+                "reward": float(rewards[i]) if math.isfinite(float(rewards[i])) else None}
                for i in range(0, len(got.group), stride)][:t.samples_per_step]
     return metrics, samples
 
@@ -197,6 +206,7 @@ def _checkpoint(c: Components, run: RunDir, step: int) -> Path:
 
 def _resume(c: Components, run: RunDir) -> int:
     """Load the newest checkpoint into `c`; returns its step (0 if there is none)."""
+    remove_stale_temps(run.checkpoints)
     checkpoint = latest_checkpoint(run.checkpoints, verify=True)
     if checkpoint is None:
         return 0
@@ -223,19 +233,24 @@ def _resume(c: Components, run: RunDir) -> int:
     return state["step"]
 
 
-def _start_run(config: Config, run: RunDir, command: list[str], start: int, provenance: dict) -> None:
+def _start_run(config: Config, run: RunDir, command: list[str], start: int, provenance: dict,
+               config_changes: dict | None = None) -> None:
     run.create()
     (run.path / "config.yaml").write_text(dump_yaml(config))
     if start:
         info = {**run.read_json("run.json"), "resumed_at": start}
     else:
         info = {**manifest(command, config.seed, config=to_dict(config), data_files=data_files(config)), **provenance}
+    if config_changes:  # a resume allowed to change the config: what changed, when, by which command
+        info["config_changes"] = [*info.get("config_changes", []), {
+            "resumed_at": start, "command": command,
+            "changes": {key: {"from": old, "to": new} for key, (old, new) in config_changes.items()}}]
     run.write_json("run.json", {**info, "status": "running"})
 
 
 def train(config: Config, run: RunDir, *, command: list[str], resume: bool = False, echo=print,
           runtime: Runtime | None = None, callbacks: Sequence = (), provenance: dict | None = None,
-          **objects) -> dict:
+          config_changes: dict | None = None, **objects) -> dict:
     """Run (or resume) the RL loop in `run`. Returns the final metrics line.
 
     `runtime`: what `rlvr.trainer.runtime.configure_process` set up (None = this process as it is).
@@ -243,16 +258,31 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
     `rlvr.protocols.Callback`). `provenance`: extra run.json entries describing what the config
     does not (an in-memory dataset, reward functions passed as objects). `objects`:
     `model`/`tokenizer`, `task`, `reward` passed to `build_components` instead of the ones the
-    config names."""
+    config names. `config_changes`: {key: (old, new)} a resume was allowed to make, recorded in run.json.
+
+    A resumed run with no steps left says so in one line and returns its recorded final line."""
     torch.manual_seed(config.seed)
-    c = build_components(config, runtime=runtime, **objects)
-    run.create()
-    start = _resume(c, run) if resume else 0
-    _start_run(config, run, command, start, provenance or {})
-    with recorded_exit(run):
-        line = _loop(c, run, start, echo, list(callbacks))
-    finish_manifest(run, "finished", exit_status=0, final=line, runtime=_runtime_facts(c))
+    with StopSignals(echo) as stop:  # SIGTERM/SIGINT: finish the step, checkpoint, record `interrupted`
+        c = build_components(config, runtime=runtime, **objects)
+        run.create()
+        start = _resume(c, run) if resume else 0
+        if start >= config.trainer.steps:
+            echo(nothing_left_message(run.path, start, config.trainer.steps))
+            return run.read_json("run.json").get("final") or {"step": start}
+        _start_run(config, run, command, start, provenance or {}, config_changes)
+        with recorded_exit(run):
+            line = _loop(c, run, start, echo, list(callbacks), stop)
+        if stop.received:
+            finish_manifest(run, "interrupted", exit_status=stop.exit_status, signal=stop.received,
+                            final=line, runtime=_runtime_facts(c))
+            stop.check(line.get("step"))
+        finish_manifest(run, "finished", exit_status=0, final=line, runtime=_runtime_facts(c))
     return line
+
+
+def nothing_left_message(path: Path, step: int, steps: int) -> str:
+    return (f"nothing to train: '{path}' is at step {step} of trainer.steps={steps}; "
+            f"pass trainer.steps=N with N > {step} to continue it")
 
 
 def _runtime_facts(c: Components) -> dict:
@@ -275,7 +305,7 @@ def _notify(callbacks: list, hook: str, *args) -> bool:
     return all(result is not False for result in results)
 
 
-def _loop(c: Components, run: RunDir, start: int, echo, callbacks: list) -> dict:
+def _loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop: StopSignals) -> dict:
     config, t = c.config, c.config.trainer
     names = [n.strip() for n in t.trackers.split(",") if n.strip()]
     trackers = make_trackers(names, run.path, resume_step=start if start else None)
@@ -297,6 +327,8 @@ def _loop(c: Components, run: RunDir, start: int, echo, callbacks: list) -> dict
     progress = Progress(total=t.steps, initial=start, echo=echo)
     line = {}
     for step in range(start + 1, t.steps + 1):
+        if stop.received:  # came before the first step (while building or evaluating)
+            break
         metrics, samples = rl_step(c, step)
         evaluated = step == t.steps or (t.eval_every and step % t.eval_every == 0)
         if evaluated:
@@ -313,8 +345,11 @@ def _loop(c: Components, run: RunDir, start: int, echo, callbacks: list) -> dict
         if evaluated:
             go_on = _notify(callbacks, "on_evaluate", step,
                             {k: v for k, v in metrics.items() if k.startswith("eval/")}) and go_on
-        if step == t.steps or not go_on or (t.save_every and step % t.save_every == 0):
+        if step == t.steps or not go_on or stop.received or (t.save_every and step % t.save_every == 0):
             go_on = _notify(callbacks, "on_checkpoint", step, _checkpoint(c, run, step)) and go_on
+        if stop.received:
+            echo(f"stopped by {stop.received} after step {step}; --resume continues from its checkpoint")
+            break
         if not go_on:
             echo(f"stopped by a callback after step {step}")
             break
