@@ -35,7 +35,7 @@ settings and loop. Every bad argument raises `ConfigError` with one line naming 
   ``grpo_countdown`` for the built-in task, ``grpo_dataset`` for rows), never an existing run
   (``-2``, ``-3`` ... are appended); ``resume=True`` (or ``resume=RUN_DIR``) continues `run_dir`
   from its newest checkpoint, with its saved config unless `config` is given. A resume whose config
-  differs from the saved one (other than ``trainer.steps``) is refused unless
+  differs from the saved one (other than ``trainer.steps``, ``trainer.name``, ``trainer.out_dir``) is refused unless
   ``allow_config_change=True``, which records each change in run.json (``config_changes``).
 
 `train()` applies `trainer.threads` / `trainer.thread_mode` to the process
@@ -281,7 +281,9 @@ def _check_resumable(run_dir: Path, *, rows: bool, task: bool) -> None:
                           f"config cannot rebuild; pass the same train_dataset to resume it")
 
 
-RESUME_FREE_KEYS = ("trainer.steps",)  # extending a run changes its length, not what it trains
+# Extending a run changes its length, not what it trains; its name and parent folder only say where a
+# run lives, and `--resume DIR` names the directory itself (a copied run resumes under its new name).
+RESUME_FREE_KEYS = ("trainer.steps", "trainer.name", "trainer.out_dir")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -295,7 +297,7 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def _config_changes(run_dir: Path, config, *, allowed: bool) -> dict[str, tuple[Any, Any]]:
-    """{key: (saved, new)} where `config` differs from the run's config.yaml (`trainer.steps`
+    """{key: (saved, new)} where `config` differs from the run's config.yaml (`RESUME_FREE_KEYS`
     aside); a ConfigError naming them unless `allowed` (a changed config makes the resumed run a
     different experiment from the one its first steps belong to)."""
     from rlvr.config import load_config, to_dict
