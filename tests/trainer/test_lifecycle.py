@@ -17,10 +17,17 @@ TINY = ["model.path=", "rollout.prompts_per_step=2", "rollout.group_size=2", "ro
         "task.heldout_size=4", "trainer.threads=1"]
 
 
+def _default_signals() -> None:
+    """The child gets the dispositions of a run started from a terminal: a test suite started in
+    the background (nohup, a CI runner) passes SIGINT on as ignored, which the run keeps."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _cli(*args: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "rlvr.cli", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=_default_signals)
 
 
 def _wait_for_a_step(run: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
