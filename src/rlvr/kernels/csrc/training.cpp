@@ -231,6 +231,12 @@ void attention_weights(const T* qkv, const Heads& hd, int64_t row, int64_t h, co
   for (size_t j = 0; j < keys.size(); ++j) p[j] /= total;
 }
 
+// o += p·v over d; o (the output) and v (q|k|v) never overlap, so the loop vectorises.
+template <typename T>
+inline void add_scaled(T* __restrict o, const T* __restrict v, T p, int64_t d) {
+  for (int64_t i = 0; i < d; ++i) o[i] += p * v[i];
+}
+
 // out (R, h·d) = softmax(q·kᵀ/√d)·v per row and head. One task per prompt family: no shared writes.
 template <typename T>
 void attention_forward(const T* qkv, T* out, const Plan& plan, const Heads& hd) {
@@ -245,13 +251,25 @@ void attention_forward(const T* qkv, T* out, const Plan& plan, const Heads& hd) 
           attention_weights(qkv, hd, row, h, keys, p.data());
           T* o = out + row * hd.heads * d + h * d;
           std::fill(o, o + d, T(0));
-          for (size_t j = 0; j < keys.size(); ++j) {
-            const T* v = qkv + keys[j] * w + hd.v(h);
-            for (int64_t i = 0; i < d; ++i) o[i] += p[j] * v[i];
-          }
+          for (size_t j = 0; j < keys.size(); ++j) add_scaled(o, qkv + keys[j] * w + hd.v(h), p[j], d);
         }
       }
   });
+}
+
+// One key's share of the attention backward: dq += ds·k, dk += ds·q, dv += p·g over d. dq, dk and
+// dv are disjoint runs of d q|k|v (q, k and v columns; a row that is its own key writes its q and
+// its k|v parts) and the inputs are other buffers, so the pointers are __restrict (as parameters:
+// GCC keeps that through inlining) and the loop vectorises. Element-wise, so every sum is the one
+// a scalar loop makes.
+template <typename T>
+inline void key_gradients(T* __restrict dq, T* __restrict dk, T* __restrict dv, const T* __restrict q,
+                          const T* __restrict k, const T* __restrict g, T ds, T p, int64_t d) {
+  for (int64_t i = 0; i < d; ++i) {
+    dq[i] += ds * k[i];
+    dk[i] += ds * q[i];
+    dv[i] += p * g[i];
+  }
 }
 
 // d q|k|v (R, W) from d out: dv_j += p_j·do, dS_j = p_j·(do·v_j − Σ_l p_l·do·v_l), dq += dS_j·k_j/√d,
@@ -276,17 +294,9 @@ void attention_backward(const T* qkv, const T* dout, T* dqkv, const Plan& plan, 
           }
           const T* q = qkv + row * w + hd.q(h);
           T* dq = dqkv + row * w + hd.q(h);
-          for (size_t j = 0; j < keys.size(); ++j) {
-            const T ds = p[j] * (dp[j] - mean) * scale;
-            const T* k = qkv + keys[j] * w + hd.k(h);
-            T* dk = dqkv + keys[j] * w + hd.k(h);
-            T* dv = dqkv + keys[j] * w + hd.v(h);
-            for (int64_t i = 0; i < d; ++i) {
-              dq[i] += ds * k[i];
-              dk[i] += ds * q[i];
-              dv[i] += p[j] * g[i];
-            }
-          }
+          for (size_t j = 0; j < keys.size(); ++j)
+            key_gradients(dq, dqkv + keys[j] * w + hd.k(h), dqkv + keys[j] * w + hd.v(h), q,
+                          qkv + keys[j] * w + hd.k(h), g, p[j] * (dp[j] - mean) * scale, p[j], d);
         }
       }
   });
