@@ -35,6 +35,7 @@ NOT_RUN = {  # command prefix -> why the test does not run it
     ". .venv/bin/activate": "activates that environment",
     "pip install": "installs the package these tests import",
     "pytest": "the test suite itself",
+    "ruff check": "the linter; the same README line runs it before these tests",
 }
 SHORTEN = {  # appended to a command by its subcommand; later overrides win
     "train": ["trainer.steps=2", "trainer.eval_every=0", "task.heldout_size=8", "rollout.prompts_per_step=2",
@@ -141,3 +142,11 @@ def test_readme_script_runs_and_the_reward_rises(tmp_path):
 def test_command_lines_are_parsed_and_shortened(line, expected):
     (command,) = readme_commands(f"```bash\n{line}\n```")
     assert _argv(command) == expected
+
+
+def test_ci_runs_exactly_the_readmes_test_command():
+    """`.ci/run` calls the README's test command line as it is written (after its own set-up)."""
+    blocks = re.findall(r"Run the tests:\n\n```bash\n(.*?)\n```", README.read_text(), re.DOTALL)
+    assert len(blocks) == 1 and "pytest" in blocks[0]
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert blocks[0].strip() in [line.strip() for line in ci_lines]

@@ -286,24 +286,15 @@ def _check_resumable(run_dir: Path, *, rows: bool, task: bool) -> None:
 RESUME_FREE_KEYS = ("trainer.steps", "trainer.name", "trainer.out_dir")
 
 
-def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def _config_changes(run_dir: Path, config, *, allowed: bool) -> dict[str, tuple[Any, Any]]:
     """{key: (saved, new)} where `config` differs from the run's config.yaml (`RESUME_FREE_KEYS`
     aside); a ConfigError naming them unless `allowed` (a changed config makes the resumed run a
     different experiment from the one its first steps belong to)."""
     from rlvr.config import load_config, to_dict
+    from rlvr.tracking.runs import flatten
 
-    saved = _flat(to_dict(load_config(run_dir / "config.yaml")))
-    new = _flat(to_dict(config))
+    saved = flatten(to_dict(load_config(run_dir / "config.yaml")))
+    new = flatten(to_dict(config))
     changes = {key: (saved.get(key), new.get(key)) for key in sorted(saved.keys() | new.keys())
                if saved.get(key) != new.get(key) and key not in RESUME_FREE_KEYS}
     if changes and not allowed:
