@@ -12,7 +12,7 @@ sampler).
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # torch stays out of this module's import, so tasks and rewards can name the seams
@@ -58,6 +58,23 @@ class RolloutEngine(Protocol):
 
     def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, *,
                  temperature: float | torch.Tensor) -> Rollouts: ...
+
+
+@runtime_checkable
+class WeightSyncEngine(RolloutEngine, Protocol):
+    """A rollout engine that holds its own copy of the policy's weights (vLLM, a worker in another
+    process or thread). The trainer pushes the weights after every optimizer step; every
+    `Rollouts` it returns was produced by the weights of `policy_version`.
+
+    Engines that read the trainer's model directly (the torch samplers in the trainer's process)
+    need no push and do not implement this."""
+
+    policy_version: int
+    """Version of the weights the engine samples with: 0 at start, then the `version` of the last push."""
+
+    def push_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Replace the engine's weights with `named_tensors` (the trainer model's `named_parameters`
+        names; LoRA pushes the merged weights) and tag later rollouts with `version`."""
 
 
 @runtime_checkable
