@@ -8,11 +8,21 @@ from rlvr.batch import Rollouts, left_pad
 
 
 def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompts -> left-padded (ids, mask); a BOS token is prepended when the tokenizer has one."""
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    """Prompts -> left-padded (ids, mask); a BOS token is prepended when the tokenizer has one
+    and the prompt does not already start with it (a chat template with `{{ bos_token }}`)."""
     unique = list(dict.fromkeys(prompts))  # a GRPO batch repeats each prompt G times: tokenise once
-    ids = dict(zip(unique, tokenizer(unique, add_special_tokens=False).input_ids))
-    return left_pad([bos + ids[p] for p in prompts], tokenizer.pad_token_id)
+    ids = {p: _with_bos(tokenizer, i) for p, i in zip(unique, tokenizer(unique, add_special_tokens=False).input_ids)}
+    return left_pad([ids[p] for p in prompts], tokenizer.pad_token_id)
+
+
+def prompt_lengths(tokenizer, prompts: list[str]) -> list[int]:
+    """Each prompt's length in tokens as `encode_prompts` gives it to the model (BOS included)."""
+    return [len(_with_bos(tokenizer, ids)) for ids in tokenizer(prompts, add_special_tokens=False).input_ids]
+
+
+def _with_bos(tokenizer, ids: list[int]) -> list[int]:
+    bos = tokenizer.bos_token_id
+    return ids if bos is None or ids[:1] == [bos] else [bos, *ids]
 
 
 def decode_completions(tokenizer, rollouts: Rollouts) -> list[str]:

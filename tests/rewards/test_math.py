@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+import string
+
 import pytest
 
 from rlvr.rewards import math as m
@@ -64,6 +67,20 @@ def test_math_reward_gsm8k_reference():
     assert m.math_reward("q", "Adding gives 149. The answer is 149.", answer=gold) == 1.0
     assert m.math_reward("q", "The answer is 148.", answer=gold) == 0.0
     assert m.math_reward("q", "whatever", answer=None) is None
+
+
+def test_strict_mode_scores_garbage_holding_the_right_number_zero():
+    rng = random.Random(0)
+    alphabet = string.ascii_letters + string.digits + " .,:;()+-*=\n"
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60))) + " 72" for _ in range(300)]
+    texts = [t for t in texts if "answer" not in t.lower()]
+    assert len(texts) > 250
+    assert [m.math_reward("q", t, answer="#### 72", strict=True) for t in texts] == [0.0] * len(texts)
+    # the lenient fallback (the last number) gives the same garbage full marks
+    assert [m.math_reward("q", t, answer="#### 72") for t in texts] == [1.0] * len(texts)
+    assert m.math_reward("q", "garbage 13 \\boxed{72} 13", answer="#### 72", strict=True) == 1.0
+    assert m.math_reward("q", "<answer>72</answer> 13", answer="#### 72", strict=True) == 1.0
+    assert m.extract_answer("The answer is 72.", strict=True) is None
 
 
 def test_symbolic_check_has_a_time_limit(monkeypatch):

@@ -27,12 +27,29 @@ def test_gsm8k_fixture_loads_splits_and_scores():
     assert not {e.prompt for e in train} & {e.prompt for e in held}
     ex = held[0]
     final = ex.answer.rsplit("####", 1)[1].strip()
-    assert task.reward(ex.prompt, f"Reasoning... the answer is {final}.", answer=ex.answer, meta=ex.meta) == 1.0
-    assert task.reward(ex.prompt, "The answer is -1.", answer=ex.answer, meta=ex.meta) == 0.0
+    assert task.reward(ex.prompt, f"Reasoning... so \\boxed{{{final}}}.", answer=ex.answer, meta=ex.meta) == 1.0
+    assert task.reward(ex.prompt, "So \\boxed{-1}.", answer=ex.answer, meta=ex.meta) == 0.0
     assert task.is_correct(f"\\boxed{{{final}}}", ex)
     with pytest.raises(NotImplementedError):
         task.solution(ex)
     assert len(task.sample(100, random.Random(1))) == 100  # more than rows: with replacement
+
+
+def test_math_file_is_strict_by_default_and_lenient_on_request():
+    rows = {"question": "q", "answer": "#### 42"}
+    strict = make_task("math_file", path=str(DATA / "gsm8k_fixture.jsonl"), heldout_size=0)
+    lenient = make_task("math_file", path=str(DATA / "gsm8k_fixture.jsonl"), heldout_size=0, strict=False)
+    garbage = "x9 qq 17 ) 42 zz"  # the right number, no final-answer marker
+    for text, strict_score, lenient_score in [
+        (garbage, 0.0, 1.0),
+        ("the answer is 42", 0.0, 1.0),
+        ("17 then \\boxed{42}", 1.0, 1.0),
+        ("<answer> 42 </answer> 17", 1.0, 1.0),
+        ("work 17\n#### 42", 1.0, 1.0),
+        ("\\boxed{41} 42", 0.0, 0.0),
+    ]:
+        assert strict.reward("q", text, answer=rows["answer"]) == strict_score, text
+        assert lenient.reward("q", text, answer=rows["answer"]) == lenient_score, text
 
 
 def test_field_mapping_template_and_system_prompt(tmp_path):

@@ -117,6 +117,9 @@ class MathFileTaskConfig(FileTaskConfig):
     """Time limit of one equivalence check."""
     solution_key: str | None = None
     """Field holding a worked solution (for SFT), empty = none."""
+    strict: bool | None = None
+    """Read the final answer only from `\\boxed{}`, `<answer>…</answer>` or `#### X` (the class's
+    default); false adds the lenient fallbacks ("the answer is X", the last number)."""
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,20 @@ def resolve_model_path(path: str) -> Path:
     return resolved
 
 
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+"""config.json fields that give a model's context length, by architecture family (GPT-2: n_positions)."""
+
+
+def context_length(model) -> tuple[int, str] | None:
+    """(positions the model can attend over, the config field that says so), or None if none does."""
+    config = getattr(model, "config", None)
+    for name in CONTEXT_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value, name
+    return None
+
+
 def tiny_llama(vocab_size: int, *, hidden_size: int, num_layers: int, num_heads: int,
                intermediate_size: int, max_seq_len: int, seed: int) -> LlamaForCausalLM:
     """A Llama-architecture model built from a config: no download, deterministic init."""
@@ -61,8 +75,13 @@ def load_causal_lm(path: str | None, *, seed: int, dtype: str = "float32", **siz
         # Initialised in float32 and cast, so a bf16 tiny model is the fp32 one rounded.
         return (model if weights == torch.float32 else model.to(weights)), tokenizer
     directory = resolve_model_path(path)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=weights)
-    tokenizer = AutoTokenizer.from_pretrained(directory)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=weights)
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+    except (OSError, ValueError, KeyError, TypeError) as err:  # json.JSONDecodeError is a ValueError
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(f"model.path: '{path}' is not a loadable Hugging Face causal LM "
+                          f"({type(err).__name__}: {reason}); check its config.json and tokenizer files") from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

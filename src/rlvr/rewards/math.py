@@ -4,7 +4,10 @@
 reference, 0.0 when it does not, and ``None`` when the reference itself is unusable.
 
 Extraction, first rule that matches: the last ``\\boxed{...}`` (balanced braces), the last
-``#### X`` (GSM8K), the last "the (final) answer is X" / "Answer: X", the last number.
+``<answer>X</answer>`` tag, the last ``#### X`` (GSM8K), then, unless ``strict``, the last
+"the (final) answer is X" / "Answer: X" and the last number. Strict extraction takes only an
+explicit final-answer marker, so text that merely mentions the right number somewhere scores 0
+(the lenient fallbacks reward a policy for spraying numbers).
 
 Equivalence, cheapest first: (1) the normalised strings are equal; (2) both are plain numbers
 (integers, decimals, ``a/b``, ``\\frac{a}{b}``, percentages, thousands separators) compared
@@ -42,6 +45,7 @@ STATS = {"symbolic_checks": 0, "timeouts": 0, "worker_restarts": 0}
 _NUM = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
 _ANSWER_IS = re.compile(r"(?:final answer|the answer|answer)\s*(?:is|:|=)\s*:?\s*(.+)", re.IGNORECASE)
 _HASHES = re.compile(r"####\s*(.+)")
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _LAST_NUMBER = re.compile(_NUM)
 _TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
 _UNITS = ("dollars", "dollar", "cents", "units", "unit", "degrees", "degree", "meters", "cm", "km", "kg",
@@ -68,8 +72,9 @@ def _last_boxed(text: str) -> str | None:
     return None
 
 
-def extract_answer(text: str) -> str | None:
-    """The final answer in a completion, or None.
+def extract_answer(text: str, *, strict: bool = False) -> str | None:
+    """The final answer in a completion, or None; `strict`: only from ``\\boxed{}``, an
+    ``<answer>`` tag or ``#### X``.
 
     >>> [extract_answer(t) for t in ("so \\\\boxed{\\\\frac{1}{2}}.", "x\\n#### 1,234", "The answer is 7.",
     ...                              "3 then 4 apples")]
@@ -78,13 +83,18 @@ def extract_answer(text: str) -> str | None:
     boxed = _last_boxed(text)
     if boxed is not None:
         return boxed.strip()
-    for pattern in (_HASHES, _ANSWER_IS):
+    tagged = _ANSWER_TAG.findall(text)
+    if tagged and tagged[-1].strip():
+        return tagged[-1].strip()
+    for pattern in (_HASHES,) if strict else (_HASHES, _ANSWER_IS):
         found = pattern.findall(text)
         if found:
             answer = found[-1].strip().splitlines()[0].strip() if found[-1].strip() else ""
             answer = answer.rstrip(".").strip().strip("$").strip()
             if answer:
                 return answer
+    if strict:
+        return None
     numbers = _LAST_NUMBER.findall(text)
     return numbers[-1].rstrip(".") if numbers else None
 
@@ -172,8 +182,10 @@ def math_equal(pred: str | None, gold: str | None, *, timeout_s: float = 5.0) ->
     return _WORKER.equal(p, g, timeout_s)
 
 
-def math_reward(prompt: str, completion: str, /, answer: str | None = None, **example) -> float | None:
+def math_reward(prompt: str, completion: str, /, answer: str | None = None, *, strict: bool = False,
+                **example) -> float | None:
     """1.0 if the completion's final answer equals ``answer`` (extracted the same way), else 0.0.
+    `strict`: the completion's answer only from an explicit marker (`extract_answer`).
 
     A GSM8K reference ``"...#### 72"`` is reduced to ``72``. ``None`` when there is no reference.
 
@@ -183,7 +195,7 @@ def math_reward(prompt: str, completion: str, /, answer: str | None = None, **ex
     if answer is None or not str(answer).strip():
         return None
     gold = extract_answer(str(answer)) if ("####" in str(answer) or "\\boxed" in str(answer)) else str(answer)
-    return 1.0 if math_equal(extract_answer(completion), gold) else 0.0
+    return 1.0 if math_equal(extract_answer(completion, strict=strict), gold) else 0.0
 
 
 class _Worker:

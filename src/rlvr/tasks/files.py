@@ -185,6 +185,10 @@ class FileTask:
     def heldout(self) -> list[Example]:
         return list(self._heldout)
 
+    def prompts(self) -> list[str]:
+        """Every prompt, training and held-out (the trainer checks the longest fits the model)."""
+        return [ex.prompt for ex in (*self._train, *self._heldout)]
+
     def is_correct(self, completion: str, example: Example) -> bool:
         value = self.reward(example.prompt, completion, answer=example.answer, meta=example.meta)
         if isinstance(value, dict):
@@ -199,12 +203,17 @@ class FileTask:
 
 
 class MathFileTask(FileTask):
-    """GSM8K/MATH-style rows; reward 1.0 when the final answer matches (``rlvr.rewards.math``)."""
+    """GSM8K/MATH-style rows; reward 1.0 when the final answer matches (``rlvr.rewards.math``).
+
+    ``strict`` (the default): the completion's answer is read only from ``\\boxed{}``, an
+    ``<answer>`` tag or ``#### X``; ``strict=False`` adds the "the answer is X" and last-number
+    fallbacks, which reward any completion that happens to end on the right number."""
 
     name = "math_file"
 
-    def __init__(self, *, path: str, math_timeout_s: float = 5.0, solution_key: str = "", **kwargs):
-        self.math_timeout_s, self.solution_key = math_timeout_s, solution_key
+    def __init__(self, *, path: str, math_timeout_s: float = 5.0, solution_key: str = "", strict: bool = True,
+                 **kwargs):
+        self.math_timeout_s, self.solution_key, self.strict = math_timeout_s, solution_key, strict
         super().__init__(path=path, **kwargs)
 
     def _row_to_example(self, row: dict, where: str) -> Example:
@@ -223,7 +232,8 @@ class MathFileTask(FileTask):
         if answer is None:
             return None
         gold = extract_answer(answer) if ("####" in answer or "\\boxed" in answer) else answer
-        return 1.0 if math_equal(extract_answer(completion), gold, timeout_s=self.math_timeout_s) else 0.0
+        found = extract_answer(completion, strict=self.strict)
+        return 1.0 if math_equal(found, gold, timeout_s=self.math_timeout_s) else 0.0
 
 
 class CodeFileTask(FileTask):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -11,11 +12,12 @@ import torch
 
 from rlvr.algos.advantages import gae_returns
 from rlvr.algos.correction import importance_correction
+from rlvr.codec import prompt_lengths
 from rlvr.config import REGISTRY, Config, Registry, hyperparameters, keywords, task_sections
 from rlvr.engines.torch_ar import generate
 from rlvr.engines.torch_diffusion import generate_diffusion
 from rlvr.errors import ConfigError
-from rlvr.models.causal_lm import load_causal_lm
+from rlvr.models.causal_lm import context_length, load_causal_lm
 from rlvr.models.diffusion_lm import load_diffusion_lm
 from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.models.policy import CausalPolicy
@@ -130,6 +132,29 @@ def build_task(config: Config, tokenizer=None):
         return make_task(t.name, **options)
     except (ValueError, FileNotFoundError, OSError) as err:
         raise ConfigError(f"task: {err}") from None
+
+
+def check_context(config: Config, model, tokenizer, task) -> None:
+    """The longest prompt plus `rollout.max_new_tokens` must fit the causal model's positions: past
+    them GPT-2's position table raises an IndexError mid-run and RoPE models silently run on
+    positions they never saw. A file task's every prompt is measured, other tasks' held-out set
+    and a sample of training prompts (drawn with their own RNG, so the run's draws are unchanged)."""
+    found = context_length(model) if config.model.kind == "causal" else None
+    if found is None:
+        return
+    limit, field = found
+    everything = getattr(task, "prompts", None)
+    prompts = everything() if callable(everything) else [
+        ex.prompt for ex in [*task.heldout(), *task.sample(256, random.Random(config.seed))]]
+    longest = max(prompt_lengths(tokenizer, prompts), default=0)
+    need = longest + config.rollout.max_new_tokens
+    if need > limit:
+        source = f"config.json {field}" if config.model.path else "model.max_seq_len"
+        raise ConfigError(
+            f"rollout.max_new_tokens: the longest prompt ({longest} tokens) + rollout.max_new_tokens "
+            f"({config.rollout.max_new_tokens}) = {need} exceeds the model's context of {limit} positions ({source}); "
+            f"lower rollout.max_new_tokens, drop long prompts with task.{config.task.name}.max_prompt_length, "
+            "or use a model with a longer context")
 
 
 def build_reward(config: Config, task) -> RewardRunner | RewardSum:

@@ -75,6 +75,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
         critic = ValueModel(model)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=a.critic_lr, betas=(o.beta1, o.beta2))
     task = task if task is not None else build.build_task(config, tokenizer)
+    build.check_context(config, model, tokenizer, task)
     engine = build.build_engine(config, model, tokenizer)
     if runtime.rows is not None:
         engine = split_engine(engine, runtime.rows, tokenizer.pad_token_id, model)
