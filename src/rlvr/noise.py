@@ -22,8 +22,8 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def _column_keys(width: int) -> torch.Tensor:
-    return mix32(torch.arange(width, dtype=torch.int64) * 0x632BE5AB + 0x85EBCA6B)
+def _column_keys(width: int, device: torch.device) -> torch.Tensor:
+    return mix32(torch.arange(width, dtype=torch.int64, device=device) * 0x632BE5AB + 0x85EBCA6B)
 
 
 def uniform_noise_block(seeds: torch.Tensor, first_step: int, steps: int, width: int) -> torch.Tensor:
@@ -32,9 +32,10 @@ def uniform_noise_block(seeds: torch.Tensor, first_step: int, steps: int, width:
     Entry [:, j] equals `uniform_noise(seeds, first_step + j, width)` bit for bit; computing a
     block at once costs the same integer work with a fraction of the per-op overhead.
     """
-    step_keys = mix32(torch.arange(first_step, first_step + steps, dtype=torch.int64) + 0x9E3779B9)  # (S,)
+    arange = torch.arange(first_step, first_step + steps, dtype=torch.int64, device=seeds.device)
+    step_keys = mix32(arange + 0x9E3779B9)  # (S,)
     base = mix32(mix32(seeds.to(torch.int64))[:, None] ^ step_keys[None, :])                      # (B, S)
-    bits = mix32(base[:, :, None] ^ _column_keys(width)[None, None, :])
+    bits = mix32(base[:, :, None] ^ _column_keys(width, seeds.device)[None, None, :])
     return (bits.to(torch.float64) + 0.5) / 2.0**32
 
 

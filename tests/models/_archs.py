@@ -125,3 +125,12 @@ def _prod(shape) -> int:
     for n in shape:
         out *= n
     return out
+
+
+if __name__ == "__main__":  # python tests/models/_archs.py ARCH DIR [bfloat16]: build one model directory
+    import sys
+
+    arch, out = sys.argv[1], sys.argv[2]
+    dtype = getattr(torch, sys.argv[3]) if len(sys.argv) > 3 else torch.bfloat16
+    sys.path.insert(0, str(ROOT / "src"))
+    print(build_model_dir(out, arch, dtype=dtype))

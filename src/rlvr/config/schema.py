@@ -31,7 +31,8 @@ class ModelConfig:
     kind: str = "causal"
     """`causal` (autoregressive LM) or `diffusion` (masked-diffusion LM)."""
     path: str = "rlvr:countdown-warmstart"
-    """Local HF directory, `rlvr:NAME` (packaged checkpoint), empty = fresh tiny model."""
+    """Local HF directory, `rlvr:NAME` (packaged checkpoint), empty = fresh tiny model; `???` in a
+    recipe = the user must pass one."""
     shift_logits: bool = False
     """Diffusion: Dream-style shifted logits (position i predicts token i+1)."""
     hidden_size: int = 128

@@ -16,10 +16,15 @@ from rlvr.models.tokenizer import char_tokenizer
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_PREFIX = "rlvr:"
+REQUIRED = "???"
+"""`model.path` of a recipe that only makes sense with the user's model (a real-model recipe)."""
 
 
 def resolve_model_path(path: str) -> Path:
     """`rlvr:NAME` names a checkpoint shipped inside the package; anything else is a directory."""
+    if path == REQUIRED:
+        raise ConfigError("model.path: this recipe trains a model you supply; pass model.path=DIR "
+                          "(a local directory written by save_pretrained, e.g. a downloaded Hugging Face model)")
     resolved = ASSETS / path[len(BUILTIN_PREFIX):] if path.startswith(BUILTIN_PREFIX) else Path(path)
     if not (resolved / "config.json").is_file():
         raise ConfigError(
@@ -38,8 +43,8 @@ def context_length(model) -> tuple[int, str] | None:
     config = getattr(model, "config", None)
     for name in CONTEXT_FIELDS:
         value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value, name
+        if isinstance(value, int) and value > 0:  # GPT-2's n_positions also answers to max_position_embeddings
+            return value, getattr(config, "attribute_map", {}).get(name, name)
     return None
 
 

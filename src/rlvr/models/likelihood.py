@@ -59,6 +59,7 @@ Deviations from the released code (see docs/papers.md rows):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -83,7 +84,8 @@ def window_mask(completion_ids: torch.Tensor, eos_id: int, window: str = "eos") 
 
 def row_hash(prompt_ids, prompt_mask, completion_ids, mask_seed: int) -> torch.Tensor:
     """(B,) int64 key from the row's real tokens and the mask seed (padding-invariant)."""
-    h = mix32(torch.full((prompt_ids.shape[0],), int(mask_seed) & 0xFFFFFFFF, dtype=torch.int64) + 0x2545F491)
+    h = mix32(torch.full((prompt_ids.shape[0],), int(mask_seed) & 0xFFFFFFFF, dtype=torch.int64,
+                         device=prompt_ids.device) + 0x2545F491)
     for j in range(prompt_ids.shape[1]):
         mixed = mix32(h ^ mix32(prompt_ids[:, j].to(torch.int64) + 0x1B873593))
         h = torch.where(prompt_mask[:, j] > 0, mixed, h)
@@ -136,6 +138,10 @@ class Corruptor:
     @property
     def lengths(self) -> torch.Tensor:
         return self.valid.sum(-1)  # (B,) long
+
+    def zeros(self) -> torch.Tensor:
+        """(B, Tc) float32 zeros where the rows live."""
+        return torch.zeros(self.valid.shape, device=self.valid.device)
 
     def uniform(self, draw: int, width: int) -> torch.Tensor:
         """(B, width) float64 uniforms, a pure function of (row key, draw)."""
@@ -201,7 +207,7 @@ def elbo_draw(ctx: Corruptor, j: int, n: int, *, antithetic: bool, salt: int = 0
 
 def _elbo_draw_value(ctx: Corruptor, j: int, n: int, antithetic: bool, with_entropy: bool):
     """(sequence estimate of draw j (B,), entropy sum (B, Tc), times-masked (B, Tc))."""
-    total, ent, hits = 0.0, torch.zeros(ctx.valid.shape), torch.zeros(ctx.valid.shape)
+    total, ent, hits = 0.0, ctx.zeros(), ctx.zeros()
     for mask, weight in elbo_draw(ctx, j, n, antithetic=antithetic):
         ell, h = ctx.denoise(mask, with_entropy=with_entropy)
         total = total + weight.float() * torch.where(mask, ell, torch.zeros_like(ell)).sum(-1)
@@ -269,7 +275,7 @@ class _SumOfRecomputed(torch.autograd.Function):
 
 def sum_of_recomputed(piece: Callable[[int], torch.Tensor], count: int) -> torch.Tensor:
     """Σ_j piece(j) with O(1) graph memory in `count` (see `_SumOfRecomputed`)."""
-    anchor = torch.zeros((), requires_grad=torch.is_grad_enabled())
+    anchor = torch.zeros((), requires_grad=torch.is_grad_enabled())  # a 0-dim graph anchor: no device data
     if not torch.is_grad_enabled():
         return sum(piece(j) for j in range(count))
     return _SumOfRecomputed.apply(anchor, piece, count)
@@ -295,7 +301,7 @@ def _block_draw(ctx: Corruptor, j: int, n: int, block_length: int):
     num_blocks = (lengths + block_length - 1) // block_length  # (B,)
     u = (ctx.uniform(7_777, 1)[:, 0] + j) / n % 1.0
     chosen = (u * num_blocks).floor().long()  # (B,)
-    pos = torch.arange(ctx.valid.shape[1])[None, :]
+    pos = torch.arange(ctx.valid.shape[1], device=ctx.valid.device)[None, :]
     block_of = pos // block_length
     in_block = (block_of == chosen[:, None]) & ctx.valid
     later = block_of > chosen[:, None]
@@ -320,8 +326,8 @@ def spg(ctx: Corruptor, *, advantages: torch.Tensor | None = None, n: int = 2, b
         raise ValueError(f"spg: unknown bound {bound!r}; valid: {', '.join(SPG_BOUNDS)}")
     if bound != "elbo" and advantages is None:
         raise ValueError("spg needs advantages= (their sign picks ELBO or EUBO); pass them to token_logprobs")
-    elbo_tok = torch.zeros(ctx.valid.shape)
-    log_terms, ent, hits = [], torch.zeros(ctx.valid.shape), torch.zeros(ctx.valid.shape)
+    elbo_tok = ctx.zeros()
+    log_terms, ent, hits = [], ctx.zeros(), ctx.zeros()
     for j in range(n):
         if block_length:
             passes = _block_draw(ctx, j, n, block_length)
@@ -341,7 +347,7 @@ def spg(ctx: Corruptor, *, advantages: torch.Tensor | None = None, n: int = 2, b
     stacked = torch.stack(log_terms)  # (passes, B, Tc)
     covered = torch.isfinite(stacked).any(0) & ctx.valid
     safe = torch.where(torch.isfinite(stacked), stacked, torch.full_like(stacked, -1e4))
-    eubo_tok = (torch.logsumexp(safe, 0) - torch.log(torch.tensor(float(n)))) / beta
+    eubo_tok = (torch.logsumexp(safe, 0) - math.log(n)) / beta
     eubo_tok = torch.where(covered, eubo_tok, elbo_tok)  # never-masked token: fall back to its ELBO term
     eubo = ctx.spread(torch.where(ctx.valid, eubo_tok, torch.zeros_like(eubo_tok)).sum(-1))
     upper = eubo if bound == "eubo" else omega * eubo + (1 - omega) * elbo
@@ -357,8 +363,8 @@ def trace(ctx: Corruptor, *, trace: torch.Tensor | None = None, shrink: int = 1,
         raise ValueError("trace estimator: no trace for these rows; pass the sampler's Rollouts.trace "
                          "(TrainBatch.trace, or trace= to token_logprobs)")
     merged = trace // shrink
-    values = torch.zeros(ctx.valid.shape)
-    ent = torch.zeros(ctx.valid.shape) if with_entropy else None
+    values = ctx.zeros()
+    ent = ctx.zeros() if with_entropy else None
     full = ctx.valid
     ctx.valid = torch.ones_like(full)  # replay the whole window (no forced masking outside it)
     try:
@@ -377,8 +383,8 @@ def ar_order(ctx: Corruptor, *, with_entropy: bool = False):
     """JustGRPO: log p(y_k | prompt, y_<k visible, y_>=k masked) for every k; one forward per
     position, each back-propagated on its own (constant memory in L)."""
     width = ctx.valid.shape[1]
-    pos = torch.arange(width)
-    entropy = torch.zeros(ctx.valid.shape) if with_entropy else None
+    pos = torch.arange(width, device=ctx.valid.device)
+    entropy = ctx.zeros() if with_entropy else None
 
     def piece(k):
         # the entropy is read off the no-grad value pass (never the backward recompute): no extra forwards

@@ -18,7 +18,9 @@ class ValueModel(nn.Module):
     def __init__(self, causal_lm):
         super().__init__()
         self.body = copy.deepcopy(causal_lm.base_model)
-        self.head = nn.Linear(causal_lm.config.hidden_size, 1)
+        # float32 on the body's device whatever the body's dtype: a bf16 body's hidden states are
+        # cast up, so the value regression keeps full precision.
+        self.head = nn.Linear(causal_lm.config.hidden_size, 1, device=next(self.body.parameters()).device)
         nn.init.zeros_(self.head.weight)  # start at V = bias = 0: no prior on returns
         nn.init.zeros_(self.head.bias)
 
@@ -28,4 +30,4 @@ class ValueModel(nn.Module):
         hidden = self.body(input_ids=ids, attention_mask=attention, position_ids=positions,
                            use_cache=False).last_hidden_state
         start = prompt_ids.shape[1] - 1
-        return self.head(hidden[:, start:start + completion_ids.shape[1]]).squeeze(-1)
+        return self.head(hidden[:, start:start + completion_ids.shape[1]].float()).squeeze(-1)
