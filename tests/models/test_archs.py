@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _archs import ARCHS, BOS, BOS_CHAT_TEMPLATE, ROOT, build_model_dir
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -18,8 +19,6 @@ from rlvr.codec import encode_prompts
 from rlvr.config import load_config
 from rlvr.errors import ConfigError
 from rlvr.trainer.components import build_components
-
-from _archs import ARCHS, BOS, BOS_CHAT_TEMPLATE, ROOT, build_model_dir
 
 GSM8K = str(ROOT / "data" / "gsm8k_fixture.jsonl")
 RUN = ["task.name=math_file", f"task.math_file.path={GSM8K}", "task.heldout_size=4", "rollout.prompts_per_step=2",

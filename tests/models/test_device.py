@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _archs import bpe_tokenizer, model_config
 from torch.overrides import TorchFunctionMode
 
 import rlvr
@@ -30,8 +31,6 @@ from rlvr.models.value import ValueModel
 from rlvr.trainer import build
 from rlvr.trainer.critic import critic_step, critic_values
 from rlvr.trainer.step import optimizer_step
-
-from _archs import bpe_tokenizer, model_config
 
 SRC = Path(rlvr.__file__).resolve().parent
 EXEMPT = (SRC / "kernels",)
@@ -129,7 +128,8 @@ def test_diffusion_likelihoods_make_no_host_tensor(estimator):
     policy.begin_step(7)
     with HostFactories() as mode:
         logp, _ = policy.token_logprobs(prompt, torch.ones_like(prompt), completion, with_entropy=True,
-                                        advantages=torch.tensor([1.0, -1.0]), trace=torch.tensor([[0, 2, 1], [1, 0, 2]]))
+                                        advantages=torch.tensor([1.0, -1.0]),
+                                        trace=torch.tensor([[0, 2, 1], [1, 0, 2]]))
         logp.sum().backward()
     assert mode.calls == [], estimator
 

@@ -8,14 +8,13 @@ import math
 
 import pytest
 import torch
+from _archs import ROOT, build_model_dir
 from safetensors.torch import load_file
 
 from rlvr.cli import main
 from rlvr.config import load_config
 from rlvr.errors import ConfigError
 from rlvr.trainer.components import build_components
-
-from _archs import ROOT, build_model_dir
 
 pytest.importorskip("peft")
 REAL, TINY = ROOT / "recipes" / "gsm8k_real_model.yaml", ROOT / "recipes" / "gsm8k_tiny_qwen2.yaml"
