@@ -127,10 +127,26 @@ def _prod(shape) -> int:
     return out
 
 
-if __name__ == "__main__":  # python tests/models/_archs.py ARCH DIR [bfloat16]: build one model directory
+def main(argv: list[str] | None = None) -> None:
+    """`python tests/models/_archs.py ARCH DIR [--dtype D] [--shape tiny|qwen2-0.5b] [--layers N]`:
+    build one model directory and print its parameter count."""
+    import argparse
     import sys
 
-    arch, out = sys.argv[1], sys.argv[2]
-    dtype = getattr(torch, sys.argv[3]) if len(sys.argv) > 3 else torch.bfloat16
     sys.path.insert(0, str(ROOT / "src"))
-    print(build_model_dir(out, arch, dtype=dtype))
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("arch", choices=sorted(ARCHS))
+    p.add_argument("out")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--shape", default="tiny", choices=["tiny", "qwen2-0.5b"])
+    p.add_argument("--layers", type=int, default=0, help="override the number of layers (0 = the shape's)")
+    args = p.parse_args(argv)
+    size = dict(QWEN2_05B) if args.shape == "qwen2-0.5b" else {}
+    if args.layers:
+        size["num_hidden_layers"] = args.layers
+    out = build_model_dir(args.out, args.arch, dtype=getattr(torch, args.dtype), **size)
+    print(f"{out} {parameter_count(out) / 1e6:.1f}M parameters")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""The GPU check's work (run by bench/gpu_check.sh): GRPO on a random Qwen2-0.5B-shaped model in
+bf16 on CUDA, full fine-tuning and LoRA, CPU-vs-CUDA log-prob agreement on a tiny model, and
+TRL's GRPOTrainer on the same work when `trl` (and `datasets`) import.
+
+    python bench/gpu_check.py --device cuda            # what the lent machine runs
+    python bench/gpu_check.py --device cpu --tiny      # dry run: the same code paths at toy size
+
+Everything is built locally (no download): the model from its config with random weights, the
+tokenizer a byte-level BPE trained on this repository's task text, padded with plain added tokens
+to `--vocab` ids so the LM head has a real model's size. Prints one JSON object per measurement.
+Rewards: 1/(1 + completion length), so a random model's groups have distinct rewards and every
+step trains (the math verifier would score them all 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "models"))
+sys.path.insert(0, str(ROOT / "src"))
+
+from _archs import QWEN2_05B, bpe_tokenizer, build_model_dir, parameter_count  # noqa: E402
+
+TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
+
+
+def emit(**record) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def padded_tokenizer(vocab: int):
+    tokenizer = bpe_tokenizer()
+    if vocab > len(tokenizer):
+        tokenizer.add_tokens([f"<x{i}>" for i in range(vocab - len(tokenizer))])
+    return tokenizer
+
+
+def reward_file(directory: Path) -> str:
+    path = directory / "length_reward.py"
+    path.write_text("def score(prompt, completion, **example):\n    return 1.0 / (1 + len(completion))\n")
+    return f"{path}:score"
+
+
+def overrides(args, model_dir: Path, reward: str, lora: bool) -> list[str]:
+    return [f"model.path={model_dir}", f"model.dtype={args.dtype}", f"trainer.device={args.device}",
+            "task.name=math_file", f"task.math_file.path={ROOT / 'data' / 'gsm8k_fixture.jsonl'}",
+            "task.heldout_size=4", f"reward.fn={reward}", f"rollout.prompts_per_step={args.prompts}",
+            f"rollout.group_size={args.group}", f"rollout.max_new_tokens={args.max_new_tokens}",
+            f"trainer.micro_batch_size={args.prompts * args.group}", "trainer.thread_mode=ops",
+            "trainer.eval_every=0", "optim.lr=1e-5", "optim.warmup_steps=1", f"trainer.steps={args.steps}",
+            f"trainer.gradient_checkpointing={str(lora).lower()}", f"model.lora.r={16 if lora else 0}"]
+
+
+def grpo(args, model_dir: Path, reward: str, lora: bool) -> None:
+    """`args.steps` GRPO steps through the library's own step function; the first is warm-up."""
+    from rlvr.config import load_config
+    from rlvr.trainer.components import build_components
+    from rlvr.trainer.sync import rl_step
+
+    cuda = args.device.startswith("cuda")
+    c = build_components(load_config(None, overrides(args, model_dir, reward, lora)))
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times, tokens, parts = [], [], []
+    for step in range(1, args.steps + 1):
+        t0 = time.perf_counter()
+        metrics, _ = rl_step(c, step)
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        tokens.append(metrics.get("response/length_mean", 0.0) * args.prompts * args.group)
+        parts.append({k: metrics[k] for k in ("time/rollout_s", "time/logprob_s", "time/update_s") if k in metrics})
+    timed = slice(1, None) if len(times) > 1 else slice(None)
+    seconds = sum(times[timed]) / len(times[timed])
+    emit(check="grpo", mode="lora" if lora else "full", device=args.device, dtype=args.dtype,
+         params_m=round(parameter_count(model_dir) / 1e6, 1), s_per_step=round(seconds, 3),
+         completion_tokens_per_s=round(sum(tokens[timed]) / sum(times[timed]), 1),
+         peak_gpu_mem_gb=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+         breakdown=parts[-1], steps=args.steps)
+    del c
+    if cuda:
+        torch.cuda.empty_cache()
+
+
+def agreement(args, work: Path) -> None:
+    """Teacher-forced log-probs of one batch, fp32, on the CPU and on `args.device`."""
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.models.policy import CausalPolicy
+
+    directory = build_model_dir(work / "agree", "qwen2", dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(5, model.config.vocab_size, (8, 12), generator=g)
+    mask = torch.ones_like(prompt)
+    mask[:3, :4] = 0  # left padding on some rows
+    completion = torch.randint(5, model.config.vocab_size, (8, 16), generator=g)
+    with torch.no_grad():
+        cpu, _ = CausalPolicy(model, fast=False).token_logprobs(prompt, mask, completion)
+        other, _ = CausalPolicy(model.to(args.device), fast=False).token_logprobs(prompt, mask, completion)
+    gap = float((cpu - other.cpu()).abs().max())
+    emit(check="logprob_agreement", device=args.device, max_abs_diff=gap, ok=gap < 1e-4)
+
+
+def trl_side_by_side(args, model_dir: Path, reward: str) -> None:
+    """TRL's GRPOTrainer on the same model, prompts, group size and completion length, when it imports."""
+    try:
+        import datasets
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as err:
+        emit(check="trl", skipped=f"{type(err).__name__}: {err}")
+        return
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+    from rlvr.rewards.runner import load_reward_spec
+
+    score = load_reward_spec(reward)[0][0]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = [json.loads(line) for line in (ROOT / "data" / "gsm8k_fixture.jsonl").read_text().splitlines()]
+    prompts = [[{"role": "user", "content": r["question"]}] for r in rows]
+    data = datasets.Dataset.from_dict({"prompt": prompts * 4})
+
+    def length_reward(prompts, completions, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [score("", t) for t in texts]
+
+    times = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *_, **__):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - self.t0)
+
+    cuda = args.device.startswith("cuda")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype))
+    with tempfile.TemporaryDirectory() as out:
+        config = GRPOConfig(output_dir=out, use_cpu=not cuda, bf16=args.dtype == "bfloat16" and cuda, report_to="none",
+                            save_strategy="no", logging_steps=1, disable_tqdm=True, max_steps=args.steps,
+                            per_device_train_batch_size=args.prompts * args.group, num_generations=args.group,
+                            max_completion_length=args.max_new_tokens, learning_rate=1e-5, beta=0.0,
+                            loss_type="grpo", temperature=1.0)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        GRPOTrainer(model=model, reward_funcs=length_reward, args=config, train_dataset=data,
+                    processing_class=tokenizer, callbacks=[Clock()]).train()
+    timed = times[1:] if len(times) > 1 else times
+    emit(check="trl", mode="full", device=args.device, s_per_step=round(sum(timed) / len(timed), 3),
+         peak_gpu_mem_gb=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+         trl=__import__("trl").__version__)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tiny", action="store_true", help="toy sizes: a dry run of every code path (CPU)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=151_936, help="tokenizer padded to this many ids (Qwen2's)")
+    p.add_argument("--only", nargs="+", default=["agree", "full", "lora", "trl"],
+                   choices=["agree", "full", "lora", "trl"])
+    p.add_argument("--work", default="", help="scratch directory (default: a temporary one)")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.steps, args.prompts, args.group, args.max_new_tokens, args.vocab = 2, 2, 4, 8, 0
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit(f"error: --device {args.device} but torch {torch.__version__} sees no CUDA device; "
+                 "use --device cpu --tiny for a dry run")
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "0")) or torch.get_num_threads()))
+    work = Path(args.work or tempfile.mkdtemp(prefix="gpu_check."))
+    work.mkdir(parents=True, exist_ok=True)
+    emit(check="env", torch=torch.__version__, transformers=__import__("transformers").__version__,
+         cuda=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, work=str(work))
+    if "agree" in args.only:
+        agreement(args, work)
+    if not {"full", "lora", "trl"} & set(args.only):
+        return
+    model_dir, reward = work / "model", reward_file(work)
+    if not (model_dir / "config.json").is_file():  # built once per --work directory, then reused
+        t0 = time.perf_counter()
+        build_model_dir(model_dir, "qwen2", dtype=getattr(torch, args.dtype), tokenizer=padded_tokenizer(args.vocab),
+                        **(TINY_SHAPE if args.tiny else QWEN2_05B))
+        emit(check="build", shape="tiny" if args.tiny else "qwen2-0.5b", seconds=round(time.perf_counter() - t0, 1),
+             params_m=round(parameter_count(model_dir) / 1e6, 1))
+    for mode in ("full", "lora"):
+        if mode in args.only:
+            grpo(args, model_dir, reward, lora=mode == "lora")
+    if "trl" in args.only:
+        trl_side_by_side(args, model_dir, reward)
+
+
+if __name__ == "__main__":
+    main()
