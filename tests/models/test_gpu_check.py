@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from _archs import ROOT
 
 SCRIPT = ROOT / "bench" / "gpu_check.sh"
@@ -21,6 +20,7 @@ def test_the_gpu_check_script_parses():
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
 
 
+@pytest.mark.slow  # about 150 s on 2 cores: four processes, each importing torch and transformers
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils timeout")
 def test_the_dry_run_goes_through_every_part_on_the_cpu(tmp_path):
     pytest.importorskip("peft")
