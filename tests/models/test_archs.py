@@ -63,6 +63,16 @@ def test_architecture_trains_three_steps_in_bfloat16_and_exports_bfloat16(tmp_pa
         source).chat_template
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_model_dtype_auto_keeps_the_checkpoint_dtype(tmp_path, dtype):
+    source = build_model_dir(tmp_path / "model", "qwen2", dtype=dtype)
+    config = load_config(None, [*RUN, f"model.path={source}", "model.dtype=auto"])
+    assert next(build_components(config).model.parameters()).dtype == dtype
+    # the default, float32, upcasts a bf16 checkpoint (fp32 master weights)
+    assert next(build_components(load_config(None, [*RUN, f"model.path={source}"])).model.parameters()).dtype \
+        == torch.float32
+
+
 @pytest.mark.parametrize("arch, field", [("gpt2", "n_positions"), ("qwen2", "max_position_embeddings")])
 def test_prompt_plus_completion_longer_than_the_context_is_a_config_error(tmp_path, arch, field):
     positions = {"n_positions": 48} if arch == "gpt2" else {"max_position_embeddings": 48}

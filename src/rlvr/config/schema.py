@@ -46,7 +46,8 @@ class ModelConfig:
     max_seq_len: int = 64
     """Tiny model: longest prompt + completion."""
     dtype: str = "float32"
-    """Weight dtype: `float32` or `bfloat16` (causal models; log-probs are computed in float32 from the logits
+    """Weight dtype: `float32`, `bfloat16` or `auto` (the checkpoint's own; float32 for a fresh tiny
+    model) (causal models; log-probs are computed in float32 from the logits
     either way; the fused fast path and C++ kernels take float32 only, bf16 runs the plain
     `transformers` forward)."""
     lora: LoraConfig = field(default_factory=LoraConfig)

@@ -72,8 +72,11 @@ def tiny_llama(vocab_size: int, *, hidden_size: int, num_layers: int, num_heads:
 
 def load_causal_lm(path: str | None, *, seed: int, dtype: str = "float32", **size):
     """(model, tokenizer) from a local directory, a packaged checkpoint, or a fresh tiny config,
-    with weights in `dtype` (`float32` or `bfloat16`)."""
-    weights = getattr(torch, dtype)
+    with weights in `dtype` (`float32`, `bfloat16`, or `auto`: the checkpoint's, float32 when built)."""
+    if dtype == "auto":
+        weights = "auto" if path else torch.float32
+    else:
+        weights = getattr(torch, dtype)
     if not path:
         tokenizer = char_tokenizer()
         model = tiny_llama(len(tokenizer), seed=seed, **size)
