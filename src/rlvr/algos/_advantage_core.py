@@ -29,6 +29,10 @@ class AdvantageInputs:
     values: Tensor | None = None  # (B, T) critic values, for gae
     baseline_rewards: Tensor | None = None  # (P,) greedy-rollout rewards, for remax
     token_rewards: Tensor | None = None  # (B, T) extra per-token rewards (e.g. -beta*k1), or None
+    old_logp: Tensor | None = None  # (B, T) log-probs of the sampled tokens under the behaviour policy (OTB)
+    sum_pi_squared: Tensor | None = None  # (B, T) sum_v pi_v^2 of the behaviour policy at each position (OTB)
+    reward_components: Tensor | None = None  # (B, K) separate reward components (gdpo); None = rewards alone
+    reward_weights: Tensor | None = None  # (K,) weights of the components (gdpo); None = all 1
 
 
 def wide(x: Tensor, *others: Tensor | None) -> torch.dtype:
