@@ -147,4 +147,5 @@ def gae_returns(inp: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0) -
     padding."""
     raw, mask = _gae_raw(inp, gamma, lam)
     values = inp.values.detach().to(mask.dtype)
-    return (raw + values) * inp.response_mask.to(mask.dtype)
+    keep = inp.response_mask > 0
+    return torch.where(keep, raw + values, torch.zeros_like(raw))  # junk values at padding never leak
