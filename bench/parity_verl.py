@@ -14,9 +14,9 @@ functions in that venv (a subprocess) and rlvr's here, and prints one table per 
 match, documented deviation, mismatch. Losses compare the value and the gradient with respect
 to the log-probs on valid positions; advantages, returns and per-token values compare on valid
 positions (rlvr is also checked to be exactly 0 on padding). Tolerance rtol = atol = 1e-6 in
-float32 (relative to the largest value), 1e-8 in float64 (verl adds 1e-8 to a few denominators). With junk at masked positions verl
-is given the same inputs with the junk zeroed: the check is that rlvr ignores it (verl would
-return non-finite gradients there; rlvr's deliberate deviation 2 of `objectives`).
+float32 (relative to the largest value), 1e-8 in float64 (verl adds 1e-8 to a few denominators).
+With junk at masked positions verl is given the same inputs with the junk zeroed: the check is
+that rlvr ignores it (verl's gradients there would not be finite; `objectives` deviation 2).
 
 Each deviation is listed in DEVIATIONS with the reason; anything else that differs is a
 mismatch. The inputs and verl's outputs are saved to tests/algos/fixtures/verl_parity.pt, which
@@ -449,8 +449,14 @@ def table(results: list[tuple[dict, str, str]]) -> str:
             mine = [(e, s, d) for e, s, d in rows if e["fn"] == fn]
             n = {k: sum(s == k for _, s, _ in mine) for k in ("match", "deviation", "mismatch")}
             lines.append(f"| {fn} | {len(mine)} | {n['match']} | {n['deviation']} | {n['mismatch']} |")
-    dev = sorted({(e["fn"], e["case"], d) for e, s, d in results if s != "match"})
-    lines += ["\nnot matching (function, case, reason):"] + [f"- {fn} / {case}: {d}" for fn, case, d in dev]
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for e, status, detail in results:
+        if status != "match":
+            reason = detail.split(" (max rel err")[0]
+            grouped.setdefault((f"{status}: {e['fn']}", reason), []).append(e["case"])
+    lines.append("\nnot matching (function: cases -> reason):")
+    lines += [f"- {fn}: {', '.join(cases) if len(cases) < len(CASES) else 'all cases'} -> {reason}"
+              for (fn, reason), cases in sorted(grouped.items())]
     total = {k: sum(s == k for _, s, _ in results) for k in ("match", "deviation", "mismatch")}
     lines.append(f"\ntotal: {len(results)} comparisons, {total['match']} match, {total['deviation']} documented "
                  f"deviation, {total['mismatch']} mismatch")

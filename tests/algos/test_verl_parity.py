@@ -29,9 +29,11 @@ def test_rlvr_matches_verl_outside_the_documented_deviations():
         (e["family"], e["fn"], e["case"]) for e in saved["entries"]]
     cases = {(e["case"], e["seed"]): bench._case(e["case"], e["seed"]) for e in entries}
     assert bench.digest(cases) == pytest.approx(saved["digest"], rel=1e-12), "inputs no longer regenerate"
-    verdicts = [bench.compare(e, cases[(e["case"], e["seed"])], bench.rlvr_outputs(e, cases[(e["case"], e["seed"])]), v)
-                for e, v in zip(entries, saved["verl"])]
-    mismatches = [(e["fn"], e["case"], detail) for e, (status, detail) in zip(entries, verdicts) if status == "mismatch"]
+    verdicts = []
+    for e, theirs in zip(entries, saved["verl"]):
+        case = cases[(e["case"], e["seed"])]
+        verdicts.append(bench.compare(e, case, bench.rlvr_outputs(e, case), theirs))
+    mismatches = [(e["fn"], e["case"], d) for e, (status, d) in zip(entries, verdicts) if status == "mismatch"]
     assert mismatches == []
     matched = sum(status == "match" for status, _ in verdicts)
     assert matched >= 0.8 * len(verdicts)  # deviations stay the exception
