@@ -40,13 +40,16 @@ def test_registry_has_the_zoo():
     assert set(ADVANTAGES) == {
         "grpo", "dr_grpo", "rloo", "opo", "lite_ppo", "maxrl", "passk",
         "reinforce_pp", "reinforce_pp_baseline", "remax", "gae",
+        "gpg", "gdpo", "optimal_token_baseline", "optimal_token_baseline_multi_turn",
     }
 
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGES))
 def test_every_estimator_masks_and_never_returns_nan(name):
     mask = [[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]]
-    kw = {"values": torch.full((4, 3), 0.5, dtype=torch.float64), "baseline_rewards": torch.tensor([0.5, 1.0])}
+    kw = {"values": torch.full((4, 3), 0.5, dtype=torch.float64), "baseline_rewards": torch.tensor([0.5, 1.0]),
+          "old_logp": torch.full((4, 3), -0.7, dtype=torch.float64),
+          "sum_pi_squared": torch.full((4, 3), 0.4, dtype=torch.float64)}
     adv, metrics = ADVANTAGES[name](_inp([1, nan, 0, 1], 2, mask=mask, **kw))
     assert adv.shape == (4, 3) and not torch.isnan(adv).any()
     assert torch.all(adv[torch.tensor(mask) == 0] == 0)

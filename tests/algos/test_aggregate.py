@@ -66,6 +66,11 @@ def _policy_batch(B=8, T=6, D=5, seed=0):
     return W, x, tokens, mask, adv
 
 
+REQUIRED = {"dro": {"dro_beta": 0.05}}  # hyperparameters without a default
+# KL-Cov / Clip-Cov pick their tokens within each micro-batch (as verl does): by design not invariant
+PER_MICRO_BATCH = {"kl_cov", "clip_cov"}
+
+
 def _grad(name, n_micro, objective="reinforce"):
     W, x, tokens, mask, adv = _policy_batch()
     old_shift = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 0.2
@@ -74,7 +79,7 @@ def _grad(name, n_micro, objective="reinforce"):
     chunks = zip(*(t.chunk(n_micro) for t in (x, tokens, mask, adv, old_shift)))
     for xs, ts, ms, advs, shift in chunks:
         logp = torch.log_softmax(xs @ W, dim=-1).gather(-1, ts[..., None]).squeeze(-1)
-        loss_tok, _ = OBJECTIVES[objective](logp, logp.detach() + shift, advs, ms)
+        loss_tok, _ = OBJECTIVES[objective](logp, logp.detach() + shift, advs, ms, **REQUIRED.get(objective, {}))
         part = AGGREGATIONS[name](loss_tok, ms, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=6.0)
         part.backward()  # accumulate like gradient accumulation does
         total += part.item()
@@ -90,7 +95,7 @@ def test_micro_batch_invariance(name):
         assert abs(vn - v1) <= 1e-6 * max(1.0, abs(v1))
 
 
-@pytest.mark.parametrize("objective", sorted(OBJECTIVES))
+@pytest.mark.parametrize("objective", sorted(set(OBJECTIVES) - PER_MICRO_BATCH))
 @pytest.mark.parametrize("name", sorted(TABLE))
 def test_micro_batch_invariance_through_every_objective(name, objective):
     g1, v1 = _grad(name, 1, objective)

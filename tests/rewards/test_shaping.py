@@ -56,26 +56,29 @@ def test_weighted_sum_vectors():
 
 
 def test_group_normalize_vectors():
-    # group [1, 0, 0, 1]: mean 0.5, population std 0.5 -> ±1 (minus eps)
+    # group [1, 0, 0, 1]: mean 0.5, Bessel std sqrt(1/3) (as the GRPO advantage) -> ±sqrt(3)/2
     out = combine.group_normalize([1.0, 0.0, 0.0, 1.0], 4, eps=0.0)
-    assert out == [1.0, -1.0, -1.0, 1.0]
+    h = round(math.sqrt(3) / 2, 12)
+    assert out == [h, -h, -h, h]
     # constant group -> zeros; nan excluded from the statistics and kept
     out = combine.group_normalize([2.0, 2.0, 2.0, math.nan, 3.0, 5.0], 3, eps=0.0)
     assert out[:3] == [0.0, 0.0, 0.0]
-    # second group [nan, 3, 5]: mean 4, std 1 -> [nan, -1, 1]
-    assert math.isnan(out[3]) and out[4:] == [-1.0, 1.0]
+    # second group [nan, 3, 5]: mean 4, Bessel std sqrt(2) -> [nan, -1/sqrt(2), 1/sqrt(2)]
+    r = round(1 / math.sqrt(2), 12)
+    assert math.isnan(out[3]) and out[4:] == [-r, r]
+    assert combine.group_normalize([1.0, math.nan], 2, eps=0.0)[0] == 0.0  # one scorable value: no spread
     assert combine.group_normalize([1.0, 3.0], 2, eps=0.0, std=False) == [-1.0, 1.0]
 
 
 def test_decoupled_normalisation_keeps_reward_combinations_apart():
     # Two binary rewards, group of 4. Summed first, (1,0) and (0,1) tie; GDPO's point is that
     # per-reward normalisation distinguishes a rare success from a common one.
-    acc = [1.0, 0.0, 0.0, 0.0]   # mean .25, std .4330 -> [1.7321, -.5774, -.5774, -.5774]
-    fmt_ = [1.0, 1.0, 1.0, 0.0]  # mean .75, std .4330 -> [.5774, .5774, .5774, -1.7321]
+    acc = [1.0, 0.0, 0.0, 0.0]   # mean .25, Bessel std .5 -> [1.5, -.5, -.5, -.5]
+    fmt_ = [1.0, 1.0, 1.0, 0.0]  # mean .75, Bessel std .5 -> [.5, .5, .5, -1.5]
     out = combine.decoupled_normalize({"acc": acc, "fmt": fmt_}, None, 4, eps=0.0, batch_norm=False)
-    expected = [1.7320508 + 0.5773503, 0.0, 0.0, -0.5773503 - 1.7320508]
+    expected = [2.0, 0.0, 0.0, -2.0]
     assert all(abs(a - b) < 1e-6 for a, b in zip(out, expected))
     summed = combine.group_normalize(combine.weighted_sum({"acc": acc, "fmt": fmt_}), 4, eps=0.0)
     assert summed[1] == summed[2] and summed[1] != summed[0]
     normed = combine.decoupled_normalize({"acc": acc, "fmt": fmt_}, {"acc": 1.0, "fmt": 0.5}, 4, eps=0.0)
-    assert abs(sum(normed) / 4) < 1e-9 and abs(sum(v * v for v in normed) / 4 - 1.0) < 1e-6
+    assert abs(sum(normed) / 4) < 1e-9 and abs(sum(v * v for v in normed) / 3 - 1.0) < 1e-6  # Bessel: n - 1

@@ -29,6 +29,28 @@ class AdvantageInputs:
     values: Tensor | None = None  # (B, T) critic values, for gae
     baseline_rewards: Tensor | None = None  # (P,) greedy-rollout rewards, for remax
     token_rewards: Tensor | None = None  # (B, T) extra per-token rewards (e.g. -beta*k1), or None
+    old_logp: Tensor | None = None  # (B, T) log-probs of the sampled tokens under the behaviour policy (OTB)
+    sum_pi_squared: Tensor | None = None  # (B, T) sum_v pi_v^2 of the behaviour policy at each position (OTB)
+    reward_components: Tensor | None = None  # (B, K) separate reward components (gdpo); None = rewards alone
+    reward_weights: Tensor | None = None  # (K,) weights of the components (gdpo); None = all 1
+
+
+def wide(x: Tensor, *others: Tensor | None) -> torch.dtype:
+    """The dtype the statistics run in: the widest of `x`, `others` and float32 (promote a
+    float64 input, never demote it: a float64 group whose rewards differ by 1e-8 must not be
+    rounded to a float32 zero-variance group)."""
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    for o in others:
+        if o is not None:
+            dtype = torch.promote_types(dtype, o.dtype)
+    return dtype
+
+
+def working_mask(inp: AdvantageInputs) -> Tensor:
+    """(B, T) response mask in the dtype of the widest input (rewards, token rewards, values,
+    baseline rewards, the mask itself)."""
+    dtype = wide(inp.rewards, inp.response_mask, inp.token_rewards, inp.values, inp.baseline_rewards)
+    return inp.response_mask.to(dtype)
 
 
 @dataclass(frozen=True)
@@ -45,9 +67,10 @@ class GroupStats:
 
 def sequence_scores(inp: AdvantageInputs) -> Tensor:
     """(B,) s_i = R_i + sum_t m * token_rewards (NaN stays NaN: still not scorable)."""
-    r = inp.rewards.detach().float()
+    dtype = wide(inp.rewards, inp.token_rewards)
+    r = inp.rewards.detach().to(dtype)
     if inp.token_rewards is not None:
-        r = r + (inp.token_rewards.detach().float() * inp.response_mask).sum(dim=-1)
+        r = r + (inp.token_rewards.detach().to(dtype) * inp.response_mask.to(dtype)).sum(dim=-1)
     return r
 
 
@@ -55,10 +78,10 @@ def group_stats(scores: Tensor, group_size: int) -> GroupStats:
     """Group the (B,) scores into (P, G) and compute NaN-aware mean and Bessel std."""
     if group_size < 1 or scores.dim() != 1 or scores.numel() % group_size != 0:
         raise ValueError(f"rewards must be (P*G,) with G={group_size}; got {tuple(scores.shape)}")
-    s = scores.detach().float().view(-1, group_size)  # (P, G)
+    s = scores.detach().to(wide(scores)).view(-1, group_size)  # (P, G)
     valid = ~torch.isnan(s)
     s = torch.where(valid, s, torch.zeros_like(s))
-    count = valid.sum(dim=1, keepdim=True).float()  # (P, 1)
+    count = valid.sum(dim=1, keepdim=True).to(s.dtype)  # (P, 1)
     mean = s.sum(dim=1, keepdim=True) / count.clamp(min=1)
     sq = torch.where(valid, (s - mean) ** 2, torch.zeros_like(s))
     std = (sq.sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)).sqrt()
@@ -88,8 +111,10 @@ def group_metrics(st: GroupStats) -> dict[str, float]:
 
 
 def to_tokens(adv_seq: Tensor, response_mask: Tensor) -> Tensor:
-    """(B,) or (P, G) sequence advantage -> (B, T), zero outside the mask."""
-    return adv_seq.reshape(-1, 1).to(response_mask.dtype) * response_mask
+    """(B,) or (P, G) sequence advantage -> (B, T), zero outside the mask, in the wider dtype of
+    the two."""
+    dtype = torch.promote_types(adv_seq.dtype, response_mask.dtype)
+    return adv_seq.reshape(-1, 1).to(dtype) * response_mask.to(dtype)
 
 
 def row_valid(rewards: Tensor) -> Tensor:
@@ -106,7 +131,7 @@ def last_token_index(response_mask: Tensor) -> Tensor:
 
 def token_level_rewards(inp: AdvantageInputs) -> Tensor:
     """(B, T) r_{i,t}: token_rewards * mask, plus R_i at the last valid token (NaN R -> 0)."""
-    mask = inp.response_mask
+    mask = working_mask(inp)
     r_tok = torch.zeros_like(mask)
     if inp.token_rewards is not None:
         r_tok = inp.token_rewards.detach().to(mask.dtype) * mask

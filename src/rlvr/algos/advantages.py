@@ -9,6 +9,8 @@ Papers (arXiv ids and links in docs/papers.md):
   literature/000_*.txt line 27), group mean with batch std.
 - `maxrl`, `passk` (binary rewards): see `binary_advantages.py`.
 - `reinforce_pp`, `reinforce_pp_baseline`, `remax`, `gae` (token-level): see `returns.py`.
+- `gpg`, `gdpo`, `optimal_token_baseline`, `optimal_token_baseline_multi_turn`: see
+  `advantages_zoo.py`.
 
 Conventions (see `_advantage_core.py`): rows [p*G:(p+1)*G] share prompt p, B = P*G; NaN reward
 = not scorable -> advantage 0 and left out of every statistic. Outcome estimators use the
@@ -23,6 +25,7 @@ Hyperparameters of the whole registry (config fields `algo.<name>`, same meaning
 - `pass_k` (int): k of the pass@k objective (`passk`).
 - `gamma` (float): discount of token-level returns (`reinforce_pp`, `gae`).
 - `lam` (float): GAE lambda (`gae`).
+- `zero_tail` (bool): the optimal token baseline's tail rule (see `advantages_zoo.py`).
 
 Deliberate deviations:
 1. std is Bessel-corrected (as verl, TRL and OpenRLHF do) and `adv_eps` defaults to verl's 1e-6.
@@ -56,6 +59,7 @@ from rlvr.algos._advantage_core import (
     to_tokens,
 )
 from rlvr.algos._registry import lookup
+from rlvr.algos.advantages_zoo import gdpo, gpg, optimal_token_baseline, optimal_token_baseline_multi_turn
 from rlvr.algos.binary_advantages import maxrl, passk
 from rlvr.algos.returns import gae, gae_returns, reinforce_pp, reinforce_pp_baseline, remax
 
@@ -162,6 +166,10 @@ ADVANTAGES: dict[str, Estimator] = {
     "reinforce_pp_baseline": reinforce_pp_baseline,
     "remax": remax,
     "gae": gae,
+    "gpg": gpg,
+    "gdpo": gdpo,
+    "optimal_token_baseline": optimal_token_baseline,
+    "optimal_token_baseline_multi_turn": optimal_token_baseline_multi_turn,
 }
 
 

@@ -48,7 +48,7 @@ import math
 import torch
 from torch import Tensor
 
-from rlvr.algos._advantage_core import AdvantageInputs, group_metrics, group_stats, to_tokens
+from rlvr.algos._advantage_core import AdvantageInputs, group_metrics, group_stats, to_tokens, wide
 
 __all__ = ["maxrl", "passk"]
 
@@ -56,7 +56,7 @@ __all__ = ["maxrl", "passk"]
 def _binary_scores(inp: AdvantageInputs, name: str, *, strict: bool) -> Tensor:
     if inp.token_rewards is not None:
         raise ValueError(f"{name} is defined for pass/fail rewards; token_rewards are not supported")
-    r = inp.rewards.detach().float()
+    r = inp.rewards.detach().to(wide(inp.rewards))
     ok = r[~torch.isnan(r)]
     bad = (ok != 0) & (ok != 1) if strict else (ok < 0) | (ok > 1)
     if bad.any():

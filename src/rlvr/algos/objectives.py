@@ -11,6 +11,7 @@ Papers (arXiv ids and links in docs/papers.md):
   the hard clip. Not the "Swarm sAmpling Policy Optimization" of literature/001_*.txt line 181,
   which shares the acronym.
 - `reinforce`: REINFORCE (Williams 1992), the plain policy-gradient surrogate -A * logp.
+- `gmpo`, `dppo_tv`, `dppo_kl`, `dro`, `kl_cov`, `clip_cov`: see `objectives_zoo.py`.
 - `wd1`: "wd1: Weighted Policy Optimization for Reasoning in Diffusion Language Models"
   (Tang et al. 2025), ratio-free group-softmax weighted likelihood; written for dLLM
   likelihood estimates but model-agnostic.
@@ -32,6 +33,8 @@ each objective's own and are what a null config field resolves to):
 - `group_size` (int): G, rows per prompt group (`wd1` takes its softmax over each group);
   the trainer sets it from `rollout.group_size`.
 - `wd1_psi` (float): wd1's inverse temperature ψ of the advantage softmax.
+- `ratio_cap`, `dro_beta`, `cov_ratio`, `cov_kl_coef`, `cov_lb`, `cov_ub`: DPPO's weight cap, DRO's
+  penalty, the KL-Cov / Clip-Cov token selection (see `objectives_zoo.py`).
 
 Deliberate deviations:
 1. Dual-clip is off unless `dual_clip` is given (verl always applies it with c = 3).
@@ -57,6 +60,7 @@ import torch
 from torch import Tensor
 
 from rlvr.algos._registry import lookup
+from rlvr.algos.objectives_zoo import clip_cov, dppo_kl, dppo_tv, dro, gmpo, kl_cov
 
 
 def wd1(logp, old_logp, advantages, mask, *, group_size: int = 1, wd1_psi: float = 1.0):
@@ -249,6 +253,12 @@ OBJECTIVES: dict[str, Callable[..., tuple[Tensor, Metrics]]] = {
     "cispo": cispo,
     "sapo": sapo,
     "reinforce": reinforce,
+    "gmpo": gmpo,
+    "dppo_tv": dppo_tv,
+    "dppo_kl": dppo_kl,
+    "dro": dro,
+    "kl_cov": kl_cov,
+    "clip_cov": clip_cov,
 }
 
 

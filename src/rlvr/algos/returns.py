@@ -42,8 +42,10 @@ from rlvr.algos._advantage_core import (
     group_stats,
     row_valid,
     sequence_scores,
+    to_tokens,
     token_level_rewards,
     whiten,
+    working_mask,
 )
 
 __all__ = [
@@ -70,7 +72,8 @@ def discounted_returns(token_rewards: Tensor, response_mask: Tensor, *, gamma: f
 
 def _scorable_tokens(inp: AdvantageInputs) -> Tensor:
     """(B, T) response mask restricted to rows with a scorable reward."""
-    return inp.response_mask * row_valid(inp.rewards)[:, None].to(inp.response_mask.dtype)
+    mask = working_mask(inp)
+    return mask * row_valid(inp.rewards)[:, None].to(mask.dtype)
 
 
 def reinforce_pp(
@@ -86,7 +89,7 @@ def reinforce_pp(
 def reinforce_pp_baseline(inp: AdvantageInputs, *, adv_eps: float = 1e-6) -> tuple[Tensor, dict[str, float]]:
     """REINFORCE++-baseline: (s_i - mean_g) broadcast, then whitened over all batch tokens."""
     st = group_stats(sequence_scores(inp), inp.group_size)
-    centred = centred_scores(st, inp.group_size).reshape(-1, 1) * inp.response_mask
+    centred = to_tokens(centred_scores(st, inp.group_size), inp.response_mask)
     adv = whiten(centred, _scorable_tokens(inp), adv_eps=adv_eps)
     return adv, group_metrics(st)
 
@@ -144,4 +147,5 @@ def gae_returns(inp: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0) -
     padding."""
     raw, mask = _gae_raw(inp, gamma, lam)
     values = inp.values.detach().to(mask.dtype)
-    return (raw + values) * inp.response_mask
+    keep = inp.response_mask > 0
+    return torch.where(keep, raw + values, torch.zeros_like(raw))  # junk values at padding never leak

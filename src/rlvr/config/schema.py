@@ -246,9 +246,10 @@ class AlgoConfig:
     lam: float | None = None
     """GAE lambda."""
     clip_low: float | None = None
-    """ε_low: ratio floor 1-ε_low (gspo: of the sequence ratio; cispo: of the detached weight)."""
+    """ε_low: ratio floor 1-ε_low (gspo: of the sequence ratio; cispo: of the detached weight; gmpo: log-ratio
+    floor -ε_low; dppo_*: divergence threshold of A <= 0 tokens)."""
     clip_high: float | None = None
-    """ε_high: ratio ceiling 1+ε_high."""
+    """ε_high: ratio ceiling 1+ε_high (gmpo: log-ratio ceiling; dppo_*: divergence threshold of A > 0 tokens)."""
     dual_clip: float | None = None
     """Dual-clip constant c > 1 for A<0, null = off."""
     log_ratio_clamp: float | None = None
@@ -259,6 +260,20 @@ class AlgoConfig:
     """Gate temperature for A <= 0."""
     wd1_psi: float | None = None
     """Inverse temperature ψ of the group softmax over advantages."""
+    ratio_cap: float | None = None
+    """DPPO: cap of the detached importance weight min(ρ, cap)."""
+    dro_beta: float | None = None
+    """DRO: weight of the quadratic log-ratio penalty (required by `dro`)."""
+    cov_ratio: float | None = None
+    """KL-Cov / Clip-Cov: fraction of the micro-batch's valid tokens the covariance rule acts on."""
+    cov_kl_coef: float | None = None
+    """KL-Cov: weight β of |log ρ| on the selected high-covariance tokens."""
+    cov_lb: float | None = None
+    """Clip-Cov: lower end of the covariance window of the tokens that may be dropped."""
+    cov_ub: float | None = None
+    """Clip-Cov: upper end of that window."""
+    zero_tail: bool | None = None
+    """Optimal token baseline: no baseline past the second-longest row of a group."""
     norm_length: float | None = None
     """Constant length normaliser of Dr.GRPO's aggregation; null = `rollout.max_new_tokens`."""
     entropy_coef: float = 0.0

@@ -7,10 +7,12 @@ completions of the same prompt. ``nan`` marks a not-scorable sample (a reward th
 - ``weighted_sum(components, weights)``: Σ_k w_k·r_k per sample. A sample whose component
   with non-zero weight is ``nan`` is ``nan`` (not scorable) unless ``nan_as`` is given.
 - ``group_normalize(values, group_size)``: (r − mean_g) / (std_g + eps) within each group,
-  ignoring ``nan`` (population std, as GRPO); ``nan`` stays ``nan``.
+  ignoring ``nan`` (Bessel-corrected std, as rlvr's GRPO advantage; a group with fewer than two
+  scorable values has std 0 and gets 0); ``nan`` stays ``nan``.
 - ``decoupled_normalize(components, weights, group_size)``: GDPO / LightningRL's
   "decoupled normalisation": normalise each reward within its group first, then sum with the
-  weights, then (``batch_norm``) standardise the sum over the whole batch. Summing raw rewards
+  weights, then (``batch_norm``) standardise the sum over the whole batch (Bessel std again).
+  Summing raw rewards
   first lets a high-variance reward drown the others and collapses distinct reward
   combinations onto the same advantage; normalising each first keeps them apart. The result
   is an **advantage**, not a reward: feed it to the update as is.
@@ -59,11 +61,18 @@ def weighted_sum(components: dict[str, list[float]], weights: dict[str, float] |
     return out
 
 
+def _bessel_std(values: list[float], mean: float) -> float:
+    """Sample std with Bessel's correction (n - 1), 0 for fewer than two values."""
+    if len(values) < 2:
+        return 0.0
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
 def group_normalize(values: list[float], group_size: int, *, eps: float = 1e-6, std: bool = True) -> list[float]:
     """(r − group mean) / (group std + eps), nan-aware; ``std=False`` only centres.
 
     >>> group_normalize([1.0, 0.0, 1.0, 0.0], 2)
-    [0.999998000004, -0.999998000004, 0.999998000004, -0.999998000004]
+    [0.707105781188, -0.707105781188, 0.707105781188, -0.707105781188]
     >>> group_normalize([1.0, float("nan"), 3.0, 3.0], 2)[:2]
     [0.0, nan]
     """
@@ -74,7 +83,7 @@ def group_normalize(values: list[float], group_size: int, *, eps: float = 1e-6, 
         block = values[g:g + group_size]
         ok = [v for v in block if v is not None and not math.isnan(v)]
         mean = sum(ok) / len(ok) if ok else 0.0
-        sd = math.sqrt(sum((v - mean) ** 2 for v in ok) / len(ok)) if ok else 0.0
+        sd = _bessel_std(ok, mean)
         for v in block:
             if v is None or math.isnan(v):
                 out.append(math.nan)
@@ -96,5 +105,5 @@ def decoupled_normalize(components: dict[str, list[float]], weights: dict[str, f
     if not ok:
         return total
     mean = sum(ok) / len(ok)
-    sd = math.sqrt(sum((v - mean) ** 2 for v in ok) / len(ok))
+    sd = _bessel_std(ok, mean)
     return [v if math.isnan(v) else (round((v - mean) / (sd + eps), 12) if sd + eps > 0 else 0.0) for v in total]

@@ -170,6 +170,7 @@ def build_loss(config: Config) -> LossSpec:
     """The loss pieces named in `algo`, each with its hyperparameters bound (`bind`)."""
     a = config.algo
     kl_in_loss = a.kl_coef > 0 and a.kl_placement == "loss"
+    kl_in_reward = a.kl_coef > 0 and a.kl_placement == "reward"
     norm_length = a.norm_length if a.norm_length is not None else float(config.rollout.max_new_tokens)
     return LossSpec(
         objective=_bind_named(config, "algo.objective", group_size=config.rollout.group_size),
@@ -178,6 +179,7 @@ def build_loss(config: Config) -> LossSpec:
         kl_coef=a.kl_coef,
         entropy_coef=a.entropy_coef,
         correction=bind(importance_correction, a) if a.rollout_correction else None,
+        reward_kl=_bind_named(config, "algo.kl_estimator") if kl_in_reward else None,
     )
 
 

@@ -27,6 +27,7 @@ class LossSpec:
     kl_coef: float
     entropy_coef: float
     correction: Callable | None = None  # (old_logp, rollout_logp, mask) -> (weights, metrics); None = off
+    reward_kl: Callable | None = None  # the bound `algo.kl_estimator` when the KL lives in the reward; None = not
 
 
 def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: float, num_seqs: float):
@@ -46,10 +47,24 @@ def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: floa
         loss_tok = loss_tok * mb.loss_weights
     loss = spec.aggregation(loss_tok, mask, num_tokens=num_tokens, num_seqs=num_seqs)
     sums = {name: float((value.detach() * mask).sum()) for name, value in tok_metrics.items()}
+    sums.update(_drift_sums(logp, old, mask, sums))
     sums["entropy"] = float((entropy.detach() * mask).sum())
     if mb.rollout_logp is not None:  # how far the sampler's log-probs are from the trainer's
         sums["rollout_logprob_gap"] = float(((old - mb.rollout_logp).abs() * mask).sum())
     return loss, sums
+
+
+def _drift_sums(logp, old, mask, sums: dict[str, float]) -> dict[str, float]:
+    """Policy-drift metric sums logged in every configuration, KL term on or off: the k1 estimate
+    of KL(old || new) on the old policy's samples, sum of (old_logp - logp) (verl's
+    `actor/ppo_kl`, cleanrl's `approx_kl`), and the clip fractions split low/high (0 for an
+    objective that never clips: `reinforce`, `sapo`, `wd1`)."""
+    keep = mask > 0
+    diff = torch.where(keep, old.detach() - logp.detach(), torch.zeros_like(logp))
+    out = {"old_policy_kl": float(diff.sum())}
+    for key in ("clip_frac_low", "clip_frac_high"):
+        out[key] = sums.get(key, 0.0)
+    return out
 
 
 def optimizer_step(policy, optimizer, scheduler, batch: TrainBatch, spec: LossSpec, *,

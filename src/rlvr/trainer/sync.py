@@ -64,10 +64,18 @@ def _shaped_rewards(c: Components, rewards: torch.Tensor, batch: TrainBatch, len
     if a.overlong_buffer > 0:
         shaped = shaped + overlong_penalty(lengths, max_length=c.config.rollout.max_new_tokens,
                                            overlong_buffer=a.overlong_buffer, overlong_factor=a.overlong_factor)
-    if c.reference is not None and a.kl_placement == "reward":
-        behaviour = batch.old_logp if batch.old_logp is not None else batch.rollout_logp
-        shaped = shaped - c.loss.kl_coef * ((behaviour - batch.ref_logp) * batch.completion_mask).sum(-1)
+    if c.reference is not None and c.loss.reward_kl is not None:
+        shaped = shaped - c.loss.kl_coef * reward_kl(c.loss.reward_kl, batch)
     return shaped
+
+
+def reward_kl(estimator, batch: TrainBatch) -> torch.Tensor:
+    """(B,) sum over completion tokens of `algo.kl_estimator` between the behaviour policy (old
+    log-probs, else the sampler's) and the reference: the KL that `kl_placement=reward` charges."""
+    behaviour = batch.old_logp if batch.old_logp is not None else batch.rollout_logp
+    keep = batch.completion_mask > 0
+    per_token = estimator(behaviour.detach(), batch.ref_logp.detach(), old_logp=behaviour.detach()).detach()
+    return torch.where(keep, per_token, torch.zeros_like(per_token)).sum(-1)
 
 
 def _minibatches(num_groups: int, count: int, group_size: int, generator: torch.Generator):

@@ -1,0 +1,152 @@
+"""More advantage estimators, the rest of verl 0.9.1's registry: GPG, GDPO and the optimal token
+baseline (single- and multi-turn). Same signature and conventions as `advantages` (registered
+there, in ADVANTAGES): `fn(inp, **hparams) -> (advantages (B, T), metrics)`, rows [p*G:(p+1)*G]
+share prompt p, a NaN reward is not scorable (advantage 0, left out of every statistic).
+
+Papers (arXiv ids and links in docs/papers.md):
+- `gpg`: "GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning"
+  (Chu et al. 2025). Pair with the `reinforce` objective (verl's `gpg` policy loss is -A logp).
+- `gdpo`: "GDPO: Group reward-Decoupled Normalization Policy Optimization" (arXiv 2601.05242):
+  normalise each reward component within its group, sum with weights, whiten over the batch.
+- `optimal_token_baseline`, `optimal_token_baseline_multi_turn`: verl's OTB ("optimal token
+  baseline"): a per-position baseline B_t = sum_i G_{i,t} W_{i,t} / sum_i W_{i,t} over the
+  group, W_t = sum_{j<=t} (1 - 2 pi_j + sum_v pi_v^2) the cumulative squared score norm of the
+  sampled path (the variance-minimising baseline when the gradient's size grows with W).
+
+Hyperparameters (config fields `algo.<name>`): `std_normalize`, `adv_eps` (as in `advantages`,
+for gdpo's per-component GRPO step and its batch whitening); `zero_tail` (bool): OTB gives the
+longest row of a group no baseline past the second-longest row's length (no other row reaches
+those positions, so B_t there would be the row's own return).
+
+Deliberate deviations from verl 0.9.1:
+1. `gpg` counts only scorable rows in alpha = n / #nonzero scores and leaves NaN rows at 0.
+2. `gdpo` whitens with rlvr's `whiten`, (x - mean) / (std + adv_eps) over the valid tokens;
+   verl's masked_whiten uses (x - mean) / sqrt(var + 1e-8). Its components come from
+   `inp.reward_components` (B, K) with weights `inp.reward_weights` (K,); without them it is the
+   one-component case (verl's fallback when no gdpo_reward_keys are given).
+3. OTB ignores rollout-correction weights (verl can rescale W by rho^2), and W at a NaN row is 0.
+   The trainer does not yet compute sum_v pi_v^2, so the config rejects OTB as `algo.advantage`;
+   the functions are usable directly with `AdvantageInputs(old_logp=..., sum_pi_squared=...)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from rlvr.algos._advantage_core import (
+    AdvantageInputs,
+    centred_scores,
+    group_metrics,
+    group_stats,
+    row_valid,
+    sequence_scores,
+    to_tokens,
+    token_level_rewards,
+    whiten,
+    working_mask,
+)
+
+__all__ = ["gdpo", "gpg", "optimal_token_baseline", "optimal_token_baseline_multi_turn"]
+
+_OTB_EPS = 1e-8  # verl's, added to the baseline's denominator
+
+
+def gpg(inp: AdvantageInputs) -> tuple[Tensor, dict[str, float]]:
+    """GPG: A_i = alpha (s_i - mean_g), alpha = n / max(1, #{i: s_i != 0}) over the n scorable rows
+    of the batch: the batch-level factor that undoes the dilution by rows with no signal. G = 1:
+    A = alpha s."""
+    scores = sequence_scores(inp)
+    st = group_stats(scores, inp.group_size)
+    ok = scores[~torch.isnan(scores)]
+    alpha = ok.numel() / max(int((ok != 0).sum()), 1)
+    metrics = group_metrics(st)
+    metrics["gpg_alpha"] = float(alpha)
+    return to_tokens(alpha * centred_scores(st, inp.group_size), inp.response_mask), metrics
+
+
+def _grpo_component(values: Tensor, inp: AdvantageInputs, std_normalize: bool, adv_eps: float) -> Tensor:
+    st = group_stats(values, inp.group_size)
+    adv = centred_scores(st, inp.group_size)
+    if std_normalize and inp.group_size > 1:  # a constant group is 0 already; never 0 / 0
+        adv = torch.where(st.constant, adv, adv / (st.std + adv_eps))
+    return adv.reshape(-1)
+
+
+def gdpo(inp: AdvantageInputs, *, std_normalize: bool = True, adv_eps: float = 1e-6) -> tuple[Tensor, dict[str, float]]:
+    """GDPO: A = whiten(sum_k w_k GRPO(r_k)) over the batch's valid tokens; GRPO(r_k) is the group
+    advantage of reward component k alone, so a rare success in one component is not drowned by
+    a common one in another."""
+    comps = inp.reward_components if inp.reward_components is not None else sequence_scores(inp)[:, None]
+    weights = inp.reward_weights if inp.reward_weights is not None else torch.ones(comps.shape[1])
+    if weights.numel() != comps.shape[1]:
+        raise ValueError(f"reward_weights has {weights.numel()} entries for {comps.shape[1]} reward components")
+    mask = working_mask(inp) * row_valid(inp.rewards)[:, None]
+    total = torch.zeros(comps.shape[0], dtype=mask.dtype)
+    for k in range(comps.shape[1]):
+        total = total + float(weights[k]) * _grpo_component(comps[:, k], inp, std_normalize, adv_eps).to(mask.dtype)
+    total = torch.where(row_valid(inp.rewards), total, torch.zeros_like(total))
+    st = group_stats(sequence_scores(inp), inp.group_size)
+    return whiten(total[:, None] * mask, mask, adv_eps=adv_eps), group_metrics(st)
+
+
+def _otb_inputs(inp: AdvantageInputs) -> tuple[Tensor, Tensor, Tensor]:
+    """(returns G_t, cumulative path weight W_t, mask), (B, T), NaN rows masked out."""
+    if inp.old_logp is None or inp.sum_pi_squared is None:
+        raise ValueError("optimal token baseline needs old_logp and sum_pi_squared (B, T) in AdvantageInputs")
+    mask = working_mask(inp) * row_valid(inp.rewards)[:, None]
+    rewards = token_level_rewards(inp) * mask
+    returns = rewards.flip(-1).cumsum(-1).flip(-1)
+    keep = mask > 0
+    w = 1.0 - 2.0 * torch.exp(inp.old_logp.detach().to(mask.dtype)) + inp.sum_pi_squared.detach().to(mask.dtype)
+    w_cum = torch.where(keep, w, torch.zeros_like(w)).cumsum(-1)
+    return returns, w_cum, mask
+
+
+def _otb_baselines(returns: Tensor, w_cum: Tensor, mask: Tensor, group_size: int, zero_tail: bool,
+                   min_rows: Callable[[Tensor], int]) -> Tensor:
+    """(B, T) per-position baselines, one per group; 0 for a group where `min_rows(lengths)` < 2
+    (verl's single-turn form counts every row of the group, its multi-turn form the non-empty ones)."""
+    B, T = returns.shape
+    base = torch.zeros_like(returns)
+    lengths = mask.sum(-1)
+    for g in range(0, B, group_size):
+        rows = slice(g, g + group_size)
+        if min_rows(lengths[rows]) < 2:
+            continue
+        m = mask[rows]
+        b = (returns[rows] * w_cum[rows] * m).sum(0) / ((w_cum[rows] * m).sum(0) + _OTB_EPS)
+        base[rows] = b
+        if zero_tail:
+            ordered = lengths[rows].sort().values
+            longest, second = ordered[-1], ordered[-2]
+            at_max = (lengths[rows] == longest).nonzero()
+            if len(at_max) == 1 and longest > second:
+                base[g + int(at_max[0]), int(second):] = 0.0
+    return base
+
+
+def optimal_token_baseline(inp: AdvantageInputs, *, zero_tail: bool = True) -> tuple[Tensor, dict[str, float]]:
+    """OTB: A_{i,t} = G_{i,t} - B_t with B_t = sum_i G_{i,t} W_{i,t} / (sum_i W_{i,t} + 1e-8) over the
+    group's rows at position t (G_t the reward-to-go, W_t the cumulative path weight above)."""
+    returns, w_cum, mask = _otb_inputs(inp)
+    base = _otb_baselines(returns, w_cum, mask, inp.group_size, zero_tail, min_rows=len)
+    adv = (returns - base) * mask
+    return adv, {"scorable_frac": row_valid(inp.rewards).float().mean().item()}
+
+
+def optimal_token_baseline_multi_turn(inp: AdvantageInputs, *,
+                                      zero_tail: bool = True) -> tuple[Tensor, dict[str, float]]:
+    """OTB for masks with interior gaps (tool outputs between turns): positions are counted over
+    each row's valid tokens only, so the k-th trained token of every row shares a baseline."""
+    returns, w_cum, mask = _otb_inputs(inp)
+    order = torch.argsort((mask <= 0).to(torch.int8), dim=-1, stable=True)  # valid tokens first, in order
+    pack = lambda x: x.gather(1, order)  # noqa: E731
+    packed_mask = pack(mask)
+    packed_ret = pack(returns) * packed_mask
+    base = _otb_baselines(packed_ret, pack(w_cum) * packed_mask, packed_mask, inp.group_size, zero_tail,
+                          min_rows=lambda lengths: int((lengths > 0).sum()))
+    adv = torch.zeros_like(returns).scatter(1, order, (packed_ret - base) * packed_mask)
+    return adv * mask, {"scorable_frac": row_valid(inp.rewards).float().mean().item()}
