@@ -153,6 +153,7 @@ def build_loss(config: Config) -> LossSpec:
         kl_coef=a.kl_coef,
         entropy_coef=a.entropy_coef,
         correction=bind(importance_correction, a) if a.rollout_correction else None,
+        expert=_bind_named(config, "expert.objective") if config.expert.per_step else None,
     )
 
 
