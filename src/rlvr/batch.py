@@ -91,6 +91,8 @@ class TrainBatch:
     rollout_logp: torch.Tensor | None = None  # (B, Tc) the sampler's behaviour log-probs (gap metric)
     loss_weights: torch.Tensor | None = None  # (B, Tc) detached per-token weights (rollout correction)
     trace: torch.Tensor | None = None      # (B, Tc) the diffusion sampler's commit steps
+    expert: torch.Tensor | None = None     # (B,) bool: off-policy expert rows (their rollout_logp is the expert's)
+    sample_weight: torch.Tensor | None = None  # (B,) detached per-row loss weights (the on-policy/expert mix)
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -105,3 +107,29 @@ class TrainBatch:
     def select(self, rows: slice | torch.Tensor) -> TrainBatch:
         return replace(self, **{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows]
                                 for f in fields(self)})
+
+
+_PROMPT_FIELDS = ("prompt_ids", "prompt_mask")
+
+
+def concat_train_batches(parts: list[TrainBatch], pad_id: int) -> TrainBatch:
+    """Stack batches row-wise: prompts re-padded on the left, completions on the right. A field
+    must be set in every part or in none (ValueError otherwise)."""
+    tp = max(p.prompt_ids.shape[1] for p in parts)
+    tc = max(p.completion_ids.shape[1] for p in parts)
+    values = {}
+    for f in fields(TrainBatch):
+        got = [getattr(p, f.name) for p in parts]
+        if all(g is None for g in got):
+            values[f.name] = None
+            continue
+        if any(g is None for g in got):
+            raise ValueError(f"concat_train_batches: field {f.name!r} is set in some parts only")
+        if got[0].dim() == 1:
+            values[f.name] = torch.cat(got)
+        elif f.name in _PROMPT_FIELDS:
+            values[f.name] = torch.cat([_pad_to(g, tp, pad_id if f.name == "prompt_ids" else 0, left=True) for g in got])
+        else:
+            values[f.name] = torch.cat([_pad_to(g, tc, pad_id if f.name == "completion_ids" else 0, left=False)
+                                        for g in got])
+    return TrainBatch(**values)

@@ -7,6 +7,8 @@ Papers (arXiv ids and links in docs/papers.md):
 - k3_iw: DeepSeek-V3.2's "unbiased KL" (k3 times the importance ratio against the old policy).
 - forward_kl, js, and the `*_on_reference_samples` functions: DPH-RL, "mass-covering
   f-divergences (forward-KL, JS) as a rehearsal mechanism" (literature/001_*.txt line 223).
+- rpg_rkl, rpg_urkl, rpg_fkl, rpg_ufkl: RPG's off-policy KL surrogates, defined in
+  `rlvr.algos.rpg` and registered here.
 - adaptive_kl_coef: Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences".
 
 Signature of every registered estimator:
@@ -61,6 +63,7 @@ import torch
 from torch import Tensor
 
 from rlvr.algos._registry import lookup
+from rlvr.algos.rpg import RPG_ESTIMATORS
 
 __all__ = [
     "KL_ESTIMATORS",
@@ -191,6 +194,7 @@ KL_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
     "forward_kl": forward_kl,
     "js": js,
 }
+KL_ESTIMATORS.update(RPG_ESTIMATORS)  # RPG's off-policy surrogates (rlvr.algos.rpg)
 
 
 def get_kl_estimator(name: str) -> Callable[..., Tensor]:

@@ -15,6 +15,8 @@ Papers (arXiv ids and links in docs/papers.md):
 - `wd1`: "wd1: Weighted Policy Optimization for Reasoning in Diffusion Language Models"
   (Tang et al. 2025), ratio-free group-softmax weighted likelihood; written for dLLM
   likelihood estimates but model-agnostic.
+- `nft`: negative-aware fine-tuning (Chen et al. 2025), defined, with its hyperparameters and
+  deviations, in `rlvr.algos.hybrid` and registered here.
 
 Signature of every objective:
     fn(logp, old_logp, advantages, mask, **hparams) -> (loss (B, T), metrics dict[str, (B, T)])
@@ -60,6 +62,7 @@ import torch
 from torch import Tensor
 
 from rlvr.algos._registry import lookup
+from rlvr.algos.hybrid import nft
 from rlvr.algos.objectives_zoo import clip_cov, dppo_kl, dppo_tv, dro, gmpo, kl_cov
 
 
@@ -260,6 +263,7 @@ OBJECTIVES: dict[str, Callable[..., tuple[Tensor, Metrics]]] = {
     "kl_cov": kl_cov,
     "clip_cov": clip_cov,
 }
+OBJECTIVES["nft"] = nft  # negative-aware fine-tuning (rlvr.algos.hybrid)
 
 
 def get_objective(name: str) -> Callable[..., tuple[Tensor, Metrics]]:

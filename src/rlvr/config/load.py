@@ -205,10 +205,27 @@ def validate(config: Config) -> None:
          "is implemented for model.kind=diffusion only; set it to false"),
         (config.trainer.thread_mode != "rows" or config.model.kind == "causal", "trainer.thread_mode",
          "'rows' splits causal-model batches only; use 'ops' with model.kind=diffusion"),
+        *_expert_checks(config),
     ]
     for ok, name, fix in checks:
         if not ok:
             raise ConfigError(f"{name}: {fix}")
+
+
+def _expert_checks(config: Config) -> list[tuple[bool, str, str]]:
+    e = config.expert
+    on = e.per_step > 0
+    return [
+        (e.per_step >= 0, "expert.per_step", "must be >= 0 (0 = no expert rows)"),
+        (e.pool_size >= 0, "expert.pool_size", "must be >= 0 (0 = a fresh problem every row)"),
+        (0 <= e.weight <= 1 and (e.weight_final is None or 0 <= e.weight_final <= 1), "expert.weight",
+         "μ must be in [0, 1] (weight and weight_final)"),
+        (e.decay_steps >= 0, "expert.decay_steps", "must be >= 0 (0 = constant μ)"),
+        (not on or config.model.kind == "causal", "expert.per_step",
+         "expert rows are implemented for model.kind=causal only; set it to 0"),
+        (not on or config.algo.advantage != "gae", "expert.per_step",
+         "expert rows have no critic values; use a critic-free advantage such as grpo, or set it to 0"),
+    ]
 
 
 def to_dict(config: Config) -> dict:

@@ -65,6 +65,8 @@ REGISTRIES = (
     Registry("task.countdown.sampling", "sampling", "rlvr.tasks.countdown:SAMPLINGS"),
     Registry("task.countdown.partial_credit", "partial credit", "rlvr.tasks.countdown:PARTIAL_CREDITS"),
     Registry("task.code_file.isolation", "isolation", "rlvr.rewards.sandbox:ISOLATIONS"),
+    Registry("expert.objective", "expert objective", "rlvr.algos.hybrid:EXPERT_OBJECTIVES", "expert"),
+    Registry("algo.nft_weight", "NFT weight", "rlvr.algos.hybrid:NFT_WEIGHTS"),
 )
 REGISTRY = {r.key: r for r in REGISTRIES}
 
@@ -79,6 +81,7 @@ LOOP_KNOBS = {
              "kl_target", "kl_horizon", "overlong_buffer", "overlong_factor", "overlong_filter",
              "dynamic_sampling", "max_sampling_rounds", "rollout_correction"),
     "task": ("heldout_size",),
+    "expert": ("per_step", "pool_size", "weight", "weight_final", "decay_steps", "keep_onpolicy"),
 }
 """Fields of a section that no entry's keyword binds: the loop reads them itself (`algo.kl_coef`,
 the DAPO, critic and adaptive-KL knobs), or the builder passes them to every entry
@@ -121,7 +124,7 @@ Entry = tuple[str, Callable, Registry | None]
 def chosen(config: Config) -> dict[str, list[Entry]]:
     """Section -> the entries this config uses whose hyperparameters live there. The names are
     checked here: an unknown one is a one-line ConfigError."""
-    used: dict[str, list[Entry]] = {"algo": [], "estimator": []}
+    used: dict[str, list[Entry]] = {"algo": [], "estimator": [], "expert": []}
     for reg in REGISTRIES:
         if reg.section not in used:
             continue
@@ -132,6 +135,8 @@ def chosen(config: Config) -> dict[str, list[Entry]]:
             used[reg.section].append((companion.split(":")[1], _import(companion), None))
     if config.model.kind != "diffusion":
         used["estimator"] = []  # causal models have exact log-probs: no estimator runs
+    if config.expert.per_step == 0:
+        used["expert"] = []  # no expert rows: the expert objective's knobs stay null
     if config.algo.rollout_correction:
         used["algo"].append(("importance_correction", _import(CORRECTION), None))
     return used
@@ -196,7 +201,8 @@ def resolve(config: Config) -> Config:
     if algo.norm_length is None:
         algo = dataclasses.replace(algo, norm_length=float(config.rollout.max_new_tokens))
     estimator = _fill(config.estimator, "estimator.", used["estimator"])
-    config = dataclasses.replace(config, algo=algo, estimator=estimator, task=_resolve_task(config))
+    expert = _fill(config.expert, "expert.", used["expert"])
+    config = dataclasses.replace(config, algo=algo, estimator=estimator, expert=expert, task=_resolve_task(config))
     for reg in REGISTRIES:  # the choices inside sections (an option's allowed values), now filled
         value = _get(config, reg.key)
         if value is not None:
@@ -208,7 +214,7 @@ def all_entries() -> dict[str, list[Entry]]:
     """Section path -> every entry whose keywords its fields set (chosen or not): the registries'
     entries, their companions and the rollout correction (`algo`), the estimators
     (`estimator`), and each task for its own section (`task.<name>`)."""
-    out: dict[str, list[Entry]] = {"algo": [], "estimator": []}
+    out: dict[str, list[Entry]] = {"algo": [], "estimator": [], "expert": []}
     for reg in REGISTRIES:
         if reg.section in out:
             out[reg.section] += [(name, fn, reg) for name, fn in reg.entries().items()]

@@ -306,6 +306,37 @@ class AlgoConfig:
     """Rollout correction: `truncate` (TIS) or `mask` (MIS)."""
     correction_cap: float | None = None
     """Rollout correction: cap C on the weight."""
+    nft_eps: float | None = None
+    """NFT: floor ε of the implicit negative policy's likelihood ratio (its log is clipped there)."""
+    nft_weight: str | None = None
+    """NFT: prompt weight ω(r̂) of a group with accuracy r̂: `grpo` √((1−r̂)/r̂), `one` or `hard` (1−r̂)."""
+
+
+@dataclass(frozen=True)
+class ExpertConfig:
+    """Off-policy expert completions mixed into every RL step (CHORD, RL-PLUS): `per_step` rows
+    with the task's reference solutions (Countdown's exact ones, a file task's `solution_key`),
+    trained by `objective` beside the on-policy rows through the same update. The step loss is
+    (1 − μ) L_on + μ L_expert (`keep_onpolicy`: L_on + μ L_expert), each term normalised over its
+    own rows (over its own tokens under `algo.aggregation=token_mean`)."""
+
+    per_step: int = 0
+    """Expert rows per step, 0 = off."""
+    pool_size: int = 0
+    """Distinct expert problems: a fixed pool drawn once (with `seed`) from the training
+    distribution, the scarce-expert-data setting; 0 = a fresh problem every row (unlimited)."""
+    objective: str = "sft"
+    """Loss on expert rows (`rlvr.algos.hybrid.EXPERT_OBJECTIVES`): `sft`, `chord_phi`, `rlplus`."""
+    weight: float = 0.5
+    """μ, the expert loss's share, at step 1."""
+    weight_final: float | None = None
+    """μ after `decay_steps` (linear decay, CHORD's global schedule); null = `weight` throughout."""
+    decay_steps: int = 0
+    """Steps over which μ goes from `weight` to `weight_final`."""
+    keep_onpolicy: bool = False
+    """True: the on-policy loss keeps weight 1 (L_on + μ L_expert, RL-PLUS); False: 1 − μ (CHORD)."""
+    rlplus_gamma: float | None = None
+    """RL-PLUS: γ of the exploration weight (1 − π_θ(token))^γ on the expert rows' advantage."""
 
 
 @dataclass(frozen=True)
@@ -433,6 +464,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    expert: ExpertConfig = field(default_factory=ExpertConfig)
 
 
 def section_type(annotation: Any) -> type | None:

@@ -180,6 +180,7 @@ def build_loss(config: Config) -> LossSpec:
         entropy_coef=a.entropy_coef,
         correction=bind(importance_correction, a) if a.rollout_correction else None,
         reward_kl=_bind_named(config, "algo.kl_estimator") if kl_in_reward else None,
+        expert=_bind_named(config, "expert.objective") if config.expert.per_step else None,
     )
 
 

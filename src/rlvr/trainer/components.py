@@ -20,6 +20,7 @@ from rlvr.models.value import ValueModel
 from rlvr.protocols import PolicyModel, RolloutEngine, Task
 from rlvr.rewards.runner import RewardRunner
 from rlvr.trainer import build
+from rlvr.trainer.expert import ExpertSource
 from rlvr.trainer.rows import RowPool, split_engine
 from rlvr.trainer.runtime import Runtime
 from rlvr.trainer.selection import PosteriorSelector, build_selector
@@ -46,6 +47,7 @@ class Components:
     selector: PosteriorSelector | None = None  # prompt selection; None = uniform draws
     rows: RowPool | None = None  # trainer.thread_mode=rows: batches split over worker threads
     heap_kept: bool = False  # glibc keeps freed memory mapped (trainer/allocator.py)
+    expert: ExpertSource | None = None  # off-policy expert rows (config section `expert`); None = off
 
 
 def build_components(config: Config, *, runtime: Runtime | None = None, model: torch.nn.Module | None = None,
@@ -79,10 +81,13 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     engine = build.build_engine(config, model, tokenizer)
     if runtime.rows is not None:
         engine = split_engine(engine, runtime.rows, tokenizer.pad_token_id, model)
+    e = config.expert
+    expert = ExpertSource(task, seed=config.seed, per_step=e.per_step, pool_size=e.pool_size) if e.per_step else None
     return Components(
         config=config, model=model, tokenizer=tokenizer, policy=policy, reference=reference, engine=engine,
         task=task, reward=reward if reward is not None else build.build_reward(config, task), optimizer=optimizer,
         scheduler=scheduler, loss=build.build_loss(config), advantage=build.build_advantage(config),
         rng=random.Random(config.seed), critic=critic, critic_optimizer=critic_optimizer,
         selector=build_selector(config.rollout, config.seed), rows=runtime.rows, heap_kept=runtime.heap_kept,
+        expert=expert,
     )

@@ -14,6 +14,7 @@ import torch
 
 from rlvr.algos.aggregate import global_counts
 from rlvr.batch import TrainBatch
+from rlvr.trainer.expert import split_loss
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class LossSpec:
     entropy_coef: float
     correction: Callable | None = None  # (old_logp, rollout_logp, mask) -> (weights, metrics); None = off
     reward_kl: Callable | None = None  # the bound `algo.kl_estimator` when the KL lives in the reward; None = not
+    expert: Callable | None = None  # (logp, old_logp, expert_logp, advantages, mask) -> (loss, metrics) on expert rows
 
 
 def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: float, num_seqs: float):
@@ -36,7 +38,10 @@ def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: floa
     mb = mb.to(logp.device)  # the loss runs where the model does
     old = logp.detach() if mb.old_logp is None else mb.old_logp
     mask = mb.completion_mask
-    loss_tok, tok_metrics = spec.objective(logp, old, mb.advantages, mask)
+    if mb.expert is None or spec.expert is None:
+        loss_tok, tok_metrics = spec.objective(logp, old, mb.advantages, mask)
+    else:  # off-policy expert rows in the batch: each side gets its own objective
+        loss_tok, tok_metrics = split_loss(spec.objective, spec.expert, logp, old, mb, mask)
     if spec.kl_estimator is not None and spec.kl_coef > 0:
         kl_tok = spec.kl_estimator(logp, mb.ref_logp, old_logp=old)
         loss_tok = loss_tok + spec.kl_coef * kl_tok
@@ -45,12 +50,15 @@ def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: floa
         loss_tok = loss_tok - spec.entropy_coef * entropy
     if mb.loss_weights is not None:
         loss_tok = loss_tok * mb.loss_weights
+    if mb.sample_weight is not None:
+        loss_tok = loss_tok * mb.sample_weight.to(loss_tok.device)[:, None]
     loss = spec.aggregation(loss_tok, mask, num_tokens=num_tokens, num_seqs=num_seqs)
     sums = {name: float((value.detach() * mask).sum()) for name, value in tok_metrics.items()}
     sums.update(_drift_sums(logp, old, mask, sums))
     sums["entropy"] = float((entropy.detach() * mask).sum())
     if mb.rollout_logp is not None:  # how far the sampler's log-probs are from the trainer's
-        sums["rollout_logprob_gap"] = float(((old - mb.rollout_logp).abs() * mask).sum())
+        sampled = mask if mb.expert is None else mask * (~mb.expert.to(mask.device))[:, None]
+        sums["rollout_logprob_gap"] = float(((old - mb.rollout_logp).abs() * sampled).sum())
     return loss, sums
 
 

@@ -37,6 +37,7 @@ from rlvr.trainer.collect import collect, sample_seeds
 from rlvr.trainer.components import Components, build_components
 from rlvr.trainer.critic import critic_step, critic_values
 from rlvr.trainer.evaluate import greedy_accuracy, sampled_scores
+from rlvr.trainer.expert import add_expert_rows
 from rlvr.trainer.rows import RowPool
 from rlvr.trainer.runtime import Runtime
 from rlvr.trainer.step import optimizer_step
@@ -78,11 +79,13 @@ def reward_kl(estimator, batch: TrainBatch) -> torch.Tensor:
     return torch.where(keep, per_token, torch.zeros_like(per_token)).sum(-1)
 
 
-def _minibatches(num_groups: int, count: int, group_size: int, generator: torch.Generator):
-    """Row indices of `count` minibatches of whole groups, in a seeded random order."""
+def _minibatches(num_groups: int, count: int, group_size: int, generator: torch.Generator, extra: int = 0):
+    """Row indices of `count` minibatches of whole groups, in a seeded random order; the `extra`
+    rows after the groups (expert rows) are split over the minibatches in order."""
     order = torch.randperm(num_groups, generator=generator)
-    for groups in torch.tensor_split(order, count):
-        yield (groups[:, None] * group_size + torch.arange(group_size)).flatten()
+    tails = torch.tensor_split(num_groups * group_size + torch.arange(extra), count)
+    for groups, tail in zip(torch.tensor_split(order, count), tails):
+        yield torch.cat([(groups[:, None] * group_size + torch.arange(group_size)).flatten(), tail])
 
 
 def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
@@ -115,13 +118,18 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
                              baseline_rewards=got.baseline_rewards)
     batch.advantages, adv_metrics = c.advantage.estimate(inputs)
     returns = c.advantage.returns(inputs) if c.critic is not None else None
+    expert_metrics = {}
+    if c.expert is not None:  # off-policy expert rows after the groups (trainer/expert.py)
+        batch, expert_metrics = add_expert_rows(c, batch, rewards, step, lambda policy, part: _logprobs(
+            policy, part, t.micro_batch_size, c.rows))
     timings["logprob"], t0 = now() - t0, now()
 
     updates: list[dict] = []
     generator = torch.Generator().manual_seed(c.rng.getrandbits(62))
     train_policy = c.critic is None or step > a.critic_warmup_steps
     for _ in range(t.ppo_epochs):
-        for rows in _minibatches(len(batch) // r.group_size, t.minibatches, r.group_size, generator):
+        for rows in _minibatches(len(rewards) // r.group_size, t.minibatches, r.group_size, generator,
+                                 extra=len(batch) - len(rewards)):
             m = {}
             if c.critic is not None:
                 m.update(critic_step(c.critic, c.critic_optimizer, batch.select(rows), old_values[rows], returns[rows],
@@ -143,6 +151,7 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
         metrics["perf/forwards_per_update"] = forwards / max(sum(1 for m in updates if "actor/grad_norm" in m), 1)
     metrics["perf/peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     metrics.update({f"adv/{k}": v for k, v in adv_metrics.items()})
+    metrics.update(expert_metrics)
     for key in sorted({k for m in updates for k in m}):
         metrics[key] = sum(m.get(key, 0.0) for m in updates) / len(updates)
     _adapt_kl(c, metrics, len(batch))

@@ -1,0 +1,143 @@
+"""Off-policy expert rows in an RL step (CHORD, RL-PLUS; config section `expert`).
+
+Each step, `expert.per_step` problems are drawn from a fixed pool (or fresh, `pool_size=0`), their
+reference solutions (`task.solution`) become completions, and they are appended to the step's
+`TrainBatch` after the on-policy rows, marked by `TrainBatch.expert`. Their `rollout_logp` is the
+expert's behaviour log-prob: 0 (probability 1) for a task's exact solutions, the papers' "expert
+distribution" whose log-probs are unknown. `TrainBatch.sample_weight` mixes the two losses as
+(1 − μ) L_on + μ L_expert (`rlvr.algos.hybrid.mix_weights`). The on-policy rows keep their own
+advantages and objective; the update step sends the expert rows to the expert objective
+(`split_loss`). The draws are a pure function of (seed, step), so a resumed run redraws them
+exactly and the on-policy prompt stream is the one a run without expert rows sees.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import torch
+
+from rlvr.algos.hybrid import chord_mu, expert_advantages, mix_weights
+from rlvr.batch import TrainBatch, concat_train_batches
+from rlvr.codec import encode_prompts
+from rlvr.errors import ConfigError
+from rlvr.types import Example
+
+
+class ExpertSource:
+    """The expert problems of a run: a fixed pool of `pool_size` (or fresh draws) and their solutions."""
+
+    def __init__(self, task, *, seed: int, per_step: int, pool_size: int):
+        self.task, self.seed, self.per_step = task, seed, per_step
+        self.pool = task.sample(pool_size, random.Random(f"expert-pool/{seed}")) if pool_size else None
+        if not hasattr(task, "solution"):
+            raise ConfigError(f"expert.per_step: task {type(task).__name__} has no reference solutions; set it to 0")
+
+    def draw(self, step: int) -> list[Example]:
+        """This step's expert problems: distinct pool entries while the pool is large enough."""
+        rng = random.Random(f"expert/{self.seed}/{step}")
+        if self.pool is None:
+            return self.task.sample(self.per_step, rng)
+        if self.per_step <= len(self.pool):
+            return rng.sample(self.pool, self.per_step)
+        return rng.choices(self.pool, k=self.per_step)
+
+    def solutions(self, examples: list[Example]) -> tuple[list[Example], list[str]]:
+        """(examples, solution texts), leaving out problems without a solution."""
+        kept, texts = [], []
+        for ex in examples:
+            try:
+                text = self.task.solution(ex)
+            except NotImplementedError as err:
+                raise ConfigError(f"expert.per_step: {err}; set the task's solution_key or expert.per_step=0") from None
+            if text:
+                kept.append(ex)
+                texts.append(text)
+        return kept, texts
+
+
+def expert_part(tokenizer, examples: list[Example], texts: list[str]) -> TrainBatch:
+    """The expert rows as a TrainBatch: prompts left-padded, solution + EOS right-padded,
+    behaviour log-probs 0 (a deterministic expert), advantages still 0."""
+    from rlvr.trainer.sft import completion_batch  # here: sft -> build -> step -> this module at import
+
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, [ex.prompt for ex in examples])
+    completion_ids, completion_mask = completion_batch(tokenizer, texts)
+    zeros = torch.zeros_like(completion_mask)
+    return TrainBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages=zeros.clone(),
+                      rollout_logp=zeros, expert=torch.ones(len(examples), dtype=torch.bool))
+
+
+def extend(batch: TrainBatch, part: TrainBatch, *, onpolicy_rewards: torch.Tensor, expert_rewards: torch.Tensor,
+           mu: float, keep_onpolicy: bool, token_units: bool, pad_id: int,
+           logprobs: Callable[[str, TrainBatch], torch.Tensor | None]) -> TrainBatch:
+    """`batch` (on-policy rows) with the expert rows `part` appended: their advantages, the
+    old / reference log-probs and correction weights the on-policy rows have (from
+    `logprobs(kind, part)`, kind `old` or `ref`), the expert flags and the mixing weights."""
+    adv = expert_advantages(expert_rewards, onpolicy_rewards)
+    part.advantages = adv[:, None] * part.completion_mask
+    if batch.old_logp is not None:
+        part.old_logp = logprobs("old", part)
+    if batch.ref_logp is not None:
+        part.ref_logp = logprobs("ref", part)
+    if batch.loss_weights is not None:  # the rollout correction is for the engine's samples only
+        part.loss_weights = part.completion_mask.clone()
+    if batch.trace is not None:
+        part.trace = torch.zeros_like(part.completion_ids)
+    batch.expert = torch.zeros(len(batch), dtype=torch.bool)
+    batch.rollout_logp = batch.rollout_logp if batch.rollout_logp is not None else torch.zeros_like(batch.completion_mask)
+    merged = concat_train_batches([batch, part], pad_id)
+    units = merged.completion_mask.sum(-1) if token_units else (merged.completion_mask.sum(-1) > 0).float()
+    merged.sample_weight = mix_weights(merged.expert, mu, keep_onpolicy=keep_onpolicy, units=units)
+    return merged
+
+
+def step_mu(config, step: int) -> float:
+    e = config.expert
+    return chord_mu(step, weight=e.weight, weight_final=e.weight_final, decay_steps=e.decay_steps)
+
+
+def split_loss(objective: Callable, expert_objective: Callable, logp: torch.Tensor, old: torch.Tensor,
+               mb: TrainBatch, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token loss (B, T): the on-policy objective on on-policy rows, the expert objective on
+    expert rows (with the expert's behaviour log-probs); metrics of both, the expert's prefixed
+    `expert_`, zero on the other side's rows. The step divides every metric by all its tokens, so
+    an expert metric's mean over expert tokens is `actor/expert_<name>` / `actor/expert_token_frac`."""
+    flags = mb.expert.to(logp.device)
+    loss = torch.zeros_like(logp)
+    metrics: dict[str, torch.Tensor] = {}
+    sides = ((~flags, "", lambda rows: objective(logp[rows], old[rows], mb.advantages[rows], mask[rows])),
+             (flags, "expert_", lambda rows: expert_objective(
+                 logp[rows], old[rows], None if mb.rollout_logp is None else mb.rollout_logp[rows],
+                 mb.advantages[rows], mask[rows])))
+    for chosen, prefix, run in sides:
+        rows = chosen.nonzero().squeeze(-1)
+        if not len(rows):
+            continue
+        part_loss, part_metrics = run(rows)
+        loss = loss.index_put((rows,), part_loss)
+        for name, value in part_metrics.items():
+            metrics[prefix + name] = torch.zeros_like(logp).index_put((rows,), value.detach().to(logp.dtype))
+    metrics["expert_token_frac"] = flags[:, None].to(logp.dtype).expand_as(logp)
+    return loss, metrics
+
+
+def add_expert_rows(c, batch: TrainBatch, rewards: torch.Tensor, step: int, logprobs: Callable) -> tuple[TrainBatch, dict]:
+    """The step's batch with `c.expert`'s rows appended (`extend`), and their metrics.
+    `logprobs(policy, part)`: the loop's no-grad log-probs."""
+    from rlvr.trainer.collect import score  # collect imports the engines; keep this module light
+
+    examples, texts = c.expert.solutions(c.expert.draw(step))
+    if not examples:
+        return batch, {}
+    expert_rewards, correct, _ = score(c.reward, c.task, examples, texts)
+    mu = step_mu(c.config, step)
+    policies = {"old": c.policy, "ref": c.reference}
+    merged = extend(batch, expert_part(c.tokenizer, examples, texts), onpolicy_rewards=rewards,
+                    expert_rewards=expert_rewards, mu=mu, keep_onpolicy=c.config.expert.keep_onpolicy,
+                    token_units=c.config.algo.aggregation == "token_mean", pad_id=c.tokenizer.pad_token_id,
+                    logprobs=lambda kind, part: logprobs(policies[kind], part))
+    adv = merged.advantages[merged.expert].sum(-1) / merged.completion_mask[merged.expert].sum(-1).clamp(min=1)
+    return merged, {"expert/mu": mu, "expert/rows": float(len(examples)), "expert/accuracy": float(correct.mean()),
+                    "expert/advantage_mean": float(adv.mean())}
