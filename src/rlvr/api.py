@@ -18,7 +18,8 @@ settings and loop. Every bad argument raises `ConfigError` with one line naming 
   of dicts or a ``datasets.Dataset``, the prompt in column `prompt_key`
   (``rlvr.tasks.dataset.DatasetTask``). Every other column reaches the reward functions as a
   keyword argument. Held out: `eval_dataset` rows, else ``task.heldout_size`` rows (at most a fifth
-  of the rows) chosen by a stable hash of the prompt, as the file tasks do.
+  of the rows) chosen by a stable hash of the prompt, as the file tasks do. A ``DatasetDict`` trains
+  on its ``train`` split and holds out its ``test`` (else ``validation``) split.
 - **reward_funcs**: a callable ``fn(prompt, completion, **columns) -> float | dict | None``, a
   ``"file.py:name"`` / ``"module:name"`` string, or a list of them, weighted by `reward_weights`
   (default 1 each); None = the config's ``reward.fn`` (``"a.py:f, 0.2*a.py:g"`` names several),
@@ -224,6 +225,10 @@ class Trainer:
             from rlvr.tasks.dataset import DatasetTask
 
             size = min(self.config.task.heldout_size, len(self.rows) // HELDOUT_SHARE)
+            if not size and self.heldout_rows is None:
+                raise ConfigError(f"train_dataset: {len(self.rows)} rows hold out none (at most a fifth, "
+                                  f"task.heldout_size={self.config.task.heldout_size}); pass eval_dataset=... "
+                                  f"or at least {HELDOUT_SHARE} rows")
             task = DatasetTask(self.rows, reward=objects["reward"], prompt_key=self.prompt_key,
                                heldout_rows=self.heldout_rows, heldout_size=size, tokenizer=tokenizer,
                                system_prompt=self.system_prompt, correct_fn=self.correct_fn,
@@ -311,10 +316,23 @@ def _override_list(overrides: Any) -> list[str]:
     if overrides is None:
         return []
     if isinstance(overrides, Mapping):
+        stack = list(overrides.items())
+        while stack:  # a callable would be written as its repr; say what to do with it instead
+            key, value = stack.pop()
+            if callable(value):
+                raise ConfigError(_callable_in_config(str(key)))
+            if isinstance(value, Mapping):
+                stack += [(f"{key}.{k}", v) for k, v in value.items()]
         return [f"{key}={json.dumps(value, default=str)}" for key, value in overrides.items()]
     if isinstance(overrides, str) or not all(isinstance(item, str) for item in overrides):
         raise ConfigError(f"overrides: expected a list of 'key=value' strings or a dict, got {overrides!r}")
     return list(overrides)
+
+
+def _callable_in_config(key: str) -> str:
+    fix = "pass it as reward_funcs=fn (or name it as 'file.py:name')" if key.startswith("reward") else \
+        "config values are plain data (numbers, strings, lists)"
+    return f"{key}: a Python callable cannot go in the config; {fix}"
 
 
 def _load(config: Any, overrides: list[str]):
@@ -323,8 +341,8 @@ def _load(config: Any, overrides: list[str]):
 
     if config is None or isinstance(config, (str, Path)):
         return load_config(config, overrides), (str(config) if config is not None else None)
-    if isinstance(config, Config):
-        return (load_config(to_dict(config), overrides) if overrides else config), None
+    if isinstance(config, Config):  # checked like a recipe: a Config built by hand skips no check
+        return load_config(to_dict(config), overrides), None
     raise ConfigError(f"config: expected a Config, a recipe path or None, got {type(config).__name__}")
 
 
@@ -354,8 +372,9 @@ def _is_task(value: Any) -> bool:
 
 def _dataset_arguments(train_dataset: Any, eval_dataset: Any, prompt_key: str):
     """(task, rows, held-out rows): a Task object, or rows (with optional held-out rows)."""
-    from rlvr.tasks.dataset import dataset_rows
+    from rlvr.tasks.dataset import dataset_rows, dataset_splits
 
+    train_dataset, eval_dataset, _ = dataset_splits(train_dataset, eval_dataset)
     if train_dataset is None or _is_task(train_dataset):
         if eval_dataset is not None:
             raise ConfigError("eval_dataset: a task brings its own held-out set (heldout()); pass rows as "

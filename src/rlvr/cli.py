@@ -86,9 +86,17 @@ def cmd_config(args) -> int:
 
 
 def _split(items: list[str]) -> tuple[str | None, list[str]]:
-    """First positional may be a recipe file; the rest are KEY=VALUE overrides."""
+    """First positional may be a recipe file; the rest are KEY=VALUE overrides. A first item
+    without `=` that is no file but reads as a config key is an override missing its value."""
     if items and "=" not in items[0]:
-        return items[0], items[1:]
+        first = items[0]
+        if not Path(first).exists() and not first.endswith((".yaml", ".yml")):
+            from rlvr.config import all_keys
+
+            if first in all_keys() or "." in first and not {"/", "\\"} & set(first):
+                raise ConfigError(f"override '{first}': expected KEY=VALUE, e.g. {first}=VALUE "
+                                  f"(a recipe is a .yaml file)")
+        return first, items[1:]
     return None, items
 
 

@@ -9,6 +9,12 @@ class RewardError(ConfigError):
     """A reward function failed on every sample of a step (a bug in it, not a model failure)."""
 
 
+class DiskFull(ConfigError):
+    """No space left on a disk the run writes to. What was being written is rolled back (no
+    partial checkpoint or log line stays), run.json says `failed` with this line, and
+    `rlvr train --resume RUN_DIR` continues once space is freed."""
+
+
 class RunInterrupted(KeyboardInterrupt):
     """SIGTERM or SIGINT ended a run; run.json says `interrupted` with the signal. A
     KeyboardInterrupt, so code that handles Ctrl-C handles it; `exit_status` is 128 + the signal

@@ -30,7 +30,7 @@ def test_gsm8k_fixture_loads_splits_and_scores():
     assert task.reward(ex.prompt, f"Reasoning... so \\boxed{{{final}}}.", answer=ex.answer, meta=ex.meta) == 1.0
     assert task.reward(ex.prompt, "So \\boxed{-1}.", answer=ex.answer, meta=ex.meta) == 0.0
     assert task.is_correct(f"\\boxed{{{final}}}", ex)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(ConfigError, match=r"gsm8k_fixture.jsonl:\d+: no reference solution .*solution_key"):
         task.solution(ex)
     assert len(task.sample(100, random.Random(1))) == 100  # more than rows: with replacement
 

@@ -11,9 +11,10 @@ from fake_runs import make_run
 from rlvr.cli_runs import register
 from rlvr.errors import ConfigError
 
-# Labels list every key in which the groups' resolved configs differ: the objective and its own clip widths.
-PPO = "algo.clip_high=0.2, algo.clip_low=0.2, algo.objective=ppo_clip"
-GSPO = "algo.clip_high=0.0004, algo.clip_low=0.0003, algo.objective=gspo"
+# Labels name the keys in which the groups' resolved configs differ, less those that follow the
+# objective (its own clip widths), by their last part.
+PPO = "objective=ppo_clip"
+GSPO = "objective=gspo"
 
 
 def run_cli(argv: list[str]) -> int:

@@ -35,16 +35,28 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
                 errors.append(err)
         raise errors[0]
     if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        return _finite(float(value), name)
     if annotation is float and isinstance(value, str):  # YAML 1.1 reads `5e-5` (no dot) as a string
         try:
-            return float(value)
+            return _finite(float(value), name)
         except ValueError:
             pass
     if isinstance(value, annotation) and not (annotation is int and isinstance(value, bool)):
         return value
+    if callable(value):
+        fix = "pass it to rlvr.Trainer as reward_funcs=fn, or name it as 'file.py:name'" if name.startswith(
+            "reward") else "config values are plain data (numbers, strings, lists)"
+        raise ConfigError(f"{name}: a Python callable cannot go in the config; {fix}")
     shown = "null" if value is None else repr(value)
     raise ConfigError(f"{name}: expected {annotation.__name__}, got {shown}; fix the value in the recipe or override")
+
+
+def _finite(value: float, name: str) -> float:
+    """No config number is meaningful as inf or nan (an lr of inf trains to nan; null turns off
+    the fields that can be off)."""
+    if not math.isfinite(value):
+        raise ConfigError(f"{name}: must be a finite number, got {value}; fix the value in the recipe or override")
+    return value
 
 
 def _build(cls: type, values: dict, prefix: str) -> Any:
@@ -106,7 +118,8 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"override '{item}': expected KEY=VALUE, e.g. algo.clip_high=0.28")
+            example = f"{item.strip()}=VALUE" if not sep and item.strip() else "algo.clip_high=0.28"
+            raise ConfigError(f"override '{item}': expected KEY=VALUE, e.g. {example}")
         try:
             pairs.append((key.strip(), yaml.safe_load(raw) if raw else ""))
         except yaml.YAMLError:
@@ -116,6 +129,9 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
 
 def read_recipe(path: str | Path) -> dict:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"recipe '{path}' is a directory; pass a YAML file in it, "
+                          f"e.g. {path / 'grpo_countdown.yaml'}")
     if not path.is_file():
         raise ConfigError(f"recipe '{path}' does not exist; pass a YAML file such as recipes/grpo_countdown.yaml")
     try:
@@ -207,7 +223,7 @@ def validate(config: Config) -> None:
          "'rows' splits causal-model batches only; use 'ops' with model.kind=diffusion"),
         *_expert_checks(config),
     ]
-    for ok, name, fix in checks:
+    for ok, name, fix in checks + _input_checks(config):
         if not ok:
             raise ConfigError(f"{name}: {fix}")
 
@@ -225,6 +241,44 @@ def _expert_checks(config: Config) -> list[tuple[bool, str, str]]:
          "expert rows are implemented for model.kind=causal only; set it to 0"),
         (not on or config.algo.advantage != "gae", "expert.per_step",
          "expert rows have no critic values; use a critic-free advantage such as grpo, or set it to 0"),
+    ]
+
+
+TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow")
+
+
+def _input_checks(config: Config) -> list[tuple[bool, str, str]]:
+    """Values that types accept but that would silently train something else (or nothing)."""
+    a, o, t = config.algo, config.optim, config.task
+    section = getattr(t, t.name, None)
+    heldout_file = bool(getattr(section, "heldout_path", None) or getattr(section, "heldout_split", None))
+    trackers = [n.strip() for n in config.trainer.trackers.split(",") if n.strip()]
+    unknown = [n for n in trackers if n not in TRACKERS]
+    greedy_varies = config.model.kind == "diffusion" and config.rollout.remasking == "random"
+    return [
+        (a.clip_low is None or a.clip_low >= 0, "algo.clip_low", "must be >= 0 (the ratio floor is 1 - clip_low)"),
+        (a.clip_high is None or a.clip_high >= 0, "algo.clip_high",
+         "must be >= 0 (the ratio ceiling is 1 + clip_high)"),
+        (t.heldout_size >= 1 or heldout_file, "task.heldout_size",
+         "must be >= 1: held-out accuracy is measured on these problems (evaluate less often with trainer.eval_every)"),
+        (o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0 (0 = no warmup)"),
+        (config.sft.warmup_steps >= 0, "sft.warmup_steps", "must be >= 0 (0 = no warmup)"),
+        (a.critic_warmup_steps >= 0, "algo.critic_warmup_steps", "must be >= 0"),
+        (o.weight_decay >= 0, "optim.weight_decay", "must be >= 0 (0 = none), e.g. 0.01"),
+        (0 <= o.beta1 < 1, "optim.beta1", "must be in [0, 1), e.g. 0.9"),
+        (0 <= o.beta2 < 1, "optim.beta2", "must be in [0, 1), e.g. 0.99"),
+        (o.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 = off)"),
+        (0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]"),
+        (config.sft.steps >= 1, "sft.steps", "must be >= 1"),
+        (config.sft.batch_size >= 1, "sft.batch_size", "must be >= 1"),
+        (config.trainer.eval_every >= 0, "trainer.eval_every", "must be >= 0 (0 = only at start and end)"),
+        (config.trainer.save_every >= 0, "trainer.save_every", "must be >= 0 (0 = only at the end)"),
+        (config.trainer.samples_per_step >= 0, "trainer.samples_per_step", "must be >= 0"),
+        (config.rollout.temperature > 0 or greedy_varies, "rollout.temperature",
+         "0 (greedy) gives every completion of a group the same text, so every group's rewards tie, its "
+         "advantages are 0 and nothing trains; use a temperature > 0, e.g. 1.0"),
+        (not unknown, "trainer.trackers",
+         f"unknown tracker {unknown[0] if unknown else ''!r}; valid: {', '.join(TRACKERS)} (comma-separated)"),
     ]
 
 

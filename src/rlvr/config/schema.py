@@ -109,6 +109,9 @@ class FileTaskConfig:
     """Separate evaluation file, empty = hash split of `path`."""
     split: str | None = None
     """HF datasets directory: split name."""
+    heldout_split: str | None = None
+    """HF datasets directory: the split held out (e.g. `test`), read from `heldout_path` when set, else
+    from `path`; empty = `split` of `heldout_path`, or the hash split of `path`."""
 
 
 @dataclass(frozen=True)

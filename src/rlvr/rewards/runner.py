@@ -266,7 +266,10 @@ class RewardRunner:
         n_err = sum(e is not None for e in errors)
         if raw and n_err == len(raw):
             first = next(e for e in errors if e)
-            raise RewardError(f"reward {self.name} failed on all {len(raw)} samples of this step; first error: {first}")
+            where = _where(self.fn)
+            named = self.name if where in (self.name, "") else f"{self.name} ({where})"
+            raise RewardError(f"reward {named} failed on all {len(raw)} samples of this step; first error: {first}; "
+                              f"fix the function so it returns a finite number (None = unscorable)")
         metrics = {f"{self.name}/errors": float(n_err), f"{self.name}/unscorable": float(unscorable)}
         for kind, prefix in (("nonfinite", NONFINITE_ERROR), ("timeouts", TIMEOUT_ERROR)):
             count = sum(bool(e) and e.startswith(prefix + ":") for e in errors)
@@ -320,6 +323,16 @@ async def _awaited(awaitable, timeout_s: float):
         return await asyncio.wait_for(awaitable, timeout_s)
     except TimeoutError:  # asyncio's is this builtin since 3.11
         raise _Timeout from None
+
+
+def _where(fn: Callable) -> str:
+    """`file.py:name` of a function (what `reward.fn` would name it), else its qualified name."""
+    name = getattr(fn, "__qualname__", None) or getattr(type(fn), "__qualname__", "")
+    try:
+        source = inspect.getsourcefile(fn)
+    except TypeError:
+        source = None
+    return f"{Path(source).name}:{name}" if source else name
 
 
 def _describe(err: BaseException) -> str:

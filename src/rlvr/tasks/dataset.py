@@ -12,7 +12,10 @@ handling (``rlvr.tasks.files.FileTask``):
   keyword argument: the row ``{"prompt": ..., "target": 7}`` is scored as
   ``fn(prompt, completion, target=7)`` (``rlvr.rewards.runner.RewardSum(columns=True)``).
 - **Split.** ``heldout_rows`` (an ``eval_dataset``) are the held-out set; without them the
-  ``heldout_size`` rows whose prompts hash lowest are held out, as in the file tasks.
+  ``heldout_size`` rows whose prompts hash lowest are held out, as in the file tasks. A
+  ``datasets.DatasetDict`` (or a dict of row lists) passed as the training data trains on its
+  ``train`` split and holds out its ``test`` split (else ``validation``) unless an
+  ``eval_dataset`` is given (``dataset_splits``).
 - **Correctness** (``reward/accuracy``, held-out accuracy): ``correct_fn(prompt, completion,
   **columns)`` when given, else the weighted reward reaching ``correct_threshold`` (by default the
   sum of the weights: every function at 1.0, the usual "right answer" value).
@@ -29,7 +32,30 @@ from rlvr.errors import ConfigError
 from rlvr.tasks.files import FileTask
 from rlvr.types import Example
 
-__all__ = ["DatasetTask", "dataset_rows"]
+__all__ = ["DatasetTask", "dataset_rows", "dataset_splits"]
+
+HELDOUT_SPLITS = ("test", "validation")  # a DatasetDict's split held out, in this order of preference
+
+
+def _is_split_dict(data: Any) -> bool:
+    return isinstance(data, Mapping) and bool(data) and all(
+        isinstance(v, Iterable) and not isinstance(v, (str, bytes, Mapping)) for v in data.values())
+
+
+def dataset_splits(data: Any, eval_data: Any = None, argument: str = "train_dataset") -> tuple[Any, Any, str]:
+    """(training data, held-out data or None, where each came from) for what a user passes: a
+    DatasetDict trains on its `train` split and holds out `eval_data` if given, else its `test`
+    (or `validation`) split; anything else passes through unchanged."""
+    if not _is_split_dict(data):
+        return data, eval_data, argument
+    if "train" not in data:
+        raise ConfigError(f"{argument}: a DatasetDict without a 'train' split (splits: {', '.join(map(str, data))}); "
+                          f"pass the split to train on, e.g. {argument}=dataset['{next(iter(data))}']")
+    if eval_data is not None:
+        return data["train"], eval_data, f"{argument}['train']"
+    held = next((name for name in HELDOUT_SPLITS if name in data), None)
+    return data["train"], (data[held] if held else None), f"{argument}['train']" + (
+        f", held out: {argument}[{held!r}]" if held else "")
 
 
 def dataset_rows(data: Any, argument: str, prompt_key: str = "prompt") -> list[dict]:

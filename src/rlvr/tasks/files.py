@@ -44,8 +44,13 @@ def load_rows(path: str | Path, *, split: str = "train", field: str = "task.path
     suffix = p.suffix.lower()
     if suffix in (".jsonl", ".json"):
         rows = []
-        with open(p, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
+        with open(p, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a byte-order mark is no row
+                except UnicodeDecodeError as err:
+                    raise ConfigError(f"{p}:{lineno}: not UTF-8 (byte 0x{raw[err.start]:02x} at column "
+                                      f"{err.start + 1}); re-encode the file as UTF-8 (JSON text is UTF-8)") from None
                 if not line.strip():
                     continue
                 try:
@@ -95,15 +100,24 @@ class FileTask:
     def __init__(self, *, path: str, prompt_key: str = "question", answer_key: str = "answer",
                  tests_key: str = "tests", system_prompt: str = "", prompt_template: str = "{prompt}",
                  max_prompt_length: int = 0, heldout_size: int = 0, heldout_path: str = "",
-                 split: str = "train", tokenizer: Any = None, seed: int = 0):
+                 split: str = "train", heldout_split: str = "", tokenizer: Any = None, seed: int = 0):
         if "{prompt}" not in prompt_template:
             raise ConfigError(f"task.{self.name}.prompt_template must contain {{prompt}}, got {prompt_template!r}")
         self.answer_key, self.tests_key = answer_key, tests_key
         self._setup(prompt_key=prompt_key, system_prompt=system_prompt, prompt_template=prompt_template,
                     max_prompt_length=max_prompt_length, tokenizer=tokenizer, seed=seed)
         examples = self._examples(load_rows(path, split=split, field=f"task.{self.name}.path"))
-        heldout = (self._examples(load_rows(heldout_path, split=split, field=f"task.{self.name}.heldout_path"))
-                   if heldout_path else None)
+        heldout = None
+        if heldout_path or heldout_split:  # a separate file, or another split of the same datasets directory
+            field = f"task.{self.name}.heldout_path" if heldout_path else f"task.{self.name}.path"
+            if heldout_split and not Path(heldout_path or path).is_dir():
+                raise ConfigError(f"task.{self.name}.heldout_split: {heldout_split!r} needs a datasets directory "
+                                  f"(save_to_disk) in {field}; for a file, set heldout_path instead")
+            rows = load_rows(heldout_path or path, split=heldout_split or split, field=field)
+            heldout = self._examples(rows)
+            if not heldout:
+                where = f"{field}={heldout_path or path!r}" + (f" split {heldout_split!r}" if heldout_split else "")
+                raise ConfigError(f"{where} holds no rows for the held-out set; point it at data with rows")
         self._split(examples, heldout, heldout_size, f"task.{self.name}.path: {path!r}")
 
     def _setup(self, *, prompt_key: str, system_prompt: str, prompt_template: str, max_prompt_length: int,
@@ -195,10 +209,14 @@ class FileTask:
             value = value.get("reward")
         return value == 1.0
 
+    solution_hint = "a 'solution' field in every row"
+
     def solution(self, example: Example) -> str:
+        """The row's worked solution (what `rlvr sft` trains on); a one-line error when it has none."""
         solution = example.meta.get("solution")
         if not solution:
-            raise NotImplementedError(f"{self.name}: rows carry no reference solution")
+            where = example.meta.get("source", f"task.{self.name}")
+            raise ConfigError(f"{where}: no reference solution for rlvr sft; it needs {self.solution_hint}")
         return solution
 
 
@@ -214,6 +232,8 @@ class MathFileTask(FileTask):
     def __init__(self, *, path: str, math_timeout_s: float = 5.0, solution_key: str = "", strict: bool = True,
                  **kwargs):
         self.math_timeout_s, self.solution_key, self.strict = math_timeout_s, solution_key, strict
+        self.solution_hint = (f"the field {solution_key!r} filled" if solution_key else
+                              "task.math_file.solution_key set to the row field that holds a worked solution")
         super().__init__(path=path, **kwargs)
 
     def _row_to_example(self, row: dict, where: str) -> Example:

@@ -8,21 +8,23 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from pathlib import Path
 
 from rlvr.tracking.runs import Group, Run, aligned_curves
 from rlvr.tracking.stats import mean_ci
 
 WALL_CLOCK_PREFIXES = ("time/", "perf/")
+LEGEND_WIDTH = 90  # characters per legend line before a label wraps
 
 
-def _figure(panels: int, columns: int = 2):
+def _figure(panels: int, columns: int = 2, extra_height: float = 0.0):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     cols = min(columns, panels)
     rows = math.ceil(panels / cols)
-    fig = Figure(figsize=(5.2 * cols, 3.4 * rows), dpi=100, layout="constrained")
+    fig = Figure(figsize=(5.2 * cols, 3.4 * rows + extra_height), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     axes = [fig.add_subplot(rows, cols, i + 1) for i in range(panels)]
     return fig, axes
@@ -43,11 +45,16 @@ def smooth(values: list[float], window: int) -> list[float]:
 
 def plot_groups(groups: list[Group], metrics: list[str], path: str | Path, *, window: int = 1,
                 confidence: float = 0.95) -> Path:
-    """One panel per metric; per group the mean over seeds with a shaded Student-t CI band."""
-    fig, axes = _figure(len(metrics))
+    """One panel per metric; per group the mean over seeds with a shaded Student-t CI band. One
+    legend for all panels, below them, its labels wrapped: a long label never narrows the axes."""
+    labels = [textwrap.fill(f"{g.label} (n={len(g.runs)})", LEGEND_WIDTH) for g in groups]
+    columns = 1 if any(len(label) > LEGEND_WIDTH // 2 for label in labels) else 2
+    legend_lines = sum(label.count("\n") + 1 for label in labels[::columns])
+    fig, axes = _figure(len(metrics), extra_height=0.2 * legend_lines + 0.2)
     colors = [f"C{i % 10}" for i in range(len(groups))]
+    handles: dict[int, object] = {}
     for ax, metric in zip(axes, metrics):
-        for group, color in zip(groups, colors):
+        for index, (group, color) in enumerate(zip(groups, colors)):
             steps, per_run = aligned_curves(group, metric)
             if not steps:
                 continue
@@ -57,7 +64,7 @@ def plot_groups(groups: list[Group], metrics: list[str], path: str | Path, *, wi
             per_run = [smooth(v, span) for v in per_run]
             stats = [mean_ci([run[i] for run in per_run], confidence) for i in range(len(steps))]
             mean = [m for m, _ in stats]
-            ax.plot(steps, mean, color=color, lw=1.8, label=f"{group.label} (n={len(per_run)})")
+            (handles[index],) = ax.plot(steps, mean, color=color, lw=1.8)
             if len(per_run) > 1:
                 ax.fill_between(steps, [m - h for m, h in stats], [m + h for m, h in stats], color=color, alpha=0.2,
                                 lw=0)
@@ -65,10 +72,12 @@ def plot_groups(groups: list[Group], metrics: list[str], path: str | Path, *, wi
         ax.set_title(metric + (f" (moving avg {window})" if smoothed else ""), fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        if ax.has_data():
-            ax.legend(fontsize=8, loc="best")
-        else:
+        if not ax.has_data():
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+    if handles:
+        shown = sorted(handles)
+        fig.legend([handles[i] for i in shown], [labels[i] for i in shown], loc="outside lower center",
+                   ncols=columns, fontsize=8, frameon=False)
     fig.suptitle(f"mean ± {round(confidence * 100)}% CI over seeds", fontsize=10)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

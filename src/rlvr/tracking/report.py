@@ -59,14 +59,16 @@ def _summary(run: Run) -> str:
             f"{(run.config.get('trainer') or {}).get('steps', '?')}"), ("seed", run.seed),
             ("git", f"{run.manifest.get('git_sha') or '-'}{' (dirty)' if run.manifest.get('git_dirty') else ''}"),
             ("started", run.manifest.get("started", "-")), ("ended", run.manifest.get("ended", "-"))]
+    ending = [(key, str(run.manifest[key])) for key in ("exit_status", "signal", "error") if key in run.manifest]
+    rows[1:1] = ending  # how a failed or interrupted run ended, next to its status
     latest = {}
     for line in run.metrics:
         latest.update({k: (line["step"], v) for k, v in line.items() if k != "step"})
     for key in report_metrics(run, limit=10):
         step, value = latest[key]
         rows.append((key, f"{_fmt(value)}  (step {step})"))
-    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v) if isinstance(v, str) else _fmt(v)}</td></tr>"
-                    for k, v in rows)
+    cells = "".join(f"<tr{' id=error' if k == 'error' else ''}><th>{html.escape(k)}</th>"
+                    f"<td>{html.escape(v) if isinstance(v, str) else _fmt(v)}</td></tr>" for k, v in rows)
     return f"<table class=kv>{cells}</table>"
 
 

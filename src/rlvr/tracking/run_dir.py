@@ -7,6 +7,7 @@ time and, on resume, cut back to the checkpoint's step.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
-from rlvr.errors import RunInterrupted
+from rlvr.errors import DiskFull, RunInterrupted
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pyyaml", "tqdm", "matplotlib",
             "tensorboard", "wandb", "mlflow-skinny", "rlvr")
@@ -32,12 +33,57 @@ DETERMINISM_ENV = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a temp file renamed over it (removed if the write fails)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+NEARLY_FULL_BYTES = 64 * 1024
+
+
+def disk_full(err: BaseException, path: str | Path) -> bool:
+    """Whether `err` came from a full disk: ENOSPC/EDQUOT anywhere in its chain, the message of a
+    library that reports it as text (safetensors), or, for one that says only "write failed"
+    (torch.save), the disk at `path` nearly full right now (checked before cleaning up)."""
+    seen = err
+    while seen is not None:
+        if getattr(seen, "errno", None) in DISK_FULL_ERRNOS or any(
+                text in str(seen) for text in ("No space left on device", "Disk quota exceeded")):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    try:
+        stats = os.statvfs(Path(path) if Path(path).exists() else Path(path).parent)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < NEARLY_FULL_BYTES
+
+
+def disk_full_message(run_path: Path, what: str) -> str:
+    return (f"disk full: no space left on the device of '{run_path}' while {what}; free space there, then "
+            f"continue with rlvr train --resume {run_path}")
+
+
+@contextmanager
+def disk_errors(run: RunDir, what: str = "writing the run's files"):
+    """A full disk met in the body becomes one `DiskFull` line naming the run and the fix."""
+    try:
+        yield
+    except DiskFull:
+        raise
+    except OSError as err:
+        if not disk_full(err, run.path):
+            raise
+        where = f" ({err.filename})" if getattr(err, "filename", None) else ""
+        raise DiskFull(disk_full_message(run.path, what + where)) from None
 
 
 def _git(*args: str) -> str | None:
@@ -151,7 +197,12 @@ def finish_manifest(run: RunDir, status: str, *, exit_status: int, final: dict |
     if error is not None:
         info["error"] = error
     info.update(extra)
-    run.write_json("run.json", info)
+    try:
+        run.write_json("run.json", info)
+    except OSError as err:  # a full disk: the run's reserve makes room for this one record
+        if not disk_full(err, run.path) or not run.release():
+            raise
+        run.write_json("run.json", info)
     return info
 
 
@@ -222,6 +273,10 @@ class StopSignals:
         self._previous.clear()
 
 
+RESERVE_FILE = ".disk_reserve"
+RESERVE_BYTES = 64 * 1024  # run.json is a few KB; an atomic rewrite needs its old and new copies at once
+
+
 class RunDir:
     """Paths and append-only logs of one run."""
 
@@ -240,6 +295,29 @@ class RunDir:
     def create(self) -> None:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
 
+    def reserve(self) -> None:
+        """Hold `RESERVE_BYTES` of the disk in a hidden file while the run trains: when the disk
+        fills up, `release` frees it so run.json can still record how the run ended."""
+        path = self.path / RESERVE_FILE
+        if path.exists():
+            return
+        try:
+            with open(path, "wb") as handle:
+                handle.write(b"\0" * RESERVE_BYTES)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+
+    def release(self) -> bool:
+        """Free the reserve; False if there was none."""
+        try:
+            (self.path / RESERVE_FILE).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
     def write_json(self, name: str, data: dict) -> None:
         atomic_write_text(self.path / name, json.dumps(data, indent=2, default=str) + "\n")
 
@@ -247,8 +325,17 @@ class RunDir:
         return json.loads((self.path / name).read_text())
 
     def append(self, file: Path, record: dict) -> None:
-        with open(file, "a") as handle:
-            handle.write(json.dumps(record, default=float) + "\n")
+        """Add one complete line; a write that fails (a full disk) is cut back, leaving no torn line."""
+        line = json.dumps(record, default=float) + "\n"
+        size = file.stat().st_size if file.exists() else 0
+        try:
+            with open(file, "a") as handle:
+                handle.write(line)
+        except BaseException:
+            if file.exists():
+                with open(file, "r+b") as handle:
+                    handle.truncate(size)
+            raise
 
     def truncate_after(self, step: int) -> None:
         """Drop log lines past `step` (and any torn last line) so a resume never duplicates steps."""

@@ -128,18 +128,46 @@ class Group:
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
-    """Group runs by recipe; each group is labelled by the config keys in which groups differ."""
+    """Group runs by recipe; each group is labelled by the config keys in which groups differ,
+    leaving out keys that only follow a choice (a clip width GSPO brings when left null) and
+    naming a key by its last part where that is unambiguous (`objective=gspo, lr=0.0003`)."""
     by_key: dict[str, list[Run]] = {}
     for run in runs:
         by_key.setdefault(recipe_key(run), []).append(run)
     flats = {key: json.loads(key) for key in by_key}
     all_keys = {k for f in flats.values() for k in f}
     differing = sorted(k for k in all_keys if len({json.dumps(f.get(k)) for f in flats.values()}) > 1)
+    shown = [k for k in differing if not all(_implied(members[0].config, k) for members in by_key.values())]
+    leaves = [k.rsplit(".", 1)[-1] for k in shown]
+    names = {k: leaf if leaves.count(leaf) == 1 else k for k, leaf in zip(shown, leaves)}
     groups = []
     for key, members in by_key.items():
-        label = ", ".join(f"{k}={flats[key].get(k)}" for k in differing)
+        label = ", ".join(f"{names[k]}={flats[key].get(k)}" for k in shown)
         groups.append(Group(label=label or _common_name(members), runs=sorted(members, key=lambda r: str(r.seed))))
+    if len({g.label for g in groups}) < len(groups):  # never merge groups by shortening: full keys then
+        for group, key in zip(groups, by_key):
+            group.label = ", ".join(f"{k}={flats[key].get(k)}" for k in differing) or group.label
     return groups
+
+
+def _implied(config: dict, key: str) -> bool:
+    """Whether `key` of a run's config holds what resolving the config gives it when left null
+    (the default a chosen entry brings), so a label need not repeat it."""
+    from rlvr.config import load_config, to_dict
+
+    tree = json.loads(json.dumps(config, default=str))
+    *parents, leaf = key.split(".")
+    node = tree
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+    if not isinstance(node, dict) or leaf not in node:
+        return False
+    node[leaf] = None
+    try:
+        resolved = flatten(to_dict(load_config(tree)))
+    except ConfigError:
+        return False
+    return resolved.get(key) == flatten(config).get(key)
 
 
 def _common_name(runs: list[Run]) -> str:

@@ -158,6 +158,21 @@ SINKS = {"tensorboard": (TensorBoardTracker, "tensorboard"), "wandb": (WandbTrac
          "mlflow": (MlflowTracker, "mlflow")}
 
 
+def check_trackers(names: list[str]) -> None:
+    """A one-line ConfigError for an unknown tracker or one whose package is not installed, said
+    before a run directory is made (so a typo leaves no failed run behind)."""
+    import importlib.util
+
+    for name in dict.fromkeys(names):
+        if name == "jsonl":
+            continue
+        if name not in SINKS:
+            raise ConfigError(f"trainer.trackers: unknown tracker '{name}'; valid: jsonl, {', '.join(SINKS)}")
+        if importlib.util.find_spec(name) is None:  # each sink's package has the sink's name
+            raise ConfigError(f"trainer.trackers: '{name}' needs an optional package ({name}); "
+                              f"pip install 'rlvr[{SINKS[name][1]}]'")
+
+
 def make_trackers(names: list[str], run_dir: str | Path, *, resume_step: int | None = None) -> list[Tracker]:
     """The JSONL sink plus each named mirror, in order. `resume_step`: the checkpoint a resume starts from."""
     run_dir = Path(run_dir)

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlvr.errors import ConfigError
+from rlvr.errors import ConfigError, DiskFull
+from rlvr.tracking.run_dir import disk_full, disk_full_message
 
 STATE_FILE = "trainer_state.pt"
 CHECKSUM_FILE = "checksums.json"
@@ -49,14 +50,26 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(directory: Path, step: int, model, tokenizer, state: dict, *, keep_last: int) -> Path:
-    """Write checkpoints/step_NNNNNN atomically and prune to the newest `keep_last`."""
+    """Write checkpoints/step_NNNNNN atomically and prune to the newest `keep_last`.
+
+    A write that fails (a full disk, a second signal) removes the partial temp folder before the
+    error goes on; a full disk becomes one `DiskFull` line."""
     final = directory / f"step_{step:06d}"
     tmp = directory / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    torch.save({"step": step, **state}, tmp / STATE_FILE)
-    (tmp / CHECKSUM_FILE).write_text(json.dumps(_digests(tmp), indent=1))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save({"step": step, **state}, tmp / STATE_FILE)
+        (tmp / CHECKSUM_FILE).write_text(json.dumps(_digests(tmp), indent=1))
+    except BaseException as err:
+        full = isinstance(err, Exception) and disk_full(err, directory)  # before the cleanup frees space
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            run = directory.parent
+            raise DiskFull(disk_full_message(run, f"writing checkpoint step {step} (the partial checkpoint "
+                                                  f"was removed)")) from None
+        raise
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)

@@ -79,9 +79,14 @@ def sft(config: Config, out_dir: str | Path, *, overwrite: bool = False, echo=pr
     if config.model.lora.r:
         raise ConfigError("model.lora.r: the supervised warm start trains the whole model; set model.lora.r=0 "
                           "(LoRA applies to rlvr train)")
+    math_file = config.task.math_file if config.task.name == "math_file" else None
+    if math_file is not None and not math_file.solution_key:  # said before any model is loaded
+        raise ConfigError("task.math_file.solution_key: rlvr sft trains on worked solutions; set it to the row "
+                          "field that holds one, e.g. task.math_file.solution_key=solution")
     torch.manual_seed(config.seed)
     model, tokenizer = build.build_model(config)
     task = build.build_task(config, tokenizer)
+    task.solution(task.sample(1, random.Random(config.seed))[0])  # a task without solutions says so now
     s = config.sft
     if config.model.kind == "diffusion":
         diffusion_sft(model, tokenizer, task, steps=s.steps, batch_size=s.batch_size, lr=s.lr,

@@ -23,8 +23,17 @@ from rlvr.batch import TrainBatch
 from rlvr.config import Config, data_files, derived_batch_numbers, dump_yaml, to_dict
 from rlvr.protocols import PolicyModel
 from rlvr.tracking.progress import Progress
-from rlvr.tracking.run_dir import RunDir, StopSignals, finish_manifest, manifest, now, recorded_exit
-from rlvr.tracking.tracker import make_trackers
+from rlvr.tracking.run_dir import (
+    RunDir,
+    StopSignals,
+    atomic_write_text,
+    disk_errors,
+    finish_manifest,
+    manifest,
+    now,
+    recorded_exit,
+)
+from rlvr.tracking.tracker import check_trackers, make_trackers
 from rlvr.trainer.checkpoint import (
     latest_checkpoint,
     load_state,
@@ -253,7 +262,7 @@ def _resume(c: Components, run: RunDir) -> int:
 def _start_run(config: Config, run: RunDir, command: list[str], start: int, provenance: dict,
                config_changes: dict | None = None) -> None:
     run.create()
-    (run.path / "config.yaml").write_text(dump_yaml(config))
+    atomic_write_text(run.path / "config.yaml", dump_yaml(config))  # never torn: --resume reads it
     if start:
         info = {**run.read_json("run.json"), "resumed_at": start}
     else:
@@ -279,22 +288,32 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
 
     A resumed run with no steps left says so in one line and returns its recorded final line."""
     torch.manual_seed(config.seed)
+    check_trackers(_tracker_names(config))  # before anything is built or written
     with StopSignals(echo) as stop:  # SIGTERM/SIGINT: finish the step, checkpoint, record `interrupted`
         c = build_components(config, runtime=runtime, **objects)
-        run.create()
-        start = _resume(c, run) if resume else 0
-        if start >= config.trainer.steps:
-            echo(nothing_left_message(run.path, start, config.trainer.steps))
-            return run.read_json("run.json").get("final") or {"step": start}
-        _start_run(config, run, command, start, provenance or {}, config_changes)
-        with recorded_exit(run):
-            line = _loop(c, run, start, echo, list(callbacks), stop)
-        if stop.received:
-            finish_manifest(run, "interrupted", exit_status=stop.exit_status, signal=stop.received,
-                            final=line, runtime=_runtime_facts(c))
-            stop.check(line.get("step"))
-        finish_manifest(run, "finished", exit_status=0, final=line, runtime=_runtime_facts(c))
+        try:
+            with disk_errors(run, "resuming the run" if resume else "starting the run"):
+                run.create()
+                start = _resume(c, run) if resume else 0
+                if start >= config.trainer.steps:
+                    echo(nothing_left_message(run.path, start, config.trainer.steps))
+                    return run.read_json("run.json").get("final") or {"step": start}
+                run.reserve()
+                _start_run(config, run, command, start, provenance or {}, config_changes)
+            with recorded_exit(run), disk_errors(run, "training"):
+                line = _loop(c, run, start, echo, list(callbacks), stop)
+            if stop.received:
+                finish_manifest(run, "interrupted", exit_status=stop.exit_status, signal=stop.received,
+                                final=line, runtime=_runtime_facts(c))
+                stop.check(line.get("step"))
+            finish_manifest(run, "finished", exit_status=0, final=line, runtime=_runtime_facts(c))
+        finally:
+            run.release()
     return line
+
+
+def _tracker_names(config: Config) -> list[str]:
+    return [n.strip() for n in config.trainer.trackers.split(",") if n.strip()]
 
 
 def nothing_left_message(path: Path, step: int, steps: int) -> str:
@@ -324,8 +343,7 @@ def _notify(callbacks: list, hook: str, *args) -> bool:
 
 def _loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop: StopSignals) -> dict:
     config, t = c.config, c.config.trainer
-    names = [n.strip() for n in t.trackers.split(",") if n.strip()]
-    trackers = make_trackers(names, run.path, resume_step=start if start else None)
+    trackers = make_trackers(_tracker_names(config), run.path, resume_step=start if start else None)
     for tracker in trackers:
         tracker.log_config(to_dict(config))
     probe = c.task.sample(len(c.task.heldout()), random.Random(TRAIN_PROBE_SEED))
