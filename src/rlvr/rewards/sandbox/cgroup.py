@@ -23,6 +23,7 @@ else SIGKILL of every member), its peak memory and limit events are read, and it
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import signal
@@ -140,9 +141,9 @@ class SampleCgroup:
                 try:
                     os.rmdir(d)
                     break
-                except FileNotFoundError:
-                    break
-                except OSError:
+                except OSError as err:
+                    if err.errno != errno.EBUSY:
+                        break
                     time.sleep(0.005)
 
 
@@ -162,13 +163,13 @@ class CgroupHost:
         v2 = next((m for m, kind, _ in mounts if kind == "cgroup2"), None)
         reasons = []
         if v2 is not None and "" in own:
-            host, why = cls._v2(os.path.join(v2, own[""].lstrip("/")))
+            host, why = cls._v2(os.path.normpath(os.path.join(v2, own[""].lstrip("/"))))
             if host:
                 return host, ""
             reasons.append(why)
         v1 = {c: m for m, kind, opts in mounts if kind == "cgroup" for c in CONTROLLERS if c in opts}
         if set(v1) == set(CONTROLLERS):
-            parents = {c: os.path.join(v1[c], own.get(c, "/").lstrip("/")) for c in v1}
+            parents = {c: os.path.normpath(os.path.join(v1[c], own.get(c, "/").lstrip("/"))) for c in v1}
             if all(os.access(p, os.W_OK) for p in parents.values()):
                 return cls(1, parents), ""
             reasons.append(f"cgroup v1 groups {sorted(set(parents.values()))} are not writable")

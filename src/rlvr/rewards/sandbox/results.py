@@ -54,6 +54,7 @@ class RunResult:
     extra: dict = field(default_factory=dict)  # memory_peak_bytes, oom_kill, pids_max when a cgroup was used
 
 
+_MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory")  # RLIMIT_AS; ENOMEM at the cgroup's memory.max
 _RESOURCE_MARKERS = (
     "Resource temporarily unavailable",  # fork/clone under RLIMIT_NPROC or pids.max
     "can't start new thread",
@@ -74,7 +75,7 @@ def classify(rc, stderr, timed_out, overflow, started, isolation, events=None) -
         return Verdict.MEMORY_LIMIT, f"cgroup memory limit ({events['oom_kill']} processes killed)"
     tail = stderr[-2000:]
     if timed_out:  # a program that hit a limit and then hung (e.g. live threads) names the limit
-        if "MemoryError" in tail:
+        if any(m in tail for m in _MEMORY_MARKERS):
             return Verdict.MEMORY_LIMIT, "MemoryError, then the wall clock"
         if events.get("pids_max"):
             return Verdict.RESOURCE_LIMIT, "cgroup process limit, then the wall clock"
@@ -89,8 +90,8 @@ def classify(rc, stderr, timed_out, overflow, started, isolation, events=None) -
         return Verdict.TIMEOUT, "cpu limit (SIGXCPU)"
     if sig == signal.SIGXFSZ:
         return Verdict.RESOURCE_LIMIT, "file size limit (SIGXFSZ)"
-    if "MemoryError" in tail:
-        return Verdict.MEMORY_LIMIT, "MemoryError"
+    if any(m in tail for m in _MEMORY_MARKERS):
+        return Verdict.MEMORY_LIMIT, next(m for m in _MEMORY_MARKERS if m in tail)
     for marker in _RESOURCE_MARKERS:
         if marker in tail:
             return Verdict.RESOURCE_LIMIT, marker
