@@ -88,6 +88,15 @@ def default_python() -> str:
     return sys._base_executable if hasattr(sys, "_base_executable") else sys.executable
 
 
+def _task_root() -> str | None:
+    """Where each run's files go: ``/dev/shm`` when it is a writable tmpfs directory (removing a
+    directory from a journaling disk costs milliseconds per program), else the temp directory."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK) else None
+
+
+_TASK_ROOT = _task_root()
+
+
 def _is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -214,13 +223,15 @@ class Sandbox:
 
     # ------------------------------------------------------------------------------ one run
 
-    def _command(self, uid, host_dir, argv, limits, status_w, seccomp_r) -> tuple[list[str], str, dict]:
-        """(command after the start gate, cwd, env) for this isolation mode."""
+    def _command(self, uid, host_dir, argv, limits, status_w, block_r, seccomp_r) -> tuple[list[str], str, dict]:
+        """(command, cwd, env) for this isolation mode (bwrap's waits on ``block_r``, the others at
+        the start gate ``launch.execute`` puts in front)."""
         py = [self.python, "-E", "-s", "-S"]  # like -I, but the script dir stays importable
         local_env = {**launch.ENV, "HOME": host_dir, "TMPDIR": host_dir}
         if self.isolation == "bwrap":
-            return (launch.bwrap_prefix(self.python, host_dir, limits, status_w, seccomp_r) + py
-                    + ["/task/main.py", *argv]), "/", {}
+            return (launch.prlimit_prefix(limits) + launch.bwrap_prefix(self.python, host_dir, limits, status_w,
+                                                                        block_r, seccomp_r)
+                    + py + ["/task/main.py", *argv]), "/", {}
         if self.isolation == "unshare":  # unshare needs root: the uid is dropped inside, after the namespaces
             script = " ".join(launch.shquote(a) for a in py + [os.path.join(host_dir, "main.py"), *argv])
             return (["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts", "--"]
@@ -230,8 +241,8 @@ class Sandbox:
 
     def _run_in_slot(self, slot, source, stdin, files, argv, limits) -> RunResult:
         uid = self.uid_range[slot]
-        host_dir = tempfile.mkdtemp(prefix="rlvr-sbx-")
-        status_r = status_w = seccomp_r = group = None
+        host_dir = tempfile.mkdtemp(prefix="rlvr-sbx-", dir=_TASK_ROOT)
+        status_r = status_w = seccomp_r = block_r = block_w = group = None
         extra: dict = {}
         try:
             for name, text in {**files, "main.py": source}.items():
@@ -249,18 +260,21 @@ class Sandbox:
                 group = self.cgroups.create(limits.memory_mb << 20, limits.nproc, limits.cpus)
             if self.isolation == "bwrap":
                 status_r, status_w = os.pipe()
+                block_r, block_w = os.pipe()
                 seccomp_r = seccomp.seccomp_fd(self.seccomp) if self.seccomp is not None else None
-            cmd, cwd, env = self._command(uid, host_dir, argv, limits, status_w, seccomp_r)
-            fds, status_w, seccomp_r = (status_w, seccomp_r), None, None  # execute owns (and closes) them
+            cmd, cwd, env = self._command(uid, host_dir, argv, limits, status_w, block_r, seccomp_r)
+            fds = (status_w, block_r, seccomp_r, block_w)  # execute owns (and closes) them from here
+            status_w = block_r = seccomp_r = block_w = None
             data = stdin.encode() if isinstance(stdin, str) else stdin
 
-            def admit(pid: int) -> None:
+            def admit(pid: int) -> None:  # the gated process, or bwrap's pid 1 before it starts the program
                 if group is not None:
                     group.join(pid)
                 launch.admit(pid)
 
             drop = uid if self.root and self.isolation != "unshare" else None
-            ended = launch.execute(cmd, cwd, env, data, status_r, fds[0], fds[1:], limits, user=drop, on_start=admit)
+            ended = launch.execute(cmd, cwd, env, data, status_r, fds[0], fds[1:3], limits, user=drop,
+                                   on_start=admit, block_w=fds[3])
             if group is not None:  # counted before the group is emptied: our own kills are not the program's
                 extra.update(group.events())
             verdict, detail = classify(ended.rc, ended.stderr, ended.timed_out, ended.overflow, ended.started,
@@ -270,7 +284,7 @@ class Sandbox:
             result = RunResult(Verdict.SANDBOX_ERROR, None, "", "", 0.0, self.isolation,
                                detail=f"{type(err).__name__}: {err}")
         finally:
-            for fd in (status_r, status_w, seccomp_r):
+            for fd in (status_r, status_w, block_r, block_w, seccomp_r):
                 if fd is not None:
                     try:
                         os.close(fd)
