@@ -1,20 +1,39 @@
-"""Sandbox throughput and per-program overhead.
+"""Sandbox throughput and per-program cost against a bare subprocess, optionally against another
+checkout's sandbox, interleaved.
 
-    python bench/sandbox.py [--n 200] [--workers 2]
+    python bench/sandbox.py [--n 200] [--workers 2] [--repeats 30] [--baseline OTHER_CHECKOUT/src]
 
 Prints trivial programs per second through ``Sandbox.run_many`` with ``--workers`` slots, and
 the median wall time of one trivial program run sequentially in the sandbox versus a bare
-``subprocess.run([python, "-c", ...])``; the difference is the per-program overhead.
+``subprocess.run([python, "-E", "-s", "-S", "-c", ...])``. With ``--baseline``, a second process
+imports ``rlvr`` from that source tree and times the same program in its sandbox; the three are
+run in turn, one of each per repeat (the order rotating), so machine load hits them alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
+import sys
 import time
 
 from rlvr.rewards.sandbox import Sandbox, Verdict, default_python
+
+PROGRAM = "print(1)"
+
+
+def _serve() -> None:
+    """Baseline side: time one sandboxed run per line read; answer with the seconds taken."""
+    sb = Sandbox(workers=1)
+    sb.run(PROGRAM)
+    print(sb.isolation, flush=True)
+    for _ in sys.stdin:
+        t = time.perf_counter()
+        result = sb.run(PROGRAM)
+        print(time.perf_counter() - t if result.verdict is Verdict.OK else "nan", flush=True)
+    sb.close()
 
 
 def main() -> None:
@@ -22,32 +41,62 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=200, help="programs in the throughput run")
     parser.add_argument("--workers", type=int, default=2, help="sandbox slots")
     parser.add_argument("--repeats", type=int, default=30, help="sequential runs for the latency medians")
+    parser.add_argument("--baseline", help="another checkout's src/ directory to time side by side")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve:
+        return _serve()
 
     sb = Sandbox(workers=args.workers)
     python = default_python()
-    sb.run_many([dict(source="print(1)")] * args.workers)  # warm up
+    sb.run_many([dict(source=PROGRAM)] * args.workers)  # warm up
     start = time.perf_counter()
-    results = sb.run_many([dict(source="print(1)")] * args.n)
+    results = sb.run_many([dict(source=PROGRAM)] * args.n)
     elapsed = time.perf_counter() - start
     assert all(r.verdict is Verdict.OK for r in results), {r.verdict for r in results}
 
-    sandboxed, bare = [], []
-    for _ in range(args.repeats):
+    other = None
+    if args.baseline:
+        env = {**os.environ, "PYTHONPATH": os.path.abspath(args.baseline)}
+        other = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, env=env)
+        print(f"baseline isolation   {other.stdout.readline().strip()}  ({args.baseline})")
+
+    def bare() -> float:
         t = time.perf_counter()
-        sb.run("print(1)")
-        sandboxed.append(time.perf_counter() - t)
+        subprocess.run([python, "-E", "-s", "-S", "-c", PROGRAM], capture_output=True, check=True)
+        return time.perf_counter() - t
+
+    def ours() -> float:
         t = time.perf_counter()
-        subprocess.run([python, "-E", "-s", "-S", "-c", "print(1)"], capture_output=True, check=True)
-        bare.append(time.perf_counter() - t)
+        assert sb.run(PROGRAM).verdict is Verdict.OK
+        return time.perf_counter() - t
+
+    def theirs() -> float:
+        other.stdin.write("run\n")
+        other.stdin.flush()
+        return float(other.stdout.readline())
+
+    timers = {"bare subprocess": bare, "sandbox (this tree)": ours}
+    if other is not None:
+        timers["sandbox (baseline)"] = theirs
+    times: dict[str, list[float]] = {name: [] for name in timers}
+    names = list(timers)
+    for i in range(args.repeats):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            times[name].append(timers[name]())
     sb.close()
-    s_med, b_med = statistics.median(sandboxed), statistics.median(bare)
-    print(f"isolation            {sb.isolation}")
+    if other is not None:
+        other.stdin.close()
+        other.wait()
+    bare_med = statistics.median(times["bare subprocess"])
+    print(f"isolation            {sb.isolation}  cgroups {'yes' if sb.cgroups else 'no'}  "
+          f"seccomp {'yes' if sb.seccomp else 'no'}")
     print(f"workers              {args.workers}")
-    print(f"throughput           {args.n / elapsed:8.1f} programs/s  ({args.n} trivial programs)")
-    print(f"sandboxed, median    {s_med * 1000:8.1f} ms/program")
-    print(f"bare subprocess      {b_med * 1000:8.1f} ms/program")
-    print(f"overhead             {(s_med - b_med) * 1000:8.1f} ms/program")
+    print(f"throughput           {args.n / elapsed:8.1f} programs/s  ({args.n} trivial programs, this tree)")
+    for name, values in times.items():
+        med = statistics.median(values)
+        print(f"{name:21s}{med * 1000:8.1f} ms/program median  ({med / bare_med:4.2f}x bare, {args.repeats} runs)")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,19 @@
 """The hostile-program suite, run through the real sandbox.
 
 Each program gets its verdict checked and the host checked afterwards: no process left under
-any sandbox uid, no file created outside the sandbox (probe paths in /tmp, /dev/shm, $HOME and
-the repo), canary files in $HOME and the repo unchanged, a loopback TCP/UDP listener that never
-hears from a sandbox, a secret in the harness's environment that never shows up in any output,
-and the harness itself alive. ``test_all_at_once`` runs the whole suite 16 sandboxes wide.
+the sandbox's slot uids, no sample cgroup left behind and the sample's peak memory (its cgroup's,
+tmpfs and shm included) within the limit, no file created outside the sandbox (probe paths in
+/tmp, /dev/shm, $HOME and the repo), canary files in $HOME and the repo unchanged, a loopback
+TCP/UDP listener that never hears from a sandbox, a secret in the harness's environment that
+never shows up in any output, and the harness itself alive with its OOM score untouched.
+``test_all_at_once`` runs the whole suite 16 sandboxes wide.
 
 Needs bubblewrap and root (CI runs as root and installs bubblewrap); skipped otherwise.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -21,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.rewards.code import CodeGrader
-from rlvr.rewards.sandbox import Limits, Sandbox, Verdict, _uid_processes, detect_isolation
+from rlvr.rewards.sandbox import Limits, Sandbox, Verdict, _uid_processes, cgroup_host, detect_isolation
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = uuid.uuid4().hex[:12]
@@ -76,7 +79,9 @@ def host():
         path.write_bytes(data)
         path.chmod(0o644)
     listener = Listener()
-    yield {"port": listener.port, "listener": listener, "canaries": canaries}
+    with open("/proc/self/oom_score_adj") as f:
+        oom = f.read()
+    yield {"port": listener.port, "listener": listener, "canaries": canaries, "oom_score_adj": oom, "uids": []}
     listener.stop = True
     for path in canaries:
         path.unlink(missing_ok=True)
@@ -84,25 +89,40 @@ def host():
 
 
 @pytest.fixture(scope="module")
-def sandbox():
+def sandbox(host):
     sb = Sandbox(workers=16, limits=LIMITS, isolation="bwrap", base_uid=BASE_UID)
+    host["uids"].append(sb.uid_range)  # from the host-wide registry: another test process may hold BASE_UID..
     yield sb
     sb.close()
 
 
-def _sandbox_processes() -> list[int]:
-    """Live (non-zombie) processes under any sandbox uid."""
-    return [pid for uid in range(BASE_UID, BASE_UID + 16) for pid in _uid_processes(uid)[0]]
+def _sandbox_processes(host) -> list[int]:
+    """Live (non-zombie) processes under any slot uid of this module's sandboxes."""
+    return [pid for uids in host["uids"] for uid in uids for pid in _uid_processes(uid)[0]]
+
+
+def _leftover_cgroups() -> list[str]:
+    """Sample cgroups of this process still on the host (each is removed after its sample)."""
+    found, _ = cgroup_host()
+    if found is None:
+        return []
+    return [os.path.join(parent, name) for parent in set(found.parents.values()) for name in os.listdir(parent)
+            if name.startswith(f"rlvr-sbx-{os.getpid()}-")]
 
 
 def assert_host_unaffected(host, results):
-    assert _sandbox_processes() == [], "a sandboxed process outlived its verdict"
+    assert _sandbox_processes(host) == [], "a sandboxed process outlived its verdict"
+    assert _leftover_cgroups() == [], "a sample's cgroup outlived it"
+    with open("/proc/self/oom_score_adj") as f:
+        assert f.read() == host["oom_score_adj"], "the harness's OOM score changed"
     for probe in PROBES:
         assert not os.path.exists(probe), f"{probe} was created outside the sandbox"
     for path, data in host["canaries"].items():
         assert path.read_bytes() == data, f"canary {path} changed"
     assert host["listener"].hits == 0, "the loopback listener heard from a sandbox"
     for r in results:
+        peak = r.extra.get("memory_peak_bytes")
+        assert peak is None or peak <= LIMITS.memory_mb << 20, f"the sample's cgroup peaked at {peak >> 20} MB"
         assert SECRET not in r.stdout and SECRET not in r.stderr, "the harness's secret leaked"
         assert "repo canary" not in r.stdout and "home canary" not in r.stdout
     assert os.getpid() > 0 and threading.main_thread().is_alive()
@@ -219,6 +239,157 @@ PROGRAMS = {
 }
 
 
+# ------------------------------------------------------------------ resources and kernel surface
+
+MANY_PROCS_MEMORY = """
+import os, time
+for i in range(16):  # 16 x 150 MB, each process under its own RLIMIT_AS
+    if os.fork() == 0:
+        x = b"x" * (150 << 20)
+        time.sleep(30)
+        os._exit(0)
+time.sleep(30)
+"""
+
+MEMFD_FILL = """
+import os, time
+held = []
+for level in range(8):  # memfd pages are outside RLIMIT_AS; more descriptors in each child
+    while len(held) < 50:
+        fd = os.memfd_create("fill")
+        os.write(fd, b"x" * (7 << 20))
+        held.append(fd)
+    if os.fork():
+        time.sleep(30)
+    for fd in held:
+        os.close(fd)
+    held.clear()
+"""
+
+TMPFS_FILL = """
+import json
+written = {}
+for d in ["/dev/shm", "/dev", "/tmp", "/work"]:
+    n = 0
+    try:
+        for i in range(10000):
+            with open(d + "/fill" + str(i), "wb") as f:
+                f.write(b"x" * (4 << 20))
+            n += 4
+    except OSError:
+        pass
+    written[d] = n
+print("FILL" + json.dumps(written))
+"""
+
+SESSION_FORK_BOMB = "import os\nwhile True:\n    if os.fork() == 0:\n        os.setsid()"
+
+KERNEL = r'''
+import ctypes, errno, json, os, platform, socket, threading
+libc = ctypes.CDLL(None, use_errno=True)
+arm = platform.machine() == "aarch64"
+NR = {"bpf": 280 if arm else 321, "keyctl": 219 if arm else 250, "add_key": 217 if arm else 248,
+      "perf_event_open": 241 if arm else 298, "io_uring_setup": 425, "pidfd_open": 434, "pidfd_getfd": 438,
+      "clone3": 435, "kexec_load": 104 if arm else 246, "init_module": 105 if arm else 175,
+      "process_vm_readv": 270 if arm else 310, "userfaultfd": 282 if arm else 323}
+out = {}
+def attempt(name, call):
+    ctypes.set_errno(0)
+    try:
+        rc = call()
+    except OSError as e:
+        out[name] = errno.errorcode.get(e.errno, e.errno); return
+    out[name] = "ALLOWED" if rc >= 0 else errno.errorcode.get(ctypes.get_errno(), ctypes.get_errno())
+attempt("unshare_user", lambda: libc.unshare(0x10000000))
+attempt("unshare_mount", lambda: libc.unshare(0x00020000))
+attempt("unshare_net", lambda: libc.unshare(0x40000000))
+child = lambda p: p if p else os._exit(0)  # a raw clone that succeeds returns 0 in a copy of this process
+attempt("clone_newuser", lambda: child(libc.syscall(220 if arm else 56, 0x10000000 | 17, 0, 0, 0, 0)))
+attempt("clone3", lambda: libc.syscall(NR["clone3"], 0, 0))
+attempt("mount_tmpfs", lambda: libc.mount(b"none", b"/tmp", b"tmpfs", 0, None))
+attempt("setns", lambda: libc.setns(os.open("/proc/self/ns/net", os.O_RDONLY), 0))
+attempt("netlink", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).fileno())
+attempt("packet", lambda: socket.socket(17, socket.SOCK_RAW, 0).fileno())
+params = ctypes.create_string_buffer(120)
+attempt("io_uring_setup", lambda: libc.syscall(NR["io_uring_setup"], 4, params))
+attempt("bpf", lambda: libc.syscall(NR["bpf"], 0, 0, 0))
+attempt("keyctl", lambda: libc.syscall(NR["keyctl"], 0, -3, 0))
+attempt("add_key", lambda: libc.syscall(NR["add_key"], b"user", b"k", b"v", 1, -3))
+attempt("perf_event_open", lambda: libc.syscall(NR["perf_event_open"], ctypes.create_string_buffer(128), 0, -1, -1, 0))
+attempt("ptrace_traceme", lambda: libc.ptrace(0, 0, 0, 0))
+attempt("ptrace_attach_init", lambda: libc.ptrace(16, 1, 0, 0))
+attempt("pidfd_getfd", lambda: libc.syscall(NR["pidfd_getfd"], libc.syscall(NR["pidfd_open"], 1, 0), 0, 0))
+attempt("process_vm_readv", lambda: libc.syscall(NR["process_vm_readv"], 1, 0, 0, 0, 0, 0))
+attempt("kexec_load", lambda: libc.syscall(NR["kexec_load"], 0, 0, 0, 0))
+attempt("init_module", lambda: libc.syscall(NR["init_module"], 0, 0, b""))
+attempt("userfaultfd", lambda: libc.syscall(NR["userfaultfd"], 0))
+attempt("chroot", lambda: libc.chroot(b"/tmp"))
+attempt("thread", lambda: threading.Thread(target=int).start() or 0)
+attempt("fork", lambda: (lambda p: p if p else os._exit(0))(os.fork()))
+print("KERNEL" + json.dumps(out))
+'''
+
+FORGE_EXIT = """
+import ctypes, os, struct
+libc = ctypes.CDLL(None, use_errno=True)
+# bwrap's init (pid 1 here) reports the program's exit code to bwrap outside through an eventfd:
+# take a copy of it and claim exit code 0, then exit 7.
+for fd in os.listdir("/proc/1/fd"):
+    try:
+        if "eventfd" not in os.readlink("/proc/1/fd/" + fd):
+            continue
+        copy = libc.syscall(438, libc.syscall(434, 1, 0), int(fd), 0)
+        if copy >= 0:
+            os.write(copy, struct.pack("Q", 1))
+            print("FORGED")
+        with open("/proc/1/fd/" + fd, "wb", buffering=0) as f:
+            f.write(struct.pack("Q", 1))
+            print("FORGED")
+    except OSError:
+        pass
+raise SystemExit(7)
+"""
+
+# A child runs into the cgroup's memory limit (memfd pages, outside RLIMIT_AS); the parent exits 0.
+FORGE_THEN_OOM = FORGE_EXIT.replace("raise SystemExit(7)", """pid = os.fork()
+if pid == 0:
+    held = [os.memfd_create("f") for _ in range(60)]
+    for fd in held:
+        os.write(fd, b"x" * (7 << 20))
+    os._exit(0)
+os.waitpid(pid, 0)
+raise SystemExit(0)""")
+
+
+def _fill_contained(r) -> bool:
+    line = next(x for x in r.stdout.splitlines() if x.startswith("FILL"))
+    written = json.loads(line[4:])
+    return written["/dev"] == 0 and written["/dev/shm"] <= LIMITS.shm_mb and written["/tmp"] <= LIMITS.disk_mb \
+        and written["/work"] <= LIMITS.disk_mb
+
+
+def _kernel_denied(r) -> bool:
+    line = next(x for x in r.stdout.splitlines() if x.startswith("KERNEL"))
+    results = json.loads(line[6:])
+    allowed = {"thread", "fork"}  # the two that must work, as controls
+    return all(v == "ALLOWED" for k, v in results.items() if k in allowed) and \
+        not [k for k, v in results.items() if k not in allowed and v == "ALLOWED"]
+
+
+NEEDS_CGROUP = {"25_memory_many_processes", "26_memfd_fill", "30b_forged_status_then_memory"}
+PROGRAMS.update({
+    "25_memory_many_processes": (MANY_PROCS_MEMORY, {Verdict.MEMORY_LIMIT}, None),
+    "26_memfd_fill": (MEMFD_FILL, {Verdict.MEMORY_LIMIT}, None),
+    "27_tmpfs_shm_dev_fill": (TMPFS_FILL, {Verdict.OK}, _fill_contained),
+    "28_session_fork_bomb": (SESSION_FORK_BOMB, {Verdict.RESOURCE_LIMIT}, None),
+    "29_kernel_surface": (KERNEL, {Verdict.OK}, _kernel_denied),
+    "30a_forged_exit_status": (FORGE_EXIT, {Verdict.RUNTIME_ERROR},
+                               lambda r: r.returncode == 7 and "FORGED" not in r.stdout),
+    # Whatever the status says, a limit verdict comes from the host's side (here the cgroup's OOM count).
+    "30b_forged_status_then_memory": (FORGE_THEN_OOM, {Verdict.MEMORY_LIMIT}, None),
+})
+
+
 def _source(name: str, host) -> str:
     return PROGRAMS[name][0] % {"harness": os.getpid(), "repo": str(REPO), "home": str(Path.home()),
                                 "token": TOKEN, "probes": PROBES, "port": host["port"]} if "%(" in PROGRAMS[name][0] \
@@ -233,8 +404,14 @@ def _check(name, result):
         assert check(result), f"{name}: {result.stdout[-500:]!r}"
 
 
+def _skip_without_cgroups(name: str) -> None:
+    if name in NEEDS_CGROUP and cgroup_host()[0] is None:
+        pytest.skip(f"needs per-sample cgroups, unavailable here: {cgroup_host()[1]}")
+
+
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_hostile_program(name, sandbox, host):
+    _skip_without_cgroups(name)
     result = sandbox.run(_source(name, host))
     _check(name, result)
     assert_host_unaffected(host, [result])
@@ -319,9 +496,30 @@ def test_21_slow_but_correct_vs_over_the_limit_is_stable(sandbox, host):
     assert_host_unaffected(host, [])
 
 
+HOG = "import os\nfor i in range(8):\n    if os.fork() == 0:\n        os.setsid()\n        break\nwhile True: pass"
+HONEST = "print(sum(i * i for i in range(3_000_000)))"
+
+
+def test_cpu_hogs_in_many_sessions_do_not_starve_an_honest_sample(host):
+    """Four samples spinning 9 processes each, in their own sessions, next to an honest one: each
+    sample's cgroup gets a fair share of the CPUs (and at most cpu.max), not one per process, so
+    the honest sample finishes well inside a wall clock it would miss at 1/37 of the CPU."""
+    if cgroup_host()[0] is None:
+        pytest.skip(f"needs per-sample cgroups, unavailable here: {cgroup_host()[1]}")
+    limits = Limits(wall_s=4.0, memory_mb=256, nproc=24, output_bytes=1 << 16)
+    with Sandbox(workers=5, limits=limits, isolation="bwrap", base_uid=BASE_UID) as sb:
+        host["uids"].append(sb.uid_range)
+        alone = sb.run(HONEST)
+        results = sb.run_many([dict(source=HOG)] * 4 + [dict(source=HONEST)])
+    assert alone.verdict is Verdict.OK, alone.detail
+    assert [r.verdict for r in results] == [Verdict.TIMEOUT] * 4 + [Verdict.OK]
+    assert results[-1].stdout == alone.stdout
+    assert_host_unaffected(host, results)
+
+
 def test_all_at_once_16_wide(sandbox, host):
     """The whole suite plus fork bombs next to correct programs, 16 sandboxes at a time."""
-    names = sorted(PROGRAMS)
+    names = [n for n in sorted(PROGRAMS) if n not in NEEDS_CGROUP or cgroup_host()[0] is not None]
     jobs = [dict(source=_source(n, host)) for n in names]
     bombs = [dict(source=PROGRAMS["05a_fork_bomb"][0])] * 6
     correct = [dict(source="print(sum(range(10)))")] * 10

@@ -51,7 +51,7 @@ def test_sandbox_error_is_ours_and_counted(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         sb = Sandbox(workers=1, isolation="none", limits=FAST)
-    monkeypatch.setattr(sbx.subprocess, "Popen", lambda *a, **k: (_ for _ in ()).throw(OSError("no fork")))
+    monkeypatch.setattr(sbx.launch.subprocess, "Popen", lambda *a, **k: (_ for _ in ()).throw(OSError("no fork")))
     result = sb.run("print(1)")
     assert result.verdict is Verdict.SANDBOX_ERROR and "no fork" in result.detail
     assert sb.counters["sandbox_errors"] == 1

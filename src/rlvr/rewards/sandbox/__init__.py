@@ -1,0 +1,308 @@
+"""Run model-written programs so that they cannot touch the host or starve each other.
+
+Design. Every program runs in its own process tree:
+
+1. **Process layer, always on.** ``Popen`` in a new session with an allow-list environment,
+   ``python -E -s -S``, stdin a pipe fed by the parent (or ``/dev/null``), rlimits applied by
+   ``prlimit`` in the exec chain (CPU, address space, file size, open files, processes, no
+   core; no ``preexec_fn``, which is unsafe next to threads), ``oom_score_adj`` 1000 so the
+   kernel's OOM killer picks sandboxed code before the trainer, a reader that drains stdout and
+   stderr concurrently with a byte cap, a wall-clock ``SIGKILL`` of the process group, then
+   ``wait()`` so no zombie is left.
+2. **A cgroup per sample** (``cgroup``), joined before the first exec: memory for the sample as a
+   whole (tmpfs, shm and memfd pages included, no swap), ``pids.max`` and ``cpu.max``, so many
+   processes or sessions cannot add up past one sample's share. Its peak memory and limit events
+   are read from the host side into ``RunResult.extra``; it is emptied and removed after the run.
+3. **Unprivileged uid per worker slot.** As root, slot ``k`` runs as uid/gid ``uid_range[k]``:
+   root ignores ``RLIMIT_NPROC``, and one uid per slot keeps a fork bomb in one sample from
+   starving the others. After every run every process of that uid is killed (a backstop that also
+   catches ``setsid`` daemons without namespaces), so each range is reserved host-wide (``uids``).
+4. **Namespaces.** ``bwrap`` (bubblewrap) when installed and working: new user (nested user
+   namespaces disabled), pid, net, ipc, uts, cgroup and mount namespaces; only ``/usr``
+   (read-only), a private ``/proc``, a read-only ``/dev`` with a sized ``/dev/shm`` and a
+   size-capped ``/tmp``; the program's files read-only at ``/task``; a fresh size-capped tmpfs as
+   its working directory ``/work``; ``--die-with-parent`` so killing our ``bwrap`` tears the pid
+   namespace down; a seccomp filter (``seccomp``) against namespace, mount, tracing, BPF,
+   io_uring, keyring and module syscalls. Without bwrap, as root: ``unshare`` of net/pid/ipc/uts
+   with a shell as pid 1 (the program must not be pid 1: pid 1 ignores SIGXCPU). Neither: rlimits
+   only. Anything short of the full stack prints one loud warning per process, never a silent
+   downgrade.
+
+The sandbox reports how a program ended (``Verdict.OK`` = exit status 0, or one of the limit
+verdicts); deciding PASS or FAIL is the grader's job (``rlvr.rewards.code``), done outside. The
+exit status passes through bwrap's init inside the sandbox, so it is only as trustworthy as the
+program (the seccomp filter denies the ``pidfd_getfd``/``ptrace`` route to rewrite it); the limit
+verdicts come from the host side (timers, output caps, the cgroup's counters).
+
+Deviation from a full isolation design: remote backends are not implemented.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+from rlvr.rewards.sandbox import cgroup, launch, seccomp
+from rlvr.rewards.sandbox.procs import become_subreaper, sweep_uid
+from rlvr.rewards.sandbox.procs import uid_processes as _uid_processes
+from rlvr.rewards.sandbox.results import Limits, RunResult, Verdict, classify, with_limits
+
+__all__ = ["ISOLATIONS", "Verdict", "Limits", "RunResult", "Sandbox", "SandboxWarning", "detect_isolation",
+           "default_python", "with_limits", "_uid_processes"]
+
+ISOLATIONS = ("auto", "bwrap", "unshare", "none")
+"""Sandbox isolation modes (`auto` picks the strongest that works here)."""
+
+
+class SandboxWarning(UserWarning):
+    """Full isolation is unavailable on this host."""
+
+
+_DEFAULT_LIMITS = Limits()
+_warned: set[str] = set()
+_isolation_cache: dict[tuple, str] = {}
+_cgroups: list = []  # [(CgroupHost | None, reason)] once found
+_cgroup_lock = threading.Lock()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key in _warned:
+        return
+    _warned.add(key)
+    banner = "!" * 78
+    print(f"{banner}\nrlvr sandbox WARNING: {message}\n{banner}", file=sys.stderr, flush=True)
+    warnings.warn(message, SandboxWarning, stacklevel=3)
+
+
+def default_python() -> str:
+    """An interpreter under /usr that the sandbox can see (a venv under $HOME or a repo is not)."""
+    for path in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.access(path, os.X_OK):
+            return path
+    return sys._base_executable if hasattr(sys, "_base_executable") else sys.executable
+
+
+def _task_root() -> str | None:
+    """Where each run's files go: ``/dev/shm`` when it is a writable tmpfs directory (removing a
+    directory from a journaling disk costs milliseconds per program), else the temp directory."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK) else None
+
+
+_TASK_ROOT = _task_root()
+
+
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def cgroup_host() -> tuple[cgroup.CgroupHost | None, str]:
+    """This process's place for sample cgroups, found once: (host, "") or (None, why not)."""
+    with _cgroup_lock:
+        if not _cgroups:
+            _cgroups.append(cgroup.CgroupHost.find() if sys.platform.startswith("linux") else (None, "not Linux"))
+        return _cgroups[0]
+
+
+def detect_isolation(python: str | None = None, base_uid: int = 60000) -> str:
+    """The strongest mode that works here: ``bwrap``, ``unshare`` (root) or ``none``."""
+    python = python or default_python()
+    key = (python, base_uid)
+    if key in _isolation_cache:
+        return _isolation_cache[key]
+    mode = "none"
+    probe = Sandbox(workers=1, isolation="bwrap", python=python, base_uid=base_uid, _probe=True)
+    if shutil.which("bwrap") and shutil.which("prlimit"):
+        if probe.run("print(6*7)", limits=Limits(wall_s=10)).stdout.strip() == "42":
+            mode = "bwrap"
+    if mode == "none" and _is_root() and shutil.which("unshare") and shutil.which("prlimit"):
+        probe.isolation = "unshare"
+        if probe.run("print(6*7)", limits=Limits(wall_s=10)).stdout.strip() == "42":
+            mode = "unshare"
+    probe.close()  # its uid goes back: the sandbox being built after the probe starts at base_uid
+    _isolation_cache[key] = mode
+    return mode
+
+
+class Sandbox:
+    """A pool of ``workers`` sandbox slots; ``run`` is thread-safe, ``run_many`` fans out.
+
+    >>> sb = Sandbox(workers=1)                                          # doctest: +SKIP
+    >>> sb.run("print(input())", stdin="hi").stdout                      # doctest: +SKIP
+    'hi\\n'
+    """
+
+    def __init__(self, *, workers: int = 2, limits: Limits = _DEFAULT_LIMITS, isolation: str = "auto",
+                 python: str | None = None, base_uid: int = 60000, _probe: bool = False):
+        if workers < 1:
+            raise ValueError(f"sandbox: workers must be >= 1, got {workers}")
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"sandbox: isolation must be auto|bwrap|unshare|none, got {isolation!r}")
+        self.workers, self.limits, self.python, self.base_uid = workers, limits, python or default_python(), base_uid
+        if not os.access(self.python, os.X_OK):
+            raise ValueError(f"sandbox: interpreter {self.python!r} is not executable")
+        self.root = _is_root()
+        self.uid_range, self._release = range(base_uid, base_uid + workers), lambda: None
+        if self.root:  # slot uids are used (and swept) as root only; otherwise every slot is our uid
+            from rlvr.rewards.uids import reserve
+
+            become_subreaper()
+            self.uid_range, self._release = reserve(self, base_uid, workers)
+        if isolation == "auto":
+            isolation = detect_isolation(self.python, base_uid)
+        self.isolation = isolation
+        self.cgroups, cgroup_reason = cgroup_host()
+        self.seccomp, seccomp_reason = seccomp.bpf_program() if isolation == "bwrap" else (None, "")
+        self._slots: queue.Queue[int] = queue.Queue()
+        for k in range(workers):
+            self._slots.put(k)
+        self._pool: ThreadPoolExecutor | None = None
+        self.counters = {"runs": 0, "sandbox_errors": 0, "swept": 0}
+        self._lock = threading.Lock()
+        if not _probe:
+            self._announce(cgroup_reason, seccomp_reason)
+
+    def _announce(self, cgroup_reason: str, seccomp_reason: str) -> None:
+        if self.cgroups is None:
+            _warn_once("cgroup", f"no per-sample cgroup ({cgroup_reason}): a sample's memory (tmpfs, shm, many "
+                       "processes) and CPU are bounded only by per-process rlimits. Run as root on a cgroup v2 "
+                       "host, or delegate the memory, pids and cpu controllers to this process's cgroup.")
+        if self.isolation == "bwrap" and self.seccomp is None:
+            _warn_once("seccomp", f"no seccomp filter ({seccomp_reason}): sandboxed code can reach io_uring, bpf, "
+                       "keyctl and other kernel interfaces. Install libseccomp2 and the pyseccomp package.")
+        if self.isolation == "bwrap" and self.root:
+            return
+        if self.isolation == "bwrap":
+            _warn_once("bwrap-nonroot", "running as a non-root user: every sandbox slot shares your uid, "
+                       "so RLIMIT_NPROC is shared between concurrent programs")
+        elif self.isolation == "unshare":
+            _warn_once("unshare", "bubblewrap (bwrap) is not available: model-written code runs under "
+                       "unshare (no network, own pid namespace, unprivileged uid) but SEES THE HOST "
+                       "FILESYSTEM (world-readable files, world-writable dirs). Install bubblewrap.")
+        else:
+            _warn_once("none", "NO SANDBOX ISOLATION: bubblewrap is unavailable and this is not root, so "
+                       "model-written code runs with rlimits only, as your user, with network and your "
+                       "files reachable. Install bubblewrap (apt-get install bubblewrap).")
+
+    # ------------------------------------------------------------------------------ public
+
+    def run(self, source: str, *, stdin: str | bytes | None = None, files: dict[str, str] | None = None,
+            argv: list[str] | None = None, limits: Limits | None = None) -> RunResult:
+        """Run ``source`` as ``main.py`` (plus ``files``) with ``stdin`` text; block until done."""
+        slot = self._slots.get()
+        try:
+            return self._run_in_slot(slot, source, stdin, files or {}, argv or [], limits or self.limits)
+        finally:
+            self._slots.put(slot)
+
+    def run_many(self, jobs: list[dict]) -> list[RunResult]:
+        """Run each job (keyword arguments of ``run``) on the worker pool; results in order."""
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="rlvr-sandbox")
+        futures = [self._pool.submit(lambda j=j: self.run(**j)) for j in jobs]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._release()  # the slot uids go back (once; also at exit or when the sandbox is collected)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------------------------ one run
+
+    def _command(self, uid, host_dir, argv, limits, status_w, block_r, seccomp_r) -> tuple[list[str], str, dict]:
+        """(command, cwd, env) for this isolation mode (bwrap's waits on ``block_r``, the others at
+        the start gate ``launch.execute`` puts in front)."""
+        py = [self.python, "-E", "-s", "-S"]  # like -I, but the script dir stays importable
+        local_env = {**launch.ENV, "HOME": host_dir, "TMPDIR": host_dir}
+        if self.isolation == "bwrap":
+            return (launch.prlimit_prefix(limits) + launch.bwrap_prefix(self.python, host_dir, limits, status_w,
+                                                                        block_r, seccomp_r)
+                    + py + ["/task/main.py", *argv]), "/", {}
+        if self.isolation == "unshare":  # unshare needs root: the uid is dropped inside, after the namespaces
+            script = " ".join(launch.shquote(a) for a in py + [os.path.join(host_dir, "main.py"), *argv])
+            return (["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts", "--"]
+                    + (launch.setpriv_prefix(uid) if self.root else []) + ["/bin/sh", "-c", f"{script}; exit $?"],
+                    host_dir, local_env)
+        return py + [os.path.join(host_dir, "main.py"), *argv], host_dir, local_env
+
+    def _run_in_slot(self, slot, source, stdin, files, argv, limits) -> RunResult:
+        uid = self.uid_range[slot]
+        host_dir = tempfile.mkdtemp(prefix="rlvr-sbx-", dir=_TASK_ROOT)
+        status_r = status_w = seccomp_r = block_r = block_w = group = None
+        extra: dict = {}
+        try:
+            for name, text in {**files, "main.py": source}.items():
+                path = os.path.join(host_dir, name)
+                if os.path.dirname(os.path.normpath(path)) != host_dir:
+                    raise ValueError(f"sandbox: file name {name!r} must be a plain name")
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(text)
+            if self.root:
+                os.chown(host_dir, uid, uid)
+                for name in os.listdir(host_dir):
+                    os.chown(os.path.join(host_dir, name), uid, uid)
+            os.chmod(host_dir, 0o700)
+            if self.cgroups is not None:
+                group = self.cgroups.create(limits.memory_mb << 20, limits.nproc, limits.cpus)
+            if self.isolation == "bwrap":
+                status_r, status_w = os.pipe()
+                block_r, block_w = os.pipe()
+                seccomp_r = seccomp.seccomp_fd(self.seccomp) if self.seccomp is not None else None
+            cmd, cwd, env = self._command(uid, host_dir, argv, limits, status_w, block_r, seccomp_r)
+            fds = (status_w, block_r, seccomp_r, block_w)  # execute owns (and closes) them from here
+            status_w = block_r = seccomp_r = block_w = None
+            data = stdin.encode() if isinstance(stdin, str) else stdin
+
+            def admit(pid: int) -> None:  # the gated process, or bwrap's pid 1 before it starts the program
+                if group is not None:
+                    group.join(pid)
+                launch.admit(pid)
+
+            drop = uid if self.root and self.isolation != "unshare" else None
+            ended = launch.execute(cmd, cwd, env, data, status_r, fds[0], fds[1:3], limits, user=drop,
+                                   on_start=admit, block_w=fds[3])
+            if group is not None:  # counted before the group is emptied: our own kills are not the program's
+                extra.update(group.events())
+            verdict, detail = classify(ended.rc, ended.stderr, ended.timed_out, ended.overflow, ended.started,
+                                       self.isolation, extra)
+            result = RunResult(verdict, ended.rc, ended.stdout, ended.stderr, ended.elapsed, self.isolation, detail)
+        except Exception as err:  # noqa: BLE001 - any failure here is ours, reported as such
+            result = RunResult(Verdict.SANDBOX_ERROR, None, "", "", 0.0, self.isolation,
+                               detail=f"{type(err).__name__}: {err}")
+        finally:
+            for fd in (status_r, status_w, block_r, block_w, seccomp_r):
+                if fd is not None:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            if group is not None:
+                group.empty()
+            if self.root:
+                swept = sweep_uid(uid)
+                if swept:
+                    with self._lock:
+                        self.counters["swept"] += swept
+            if group is not None:
+                extra["memory_peak_bytes"] = group.peak_bytes()
+                group.remove()
+            shutil.rmtree(host_dir, ignore_errors=True)
+        result.extra.update(extra)
+        with self._lock:
+            self.counters["runs"] += 1
+            self.counters["sandbox_errors"] += result.verdict is Verdict.SANDBOX_ERROR
+        return result

@@ -1,0 +1,252 @@
+"""One cgroup per running sample: memory (tmpfs and shm pages included), processes and CPU bounded
+for the sample as a whole, not per process as rlimits are.
+
+``CgroupHost.find()`` looks once per process for a place to make them:
+
+- **cgroup v2**: the unified hierarchy with the memory, pids and cpu controllers. Samples go
+  under the process's own cgroup when it already delegates those controllers to children;
+  otherwise the process first moves itself into a leaf ``rlvr-trainer-<pid>`` (cgroup v2 lets a
+  cgroup hand controllers to children only while it holds no process itself) and enables them.
+  A child process of such a trainer (it starts in the leaf) uses the leaf's parent.
+- **cgroup v1** (hybrid hosts, where memory, pids and cpu are v1 hierarchies): one child per
+  controller under the process's own group in each (v1 has no rule against inner processes).
+
+When neither works (not root and nothing delegated, another process shares the cgroup,
+controllers missing) ``find`` returns None with the reason, and the sandbox warns loudly once.
+
+A sample's group: ``memory.max`` (v1 ``memory.limit_in_bytes``), no swap, ``memory.oom.group``
+so an OOM kill takes the whole sample, ``pids.max`` and ``cpu.max`` (v1 CFS quota). The sample's
+first process is placed in it (``join``) while it waits at the sandbox's start gate, before it
+execs anything, so nothing of the sample ever runs outside. After the run the group is emptied (``cgroup.kill``,
+else SIGKILL of every member), its peak memory and limit events are read, and it is removed.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["CgroupHost", "SampleCgroup"]
+
+CONTROLLERS = ("memory", "pids", "cpu")
+_PERIOD_US = 100_000
+_counter = itertools.count()
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _keyed(path: str) -> dict[str, int]:
+    """A flat-keyed cgroup file (``memory.events``, ``pids.events``) as a dict; {} when unreadable."""
+    try:
+        pairs = (line.split() for line in _read(path).splitlines())
+        return {p[0]: int(p[1]) for p in pairs if len(p) == 2 and p[1].isdigit()}
+    except OSError:
+        return {}
+
+
+def _mounts() -> list[tuple[str, str, set[str]]]:
+    """(mount point, fs type, super options) of every cgroup mount."""
+    out = []
+    for line in _read("/proc/self/mountinfo").splitlines():
+        left, _, right = line.partition(" - ")
+        fields, rest = left.split(), right.split()
+        if len(rest) >= 3 and rest[0] in ("cgroup", "cgroup2"):
+            out.append((fields[4], rest[0], set(rest[2].split(","))))
+    return out
+
+
+def _own_paths() -> dict[str, str]:
+    """Controller (``""`` for v2) -> this process's cgroup path, from /proc/self/cgroup."""
+    out = {}
+    for line in _read("/proc/self/cgroup").splitlines():
+        _, names, path = line.split(":", 2)
+        for name in names.split(",") if names else [""]:
+            out[name] = path
+    return out
+
+
+@dataclass
+class SampleCgroup:
+    """One sample's group(s); ``procs`` are the files its first process writes its pid to."""
+
+    dirs: list[str]
+    version: int
+    procs: list[str] = field(default_factory=list)
+
+    def _file(self, v2: str, v1: str) -> str:
+        if self.version == 2:
+            return os.path.join(self.dirs[0], v2)
+        return next((os.path.join(d, v1) for d in self.dirs if os.path.exists(os.path.join(d, v1))), "/nonexistent")
+
+    def join(self, pid: int) -> None:
+        """Move ``pid`` (and the children it makes from now on) into the group."""
+        for procs in self.procs:
+            _write(procs, str(pid))
+
+    def members(self) -> list[int]:
+        pids: set[int] = set()
+        for d in self.dirs:
+            try:
+                pids.update(int(p) for p in _read(os.path.join(d, "cgroup.procs")).split())
+            except (OSError, ValueError):
+                pass
+        return sorted(pids)
+
+    def peak_bytes(self) -> int | None:
+        try:
+            return int(_read(self._file("memory.peak", "memory.max_usage_in_bytes")))
+        except (OSError, ValueError):
+            return None
+
+    def events(self) -> dict[str, int]:
+        """``oom_kill`` (processes killed at the memory limit), ``pids_max`` (forks refused)."""
+        mem = _keyed(self._file("memory.events", "memory.oom_control"))
+        return {"oom_kill": mem.get("oom_kill", 0), "pids_max": _keyed(self._file("pids.events", "pids.events"))
+                .get("max", 0)}
+
+    def empty(self, wait_s: float = 3.0) -> int:
+        """Kill every member until none is left; how many were found alive."""
+        killed, deadline = 0, time.monotonic() + wait_s
+        kill_file = os.path.join(self.dirs[0], "cgroup.kill") if self.version == 2 else None
+        while (pids := self.members()) and time.monotonic() < deadline:
+            killed = max(killed, len(pids))
+            if kill_file and os.path.exists(kill_file):
+                try:
+                    _write(kill_file, "1")
+                except OSError:
+                    kill_file = None
+            for pid in pids if not kill_file else ():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.002)
+        return killed
+
+    def remove(self) -> None:
+        for d in self.dirs:
+            for _ in range(200):  # rmdir is EBUSY for a moment after the last member exits
+                try:
+                    os.rmdir(d)
+                    break
+                except OSError as err:
+                    if err.errno != errno.EBUSY:
+                        break
+                    time.sleep(0.005)
+
+
+class CgroupHost:
+    """Where this process makes sample cgroups: ``parents`` maps controller -> directory."""
+
+    def __init__(self, version: int, parents: dict[str, str]):
+        self.version, self.parents = version, parents
+
+    @classmethod
+    def find(cls) -> tuple[CgroupHost | None, str]:
+        """(a host, "") or (None, why per-sample cgroups are unavailable here)."""
+        try:
+            mounts, own = _mounts(), _own_paths()
+        except (OSError, ValueError) as err:
+            return None, f"cannot read the cgroup layout ({err})"
+        v2 = next((m for m, kind, _ in mounts if kind == "cgroup2"), None)
+        reasons = []
+        if v2 is not None and "" in own:
+            host, why = cls._v2(os.path.normpath(os.path.join(v2, own[""].lstrip("/"))))
+            if host:
+                return host, ""
+            reasons.append(why)
+        v1 = {c: m for m, kind, opts in mounts if kind == "cgroup" for c in CONTROLLERS if c in opts}
+        if set(v1) == set(CONTROLLERS):
+            parents = {c: os.path.normpath(os.path.join(v1[c], own.get(c, "/").lstrip("/"))) for c in v1}
+            if all(os.access(p, os.W_OK) for p in parents.values()):
+                return cls(1, parents), ""
+            reasons.append(f"cgroup v1 groups {sorted(set(parents.values()))} are not writable")
+        elif not reasons:
+            reasons.append("no cgroup v2 or v1 hierarchy with the memory, pids and cpu controllers")
+        return None, "; ".join(reasons)
+
+    @classmethod
+    def _v2(cls, own: str) -> tuple[CgroupHost | None, str]:
+        need = set(CONTROLLERS)
+
+        def delegated(d: str) -> bool:
+            try:
+                return need <= set(_read(os.path.join(d, "cgroup.subtree_control")).split()) and os.access(d, os.W_OK)
+            except OSError:
+                return False
+
+        if delegated(own):
+            return cls(2, {"": own}), ""
+        parent = os.path.dirname(own)
+        if os.path.basename(own).startswith("rlvr-trainer-") and delegated(parent):
+            return cls(2, {"": parent}), ""
+        try:
+            available = set(_read(os.path.join(own, "cgroup.controllers")).split())
+        except OSError as err:
+            return None, f"cgroup v2 group {own} unreadable ({err})"
+        if not need <= available:
+            return None, f"cgroup v2 group {own} lacks controllers {sorted(need - available)}"
+        leaf = os.path.join(own, f"rlvr-trainer-{os.getpid()}")
+        try:
+            os.makedirs(leaf, exist_ok=True)
+            _write(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
+        except OSError as err:
+            return None, f"cannot make a leaf for this process in cgroup v2 group {own} ({err})"
+        try:
+            _write(os.path.join(own, "cgroup.subtree_control"), " ".join(f"+{c}" for c in CONTROLLERS))
+        except OSError as err:  # other processes still live in `own`: put this one back
+            try:
+                _write(os.path.join(own, "cgroup.procs"), str(os.getpid()))
+                os.rmdir(leaf)
+            except OSError:
+                pass
+            return None, f"cannot delegate controllers in cgroup v2 group {own} ({err}; other processes share it)"
+        return cls(2, {"": own}), ""
+
+    def create(self, memory_bytes: int, pids: int, cpus: float) -> SampleCgroup:
+        """A fresh, limited group for one sample (raises OSError when the kernel refuses)."""
+        name = f"rlvr-sbx-{os.getpid()}-{next(_counter)}"
+        quota = max(1000, int(cpus * _PERIOD_US))
+        if self.version == 2:
+            d = os.path.join(self.parents[""], name)
+            os.mkdir(d)
+            group = SampleCgroup([d], 2, [os.path.join(d, "cgroup.procs")])
+            try:
+                _write(os.path.join(d, "memory.max"), str(memory_bytes))
+                for optional, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
+                    if os.path.exists(os.path.join(d, optional)):
+                        _write(os.path.join(d, optional), value)
+                _write(os.path.join(d, "pids.max"), str(pids))
+                _write(os.path.join(d, "cpu.max"), f"{quota} {_PERIOD_US}")
+            except OSError:
+                group.remove()
+                raise
+            return group
+        dirs = {c: os.path.join(p, name) for c, p in self.parents.items()}
+        group = SampleCgroup(list(dict.fromkeys(dirs.values())), 1)
+        try:
+            for d in group.dirs:
+                os.mkdir(d)
+            _write(os.path.join(dirs["memory"], "memory.limit_in_bytes"), str(memory_bytes))
+            if os.path.exists(os.path.join(dirs["memory"], "memory.memsw.limit_in_bytes")):
+                _write(os.path.join(dirs["memory"], "memory.memsw.limit_in_bytes"), str(memory_bytes))
+            _write(os.path.join(dirs["pids"], "pids.max"), str(pids))
+            _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(_PERIOD_US))
+            _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(quota))
+        except OSError:
+            group.remove()
+            raise
+        group.procs = [os.path.join(d, "cgroup.procs") for d in group.dirs]
+        return group

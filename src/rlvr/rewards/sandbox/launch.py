@@ -1,0 +1,247 @@
+"""The command line a sandboxed program runs under, and the loop that runs it: stdin fed through a
+pipe, stdout and stderr drained with a cap, the wall clock enforced, bwrap's status read.
+
+Nothing of the sample runs before it is in its cgroup with ``oom_score_adj`` 1000 (``admit``),
+and no ``preexec_fn`` (unsafe next to threads) does it:
+
+- **bwrap**: its pid 1 waits on ``--block-fd`` after the mounts, before it starts the program; the
+  parent admits that pid as soon as bwrap reports it (the cgroup move overlaps bwrap's setup),
+  then releases the block. The rlimits come from a ``prlimit`` exec in front of bwrap.
+- **unshare, none**: a ``/bin/sh`` **gate** in front sets the rlimits (``ulimit``, with the
+  options whose units POSIX shells share) and reads one line from its stdin pipe before it execs
+  the rest; the parent admits it while it waits, then writes the line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import time
+
+from rlvr.rewards.sandbox.results import Limits
+
+__all__ = ["ENV", "gate", "bwrap_prefix", "admit", "prlimit_prefix", "setpriv_prefix", "shquote", "execute", "Ended"]
+
+# RLIMIT_NPROC is -p in dash and busybox, -u in bash (whose -p is the read-only pipe size).
+_GATE = ('ulimit -t "$1" && ulimit -S -t "$2" && ulimit -v "$3" && ulimit -f "$4" && ulimit -n "$5" && ulimit -c 0 '
+         '&& { ulimit -p "$6" 2>/dev/null || ulimit -u "$6"; } && read -r _ || exit 125; shift 6; exec "$@"')
+
+
+def gate(limits: Limits) -> list[str]:
+    """The start gate with ``limits``: exits 125, running nothing, if a limit cannot be set or the
+    parent closes stdin without opening the gate."""
+    cpu = limits.cpu_s if limits.cpu_s is not None else max(1, int(-(-limits.wall_s // 1)))
+    return ["/bin/sh", "-c", _GATE, "rlvr-sbx", str(cpu + 1), str(cpu), str(limits.memory_mb << 10),
+            str(limits.file_mb << 11), str(limits.nofile), str(limits.nproc)]  # -v in KiB, -f in 512-byte blocks
+
+
+ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+       "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
+
+
+def bwrap_prefix(python: str, task_dir: str, limits: Limits, status_fd: int, block_fd: int,
+                 seccomp_fd: int | None) -> list[str]:
+    """New user (nested ones disabled), pid, net, ipc, uts, cgroup and mount namespaces; a
+    read-only ``/dev`` with a sized ``/dev/shm``; the seccomp filter when there is one. The
+    sandbox's pid 1 waits on ``block_fd`` (after the mounts, before it starts the program)."""
+    args = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "lib", "lib64", "sbin", "lib32"):
+        target = os.path.join("/", name)
+        if os.path.islink(target):
+            args += ["--symlink", os.readlink(target), target]
+        elif os.path.isdir(target):
+            args += ["--ro-bind", target, target]
+    prefix = os.path.dirname(os.path.dirname(os.path.realpath(python)))
+    if not prefix.startswith("/usr"):
+        args += ["--ro-bind", prefix, prefix]
+    disk = str(limits.disk_mb << 20)
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.shm_mb << 20), "--tmpfs", "/dev/shm",
+             "--remount-ro", "/dev", "--size", disk, "--tmpfs", "/tmp", "--size", disk, "--tmpfs", "/work",
+             "--ro-bind", task_dir, "/task", "--chdir", "/work", "--json-status-fd", str(status_fd),
+             "--block-fd", str(block_fd), "--clearenv", "--cap-drop", "ALL"]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
+    for key, value in {**ENV, "HOME": "/work", "TMPDIR": "/tmp"}.items():
+        args += ["--setenv", key, value]
+    return args
+
+
+def prlimit_prefix(limits: Limits) -> list[str]:
+    """The rlimits as a ``prlimit`` exec in front of bwrap (the gate's ``ulimit`` in other modes)."""
+    cpu = limits.cpu_s if limits.cpu_s is not None else max(1, int(-(-limits.wall_s // 1)))
+    return ["prlimit", f"--cpu={cpu}:{cpu + 1}", f"--as={limits.memory_mb << 20}",
+            f"--fsize={limits.file_mb << 20}", f"--nofile={limits.nofile}",
+            f"--nproc={limits.nproc}", "--core=0", "--"]
+
+
+def admit(pid: int) -> None:
+    """Make the gated process the OOM killer's first choice (1000: sandboxed code dies before the
+    trainer under memory pressure). Raises OSError when the kernel refuses."""
+    with open(f"/proc/{pid}/oom_score_adj", "w") as f:
+        f.write("1000")
+
+
+def setpriv_prefix(uid: int) -> list[str]:
+    """Drop root to the slot's uid inside ``unshare`` (which needs root to make the namespaces)."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--"]
+
+
+def shquote(s: str) -> str:
+    return "'" + s.replace("'", "'\"'\"'") + "'"
+
+
+class Ended:
+    """How the process tree ended, as seen from outside."""
+
+    def __init__(self, rc, stdout, stderr, elapsed, timed_out, overflow, started):
+        self.rc, self.stdout, self.stderr, self.elapsed = rc, stdout, stderr, elapsed
+        self.timed_out, self.overflow, self.started = timed_out, overflow, started
+
+
+def _child_pid(raw: bytes) -> int | None:
+    """bwrap's child (the sandbox's pid 1, as the host numbers it) once its status line is complete."""
+    for line in raw.decode(errors="replace").splitlines(keepends=True):
+        if line.endswith("\n"):
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(message, dict) and type(message.get("child-pid")) is int:
+                return message["child-pid"]
+    return None
+
+
+def _status(raw: bytes) -> tuple[bool, int | None]:
+    """(the child started, its exit code) from bwrap's JSON status lines; a malformed line is skipped."""
+    started, code = False, None
+    for line in raw.decode(errors="replace").splitlines():
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(message, dict):
+            started = started or "child-pid" in message
+            if code is None and type(message.get("exit-code")) is int:
+                code = message["exit-code"]
+    return started, code
+
+
+def execute(cmd, cwd, env, stdin: bytes | None, status_r, status_w, extra_fds, limits: Limits, user=None,
+            on_start=None, block_w: int | None = None) -> Ended:
+    """Run ``cmd`` in a new session as ``user``, feed ``stdin`` while draining its output.
+
+    With ``block_w`` (bwrap's ``--block-fd``, whose write end this owns and closes), ``on_start``
+    gets bwrap's child, the sandbox's pid 1, as soon as bwrap reports it, while it sets up the
+    mounts; one byte on ``block_w`` then lets it start the program. Otherwise the gate is put in
+    front of ``cmd`` and ``on_start`` gets its pid at once; its line, then the data, go to
+    stdin after ``on_start`` returns. An exception in ``on_start`` kills the tree (before the
+    block is released) and propagates."""
+    start = time.monotonic()
+    pass_fds = tuple(fd for fd in (status_w, *extra_fds) if fd is not None)
+    ids = dict(user=user, group=user, extra_groups=[]) if user is not None else {}
+    try:
+        proc = subprocess.Popen(cmd if block_w is not None else gate(limits) + cmd, cwd=cwd, env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, pass_fds=pass_fds, close_fds=True, **ids)
+    finally:
+        for fd in pass_fds:
+            os.close(fd)
+    deadline = start + limits.wall_s
+    out_fd, err_fd, in_fd = proc.stdout.fileno(), proc.stderr.fileno(), proc.stdin.fileno()
+    bufs = {out_fd: bytearray(), err_fd: bytearray()}
+    status = bytearray()
+    sel = selectors.DefaultSelector()
+    for fd in (out_fd, err_fd, in_fd) + ((status_r,) if status_r is not None else ()):
+        os.set_blocking(fd, False)
+        if fd != in_fd:
+            sel.register(fd, selectors.EVENT_READ)
+    pending = memoryview((b"" if block_w is not None else b"\n") + (stdin or b""))  # the gate's line, the data
+    admitted = False
+
+    def admit(pid: int) -> None:
+        nonlocal admitted, block_w
+        admitted = True
+        if on_start is not None:
+            on_start(pid)
+        if block_w is not None:
+            os.write(block_w, b"x")
+            os.close(block_w)
+            block_w = None
+        sel.register(in_fd, selectors.EVENT_WRITE)
+
+    timed_out = overflow = False
+    exited_at = None
+    try:
+        if block_w is None:  # the gate in front: admitted at once
+            admit(proc.pid)
+        while len(sel.get_map()) > (admitted and in_fd in sel.get_map()):
+            now = time.monotonic()
+            if now >= deadline:
+                timed_out = True
+                break
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+            if exited_at is not None and now - exited_at > 0.2:  # a leftover holds the pipes
+                break
+            for key, _ in sel.select(timeout=min(0.05, deadline - now)):
+                fd = key.fd
+                if fd == in_fd:
+                    try:
+                        pending = pending[os.write(fd, pending[:65536]):]
+                    except BlockingIOError:
+                        continue
+                    except OSError:  # the program closed its stdin or exited: the rest is not read
+                        pending = pending[:0]
+                    if not pending:
+                        sel.unregister(fd)
+                        proc.stdin.close()
+                    continue
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    sel.unregister(fd)
+                    continue
+                if fd == status_r:
+                    status += chunk[:4096]
+                    if not admitted and (pid := _child_pid(bytes(status))) is not None:
+                        admit(pid)
+                    continue
+                buf = bufs[fd]
+                room = limits.output_bytes - len(buf)
+                buf += chunk[:max(room, 0)]
+                if len(chunk) > room:
+                    overflow = True
+            if overflow:
+                break
+    finally:
+        sel.close()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        if block_w is not None:  # never released: closed only once the tree is dead
+            os.close(block_w)
+        proc.wait()
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+    elapsed = time.monotonic() - start
+    rc, started = proc.returncode, True
+    if status_r is not None:  # bwrap reports whether the child started, and its exit code
+        try:
+            status += os.read(status_r, 4096)
+        except OSError:
+            pass
+        started, code = _status(bytes(status))
+        rc = code if code is not None else rc
+    out = bufs[out_fd].decode("utf-8", errors="replace")
+    err = bufs[err_fd].decode("utf-8", errors="replace")
+    return Ended(rc, out, err, elapsed, timed_out, overflow, started)

@@ -1,0 +1,89 @@
+"""The seccomp filter bwrap loads (``--seccomp FD``) right before it execs a sandboxed program.
+
+Built with libseccomp (through ``pyseccomp``, a ctypes binding of the same API as libseccomp's
+own Python module) and exported as a BPF program once per process. Default action: allow.
+Denied with ``EPERM`` (a program sees an ordinary error, not a kill): everything that makes a
+kernel namespace or mount, loads code into the kernel, reads or writes another process, or
+reaches kernel subsystems a grader never needs. ``clone3`` gets ``ENOSYS`` because its flags sit
+in a struct a filter cannot read; glibc then falls back to ``clone``, whose flags it can.
+Syscalls of a foreign architecture (the i386 or x32 entry points on x86_64) are killed, which is
+libseccomp's default for an architecture not in the filter.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+__all__ = ["DENIED", "CLONE_NAMESPACE_FLAGS", "bpf_program", "seccomp_fd"]
+
+DENIED = (
+    # namespaces, mounts, root changes
+    "unshare", "setns", "mount", "umount", "umount2", "pivot_root", "chroot", "mount_setattr", "move_mount",
+    "open_tree", "fsopen", "fsconfig", "fsmount", "fspick",
+    # code into the kernel, kernel state
+    "bpf", "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
+    "swapon", "swapoff", "acct", "syslog", "quotactl", "settimeofday", "clock_settime", "clock_adjtime",
+    "adjtimex", "sethostname", "setdomainname", "iopl", "ioperm", "vhangup", "lookup_dcookie", "nfsservctl",
+    # other processes' memory and descriptors (the way to forge bwrap's exit report), tracing
+    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp", "perf_event_open",
+    # kernel subsystems with a record of privilege bugs and no use in a graded program
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "keyctl", "add_key", "request_key",
+    "userfaultfd", "fanotify_init", "name_to_handle_at", "open_by_handle_at",
+)
+"""Syscalls the filter answers with EPERM."""
+
+CLONE_NAMESPACE_FLAGS = {"CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000, "CLONE_NEWUTS": 0x04000000,
+                         "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000,
+                         "CLONE_NEWNET": 0x40000000, "CLONE_NEWTIME": 0x00000080}
+"""``clone`` flags that make a namespace: a ``clone`` with any of them set is denied."""
+
+_DENIED_SOCKET_FAMILIES = {"AF_NETLINK": 16, "AF_PACKET": 17}  # kernel configuration and raw frames
+
+_lock = threading.Lock()
+_program: bytes | None = None
+_error: str | None = None
+
+
+def _build() -> bytes:
+    import pyseccomp as seccomp  # lazily: needs libseccomp.so at import
+
+    f = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+    deny = seccomp.ERRNO(errno.EPERM)
+    for name in DENIED:
+        try:
+            f.add_rule(deny, name)
+        except (OSError, RuntimeError, ValueError):  # a syscall this architecture does not have
+            pass
+    for flag in CLONE_NAMESPACE_FLAGS.values():  # the rules OR together: any one flag denies
+        f.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+    f.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    for family in _DENIED_SOCKET_FAMILIES.values():
+        f.add_rule(deny, "socket", seccomp.Arg(0, seccomp.EQ, family))
+    with os.fdopen(os.memfd_create("rlvr-seccomp"), "w+b") as out:
+        f.export_bpf(out)
+        out.seek(0)
+        return out.read()
+
+
+def bpf_program() -> tuple[bytes | None, str | None]:
+    """(the filter as BPF bytes, None) or (None, why it cannot be built here); built once."""
+    global _program, _error
+    with _lock:
+        if _program is None and _error is None:
+            try:
+                _program = _build()
+            except (ImportError, OSError, RuntimeError, ValueError, AttributeError) as err:
+                _error = f"{type(err).__name__}: {err}"
+        return _program, _error
+
+
+def seccomp_fd(program: bytes) -> int:
+    """A pipe's read end holding ``program``, for ``bwrap --seccomp`` (the caller closes it)."""
+    r, w = os.pipe()
+    try:
+        os.write(w, program)  # a few hundred bytes: well under a pipe's buffer
+    finally:
+        os.close(w)
+    return r
