@@ -17,7 +17,7 @@ import torch
 
 from rlvr.config import Config
 from rlvr.models.value import ValueModel
-from rlvr.protocols import PolicyModel, RolloutEngine, Task
+from rlvr.protocols import PolicyModel, RolloutEngine, Task, WeightSyncEngine
 from rlvr.rewards.runner import RewardRunner
 from rlvr.trainer import build
 from rlvr.trainer.rows import RowPool, split_engine
@@ -76,7 +76,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=a.critic_lr, betas=(o.beta1, o.beta2))
     task = task if task is not None else build.build_task(config, tokenizer)
     engine = build.build_engine(config, model, tokenizer)
-    if runtime.rows is not None:
+    if runtime.rows is not None and not isinstance(engine, WeightSyncEngine):  # vLLM batches for itself
         engine = split_engine(engine, runtime.rows, tokenizer.pad_token_id, model)
     return Components(
         config=config, model=model, tokenizer=tokenizer, policy=policy, reference=reference, engine=engine,
