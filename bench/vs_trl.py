@@ -89,8 +89,10 @@ def _peak_and_rise(rss0: float) -> tuple[float, float]:
     return peak, peak - rss0
 
 
-def rlvr_config(args, seed: int):
-    return load_config(None, [
+def rlvr_config(args, seed: int, engine: str = "torch"):
+    """rlvr's side; `engine` is rollout.engine (vllm: its threads share the cores, so the trainer runs one)."""
+    decode = args.engine if args.engine != "vllm" else "cpp"
+    return load_config(None, [f"rollout.engine={engine}",
         f"seed={seed}", f"model.path={args.model_path}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.temperature=1.0",
@@ -99,7 +101,7 @@ def rlvr_config(args, seed: int):
         "algo.kl_coef=0.0", "algo.dynamic_sampling=false", "algo.advantage=grpo", "algo.objective=ppo_clip",
         "algo.aggregation=seq_mean_token_mean",
         f"trainer.micro_batch_size={args.prompts * args.group}", f"trainer.steps={args.steps}",
-        f"rollout.decode_engine={args.engine}", f"trainer.threads={args.threads}",
+        f"rollout.decode_engine={decode}", f"trainer.threads={args.threads}",
         f"trainer.thread_mode={args.thread_mode}", f"trainer.kernels={args.kernels}",
     ])
 
@@ -151,8 +153,8 @@ def _with_completion_mask(token_logprobs, eos_id: int):
     return call
 
 
-def run_rlvr(args, seed: int) -> dict:
-    config = rlvr_config(args, seed)
+def run_rlvr(args, seed: int, engine: str = "torch") -> dict:
+    config = rlvr_config(args, seed, engine)
     c = build_components(config, runtime=configure_for(config))
     totals: dict[str, float] = {}
     if args.pass_mask:
@@ -173,6 +175,7 @@ def run_rlvr(args, seed: int) -> dict:
         tokens.append(metrics["response/length_mean"] * args.prompts * args.group)
         update = metrics["time/update_s"]
         breakdown.append({
+            "weight_sync": metrics.get("time/weight_sync_s", 0.0),
             "rollout": metrics["time/rollout_s"] - totals.get("reward", 0.0),
             "reward": totals.get("reward", 0.0),
             "logprob": metrics["time/logprob_s"],
@@ -201,14 +204,18 @@ def run_trl(args, seed: int, examples) -> dict:
         out = c.reward([ex.prompt for ex in group], completions, [dataclasses.asdict(ex) for ex in group])
         return out.rewards
 
-    steps, cpu, tokens, memory = [], [], [], []
+    steps, cpu, tokens, memory, rollout = [], [], [], [], []
+    generation: dict[str, float] = {}
+    model.generate = _Timer(model.generate, generation, "generate")  # TRL samples with the model's generate
 
     class StepTimes(TrainerCallback):
         def on_step_begin(self, *_, **__):
             self.rss0 = reset_peak_rss()
             self.t0, self.c0 = time.perf_counter(), time.process_time()
+            generation.clear()
 
         def on_step_end(self, *_, **__):
+            rollout.append(generation.get("generate", 0.0))
             steps.append(time.perf_counter() - self.t0)
             cpu.append(time.process_time() - self.c0)
             memory.append(_peak_and_rise(self.rss0))
@@ -232,7 +239,7 @@ def run_trl(args, seed: int, examples) -> dict:
                 tokens.append(record["completions/mean_length"] * batch)
     torch.set_num_threads(args.threads)  # the HF Trainer may touch thread settings; restore ours
     acc = heldout_accuracy(model, tokenizer, c.task, args.max_new_tokens)
-    return {"steps": steps, "cpu": cpu, "tokens": tokens, "heldout": acc, "memory": memory}
+    return {"steps": steps, "cpu": cpu, "tokens": tokens, "heldout": acc, "memory": memory, "rollout": rollout}
 
 
 def ideal_seconds(n_params: int, cfg, prompt_len: float, completion_len: float, batch: int,
@@ -258,9 +265,10 @@ def main(argv=None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--engine", default="cpp", choices=["eager", "cpp"],
+    p.add_argument("--engine", default="cpp", choices=["eager", "cpp", "vllm"],
                    help="rlvr's decode step (rollout.decode_engine); cpp: its one-off build falls in the excluded "
-                        "warm-up steps")
+                        "warm-up steps; vllm: rlvr with rollout.engine=vllm (the vllm extra) against TRL and "
+                        "against rlvr's own sampler (cpp), the rollout share of the step for each")
     p.add_argument("--thread-mode", default="auto", choices=["auto", "ops", "rows"],
                    help="rlvr's trainer.thread_mode: torch intra-op threads, each thread a share of the rows, "
                         "or auto (rows)")
@@ -286,7 +294,7 @@ def main(argv=None) -> None:
         return
     with tempfile.TemporaryDirectory() as scratch:
         args.model_path = WARM_START if args.scale == 1 else _large_model(scratch)
-        _compare(args)
+        (_compare_engines if args.engine == "vllm" else _compare)(args)
 
 
 def memory_probe(args) -> None:
@@ -416,6 +424,42 @@ def _compare(args) -> None:
     print(f"ideal step (P={prompt_len:.1f}, C={completion_len:.2f}): {ideal:.3f} s -> whole-step utilisation "
           f"(wall) rlvr {ideal / our_s:.2f}, TRL {ideal / trl_s:.2f}; (CPU time, threads=1 only) "
           f"rlvr {ideal / our_cpu:.2f}, TRL {ideal / trl_cpu:.2f}")
+
+
+def _compare_engines(args) -> None:
+    """TRL, rlvr with vLLM and rlvr with its own sampler on the same work, run in turn for each seed."""
+    k, runs = args.skip_warmup, {"TRL 1.16 GRPOTrainer": [], "rlvr, vLLM engine": [], "rlvr, own sampler": []}
+    for seed in args.seeds:
+        examples = prompt_stream(build_components(rlvr_config(args, seed)), args.steps, args.prompts)
+        runs["TRL 1.16 GRPOTrainer"].append(run_trl(args, seed, examples))
+        runs["rlvr, vLLM engine"].append(run_rlvr(args, seed, "vllm"))
+        runs["rlvr, own sampler"].append(run_rlvr(args, seed))
+        print(f"seed {seed}: " + ", ".join(f"{n} {median(r[-1]['steps'][k:]):.3f} s/step" for n, r in runs.items()),
+              flush=True)
+
+    def med(name, fn):
+        return median([fn(r, i) for r in runs[name] for i in range(k, len(r["steps"]))])
+
+    def rollout(r, i):
+        return r["rollout"][i] if "rollout" in r else r["breakdown"][i]["rollout"]
+
+    n_params = param_count(load_causal_lm(args.model_path, seed=0)[0])
+    print(f"\n# load after: {os.getloadavg()}\nmodel: {n_params:,} parameters; P={args.prompts} G={args.group} "
+          f"max_new_tokens={args.max_new_tokens} steps={args.steps} seeds={args.seeds} threads={args.threads} "
+          "(the vLLM run's trainer: 1 thread)")
+    print("\n| | " + " | ".join(runs) + " |\n|---" * (len(runs) + 1) + "|")
+    rows = {"median s/step (wall)": lambda r, i: r["steps"][i], "median rollout s/step": rollout,
+            "median rollout share of the step": lambda r, i: rollout(r, i) / r["steps"][i],
+            "median weight push s/step": lambda r, i: r.get("breakdown", [{}] * (i + 1))[i].get("weight_sync", 0.0),
+            "median peak RSS during a step (MB)": lambda r, i: r["memory"][i][0]}
+    for label, fn in rows.items():
+        print(f"| {label} | " + " | ".join(f"{med(name, fn):,.3f}" for name in runs) + " |")
+    print("| held-out greedy accuracy after the run (per seed) | "
+          + " | ".join(" / ".join(f"{r['heldout']:.3f}" for r in runs[name]) for name in runs) + " |")
+    step = {name: med(name, lambda r, i: r["steps"][i]) for name in runs}
+    vllm_s = step["rlvr, vLLM engine"]
+    print(f"\n**TRL / rlvr+vLLM: {step['TRL 1.16 GRPOTrainer'] / vllm_s:.2f}x; rlvr own sampler / rlvr+vLLM: "
+          f"{step['rlvr, own sampler'] / vllm_s:.2f}x** (median s/step, first {k} steps of each run excluded)")
 
 
 if __name__ == "__main__":

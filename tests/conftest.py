@@ -1,8 +1,24 @@
+import importlib.util
+import os
+
 import pytest
 import torch
 
 from rlvr.models.causal_lm import tiny_llama
 from rlvr.models.tokenizer import char_tokenizer
+
+EXTRAS = {"vllm": "vllm"}  # marker -> the module its tests need (an optional extra)
+
+
+def pytest_runtest_setup(item):
+    """A test marked with an extra's name skips when the extra is not installed, except where
+    RLVR_REQUIRE_EXTRAS=1 (CI installs the extras): then it fails, so CI never skips it silently."""
+    for marker, module in EXTRAS.items():
+        if item.get_closest_marker(marker) and importlib.util.find_spec(module) is None:
+            message = f"needs the {marker} extra: pip install -e '.[{marker}]'"
+            if os.environ.get("RLVR_REQUIRE_EXTRAS") == "1":
+                pytest.fail(f"RLVR_REQUIRE_EXTRAS=1 but {module} is not importable ({message})", pytrace=False)
+            pytest.skip(message)
 
 
 @pytest.fixture(autouse=True)

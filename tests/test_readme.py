@@ -34,6 +34,7 @@ NOT_RUN = {  # command prefix -> why the test does not run it
     "python3 -m venv": "creates the environment these tests already run in",
     ". .venv/bin/activate": "activates that environment",
     "pip install": "installs the package these tests import",
+    "pip uninstall": "removes the packages the vllm extra pulls in and cannot load",
     "pytest": "the test suite itself",
     "ruff check": "the linter; the same README line runs it before these tests",
 }

@@ -196,6 +196,9 @@ def _resolve_task(config: Config) -> TaskConfig:
 def resolve(config: Config) -> Config:
     """`config` with every registry name checked and every null hyperparameter of a chosen entry
     set to that entry's own default (what the builder will bind); other fields unchanged."""
+    if config.algo.rollout_correction is None:  # an engine with its own weights samples slightly off-policy
+        config = dataclasses.replace(config, algo=dataclasses.replace(
+            config.algo, rollout_correction=config.rollout.engine == "vllm"))
     used = chosen(config)
     algo = _fill(config.algo, "algo.", used["algo"])
     if algo.norm_length is None:

@@ -212,6 +212,16 @@ class RolloutConfig:
     decode_engine: str = "cpp"
     """Llama/Qwen2 sampler's decode step: `cpp` fused C++ kernel (built once per machine, ~30 s; falls back
     to `eager` with one line if it cannot be built), `eager` ATen ops."""
+    engine: str = "torch"
+    """Who samples causal-model rollouts: `torch` (rlvr's own sampler, reading the trainer's weights) or `vllm`
+    (the `vllm` extra: vLLM in the trainer's process with its own copy of the weights, pushed after every
+    update; turns on `algo.rollout_correction` unless set)."""
+    vllm_kv_cache_mb: int = 64
+    """vLLM engine: KV-cache size in MiB (vLLM's own default takes most of the machine's memory)."""
+    vllm_block_size: int = 0
+    """vLLM engine: KV-cache block size in tokens (a multiple of 32 on CPU), 0 = vLLM's default."""
+    vllm_max_model_len: int = 0
+    """vLLM engine: longest prompt + completion it accepts, 0 = the model config's `max_position_embeddings`."""
 
 
 @dataclass(frozen=True)
@@ -301,8 +311,8 @@ class AlgoConfig:
     """DAPO: drop zero-variance groups (backfilled while rounds remain)."""
     max_sampling_rounds: int = 1
     """Dynamic sampling: rollout rounds per step; 1 = filter, no backfill."""
-    rollout_correction: bool = False
-    """Weight the loss by pi_old / pi_rollout (TIS / MIS)."""
+    rollout_correction: bool | None = None
+    """Weight the loss by pi_old / pi_rollout (TIS / MIS); null = on with `rollout.engine=vllm`, off with torch."""
     correction_level: str | None = None
     """Rollout correction: `token` or `sequence` weights."""
     correction_mode: str | None = None

@@ -113,3 +113,25 @@ def merged(base, directory: Path):
     peft = _peft()
     return peft.PeftModel.from_pretrained(base, str(directory)).merge_and_unload()
 
+
+
+def merged_weights(model) -> list[tuple[str, object]]:
+    """(name, tensor) of `model`'s weights under the base model's own names, with each active
+    adapter folded in (W + scale·B·A), for an engine that holds a plain copy of the model (vLLM).
+    The model is not modified; a model without adapters gives its parameters as they are."""
+    if not hasattr(model, "peft_config"):
+        return [(name, p.detach()) for name, p in model.named_parameters()]
+    _peft()
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    deltas = {}
+    with torch.no_grad():
+        for name, module in base.named_modules():
+            if isinstance(module, LoraLayer):
+                adapters = [a for a in module.active_adapters if a in module.lora_A]
+                if adapters:
+                    deltas[f"{name}.base_layer.weight"] = sum(module.get_delta_weight(a) for a in adapters)
+        return [(name.replace(".base_layer.", "."), p.detach() + deltas[name] if name in deltas else p.detach())
+                for name, p in base.named_parameters() if ".lora_" not in name]

@@ -107,6 +107,8 @@ def build_policy(config: Config, model):
 def build_engine(config: Config, model, tokenizer) -> RolloutEngine:
     """The rollout engine: `engine(prompt_ids, prompt_mask, seeds, *, temperature) -> Rollouts`."""
     r = config.rollout
+    if r.engine == "vllm":
+        return build_vllm_engine(config, model, tokenizer)
     if config.model.kind != "diffusion":
         return functools.partial(generate, model, max_new_tokens=r.max_new_tokens, eos_id=tokenizer.eos_token_id,
                                  pad_id=tokenizer.pad_token_id, top_p=r.top_p, engine=r.decode_engine)
@@ -115,6 +117,20 @@ def build_engine(config: Config, model, tokenizer) -> RolloutEngine:
                     suppress_eos=r.suppress_eos, mask_id=tokenizer.mask_token_id, eos_id=tokenizer.eos_token_id,
                     window=r.window)
     return functools.partial(generate_diffusion, model, **settings)
+
+
+def build_vllm_engine(config: Config, model, tokenizer):
+    """vLLM started from `model`'s current weights (LoRA: merged), in the trainer's process."""
+    from rlvr.engines.vllm import VLLMEngine
+    from rlvr.models.lora import merged_weights
+
+    r = config.rollout
+    base = model.get_base_model() if hasattr(model, "peft_config") else model
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return VLLMEngine(merged_weights(model), base.config, max_new_tokens=r.max_new_tokens,
+                      eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, top_p=r.top_p, dtype=dtype,
+                      kv_cache_mb=r.vllm_kv_cache_mb, block_size=r.vllm_block_size,
+                      max_model_len=r.vllm_max_model_len, seed=config.seed)
 
 
 def build_task(config: Config, tokenizer=None):

@@ -17,7 +17,7 @@ import torch
 
 from rlvr.config import Config
 from rlvr.models.value import ValueModel
-from rlvr.protocols import PolicyModel, RolloutEngine, Task
+from rlvr.protocols import PolicyModel, RolloutEngine, Task, WeightSyncEngine
 from rlvr.rewards.runner import RewardRunner
 from rlvr.trainer import build
 from rlvr.trainer.expert import ExpertSource
@@ -79,7 +79,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     task = task if task is not None else build.build_task(config, tokenizer)
     build.check_context(config, model, tokenizer, task)
     engine = build.build_engine(config, model, tokenizer)
-    if runtime.rows is not None:
+    if runtime.rows is not None and not isinstance(engine, WeightSyncEngine):  # vLLM batches for itself
         engine = split_engine(engine, runtime.rows, tokenizer.pad_token_id, model)
     e = config.expert
     expert = ExpertSource(task, seed=config.seed, per_step=e.per_step, pool_size=e.pool_size) if e.per_step else None

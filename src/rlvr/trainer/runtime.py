@@ -33,7 +33,10 @@ def configure_for(config) -> Runtime:
     """`configure_process` from a `Config`'s trainer and model sections."""
     from rlvr.trainer.build import resolve_device
 
-    mode = config.trainer.thread_mode
-    if mode == "auto" and resolve_device(config.trainer.device, config.model.kind).type != "cpu":
+    mode, threads = config.trainer.thread_mode, config.trainer.threads
+    on_cpu = resolve_device(config.trainer.device, config.model.kind).type == "cpu"
+    if mode == "auto" and not on_cpu:
         mode = "ops"  # row workers share out CPU work; a batch on a GPU runs whole
-    return configure_process(threads=config.trainer.threads, thread_mode=mode, model_kind=config.model.kind)
+    if config.rollout.engine == "vllm" and on_cpu:  # vLLM's threads share the cores: more of ours slow both
+        mode, threads = "ops", 1
+    return configure_process(threads=threads, thread_mode=mode, model_kind=config.model.kind)

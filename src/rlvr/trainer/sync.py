@@ -17,11 +17,12 @@ import torch
 from safetensors.torch import load_file
 
 from rlvr.algos.advantages import AdvantageInputs
+from rlvr.algos.correction import mismatch_metrics
 from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.shaping import overlong_penalty
 from rlvr.batch import TrainBatch
 from rlvr.config import Config, data_files, derived_batch_numbers, dump_yaml, to_dict
-from rlvr.protocols import PolicyModel
+from rlvr.protocols import PolicyModel, WeightSyncEngine
 from rlvr.tracking.progress import Progress
 from rlvr.tracking.run_dir import (
     RunDir,
@@ -114,11 +115,13 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
     for policy in (c.policy, c.reference):  # common random numbers: one step seed, shared
         if policy is not None:
             policy.begin_step(int(sample_seeds(cfg.seed, step, 1)[0]))
-    on_policy = t.ppo_epochs == 1 and t.minibatches == 1 and not a.rollout_correction
+    synced = isinstance(c.engine, WeightSyncEngine)  # its log-probs come from its own copy of the weights
+    on_policy = t.ppo_epochs == 1 and t.minibatches == 1 and not a.rollout_correction and not synced
     if not on_policy:
         batch.old_logp = _logprobs(c.policy, batch, t.micro_batch_size, c.rows)
     if a.rollout_correction:
         batch.loss_weights, _ = c.loss.correction(batch.old_logp, rollouts.logprobs, mask)
+    gap = {} if batch.old_logp is None else _gap_metrics(batch.old_logp, rollouts.logprobs, mask)
     if c.reference is not None:
         batch.ref_logp = _logprobs(c.reference, batch, t.micro_batch_size, c.rows)
     old_values = critic_values(c.critic, batch, t.micro_batch_size) if c.critic is not None else None
@@ -150,10 +153,13 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
                                         rows=c.rows))
             updates.append(m)
     timings["update"] = now() - t0
+    if synced:
+        timings["weight_sync"] = push_weights(c)
     forwards = c.policy.forwards - forwards_before
 
     metrics = _step_metrics(rewards, got.correct, rollouts, r.group_size, timings, batch)
     metrics.update(got.metrics)
+    metrics.update({f"rollout/{k}": v for k, v in gap.items()})
     if c.selector is not None:
         metrics.update(c.selector.metrics())
     if forwards:  # module forwards (dLLM estimators); the fused causal fast path bypasses the module
@@ -170,6 +176,27 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
                 "reward": float(rewards[i]) if math.isfinite(float(rewards[i])) else None}
                for i in range(0, len(got.group), stride)][:t.samples_per_step]
     return metrics, samples
+
+
+def _gap_metrics(old_logp, rollout_logp, mask) -> dict[str, float]:
+    """How far the sampler's log-probs are from the trainer's on the sampled tokens: `mismatch_kl`
+    (k3 estimate of KL(rollout || trainer)), `mismatch_k1`, and the largest per-token probability
+    ratio either way, `mismatch_max_ratio`."""
+    gap = mismatch_metrics(old_logp, rollout_logp, mask)
+    worst = gap["mismatch_max_abs"]
+    return {"mismatch_kl": gap["mismatch_k3"], "mismatch_k1": gap["mismatch_k1"], "mismatch_max_abs": worst,
+            "mismatch_max_ratio": math.exp(min(worst, 20.0))}
+
+
+def push_weights(c: Components) -> float:
+    """Send the trainer's weights (LoRA: merged) to an engine that holds its own copy, tagged with
+    the optimizer-step count; returns the seconds it took. Rollouts come only at the start of a step,
+    so one push after a step's last optimizer step serves every rollout that follows it."""
+    from rlvr.models.lora import merged_weights
+
+    t0 = now()
+    c.engine.push_weights(merged_weights(c.model), version=c.scheduler.last_epoch)
+    return now() - t0
 
 
 def _adapt_kl(c: Components, metrics: dict, n: int) -> None:
@@ -255,6 +282,8 @@ def _resume(c: Components, run: RunDir) -> int:
     c.loss = dataclasses.replace(c.loss, kl_coef=state["kl_coef"])
     set_rng_state(state["rng"])
     c.rng.setstate(state["task_rng"])
+    if isinstance(c.engine, WeightSyncEngine):  # it was started from the initial weights
+        push_weights(c)
     run.truncate_after(state["step"])
     return state["step"]
 

@@ -1,0 +1,125 @@
+"""vLLM as the rollout engine (`rollout.engine=vllm`, the `vllm` extra); the one module that imports vllm.
+
+`VLLMEngine` implements `rlvr.protocols.WeightSyncEngine`: token ids in and out (vLLM never sees
+text: `skip_tokenizer_init`), the sampled tokens' behaviour log-probs, one seed per row, greedy
+at temperature 0, and the same `Rollouts` the torch sampler returns. The engine runs in the
+trainer's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the `uni` executor) and holds its own copy
+of the weights; `push_weights` replaces them in place through the worker's `reload_weights`
+(no disk), then drops the prefix cache, whose blocks were computed with the old weights.
+
+What differs from the torch sampler, by design of vLLM:
+- Samples: vLLM's own seeded sampler, so the same seed gives another completion than rlvr's
+  Gumbel-max sampler (the same one every time for a given seed).
+- Log-probs: `logprobs_mode="processed_logprobs"`, i.e. of the distribution sampled from
+  (after temperature; with top_p < 1 after the nucleus cut, where the torch sampler records
+  the pre-cut value). The trainer's recomputed log-probs differ by float rounding; the rollout
+  correction (on by default for this engine) reweights what is left and the loop logs the gap.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from rlvr.batch import Rollouts
+from rlvr.errors import ConfigError
+
+
+def _import_vllm():
+    # In-process engine: no engine-core process, no shared-memory queues; set before vllm reads its env.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    try:
+        import vllm
+    except ImportError:
+        raise ConfigError("rollout.engine: vllm is not installed; pip install 'rlvr[vllm]' (CPU) or vllm "
+                          "(CUDA), or set rollout.engine=torch") from None
+    return vllm
+
+
+def save_for_engine(named_tensors: Iterable[tuple[str, torch.Tensor]], hf_config, directory: Path) -> Path:
+    """Write `hf_config` and the weights as a checkpoint vLLM can load (no tokenizer: ids only)."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    hf_config.save_pretrained(directory)
+    save_file({name: t.detach().to("cpu").contiguous() for name, t in named_tensors},
+              str(directory / "model.safetensors"))
+    return directory
+
+
+def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs on the vLLM worker: load `weights` in place, then refresh a tied output head.
+
+    A tied `lm_head` has no weight of its own in the checkpoint, so vLLM's in-place reload skips
+    the head ("ParallelLMHead: Failed to load weights") and never re-runs its post-load step; on
+    CPU that step packs the (new) embedding matrix into the head's GEMM kernel, so without it a
+    tied model samples with the new body and the old head."""
+    worker.reload_weights(weights_iterator=weights)
+    model = worker.model_runner.get_model()
+    head = getattr(model, "lm_head", None)
+    method = getattr(head, "quant_method", None)
+    if getattr(worker.model_runner.model_config.hf_config, "tie_word_embeddings", False) and method is not None:
+        method.process_weights_after_loading(head)
+
+
+class VLLMEngine:
+    """A vLLM `LLM` started from the trainer's weights. `engine(prompt_ids, prompt_mask, seeds, *,
+    temperature) -> Rollouts`; `push_weights(named_tensors, version)` after each update."""
+
+    def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]], hf_config, *, max_new_tokens: int,
+                 eos_id: int, pad_id: int, top_p: float = 1.0, dtype: str = "float32",
+                 kv_cache_mb: int = 64, block_size: int = 0, max_model_len: int = 0, seed: int = 0):
+        vllm = _import_vllm()
+        self._sampling_params = vllm.SamplingParams
+        self.max_new_tokens, self.eos_id, self.pad_id, self.top_p = max_new_tokens, eos_id, pad_id, top_p
+        self.policy_version = 0
+        self._dir = tempfile.TemporaryDirectory(prefix="rlvr-vllm-")
+        path = save_for_engine(named_tensors, hf_config, Path(self._dir.name))
+        options = {"block_size": block_size} if block_size else {}
+        if max_model_len:
+            options["max_model_len"] = max_model_len
+        self.llm = vllm.LLM(
+            model=str(path), skip_tokenizer_init=True, dtype=dtype, seed=seed, enforce_eager=True,
+            distributed_executor_backend="uni", kv_cache_memory_bytes=kv_cache_mb << 20,
+            logprobs_mode="processed_logprobs", generation_config="vllm", **options)
+
+    def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, *,
+                 temperature: float | torch.Tensor) -> Rollouts:
+        rows = len(prompt_ids)
+        temps = temperature.tolist() if isinstance(temperature, torch.Tensor) else [float(temperature)] * rows
+        prompts = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(prompt_ids, prompt_mask)]
+        params = [self._params(t, int(s)) for t, s in zip(temps, seeds.tolist())]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False) if rows else []
+        completions = [out.outputs[0] for out in outputs]
+        width = max((len(c.token_ids) for c in completions), default=0)
+        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        logprobs = torch.zeros((rows, width))
+        lengths = torch.zeros(rows, dtype=torch.long)
+        for i, c in enumerate(completions):
+            tokens = list(c.token_ids)
+            ids[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            logprobs[i, :len(tokens)] = torch.tensor([step[t].logprob for step, t in zip(c.logprobs, tokens)])
+            lengths[i] = len(tokens)
+        truncated = torch.tensor([c.finish_reason == "length" for c in completions], dtype=torch.bool)
+        mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
+        return Rollouts(prompt_ids, prompt_mask, ids, mask, logprobs, truncated.view(rows))
+
+    def _params(self, temperature: float, seed: int):
+        # stop_token_ids: without a tokenizer vLLM knows no EOS; the stop token stays in token_ids.
+        return self._sampling_params(n=1, temperature=temperature, top_p=self.top_p if temperature > 0 else 1.0,
+                                     max_tokens=self.max_new_tokens, seed=seed, logprobs=0,
+                                     stop_token_ids=[self.eos_id], detokenize=False)
+
+    def push_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load `named_tensors` (HF names) into the running model, then forget cached prefixes."""
+        weights = [(name, t.detach()) for name, t in named_tensors]
+        self.llm.collective_rpc(_reload_weights, args=(weights,))
+        self.llm.reset_prefix_cache()
+        self.policy_version = version
+
+    def close(self) -> None:
+        self._dir.cleanup()
