@@ -56,3 +56,24 @@ def test_report_renders_in_headless_chromium(tmp_path):
     shot = _chromium(tmp_path, "--window-size=1200,1600", f"--screenshot={screenshot}", page.as_uri())
     assert shot.returncode == 0, shot.stderr[-2000:]
     assert screenshot.read_bytes()[:4] == b"\x89PNG" and screenshot.stat().st_size > 30_000
+
+
+def test_report_summarises_async_rollouts(tmp_path):
+    import json
+
+    from rlvr.tracking.report import async_summary
+
+    run = make_run(tmp_path, "async_s0", seed=0, steps=4)
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for line, staleness in zip(lines[1:], (0, 1, 1, 0)):
+        line.update({"async/staleness": staleness, "async/trainer_idle_frac": 0.25 * staleness,
+                     "async/rollout_idle_frac": 0.5, "async/queue_depth": staleness, "async/weight_sync_s": 0.5})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    assert dict(async_summary(lines)) == {
+        "steps": "4", "staleness histogram (steps)": "0: 2, 1: 2", "mean staleness": "0.5",
+        "trainer idle fraction (mean)": "0.125", "rollout idle fraction (mean)": "0.5",
+        "queue depth (mean)": "0.5", "weight sync seconds (total)": "2"}
+    page = write_report(run).read_text()
+    assert "<section id=async>" in page and "0: 2, 1: 2" in page
+    assert async_summary(lines[:1]) == []
+    assert "id=async" not in write_report(make_run(tmp_path, "sync_s0", seed=0)).read_text()

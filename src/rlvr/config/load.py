@@ -228,6 +228,11 @@ def validate(config: Config) -> None:
         (config.trainer.thread_mode != "rows" or config.model.kind == "causal", "trainer.thread_mode",
          "'rows' splits causal-model batches only; use 'ops' with model.kind=diffusion"),
         *_expert_checks(config),
+        (config.trainer.max_staleness is None or config.trainer.max_staleness >= 0, "trainer.max_staleness",
+         "must be >= 0 (0 = none ahead) or null (the synchronous loop)"),
+        (config.trainer.backend in ("local", "ray"), "trainer.backend", "must be 'local' or 'ray'"),
+        (config.trainer.rollout_workers >= 1, "trainer.rollout_workers", "must be >= 1"),
+        (config.trainer.reward_workers >= 1, "trainer.reward_workers", "must be >= 1"),
     ]
     for ok, name, fix in checks + _input_checks(config):
         if not ok:

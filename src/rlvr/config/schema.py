@@ -448,6 +448,22 @@ class TrainerConfig:
     `transformers` forward; the fused fast path already keeps only what its backward needs."""
     trackers: str = ""
     """Extra metric sinks beside metrics.jsonl, comma-separated: tensorboard,wandb,mlflow."""
+    max_staleness: int | None = None
+    """Asynchronous rollouts: null = the synchronous loop; η >= 0 = a rollout side generates ahead of the
+    learner from a copy of the weights pushed after every update, and a batch may come from any policy
+    version >= current - η (0: none ahead, the synchronous loop's metrics bit for bit; 1: one-step-off
+    overlap). Stale batches train with the decoupled PPO objective (`algo.rollout_correction` caps
+    its weights)."""
+    backend: str = "local"
+    """Where the rollout side runs: `local` (a thread of this process) or `ray` (Ray actors: rollout
+    workers, reward scorers; `ray.init(address=...)` joins a running cluster, see `ray_address`)."""
+    rollout_workers: int = 1
+    """Rollout worker actors (`backend=ray`); each generates whole batches from its own copy of the weights."""
+    reward_workers: int = 1
+    """Reward-scoring actors (`backend=ray`), fed with back-pressure (at most two calls in flight each)."""
+    ray_address: str = ""
+    """`backend=ray`: the cluster to join (`auto` = the one `ray start --head` started here), empty = a local
+    Ray started with `threads` CPUs."""
 
 
 @dataclass(frozen=True)

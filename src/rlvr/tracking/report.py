@@ -96,6 +96,38 @@ def _rollouts(samples: list[dict], most_steps: int) -> str:
     return "".join(parts)
 
 
+def async_summary(metrics: list[dict]) -> list[tuple[str, str]]:
+    """Rows of the asynchronous-rollout table (runs with `trainer.max_staleness`): how many steps
+    trained on a batch of each staleness, the mean idle shares of learner and rollout side, the
+    queue depth the learner found, and the seconds spent moving weights. Empty for a synchronous run."""
+    steps = [m for m in metrics if "async/staleness" in m]
+    if not steps:
+        return []
+
+    def mean(key: str) -> float:
+        values = [m[key] for m in steps if isinstance(m.get(key), (int, float))]
+        return sum(values) / len(values) if values else float("nan")
+
+    histogram: dict[int, int] = {}
+    for m in steps:
+        histogram[int(m["async/staleness"])] = histogram.get(int(m["async/staleness"]), 0) + 1
+    return [("steps", str(len(steps))),
+            ("staleness histogram (steps)", ", ".join(f"{k}: {n}" for k, n in sorted(histogram.items()))),
+            ("mean staleness", f"{mean('async/staleness'):.3g}"),
+            ("trainer idle fraction (mean)", f"{mean('async/trainer_idle_frac'):.3g}"),
+            ("rollout idle fraction (mean)", f"{mean('async/rollout_idle_frac'):.3g}"),
+            ("queue depth (mean)", f"{mean('async/queue_depth'):.3g}"),
+            ("weight sync seconds (total)", f"{sum(m.get('async/weight_sync_s', 0.0) for m in steps):.3g}")]
+
+
+def _async_section(run: Run) -> str:
+    rows = async_summary(run.metrics)
+    if not rows:
+        return ""
+    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f"<h2>Asynchronous rollouts</h2><section id=async><table class=kv>{cells}</table></section>"
+
+
 def render_report(run: Run, *, max_sample_steps: int = 40) -> str:
     metrics = report_metrics(run)
     if metrics:
@@ -112,7 +144,7 @@ def render_report(run: Run, *, max_sample_steps: int = 40) -> str:
 <body><main>
 <h1>{html.escape(title)}</h1><div class=meta>{html.escape(str(run.path))}</div>
 <h2>Summary</h2><section>{_summary(run)}</section>
-<h2>Learning curves</h2><section>{curves}</section>
+{_async_section(run)}<h2>Learning curves</h2><section>{curves}</section>
 <h2>Rollouts</h2><section id=rollouts>{_rollouts(read_jsonl(run.path / 'samples.jsonl'), max_sample_steps)}</section>
 <h2>Config</h2><section><pre id=config>{html.escape(config_text)}</pre></section>
 <h2>Manifest</h2><section><pre id=manifest>{html.escape(manifest_text)}</pre></section>

@@ -9,7 +9,8 @@ it has (verl raises instead); `batch/kept_group_rate` shows how often groups wer
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +31,35 @@ class Collected:
     correct: torch.Tensor      # (B,) 1.0 where the verifier says correct
     metrics: dict[str, float]
     baseline_rewards: torch.Tensor | None = None  # (P,) reward of each prompt's greedy completion (ReMax)
+
+
+@dataclass
+class Produced:
+    """One step's batch as the rollout side hands it to the learner, with what the rollout side's
+    draws were: the learner's minibatch seed (drawn right after the prompts, the same draw in the
+    same order as a loop doing both), and the prompt RNG and selector state after this batch, which
+    a checkpoint of this step records (under async rollouts the live ones are already ahead)."""
+
+    got: Collected
+    rollout_s: float
+    minibatch_seed: int
+    selector_metrics: dict[str, float]
+    task_rng: object
+    selector_state: dict | None
+    version: int = 0    # policy version of the weights that sampled it
+    staleness: int = 0  # learner's version when it trains on the batch minus `version`
+    facts: dict[str, float] = field(default_factory=dict)  # the rollout side's own metrics (async/...)
+
+
+def produce(c, step: int) -> Produced:
+    """Roll out and score step `step`'s batch, then draw the learner's minibatch seed from the run RNG."""
+    t0 = time.perf_counter()
+    got = collect(c, step)
+    rollout_s = time.perf_counter() - t0
+    seed = c.rng.getrandbits(62)
+    selector = c.selector
+    return Produced(got, rollout_s, seed, selector.metrics() if selector is not None else {}, c.rng.getstate(),
+                    selector.state_dict() if selector is not None else None)
 
 
 def sample_seeds(seed: int, step: int, count: int, offset: int = 0) -> torch.Tensor:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 import resource
@@ -17,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlvr.algos.advantages import AdvantageInputs
-from rlvr.algos.correction import mismatch_metrics
+from rlvr.algos.correction import importance_correction, mismatch_metrics
 from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.shaping import overlong_penalty
 from rlvr.batch import TrainBatch
@@ -43,7 +44,7 @@ from rlvr.trainer.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from rlvr.trainer.collect import collect, sample_seeds
+from rlvr.trainer.collect import Produced, produce, sample_seeds
 from rlvr.trainer.components import Components, build_components
 from rlvr.trainer.critic import critic_step, critic_values
 from rlvr.trainer.evaluate import greedy_accuracy, sampled_scores
@@ -53,6 +54,9 @@ from rlvr.trainer.runtime import Runtime
 from rlvr.trainer.step import optimizer_step
 
 TRAIN_PROBE_SEED = 20_240_601  # fixed training-distribution probe for the memorisation check
+# Decoupled PPO (AReaL): a stale batch's tokens are reweighted by pi_prox / pi_behav, uncapped unless
+# algo.rollout_correction names a cap (TIS) or a mask (MIS).
+BEHAVIOUR_WEIGHTS = functools.partial(importance_correction, correction_cap=math.inf)
 
 
 @torch.no_grad()
@@ -98,13 +102,18 @@ def _minibatches(num_groups: int, count: int, group_size: int, generator: torch.
         yield torch.cat([(groups[:, None] * group_size + torch.arange(group_size)).flatten(), tail])
 
 
-def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
-    """One step of the algorithm. Returns (metrics, a few sample records)."""
+def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple[dict[str, float], list[dict]]:
+    """One step of the algorithm. Returns (metrics, a few sample records).
+
+    `produced`: the step's batch from an asynchronous rollout side (None = roll out here). A batch
+    sampled by an older policy version (`produced.staleness` > 0) is trained with the decoupled
+    PPO objective: the clip is centred on the proximal policy (this learner's weights before the
+    update, recomputed as old_logp) and each token is weighted by pi_prox / pi_behav."""
     cfg, r, t, a = c.config, c.config.rollout, c.config.trainer, c.config.algo
-    timings, t0 = {}, now()
-    got = collect(c, step)
+    produced = produced or produce(c, step)
+    got = produced.got
     rollouts, rewards = got.rollouts, got.rewards
-    timings["rollout"], t0 = now() - t0, now()
+    timings, t0 = {"rollout": produced.rollout_s}, now()
     forwards_before = c.policy.forwards
 
     mask = rollouts.completion_mask
@@ -116,11 +125,13 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
         if policy is not None:
             policy.begin_step(int(sample_seeds(cfg.seed, step, 1)[0]))
     synced = isinstance(c.engine, WeightSyncEngine)  # its log-probs come from its own copy of the weights
-    on_policy = t.ppo_epochs == 1 and t.minibatches == 1 and not a.rollout_correction and not synced
+    stale = produced.staleness > 0
+    on_policy = t.ppo_epochs == 1 and t.minibatches == 1 and not a.rollout_correction and not synced and not stale
     if not on_policy:
         batch.old_logp = _logprobs(c.policy, batch, t.micro_batch_size, c.rows)
-    if a.rollout_correction:
-        batch.loss_weights, _ = c.loss.correction(batch.old_logp, rollouts.logprobs, mask)
+    if a.rollout_correction or stale:
+        batch.loss_weights, behaviour = (c.loss.correction or BEHAVIOUR_WEIGHTS)(batch.old_logp, rollouts.logprobs,
+                                                                               mask)
     gap = {} if batch.old_logp is None else _gap_metrics(batch.old_logp, rollouts.logprobs, mask)
     if c.reference is not None:
         batch.ref_logp = _logprobs(c.reference, batch, t.micro_batch_size, c.rows)
@@ -137,7 +148,7 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
     timings["logprob"], t0 = now() - t0, now()
 
     updates: list[dict] = []
-    generator = torch.Generator().manual_seed(c.rng.getrandbits(62))
+    generator = torch.Generator().manual_seed(produced.minibatch_seed)
     train_policy = c.critic is None or step > a.critic_warmup_steps
     for _ in range(t.ppo_epochs):
         for rows in _minibatches(len(rewards) // r.group_size, t.minibatches, r.group_size, generator,
@@ -160,8 +171,10 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
     metrics = _step_metrics(rewards, got.correct, rollouts, r.group_size, timings, batch)
     metrics.update(got.metrics)
     metrics.update({f"rollout/{k}": v for k, v in gap.items()})
-    if c.selector is not None:
-        metrics.update(c.selector.metrics())
+    metrics.update(produced.selector_metrics)
+    if stale:  # how far the behaviour policy is from the proximal one, and how much the weights cut
+        metrics.update({"async/behaviour_kl_k3": behaviour["mismatch_k3"],
+                        "async/weight_clip_frac": behaviour["correction_clip_frac"]})
     if forwards:  # module forwards (dLLM estimators); the fused causal fast path bypasses the module
         metrics["perf/forwards_per_update"] = forwards / max(sum(1 for m in updates if "actor/grad_norm" in m), 1)
     metrics["perf/peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -246,14 +259,44 @@ def evaluate(c: Components, probe) -> dict[str, float]:
     return {**metrics, "time/eval_s": now() - t0}
 
 
-def _checkpoint(c: Components, run: RunDir, step: int) -> Path:
+class SyncSteps:
+    """The synchronous schedule: each step rolls out with the current weights, then trains.
+
+    The loop's other schedule, `rlvr.trainer.async_loop.AsyncSteps`, offers the same three methods."""
+
+    def __init__(self, c: Components):
+        self.c = c
+
+    def step(self, step: int) -> tuple[dict[str, float], list[dict]]:
+        return rl_step(self.c, step)
+
+    def rollout_state(self) -> dict:
+        """The prompt RNG (and selector) as of the last trained step: what its checkpoint records."""
+        c = self.c
+        return {"task_rng": c.rng.getstate(), "selector": c.selector.state_dict() if c.selector else None}
+
+    def close(self) -> None:
+        pass
+
+
+def make_steps(c: Components, start: int):
+    """`SyncSteps`, or with `trainer.max_staleness` set or `trainer.backend=ray` the asynchronous schedule."""
+    t = c.config.trainer
+    if t.max_staleness is None and t.backend == "local":
+        return SyncSteps(c)
+    from rlvr.trainer.async_loop import AsyncSteps
+
+    return AsyncSteps(c, start)
+
+
+def _checkpoint(c: Components, run: RunDir, step: int, rollout_state: dict) -> Path:
     state = {"optimizer": c.optimizer.state_dict(), "scheduler": c.scheduler.state_dict(),
-             "rng": rng_state(), "task_rng": c.rng.getstate(), "kl_coef": c.loss.kl_coef}
+             "rng": rng_state(), "task_rng": rollout_state["task_rng"], "kl_coef": c.loss.kl_coef}
     if c.critic is not None:
         state["critic"] = c.critic.state_dict()
         state["critic_optimizer"] = c.critic_optimizer.state_dict()
     if c.selector is not None:
-        state["selector"] = c.selector.state_dict()
+        state["selector"] = rollout_state["selector"]
     return save_checkpoint(run.checkpoints, step, c.model, c.tokenizer, state, keep_last=c.config.trainer.keep_last)
 
 
@@ -330,7 +373,11 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
                 run.reserve()
                 _start_run(config, run, command, start, provenance or {}, config_changes)
             with recorded_exit(run), disk_errors(run, "training"):
-                line = _loop(c, run, start, echo, list(callbacks), stop)
+                steps = make_steps(c, start)
+                try:
+                    line = _loop(c, run, start, echo, list(callbacks), stop, steps)
+                finally:
+                    steps.close()
             if stop.received:
                 finish_manifest(run, "interrupted", exit_status=stop.exit_status, signal=stop.received,
                                 final=line, runtime=_runtime_facts(c))
@@ -370,7 +417,7 @@ def _notify(callbacks: list, hook: str, *args) -> bool:
     return all(result is not False for result in results)
 
 
-def _loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop: StopSignals) -> dict:
+def _loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop: StopSignals, steps) -> dict:
     config, t = c.config, c.config.trainer
     trackers = make_trackers(_tracker_names(config), run.path, resume_step=start if start else None)
     for tracker in trackers:
@@ -393,7 +440,7 @@ def _loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop: S
     for step in range(start + 1, t.steps + 1):
         if stop.received:  # came before the first step (while building or evaluating)
             break
-        metrics, samples = rl_step(c, step)
+        metrics, samples = steps.step(step)
         evaluated = step == t.steps or (t.eval_every and step % t.eval_every == 0)
         if evaluated:
             metrics.update(evaluate(c, probe))
@@ -410,7 +457,8 @@ def _loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop: S
             go_on = _notify(callbacks, "on_evaluate", step,
                             {k: v for k, v in metrics.items() if k.startswith("eval/")}) and go_on
         if step == t.steps or not go_on or stop.received or (t.save_every and step % t.save_every == 0):
-            go_on = _notify(callbacks, "on_checkpoint", step, _checkpoint(c, run, step)) and go_on
+            go_on = _notify(callbacks, "on_checkpoint", step,
+                            _checkpoint(c, run, step, steps.rollout_state())) and go_on
         if stop.received:
             echo(f"stopped by {stop.received} after step {step}; --resume continues from its checkpoint")
             break

@@ -1,0 +1,236 @@
+"""Asynchronous rollouts with bounded staleness (`trainer.max_staleness=η`).
+
+A rollout side generates and scores the batches of later steps while the learner trains on the
+current one. It samples from its own copy of the weights (`snapshot.SnapshotEngine`); after
+every update the learner publishes its weights with the new version (the number of updates
+so far) and the rollout side pushes the newest into its copy before its next batch.
+
+Admission (AReaL's `max_head_offpolicyness`): the learner trains step k with version k-1, so the
+batch of step k may start only once version k-1-η is published; a batch is therefore at most η
+versions stale when it is trained on. η = 0 lets no batch start before the previous update is
+published: the same draws in the same order as the synchronous loop, so its metrics are the
+same bit for bit (a test checks it). η = 1 is one-step-off overlap. The queue between the sides
+holds at most max(η, 1) batches. Each batch comes from one version (no in-flight weight update);
+a stale batch trains with the decoupled PPO objective (`sync.rl_step`).
+
+The rollout side owns the prompt RNG and the selector; each batch carries their state after it,
+which is what a checkpoint of its step records, so a resumed run restarts the rollout side at
+the step after its checkpoint (batches generated past it are discarded, never trained twice).
+
+Where the rollout side runs is the backend's business: a thread here (`LocalRollouts`), Ray
+actors behind the same seams in `ray_backend` (the sampler as a `WeightSyncEngine`, the verifier).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+
+import torch
+
+from rlvr.tracking.run_dir import now
+from rlvr.trainer import build
+from rlvr.trainer.collect import Produced, produce
+from rlvr.trainer.rows import RowPool, resolve_mode, split_engine
+from rlvr.trainer.runtime import available_cores, thread_budget
+from rlvr.trainer.snapshot import SnapshotEngine, published
+from rlvr.trainer.sync import rl_step
+
+
+class Stopped(Exception):
+    """The rollout side was closed while waiting."""
+
+
+class WeightSlot:
+    """The newest weights the learner published, for the rollout side to take."""
+
+    def __init__(self, version: int):
+        self._cond = threading.Condition()
+        self.version, self._tensors = version, None
+
+    def publish(self, tensors: list, version: int) -> None:
+        with self._cond:
+            self.version, self._tensors = version, tensors
+            self._cond.notify_all()
+
+    def wait(self, at_least: int, newer_than: int, stop: threading.Event) -> tuple[int, list | None]:
+        """Block until version `at_least` is published; (newest version, its tensors if newer than `newer_than`)."""
+        with self._cond:
+            while self.version < at_least:
+                if stop.is_set():
+                    raise Stopped
+                self._cond.wait(0.05)
+            return self.version, self._tensors if self.version > newer_than else None
+
+
+def admissible_version(step: int, max_staleness: int) -> int:
+    """The oldest policy version the batch of `step` may be sampled with (the learner trains it with step-1)."""
+    return max(0, step - 1 - max_staleness)
+
+
+def rollout_facts(idle_s: float, sync_s: float, rollout_s: float) -> dict[str, float]:
+    """The rollout side's metrics of one batch: its idle share since the previous batch and its weight push."""
+    busy = sync_s + rollout_s
+    return {"async/rollout_idle_frac": idle_s / max(idle_s + busy, 1e-12), "async/rollout_push_s": sync_s}
+
+
+class LocalRollouts:
+    """The rollout side in a thread of this process: generates steps `start+1 .. last` into a bounded queue."""
+
+    def __init__(self, c, engine: SnapshotEngine, *, start: int, last: int, max_staleness: int, threads: int):
+        self.c = dataclasses.replace(c, engine=engine)  # same task, reward, RNG and selector; its own weights
+        self.engine, self.max_staleness, self.threads = engine, max_staleness, threads
+        self.slot = WeightSlot(engine.policy_version)
+        self.queue: queue.Queue = queue.Queue(maxsize=max(1, max_staleness))
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(start, last), name="rlvr-rollouts", daemon=True)
+        self.thread.start()
+
+    def _run(self, start: int, last: int) -> None:
+        torch.set_num_threads(self.threads)  # this thread's intra-op share (threads are per-thread in torch)
+        idle = 0.0
+        try:
+            for step in range(start + 1, last + 1):
+                t0 = now()
+                version, tensors = self.slot.wait(admissible_version(step, self.max_staleness),
+                                                  self.engine.policy_version, self.stop)
+                idle += now() - t0
+                t0 = now()
+                if tensors is not None:
+                    self.engine.push_weights(tensors, version)
+                sync_s = now() - t0
+                produced = produce(self.c, step)
+                produced.version = self.engine.policy_version
+                produced.facts = rollout_facts(idle, sync_s, produced.rollout_s)
+                t0 = now()
+                self._put(produced)
+                idle = now() - t0  # waiting for queue space counts toward the next batch's idle share
+        except Stopped:
+            return
+        except BaseException as err:  # the learner re-raises it from get()
+            self._put(err)
+
+    def _put(self, item) -> None:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+        raise Stopped
+
+    def get(self) -> tuple[Produced, int]:
+        """The next batch and how many were ready when it was asked for."""
+        depth = self.queue.qsize()
+        while True:
+            try:
+                item = self.queue.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self.thread.is_alive():
+                    raise RuntimeError("the rollout thread ended without a batch") from None
+        if isinstance(item, BaseException):
+            raise item
+        return item, depth
+
+    def publish(self, tensors: list, version: int) -> None:
+        self.slot.publish(tensors, version)
+
+    def close(self) -> None:
+        self.stop.set()
+        while True:  # unblock a waiting put
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                break
+        self.thread.join(timeout=60)
+
+
+def _rows(threads: int) -> RowPool | None:
+    return RowPool(threads) if threads > 1 else None
+
+
+def _engine_maker(c, rows: RowPool | None):
+    """A builder of `c`'s rollout engine over a given model, split over `rows` when given."""
+    def make(model):
+        engine = build.build_engine(c.config, model, c.tokenizer)
+        return split_engine(engine, rows, c.tokenizer.pad_token_id, model) if rows is not None else engine
+
+    return make
+
+
+class AsyncSteps:
+    """The asynchronous schedule of `sync._loop`: `step(k)` trains on the rollout side's batch of
+    step k and publishes the new weights; `rollout_state()` is the prompt RNG and selector as of
+    the last trained batch; `close()` stops the rollout side."""
+
+    def __init__(self, c, start: int):
+        t = c.config.trainer
+        self.c, self.max_staleness = c, t.max_staleness or 0
+        overlap = self.max_staleness > 0
+        workers = t.rollout_workers if t.backend == "ray" else 1
+        self.budget = thread_budget(available_cores(t.threads), overlap=overlap, rollout_workers=workers)
+        self._restore_threads = torch.get_num_threads()
+        rows_mode = c.rows is not None or resolve_mode(t.thread_mode, c.config.model.kind) == "rows"
+        if overlap:  # each side its own share of the cores (runtime.thread_budget)
+            c.rows = _rows(self.budget["learner"]) if rows_mode else None
+            c.engine = _engine_maker(c, c.rows)(c.model)
+            torch.set_num_threads(1 if rows_mode else self.budget["learner"])
+            rollout_rows, rollout_threads = (_rows(self.budget["rollout_worker"]), 1) if rows_mode else (
+                None, self.budget["rollout_worker"])
+        else:  # the sides alternate: the rollout side uses exactly what the synchronous loop would
+            rollout_rows, rollout_threads = c.rows, torch.get_num_threads()
+        self.threads = {"learner": self.budget["learner"], "rollout_worker": self.budget["rollout_worker"],
+                        "concurrent": self.budget["concurrent"], "rows_mode": rows_mode}
+        rollout_c, self._closers = c, []
+        if t.backend == "ray":  # the sampler and the verifier on Ray actors; admission and prompts stay here
+            from rlvr.trainer.ray_backend import ray_rollout_side
+
+            rollout_c, engine = ray_rollout_side(c, version=start, threads=self.budget["rollout_worker"],
+                                                 rows_mode=rows_mode)
+            self._closers = [engine.close, rollout_c.reward.close]
+            rollout_threads = 1  # this process only tokenizes, decodes and checks answers for the rollout side
+        else:
+            engine = SnapshotEngine(c.model, _engine_maker(c, rollout_rows), version=start)
+        self.rollouts = LocalRollouts(rollout_c, engine, start=start, last=t.steps,
+                                      max_staleness=self.max_staleness, threads=rollout_threads)
+        self._state = None
+        self._weight_s = 0.0
+
+    def step(self, step: int) -> tuple[dict[str, float], list[dict]]:
+        t0 = now()
+        produced, depth = self.rollouts.get()
+        wait = now() - t0
+        produced.staleness = (step - 1) - produced.version
+        t0 = now()
+        metrics, samples = rl_step(self.c, step, produced)
+        work = now() - t0
+        t0 = now()
+        self.rollouts.publish(published(self.c.model), step)
+        publish_s = now() - t0
+        metrics.update(produced.facts)
+        metrics.update(step_facts(produced.staleness, self.max_staleness, depth=depth, wait_s=wait,
+                                  work_s=work + publish_s, version=produced.version,
+                                  weight_sync_s=publish_s + produced.facts.get("async/rollout_push_s", 0.0)))
+        self._state = {"task_rng": produced.task_rng, "selector": produced.selector_state}
+        return metrics, samples
+
+    def rollout_state(self) -> dict:
+        return self._state
+
+    def close(self) -> None:
+        self.rollouts.close()
+        for close in self._closers:
+            close()
+        torch.set_num_threads(self._restore_threads)
+
+
+def step_facts(staleness: int, max_staleness: int, *, depth: int, wait_s: float, work_s: float, version: int,
+               weight_sync_s: float) -> dict[str, float]:
+    """The learner's async metrics of one step: the staleness histogram of its rows (one batch, one
+    version), its idle share, the queue depth it found and the seconds spent moving weights."""
+    hist = {f"async/staleness_{k}_frac": float(staleness == k) for k in range(max_staleness + 1)}
+    return {**hist, "async/staleness": float(staleness), "async/policy_version": float(version),
+            "async/queue_depth": float(depth), "async/trainer_idle_frac": wait_s / max(wait_s + work_s, 1e-12),
+            "async/weight_sync_s": weight_sync_s}

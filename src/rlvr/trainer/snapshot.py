@@ -1,0 +1,61 @@
+"""A rollout engine over its own copy of the policy's weights, refreshed by `push_weights`.
+
+The asynchronous rollout side samples from this copy while the learner updates the original;
+the learner publishes its weights after every update (`published`) and the rollout side pushes
+the newest ones into its copy between batches (`protocols.WeightSyncEngine`). A Ray rollout
+worker holds one of these in its own process.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+
+import torch
+
+from rlvr.batch import Rollouts
+
+
+class SnapshotEngine:
+    """`engine(prompt_ids, prompt_mask, seeds, *, temperature) -> Rollouts` from a frozen copy of
+    `model`; `make_engine(copy)` builds the sampler over the copy."""
+
+    def __init__(self, model: torch.nn.Module, make_engine: Callable, *, version: int = 0, copy_model: bool = True):
+        self.model = frozen_copy(model) if copy_model else model
+        self.model.requires_grad_(False)
+        self._params = dict(self.model.named_parameters())
+        self.engine = make_engine(self.model)
+        self.policy_version = version
+
+    def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, **kwargs) -> Rollouts:
+        return self.engine(prompt_ids, prompt_mask, seeds, **kwargs)
+
+    @torch.no_grad()
+    def push_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        pushed = 0
+        for name, tensor in named_tensors:
+            if name not in self._params:
+                raise KeyError(f"push_weights: the rollout copy has no parameter {name!r}")
+            self._params[name].copy_(tensor)
+            pushed += 1
+        if pushed != len(self._params):
+            raise ValueError(f"push_weights: {pushed} tensors pushed for {len(self._params)} parameters")
+        self.policy_version = version
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of `model` without its forward hooks: a policy's forward counter hooks the model,
+    and the copy's forwards are not the policy's (copying the hook would copy the policy too)."""
+    hooks = [(m, m._forward_hooks) for m in model.modules()]
+    for m, _ in hooks:
+        m._forward_hooks = type(m._forward_hooks)()
+    try:
+        return copy.deepcopy(model)
+    finally:
+        for m, saved in hooks:
+            m._forward_hooks = saved
+
+
+def published(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """A copy of `model`'s parameters, by name, that later updates of `model` do not change."""
+    return [(name, p.detach().clone()) for name, p in model.named_parameters()]

@@ -1,0 +1,164 @@
+"""Asynchronous rollouts (`trainer.max_staleness`): η = 0 is the synchronous loop bit for bit,
+η > 0 bounds staleness and trains stale batches with the decoupled PPO objective."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from rlvr.cli import main
+
+TINY = ["model.path=", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4",
+        "task.heldout_size=4", "trainer.threads=1", "trainer.eval_every=0"]
+# Keys that measure wall-clock or memory (the async side holds a second copy of the weights).
+CLOCK = ("time/", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/peak_rss_mb")
+
+
+def _lines(run) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _run(tmp_path, capsys, name: str, *args: str):
+    code = main(["train", *args, f"trainer.out_dir={tmp_path}", f"trainer.name={name}", "trainer.save_every=0"])
+    assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
+    return tmp_path / name
+
+
+def _without_clock(line: dict) -> dict:
+    return {k: v for k, v in line.items() if not k.startswith(CLOCK) and not k.startswith("async/")}
+
+
+def _assert_same_run(sync_run, async_run):
+    sync_lines, async_lines = _lines(sync_run), _lines(async_run)
+    assert len(sync_lines) == len(async_lines) > 1
+    for s, a in zip(sync_lines, async_lines):
+        assert _without_clock(s) == _without_clock(a)  # exact float equality, key for key
+        assert {k for k in a if k not in s} <= {k for k in a if k.startswith("async/")}
+    assert (sync_run / "samples.jsonl").read_text() == (async_run / "samples.jsonl").read_text()
+
+
+@pytest.mark.parametrize("model", [
+    pytest.param(["trainer.threads=2"], id="causal"),  # the default tiny model, rows split over 2 workers
+    pytest.param(["recipes/dllm_diffu_grpo_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
+                  "trainer.threads=2"], id="diffusion"),
+])
+def test_staleness_zero_reproduces_the_synchronous_loop_bit_for_bit(tmp_path, capsys, model):
+    common = [*model, "trainer.steps=4", "trainer.eval_every=2"]
+    if not model[0].endswith(".yaml"):
+        common += ["task.heldout_size=24"]
+    sync_run = _run(tmp_path, capsys, "sync", *common)
+    async_run = _run(tmp_path, capsys, "async", *common, "trainer.max_staleness=0")
+    _assert_same_run(sync_run, async_run)
+    steps = [line for line in _lines(async_run) if line["step"] > 0]
+    assert all(line["async/staleness"] == 0 and line["async/staleness_0_frac"] == 1 for line in steps)
+    assert [line["async/policy_version"] for line in steps] == [0, 1, 2, 3]
+    # The queue holds at most one batch (made while the learner evaluated and logged the step before).
+    assert all(line["async/queue_depth"] <= 1 and 0 <= line["async/trainer_idle_frac"] <= 1 for line in steps)
+
+
+def _plus_reward(tmp_path) -> str:
+    """A reward the random tiny model earns at once (the share of '+' signs), so every step learns."""
+    (tmp_path / "plus.py").write_text("def score(prompt, completion, **example):\n"
+                                      "    return completion.count('+') / max(1, len(completion))\n")
+    return f"reward.fn={tmp_path / 'plus.py'}:score"
+
+
+def test_staleness_zero_resume_continues_as_an_uninterrupted_run(tmp_path, capsys):
+    """The checkpoint records the rollout side's prompt RNG as of its step, not the live one."""
+    args = [*TINY, _plus_reward(tmp_path), "optim.lr=1e-2", "trainer.max_staleness=0"]
+    whole = _run(tmp_path, capsys, "whole", *args, "trainer.steps=4")
+    part = _run(tmp_path, capsys, "part", *args, "trainer.steps=2")
+    assert main(["train", "--resume", str(part), "trainer.steps=4"]) == 0, capsys.readouterr().err
+
+    def trained(run):  # the final step of `part` was evaluated, the same step of `whole` was not
+        return [{k: v for k, v in _without_clock(x).items() if not k.startswith("eval/")} for x in _lines(run)]
+
+    assert trained(whole) == trained(part)
+    assert len({line["reward/mean"] for line in _lines(whole)[1:]}) > 1
+
+
+def test_one_step_off_runs_bounded_and_corrected(tmp_path, capsys):
+    run = _run(tmp_path, capsys, "eta1", *TINY, _plus_reward(tmp_path), "trainer.steps=6", "trainer.threads=2",
+               "trainer.max_staleness=1", "optim.lr=1e-2")
+    steps = [line for line in _lines(run) if line["step"] > 0]
+    for line in steps:
+        staleness = line["async/staleness"]
+        assert staleness in (0, 1) and line["step"] - 1 - line["async/policy_version"] == staleness
+        assert line[f"async/staleness_{int(staleness)}_frac"] == 1.0
+        assert line["async/weight_sync_s"] >= 0 and 0 <= line["async/rollout_idle_frac"] <= 1
+        assert math.isfinite(line["loss/policy"])
+        assert ("async/behaviour_kl_k3" in line) == (staleness > 0)  # the decoupled weights ran exactly then
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "finished"
+
+
+def test_stale_batch_is_weighted_by_proximal_over_behaviour(monkeypatch):
+    """A batch sampled by version 0 and trained after one update: the clip's old log-probs are the
+    learner's current ones (proximal), the weights exp(prox - behav), capped by rollout_correction."""
+    from rlvr.config import load_config
+    from rlvr.trainer import sync
+    from rlvr.trainer.collect import produce
+    from rlvr.trainer.components import build_components
+
+    seen = {}
+
+    def capture(policy, optimizer, scheduler, batch, spec, **kwargs):
+        seen["batch"] = batch
+        return {}
+
+    for cap in (None, 1.5):
+        extra = [] if cap is None else ["algo.rollout_correction=true", f"algo.correction_cap={cap}"]
+        c = build_components(load_config(None, [*TINY, *extra]))
+        stale = produce(c, 1)  # sampled by version 0
+        with torch.no_grad():  # an update happened since: the learner's weights moved
+            for p in c.model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+        monkeypatch.setattr(sync, "optimizer_step", capture)
+        stale.staleness = 1
+        metrics, _ = sync.rl_step(c, 2, stale)
+        monkeypatch.undo()
+        batch, mask = seen["batch"], seen["batch"].completion_mask
+        proximal = sync._logprobs(c.policy, batch, 64)
+        torch.testing.assert_close(batch.old_logp, proximal)
+        assert (proximal - batch.rollout_logp).abs().max() > 1e-3
+        ratio = torch.exp(proximal - batch.rollout_logp) * mask
+        expected = ratio if cap is None else ratio.clamp(max=cap)
+        torch.testing.assert_close(batch.loss_weights, expected)
+        assert metrics["async/behaviour_kl_k3"] > 0
+
+
+@pytest.mark.parametrize("cores, workers", [(1, 1), (2, 1), (3, 1), (4, 1), (8, 3), (16, 4)])
+def test_thread_budget_never_exceeds_the_cores(cores, workers):
+    from rlvr.trainer.runtime import thread_budget
+
+    alternate = thread_budget(cores, overlap=False, rollout_workers=workers)
+    assert alternate == {"learner": cores, "rollout_worker": cores, "concurrent": cores}
+    if cores < workers + 1:
+        with pytest.raises(Exception, match="trainer.max_staleness"):
+            thread_budget(cores, overlap=True, rollout_workers=workers)
+        return
+    overlap = thread_budget(cores, overlap=True, rollout_workers=workers)
+    assert overlap["learner"] >= 1 and overlap["rollout_worker"] >= 1
+    assert overlap["concurrent"] == overlap["learner"] + workers * overlap["rollout_worker"] <= cores
+
+
+def test_overlapping_sides_get_their_threads(tmp_path):
+    """With η > 0 on 2 cores each side runs with its share: one thread each, no row pool."""
+    from rlvr.config import load_config
+    from rlvr.trainer.async_loop import AsyncSteps
+    from rlvr.trainer.components import build_components
+    from rlvr.trainer.runtime import configure_for
+
+    config = load_config(None, [*TINY, "trainer.threads=2", "trainer.max_staleness=1", "trainer.steps=2"])
+    c = build_components(config, runtime=configure_for(config))
+    steps = AsyncSteps(c, 0)
+    try:
+        assert steps.threads == {"learner": 1, "rollout_worker": 1, "concurrent": 2, "rows_mode": True}
+        assert c.rows is None and torch.get_num_threads() == 1
+        steps.step(1)
+    finally:
+        steps.close()
