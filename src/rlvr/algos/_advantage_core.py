@@ -29,6 +29,10 @@ class AdvantageInputs:
     values: Tensor | None = None  # (B, T) critic values, for gae
     baseline_rewards: Tensor | None = None  # (P,) greedy-rollout rewards, for remax
     token_rewards: Tensor | None = None  # (B, T) extra per-token rewards (e.g. -beta*k1), or None
+    turn_index: Tensor | None = None  # (B, T) long: turn of each completion token, -1 none (multi-turn agents)
+    turn_rewards: Tensor | None = None  # (B, K) float: the environment's reward of each turn
+    turn_states: Tensor | None = None  # (B, K) long: id of the state each turn's action was taken in
+    turn_valid: Tensor | None = None  # (B, K) bool: real turns (False = padding)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ Papers (arXiv ids and links in docs/papers.md):
   literature/000_*.txt line 27), group mean with batch std.
 - `maxrl`, `passk` (binary rewards): see `binary_advantages.py`.
 - `reinforce_pp`, `reinforce_pp_baseline`, `remax`, `gae` (token-level): see `returns.py`.
+- `gigpo`, `turn_return` (turn-level, multi-turn agents): see `turn_advantages.py`.
 
 Conventions (see `_advantage_core.py`): rows [p*G:(p+1)*G] share prompt p, B = P*G; NaN reward
 = not scorable -> advantage 0 and left out of every statistic. Outcome estimators use the
@@ -58,6 +59,7 @@ from rlvr.algos._advantage_core import (
 from rlvr.algos._registry import lookup
 from rlvr.algos.binary_advantages import maxrl, passk
 from rlvr.algos.returns import gae, gae_returns, reinforce_pp, reinforce_pp_baseline, remax
+from rlvr.algos.turn_advantages import gigpo, turn_return
 
 __all__ = [
     "ADVANTAGES",
@@ -67,6 +69,7 @@ __all__ = [
     "gae",
     "gae_returns",
     "get_advantage",
+    "gigpo",
     "group_stats",
     "grpo",
     "lite_ppo",
@@ -77,6 +80,7 @@ __all__ = [
     "reinforce_pp_baseline",
     "remax",
     "rloo",
+    "turn_return",
 ]
 
 Estimator = Callable[..., tuple[Tensor, dict[str, float]]]
@@ -162,6 +166,8 @@ ADVANTAGES: dict[str, Estimator] = {
     "reinforce_pp_baseline": reinforce_pp_baseline,
     "remax": remax,
     "gae": gae,
+    "gigpo": gigpo,
+    "turn_return": turn_return,
 }
 
 

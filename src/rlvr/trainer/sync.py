@@ -104,7 +104,7 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
     old_values = critic_values(c.critic, batch, t.micro_batch_size) if c.critic is not None else None
     inputs = AdvantageInputs(rewards=_shaped_rewards(c, rewards, batch, rollouts.lengths), group_size=r.group_size,
                              response_mask=mask, values=old_values,
-                             baseline_rewards=got.baseline_rewards)
+                             baseline_rewards=got.baseline_rewards, **_turn_inputs(got.turns))
     batch.advantages, adv_metrics = c.advantage.estimate(inputs)
     returns = c.advantage.returns(inputs) if c.critic is not None else None
     timings["logprob"], t0 = now() - t0, now()
@@ -129,6 +129,8 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
 
     metrics = _step_metrics(rewards, got.correct, rollouts, r.group_size, timings, batch)
     metrics.update(got.metrics)
+    if got.turns is not None:  # the loss sees only sampled tokens: say how many it trained on
+        metrics["agent/trained_tokens"] = float(mask.sum())
     if c.selector is not None:
         metrics.update(c.selector.metrics())
     if forwards:  # module forwards (dLLM estimators); the fused causal fast path bypasses the module
@@ -144,6 +146,14 @@ def rl_step(c: Components, step: int) -> tuple[dict[str, float], list[dict]]:
                 "reward": float(rewards[i]) if math.isfinite(float(rewards[i])) else None}
                for i in range(0, len(got.group), stride)][:t.samples_per_step]
     return metrics, samples
+
+
+def _turn_inputs(turns) -> dict:
+    """Agent tasks: the per-turn tensors the turn-level advantages read."""
+    if turns is None:
+        return {}
+    return {"turn_index": turns.turn_index, "turn_rewards": turns.rewards, "turn_states": turns.states,
+            "turn_valid": turns.valid}
 
 
 def _adapt_kl(c: Components, metrics: dict, n: int) -> None:
