@@ -33,6 +33,10 @@ class AdvantageInputs:
     sum_pi_squared: Tensor | None = None  # (B, T) sum_v pi_v^2 of the behaviour policy at each position (OTB)
     reward_components: Tensor | None = None  # (B, K) separate reward components (gdpo); None = rewards alone
     reward_weights: Tensor | None = None  # (K,) weights of the components (gdpo); None = all 1
+    turn_index: Tensor | None = None  # (B, T) long: turn of each completion token, -1 none (multi-turn agents)
+    turn_rewards: Tensor | None = None  # (B, K) float: the environment's reward of each turn
+    turn_states: Tensor | None = None  # (B, K) long: id of the state each turn's action was taken in
+    turn_valid: Tensor | None = None  # (B, K) bool: real turns (False = padding)
 
 
 def wide(x: Tensor, *others: Tensor | None) -> torch.dtype:

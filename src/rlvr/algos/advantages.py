@@ -11,6 +11,7 @@ Papers (arXiv ids and links in docs/papers.md):
 - `reinforce_pp`, `reinforce_pp_baseline`, `remax`, `gae` (token-level): see `returns.py`.
 - `gpg`, `gdpo`, `optimal_token_baseline`, `optimal_token_baseline_multi_turn`: see
   `advantages_zoo.py`.
+- `gigpo`, `turn_return` (turn-level, multi-turn agents): see `turn_advantages.py`.
 
 Conventions (see `_advantage_core.py`): rows [p*G:(p+1)*G] share prompt p, B = P*G; NaN reward
 = not scorable -> advantage 0 and left out of every statistic. Outcome estimators use the
@@ -62,6 +63,7 @@ from rlvr.algos._registry import lookup
 from rlvr.algos.advantages_zoo import gdpo, gpg, optimal_token_baseline, optimal_token_baseline_multi_turn
 from rlvr.algos.binary_advantages import maxrl, passk
 from rlvr.algos.returns import gae, gae_returns, reinforce_pp, reinforce_pp_baseline, remax
+from rlvr.algos.turn_advantages import gigpo, turn_return
 
 __all__ = [
     "ADVANTAGES",
@@ -71,6 +73,7 @@ __all__ = [
     "gae",
     "gae_returns",
     "get_advantage",
+    "gigpo",
     "group_stats",
     "grpo",
     "lite_ppo",
@@ -81,6 +84,7 @@ __all__ = [
     "reinforce_pp_baseline",
     "remax",
     "rloo",
+    "turn_return",
 ]
 
 Estimator = Callable[..., tuple[Tensor, dict[str, float]]]
@@ -170,6 +174,8 @@ ADVANTAGES: dict[str, Estimator] = {
     "gdpo": gdpo,
     "optimal_token_baseline": optimal_token_baseline,
     "optimal_token_baseline_multi_turn": optimal_token_baseline_multi_turn,
+    "gigpo": gigpo,
+    "turn_return": turn_return,
 }
 
 

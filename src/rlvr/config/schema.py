@@ -144,6 +144,36 @@ class CodeFileTaskConfig(FileTaskConfig):
 
 
 @dataclass(frozen=True)
+class AgentTaskConfig:
+    """Knobs every agent task has (`rlvr.agents.task.AgentTask`; null = the class's own default)."""
+
+    max_turns: int | None = None
+    """Most actions per episode (the single-turn ablation `tools: false` forces 1)."""
+    max_total_tokens: int | None = None
+    """Longest kept sequence, prompt + actions + observations; an observation that would overflow
+    is not appended (finish `token_budget`)."""
+    tool_timeout_s: float | None = None
+    """Wall-clock limit of one tool call; past it the call is an error observation (`agent/tool_timeouts`)."""
+    tools: bool | None = None
+    """False: no tool, the model must answer in its first action (the ablation)."""
+    train_drifted: bool | None = None
+    """Train on trajectories whose kept ids differ from a re-render of the conversation (`agent/drifted`);
+    default False: they stay out of the loss."""
+    demo_tool_rate: float | None = None
+    """Share of scripted demonstrations (the SFT warm start) that use the tool; the others answer at once."""
+
+
+@dataclass(frozen=True)
+class CalculatorTaskConfig(AgentTaskConfig):
+    """Knobs of `rlvr.agents.envs.calculator.Calculator` (null = the class's own default)."""
+
+    digits_a: int | None = None
+    """Digits of the first factor."""
+    digits_b: int | None = None
+    """Digits of the second factor."""
+
+
+@dataclass(frozen=True)
 class TaskConfig:
     """The task: its name, the knobs every task has, and one section per task for its own knobs.
 
@@ -163,6 +193,8 @@ class TaskConfig:
     """Knobs of task `math_file`."""
     code_file: CodeFileTaskConfig | None = None
     """Knobs of task `code_file`."""
+    agent_calculator: CalculatorTaskConfig | None = None
+    """Knobs of task `agent_calculator` (multi-turn, calculator tool)."""
 
 
 @dataclass(frozen=True)
@@ -255,7 +287,9 @@ class AlgoConfig:
     pass_k: int | None = None
     """k of the pass@k objective."""
     gamma: float | None = None
-    """Discount of token-level returns."""
+    """Discount of token-level returns (`reinforce_pp`, `gae`) or of turn-level ones (`gigpo`, `turn_return`)."""
+    omega: float | None = None
+    """GiGPO: weight of the anchor-state step advantage added to the episode advantage."""
     lam: float | None = None
     """GAE lambda."""
     clip_low: float | None = None

@@ -6,11 +6,13 @@ scores completions with ``reward(prompt, completion, **example)``. No torch here
 
 from __future__ import annotations
 
+from rlvr.agents.envs.calculator import Calculator
 from rlvr.tasks.countdown import Countdown
 from rlvr.tasks.files import CodeFileTask, MathFileTask
 from rlvr.tasks.sudoku import Sudoku4
 
-TASKS = {"countdown": Countdown, "math_file": MathFileTask, "code_file": CodeFileTask, "sudoku4": Sudoku4}
+TASKS = {"countdown": Countdown, "math_file": MathFileTask, "code_file": CodeFileTask, "sudoku4": Sudoku4,
+         "agent_calculator": Calculator}
 
 
 def make_task(name: str, **kwargs):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlvr.agents.collect import is_agent_task, rollout_batch
 from rlvr.algos.shaping import zero_variance_groups
 from rlvr.batch import Rollouts, concat_rollouts
 from rlvr.codec import decode_completions, encode_prompts
@@ -31,6 +32,7 @@ class Collected:
     correct: torch.Tensor      # (B,) 1.0 where the verifier says correct
     metrics: dict[str, float]
     baseline_rewards: torch.Tensor | None = None  # (P,) reward of each prompt's greedy completion (ReMax)
+    turns: object = None       # agent tasks: the per-turn tensors (`rlvr.agents.batch.TurnTensors`)
 
 
 @dataclass
@@ -98,6 +100,9 @@ def _one_round(c, step: int, round_index: int) -> Collected:
     group = [ex for ex in examples for _ in range(r.group_size)]  # rows p*G .. p*G+G-1 share prompt p
     prompt_ids, prompt_mask = encode_prompts(c.tokenizer, [ex.prompt for ex in group])
     seeds = sample_seeds(c.config.seed, step, len(group), offset=round_index * len(group))
+    if is_agent_task(c.task):  # multi-turn episodes: the environment scores them
+        got = rollout_batch(c.engine, c.tokenizer, c.task, group, seeds, temperature=row_temperatures(r, len(group)))
+        return Collected(group, got.rollouts, got.texts, got.rewards, got.correct, got.metrics, turns=got.turns)
     rollouts = c.engine(prompt_ids, prompt_mask, seeds, temperature=row_temperatures(r, len(group)))
     texts = decode_completions(c.tokenizer, rollouts)
     rewards, correct, metrics = score(c.reward, c.task, group, texts)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from rlvr.agents.collect import correctness as agent_correctness
+from rlvr.agents.collect import is_agent_task
 from rlvr.codec import decode_completions, encode_prompts
 
 
@@ -45,6 +47,9 @@ def sampled_scores(engine, tokenizer, task, examples, *, samples: int, temperatu
 def _correctness(engine, tokenizer, task, rows, *, temperature: float, first_seed: int | None,
                  batch_size: int) -> list[bool]:
     """Whether each of `rows` is answered correctly, one completion each; seeds first_seed + index (0 if None)."""
+    if is_agent_task(task):
+        return agent_correctness(engine, tokenizer, task, rows, temperature=temperature, first_seed=first_seed,
+                                 batch_size=batch_size)
     correct = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]

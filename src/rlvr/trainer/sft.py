@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from rlvr.agents.batch import to_rollouts
+from rlvr.agents.collect import demonstrations, is_agent_task
 from rlvr.batch import left_pad
 from rlvr.codec import encode_prompts
 from rlvr.config import Config, dump_yaml
@@ -39,6 +41,13 @@ def sft_loss(policy: CausalPolicy, tokenizer, prompts: list[str], completions: l
     return -(logp * completion_mask).sum() / completion_mask.sum()
 
 
+def masked_sft_loss(policy: CausalPolicy, rollouts) -> torch.Tensor:
+    """Mean NLL over the tokens with completion_mask 1 (observation tokens condition, untrained)."""
+    logp, _ = policy.token_logprobs(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids,
+                                    completion_mask=rollouts.completion_mask)
+    return -(logp * rollouts.completion_mask).sum() / rollouts.completion_mask.sum().clamp(min=1)
+
+
 def _causal_sft(model, tokenizer, task, config: Config, echo) -> None:
     s = config.sft
     optimizer, scheduler = build.build_optimizer(model.parameters(), lr=s.lr, warmup_steps=s.warmup_steps,
@@ -47,7 +56,11 @@ def _causal_sft(model, tokenizer, task, config: Config, echo) -> None:
     model.train()
     for step in range(1, s.steps + 1):
         examples = task.sample(s.batch_size, rng)
-        loss = sft_loss(policy, tokenizer, [e.prompt for e in examples], [task.solution(e) for e in examples])
+        if is_agent_task(task):  # scripted multi-turn episodes: only the demonstrator's actions are trained
+            loss = masked_sft_loss(policy, to_rollouts(demonstrations(task, tokenizer, examples, rng),
+                                                       tokenizer.pad_token_id))
+        else:
+            loss = sft_loss(policy, tokenizer, [e.prompt for e in examples], [task.solution(e) for e in examples])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

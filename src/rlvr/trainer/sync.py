@@ -138,7 +138,7 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     old_values = critic_values(c.critic, batch, t.micro_batch_size) if c.critic is not None else None
     inputs = AdvantageInputs(rewards=_shaped_rewards(c, rewards, batch, rollouts.lengths), group_size=r.group_size,
                              response_mask=mask, values=old_values,
-                             baseline_rewards=got.baseline_rewards)
+                             baseline_rewards=got.baseline_rewards, **_turn_inputs(got.turns))
     batch.advantages, adv_metrics = c.advantage.estimate(inputs)
     returns = c.advantage.returns(inputs) if c.critic is not None else None
     expert_metrics = {}
@@ -175,6 +175,8 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     if stale:  # how far the behaviour policy is from the proximal one, and how much the weights cut
         metrics.update({"async/behaviour_kl_k3": behaviour["mismatch_k3"],
                         "async/weight_clip_frac": behaviour["correction_clip_frac"]})
+    if got.turns is not None:  # the loss sees only sampled tokens: say how many it trained on
+        metrics["agent/trained_tokens"] = float(mask.sum())
     if forwards:  # module forwards (dLLM estimators); the fused causal fast path bypasses the module
         metrics["perf/forwards_per_update"] = forwards / max(sum(1 for m in updates if "actor/grad_norm" in m), 1)
     metrics["perf/peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -210,6 +212,14 @@ def push_weights(c: Components) -> float:
     t0 = now()
     c.engine.push_weights(merged_weights(c.model), version=c.scheduler.last_epoch)
     return now() - t0
+
+
+def _turn_inputs(turns) -> dict:
+    """Agent tasks: the per-turn tensors the turn-level advantages read."""
+    if turns is None:
+        return {}
+    return {"turn_index": turns.turn_index, "turn_rewards": turns.rewards, "turn_states": turns.states,
+            "turn_valid": turns.valid}
 
 
 def _adapt_kl(c: Components, metrics: dict, n: int) -> None:

@@ -1,0 +1,75 @@
+"""What the trainer calls for agent tasks: roll out a batch of episodes, score it, evaluate."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.agents.batch import TurnTensors, agent_metrics, to_rollouts, transcript, turn_tensors
+from rlvr.agents.render import make_renderer
+from rlvr.agents.rollout import Limits, Trajectory, run_episodes, scripted_episode
+from rlvr.batch import Rollouts
+from rlvr.types import Example
+
+
+def is_agent_task(task) -> bool:
+    return hasattr(task, "make_env") and hasattr(task, "settings")
+
+
+@dataclass
+class AgentBatch:
+    trajectories: list[Trajectory]
+    rollouts: Rollouts
+    texts: list[str]
+    rewards: torch.Tensor  # (B,)
+    correct: torch.Tensor  # (B,)
+    turns: TurnTensors
+    metrics: dict[str, float]
+
+
+def _limits(task) -> Limits:
+    return Limits(task.settings.max_turns, task.settings.max_total_tokens)
+
+
+def renderer_for(task, tokenizer):
+    return make_renderer(tokenizer, task.make_env().registry.schemas() if task.settings.tools else None)
+
+
+def rollout_batch(engine, tokenizer, task, examples: list[Example], seeds: torch.Tensor, *,
+                  temperature: float | torch.Tensor) -> AgentBatch:
+    """One episode per example through `engine` (any RolloutEngine)."""
+    envs = [task.make_env() for _ in examples]
+    trajs = run_episodes(engine, renderer_for(task, tokenizer), envs, [ex.meta["episode"] for ex in examples],
+                         seeds, temperature=temperature, limits=_limits(task), pad_id=tokenizer.pad_token_id,
+                         eos_id=tokenizer.eos_token_id, prompts=[ex.prompt for ex in examples])
+    return AgentBatch(trajs, to_rollouts(trajs, tokenizer.pad_token_id, train_drifted=task.settings.train_drifted),
+                      [transcript(t, tokenizer) for t in trajs], torch.tensor([t.reward for t in trajs]),
+                      torch.tensor([float(t.success) for t in trajs]), turn_tensors(trajs), agent_metrics(trajs))
+
+
+def correctness(engine, tokenizer, task, rows: list[Example], *, temperature: float, first_seed: int | None,
+                batch_size: int = 256) -> list[bool]:
+    """Whether each row's episode succeeds (the evaluation counterpart of `rollout_batch`)."""
+    out = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        seeds = torch.zeros(len(chunk), dtype=torch.long)
+        if first_seed is not None:
+            seeds += torch.arange(start, start + len(chunk)) + first_seed
+        got = rollout_batch(engine, tokenizer, task, chunk, seeds, temperature=temperature)
+        out.extend(bool(c) for c in got.correct.tolist())
+    return out
+
+
+def demonstrations(task, tokenizer, examples: list[Example], rng: random.Random) -> list[Trajectory]:
+    """Scripted episodes of `examples` (the task's demonstrator), token-exact like sampled ones."""
+    renderer = renderer_for(task, tokenizer)
+    trajs = []
+    for ex in examples:
+        env = task.make_env()
+        env.reset(ex.meta["episode"])
+        policy = task.demo_policy(env, rng)
+        trajs.append(scripted_episode(env, renderer, ex.meta["episode"], policy, limits=_limits(task)))
+    return trajs

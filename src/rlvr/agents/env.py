@@ -1,0 +1,84 @@
+"""The environment seam of multi-turn agents: `reset(seed) -> observation`, `step(action_text) ->
+(observation, reward, done, info)`. No torch here: environments are plain, seeded, picklable
+Python objects, so they can later run in worker processes.
+
+An environment owns one episode at a time (a fresh instance per episode, the OpenRLHF and TRL
+style); the rollout loop never shares one between episodes. The observation is plain text: the
+rollout's renderer turns it into tokens (a tag wrapper for the character models, the chat
+template's tool message for chat models), so an environment never knows the model family.
+
+`info` keys the loop reads (all optional):
+- `state_key`: a hashable summary of the environment state *before* the next action; identical
+  keys across a group are GiGPO's anchor states.
+- `success`: whether the episode solved the task (accuracy metrics; defaults to reward > 0).
+- `tool_calls`, `tool_errors`, `tool_timeouts`, `malformed`: counts for this step.
+- `role`: `tool` (a tool's output) or `user` (environment feedback) for the chat renderer.
+- `privileged`: information for critics only (the hidden number, the table); never rendered.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+
+class StepResult(NamedTuple):
+    """What `step` returns; unpacks as the gymnasium-style 4-tuple."""
+
+    observation: str
+    reward: float
+    done: bool
+    info: dict
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """One episode of a text environment. `reset` returns the first observation (the task
+    statement); `step` consumes the text of one model action."""
+
+    def reset(self, seed: int) -> str: ...
+
+    def step(self, action_text: str) -> StepResult | tuple[str, float, bool, dict]: ...
+
+
+class FinishReason:
+    """Why a turn (and, for the last turn, the episode) ended."""
+
+    STOP = "stop"              # the model ended its action (EOS) and the environment went on or finished
+    DONE = "done"              # the environment said done (an answer was given)
+    LENGTH = "length"          # the action hit the per-turn token limit (rollout.max_new_tokens)
+    TOOL_ERROR = "tool_error"  # a tool raised, timed out or was called wrongly (the episode goes on)
+    MALFORMED = "malformed"    # the action held neither a valid tool call nor an answer
+    TURN_LIMIT = "turn_limit"  # max_turns actions were taken without finishing
+    TOKEN_BUDGET = "token_budget"  # the trajectory reached max_total_tokens
+    ENV_ERROR = "env_error"    # the environment itself raised; the episode ends with reward 0
+
+    ALL = (STOP, DONE, LENGTH, TOOL_ERROR, MALFORMED, TURN_LIMIT, TOKEN_BUDGET, ENV_ERROR)
+
+
+def as_step_result(out: Any) -> StepResult:
+    """Accept a StepResult, a gymnasium 4-tuple or a gymnasium>=0.26 5-tuple
+    (obs, reward, terminated, truncated, info)."""
+    if isinstance(out, StepResult):
+        return out
+    if len(out) == 5:
+        obs, reward, terminated, truncated, info = out
+        return StepResult(str(obs), float(reward), bool(terminated or truncated), dict(info or {}))
+    obs, reward, done, info = out
+    return StepResult(str(obs), float(reward), bool(done), dict(info or {}))
+
+
+class GymAdapter:
+    """Wraps a gymnasium-style text environment (duck-typed: gymnasium is not a dependency).
+
+    The wrapped object's `reset(seed=...)` may return `obs` or `(obs, info)`; its `step(action)`
+    the 4- or 5-tuple form. Observations and actions must be text (or have a useful `str`)."""
+
+    def __init__(self, env: Any):
+        self.env = env
+
+    def reset(self, seed: int) -> str:
+        out = self.env.reset(seed=seed)
+        return str(out[0] if isinstance(out, tuple) else out)
+
+    def step(self, action_text: str) -> StepResult:
+        return as_step_result(self.env.step(action_text))

@@ -1,0 +1,154 @@
+"""Agent tasks: a `Task` whose examples are environment episodes, and `ToolEnv`, the base of
+environments where the model calls tools and then answers. No torch here.
+
+An `AgentTask` draws episodes by seed: `Example(prompt=first observation, answer, meta={"episode":
+seed, "key": problem key})`. The held-out split is a hash bucket of the problem key: training
+draws never fall in it, `heldout()` draws only from it (the Countdown rule). The loop builds a
+fresh environment per episode with `make_env()` and resets it with the episode seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+
+from rlvr.agents.env import StepResult
+from rlvr.agents.tools import ToolRegistry, parse_action
+from rlvr.types import Example
+
+HELDOUT_BUCKETS = 10
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def is_heldout_key(key: str) -> bool:
+    digest = hashlib.sha256(f"agent:{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % HELDOUT_BUCKETS == 0
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """The loop's limits for a task (set from the task's config section)."""
+
+    max_turns: int = 4
+    max_total_tokens: int = 128
+    tool_timeout_s: float = 2.0
+    tools: bool = True          # False: the single-turn ablation (no tool, answer at once)
+    train_drifted: bool = False  # keep drifted trajectories in the loss
+
+
+class AgentTask:
+    """Base of the agent tasks; subclasses set `env_class` and may override `env_kwargs`."""
+
+    env_class: type = None  # type: ignore[assignment]
+    _heldout_salt = 7_777
+
+    def __init__(self, *, heldout_size: int = 200, max_turns: int = 4, max_total_tokens: int = 128,
+                 tool_timeout_s: float = 2.0, tools: bool = True, train_drifted: bool = False,
+                 demo_tool_rate: float = 1.0, **env_kwargs):
+        if heldout_size < 0:
+            raise ValueError(f"heldout_size must be >= 0, got {heldout_size}")
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if not 0.0 <= demo_tool_rate <= 1.0:
+            raise ValueError(f"demo_tool_rate must be in [0, 1], got {demo_tool_rate}")
+        self.settings = AgentSettings(max_turns if tools else 1, max_total_tokens, tool_timeout_s, tools,
+                                      train_drifted)
+        self.heldout_size, self.demo_tool_rate, self.env_kwargs = heldout_size, demo_tool_rate, env_kwargs
+        self._heldout: list[Example] | None = None
+
+    def make_env(self):
+        return self.env_class(tools=self.settings.tools, tool_timeout_s=self.settings.tool_timeout_s,
+                              **self.env_kwargs)
+
+    def _example(self, episode: int) -> Example:
+        env = self.make_env()
+        first = env.reset(episode)
+        return Example(prompt=first, answer=str(env.answer), meta={"episode": episode, "key": env.key})
+
+    def sample(self, n: int, rng: random.Random | None = None) -> list[Example]:
+        rng = rng or random.Random()
+        out = []
+        while len(out) < n:
+            ex = self._example(rng.getrandbits(48))
+            if not is_heldout_key(ex.meta["key"]):
+                out.append(ex)
+        return out
+
+    def heldout(self) -> list[Example]:
+        if self._heldout is None:
+            rng, seen, out = random.Random(self._heldout_salt), set(), []
+            for _ in range(200 * max(self.heldout_size, 1)):
+                if len(out) >= self.heldout_size:
+                    break
+                ex = self._example(rng.getrandbits(48))
+                if is_heldout_key(ex.meta["key"]) and ex.meta["key"] not in seen:
+                    seen.add(ex.meta["key"])
+                    out.append(ex)
+            self._heldout = out
+        return self._heldout
+
+    def demo_policy(self, env, rng: random.Random):
+        """A scripted `policy(observation) -> action` for `env` after its reset (demonstrations)."""
+        use_tool = self.settings.tools and rng.random() < self.demo_tool_rate
+        return env.scripted(use_tool, rng)
+
+    # The Task protocol's text verifier: agent rewards come from the environment, so the text
+    # path scores the final answer of a transcript against the example's answer.
+    def reward(self, prompt: str, completion: str, **example) -> float:
+        return float(self.is_correct(completion, Example(prompt, example.get("answer", ""))))
+
+    def is_correct(self, completion: str, example: Example) -> bool:
+        answers = _ANSWER.findall(completion)
+        return bool(answers) and answers[-1].strip() == example.answer
+
+
+class ToolEnv:
+    """An episode where the model may call tools, then answers with `<answer>...</answer>`.
+
+    Subclasses implement `_generate(rng) -> (first observation, answer, key)`, `_tools()`
+    (the functions) and `scripted(use_tool, rng)`. Rewards: 1 for a correct answer, else 0;
+    a malformed action, an unknown tool or a failing tool give an error observation and the
+    episode goes on. With `tools=False` a tool call is refused (the single-turn ablation)."""
+
+    def __init__(self, *, tools: bool = True, tool_timeout_s: float = 2.0):
+        self.use_tools = tools
+        self.registry = ToolRegistry.of(*self._tools(), timeout_s=tool_timeout_s)
+        self.answer, self.key, self.results = None, "", []
+
+    def _tools(self) -> tuple:
+        return ()
+
+    def _generate(self, rng: random.Random) -> tuple[str, object, str]:
+        raise NotImplementedError
+
+    def reset(self, seed: int) -> str:
+        first, self.answer, self.key = self._generate(random.Random(seed))
+        self.results = []
+        return first
+
+    def check(self, answer: str) -> bool:
+        return answer == str(self.answer)
+
+    def step(self, action_text: str) -> StepResult:
+        parsed = parse_action(action_text, self.registry)
+        state = (self.key, tuple(self.results))
+        if parsed.answer is not None:
+            ok = self.check(parsed.answer)
+            return StepResult("", float(ok), True, {"success": ok, "state_key": state})
+        if parsed.malformed:
+            return StepResult("error: no tool call or answer", 0.0, False,
+                              {"malformed": 1, "state_key": state, "role": "user"})
+        if not self.use_tools:
+            return StepResult("error: no tools", 0.0, False, {"tool_errors": 1, "state_key": state})
+        texts, errors, timeouts = [], 0, 0
+        for call in parsed.calls:
+            result = self.registry.call(call)
+            errors += not result.ok
+            timeouts += result.error == "timeout"
+            texts.append(result.text)
+        self.results.extend(texts)
+        return StepResult("; ".join(texts), 0.0, False,
+                          {"tool_calls": len(parsed.calls), "tool_errors": errors, "tool_timeouts": timeouts,
+                           "state_key": (self.key, tuple(self.results)), "role": "tool"})
