@@ -82,6 +82,8 @@ def test_prompt_plus_completion_longer_than_the_context_is_a_config_error(tmp_pa
         build_components(config)
     message = str(err.value)
     assert "\n" not in message and "task.math_file.max_prompt_length" in message
+    with pytest.raises(ConfigError, match=r"model's context of 64 positions \(model.max_seq_len\); lower"):
+        build_components(load_config(None, ["model.path=", "model.max_seq_len=64", "rollout.max_new_tokens=60"]))
     # The same run with prompts that fit is accepted.
     build_components(load_config(None, [*RUN, f"model.path={source}", "rollout.max_new_tokens=4",
                                         "task.math_file.max_prompt_length=40"]))

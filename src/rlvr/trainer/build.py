@@ -166,11 +166,11 @@ def check_context(config: Config, model, tokenizer, task) -> None:
     need = longest + config.rollout.max_new_tokens
     if need > limit:
         source = f"config.json {field}" if config.model.path else "model.max_seq_len"
+        drop = f", drop long prompts with task.{config.task.name}.max_prompt_length" if callable(everything) else ""
         raise ConfigError(
             f"rollout.max_new_tokens: the longest prompt ({longest} tokens) + rollout.max_new_tokens "
             f"({config.rollout.max_new_tokens}) = {need} exceeds the model's context of {limit} positions ({source}); "
-            f"lower rollout.max_new_tokens, drop long prompts with task.{config.task.name}.max_prompt_length, "
-            "or use a model with a longer context")
+            f"lower rollout.max_new_tokens{drop} or use a model with a longer context")
 
 
 def build_reward(config: Config, task) -> RewardRunner | RewardSum:
