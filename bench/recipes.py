@@ -24,12 +24,14 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--recipes", nargs="+", default=RECIPES)
     p.add_argument("--out", type=Path, default=Path("runs/bench_recipes"))
+    p.add_argument("--metrics", nargs="+", default=["eval/heldout_accuracy", "reward/mean"],
+                   help="metrics of the table (final and AUC of each)")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = p.parse_args()
     overrides = [f"trainer.steps={args.steps}", f"trainer.eval_every={max(args.steps // 4, 1)}",
                  "trainer.save_every=0", *args.overrides]
     run_sweep([f"recipes/{r}_countdown.yaml" for r in args.recipes], args.seeds, overrides, args.out)
-    print(report(args.out, ["eval/heldout_accuracy", "reward/mean"],
+    print(report(args.out, args.metrics,
                  ["eval/heldout_accuracy", "reward/mean", "response/length_mean", "actor/entropy"]))
 
 
