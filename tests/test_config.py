@@ -150,7 +150,7 @@ def _fields(cls) -> set[str]:
 
 
 def test_every_keyword_of_every_entry_maps_to_one_field_and_back():
-    sections = {"algo": cfg.AlgoConfig, "estimator": cfg.EstimatorConfig}
+    sections = {"algo": cfg.AlgoConfig, "estimator": cfg.EstimatorConfig, "expert": cfg.ExpertConfig}
     sections.update({f"task.{name}": cls for name, cls in cfg.task_sections().items()})
     tasks = cfg.REGISTRY["task.name"].entries()
     assert set(cfg.task_sections()) == set(tasks)  # one knob section per task, named as the task
@@ -199,8 +199,8 @@ def test_docs_config_md_is_current():
 
 @pytest.mark.parametrize("override, message", [
     ("algo.objective=x", "algo.objective: unknown objective 'x'; valid: cispo, clip_cov, dppo_kl, dppo_tv, dro, gmpo, "
-                         "gspo, kl_cov, ppo_clip, reinforce, sapo, wd1"),
-    ("algo.advantage=x", "algo.advantage: unknown advantage 'x'; valid: dr_grpo, gae, gdpo, gpg, grpo,"),
+                         "gspo, kl_cov, nft, ppo_clip, reinforce, sapo, wd1"),
+    ("algo.advantage=x", "algo.advantage: unknown advantage 'x'; valid: dr_grpo, gae, gdpo,"),
     ("algo.aggregation=x", "algo.aggregation: unknown aggregation 'x'; valid: seq_mean_token_mean,"),
     ("algo.kl_estimator=x", "algo.kl_estimator: unknown KL estimator 'x'; valid: abs, forward_kl,"),
     ("estimator.name=x", "estimator.name: unknown likelihood estimator 'x'; valid: ar_order, bgpo,"),

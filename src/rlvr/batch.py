@@ -128,7 +128,8 @@ def concat_train_batches(parts: list[TrainBatch], pad_id: int) -> TrainBatch:
         if got[0].dim() == 1:
             values[f.name] = torch.cat(got)
         elif f.name in _PROMPT_FIELDS:
-            values[f.name] = torch.cat([_pad_to(g, tp, pad_id if f.name == "prompt_ids" else 0, left=True) for g in got])
+            pad = pad_id if f.name == "prompt_ids" else 0
+            values[f.name] = torch.cat([_pad_to(g, tp, pad, left=True) for g in got])
         else:
             values[f.name] = torch.cat([_pad_to(g, tc, pad_id if f.name == "completion_ids" else 0, left=False)
                                         for g in got])

@@ -171,3 +171,47 @@ def test_rpg_unnormalised_forms_reduce_on_policy_to_k3_and_forward_kl():
     logp, ref = -torch.rand(3, 4, generator=gen) * 3, -torch.rand(3, 4, generator=gen) * 3
     assert torch.allclose(rpg.rpg_urkl(logp, ref), k3(logp, ref), atol=1e-6)
     assert torch.allclose(rpg.rpg_ufkl(logp, ref), forward_kl(logp, ref), atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------- ShiQ
+
+def _two_step_batch(policy_logits, ref_logits, reward):
+    """All 9 sequences of a vocab-3, two-token MDP: logp, ref_logp, lse, ref_lse, token rewards."""
+    from itertools import product
+
+    rows = {k: [] for k in ("logp", "ref_logp", "lse", "ref_lse", "rewards")}
+    for a0, a1 in product(range(3), range(3)):
+        pol, ref = (policy_logits["root"], policy_logits[a0]), (ref_logits["root"], ref_logits[a0])
+        rows["logp"].append([pol[0].log_softmax(0)[a0], pol[1].log_softmax(0)[a1]])
+        rows["ref_logp"].append([ref[0].log_softmax(0)[a0], ref[1].log_softmax(0)[a1]])
+        rows["lse"].append([pol[0].logsumexp(0), pol[1].logsumexp(0)])
+        rows["ref_lse"].append([ref[0].logsumexp(0), ref[1].logsumexp(0)])
+        rows["rewards"].append([torch.tensor(0.0, dtype=torch.float64), reward[a0, a1]])
+    return {k: torch.stack([torch.stack(r) for r in v]) for k, v in rows.items()}
+
+
+def test_shiq_residuals_vanish_exactly_at_the_soft_optimal_policy():
+    from rlvr.algos.offpolicy import shiq_loss, shiq_residuals
+
+    gen = torch.Generator().manual_seed(5)
+    beta = 0.5
+    ref = {k: torch.randn(3, generator=gen, dtype=torch.float64) for k in ("root", 0, 1, 2)}
+    reward = torch.rand(3, 3, generator=gen, dtype=torch.float64)
+    # Backward induction: Q*(s1, a1) = r, V*(s1) = β log Σ π_ref e^{Q/β}; Q*(s0, a0) = V*(s1(a0)).
+    q1 = {a0: reward[a0] for a0 in range(3)}
+    v1 = torch.stack([beta * (ref[a0].log_softmax(0) + q1[a0] / beta).logsumexp(0) for a0 in range(3)])
+    optimal = {"root": ref["root"] + v1 / beta, **{a0: ref[a0] + q1[a0] / beta for a0 in range(3)}}
+    b = _two_step_batch(optimal, ref, reward)
+    mask = torch.ones(9, 2, dtype=torch.float64)
+    delta = shiq_residuals(b["logp"], b["ref_logp"], b["lse"], b["ref_lse"], b["rewards"], mask, beta=beta)
+    assert delta.abs().max() < 1e-12
+    off = {k: v + 0.3 * torch.randn(3, generator=gen, dtype=torch.float64) for k, v in optimal.items()}
+    b = _two_step_batch(off, ref, reward)
+    loss = shiq_loss(b["logp"], b["ref_logp"], b["lse"], b["ref_lse"], b["rewards"], mask, beta=beta)
+    assert loss.sum() > 1e-4
+    short = mask.clone()
+    short[0, 1] = 0  # a one-token row: its return is what sits on its valid tokens
+    delta = shiq_residuals(b["logp"], b["ref_logp"], b["lse"], b["ref_lse"], b["rewards"], short, beta=beta)
+    assert delta[0, 1] == 0
+    expected = beta * (b["logp"][0, 0] - b["ref_logp"][0, 0] + b["lse"][0, 0] - b["ref_lse"][0, 0])
+    assert delta[0, 0].item() == pytest.approx(expected.item())

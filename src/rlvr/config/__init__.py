@@ -47,6 +47,7 @@ from rlvr.config.schema import (
     Config,
     CountdownTaskConfig,
     EstimatorConfig,
+    ExpertConfig,
     FileTaskConfig,
     LoraConfig,
     MathFileTaskConfig,
@@ -63,7 +64,7 @@ from rlvr.config.schema import (
 
 __all__ = [
     "ELSEWHERE", "LOOP_KNOBS", "REGISTRIES", "REGISTRY", "AlgoConfig", "CodeFileTaskConfig", "Config",
-    "CountdownTaskConfig", "EstimatorConfig", "FileTaskConfig", "LoraConfig", "MathFileTaskConfig", "ModelConfig",
+    "CountdownTaskConfig", "EstimatorConfig", "ExpertConfig", "FileTaskConfig", "LoraConfig", "MathFileTaskConfig", "ModelConfig",
     "OptimConfig",
     "Registry", "RewardConfig", "RolloutConfig", "SFTConfig", "Sudoku4TaskConfig", "TaskConfig", "TrainerConfig",
     "all_entries", "all_keys", "chosen", "data_files", "derived_batch_numbers", "dump_yaml", "hyperparameters",

@@ -86,7 +86,8 @@ def extend(batch: TrainBatch, part: TrainBatch, *, onpolicy_rewards: torch.Tenso
     if batch.trace is not None:
         part.trace = torch.zeros_like(part.completion_ids)
     batch.expert = torch.zeros(len(batch), dtype=torch.bool)
-    batch.rollout_logp = batch.rollout_logp if batch.rollout_logp is not None else torch.zeros_like(batch.completion_mask)
+    if batch.rollout_logp is None:
+        batch.rollout_logp = torch.zeros_like(batch.completion_mask)
     merged = concat_train_batches([batch, part], pad_id)
     units = merged.completion_mask.sum(-1) if token_units else (merged.completion_mask.sum(-1) > 0).float()
     merged.sample_weight = mix_weights(merged.expert, mu, keep_onpolicy=keep_onpolicy, units=units)
@@ -123,7 +124,8 @@ def split_loss(objective: Callable, expert_objective: Callable, logp: torch.Tens
     return loss, metrics
 
 
-def add_expert_rows(c, batch: TrainBatch, rewards: torch.Tensor, step: int, logprobs: Callable) -> tuple[TrainBatch, dict]:
+def add_expert_rows(c, batch: TrainBatch, rewards: torch.Tensor, step: int,
+                    logprobs: Callable) -> tuple[TrainBatch, dict]:
     """The step's batch with `c.expert`'s rows appended (`extend`), and their metrics.
     `logprobs(policy, part)`: the loop's no-grad log-probs."""
     from rlvr.trainer.collect import score  # collect imports the engines; keep this module light
