@@ -310,6 +310,15 @@ class RunDir:
             path.unlink(missing_ok=True)
             raise
 
+    def remove_if_empty(self) -> None:
+        """Remove the run directory if nothing but its (empty) folders and the reserve are in it."""
+        self.release()
+        for folder in (self.checkpoints, self.path):
+            try:
+                folder.rmdir()
+            except OSError:
+                return
+
     def release(self) -> bool:
         """Free the reserve; False if there was none."""
         try:

@@ -19,9 +19,10 @@ from rlvr.agents.collect import demonstrations, is_agent_task
 from rlvr.batch import left_pad
 from rlvr.codec import encode_prompts
 from rlvr.config import Config, dump_yaml
-from rlvr.errors import ConfigError
+from rlvr.errors import ConfigError, DiskFull
 from rlvr.models.causal_lm import resolve_model_path
 from rlvr.models.policy import CausalPolicy
+from rlvr.tracking.run_dir import disk_full
 from rlvr.trainer import build
 from rlvr.trainer.diffusion_sft import diffusion_sft
 from rlvr.trainer.evaluate import greedy_accuracy
@@ -113,9 +114,17 @@ def sft(config: Config, out_dir: str | Path, *, overwrite: bool = False, echo=pr
     out = Path(out_dir)
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "sft_config.yaml").write_text(dump_yaml(config))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "sft_config.yaml").write_text(dump_yaml(config))
+    except BaseException as err:
+        full = isinstance(err, Exception) and disk_full(err, out.parent)  # before the cleanup frees space
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise DiskFull(f"disk full: no space left on the device of --out '{out_dir}' while writing the warm "
+                           f"start (nothing was written there); free space, then run rlvr sft again") from None
+        raise
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

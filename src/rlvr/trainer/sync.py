@@ -314,7 +314,8 @@ def _resume(c: Components, run: RunDir) -> int:
     """Load the newest checkpoint into `c`; returns its step (0 if there is none)."""
     remove_stale_temps(run.checkpoints)
     checkpoint = latest_checkpoint(run.checkpoints, verify=True)
-    if checkpoint is None:
+    if checkpoint is None:  # stopped before its first checkpoint: it starts over, its logs with it
+        run.truncate_after(-1)
         return 0
     state = load_state(checkpoint)
     if c.config.model.lora.r:  # the checkpoint holds the adapter; the base is rebuilt as loaded
@@ -374,14 +375,19 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
     with StopSignals(echo) as stop:  # SIGTERM/SIGINT: finish the step, checkpoint, record `interrupted`
         c = build_components(config, runtime=runtime, **objects)
         try:
-            with disk_errors(run, "resuming the run" if resume else "starting the run"):
-                run.create()
-                start = _resume(c, run) if resume else 0
-                if start >= config.trainer.steps:
-                    echo(nothing_left_message(run.path, start, config.trainer.steps))
-                    return run.read_json("run.json").get("final") or {"step": start}
-                run.reserve()
-                _start_run(config, run, command, start, provenance or {}, config_changes)
+            try:
+                with disk_errors(run, "resuming the run" if resume else "starting the run"):
+                    run.create()
+                    run.reserve()  # first: a resume on a full disk stops before it changes anything
+                    start = _resume(c, run) if resume else 0
+                    if start >= config.trainer.steps:
+                        echo(nothing_left_message(run.path, start, config.trainer.steps))
+                        return run.read_json("run.json").get("final") or {"step": start}
+                    _start_run(config, run, command, start, provenance or {}, config_changes)
+            except BaseException:
+                if not resume:  # a run that could not start leaves no empty directory behind
+                    run.remove_if_empty()
+                raise
             with recorded_exit(run), disk_errors(run, "training"):
                 steps = make_steps(c, start)
                 try:
