@@ -2,12 +2,15 @@
 checkout's sandbox, interleaved.
 
     python bench/sandbox.py [--n 200] [--workers 2] [--repeats 30] [--baseline OTHER_CHECKOUT/src]
+    python bench/sandbox.py --hostile     # every program of tests/rewards/test_hostile.py, alone
+
 
 Prints trivial programs per second through ``Sandbox.run_many`` with ``--workers`` slots, and
 the median wall time of one trivial program run sequentially in the sandbox versus a bare
 ``subprocess.run([python, "-E", "-s", "-S", "-c", ...])``. With ``--baseline``, a second process
 imports ``rlvr`` from that source tree and times the same program in its sandbox; the three are
 run in turn, one of each per repeat (the order rotating), so machine load hits them alike.
+``--hostile`` prints each hostile program's verdict, wall time and its cgroup's peak memory.
 """
 
 from __future__ import annotations
@@ -36,16 +39,43 @@ def _serve() -> None:
     sb.close()
 
 
+def _hostile() -> None:
+    """Each program of the hostile suite alone, with the suite's limits: verdict, time, peak memory."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "tests" / "rewards" / "test_hostile.py"
+    spec = importlib.util.spec_from_file_location("hostile", path)
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    listener = suite.Listener()
+    host = {"port": listener.port}
+    with Sandbox(workers=1, limits=suite.LIMITS, isolation="bwrap") as sb:
+        print(f"{'program':34s} {'verdict':15s} {'allowed':5s} {'s':>5s} {'peak MB':>8s}")
+        for name in sorted(suite.PROGRAMS):
+            r = sb.run(suite._source(name, host))
+            _, allowed, check = suite.PROGRAMS[name]
+            ok = r.verdict in allowed and (check is None or check(r))
+            peak = r.extra.get("memory_peak_bytes")
+            print(f"{name:34s} {r.verdict.value:15s} {'yes' if ok else 'NO':5s} {r.elapsed:5.2f} "
+                  f"{'-' if peak is None else f'{peak / 2**20:8.1f}':>8s}")
+    print(f"limits: memory {suite.LIMITS.memory_mb} MB per sample, wall {suite.LIMITS.wall_s} s; "
+          f"loopback listener hits: {listener.hits}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=200, help="programs in the throughput run")
     parser.add_argument("--workers", type=int, default=2, help="sandbox slots")
     parser.add_argument("--repeats", type=int, default=30, help="sequential runs for the latency medians")
     parser.add_argument("--baseline", help="another checkout's src/ directory to time side by side")
+    parser.add_argument("--hostile", action="store_true", help="run the hostile suite's programs, one by one")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         return _serve()
+    if args.hostile:
+        return _hostile()
 
     sb = Sandbox(workers=args.workers)
     python = default_python()

@@ -526,9 +526,10 @@ def test_all_at_once_16_wide(sandbox, host):
     results = sandbox.run_many(jobs + bombs + correct)
     for name, result in zip(names, results):
         allowed = set(PROGRAMS[name][1])
-        if allowed & {Verdict.MEMORY_LIMIT, Verdict.RESOURCE_LIMIT}:
+        if allowed & {Verdict.MEMORY_LIMIT, Verdict.RESOURCE_LIMIT} or name == "27_tmpfs_shm_dev_fill":
             # 16 sandboxes on 2 busy cores: a hog may reach the wall clock before its memory or
-            # process limit. That kill contains it just as well (the host checks below still run).
+            # process limit (or, writing 80 MB of tmpfs, before it is done). That kill contains it
+            # just as well (the host checks below still run).
             allowed.add(Verdict.TIMEOUT)
         assert result.verdict in allowed, f"{name} under concurrency: {result.verdict} {result.detail}"
     for result in results[len(jobs):len(jobs) + len(bombs)]:

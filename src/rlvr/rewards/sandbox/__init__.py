@@ -3,9 +3,10 @@
 Design. Every program runs in its own process tree:
 
 1. **Process layer, always on.** ``Popen`` in a new session with an allow-list environment,
-   ``python -E -s -S``, stdin a pipe fed by the parent (or ``/dev/null``), rlimits applied by
-   ``prlimit`` in the exec chain (CPU, address space, file size, open files, processes, no
-   core; no ``preexec_fn``, which is unsafe next to threads), ``oom_score_adj`` 1000 so the
+   ``python -E -s -S``, stdin a pipe fed by the parent (never a host file), rlimits applied in
+   the exec chain (``prlimit`` before bwrap, the start gate's ``ulimit`` otherwise: CPU, address
+   space, file size, open files, processes, no core; no ``preexec_fn``, which is unsafe next to
+   threads; see ``launch``), ``oom_score_adj`` 1000 so the
    kernel's OOM killer picks sandboxed code before the trainer, a reader that drains stdout and
    stderr concurrently with a byte cap, a wall-clock ``SIGKILL`` of the process group, then
    ``wait()`` so no zombie is left.
