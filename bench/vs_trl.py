@@ -447,7 +447,7 @@ def _compare_engines(args) -> None:
     print(f"\n# load after: {os.getloadavg()}\nmodel: {n_params:,} parameters; P={args.prompts} G={args.group} "
           f"max_new_tokens={args.max_new_tokens} steps={args.steps} seeds={args.seeds} threads={args.threads} "
           "(the vLLM run's trainer: 1 thread)")
-    print("\n| | " + " | ".join(runs) + " |\n|---" * (len(runs) + 1) + "|")
+    print("\n| | " + " | ".join(runs) + " |\n" + "|---" * (len(runs) + 1) + "|")
     rows = {"median s/step (wall)": lambda r, i: r["steps"][i], "median rollout s/step": rollout,
             "median rollout share of the step": lambda r, i: rollout(r, i) / r["steps"][i],
             "median weight push s/step": lambda r, i: r.get("breakdown", [{}] * (i + 1))[i].get("weight_sync", 0.0),

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from rlvr.cli import main
 from rlvr.config import load_config
 from rlvr.errors import ConfigError
-from rlvr.models.causal_lm import tiny_llama
+from rlvr.models.causal_lm import enable_checkpointing, tiny_llama
 from rlvr.models.policy import CausalPolicy
 from rlvr.models.tokenizer import char_tokenizer
 from rlvr.trainer import build
@@ -109,7 +109,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     plain = tiny_llama(len(tokenizer), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
                        max_seq_len=64, seed=0).eval()
     checkpointed = copy.deepcopy(plain)
-    checkpointed.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    assert enable_checkpointing(checkpointed)
     prompt, mask, completion = _batch(tokenizer)
     calls = []
     checkpointed.model.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))

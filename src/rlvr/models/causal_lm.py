@@ -94,3 +94,16 @@ def load_causal_lm(path: str | None, *, seed: int, dtype: str = "float32", **siz
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def enable_checkpointing(model) -> bool:
+    """Make `model`'s layers recompute activations in the backward pass (non-reentrant); False if
+    it has no such switch. transformers 5.19 (the release vLLM's CPU build accepts) names it
+    `gradient_checkpointing_enable`; later releases `activation_checkpointing_enable`."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        return False
+    return True

@@ -17,7 +17,7 @@ from rlvr.config import REGISTRY, Config, Registry, hyperparameters, keywords, t
 from rlvr.engines.torch_ar import generate
 from rlvr.engines.torch_diffusion import generate_diffusion
 from rlvr.errors import ConfigError
-from rlvr.models.causal_lm import context_length, load_causal_lm
+from rlvr.models.causal_lm import context_length, enable_checkpointing, load_causal_lm
 from rlvr.models.diffusion_lm import load_diffusion_lm
 from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.models.policy import CausalPolicy
@@ -82,8 +82,8 @@ def prepare_model(config: Config, model):
     device = resolve_device(config.trainer.device, config.model.kind)
     if next(model.parameters()).device != device:
         model = model.to(device)
-    if config.trainer.gradient_checkpointing and hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if config.trainer.gradient_checkpointing:
+        enable_checkpointing(model)
     lora = config.model.lora
     if lora.r and not hasattr(model, "peft_config"):  # a model already wrapped by peft keeps its adapters
         from rlvr.models.lora import apply_lora

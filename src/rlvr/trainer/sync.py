@@ -423,7 +423,7 @@ def _runtime_facts(c: Components) -> dict:
         return threads
     from rlvr.kernels import native
 
-    return {**threads, "decode_engine": c.config.rollout.decode_engine,
+    return {**threads, "rollout_engine": c.config.rollout.engine, "decode_engine": c.config.rollout.decode_engine,
             "decode_engine_fallbacks": native.fallbacks()}
 
 
