@@ -41,8 +41,9 @@ def ray_local():
 
 
 def _plus_reward(tmp_path) -> str:
+    """Rewards a random tiny model's samples already vary under: the share of '+' and the distinct characters."""
     (tmp_path / "plus.py").write_text("def score(prompt, completion, **example):\n"
-                                      "    return completion.count('+') / max(1, len(completion))\n")
+                                      "    return (completion.count('+') + len(set(completion))) / 8\n")
     return f"reward.fn={tmp_path / 'plus.py'}:score"
 
 

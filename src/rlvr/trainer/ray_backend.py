@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 import weakref
 
 import torch
@@ -149,13 +150,31 @@ class RayEngine:
                 rollouts, version = ray.get(ref, timeout=TIMEOUT_S)
                 if version == self.policy_version:
                     return rollouts, version
-            except ray.exceptions.RayActorError:
+            except self._dead:
                 pass
-            self.restarts += 1
-            if self._weights is not None:
-                ray.get(self.workers[i].push_weights.remote(*self._weights), timeout=TIMEOUT_S)
+            self._restore(i)
             ref = self._call(i, ids, mask, seeds, kwargs)
         return ray.get(ref, timeout=TIMEOUT_S)
+
+    @property
+    def _dead(self) -> tuple[type, ...]:
+        """What a call to a dead or restarting actor raises."""
+        return self.ray.exceptions.RayActorError, self.ray.exceptions.ActorUnavailableError
+
+    def _restore(self, i: int) -> None:
+        """Worker `i` died: wait while Ray restarts it, then give it the newest weights."""
+        self.restarts += 1
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            try:
+                call = (self.workers[i].push_weights.remote(*self._weights) if self._weights is not None
+                        else self.workers[i].pid.remote())
+                self.ray.get(call, timeout=TIMEOUT_S)
+                return
+            except self._dead:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def push_weights(self, named_tensors, version: int) -> None:
         ray = self.ray
@@ -164,9 +183,8 @@ class RayEngine:
         for i, worker in enumerate(self.workers):
             try:
                 ray.get(worker.push_weights.remote(ref, version), timeout=TIMEOUT_S)
-            except ray.exceptions.RayActorError:  # died between batches: the restarted one gets them now
-                self.restarts += 1
-                ray.get(self.workers[i].push_weights.remote(ref, version), timeout=TIMEOUT_S)
+            except self._dead:  # died between batches: the restarted one gets them now
+                self._restore(i)
         self.policy_version = version
 
     def worker_pids(self) -> list[int]:
