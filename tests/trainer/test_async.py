@@ -162,3 +162,31 @@ def test_overlapping_sides_get_their_threads(tmp_path):
         steps.step(1)
     finally:
         steps.close()
+
+
+def test_snapshot_engine_samples_from_its_own_copy_until_pushed(tiny_model, tokenizer):
+    from rlvr.codec import encode_prompts
+    from rlvr.engines.torch_ar import generate
+    from rlvr.protocols import WeightSyncEngine
+    from rlvr.trainer.snapshot import SnapshotEngine, published
+
+    def make(model):
+        return lambda ids, mask, seeds, **kw: generate(model, ids, mask, seeds, max_new_tokens=6,
+                                                       eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                                                       **kw)
+
+    engine = SnapshotEngine(tiny_model, make)
+    assert isinstance(engine, WeightSyncEngine) and engine.policy_version == 0
+    ids, mask = encode_prompts(tokenizer, ["12+3=", "4*5="])
+    seeds = torch.arange(2)
+    before = engine(ids, mask, seeds, temperature=1.0)
+    with torch.no_grad():  # the learner updates its model: the snapshot does not move
+        for p in tiny_model.parameters():
+            p.mul_(-1.5)
+    torch.testing.assert_close(engine(ids, mask, seeds, temperature=1.0).logprobs, before.logprobs)
+    engine.push_weights(published(tiny_model), 1)
+    live = make(tiny_model)(ids, mask, seeds, temperature=1.0)
+    torch.testing.assert_close(engine(ids, mask, seeds, temperature=1.0).logprobs, live.logprobs)
+    assert engine.policy_version == 1
+    with pytest.raises(KeyError, match="no parameter"):
+        engine.push_weights([("nope", torch.zeros(1))], 2)

@@ -103,6 +103,8 @@ class LocalRollouts:
                 produced = produce(self.c, step)
                 produced.version = self.engine.policy_version
                 produced.facts = rollout_facts(idle, sync_s, produced.rollout_s)
+                if hasattr(self.engine, "restarts"):  # a backend that restarts dead workers counts them
+                    produced.facts["async/worker_restarts"] = float(self.engine.restarts)
                 t0 = now()
                 self._put(produced)
                 idle = now() - t0  # waiting for queue space counts toward the next batch's idle share
@@ -233,4 +235,5 @@ def step_facts(staleness: int, max_staleness: int, *, depth: int, wait_s: float,
     hist = {f"async/staleness_{k}_frac": float(staleness == k) for k in range(max_staleness + 1)}
     return {**hist, "async/staleness": float(staleness), "async/policy_version": float(version),
             "async/queue_depth": float(depth), "async/trainer_idle_frac": wait_s / max(wait_s + work_s, 1e-12),
+            "async/step_s": wait_s + work_s,  # the learner's wall-clock for the step (time/step_s sums phases)
             "async/weight_sync_s": weight_sync_s}

@@ -1,0 +1,143 @@
+"""The synchronous loop against asynchronous rollouts (trainer.max_staleness = 1, 2, 4) on the same
+cores, the same total samples and the same seeds; prints a markdown table.
+
+Per configuration: the learner's wall-clock per step (median over the steps after the first two;
+the synchronous loop's is the sum of its phases, the asynchronous learner's includes its wait for a
+batch), the ratio to the synchronous loop, the trainer's and the rollout side's idle fractions
+(synchronous: the learner idles while it rolls out and the other way round), and the final greedy
+held-out accuracy, mean ± 95% CI over seeds. Runs are interleaved per seed (sync, η=1, η=2, η=4),
+each a separate `rlvr train` process.
+
+Then a projection, labelled as one, from the synchronous loop's measured phase times: with the
+rollout side on W workers of its own (more cores or machines), a step takes max(R / W, L) instead
+of R + L, R being the rollout time and L the learner's (log-probs and update).
+
+    python bench/async.py --seeds 0 1 2 --steps 30 --threads 2
+    python bench/async.py --scale 10 --seeds 0 --steps 8 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rlvr.tracking.stats import mean_ci
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = {"sync": None, "η=1": 1, "η=2": 2, "η=4": 4}
+
+
+def _large_model(directory: Path) -> str:
+    """The 10× model of bench/vs_trl.py (10.6M parameters, random init), saved so every run loads it."""
+    from rlvr.models.causal_lm import tiny_llama
+    from rlvr.models.tokenizer import char_tokenizer
+
+    tokenizer = char_tokenizer()
+    model = tiny_llama(len(tokenizer), hidden_size=320, num_layers=8, num_heads=5, intermediate_size=960,
+                       max_seq_len=64, seed=0)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+def _train(out: Path, name: str, seed: int, staleness: int | None, args, model_path: str | None) -> list[dict]:
+    cmd = [sys.executable, "-m", "rlvr.cli", "train", str(REPO / "recipes/grpo_countdown.yaml"), f"seed={seed}",
+           f"trainer.steps={args.steps}", "trainer.eval_every=0", "trainer.save_every=0",
+           f"trainer.threads={args.threads}", f"trainer.out_dir={out}", f"trainer.name={name}", *args.overrides]
+    if staleness is not None:
+        cmd += [f"trainer.max_staleness={staleness}", "algo.rollout_correction=true", "algo.correction_cap=2.0"]
+    if model_path:
+        cmd.append(f"model.path={model_path}")
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+    print(f"  {name:<14} {time.perf_counter() - t0:7.1f} s", file=sys.stderr)
+    return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+
+
+def _per_step(lines: list[dict], skip: int = 2) -> list[dict]:
+    steps = [m for m in lines if m["step"] > 0]
+    return steps[skip:] if len(steps) > skip + 1 else steps
+
+
+def summarize(lines: list[dict]) -> dict[str, float]:
+    """Wall-clock per step (median), idle fractions and phase times (means) of one run."""
+    steps = _per_step(lines)
+    if "async/step_s" in steps[0]:
+        wall = [m["async/step_s"] for m in steps]
+        trainer_idle = statistics.fmean(m["async/trainer_idle_frac"] for m in steps)
+        rollout_idle = statistics.fmean(m["async/rollout_idle_frac"] for m in steps)
+    else:
+        wall = [m["time/step_s"] for m in steps]
+        trainer_idle = statistics.fmean(m["time/rollout_s"] / m["time/step_s"] for m in steps)
+        rollout_idle = 1.0 - trainer_idle
+    return {"wall": statistics.median(wall), "trainer_idle": trainer_idle, "rollout_idle": rollout_idle,
+            "rollout_s": statistics.fmean(m["time/rollout_s"] for m in steps),
+            "learner_s": statistics.fmean(m["time/logprob_s"] + m["time/update_s"] for m in steps),
+            "accuracy": lines[-1].get("eval/heldout_accuracy", float("nan"))}
+
+
+def _cell(values: list[float], digits: str = ".3f") -> str:
+    mean, half = mean_ci(values)
+    return f"{mean:{digits}} ± {half:{digits}}" if half == half else f"{mean:{digits}}"
+
+
+def table(results: dict[str, list[dict]]) -> str:
+    sync_wall = statistics.fmean(r["wall"] for r in results["sync"])
+    rows = ["| config | s/step (median) | ratio to sync | trainer idle | rollout idle | held-out accuracy |",
+            "|---|---|---|---|---|---|"]
+    for name, runs in results.items():
+        wall = statistics.fmean(r["wall"] for r in runs)
+        idle = [_cell([r[k] for r in runs], ".2f") for k in ("trainer_idle", "rollout_idle")]
+        rows.append(f"| {name} | {_cell([r['wall'] for r in runs])} | {sync_wall / wall:.2f}× | {idle[0]} | {idle[1]}"
+                    f" | {_cell([r['accuracy'] for r in runs])} |")
+    return "\n".join(rows)
+
+
+def projection(sync_runs: list[dict], workers=(1, 2, 4, 8)) -> str:
+    """PROJECTION, not a measurement: the synchronous phase times with the rollout side on W workers of its own."""
+    r = statistics.fmean(x["rollout_s"] for x in sync_runs)
+    learner = statistics.fmean(x["learner_s"] for x in sync_runs)
+    rows = [f"Projection (not measured): rollout R = {r:.3f} s, learner L = {learner:.3f} s per step "
+            "(synchronous runs above); async step = max(R/W, L) on separate cores, sync step = R + L.",
+            "", "| rollout workers W | projected s/step | projected ratio |", "|---|---|---|"]
+    for w in workers:
+        step = max(r / w, learner)
+        rows.append(f"| {w} | {step:.3f} | {(r + learner) / step:.2f}× |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--scale", type=int, default=1, choices=[1, 10])
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--out", type=Path, default=None, help="keep the run directories here")
+    p.add_argument("overrides", nargs="*", help="key=value for every run")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as scratch:
+        out = args.out or Path(scratch) / "runs"
+        model_path = _large_model(Path(scratch) / "model10x") if args.scale == 10 else None
+        results: dict[str, list[dict]] = {name: [] for name in args.configs}
+        for seed in args.seeds:  # interleaved: each seed runs every configuration back to back
+            for name in args.configs:
+                label = f"{name.replace('η=', 'eta')}_s{seed}"
+                results[name].append(summarize(_train(out, label, seed, CONFIGS[name], args, model_path)))
+    print(f"steps {args.steps}, seeds {args.seeds}, threads {args.threads}, scale {args.scale}×\n")
+    print(table(results))
+    if "sync" in results:
+        print()
+        print(projection(results["sync"]))
+
+
+if __name__ == "__main__":
+    main()

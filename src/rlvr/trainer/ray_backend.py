@@ -1,0 +1,252 @@
+"""`trainer.backend=ray`: rollout workers and reward scorers as Ray actors (the one module that imports ray).
+
+The learner stays in the driver process, which owns the run directory, the signals and the
+checkpoints; the asynchronous schedule (`async_loop`) is the same as with the local
+backend, and only two seams move out of the process:
+
+- `RayEngine` is a `protocols.WeightSyncEngine`: each of `trainer.rollout_workers` actors holds
+  its own copy of the weights (`snapshot.SnapshotEngine`) and samples a contiguous share
+  of the batch's rows (each row has its own seed, so the shares stack into the batch's samples).
+  `push_weights` puts the weights into Ray's object store once and every worker loads them with
+  the version; each worker returns the version it sampled with, and the engine checks they agree.
+- `RayReward` scores a batch on `trainer.reward_workers` actors, at most two calls in flight per
+  actor (back-pressure: the rest wait in the driver, not in an unbounded actor queue).
+
+Faults: a worker that dies (killed, out of memory) is restarted by Ray (`max_restarts=-1`); its
+failed call is not retried by Ray (`max_task_retries=0`, since a restarted worker holds the
+weights it was built with), but here: the newest weights are pushed into it first, then its
+share is sampled again. The batch is accepted once, whole, so no rollout is lost or counted
+twice (a test kills a worker mid-run and gets the metrics of an undisturbed run).
+Every `ray.get` has a timeout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import weakref
+
+import torch
+
+from rlvr.batch import Rollouts, concat_rollouts
+from rlvr.errors import ConfigError
+from rlvr.rewards.runner import RewardBatch
+from rlvr.trainer.snapshot import frozen_copy
+
+TIMEOUT_S = 600.0  # one batch of one worker; a hung worker fails the run instead of stalling it
+RESTART_ATTEMPTS = 3
+_ENGINES: weakref.WeakSet = weakref.WeakSet()
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("trainer.backend: 'ray' needs Ray; pip install 'rlvr[ray]' or use trainer.backend=local") \
+            from None
+    return ray
+
+
+def ensure_ray(address: str, cores: int):
+    """Ray, initialised: joined to `address` (`auto` = the cluster `ray start --head` started), or a
+    local one with `cores` CPUs; a Ray the caller already initialised is used as it is."""
+    ray = _ray()
+    if not ray.is_initialized():
+        options = {"include_dashboard": False, "log_to_driver": False}
+        if address:
+            ray.init(address=address, **options)
+        else:
+            ray.init(num_cpus=cores, **options)
+    return ray
+
+
+def running_engines() -> list[RayEngine]:
+    """The Ray engines of this process that are not closed (tests kill their workers)."""
+    return [e for e in _ENGINES if e.workers]
+
+
+class _RolloutWorker:
+    """One rollout worker process: a snapshot of the weights and the configured sampler over it."""
+
+    def __init__(self, config, model, tokenizer, version: int, threads: int, rows_mode: bool):
+        from rlvr.trainer import build
+        from rlvr.trainer.rows import RowPool, split_engine
+        from rlvr.trainer.snapshot import SnapshotEngine
+
+        torch.set_num_threads(1 if rows_mode else threads)  # this process's share (runtime.thread_budget)
+        rows = RowPool(threads) if rows_mode and threads > 1 else None
+
+        def make(m):
+            engine = build.build_engine(config, m, tokenizer)
+            return split_engine(engine, rows, tokenizer.pad_token_id, m) if rows is not None else engine
+
+        self.engine = SnapshotEngine(model, make, version=version, copy_model=False)
+
+    def generate(self, prompt_ids, prompt_mask, seeds, kwargs) -> tuple[Rollouts, int]:
+        return self.engine(prompt_ids, prompt_mask, seeds, **kwargs), self.engine.policy_version
+
+    def push_weights(self, tensors, version: int) -> int:
+        self.engine.push_weights(tensors, version)
+        return version
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class _RewardWorker:
+    """One reward-scoring process: the run's verifier, built from the config."""
+
+    def __init__(self, config, tokenizer):
+        from rlvr.trainer import build
+
+        self.reward = build.build_reward(config, build.build_task(config, tokenizer))
+
+    def score(self, prompts, texts, examples) -> RewardBatch:
+        return self.reward(prompts, texts, examples)
+
+
+def _slices(rows: int, parts: int) -> list[slice]:
+    bounds = [rows * i // parts for i in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+class RayEngine:
+    """A `WeightSyncEngine` over `workers` Ray actors, each with `threads` threads."""
+
+    def __init__(self, c, *, workers: int, threads: int, rows_mode: bool, version: int):
+        ray = _ray()
+        self.ray, self.pad_id, self.policy_version = ray, c.tokenizer.pad_token_id, version
+        actor = ray.remote(num_cpus=threads, max_restarts=-1, max_task_retries=0)(_RolloutWorker)
+        model = ray.put(frozen_copy(c.model).cpu())
+        self.workers = [actor.remote(c.config, model, c.tokenizer, version, threads, rows_mode) for _ in range(workers)]
+        self._weights = None  # (object ref, version) of the newest push, for restarted workers
+        self.restarts = 0
+        ray.get([w.pid.remote() for w in self.workers], timeout=TIMEOUT_S)  # built, or fail here
+        _ENGINES.add(self)
+
+    def __call__(self, prompt_ids, prompt_mask, seeds, **kwargs) -> Rollouts:
+        parts = _slices(len(seeds), len(self.workers))
+        calls = {i: self._call(i, prompt_ids[s], prompt_mask[s], seeds[s], kwargs) for i, s in enumerate(parts)}
+        results = {}
+        for i, ref in calls.items():
+            results[i] = self._result(i, ref, prompt_ids[parts[i]], prompt_mask[parts[i]], seeds[parts[i]], kwargs)
+        versions = {version for _, version in results.values()}
+        if versions != {self.policy_version}:
+            raise RuntimeError(f"rollout workers sampled with versions {sorted(versions)}, expected "
+                               f"{self.policy_version}")
+        return concat_rollouts([results[i][0] for i in range(len(parts))], self.pad_id)
+
+    def _call(self, i, ids, mask, seeds, kwargs):
+        return self.workers[i].generate.remote(ids, mask, seeds, kwargs)
+
+    def _result(self, i, ref, ids, mask, seeds, kwargs):
+        """Worker `i`'s share, sampled with the current version: a worker that died (the call
+        fails) or was restarted before the call (it answers with the version it was built with)
+        gets the newest weights, then samples its share again."""
+        ray = self.ray
+        for _ in range(RESTART_ATTEMPTS):
+            try:
+                rollouts, version = ray.get(ref, timeout=TIMEOUT_S)
+                if version == self.policy_version:
+                    return rollouts, version
+            except self._dead:
+                pass
+            self._restore(i)
+            ref = self._call(i, ids, mask, seeds, kwargs)
+        return ray.get(ref, timeout=TIMEOUT_S)
+
+    @property
+    def _dead(self) -> tuple[type, ...]:
+        """What a call to a dead or restarting actor raises."""
+        return self.ray.exceptions.RayActorError, self.ray.exceptions.ActorUnavailableError
+
+    def _restore(self, i: int) -> None:
+        """Worker `i` died: wait while Ray restarts it, then give it the newest weights."""
+        self.restarts += 1
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            try:
+                call = (self.workers[i].push_weights.remote(*self._weights) if self._weights is not None
+                        else self.workers[i].pid.remote())
+                self.ray.get(call, timeout=TIMEOUT_S)
+                return
+            except self._dead:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def push_weights(self, named_tensors, version: int) -> None:
+        ray = self.ray
+        ref = ray.put([(name, t.detach().cpu()) for name, t in named_tensors])
+        self._weights = (ref, version)
+        for i, worker in enumerate(self.workers):
+            try:
+                ray.get(worker.push_weights.remote(ref, version), timeout=TIMEOUT_S)
+            except self._dead:  # died between batches: the restarted one gets them now
+                self._restore(i)
+        self.policy_version = version
+
+    def worker_pids(self) -> list[int]:
+        return self.ray.get([w.pid.remote() for w in self.workers], timeout=TIMEOUT_S)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            self.ray.kill(worker, no_restart=True)
+        self.workers = []
+
+
+class RayReward:
+    """The run's verifier on `workers` Ray actors: `reward(prompts, completions, examples) -> RewardBatch`.
+
+    One worker scores a batch in one call (the same numbers as in-process); several split it into
+    contiguous chunks, at most two in flight per worker, and average each metric over the chunks by
+    their sizes (exact for metrics every sample reports)."""
+
+    def __init__(self, c, *, workers: int):
+        ray = _ray()
+        self.ray = ray
+        actor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(_RewardWorker)  # pure: retry is safe
+        self.workers = [actor.remote(c.config, c.tokenizer) for _ in range(workers)]
+
+    def __call__(self, prompts, texts, examples) -> RewardBatch:
+        chunks = _slices(len(texts), len(self.workers) * 2 if len(self.workers) > 1 else 1)
+        pending, done, free = {}, {}, [w for _ in range(2) for w in self.workers]  # two slots per worker
+        queue = list(enumerate(chunks))
+        while queue or pending:
+            while queue and free:
+                index, s = queue.pop(0)
+                worker = free.pop(0)
+                pending[worker.score.remote(prompts[s], texts[s], examples[s])] = (index, worker)
+            ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=TIMEOUT_S)
+            if not ready:
+                raise TimeoutError(f"reward workers gave no result in {TIMEOUT_S:.0f} s")
+            index, worker = pending.pop(ready[0])
+            done[index] = self.ray.get(ready[0], timeout=TIMEOUT_S)
+            free.append(worker)
+        return _merge_rewards([done[i] for i in range(len(chunks))], [s.stop - s.start for s in chunks])
+
+    def close(self) -> None:
+        for worker in self.workers:
+            self.ray.kill(worker, no_restart=True)
+        self.workers = []
+
+
+def _merge_rewards(parts: list[RewardBatch], sizes: list[int]) -> RewardBatch:
+    if len(parts) == 1:
+        return parts[0]
+    total = sum(sizes)
+    keys = {k for p in parts for k in p.metrics}
+    metrics = {k: sum(p.metrics.get(k, 0.0) * n for p, n in zip(parts, sizes)) / total for k in sorted(keys)}
+    return RewardBatch([r for p in parts for r in p.rewards], metrics, [e for p in parts for e in p.errors])
+
+
+def ray_rollout_side(c, *, version: int, threads: int, rows_mode: bool):
+    """(components for the rollout side, its engine): the sampler and the verifier on Ray actors."""
+    t = c.config.trainer
+    from rlvr.trainer.runtime import available_cores
+
+    ensure_ray(t.ray_address, available_cores(t.threads))
+    engine = RayEngine(c, workers=t.rollout_workers, threads=threads, rows_mode=rows_mode, version=version)
+    reward = RayReward(c, workers=t.reward_workers)
+    return dataclasses.replace(c, reward=reward), engine
