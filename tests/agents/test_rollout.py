@@ -15,8 +15,10 @@ from rlvr.agents.task import ToolEnv
 from rlvr.agents.templates import CHAT_TEMPLATES, with_template
 from rlvr.models.tokenizer import char_tokenizer
 
+DEFAULT = Limits(3, 96)
 
-def _run(engine, renderer, envs, tok, limits=Limits(3, 96)):
+
+def _run(engine, renderer, envs, tok, limits=DEFAULT):
     return run_episodes(engine, renderer, envs, list(range(len(envs))), torch.arange(len(envs)),
                         temperature=1.0, limits=limits, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id)
 
@@ -40,7 +42,8 @@ def test_mask_is_one_exactly_on_sampled_ids_and_logprobs_align(tokenizer, script
     assert t.mask[first.start:first.end] == [1] * len(sampled[0])
     assert t.mask[first.end:first.obs_end] == [0] * len(tokenizer(f"<r>{answers[0]}</r>").input_ids)
     assert t.logprobs[first.start:first.end] == pytest.approx([engine.logprob(0, 0, j) for j in range(len(sampled[0]))])
-    assert t.logprobs[second.start:second.end] == pytest.approx([engine.logprob(0, 1, j) for j in range(len(sampled[1]))])
+    second_lp = [engine.logprob(0, 1, j) for j in range(len(sampled[1]))]
+    assert t.logprobs[second.start:second.end] == pytest.approx(second_lp)
     assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.mask) if not m)
     assert t.turn_index[first.end:first.obs_end] == [0] * (first.obs_end - first.end)
     assert (t.reward, t.success, t.finish) == (1.0, True, FinishReason.DONE)
@@ -76,7 +79,7 @@ def test_round_trip_through_each_shipped_chat_template(name, scripted):
     tok = with_template(char_tokenizer(), name)
     env = CalculatorEnv()
     key = CalculatorEnv().reset(0).strip()
-    call = '<tool_call>{"name": "calc", "arguments": {"expression": "%s"}}</tool_call>' % key
+    call = '<tool_call>{"name": "calc", "arguments": {"expression": "' + key + '"}}</tool_call>'
     engine = scripted(tok, [[call, f"<answer>{eval(key)}</answer>"]])  # noqa: S307
     renderer = ChatRenderer(tok, tools=env.registry.schemas())
     (t,) = _run(engine, renderer, [env], tok, Limits(3, 2000))

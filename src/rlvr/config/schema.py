@@ -174,6 +174,16 @@ class CalculatorTaskConfig(AgentTaskConfig):
 
 
 @dataclass(frozen=True)
+class GuessTaskConfig(AgentTaskConfig):
+    """Knobs of `rlvr.agents.envs.guess.GuessNumber` (null = the class's own default)."""
+
+    high: int | None = None
+    """The hidden number is drawn from 1..high."""
+    reward_decay: float | None = None
+    """A success after n guesses pays 1 - reward_decay·(n - 1) (at least 0)."""
+
+
+@dataclass(frozen=True)
 class TaskConfig:
     """The task: its name, the knobs every task has, and one section per task for its own knobs.
 
@@ -195,6 +205,8 @@ class TaskConfig:
     """Knobs of task `code_file`."""
     agent_calculator: CalculatorTaskConfig | None = None
     """Knobs of task `agent_calculator` (multi-turn, calculator tool)."""
+    agent_guess: GuessTaskConfig | None = None
+    """Knobs of task `agent_guess` (multi-turn, higher/lower feedback)."""
 
 
 @dataclass(frozen=True)

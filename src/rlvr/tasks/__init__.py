@@ -7,12 +7,13 @@ scores completions with ``reward(prompt, completion, **example)``. No torch here
 from __future__ import annotations
 
 from rlvr.agents.envs.calculator import Calculator
+from rlvr.agents.envs.guess import GuessNumber
 from rlvr.tasks.countdown import Countdown
 from rlvr.tasks.files import CodeFileTask, MathFileTask
 from rlvr.tasks.sudoku import Sudoku4
 
 TASKS = {"countdown": Countdown, "math_file": MathFileTask, "code_file": CodeFileTask, "sudoku4": Sudoku4,
-         "agent_calculator": Calculator}
+         "agent_calculator": Calculator, "agent_guess": GuessNumber}
 
 
 def make_task(name: str, **kwargs):

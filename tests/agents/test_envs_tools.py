@@ -1,0 +1,112 @@
+"""Environments and tools: seeded, picklable, held-out disjoint; schemas from type hints;
+failures as observations."""
+
+import pickle
+import random
+
+import pytest
+
+from rlvr.agents.env import GymAdapter, StepResult
+from rlvr.agents.envs.calculator import Calculator, CalculatorEnv, calc
+from rlvr.agents.envs.guess import GuessEnv, GuessNumber
+from rlvr.agents.tools import ToolCall, ToolRegistry, parse_action, schema
+
+
+def lookup(key: str, hops: int = 1, exact: bool = False) -> str:
+    """Look a key up."""
+    return f"{key}:{hops}:{exact}"
+
+
+def test_schema_from_type_hints():
+    s = schema(lookup)["function"]
+    assert s["name"] == "lookup" and s["description"] == "Look a key up."
+    assert s["parameters"]["properties"] == {"key": {"type": "string"}, "hops": {"type": "integer"},
+                                             "exact": {"type": "boolean"}}
+    assert s["parameters"]["required"] == ["key"]
+
+
+def test_registry_calls_by_name_and_reports_errors():
+    reg = ToolRegistry.of(lookup, calc, timeout_s=1.0)
+    assert reg.call(ToolCall("lookup", {"key": "a", "hops": "2"})).text == "a:2:False"  # coerced
+    assert reg.call(ToolCall("nope", {})).error == "unknown_tool"
+    assert reg.call(ToolCall("lookup", {})).error == "bad_arguments"
+    assert reg.call(ToolCall("lookup", {"key": "a", "hops": "x"})).error == "bad_arguments"
+    assert reg.call(ToolCall("calc", {"expression": "__import__('os')"})).error == "raised"
+    assert calc("(12+3)*4-5") == "55"
+
+
+def test_parse_tags_and_hermes_json():
+    reg = ToolRegistry.of(lookup, calc)
+    p = parse_action("<calc>2*3</calc>", reg)
+    assert p.calls == (ToolCall("calc", {"expression": "2*3"}, "2*3"),) and p.answer is None
+    p = parse_action('<tool_call>{"name": "lookup", "arguments": {"key": "k"}}</tool_call>', reg)
+    assert p.calls[0].name == "lookup" and p.calls[0].arguments == {"key": "k"}
+    assert parse_action("<answer> 7 </answer>", reg).answer == "7"
+    assert parse_action("<tool_call>{not json</tool_call>", reg).malformed
+    assert parse_action("just text", reg).malformed
+    assert parse_action("<other>1</other>", reg).malformed
+
+
+def test_envs_are_seeded_and_picklable():
+    for env in (CalculatorEnv(), GuessEnv()):
+        first = env.reset(123)
+        clone = pickle.loads(pickle.dumps(env))
+        assert clone.reset(123) == first and clone.answer == env.answer
+        assert env.reset(124) != first or env.answer != CalculatorEnv().reset(123)
+
+
+def test_heldout_is_disjoint_from_training_draws():
+    task = Calculator(heldout_size=50)
+    held = {ex.meta["key"] for ex in task.heldout()}
+    assert len(held) == 50
+    train = {ex.meta["key"] for ex in task.sample(2000, random.Random(0))}
+    assert not held & train
+    assert task.heldout() == Calculator(heldout_size=50).heldout()  # fixed
+
+
+def test_guess_feedback_and_scripted_bisection():
+    env = GuessEnv(high=64)
+    env.reset(5)
+    policy = env.scripted(True, random.Random(0))
+    obs, turns = "", 0
+    while True:
+        obs, reward, done, info = env.step(policy(obs))
+        turns += 1
+        if done:
+            break
+    assert reward > 0 and turns <= 7
+    task = GuessNumber(heldout_size=4)
+    assert len(task.heldout()) == 4
+
+
+def test_calculator_without_tools_refuses_the_call():
+    env = CalculatorEnv(tools=False)
+    env.reset(0)
+    obs, reward, done, info = env.step(f"<calc>{env.key}</calc>")
+    assert info["tool_errors"] == 1 and not done and reward == 0
+    assert Calculator(tools=False).settings.max_turns == 1
+
+
+class _GymLike:
+    """gymnasium>=0.26 signatures: reset(seed=) -> (obs, info); step -> 5-tuple."""
+
+    def reset(self, seed=None):
+        self.n = seed
+        return f"start {seed}", {}
+
+    def step(self, action):
+        return f"got {action}", 1.0, action == "stop", False, {"x": 1}
+
+
+def test_gym_adapter():
+    env = GymAdapter(_GymLike())
+    assert env.reset(3) == "start 3"
+    out = env.step("go")
+    assert isinstance(out, StepResult) and out == StepResult("got go", 1.0, False, {"x": 1})
+    assert env.step("stop").done
+
+
+@pytest.mark.parametrize("bad", [dict(heldout_size=-1), dict(max_turns=0), dict(demo_tool_rate=2.0)])
+def test_bad_knobs_raise(bad):
+    with pytest.raises(ValueError):
+        Calculator(**bad)
