@@ -153,7 +153,7 @@ def trl_side_by_side(args, model_dir: Path, reward: str) -> None:
                             save_strategy="no", logging_steps=1, disable_tqdm=True, max_steps=args.steps,
                             per_device_train_batch_size=args.prompts * args.group, num_generations=args.group,
                             max_completion_length=args.max_new_tokens, learning_rate=1e-5, beta=0.0,
-                            loss_type="grpo", temperature=1.0)
+                            loss_type="grpo", temperature=1.0, gradient_checkpointing=False)  # as rlvr's full run
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         GRPOTrainer(model=model, reward_funcs=length_reward, args=config, train_dataset=data,
