@@ -188,7 +188,7 @@ def test_docs_config_md_is_current():
 # ---------------------------------------------------------------------------- names from the registries
 
 @pytest.mark.parametrize("override, message", [
-    ("algo.objective=x", "algo.objective: unknown objective 'x'; valid: cispo, gspo, nft, ppo_clip, reinforce, sapo, wd1"),
+    ("algo.objective=x", "algo.objective: unknown objective 'x'; valid: cispo, gspo, nft, ppo_clip,"),
     ("algo.advantage=x", "algo.advantage: unknown advantage 'x'; valid: dr_grpo, gae, grpo,"),
     ("algo.aggregation=x", "algo.aggregation: unknown aggregation 'x'; valid: seq_mean_token_mean,"),
     ("algo.kl_estimator=x", "algo.kl_estimator: unknown KL estimator 'x'; valid: abs, forward_kl,"),
