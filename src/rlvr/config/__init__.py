@@ -64,8 +64,8 @@ from rlvr.config.schema import (
 
 __all__ = [
     "ELSEWHERE", "LOOP_KNOBS", "REGISTRIES", "REGISTRY", "AlgoConfig", "CodeFileTaskConfig", "Config",
-    "CountdownTaskConfig", "EstimatorConfig", "ExpertConfig", "FileTaskConfig", "LoraConfig", "MathFileTaskConfig", "ModelConfig",
-    "OptimConfig",
+    "CountdownTaskConfig", "EstimatorConfig", "ExpertConfig", "FileTaskConfig", "LoraConfig", "MathFileTaskConfig",
+    "ModelConfig", "OptimConfig",
     "Registry", "RewardConfig", "RolloutConfig", "SFTConfig", "Sudoku4TaskConfig", "TaskConfig", "TrainerConfig",
     "all_entries", "all_keys", "chosen", "data_files", "derived_batch_numbers", "dump_yaml", "hyperparameters",
     "keywords", "load_config", "parse_overrides", "read_recipe", "resolve", "section_type", "task_sections",
