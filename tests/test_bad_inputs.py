@@ -590,3 +590,26 @@ def test_a_second_signal_stops_at_once_and_leaves_no_partial_write(rewards, tmp_
     assert info["status"] == "interrupted" and info["exit_status"] == 143
     assert not list((run / "checkpoints").glob(".tmp_*"))
     assert [m["step"] for m in metrics(run)] == [0]  # stopped inside step 1: nothing half-logged
+
+
+# ---------------------------------------------------------------------------------- run tools
+
+def test_a_long_legend_leaves_the_panels_their_width(tmp_path, capsys):
+    import sys
+    import warnings
+
+    sys.path.insert(0, str(Path(__file__).parent / "tracking"))
+    from fake_runs import make_run
+
+    for seed in (0, 1):
+        make_run(tmp_path / "runs", f"ppo_s{seed}", seed=seed)
+        make_run(tmp_path / "runs", f"cispo_s{seed}", seed=seed,
+                 overrides=("algo.objective=cispo", "optim.lr=3e-4", "rollout.group_size=8", "trainer.keep_last=7"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "constrained_layout not applied because axes sizes collapsed"
+        code, out, _ = cli(["runs", "compare", str(tmp_path / "runs"), "--out", str(tmp_path / "c")], capsys)
+    assert code == 0
+    rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ")][1:]
+    # the clip widths follow the objective and stay out; the keys are named by their last part
+    assert sorted(rows) == ["objective=cispo, lr=0.0003, group_size=8, keep_last=7",
+                            "objective=ppo_clip, lr=0.0001, group_size=16, keep_last=2"]
