@@ -613,3 +613,16 @@ def test_a_long_legend_leaves_the_panels_their_width(tmp_path, capsys):
     # the clip widths follow the objective and stay out; the keys are named by their last part
     assert sorted(rows) == ["objective=cispo, lr=0.0003, group_size=8, keep_last=7",
                             "objective=ppo_clip, lr=0.0001, group_size=16, keep_last=2"]
+
+
+def test_a_resumed_runs_record_keeps_the_earlier_end_apart(rewards, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("RLVR_TEST_MARKER", str(tmp_path / "sent"))
+    monkeypatch.setenv("RLVR_TEST_SIGNAL", "SIGTERM")
+    argv = ["train", *TINY, "trainer.steps=2", f"trainer.out_dir={tmp_path}", "trainer.name=r",
+            f"reward.fn={rewards}:term_once"]
+    assert cli(argv, capsys)[0] == 143
+    assert cli(["train", "--resume", str(tmp_path / "r")], capsys)[0] == 0
+    info = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert info["status"] == "finished" and "signal" not in info and info["exit_status"] == 0
+    [earlier] = info["earlier_ends"]
+    assert earlier["status"] == "interrupted" and earlier["signal"] == "SIGTERM" and earlier["exit_status"] == 143
