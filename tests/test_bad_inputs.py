@@ -590,3 +590,39 @@ def test_a_second_signal_stops_at_once_and_leaves_no_partial_write(rewards, tmp_
     assert info["status"] == "interrupted" and info["exit_status"] == 143
     assert not list((run / "checkpoints").glob(".tmp_*"))
     assert [m["step"] for m in metrics(run)] == [0]  # stopped inside step 1: nothing half-logged
+
+
+# ---------------------------------------------------------------------------------- run tools
+
+def test_a_long_legend_leaves_the_panels_their_width(tmp_path, capsys):
+    import sys
+    import warnings
+
+    sys.path.insert(0, str(Path(__file__).parent / "tracking"))
+    from fake_runs import make_run
+
+    for seed in (0, 1):
+        make_run(tmp_path / "runs", f"ppo_s{seed}", seed=seed)
+        make_run(tmp_path / "runs", f"cispo_s{seed}", seed=seed,
+                 overrides=("algo.objective=cispo", "optim.lr=3e-4", "rollout.group_size=8", "trainer.keep_last=7"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "constrained_layout not applied because axes sizes collapsed"
+        code, out, _ = cli(["runs", "compare", str(tmp_path / "runs"), "--out", str(tmp_path / "c")], capsys)
+    assert code == 0
+    rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ")][1:]
+    # the clip widths follow the objective and stay out; the keys are named by their last part
+    assert sorted(rows) == ["objective=cispo, lr=0.0003, group_size=8, keep_last=7",
+                            "objective=ppo_clip, lr=0.0001, group_size=16, keep_last=2"]
+
+
+def test_a_resumed_runs_record_keeps_the_earlier_end_apart(rewards, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("RLVR_TEST_MARKER", str(tmp_path / "sent"))
+    monkeypatch.setenv("RLVR_TEST_SIGNAL", "SIGTERM")
+    argv = ["train", *TINY, "trainer.steps=2", f"trainer.out_dir={tmp_path}", "trainer.name=r",
+            f"reward.fn={rewards}:term_once"]
+    assert cli(argv, capsys)[0] == 143
+    assert cli(["train", "--resume", str(tmp_path / "r")], capsys)[0] == 0
+    info = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert info["status"] == "finished" and "signal" not in info and info["exit_status"] == 0
+    [earlier] = info["earlier_ends"]
+    assert earlier["status"] == "interrupted" and earlier["signal"] == "SIGTERM" and earlier["exit_status"] == 143

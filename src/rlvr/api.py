@@ -91,6 +91,9 @@ class Trainer:
         if not isinstance(prompt_key, str) or not prompt_key:
             raise ConfigError(f"prompt_key: expected a column name, got {prompt_key!r}")
         self.task, self.rows, self.heldout_rows = _dataset_arguments(train_dataset, eval_dataset, prompt_key)
+        if self.rows is not None and self.heldout_rows is None and len(self.rows) < HELDOUT_SHARE:
+            raise ConfigError(f"train_dataset: {len(self.rows)} rows hold out none (at most a fifth); pass "
+                              f"eval_dataset=... or at least {HELDOUT_SHARE} rows")
         self._prompt_options(prompt_key, system_prompt, correct_fn, correct_threshold)
         self.reward_funcs, self.reward_weights = self._reward_arguments(reward_funcs, reward_weights)
         self.callbacks = _callbacks(callbacks)
@@ -225,10 +228,6 @@ class Trainer:
             from rlvr.tasks.dataset import DatasetTask
 
             size = min(self.config.task.heldout_size, len(self.rows) // HELDOUT_SHARE)
-            if not size and self.heldout_rows is None:
-                raise ConfigError(f"train_dataset: {len(self.rows)} rows hold out none (at most a fifth, "
-                                  f"task.heldout_size={self.config.task.heldout_size}); pass eval_dataset=... "
-                                  f"or at least {HELDOUT_SHARE} rows")
             task = DatasetTask(self.rows, reward=objects["reward"], prompt_key=self.prompt_key,
                                heldout_rows=self.heldout_rows, heldout_size=size, tokenizer=tokenizer,
                                system_prompt=self.system_prompt, correct_fn=self.correct_fn,

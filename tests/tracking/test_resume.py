@@ -1,5 +1,6 @@
-"""Exact resume: a run SIGKILLed at 5 random steps and resumed each time logs exactly what an
-uninterrupted run logs.
+"""Exact resume: a run stopped at 5 random steps and resumed each time logs exactly what an
+uninterrupted run logs, whether it was SIGKILLed, SIGTERMed (it stops after the step, exit 143)
+or ran out of disk (a tmpfs filled up under it: one-line error, exit 2, the space freed, resumed).
 
 Deterministic settings: CPU, `trainer.threads=1` (one intra-op thread, so reductions have one
 order), fixed seeds; wall-clock keys (`time/*`, `perf/*`) are the only ones allowed to differ.
@@ -7,6 +8,7 @@ order), fixed seeds; wall-clock keys (`time/*`, `perf/*`) are the only ones allo
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -69,26 +71,80 @@ def _first_difference(a: list[dict], b: list[dict]) -> str:
     return f"lengths {len(a)} vs {len(b)}"
 
 
-@pytest.mark.slow
-def test_sigkill_at_five_random_steps_then_resume_matches_uninterrupted(tmp_path):
-    _finish(_train(*_overrides(tmp_path, "straight")))
-    straight = tmp_path / "straight"
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Path:
+    """The uninterrupted run every stopped one is compared with."""
+    root = tmp_path_factory.mktemp("straight")
+    _finish(_train(*_overrides(root, "straight")))
+    return root / "straight"
 
-    kills = sorted(random.Random(2024).sample(range(2, STEPS - 1), 5))
-    run = tmp_path / "killed"
-    proc = _train(*_overrides(tmp_path, "killed"))
-    killed_at = []
-    for target in kills:
-        while _last_step(run / "metrics.jsonl") < target:
-            assert proc.poll() is None, f"run ended before the kill at step {target}: {proc.stdout.read()}"
-            time.sleep(0.02)
+
+@pytest.fixture
+def disk(tmp_path) -> Path:
+    """A 64 MiB tmpfs: room for the run and its checkpoints, and a disk the test can fill."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+def _fill(folder: Path) -> None:
+    """Write zeros into `folder` until its disk is full."""
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)
+    except OSError as err:
+        assert err.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+def _stop(proc: subprocess.Popen, how: str, run: Path) -> None:
+    """Stop the run the way `how` says and check it ended as documented."""
+    if how == "sigkill":
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         proc.stdout.close()
-        killed_at.append(_last_step(run / "metrics.jsonl"))
+        return
+    if how == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        _fill(run.parent)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == (143 if how == "sigterm" else 2), out
+    assert "Traceback" not in out
+    if how == "diskfull":
+        assert out.splitlines()[-1].startswith("error: disk full: no space left"), out
+        (run.parent / "filler").unlink()
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == ("interrupted" if how == "sigterm" else "failed")
+    assert not list((run / "checkpoints").glob(".tmp_*"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["sigkill", "sigterm", "diskfull"])
+def test_stopped_at_five_random_steps_then_resume_matches_uninterrupted(how, straight, tmp_path, request):
+    root = request.getfixturevalue("disk") if how == "diskfull" else tmp_path
+    stops = sorted(random.Random(2024).sample(range(2, STEPS - 1), 5))
+    run = root / "stopped"
+    proc = _train(*_overrides(root, "stopped"))
+    stopped_at = []
+    for target in stops:
+        while _last_step(run / "metrics.jsonl") < target:
+            assert proc.poll() is None, f"run ended before the stop at step {target}: {proc.stdout.read()}"
+            time.sleep(0.02)
+        _stop(proc, how, run)
+        stopped_at.append(_last_step(run / "metrics.jsonl"))
         proc = _train("--resume", str(run))
     _finish(proc)
-    print(f"killed at steps {killed_at} (targets {kills})")
+    print(f"{how}: stopped at steps {stopped_at} (targets {stops})")
+    killed_at = stopped_at
 
     got, want = _read(run / "metrics.jsonl"), _read(straight / "metrics.jsonl")
     assert sum(m.get("actor/grad_norm", 0.0) > 0 for m in want) >= STEPS // 2, "too few real updates to test"

@@ -171,7 +171,8 @@ def validate(config: Config) -> None:
         (config.trainer.minibatches >= 1, "trainer.minibatches", "must be >= 1"),
         (config.trainer.ppo_epochs >= 1, "trainer.ppo_epochs", "must be >= 1"),
         (config.trainer.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1"),
-        (config.rollout.prompts_per_step % max(config.trainer.minibatches, 1) == 0, "trainer.minibatches",  # 0 is refused above
+        # max(.., 1): minibatches=0 is refused by the check above, not a ZeroDivisionError here
+        (config.rollout.prompts_per_step % max(config.trainer.minibatches, 1) == 0, "trainer.minibatches",
          f"must divide rollout.prompts_per_step ({config.rollout.prompts_per_step}) so groups stay whole"),
         (config.algo.kl_coef >= 0, "algo.kl_coef", "must be >= 0"),
         (config.algo.kl_placement in ("loss", "reward"), "algo.kl_placement", "must be 'loss' or 'reward'"),

@@ -16,7 +16,8 @@
 - **Length filter.** Rows whose final prompt is longer than ``max_prompt_length`` (tokens with
   a tokenizer, characters without) are dropped; ``stats["dropped_long"]`` counts them.
 - **Split.** ``heldout_size`` rows, chosen by a stable hash of the prompt text, are held out
-  (or all rows of ``heldout_path`` when given); ``sample`` never returns them.
+  (or all rows of ``heldout_path`` when given, or of the ``heldout_split`` of a datasets
+  directory, e.g. its ``test`` split); ``sample`` never returns them.
 """
 
 from __future__ import annotations

@@ -299,16 +299,19 @@ class RunDir:
         """Hold `RESERVE_BYTES` of the disk in a hidden file while the run trains: when the disk
         fills up, `release` frees it so run.json can still record how the run ended."""
         path = self.path / RESERVE_FILE
-        if path.exists():
-            return
-        try:
-            with open(path, "wb") as handle:
-                handle.write(b"\0" * RESERVE_BYTES)
-                handle.flush()
-                os.fsync(handle.fileno())
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
+        if not path.exists():
+            try:
+                with open(path, "wb") as handle:
+                    handle.write(b"\0" * RESERVE_BYTES)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            except BaseException:
+                path.unlink(missing_ok=True)
+                raise
+        stats = os.statvfs(self.path)
+        if stats.f_bavail * stats.f_frsize < RESERVE_BYTES:  # the disk a failed run just filled: stop before
+            self.release()                                    # anything is changed
+            raise OSError(errno.ENOSPC, "No space left on device beyond the run's reserve", str(self.path))
 
     def remove_if_empty(self) -> None:
         """Remove the run directory if nothing but its (empty) folders and the reserve are in it."""

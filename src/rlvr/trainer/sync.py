@@ -342,12 +342,17 @@ def _resume(c: Components, run: RunDir) -> int:
     return state["step"]
 
 
+ENDING_KEYS = ("status", "exit_status", "ended", "duration_s", "error", "signal")
+
+
 def _start_run(config: Config, run: RunDir, command: list[str], start: int, provenance: dict,
                config_changes: dict | None = None) -> None:
     run.create()
     atomic_write_text(run.path / "config.yaml", dump_yaml(config))  # never torn: --resume reads it
-    if start:
-        info = {**run.read_json("run.json"), "resumed_at": start}
+    if start:  # how the run ended last time moves to `earlier_ends`: this record describes the run going on
+        info = run.read_json("run.json")
+        ended = {key: info.pop(key) for key in ENDING_KEYS if key in info}
+        info = {**info, "resumed_at": start, "earlier_ends": [*info.get("earlier_ends", []), ended]}
     else:
         info = {**manifest(command, config.seed, config=to_dict(config), data_files=data_files(config)), **provenance}
     if config_changes:  # a resume allowed to change the config: what changed, when, by which command
