@@ -80,9 +80,10 @@ def test_real_cgroup_limits_and_peak_memory():
     held = sb.run("x = b'x' * (64 << 20)\nprint(len(x) >> 20)")
     assert held.verdict is Verdict.OK and 64 << 20 <= held.extra["memory_peak_bytes"] <= 200 << 20
     memfd = sb.run("import os\nfds = [os.memfd_create('m') for _ in range(40)]\n"
-                   "for fd in fds: os.write(fd, b'x' * (8 << 20))")  # 320 MB outside RLIMIT_AS
+                   "for fd in fds: os.write(fd, b'x' * (8 << 20))",  # 320 MB outside RLIMIT_AS
+                   limits=Limits(wall_s=20, memory_mb=100, nproc=16))  # a generous clock: a loaded host is slow
     assert memfd.verdict is Verdict.MEMORY_LIMIT and memfd.extra["oom_kill"] >= 1
-    assert memfd.extra["memory_peak_bytes"] <= 200 << 20
+    assert memfd.extra["memory_peak_bytes"] <= 100 << 20
     parents = set(sbx.cgroup_host()[0].parents.values())
     assert not [n for p in parents for n in os.listdir(p) if n.startswith(f"rlvr-sbx-{os.getpid()}-")]
     sb.close()
