@@ -30,8 +30,9 @@ from rlvr.errors import ConfigError
 
 
 def _import_vllm():
-    # In-process engine: no engine-core process, no shared-memory queues; set before vllm reads its env.
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # In-process engine: no engine-core process, and the weight push hands tensors over directly (across
+    # processes vLLM's RPC would turn them into lists). vLLM reads the variable when it builds an engine.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:
         import vllm
     except ImportError:
