@@ -120,6 +120,10 @@ def test_ray_run_resumes_after_kill_9(tmp_path):
         time.sleep(0.2)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
+    try:  # the killed run's own local Ray (same session) goes with it
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     done = max(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*"))
     resumed = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", "--resume", str(run),
                               f"trainer.steps={done + 2}"], env=env, capture_output=True, text=True, timeout=600)
