@@ -81,6 +81,7 @@ def test_a_killed_rollout_worker_is_restarted_and_no_rollout_is_lost_or_repeated
     from rlvr.config import load_config
     from rlvr.tracking.run_dir import RunDir
     from rlvr.trainer.ray_backend import running_engines
+    from rlvr.trainer.runtime import configure_for
     from rlvr.trainer.sync import train
 
     args = [*TINY, _plus_reward(tmp_path), "trainer.steps=5", "trainer.save_every=0"]
@@ -96,7 +97,8 @@ def test_a_killed_rollout_worker_is_restarted_and_no_rollout_is_lost_or_repeated
                 killed.append(pid)
 
     config = load_config(None, [*args, "trainer.backend=ray", "trainer.max_staleness=0"])
-    train(config, RunDir(tmp_path / "ray"), command=["test"], echo=lambda *a: None, callbacks=[KillWorker()])
+    train(config, RunDir(tmp_path / "ray"), command=["test"], echo=lambda *a: None, callbacks=[KillWorker()],
+          runtime=configure_for(config))  # the threads the CLI's run had
     assert killed
     lines = _lines(tmp_path / "ray")
     assert [line["step"] for line in lines] == list(range(6))  # every step once
