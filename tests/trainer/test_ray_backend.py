@@ -81,6 +81,7 @@ def test_a_killed_rollout_worker_is_restarted_and_no_rollout_is_lost_or_repeated
     from rlvr.config import load_config
     from rlvr.tracking.run_dir import RunDir
     from rlvr.trainer.ray_backend import running_engines
+    from rlvr.trainer.runtime import configure_for
     from rlvr.trainer.sync import train
 
     args = [*TINY, _plus_reward(tmp_path), "trainer.steps=5", "trainer.save_every=0"]
@@ -96,7 +97,8 @@ def test_a_killed_rollout_worker_is_restarted_and_no_rollout_is_lost_or_repeated
                 killed.append(pid)
 
     config = load_config(None, [*args, "trainer.backend=ray", "trainer.max_staleness=0"])
-    train(config, RunDir(tmp_path / "ray"), command=["test"], echo=lambda *a: None, callbacks=[KillWorker()])
+    train(config, RunDir(tmp_path / "ray"), command=["test"], echo=lambda *a: None, callbacks=[KillWorker()],
+          runtime=configure_for(config))  # the threads the CLI's run had
     assert killed
     lines = _lines(tmp_path / "ray")
     assert [line["step"] for line in lines] == list(range(6))  # every step once
@@ -120,6 +122,10 @@ def test_ray_run_resumes_after_kill_9(tmp_path):
         time.sleep(0.2)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
+    try:  # the killed run's own local Ray (same session) goes with it
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     done = max(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*"))
     resumed = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", "--resume", str(run),
                               f"trainer.steps={done + 2}"], env=env, capture_output=True, text=True, timeout=600)

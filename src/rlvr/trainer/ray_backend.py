@@ -118,8 +118,10 @@ class RayEngine:
         ray = _ray()
         self.ray, self.pad_id, self.policy_version = ray, c.tokenizer.pad_token_id, version
         actor = ray.remote(num_cpus=threads, max_restarts=-1, max_task_retries=0)(_RolloutWorker)
-        model = ray.put(frozen_copy(c.model).cpu())
-        self.workers = [actor.remote(c.config, model, c.tokenizer, version, threads, rows_mode) for _ in range(workers)]
+        # Held for the run: Ray rebuilds a restarted worker from its constructor's arguments.
+        self._model = ray.put(frozen_copy(c.model).cpu())
+        self.workers = [actor.remote(c.config, self._model, c.tokenizer, version, threads, rows_mode)
+                        for _ in range(workers)]
         self._weights = None  # (object ref, version) of the newest push, for restarted workers
         self.restarts = 0
         ray.get([w.pid.remote() for w in self.workers], timeout=TIMEOUT_S)  # built, or fail here
