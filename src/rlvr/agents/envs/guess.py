@@ -66,7 +66,7 @@ class GuessNumber(AgentTask):
     env_class = GuessEnv
 
     def __init__(self, *, high: int = 64, reward_decay: float = 0.1, heldout_size: int = 64, max_turns: int = 8,
-                 max_total_tokens: int = 160, tool_timeout_s: float = 2.0, tools: bool = True,
+                 max_total_tokens: int = 256, tool_timeout_s: float = 2.0, tools: bool = True,
                  train_drifted: bool = False, demo_tool_rate: float = 0.5):
         if high < 2:
             raise ValueError(f"high must be >= 2, got {high}")
