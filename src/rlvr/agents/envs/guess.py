@@ -31,8 +31,12 @@ class GuessEnv:
         self.key, self.lo, self.hi, self.guesses = str(self.answer), 1, self.high, 0
         return f"guess 1-{self.high}\n"
 
+    def state_key(self):
+        """The interval still possible (what GiGPO groups on)."""
+        return (self.lo, self.hi)
+
     def step(self, action_text: str) -> StepResult:
-        state = (self.lo, self.hi)
+        state = self.state_key()
         found = _GUESS.findall(action_text)
         if not found:
             return StepResult("say <guess>n</guess>", 0.0, False, {"malformed": 1, "state_key": state, "role": "user"})
