@@ -90,6 +90,7 @@ def test_no_import_cycle_between_folders():
     ("rewards", {"trainer", "models", "engines", "algos", "kernels"}),
     ("tasks", {"trainer", "models", "engines", "algos", "kernels"}),
     ("algos", {"trainer", "models", "engines", "rewards", "tasks", "tracking", "kernels"}),
+    ("agents", {"trainer", "tasks", "tracking", "cli", "api"}),
 ])
 def test_folder_does_not_import(folder, forbidden):
     assert not (_unit_graph().get(folder, set()) & forbidden), f"{folder} imports {_unit_graph()[folder] & forbidden}"
@@ -110,6 +111,13 @@ def test_rewards_and_tasks_never_load_torch_or_the_trainer():
             "print(sorted(m for m in ('torch', 'transformers', 'rlvr.trainer', 'rlvr.models') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_agent_environments_and_tools_never_load_torch():
+    code = ("import sys, rlvr.agents, rlvr.agents.templates, rlvr.agents.render, rlvr.agents.envs.calculator, "
+            "rlvr.agents.envs.guess, rlvr.agents.envs.lookup; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 def test_importing_rlvr_is_cheap():

@@ -110,3 +110,43 @@ def test_gym_adapter():
 def test_bad_knobs_raise(bad):
     with pytest.raises(ValueError):
         Calculator(**bad)
+
+
+def test_lookup_needs_every_hop():
+    from rlvr.agents.envs.lookup import LookupEnv
+
+    env = LookupEnv(keys=10, hops=3)
+    first = env.reset(4)
+    start = first.split()[0]
+    obs1 = env.step(f"<lookup>{start}</lookup>").observation
+    obs2 = env.step(f"<lookup>{obs1}</lookup>").observation
+    obs3 = env.step(f"<lookup>{obs2}</lookup>").observation
+    assert obs3 == env.answer
+    assert env.step(f"<answer>{obs3}</answer>").reward == 1.0
+    assert pickle.loads(pickle.dumps(env)).reset(4) == first
+
+
+def test_countdown_python_tool_runs_in_the_sandbox():
+    from rlvr.tasks.countdown_python import CountdownPythonEnv
+
+    env = CountdownPythonEnv(tool_timeout_s=20.0, wall_s=5.0)
+    env.reset(0)
+    obs, _, done, info = env.step("<python>print(6*7)</python>")
+    assert obs == "42" and not done and info["tool_calls"] == 1
+    obs, _, _, info = env.step("<python>import sys; sys.exit(3)</python>")
+    assert not obs.startswith("42")  # a failing program is reported, not raised
+    solution = env.countdown.solution(env.example)
+    assert env.step(f"<answer>{solution}</answer>").reward == 1.0
+
+
+def test_turn_tensors_survive_row_selection_and_concat():
+    import torch
+
+    from rlvr.agents.batch import TurnTensors
+
+    a = TurnTensors(torch.tensor([[0, 0, 1]]), torch.tensor([[0.0, 1.0]]), torch.tensor([[5, 6]]),
+                    torch.tensor([[True, True]]))
+    b = TurnTensors(torch.tensor([[0]]), torch.tensor([[1.0]]), torch.tensor([[5]]), torch.tensor([[True]]))
+    c = TurnTensors.concat([a, b]).select(torch.tensor([1, 0]))
+    assert c.turn_index.tolist() == [[0, -1, -1], [0, 0, 1]]
+    assert c.states.tolist() == [[5, -1], [5, 6]] and c.valid.tolist() == [[True, False], [True, True]]

@@ -177,3 +177,17 @@ def test_limits_turns_tokens_and_per_turn_length(tokenizer, scripted):
     trajs = _run(scripted(tokenizer, script[:1]), TagRenderer(tokenizer), envs[:1], tokenizer, Limits(5, 40))
     (budget,) = trajs
     assert budget.finish == FinishReason.TOKEN_BUDGET and len(budget.ids) <= 40
+
+
+def test_state_keys_recur_across_a_group(tokenizer, scripted):
+    """Every episode starts in the same state; a malformed action leaves it unchanged."""
+    from rlvr.agents.envs.guess import GuessEnv
+
+    envs = [GuessEnv(high=64) for _ in range(3)]
+    script = [["<guess>32</guess>", "x"], ["oops", "<guess>32</guess>"], ["<guess>10</guess>", "x"]]
+    trajs = run_episodes(scripted(tokenizer, script), TagRenderer(tokenizer), envs, [7, 7, 7], torch.arange(3),
+                         temperature=1.0, limits=Limits(2, 200), pad_id=tokenizer.pad_token_id,
+                         eos_id=tokenizer.eos_token_id)
+    states = [[turn.state_key for turn in t.turns] for t in trajs]
+    assert states[0][0] == states[1][0] == states[1][1] == states[2][0] == (1, 64)
+    assert states[0][1] != states[2][1]

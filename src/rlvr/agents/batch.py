@@ -10,6 +10,7 @@ denominator.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -25,8 +26,25 @@ class TurnTensors:
 
     turn_index: torch.Tensor   # (B, Tc) long: turn of each completion token, -1 on padding
     rewards: torch.Tensor      # (B, K) float: the environment's reward for each turn
-    states: torch.Tensor       # (B, K) long: id of the state each action was taken in (-1 padding)
+    states: torch.Tensor       # (B, K) long: stable id of the state each action was taken in (-1 padding)
     valid: torch.Tensor        # (B, K) bool
+
+    def select(self, rows: torch.Tensor) -> TurnTensors:
+        return TurnTensors(self.turn_index[rows], self.rewards[rows], self.states[rows], self.valid[rows])
+
+    @staticmethod
+    def concat(parts: list[TurnTensors]) -> TurnTensors:
+        """Stack batches of different widths (token width padded with -1, turns with invalid)."""
+        width = max(p.turn_index.shape[1] for p in parts)
+        k = max(p.rewards.shape[1] for p in parts)
+
+        def pad(x, n, value):
+            return torch.cat([x, torch.full((x.shape[0], n - x.shape[1]), value, dtype=x.dtype)], dim=1)
+
+        return TurnTensors(torch.cat([pad(p.turn_index, width, -1) for p in parts]),
+                           torch.cat([pad(p.rewards, k, 0.0) for p in parts]),
+                           torch.cat([pad(p.states, k, -1) for p in parts]),
+                           torch.cat([pad(p.valid, k, False) for p in parts]))
 
 
 def to_rollouts(trajs: list[Trajectory], pad_id: int, *, train_drifted: bool = False) -> Rollouts:
@@ -54,14 +72,18 @@ def turn_tensors(trajs: list[Trajectory]) -> TurnTensors:
     index = torch.full((len(trajs), width), -1, dtype=torch.long)
     rewards = torch.zeros(len(trajs), k)
     states = torch.full((len(trajs), k), -1, dtype=torch.long)
-    ids: dict = {}
     for b, t in enumerate(trajs):
         tail = t.turn_index[t.prompt_len:]
         index[b, :len(tail)] = torch.tensor(tail, dtype=torch.long)
         for j, turn in enumerate(t.turns):
             rewards[b, j] = turn.reward
-            states[b, j] = ids.setdefault(repr(turn.state_key), len(ids))
+            states[b, j] = state_id(turn.state_key)
     return TurnTensors(index, rewards, states, states >= 0)
+
+
+def state_id(key) -> int:
+    """A stable non-negative integer id of a state key (the same across batches and rounds)."""
+    return int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:7], "big")
 
 
 def agent_metrics(trajs: list[Trajectory]) -> dict[str, float]:

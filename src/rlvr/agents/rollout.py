@@ -86,7 +86,9 @@ def start_episode(env: Environment, seed: int, renderer, fallback_prompt: str) -
     ids = renderer.start(first)
     t = Trajectory(ids=[], prompt_len=len(ids), messages=[{"role": "user", "content": first}])
     t.add(ids, None, trained=False, turn=-1)
-    t.state_key = ("start", first)
+    # The environment's own key of its start state when it has one, so a later step that leaves
+    # the state unchanged (a malformed action) lands in the same anchor group.
+    t.state_key = env.state_key() if hasattr(env, "state_key") else ("start", first)
     return t
 
 

@@ -128,12 +128,16 @@ class ToolEnv:
         self.results = []
         return first
 
+    def state_key(self):
+        """The state the next action is taken in: the problem and the tool results so far."""
+        return (self.key, tuple(self.results))
+
     def check(self, answer: str) -> bool:
         return answer == str(self.answer)
 
     def step(self, action_text: str) -> StepResult:
         parsed = parse_action(action_text, self.registry)
-        state = (self.key, tuple(self.results))
+        state = self.state_key()
         if parsed.answer is not None:
             ok = self.check(parsed.answer)
             return StepResult("", float(ok), True, {"success": ok, "state_key": state})
@@ -151,4 +155,4 @@ class ToolEnv:
         self.results.extend(texts)
         return StepResult("; ".join(texts), 0.0, False,
                           {"tool_calls": len(parsed.calls), "tool_errors": errors, "tool_timeouts": timeouts,
-                           "state_key": (self.key, tuple(self.results)), "role": "tool"})
+                           "state_key": self.state_key(), "role": "tool"})

@@ -24,7 +24,9 @@ Hyperparameters of the whole registry (config fields `algo.<name>`, same meaning
   std for pass@k); False keeps only the centring.
 - `adv_eps` (float): added to a standard deviation before dividing (never to the variance).
 - `pass_k` (int): k of the pass@k objective (`passk`).
-- `gamma` (float): discount of token-level returns (`reinforce_pp`, `gae`).
+- `gamma` (float): discount of token-level returns (`reinforce_pp`, `gae`) or of turn-level ones
+  (`gigpo`, `turn_return`).
+- `omega` (float): GiGPO's weight of the anchor-state step advantage.
 - `lam` (float): GAE lambda (`gae`).
 - `zero_tail` (bool): the optimal token baseline's tail rule (see `advantages_zoo.py`).
 

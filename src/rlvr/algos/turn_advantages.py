@@ -14,6 +14,14 @@ every completion token (-1 none). Rows [p*G:(p+1)*G] share prompt p.
 - `turn_return`: A_{i,k} = (G_{i,k} - mean of G over the group's rows at the same turn index) / F;
   a turn index is not a state (the baseline is coarser than GiGPO's), but it needs no state key.
 
+Hyperparameters: `gamma` (turn discount), `omega` (GiGPO's step weight), `std_normalize`, `adv_eps`
+(as in `advantages.py`).
+
+Deliberate deviations:
+1. GiGPO's outcome is the sum of the per-turn environment rewards (the answer's reward is the last
+   turn's); the step return discounts those same rewards.
+2. Bessel std in both levels (as GRPO here); `std_normalize` switches both scalings together.
+
 Observation tokens carry the turn index of the action before them but mask 0, so they never get
 an advantage (every result is multiplied by `response_mask`).
 """

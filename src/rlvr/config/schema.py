@@ -184,6 +184,26 @@ class GuessTaskConfig(AgentTaskConfig):
 
 
 @dataclass(frozen=True)
+class LookupTaskConfig(AgentTaskConfig):
+    """Knobs of `rlvr.agents.envs.lookup.Lookup` (null = the class's own default)."""
+
+    keys: int | None = None
+    """Keys in the hidden table."""
+    hops: int | None = None
+    """Lookups chained before the answer."""
+
+
+@dataclass(frozen=True)
+class CountdownPythonTaskConfig(AgentTaskConfig):
+    """Knobs of `rlvr.tasks.countdown_python.CountdownPython` (null = the class's own default)."""
+
+    num_count: int | None = None
+    """How many numbers per problem."""
+    max_number: int | None = None
+    """Numbers are drawn from 1..max_number."""
+
+
+@dataclass(frozen=True)
 class TaskConfig:
     """The task: its name, the knobs every task has, and one section per task for its own knobs.
 
@@ -207,6 +227,10 @@ class TaskConfig:
     """Knobs of task `agent_calculator` (multi-turn, calculator tool)."""
     agent_guess: GuessTaskConfig | None = None
     """Knobs of task `agent_guess` (multi-turn, higher/lower feedback)."""
+    agent_lookup: LookupTaskConfig | None = None
+    """Knobs of task `agent_lookup` (multi-hop key-value lookup tool)."""
+    agent_countdown_python: CountdownPythonTaskConfig | None = None
+    """Knobs of task `agent_countdown_python` (Countdown with a sandboxed Python tool)."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlvr.agents.batch import TurnTensors
 from rlvr.agents.collect import is_agent_task, rollout_batch
 from rlvr.algos.shaping import zero_variance_groups
 from rlvr.batch import Rollouts, concat_rollouts
@@ -160,7 +161,7 @@ def _collect_rounds(c, step: int) -> Collected:
 def _select(b: Collected, rows: torch.Tensor) -> Collected:
     idx = rows.tolist()
     return Collected([b.group[i] for i in idx], b.rollouts.select(rows), [b.texts[i] for i in idx],
-                     b.rewards[rows], b.correct[rows], {})
+                     b.rewards[rows], b.correct[rows], {}, turns=None if b.turns is None else b.turns.select(rows))
 
 
 def _merge(parts: list[Collected], pad_id: int, limit: int) -> Collected:
@@ -173,4 +174,6 @@ def _merge(parts: list[Collected], pad_id: int, limit: int) -> Collected:
         metrics={},
     )
     merged.rollouts = merged.rollouts.select(torch.arange(len(merged.group)))
+    if parts[0].turns is not None:  # agent tasks: the per-turn tensors travel with their rows
+        merged.turns = TurnTensors.concat([p.turns for p in parts]).select(torch.arange(len(merged.group)))
     return merged

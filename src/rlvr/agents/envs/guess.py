@@ -31,8 +31,12 @@ class GuessEnv:
         self.key, self.lo, self.hi, self.guesses = str(self.answer), 1, self.high, 0
         return f"guess 1-{self.high}\n"
 
+    def state_key(self):
+        """The interval still possible (what GiGPO groups on)."""
+        return (self.lo, self.hi)
+
     def step(self, action_text: str) -> StepResult:
-        state = (self.lo, self.hi)
+        state = self.state_key()
         found = _GUESS.findall(action_text)
         if not found:
             return StepResult("say <guess>n</guess>", 0.0, False, {"malformed": 1, "state_key": state, "role": "user"})
@@ -66,7 +70,7 @@ class GuessNumber(AgentTask):
     env_class = GuessEnv
 
     def __init__(self, *, high: int = 64, reward_decay: float = 0.1, heldout_size: int = 64, max_turns: int = 8,
-                 max_total_tokens: int = 160, tool_timeout_s: float = 2.0, tools: bool = True,
+                 max_total_tokens: int = 256, tool_timeout_s: float = 2.0, tools: bool = True,
                  train_drifted: bool = False, demo_tool_rate: float = 0.5):
         if high < 2:
             raise ValueError(f"high must be >= 2, got {high}")
