@@ -104,15 +104,14 @@ def test_a_template_that_rerenders_differently_is_caught(scripted):
     assert t.drifted  # the sampled trailing space is gone from the re-render
 
 
-def test_history_rewriting_template_is_caught():
+def test_history_rewriting_template_is_caught(scripted):
     tok = char_tokenizer()
     # drops every assistant message but the last one (like templates that strip old reasoning)
     tok.chat_template = CHAT_TEMPLATES["chatml"].replace(
         "{%- for m in messages %}", "{%- for m in messages %}{% if m['role'] != 'assistant' or loop.last %}"
     ).replace("{% endfor %}", "{% endif %}{% endfor %}")
     engine_script = [["<calc>1*2</calc>", "<calc>2*3</calc>", "<answer>6</answer>"]]
-    from tests.agents.conftest import ScriptedEngine
-    (t,) = _run(ScriptedEngine(tok, engine_script), ChatRenderer(tok), [CalculatorEnv()], tok, Limits(3, 2000))
+    (t,) = _run(scripted(tok, engine_script), ChatRenderer(tok), [CalculatorEnv()], tok, Limits(3, 2000))
     assert t.drifted
 
 

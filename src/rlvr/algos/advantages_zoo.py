@@ -80,11 +80,11 @@ def gdpo(inp: AdvantageInputs, *, std_normalize: bool = True, adv_eps: float = 1
     advantage of reward component k alone, so a rare success in one component is not drowned by
     a common one in another."""
     comps = inp.reward_components if inp.reward_components is not None else sequence_scores(inp)[:, None]
-    weights = inp.reward_weights if inp.reward_weights is not None else torch.ones(comps.shape[1])
+    weights = inp.reward_weights if inp.reward_weights is not None else torch.ones(comps.shape[1], device=comps.device)
     if weights.numel() != comps.shape[1]:
         raise ValueError(f"reward_weights has {weights.numel()} entries for {comps.shape[1]} reward components")
     mask = working_mask(inp) * row_valid(inp.rewards)[:, None]
-    total = torch.zeros(comps.shape[0], dtype=mask.dtype)
+    total = torch.zeros(comps.shape[0], dtype=mask.dtype, device=mask.device)
     for k in range(comps.shape[1]):
         total = total + float(weights[k]) * _grpo_component(comps[:, k], inp, std_normalize, adv_eps).to(mask.dtype)
     total = torch.where(row_valid(inp.rewards), total, torch.zeros_like(total))

@@ -18,6 +18,7 @@ What differs from the torch sampler, by design of vLLM:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Iterable
@@ -67,6 +68,22 @@ def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
         method.process_weights_after_loading(head)
 
 
+@contextlib.contextmanager
+def _process_threads_kept():
+    """vLLM's in-process CPU worker replaces `torch.set_num_threads` with a no-op for the whole
+    process and binds the CPU affinity; the trainer's thread budget (`trainer.threads`) must keep
+    working beside it, so both are put back once the engine is up."""
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(threads)
+        if affinity is not None:
+            os.sched_setaffinity(0, affinity)
+
+
 class VLLMEngine:
     """A vLLM `LLM` started from the trainer's weights. `engine(prompt_ids, prompt_mask, seeds, *,
     temperature) -> Rollouts`; `push_weights(named_tensors, version)` after each update."""
@@ -83,10 +100,11 @@ class VLLMEngine:
         options = {"block_size": block_size} if block_size else {}
         if max_model_len:
             options["max_model_len"] = max_model_len
-        self.llm = vllm.LLM(
-            model=str(path), skip_tokenizer_init=True, dtype=dtype, seed=seed, enforce_eager=True,
-            distributed_executor_backend="uni", kv_cache_memory_bytes=kv_cache_mb << 20,
-            logprobs_mode="processed_logprobs", generation_config="vllm", **options)
+        with _process_threads_kept():
+            self.llm = vllm.LLM(
+                model=str(path), skip_tokenizer_init=True, dtype=dtype, seed=seed, enforce_eager=True,
+                distributed_executor_backend="uni", kv_cache_memory_bytes=kv_cache_mb << 20,
+                logprobs_mode="processed_logprobs", generation_config="vllm", **options)
 
     def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, *,
                  temperature: float | torch.Tensor) -> Rollouts:

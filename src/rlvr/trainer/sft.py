@@ -100,7 +100,8 @@ def sft(config: Config, out_dir: str | Path, *, overwrite: bool = False, echo=pr
     torch.manual_seed(config.seed)
     model, tokenizer = build.build_model(config)
     task = build.build_task(config, tokenizer)
-    task.solution(task.sample(1, random.Random(config.seed))[0])  # a task without solutions says so now
+    if not is_agent_task(task):  # agent tasks train on scripted episodes; a task without solutions says so now
+        task.solution(task.sample(1, random.Random(config.seed))[0])
     s = config.sft
     if config.model.kind == "diffusion":
         diffusion_sft(model, tokenizer, task, steps=s.steps, batch_size=s.batch_size, lr=s.lr,

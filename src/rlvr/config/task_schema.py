@@ -1,0 +1,185 @@
+"""The task sections of the schema (`task.<name>.*`): one frozen dataclass per task, a docstring
+under each field (docs/config.md is generated from them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CountdownTaskConfig:
+    """Knobs of `rlvr.tasks.countdown.Countdown` (null = the class's own default)."""
+
+    num_count: int | None = None
+    """How many numbers per problem (3 or 4 are the useful settings)."""
+    max_number: int | None = None
+    """Numbers are drawn from 1..max_number."""
+    allow_division: bool | None = None
+    """Allow exact integer division."""
+    ordered: bool = True
+    """Prompts list the numbers in the order the generating expression uses them. True here (the
+    class's own default is False): the packaged warm start was trained on ordered prompts."""
+    show_work: bool | None = None
+    """Completions list steps `5*2=10,10+3=13` instead of a bare expression."""
+    sampling: str | None = None
+    """Training problems as the generator draws them (`draws`) or uniform over problem keys (`keys`,
+    like the held-out set)."""
+    partial_credit: str | None = None
+    """0.1 for any parseable wrong answer (`parse`, d1/TinyZero) or only one over the given numbers
+    (`numbers`)."""
+
+
+@dataclass(frozen=True)
+class Sudoku4TaskConfig:
+    """Knobs of `rlvr.tasks.sudoku.Sudoku4` (null = the class's own default)."""
+
+    min_blanks: int | None = None
+    """Fewest blank cells of a puzzle (1..12)."""
+    max_blanks: int | None = None
+    """Most blank cells of a puzzle (min_blanks..12)."""
+
+
+@dataclass(frozen=True)
+class FileTaskConfig:
+    """Knobs shared by the file tasks (`rlvr.tasks.files.FileTask`; null = the class's own default)."""
+
+    path: str | None = None
+    """JSONL / Parquet file or HF `save_to_disk` directory (required)."""
+    prompt_key: str | None = None
+    """Field holding the prompt."""
+    answer_key: str | None = None
+    """Field holding the reference answer (math_file)."""
+    tests_key: str | None = None
+    """Field holding the tests (code_file)."""
+    system_prompt: str | None = None
+    """System message (chat templates) or prefix."""
+    prompt_template: str | None = None
+    """Format string with {prompt}."""
+    max_prompt_length: int | None = None
+    """Drop longer prompts (tokens), 0 = keep all."""
+    heldout_path: str | None = None
+    """Separate evaluation file, empty = hash split of `path`."""
+    split: str | None = None
+    """HF datasets directory: split name."""
+    heldout_split: str | None = None
+    """HF datasets directory: the split held out (e.g. `test`), read from `heldout_path` when set, else
+    from `path`; empty = `split` of `heldout_path`, or the hash split of `path`."""
+
+
+@dataclass(frozen=True)
+class MathFileTaskConfig(FileTaskConfig):
+    """Knobs of `rlvr.tasks.files.MathFileTask` (null = the class's own default)."""
+
+    math_timeout_s: float | None = None
+    """Time limit of one equivalence check."""
+    solution_key: str | None = None
+    """Field holding a worked solution (for SFT), empty = none."""
+    strict: bool | None = None
+    """Read the final answer only from `\\boxed{}`, `<answer>…</answer>` or `#### X` (the class's
+    default); false adds the lenient fallbacks ("the answer is X", the last number)."""
+
+
+@dataclass(frozen=True)
+class CodeFileTaskConfig(FileTaskConfig):
+    """Knobs of `rlvr.tasks.files.CodeFileTask` (null = the class's own default)."""
+
+    all_or_nothing: bool | None = None
+    """Reward 1 only if every test passes (otherwise the fraction passed)."""
+    sandbox_workers: int | None = None
+    """Programs run at once."""
+    wall_s: float | None = None
+    """Wall-clock limit per program."""
+    memory_mb: int | None = None
+    """Address-space limit per program."""
+    isolation: str | None = None
+    """Sandbox isolation: auto | bwrap | unshare | none."""
+
+
+@dataclass(frozen=True)
+class AgentTaskConfig:
+    """Knobs every agent task has (`rlvr.agents.task.AgentTask`; null = the class's own default)."""
+
+    max_turns: int | None = None
+    """Most actions per episode (the single-turn ablation `tools: false` forces 1)."""
+    max_total_tokens: int | None = None
+    """Longest kept sequence, prompt + actions + observations; an observation that would overflow
+    is not appended (finish `token_budget`)."""
+    tool_timeout_s: float | None = None
+    """Wall-clock limit of one tool call; past it the call is an error observation (`agent/tool_timeouts`)."""
+    tools: bool | None = None
+    """False: no tool, the model must answer in its first action (the ablation)."""
+    train_drifted: bool | None = None
+    """Train on trajectories whose kept ids differ from a re-render of the conversation (`agent/drifted`);
+    default False: they stay out of the loss."""
+    demo_tool_rate: float | None = None
+    """Share of scripted demonstrations (the SFT warm start) that use the tool; the others answer at once."""
+
+
+@dataclass(frozen=True)
+class CalculatorTaskConfig(AgentTaskConfig):
+    """Knobs of `rlvr.agents.envs.calculator.Calculator` (null = the class's own default)."""
+
+    digits_a: int | None = None
+    """Digits of the first factor."""
+    digits_b: int | None = None
+    """Digits of the second factor."""
+
+
+@dataclass(frozen=True)
+class GuessTaskConfig(AgentTaskConfig):
+    """Knobs of `rlvr.agents.envs.guess.GuessNumber` (null = the class's own default)."""
+
+    high: int | None = None
+    """The hidden number is drawn from 1..high."""
+    reward_decay: float | None = None
+    """A success after n guesses pays 1 - reward_decay·(n - 1) (at least 0)."""
+
+
+@dataclass(frozen=True)
+class LookupTaskConfig(AgentTaskConfig):
+    """Knobs of `rlvr.agents.envs.lookup.Lookup` (null = the class's own default)."""
+
+    keys: int | None = None
+    """Keys in the hidden table."""
+    hops: int | None = None
+    """Lookups chained before the answer."""
+
+
+@dataclass(frozen=True)
+class CountdownPythonTaskConfig(AgentTaskConfig):
+    """Knobs of `rlvr.tasks.countdown_python.CountdownPython` (null = the class's own default)."""
+
+    num_count: int | None = None
+    """How many numbers per problem."""
+    max_number: int | None = None
+    """Numbers are drawn from 1..max_number."""
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """The task: its name, the knobs every task has, and one section per task for its own knobs.
+
+    Only the chosen task's section may be set; `rlvr config` fills it with the effective values
+    and leaves the others null."""
+
+    name: str = "countdown"
+    """Task registry key (`rlvr.tasks.TASKS`)."""
+    heldout_size: int = 200
+    """Size of the fixed held-out evaluation set (every task; file tasks hold out this many rows
+    by a hash of the prompt unless `heldout_path` is set)."""
+    countdown: CountdownTaskConfig | None = None
+    """Knobs of task `countdown`."""
+    sudoku4: Sudoku4TaskConfig | None = None
+    """Knobs of task `sudoku4`."""
+    math_file: MathFileTaskConfig | None = None
+    """Knobs of task `math_file`."""
+    code_file: CodeFileTaskConfig | None = None
+    """Knobs of task `code_file`."""
+    agent_calculator: CalculatorTaskConfig | None = None
+    """Knobs of task `agent_calculator` (multi-turn, calculator tool)."""
+    agent_guess: GuessTaskConfig | None = None
+    """Knobs of task `agent_guess` (multi-turn, higher/lower feedback)."""
+    agent_lookup: LookupTaskConfig | None = None
+    """Knobs of task `agent_lookup` (multi-hop key-value lookup tool)."""
+    agent_countdown_python: CountdownPythonTaskConfig | None = None
+    """Knobs of task `agent_countdown_python` (Countdown with a sandboxed Python tool)."""
