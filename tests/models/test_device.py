@@ -92,13 +92,15 @@ def test_advantage_estimators_make_no_host_tensor():
 
     rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0])  # pass/fail: every estimator takes them
     mask = torch.ones(8, 3)
+    turns = {"turn_index": torch.zeros(8, 3, dtype=torch.long), "turn_rewards": rewards[:, None],  # one-turn episodes
+             "turn_states": torch.zeros(8, 1, dtype=torch.long), "turn_valid": torch.ones(8, 1, dtype=torch.bool)}
     for name in sorted(REGISTRY["algo.advantage"].entries()):
         if name == "gae":
             continue  # needs values; the critic test covers GAE's inputs
         config = load_config(None, ["model.path=", f"algo.advantage={name}", "rollout.group_size=4"])
         with HostFactories() as mode:
             build.build_advantage(config).estimate(AdvantageInputs(rewards=rewards, group_size=4, response_mask=mask,
-                                                                   baseline_rewards=torch.tensor([0.0, 1.0])))
+                                                                   baseline_rewards=torch.tensor([0.0, 1.0]), **turns))
         assert mode.calls == [], name
 
 
