@@ -43,7 +43,7 @@ def discounted_returns(rewards: Tensor, valid: Tensor, gamma: float) -> Tensor:
     """(B, K) G_k = r_k + gamma * G_{k+1} over valid turns (padding turns contribute 0)."""
     r = torch.where(valid, rewards.float(), torch.zeros_like(rewards, dtype=torch.float32))
     out = torch.zeros_like(r)
-    running = torch.zeros(r.shape[0])
+    running = torch.zeros(r.shape[0], dtype=r.dtype, device=r.device)
     for k in range(r.shape[1] - 1, -1, -1):
         running = r[:, k] + gamma * running
         out[:, k] = running
@@ -60,9 +60,9 @@ def _grouped_normalise(values: Tensor, keys: Tensor, valid: Tensor, *, std_norma
     if flat_valid.any():
         uniq, inverse = torch.unique(flat_keys[flat_valid], return_inverse=True)
         v = flat_vals[flat_valid]
-        count = torch.zeros(len(uniq)).scatter_add_(0, inverse, torch.ones_like(v))
-        mean = torch.zeros(len(uniq)).scatter_add_(0, inverse, v) / count
-        sq = torch.zeros(len(uniq)).scatter_add_(0, inverse, (v - mean[inverse]) ** 2)
+        count = torch.zeros(len(uniq), dtype=v.dtype, device=v.device).scatter_add_(0, inverse, torch.ones_like(v))
+        mean = torch.zeros(len(uniq), dtype=v.dtype, device=v.device).scatter_add_(0, inverse, v) / count
+        sq = torch.zeros(len(uniq), dtype=v.dtype, device=v.device).scatter_add_(0, inverse, (v - mean[inverse]) ** 2)
         std = (sq / (count - 1).clamp(min=1)).sqrt()
         centred = v - mean[inverse]
         if std_normalize:
@@ -91,7 +91,7 @@ def gigpo(inp: AdvantageInputs, *, gamma: float = 0.95, omega: float = 1.0, std_
     centred = centred_scores(st, inp.group_size)
     episode = (centred / (st.std + adv_eps) if std_normalize else centred).flatten()
     returns = discounted_returns(inp.turn_rewards, valid, gamma)
-    group = torch.arange(len(outcome)).div(inp.group_size, rounding_mode="floor")[:, None]
+    group = torch.arange(len(outcome), device=outcome.device).div(inp.group_size, rounding_mode="floor")[:, None]
     states = inp.turn_states if inp.turn_states is not None else torch.zeros_like(group).expand_as(valid)
     keys = group * (int(states.max().clamp(min=0)) + 1) + states.clamp(min=0)
     step, size = _grouped_normalise(returns, keys, valid, std_normalize=std_normalize, adv_eps=adv_eps)
@@ -109,7 +109,7 @@ def turn_return(inp: AdvantageInputs, *, gamma: float = 0.95, std_normalize: boo
     _require(inp, "turn_return")
     valid = inp.turn_valid
     returns = discounted_returns(inp.turn_rewards, valid, gamma)
-    group = torch.arange(returns.shape[0]).div(inp.group_size, rounding_mode="floor")[:, None]
-    keys = group * returns.shape[1] + torch.arange(returns.shape[1])[None, :]
+    group = torch.arange(returns.shape[0], device=returns.device).div(inp.group_size, rounding_mode="floor")[:, None]
+    keys = group * returns.shape[1] + torch.arange(returns.shape[1], device=returns.device)[None, :]
     step, _ = _grouped_normalise(returns, keys, valid, std_normalize=std_normalize, adv_eps=adv_eps)
     return _scatter_turns(step, inp), {"turn_return_abs_mean": float(step[valid].abs().mean()) if valid.any() else 0.0}
