@@ -31,14 +31,15 @@ def test_the_real_recipe_builds_lora_bf16_and_the_strict_verifier(tmp_path, monk
     monkeypatch.chdir(ROOT)  # the recipe's task file is relative to the repository
     source = build_model_dir(tmp_path / "model", "qwen2", dtype=torch.bfloat16)
     config = load_config(REAL, [f"model.path={source}", "rollout.max_new_tokens=16", "task.heldout_size=4",
-                                "task.math_file.max_prompt_length=200"])
+                                "task.math_file.max_prompt_length=200", "rollout.engine=torch"])  # vLLM: tests/engines
+    assert load_config(REAL, [f"model.path={source}"]).rollout.engine == "vllm"
     c = build_components(config)
     assert next(c.model.parameters()).dtype == torch.bfloat16 and c.task.strict
     trainable = {n for n, p in c.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     # Unchanged, its 512 new tokens do not fit the tiny model's 256 positions: caught at start.
     with pytest.raises(ConfigError, match="rollout.max_new_tokens"):
-        build_components(load_config(REAL, [f"model.path={source}", "task.heldout_size=4"]))
+        build_components(load_config(REAL, [f"model.path={source}", "task.heldout_size=4", "rollout.engine=torch"]))
 
 
 def test_the_cpu_scale_recipe_runs_on_a_tiny_qwen2(tmp_path, monkeypatch):
