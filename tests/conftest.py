@@ -1,5 +1,6 @@
 import importlib.util
 import os
+import subprocess
 
 import pytest
 import torch
@@ -57,3 +58,25 @@ def make_train_batch(tokenizer):
                           old_logp=old if with_old else None, ref_logp=ref)
 
     return make
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """`tmpfs(size)` -> a folder with a tmpfs of `size` (e.g. "2m") mounted on it: a disk the test can
+    fill. Mounting needs root, which CI has; the mounts are undone after the test."""
+    mounted = []
+
+    def mount(size: str):
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+        folder = tmp_path / f"disk{len(mounted)}"
+        folder.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True)
+        if done.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", str(folder)], check=True)

@@ -80,17 +80,9 @@ def straight(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def disk(tmp_path) -> Path:
+def disk(tmpfs) -> Path:
     """A 64 MiB tmpfs: room for the run and its checkpoints, and a disk the test can fill."""
-    folder = tmp_path / "disk"
-    folder.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(folder)], capture_output=True)
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    yield folder
-    subprocess.run(["umount", str(folder)], check=True)
+    return tmpfs("64m")
 
 
 def _fill(folder: Path) -> None:
