@@ -193,12 +193,20 @@ def _resolve_task(config: Config) -> TaskConfig:
     return dataclasses.replace(t, **{t.name: filled})
 
 
+def rollout_correction_on(config: Config) -> bool:
+    """`algo.rollout_correction`, with null meaning on for an engine that holds its own copy of the
+    weights (vLLM samples slightly off the trainer's policy) and off for rlvr's own samplers."""
+    if config.algo.rollout_correction is not None:
+        return bool(config.algo.rollout_correction)
+    return config.rollout.engine == "vllm"
+
+
 def resolve(config: Config) -> Config:
     """`config` with every registry name checked and every null hyperparameter of a chosen entry
     set to that entry's own default (what the builder will bind); other fields unchanged."""
-    if config.algo.rollout_correction is None:  # an engine with its own weights samples slightly off-policy
+    if config.algo.rollout_correction is None:
         config = dataclasses.replace(config, algo=dataclasses.replace(
-            config.algo, rollout_correction=config.rollout.engine == "vllm"))
+            config.algo, rollout_correction=rollout_correction_on(config)))
     used = chosen(config)
     algo = _fill(config.algo, "algo.", used["algo"])
     if algo.norm_length is None:

@@ -14,6 +14,7 @@ from rlvr.algos.advantages import gae_returns
 from rlvr.algos.correction import importance_correction
 from rlvr.codec import prompt_lengths
 from rlvr.config import REGISTRY, Config, Registry, hyperparameters, keywords, task_sections
+from rlvr.config.registries import rollout_correction_on
 from rlvr.engines.torch_ar import generate
 from rlvr.engines.torch_diffusion import generate_diffusion
 from rlvr.errors import ConfigError
@@ -194,7 +195,7 @@ def build_loss(config: Config) -> LossSpec:
         kl_estimator=_bind_named(config, "algo.kl_estimator") if kl_in_loss else None,
         kl_coef=a.kl_coef,
         entropy_coef=a.entropy_coef,
-        correction=bind(importance_correction, a) if a.rollout_correction else None,
+        correction=bind(importance_correction, a) if rollout_correction_on(config) else None,
         reward_kl=_bind_named(config, "algo.kl_estimator") if kl_in_reward else None,
         expert=_bind_named(config, "expert.objective") if config.expert.per_step else None,
     )
