@@ -1,3 +1,4 @@
+import errno
 import importlib.util
 import os
 import subprocess
@@ -80,3 +81,29 @@ def tmpfs(tmp_path):
     yield mount
     for folder in mounted:
         subprocess.run(["umount", str(folder)], check=True)
+
+
+def _fill(folder):
+    """Write zeros into `folder` until its disk is full (to the last block); returns the filler file."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        try:
+            while True:
+                os.write(fd, b"\0" * 65536)
+        except OSError as err:
+            assert err.errno == errno.ENOSPC
+        try:
+            while True:
+                os.write(fd, b"\0" * 512)
+        except OSError:
+            pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+@pytest.fixture
+def fill_disk():
+    """`fill_disk(folder)`: fill the disk `folder` is on (a `tmpfs` one); returns the filler file."""
+    return _fill

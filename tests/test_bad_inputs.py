@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import os
 import shutil
 import signal
 from pathlib import Path
@@ -453,24 +452,6 @@ def test_a_failed_runs_error_is_in_its_report(rewards, tmp_path, capsys):
 
 # ---------------------------------------------------------------------------------- full disk
 
-def _fill(folder: Path) -> Path:
-    """Write zeros into `folder` until its disk is full."""
-    filler = folder / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"\0" * 65536)
-    except OSError as err:
-        assert err.errno == errno.ENOSPC
-    try:
-        while True:
-            os.write(fd, b"\0" * 512)
-    except OSError:
-        pass
-    os.close(fd)
-    return filler
-
-
 @pytest.fixture
 def small_disk(tmpfs) -> Path:
     """A 2 MiB tmpfs (a disk that fills up)."""
@@ -484,10 +465,10 @@ def _train(out_dir: Path, name: str, *, steps: int = 4, callbacks=(), extra=()) 
     return Trainer(overrides=overrides, callbacks=list(callbacks), echo=lambda *a: None).train()
 
 
-def _fill_after(step: int, disk: Path):
+def _fill_after(step: int, disk: Path, fill):
     def hook(at, metrics):
         if at == step:
-            _fill(disk)
+            fill(disk)
     return hook
 
 
@@ -495,13 +476,13 @@ def _fill_after(step: int, disk: Path):
     (2, 1, "while writing checkpoint step 2 (the partial checkpoint was removed)"),
     (1, 2, "while writing checkpoint step 2"),  # no checkpoint yet: the resume starts over, its logs too
 ])
-def test_a_full_disk_stops_cleanly_and_resume_continues(fill_after, save_every, while_, small_disk, tmp_path,
-                                                        capsys):
+def test_a_full_disk_stops_cleanly_and_resume_continues(fill_after, save_every, while_, small_disk, fill_disk,
+                                                        tmp_path, capsys):
     from rlvr.errors import DiskFull
 
     _train(tmp_path / "straight", "s", extra=[f"trainer.save_every={save_every}"])
     with pytest.raises(DiskFull) as err:
-        _train(small_disk, "r", callbacks=[_fill_after(fill_after, small_disk)],
+        _train(small_disk, "r", callbacks=[_fill_after(fill_after, small_disk, fill_disk)],
                extra=[f"trainer.save_every={save_every}"])
     run = small_disk / "r"
     message = str(err.value)
@@ -523,29 +504,29 @@ def test_a_full_disk_stops_cleanly_and_resume_continues(fill_after, save_every, 
     assert without_wall_clock(metrics(run)) == without_wall_clock(metrics(tmp_path / "straight" / "s"))
 
 
-def test_a_log_line_the_full_disk_cut_is_rolled_back(small_disk):
+def test_a_log_line_the_full_disk_cut_is_rolled_back(small_disk, fill_disk):
     from rlvr.tracking.run_dir import RunDir
 
     run = RunDir(small_disk / "r")
     run.create()
     run.append(run.metrics_file, {"step": 0})
-    _fill(small_disk)
+    fill_disk(small_disk)
     with pytest.raises(OSError) as err:
         run.append(run.metrics_file, {"step": 1, "text": "x" * 100_000})  # more than the last page holds
     assert err.value.errno == errno.ENOSPC
     assert run.metrics_file.read_text() == '{"step": 0}\n'  # no torn line
 
 
-def test_a_full_disk_at_the_start_leaves_no_run_behind(small_disk, capsys):
-    _fill(small_disk)
+def test_a_full_disk_at_the_start_leaves_no_run_behind(small_disk, fill_disk, capsys):
+    fill_disk(small_disk)
     code, out, err = cli(["train", *TINY, f"trainer.out_dir={small_disk}", "trainer.name=r"], capsys)
     assert_one_line_error(code, out, err, "disk full: no space left")
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
 
 
-def test_sft_on_a_full_disk_writes_nothing(small_disk, capsys):
+def test_sft_on_a_full_disk_writes_nothing(small_disk, fill_disk, capsys):
     (small_disk / "out").mkdir()
-    _fill(small_disk)
+    fill_disk(small_disk)
     argv = ["sft", *TINY, "sft.steps=1", "sft.batch_size=2", "--out", str(small_disk / "out" / "w")]
     assert_one_line_error(*cli(argv, capsys), "disk full: no space left on the device of --out")
     assert list((small_disk / "out").iterdir()) == []

@@ -8,7 +8,6 @@ order), fixed seeds; wall-clock keys (`time/*`, `perf/*`) are the only ones allo
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import random
@@ -85,19 +84,7 @@ def disk(tmpfs) -> Path:
     return tmpfs("64m")
 
 
-def _fill(folder: Path) -> None:
-    """Write zeros into `folder` until its disk is full."""
-    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"\0" * 65536)
-    except OSError as err:
-        assert err.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-
-
-def _stop(proc: subprocess.Popen, how: str, run: Path) -> None:
+def _stop(proc: subprocess.Popen, how: str, run: Path, fill_disk) -> None:
     """Stop the run the way `how` says and check it ended as documented."""
     if how == "sigkill":
         proc.send_signal(signal.SIGKILL)
@@ -107,7 +94,7 @@ def _stop(proc: subprocess.Popen, how: str, run: Path) -> None:
     if how == "sigterm":
         proc.send_signal(signal.SIGTERM)
     else:
-        _fill(run.parent)
+        fill_disk(run.parent)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == (143 if how == "sigterm" else 2), out
     assert "Traceback" not in out
@@ -121,7 +108,7 @@ def _stop(proc: subprocess.Popen, how: str, run: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["sigkill", "sigterm", "diskfull"])
-def test_stopped_at_five_random_steps_then_resume_matches_uninterrupted(how, straight, tmp_path, request):
+def test_stopped_at_five_random_steps_then_resume_matches_uninterrupted(how, straight, tmp_path, request, fill_disk):
     root = request.getfixturevalue("disk") if how == "diskfull" else tmp_path
     stops = sorted(random.Random(2024).sample(range(2, STEPS - 1), 5))
     run = root / "stopped"
@@ -131,7 +118,7 @@ def test_stopped_at_five_random_steps_then_resume_matches_uninterrupted(how, str
         while _last_step(run / "metrics.jsonl") < target:
             assert proc.poll() is None, f"run ended before the stop at step {target}: {proc.stdout.read()}"
             time.sleep(0.02)
-        _stop(proc, how, run)
+        _stop(proc, how, run, fill_disk)
         stopped_at.append(_last_step(run / "metrics.jsonl"))
         proc = _train("--resume", str(run))
     _finish(proc)
