@@ -26,7 +26,7 @@ HISTORY = [
     (r"\b(second|third|fourth|fifth|sixth) round of\b", "a round of work"),
     (r"\b[Ii]ssues? #?\d", "an issue number"),
     (r"\bPR #?\d", "a pull-request number"),
-    (r"(?<![\w&#/])#\d{1,5}\b", "an issue or PR reference"),
+    (r"(?<![\w&#/])(?<!\]\()#\d{1,5}\b", "an issue or PR reference"),  # not a link to a heading: [1. ...](#1-...)
     (r"\b(the )?(previous|old|earlier) (code|default|defaults|recipe|asset)\b", "earlier code"),
     (r"\bthe issue's\b", "the project issue"),
     (r"\bhelpers?'s? (jobs?|runs?|builds?)\b", "a helper's work"),
@@ -105,3 +105,19 @@ def test_results_section_references_exist():
             refs = SECTION_REF.findall(line) + (BARE_REF.findall(line) if bare else [])
             missing += [f"{path.relative_to(REPO)}:{n}: §{r}" for r in refs if r not in sections]
     assert not missing, "references to sections docs/results.md does not have:\n" + "\n".join(missing)
+
+
+def _github_anchor(heading: str) -> str:
+    """The id GitHub gives a heading: lower case, punctuation dropped, each space a hyphen."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_anchor_links_in_markdown_point_at_headings_of_the_same_page():
+    broken = []
+    for path in _markdown_files():
+        text = path.read_text(encoding="utf-8")
+        anchors = {_github_anchor(h) for h in re.findall(r"^#{1,6} (.+)$", text, flags=re.MULTILINE)}
+        for n, line in enumerate(text.splitlines(), 1):
+            broken += [f"{path.relative_to(REPO)}:{n}: {t}" for t in LINK.findall(line)
+                       if t.startswith("#") and t[1:] not in anchors]
+    assert not broken, "links to headings that do not exist (a renamed heading?):\n" + "\n".join(broken)
