@@ -4,16 +4,17 @@ Design. Every program runs in its own process tree:
 
 1. **Process layer, always on.** ``Popen`` in a new session with an allow-list environment,
    ``python -E -s -S``, stdin a pipe fed by the parent (never a host file), rlimits applied in
-   the exec chain (``prlimit`` before bwrap, the start gate's ``ulimit`` otherwise: CPU, address
-   space, file size, open files, processes, no core; no ``preexec_fn``, which is unsafe next to
-   threads; see ``launch``), ``oom_score_adj`` 1000 so the
+   the exec chain (a ``/bin/sh`` ``ulimit`` line in front of bwrap or at the start gate: CPU,
+   address space, file size, open files, processes, no core; no ``preexec_fn``, which is unsafe
+   next to threads; see ``launch``), ``oom_score_adj`` 1000 so the
    kernel's OOM killer picks sandboxed code before the trainer, a reader that drains stdout and
    stderr concurrently with a byte cap, a wall-clock ``SIGKILL`` of the process group, then
    ``wait()`` so no zombie is left.
 2. **A cgroup per sample** (``cgroup``), born into (v1) or joined before the first exec: memory
    for the sample as a whole (tmpfs, shm and memfd pages included, no swap), ``pids.max`` and
-   ``cpu.max``, so many processes or sessions cannot add up past one sample's share. Its peak memory and limit events
-   are read from the host side into ``RunResult.extra``; it is emptied and removed after the run.
+   ``cpu.max``, so many processes or sessions cannot add up past one sample's share. Its peak
+   memory and limit events are read from the host side into ``RunResult.extra``; it is emptied
+   and removed after the run.
 3. **Unprivileged uid per worker slot.** As root, slot ``k`` runs as uid/gid ``uid_range[k]``:
    root ignores ``RLIMIT_NPROC``, and one uid per slot keeps a fork bomb in one sample from
    starving the others. After every run every process of that uid is killed (a backstop that also
@@ -118,7 +119,7 @@ def detect_isolation(python: str | None = None, base_uid: int = 60000) -> str:
         return _isolation_cache[key]
     mode = "none"
     probe = Sandbox(workers=1, isolation="bwrap", python=python, base_uid=base_uid, _probe=True)
-    if shutil.which("bwrap") and shutil.which("prlimit") and (not _is_root() or shutil.which("setpriv")):
+    if shutil.which("bwrap") and (not _is_root() or shutil.which("setpriv")):
         if probe.run("print(6*7)", limits=Limits(wall_s=10)).stdout.strip() == "42":
             mode = "bwrap"
     if mode == "none" and _is_root() and shutil.which("unshare") and shutil.which("setpriv"):
@@ -240,7 +241,7 @@ class Sandbox:
         local_env = {**launch.ENV, "HOME": host_dir, "TMPDIR": host_dir}
         drop = launch.setpriv_prefix(uid) if self.root else []
         if self.isolation == "bwrap":
-            return (drop + launch.prlimit_prefix(limits)
+            return (drop + launch.gate(limits, wait=False)
                     + launch.bwrap_prefix(self.python, host_dir, limits, status_w, block_r, seccomp_r)
                     + py + ["/task/main.py", *argv]), "/", {}
         if self.isolation == "unshare":  # unshare needs root: the uid is dropped inside, after the namespaces

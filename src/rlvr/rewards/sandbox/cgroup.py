@@ -19,10 +19,12 @@ so an OOM kill takes the whole sample, ``pids.max`` and ``cpu.max`` (v1 CFS quot
 sample ever runs outside it:
 
 - **cgroup v1**: the sample's first process is *born* inside (``spawning``): the thread that starts
-  it moves itself into the group (``0`` written to each ``tasks`` file), forks, and moves back
+  it moves itself into the group (``0`` written to each ``tasks`` file), starts it, and moves back
   before anything of the sample runs. Moving *another* process takes the kernel's global
-  threadgroup lock, whose write side waits an RCU grace period (about 10 ms here, once per sample);
-  a thread moving itself does not take it (0.1-0.3 ms for the three controllers).
+  threadgroup lock, whose write side waits an RCU grace period (about 12 ms here, once per sample);
+  a thread moving itself does not take it (0.3 ms of CPU for the three controllers). The main
+  thread never does this (``inherits``), and the sandbox's launchers (the uid drop, the rlimits,
+  bwrap itself) are inside too, so the sample's cgroup namespace is rooted at its own group.
 - **cgroup v2** (a thread cannot sit in a different group than its process there): the first
   process is placed in it (``join``) while it waits at the sandbox's start gate, before it execs
   anything.

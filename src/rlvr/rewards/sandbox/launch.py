@@ -7,15 +7,17 @@ process is born there (``around_spawn``); otherwise it is moved in while it wait
 
 - **bwrap**: its pid 1 waits on ``--block-fd`` after the mounts, before it starts the program; the
   parent admits that pid as soon as bwrap reports it (a cgroup move overlaps bwrap's setup),
-  then releases the block. The rlimits come from a ``prlimit`` exec in front of bwrap.
+  then releases the block. The rlimits come from the gate's ``ulimit`` line, without its wait, in
+  front of bwrap (not ``prlimit(2)`` on the waiting pid 1 from here: that needs CAP_SYS_RESOURCE,
+  which root in a container often lacks; a process lowering its own limits needs nothing).
 - **unshare, none**: a ``/bin/sh`` **gate** in front sets the rlimits (``ulimit``, with the
   options whose units POSIX shells share) and reads one line from its stdin pipe before it execs
   the rest; the parent admits it while it waits, then writes the line.
 
 As root, the slot's uid is taken by a ``setpriv`` exec first in the chain, not by ``Popen(user=)``:
-CPython then forks instead of using ``vfork``, copying the trainer's page tables (0.6 s a program
-from a parent holding 2 GB, measured here, against 20 ms by ``vfork``; the copy would also be
-charged to a sample cgroup the process is born in).
+CPython then forks instead of using ``vfork``, copying the trainer's page tables (0.2-0.7 s a
+program from a parent holding 0.5-2 GB on a loaded 2-core VM, against 20-27 ms by ``vfork``; the
+copy would also be charged to a sample cgroup the process is born in).
 """
 
 from __future__ import annotations
@@ -30,19 +32,23 @@ import time
 
 from rlvr.rewards.sandbox.results import Limits
 
-__all__ = ["ENV", "gate", "bwrap_prefix", "admit", "prlimit_prefix", "setpriv_prefix", "shquote", "execute", "Ended"]
+__all__ = ["ENV", "gate", "bwrap_prefix", "admit", "setpriv_prefix", "shquote", "execute", "Ended"]
 
 # RLIMIT_NPROC is -p in dash and busybox, -u in bash (whose -p is the read-only pipe size).
-_GATE = ('ulimit -t "$1" && ulimit -S -t "$2" && ulimit -v "$3" && ulimit -f "$4" && ulimit -n "$5" && ulimit -c 0 '
-         '&& { ulimit -p "$6" 2>/dev/null || ulimit -u "$6"; } && read -r _ || exit 125; shift 6; exec "$@"')
+_LIMITS = ('ulimit -t "$1" && ulimit -S -t "$2" && ulimit -v "$3" && ulimit -f "$4" && ulimit -n "$5" && ulimit -c 0 '
+           '&& { ulimit -p "$6" 2>/dev/null || ulimit -u "$6"; }')
+_GATE = _LIMITS + ' && read -r _ || exit 125; shift 6; exec "$@"'
+_NO_WAIT = _LIMITS + ' || exit 125; shift 6; exec "$@"'
 
 
-def gate(limits: Limits) -> list[str]:
-    """The start gate with ``limits``: exits 125, running nothing, if a limit cannot be set or the
-    parent closes stdin without opening the gate."""
+def gate(limits: Limits, wait: bool = True) -> list[str]:
+    """The start gate with ``limits``: exits 125, running nothing, if a limit cannot be set or (with
+    ``wait``) the parent closes stdin without opening the gate. Without ``wait`` it only sets the
+    limits (bwrap waits on its own ``--block-fd``); a shell is a cheaper exec than ``prlimit``."""
     cpu = limits.cpu_s if limits.cpu_s is not None else max(1, int(-(-limits.wall_s // 1)))
-    return ["/bin/sh", "-c", _GATE, "rlvr-sbx", str(cpu + 1), str(cpu), str(limits.memory_mb << 10),
-            str(limits.file_mb << 11), str(limits.nofile), str(limits.nproc)]  # -v in KiB, -f in 512-byte blocks
+    return ["/bin/sh", "-c", _GATE if wait else _NO_WAIT, "rlvr-sbx", str(cpu + 1), str(cpu),
+            str(limits.memory_mb << 10), str(limits.file_mb << 11), str(limits.nofile),
+            str(limits.nproc)]  # -v in KiB, -f in 512-byte blocks
 
 
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
@@ -75,16 +81,6 @@ def bwrap_prefix(python: str, task_dir: str, limits: Limits, status_fd: int, blo
     for key, value in {**ENV, "HOME": "/work", "TMPDIR": "/tmp"}.items():
         args += ["--setenv", key, value]
     return args
-
-
-def prlimit_prefix(limits: Limits) -> list[str]:
-    """The rlimits as a ``prlimit`` exec in front of bwrap (the gate's ``ulimit`` in other modes).
-    An exec, not ``prlimit(2)`` on bwrap's waiting pid 1 from here: that needs CAP_SYS_RESOURCE,
-    which root in a container often lacks (the process lowering its own limits needs nothing)."""
-    cpu = limits.cpu_s if limits.cpu_s is not None else max(1, int(-(-limits.wall_s // 1)))
-    return ["prlimit", f"--cpu={cpu}:{cpu + 1}", f"--as={limits.memory_mb << 20}",
-            f"--fsize={limits.file_mb << 20}", f"--nofile={limits.nofile}",
-            f"--nproc={limits.nproc}", "--core=0", "--"]
 
 
 def admit(pid: int) -> None:
