@@ -2,6 +2,7 @@
 checkout's sandbox, interleaved.
 
     python bench/sandbox.py [--n 200] [--workers 2] [--repeats 30] [--baseline OTHER_CHECKOUT/src]
+                            [--hold-mb 0]
     python bench/sandbox.py --hostile     # every program of tests/rewards/test_hostile.py, alone
 
 
@@ -10,6 +11,8 @@ the median wall time of one trivial program run sequentially in the sandbox vers
 ``subprocess.run([python, "-E", "-s", "-S", "-c", ...])``. With ``--baseline``, a second process
 imports ``rlvr`` from that source tree and times the same program in its sandbox; the three are
 run in turn, one of each per repeat (the order rotating), so machine load hits them alike.
+``--hold-mb`` makes both sandboxes' processes hold that much touched memory first, as a trainer
+does (starting a process costs more from a large parent unless it is started by ``vfork``).
 ``--hostile`` prints each hostile program's verdict, wall time and its cgroup's peak memory.
 """
 
@@ -27,8 +30,17 @@ from rlvr.rewards.sandbox import Sandbox, Verdict, default_python
 PROGRAM = "print(1)"
 
 
-def _serve() -> None:
+def _hold(mb: int) -> bytearray:
+    """``mb`` MB of memory with every page touched (a trainer-sized parent)."""
+    ballast = bytearray(mb << 20)
+    for i in range(0, len(ballast), 4096):
+        ballast[i] = 1
+    return ballast
+
+
+def _serve(hold_mb: int) -> None:
     """Baseline side: time one sandboxed run per line read; answer with the seconds taken."""
+    ballast = _hold(hold_mb)  # noqa: F841 - held for the process's lifetime
     sb = Sandbox(workers=1)
     sb.run(PROGRAM)
     print(sb.isolation, flush=True)
@@ -69,14 +81,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="sandbox slots")
     parser.add_argument("--repeats", type=int, default=30, help="sequential runs for the latency medians")
     parser.add_argument("--baseline", help="another checkout's src/ directory to time side by side")
+    parser.add_argument("--hold-mb", type=int, default=0, help="memory both sandboxes' processes hold first")
     parser.add_argument("--hostile", action="store_true", help="run the hostile suite's programs, one by one")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        return _serve()
+        return _serve(args.hold_mb)
     if args.hostile:
         return _hostile()
 
+    ballast = _hold(args.hold_mb)  # noqa: F841 - held for the process's lifetime
     sb = Sandbox(workers=args.workers)
     python = default_python()
     sb.run_many([dict(source=PROGRAM)] * args.workers)  # warm up
@@ -88,8 +102,8 @@ def main() -> None:
     other = None
     if args.baseline:
         env = {**os.environ, "PYTHONPATH": os.path.abspath(args.baseline)}
-        other = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True, env=env)
+        other = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", "--hold-mb", str(args.hold_mb)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         print(f"baseline isolation   {other.stdout.readline().strip()}  ({args.baseline})")
 
     def bare() -> float:
@@ -122,7 +136,7 @@ def main() -> None:
     bare_med = statistics.median(times["bare subprocess"])
     print(f"isolation            {sb.isolation}  cgroups {'yes' if sb.cgroups else 'no'}  "
           f"seccomp {'yes' if sb.seccomp else 'no'}")
-    print(f"workers              {args.workers}")
+    print(f"workers              {args.workers}  (sandbox processes hold {args.hold_mb} MB)")
     print(f"throughput           {args.n / elapsed:8.1f} programs/s  ({args.n} trivial programs, this tree)")
     for name, values in times.items():
         med = statistics.median(values)

@@ -72,3 +72,19 @@ def test_bad_configuration_is_rejected():
         warnings.simplefilter("ignore")
         result = Sandbox(isolation="none").run("x", files={"../evil.py": ""})
     assert result.verdict is Verdict.SANDBOX_ERROR and "plain name" in result.detail
+
+
+@pytest.mark.parametrize("mode", ["none", "bwrap"])
+def test_rlimits_are_the_limits_asked_for(mode):
+    """The shell's ``ulimit`` units (KiB, 512-byte blocks) come out as the bytes and counts asked for."""
+    if mode == "bwrap" and sbx.detect_isolation() != "bwrap":
+        pytest.skip("bubblewrap unavailable")
+    limits = Limits(wall_s=3.5, memory_mb=300, file_mb=5, nofile=40, nproc=20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sb = Sandbox(workers=1, isolation=mode, limits=limits, base_uid=62600)
+    r = sb.run("import resource as r\nprint([r.getrlimit(getattr(r, 'RLIMIT_' + n)) for n in "
+               "('CPU', 'AS', 'FSIZE', 'NOFILE', 'NPROC', 'CORE')])")
+    sb.close()
+    assert r.verdict is Verdict.OK, r
+    assert r.stdout == f"{[(4, 5), (300 << 20,) * 2, (5 << 20,) * 2, (40, 40), (20, 20), (0, 0)]}\n"

@@ -5,6 +5,7 @@ that has them, the real thing: limits written, peak memory read, the group remov
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 
 import pytest
@@ -87,3 +88,118 @@ def test_real_cgroup_limits_and_peak_memory():
     parents = set(sbx.cgroup_host()[0].parents.values())
     assert not [n for p in parents for n in os.listdir(p) if n.startswith(f"rlvr-sbx-{os.getpid()}-")]
     sb.close()
+
+
+def _in_thread(fn):
+    """``fn()``'s result or exception, run on a thread that is not the thread group leader."""
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # noqa: BLE001 - handed back to the test
+            box["error"] = err
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def test_v1_spawning_thread_enters_every_controller_and_comes_home(tmp_path):
+    dirs = [tmp_path / c / "rlvr-sbx-1-0" for c in ("memory", "pids", "cpu")]
+    homes = [tmp_path / c / "tasks" for c in ("memory", "pids", "cpu")]
+    for d in dirs:
+        d.mkdir(parents=True)
+    group = cgroup.SampleCgroup([str(d) for d in dirs], 1, home=[str(h) for h in homes])
+
+    def spawn():
+        with group.spawning():  # "0": the writing thread moves itself (no global lock, unlike a pid)
+            inside = [(d / "tasks").read_text() for d in dirs] + [h.exists() for h in homes]
+        return inside, [h.read_text() for h in homes]
+
+    assert _in_thread(spawn) == (["0", "0", "0", False, False, False], ["0", "0", "0"])
+    assert not group.inherits  # the main thread: its memory map's owner, never carried into a group
+    for d in dirs:
+        (d / "tasks").unlink()
+    with group.spawning():
+        pass
+    assert not any((d / "tasks").exists() for d in dirs)
+    homes[1].parent.rename(tmp_path / "gone")  # cannot go home: loud, not a thread left in a sample's group
+    with pytest.raises(RuntimeError, match="could not leave a sample cgroup"):
+        _in_thread(spawn)
+
+
+def _v1_host():
+    host = sbx.cgroup_host()[0]
+    return host if host is not None and host.version == 1 else None
+
+
+def _threads_in_sample_groups() -> list[str]:
+    found = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/cgroup") as f:
+            found += [f"{tid}: {line}" for line in f.read().splitlines() if "rlvr-sbx-" in line]
+    return found
+
+
+@pytest.mark.skipif(_v1_host() is None, reason="needs per-sample cgroups on cgroup v1 (a hybrid host, as root)")
+@pytest.mark.parametrize("mode", ["none", "bwrap"])
+def test_real_v1_sample_is_born_in_its_group_and_no_trainer_thread_stays(mode, monkeypatch):
+    if mode == "bwrap" and sbx.detect_isolation() != "bwrap":
+        pytest.skip("bubblewrap unavailable")
+
+    def no_move(self, pid):  # moving the sample in after it started is what being born there avoids
+        raise AssertionError(f"moved {pid} into its group")
+
+    monkeypatch.setattr(cgroup.SampleCgroup, "join", no_move)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sb = Sandbox(workers=2, isolation=mode, limits=Limits(wall_s=10, memory_mb=200, nproc=16))
+    try:
+        shown = sb.run("print(open('/proc/self/cgroup').read())")  # from the main thread: handed to a worker
+        assert shown.verdict is Verdict.OK, shown
+        lines = {line.split(":", 2)[1]: line.split(":", 2)[2] for line in shown.stdout.split()}
+        for controller in cgroup.CONTROLLERS:  # under bwrap the cgroup namespace was made inside the group
+            seen = lines[controller]
+            assert seen == "/" if mode == "bwrap" else os.path.basename(seen).startswith(f"rlvr-sbx-{os.getpid()}-")
+        held = sb.run_many([dict(source="x = b'x' * (96 << 20)\nprint(len(x) >> 20)")] * 2)
+        assert all(r.verdict is Verdict.OK and r.extra["memory_peak_bytes"] >= 96 << 20 for r in held)
+        monkeypatch.setattr(sbx.launch.subprocess, "Popen", lambda *a, **k: (_ for _ in ()).throw(OSError("no fork")))
+        failed = sb.run("print(1)")  # the fork fails while the thread is inside: it still goes home
+        assert failed.verdict is Verdict.SANDBOX_ERROR and "no fork" in failed.detail
+    finally:
+        sb.close()
+    assert _threads_in_sample_groups() == []
+
+
+@pytest.mark.skipif(sbx.cgroup_host()[0] is None, reason="no per-sample cgroups on this host")
+def test_peak_memory_is_each_samples_own():
+    """The second program in a slot must not inherit the first one's peak (each gets a new group)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sb = Sandbox(workers=1, isolation="none", limits=Limits(wall_s=10, memory_mb=300, nproc=16))
+    big, small = (sb.run(s) for s in ("x = b'x' * (128 << 20)", "print(1)"))
+    sb.close()
+    assert big.verdict is small.verdict is Verdict.OK
+    assert big.extra["memory_peak_bytes"] >= 128 << 20 and small.extra["memory_peak_bytes"] < 32 << 20
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="slot uids are used as root only")
+@pytest.mark.parametrize("mode", ["none", "bwrap"])
+def test_slot_uid_taken_in_the_exec_chain(mode):
+    """As root the slot's uid comes from ``setpriv`` (so the fork is a ``vfork``): real, effective
+    and saved ids all the slot's, no supplementary groups, no new privileges."""
+    if mode == "bwrap" and sbx.detect_isolation() != "bwrap":
+        pytest.skip("bubblewrap unavailable")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sb = Sandbox(workers=1, isolation=mode, limits=Limits(wall_s=10), base_uid=62500)
+    r = sb.run("import os\nprint(os.getresuid(), os.getresgid(), os.getgroups())\n"
+               "print([l for l in open('/proc/self/status') if l.startswith('NoNewPrivs')][0].split()[1])")
+    uid = sb.uid_range[0]
+    sb.close()
+    assert r.verdict is Verdict.OK, r
+    assert r.stdout.split("\n")[:2] == [f"{(uid,) * 3} {(uid,) * 3} []", "1"]  # bwrap maps the uid to itself

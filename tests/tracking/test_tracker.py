@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import struct
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlvr.errors import ConfigError
+from rlvr.errors import ConfigError, DiskFull
 from rlvr.tracking.tracker import JsonlTracker, Tracker, make_trackers
 
 CONFIG = {"seed": 3, "algo": {"objective": "ppo_clip", "clip_high": 0.28}, "trainer": {"steps": 6}}
@@ -151,3 +152,46 @@ def test_optional_packages_are_imported_lazily():
             f"rlvr.tracking.runs, rlvr.tracking.plots; print([m for m in {heavy!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("sink", list(READERS))
+def test_a_full_disk_is_one_diskfull_line_and_spares_what_was_written(sink, tmpfs, fill_disk):
+    """The mirror's writers (TensorBoard's thread, W&B's service, MLflow's file store) on a full
+    disk: the one-line DiskFull metrics.jsonl gives, for a metric write and for close, and every
+    byte already on disk kept (the files only ever grew), readable by the tool afterwards."""
+    if importlib.util.find_spec(sink) is None:
+        pytest.skip(f"the {sink} package is not installed")
+    disk = tmpfs("4m")
+    run = disk / "grpo_s3"
+    run.mkdir()
+    mirror = make_trackers([sink], run)[1]
+    try:
+        mirror.log_config(CONFIG)
+        series = _series()
+        for line in series[:4]:
+            mirror.log_metrics(line["step"], {k: v for k, v in line.items() if k != "step"})
+        if sink == "tensorboard":
+            mirror.inner.writer.flush()
+        written = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+        fill_disk(disk)
+        with pytest.raises(DiskFull) as logging:
+            for line in series[4:]:
+                mirror.log_metrics(line["step"], {k: v for k, v in line.items() if k != "step"})
+        with pytest.raises(DiskFull) as closing:
+            mirror.close()  # MLflow would rewrite its run's meta.yaml in place: refused, not torn
+        for err in (logging, closing):
+            message = str(err.value)
+            assert "\n" not in message and message == (
+                f"disk full: no space left on the device of '{run}' while training (writing the {sink} logs); "
+                f"free space there, then continue with rlvr train --resume {run}")
+        for path, data in written.items():
+            assert path.read_bytes()[:len(data)] == data, f"{path.relative_to(run)} was rewritten"
+    finally:
+        (disk / "filler").unlink(missing_ok=True)
+        mirror.inner.close()  # with room again, the run is still the tool's to read
+    got, want = READERS[sink](run), _by_key(series[:4])
+    if sink == "tensorboard":  # float32 scalars
+        want = {k: [(step, float(np.float32(v))) for step, v in points] for k, points in want.items()}
+    if sink == "wandb":  # its service may not have written every step before the disk filled
+        want = {k: [p for p in points if p in got[k]] for k, points in want.items() if k in got}
+    assert got == want

@@ -7,6 +7,12 @@
 | `wandb`       | wandb/ offline run (`WANDB_MODE=online` to upload; `wandb sync` later) | `rlvr[wandb]` |
 | `mlflow`      | mlruns/ local file store (`mlflow ui --backend-store-uri RUN/mlruns`) | `rlvr[mlflow]` |
 
+A full disk is the same one-line `DiskFull` for a mirror as for metrics.jsonl (`_DiskGuard`): a
+mirror writes nothing once the run's disk has no room left (TensorBoard writes from a thread and
+W&B from its service process; W&B drops records on a full disk without a word, so the disk is
+checked before every write, not only the error translated), and a write that fails anyway is
+reported as the full disk it is.
+
 Each optional package is imported only when its sink is built. Run ids of the mirrors are kept
 in `trackers.json` so a resumed run continues the same W&B / MLflow run. On resume TensorBoard
 drops events past the checkpoint (`purge_step`), as metrics.jsonl does; W&B and MLflow cannot
@@ -23,9 +29,9 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
-from rlvr.errors import ConfigError
+from rlvr.errors import ConfigError, DiskFull
 from rlvr.protocols import Tracker
-from rlvr.tracking.run_dir import RunDir, atomic_write_text
+from rlvr.tracking.run_dir import NEARLY_FULL_BYTES, RunDir, atomic_write_text, disk_full, disk_full_message
 from rlvr.tracking.runs import flatten
 
 STATE_FILE = "trackers.json"
@@ -154,6 +160,44 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id, status="FINISHED")
 
 
+class _DiskGuard:
+    """A mirror behind the full-disk rule of the run's own files: no write is started on a disk
+    with no room left (nothing half-written, no record silently dropped), and an error that
+    comes from a full disk, whatever its type, becomes one `DiskFull` line."""
+
+    def __init__(self, sink, run_dir: Path, name: str, resume_step: int | None):
+        self.run_dir, self.name = run_dir, name
+        self.inner = self._guarded(sink, run_dir, resume_step=resume_step)
+
+    def _fail(self) -> DiskFull:
+        return DiskFull(disk_full_message(self.run_dir, f"training (writing the {self.name} logs)"))
+
+    def _guarded(self, call, *args, **kwargs):
+        try:
+            stats = os.statvfs(self.run_dir)
+        except OSError:
+            stats = None
+        if stats is not None and stats.f_bavail * stats.f_frsize < NEARLY_FULL_BYTES:
+            raise self._fail()
+        try:
+            return call(*args, **kwargs)
+        except DiskFull:
+            raise
+        except Exception as err:  # MlflowException, TensorBoard's writer-thread OSError, ...
+            if disk_full(err, self.run_dir):
+                raise self._fail() from None
+            raise
+
+    def log_config(self, config: Mapping) -> None:
+        self._guarded(self.inner.log_config, config)
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._guarded(self.inner.log_metrics, step, metrics)
+
+    def close(self) -> None:
+        self._guarded(self.inner.close)
+
+
 SINKS = {"tensorboard": (TensorBoardTracker, "tensorboard"), "wandb": (WandbTracker, "wandb"),
          "mlflow": (MlflowTracker, "mlflow")}
 
@@ -184,7 +228,7 @@ def make_trackers(names: list[str], run_dir: str | Path, *, resume_step: int | N
             raise ConfigError(f"trainer.trackers: unknown tracker '{name}'; valid: jsonl, {', '.join(SINKS)}")
         cls, extra = SINKS[name]
         try:
-            trackers.append(cls(run_dir, resume_step=resume_step))
+            trackers.append(_DiskGuard(cls, run_dir, name, resume_step))
         except ImportError as err:
             raise ConfigError(f"trainer.trackers: '{name}' needs an optional package ({err.name or err}); "
                               f"pip install 'rlvr[{extra}]'") from None

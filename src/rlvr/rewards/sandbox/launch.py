@@ -2,18 +2,27 @@
 pipe, stdout and stderr drained with a cap, the wall clock enforced, bwrap's status read.
 
 Nothing of the sample runs before it is in its cgroup with ``oom_score_adj`` 1000 (``admit``),
-and no ``preexec_fn`` (unsafe next to threads) does it:
+and no ``preexec_fn`` (unsafe next to threads) does it. Where the cgroup allows it (v1), the
+process is born there (``around_spawn``); otherwise it is moved in while it waits:
 
 - **bwrap**: its pid 1 waits on ``--block-fd`` after the mounts, before it starts the program; the
-  parent admits that pid as soon as bwrap reports it (the cgroup move overlaps bwrap's setup),
-  then releases the block. The rlimits come from a ``prlimit`` exec in front of bwrap.
+  parent admits that pid as soon as bwrap reports it (a cgroup move overlaps bwrap's setup),
+  then releases the block. The rlimits come from the gate's ``ulimit`` line, without its wait, in
+  front of bwrap (not ``prlimit(2)`` on the waiting pid 1 from here: that needs CAP_SYS_RESOURCE,
+  which root in a container often lacks; a process lowering its own limits needs nothing).
 - **unshare, none**: a ``/bin/sh`` **gate** in front sets the rlimits (``ulimit``, with the
   options whose units POSIX shells share) and reads one line from its stdin pipe before it execs
   the rest; the parent admits it while it waits, then writes the line.
+
+As root, the slot's uid is taken by a ``setpriv`` exec first in the chain, not by ``Popen(user=)``:
+CPython then forks instead of using ``vfork``, copying the trainer's page tables (0.2-0.7 s a
+program from a parent holding 0.5-2 GB on a loaded 2-core VM, against 20-27 ms by ``vfork``; the
+copy would also be charged to a sample cgroup the process is born in).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -23,19 +32,23 @@ import time
 
 from rlvr.rewards.sandbox.results import Limits
 
-__all__ = ["ENV", "gate", "bwrap_prefix", "admit", "prlimit_prefix", "setpriv_prefix", "shquote", "execute", "Ended"]
+__all__ = ["ENV", "gate", "bwrap_prefix", "admit", "setpriv_prefix", "shquote", "execute", "Ended"]
 
 # RLIMIT_NPROC is -p in dash and busybox, -u in bash (whose -p is the read-only pipe size).
-_GATE = ('ulimit -t "$1" && ulimit -S -t "$2" && ulimit -v "$3" && ulimit -f "$4" && ulimit -n "$5" && ulimit -c 0 '
-         '&& { ulimit -p "$6" 2>/dev/null || ulimit -u "$6"; } && read -r _ || exit 125; shift 6; exec "$@"')
+_LIMITS = ('ulimit -t "$1" && ulimit -S -t "$2" && ulimit -v "$3" && ulimit -f "$4" && ulimit -n "$5" && ulimit -c 0 '
+           '&& { ulimit -p "$6" 2>/dev/null || ulimit -u "$6"; }')
+_GATE = _LIMITS + ' && read -r _ || exit 125; shift 6; exec "$@"'
+_NO_WAIT = _LIMITS + ' || exit 125; shift 6; exec "$@"'
 
 
-def gate(limits: Limits) -> list[str]:
-    """The start gate with ``limits``: exits 125, running nothing, if a limit cannot be set or the
-    parent closes stdin without opening the gate."""
+def gate(limits: Limits, wait: bool = True) -> list[str]:
+    """The start gate with ``limits``: exits 125, running nothing, if a limit cannot be set or (with
+    ``wait``) the parent closes stdin without opening the gate. Without ``wait`` it only sets the
+    limits (bwrap waits on its own ``--block-fd``); a shell is a cheaper exec than ``prlimit``."""
     cpu = limits.cpu_s if limits.cpu_s is not None else max(1, int(-(-limits.wall_s // 1)))
-    return ["/bin/sh", "-c", _GATE, "rlvr-sbx", str(cpu + 1), str(cpu), str(limits.memory_mb << 10),
-            str(limits.file_mb << 11), str(limits.nofile), str(limits.nproc)]  # -v in KiB, -f in 512-byte blocks
+    return ["/bin/sh", "-c", _GATE if wait else _NO_WAIT, "rlvr-sbx", str(cpu + 1), str(cpu),
+            str(limits.memory_mb << 10), str(limits.file_mb << 11), str(limits.nofile),
+            str(limits.nproc)]  # -v in KiB, -f in 512-byte blocks
 
 
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
@@ -70,14 +83,6 @@ def bwrap_prefix(python: str, task_dir: str, limits: Limits, status_fd: int, blo
     return args
 
 
-def prlimit_prefix(limits: Limits) -> list[str]:
-    """The rlimits as a ``prlimit`` exec in front of bwrap (the gate's ``ulimit`` in other modes)."""
-    cpu = limits.cpu_s if limits.cpu_s is not None else max(1, int(-(-limits.wall_s // 1)))
-    return ["prlimit", f"--cpu={cpu}:{cpu + 1}", f"--as={limits.memory_mb << 20}",
-            f"--fsize={limits.file_mb << 20}", f"--nofile={limits.nofile}",
-            f"--nproc={limits.nproc}", "--core=0", "--"]
-
-
 def admit(pid: int) -> None:
     """Make the gated process the OOM killer's first choice (1000: sandboxed code dies before the
     trainer under memory pressure). Raises OSError when the kernel refuses."""
@@ -86,7 +91,8 @@ def admit(pid: int) -> None:
 
 
 def setpriv_prefix(uid: int) -> list[str]:
-    """Drop root to the slot's uid inside ``unshare`` (which needs root to make the namespaces)."""
+    """Drop root to the slot's uid (inside ``unshare``, which needs root to make the namespaces;
+    in front of bwrap or the program otherwise)."""
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--"]
 
 
@@ -130,23 +136,24 @@ def _status(raw: bytes) -> tuple[bool, int | None]:
     return started, code
 
 
-def execute(cmd, cwd, env, stdin: bytes | None, status_r, status_w, extra_fds, limits: Limits, user=None,
-            on_start=None, block_w: int | None = None) -> Ended:
-    """Run ``cmd`` in a new session as ``user``, feed ``stdin`` while draining its output.
+def execute(cmd, cwd, env, stdin: bytes | None, status_r, status_w, extra_fds, limits: Limits,
+            on_start=None, block_w: int | None = None, around_spawn=None) -> Ended:
+    """Run ``cmd`` in a new session, feed ``stdin`` while draining its output.
 
     With ``block_w`` (bwrap's ``--block-fd``, whose write end this owns and closes), ``on_start``
     gets bwrap's child, the sandbox's pid 1, as soon as bwrap reports it, while it sets up the
     mounts; one byte on ``block_w`` then lets it start the program. Otherwise the gate is put in
     front of ``cmd`` and ``on_start`` gets its pid at once; its line, then the data, go to
     stdin after ``on_start`` returns. An exception in ``on_start`` kills the tree (before the
-    block is released) and propagates."""
+    block is released) and propagates. ``around_spawn`` (a context manager factory) is entered
+    around the fork, by the thread that forks."""
     start = time.monotonic()
     pass_fds = tuple(fd for fd in (status_w, *extra_fds) if fd is not None)
-    ids = dict(user=user, group=user, extra_groups=[]) if user is not None else {}
     try:
-        proc = subprocess.Popen(cmd if block_w is not None else gate(limits) + cmd, cwd=cwd, env=env,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, pass_fds=pass_fds, close_fds=True, **ids)
+        with around_spawn() if around_spawn is not None else contextlib.nullcontext():
+            proc = subprocess.Popen(cmd if block_w is not None else gate(limits) + cmd, cwd=cwd, env=env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True, pass_fds=pass_fds, close_fds=True)
     finally:
         for fd in pass_fds:
             os.close(fd)
