@@ -22,8 +22,10 @@ Deliberate deviations from verl 0.9.1:
 1. `gpg` counts only scorable rows in alpha = n / #nonzero scores and leaves NaN rows at 0.
 2. `gdpo` whitens with rlvr's `whiten`, (x - mean) / (std + adv_eps) over the valid tokens;
    verl's masked_whiten uses (x - mean) / sqrt(var + 1e-8). Its components come from
-   `inp.reward_components` (B, K) with weights `inp.reward_weights` (K,); without them it is the
-   one-component case (verl's fallback when no gdpo_reward_keys are given).
+   `inp.reward_components` (B, K) with weights `inp.reward_weights` (K,) (the trainer fills them
+   when `reward.fn` names several functions: each function's own score and weight); without them
+   it is the one-component case (verl's fallback when no gdpo_reward_keys are given). A row whose
+   weighted reward is not scorable is left out of every component's group statistics.
 3. OTB ignores rollout-correction weights (verl can rescale W by rho^2), and W at a NaN row is 0.
    The trainer does not yet compute sum_v pi_v^2, so the config rejects OTB as `algo.advantage`;
    the functions are usable directly with `AdvantageInputs(old_logp=..., sum_pi_squared=...)`.
@@ -41,6 +43,7 @@ from rlvr.algos._advantage_core import (
     centred_scores,
     group_metrics,
     group_stats,
+    reads,
     row_valid,
     sequence_scores,
     to_tokens,
@@ -75,21 +78,27 @@ def _grpo_component(values: Tensor, inp: AdvantageInputs, std_normalize: bool, a
     return adv.reshape(-1)
 
 
+@reads("reward_components", "reward_weights")
 def gdpo(inp: AdvantageInputs, *, std_normalize: bool = True, adv_eps: float = 1e-6) -> tuple[Tensor, dict[str, float]]:
     """GDPO: A = whiten(sum_k w_k GRPO(r_k)) over the batch's valid tokens; GRPO(r_k) is the group
     advantage of reward component k alone, so a rare success in one component is not drowned by
-    a common one in another."""
+    a common one in another. One component: whiten(GRPO(r)), GRPO rescaled and shifted by one
+    batch-wide affine map (nothing is decoupled)."""
+    valid = row_valid(inp.rewards)
     comps = inp.reward_components if inp.reward_components is not None else sequence_scores(inp)[:, None]
+    comps = torch.where(valid[:, None], comps, torch.full_like(comps, float("nan")))  # unscorable: out of the stats
     weights = inp.reward_weights if inp.reward_weights is not None else torch.ones(comps.shape[1], device=comps.device)
     if weights.numel() != comps.shape[1]:
         raise ValueError(f"reward_weights has {weights.numel()} entries for {comps.shape[1]} reward components")
-    mask = working_mask(inp) * row_valid(inp.rewards)[:, None]
+    mask = working_mask(inp)
+    mask = mask.to(torch.promote_types(mask.dtype, comps.dtype)) * valid[:, None]  # promote, never demote
     total = torch.zeros(comps.shape[0], dtype=mask.dtype, device=mask.device)
     for k in range(comps.shape[1]):
         total = total + float(weights[k]) * _grpo_component(comps[:, k], inp, std_normalize, adv_eps).to(mask.dtype)
-    total = torch.where(row_valid(inp.rewards), total, torch.zeros_like(total))
-    st = group_stats(sequence_scores(inp), inp.group_size)
-    return whiten(total[:, None] * mask, mask, adv_eps=adv_eps), group_metrics(st)
+    total = torch.where(valid, total, torch.zeros_like(total))
+    metrics = group_metrics(group_stats(sequence_scores(inp), inp.group_size))
+    metrics["reward_components"] = float(comps.shape[1])
+    return whiten(total[:, None] * mask, mask, adv_eps=adv_eps), metrics
 
 
 def _otb_inputs(inp: AdvantageInputs) -> tuple[Tensor, Tensor, Tensor]:

@@ -126,6 +126,10 @@ class RewardBatch:
     rewards: list[float]
     metrics: dict[str, float] = field(default_factory=dict)
     errors: list[str | None] = field(default_factory=list)  # per sample: None or "Type: message"
+    # Several functions (`RewardSum`): each one's own per-sample score and its weight in the sum, by
+    # name, for advantages that normalise each reward separately (GDPO); empty for one function.
+    components: dict[str, list[float]] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
 
 
 class RewardRunner:
@@ -357,7 +361,9 @@ class RewardSum:
     weight could not score the sample (``rlvr.rewards.combine.weighted_sum``).
 
     Names: a single function is ``user`` (metrics ``reward/user/...``); several use their
-    ``__name__`` (made unique with ``_2``, ``_3``). ``columns=True``: each example's ``meta`` holds
+    ``__name__`` (made unique with ``_2``, ``_3``), and the batch also carries each one's own
+    scores (``RewardBatch.components``) and weights, which GDPO normalises one by one.
+    ``columns=True``: each example's ``meta`` holds
     dataset columns, passed to the functions as the keywords (``fn(prompt, completion, **columns)``)
     instead of the example's fields.
 
@@ -393,7 +399,8 @@ class RewardSum:
         errors = [next((e for e in sample if e), None) for sample in zip(*(b.errors for b in parts))]
         # Correctness is asked per sample right after the batch is scored: answer it from here.
         self._recent = {(p, c, _key(ex)): r for p, c, ex, r in zip(prompts, completions, examples, rewards)}
-        return RewardBatch(rewards, metrics, errors)
+        components = {r.name: b.rewards for r, b in zip(self.runners, parts)} if len(parts) > 1 else {}
+        return RewardBatch(rewards, metrics, errors, components, dict(self.weights) if components else {})
 
     def score_one(self, prompt: str, completion: str, example: dict[str, Any]) -> float:
         """The weighted reward of one sample (nan = not scorable): from the last batch when it was

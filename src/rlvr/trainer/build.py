@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -209,11 +210,33 @@ class AdvantageSpec:
 
     estimate: Callable
     returns: Callable | None = None
+    reads: frozenset[str] = frozenset()  # optional AdvantageInputs fields it declares (`_advantage_core.reads`)
 
 
 def build_advantage(config: Config) -> AdvantageSpec:
     a = config.algo
-    return AdvantageSpec(_bind_named(config, "algo.advantage"), bind(gae_returns, a) if a.advantage == "gae" else None)
+    reads = getattr(REGISTRY["algo.advantage"].get(a.advantage), "reads", frozenset())
+    return AdvantageSpec(_bind_named(config, "algo.advantage"), bind(gae_returns, a) if a.advantage == "gae" else None,
+                         reads)
+
+
+def check_reward_components(config: Config, reward) -> None:
+    """An advantage that normalises each reward function on its own (GDPO) against the verifier:
+    with one function there is nothing to decouple (one stderr line: it runs, as grpo whitened
+    over the batch); with several, the overlong penalty and a KL in the reward are no function's
+    score and would be left out (ConfigError)."""
+    a = config.algo
+    if "reward_components" not in getattr(REGISTRY["algo.advantage"].get(a.advantage), "reads", ()):
+        return
+    count = len(getattr(reward, "names", ())) or 1
+    if count < 2:
+        print(f"rlvr: warning: algo.advantage={a.advantage} with a single reward component normalises nothing "
+              "separately (it is grpo whitened over the batch); name several functions in reward.fn, "
+              "e.g. reward.fn='r.py:correct, 0.5*r.py:short', or use algo.advantage=grpo", file=sys.stderr, flush=True)
+    elif a.overlong_buffer > 0 or (a.kl_coef > 0 and a.kl_placement == "reward"):
+        raise ConfigError(f"algo.advantage: {a.advantage} normalises each reward.fn function on its own and would "
+                          "leave out the overlong penalty and a KL in the reward; set algo.overlong_buffer=0 and "
+                          "algo.kl_placement=loss, or use algo.advantage=grpo")
 
 
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int = 0, schedule: str = "constant",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -34,6 +35,15 @@ class Collected:
     metrics: dict[str, float]
     baseline_rewards: torch.Tensor | None = None  # (P,) reward of each prompt's greedy completion (ReMax)
     turns: object = None       # agent tasks: the per-turn tensors (`rlvr.agents.batch.TurnTensors`)
+    components: torch.Tensor | None = None  # (B, K) each reward function's score when there are several
+    component_weights: torch.Tensor | None = None  # (K,) their weights in `rewards`
+
+    def component_inputs(self, reads: frozenset[str]) -> dict:
+        """The `AdvantageInputs` fields of the reward components, for an estimator that declares
+        it reads them (GDPO); none without several reward functions."""
+        if "reward_components" not in reads or self.components is None:
+            return {}
+        return {"reward_components": self.components, "reward_weights": self.component_weights}
 
 
 @dataclass
@@ -70,11 +80,30 @@ def sample_seeds(seed: int, step: int, count: int, offset: int = 0) -> torch.Ten
     return (seed * 1_000_003 + step) * 65_536 + offset + torch.arange(count, dtype=torch.long)
 
 
-def score(reward, task, group: list[Example], texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """(rewards (B,), correct (B,), reward metrics). Unscorable or failed samples are NaN."""
+class Scored(NamedTuple):
+    rewards: torch.Tensor  # (B,) the (weighted) reward; NaN = not scorable or failed
+    correct: torch.Tensor  # (B,) 1.0 where the task says correct
+    metrics: dict[str, float]
+    components: torch.Tensor | None = None  # (B, K) each reward function's own score (K >= 2 functions)
+    weights: torch.Tensor | None = None  # (K,) their weights in the sum
+
+
+def scored(reward, task, group: list[Example], texts: list[str]) -> Scored:
+    """The verifier's scores of `texts`, with the per-function components when it has several."""
     out = reward([ex.prompt for ex in group], texts, [dataclasses.asdict(ex) for ex in group])
     correct = [float(task.is_correct(text, ex)) for ex, text in zip(group, texts)]
-    return torch.tensor(out.rewards, dtype=torch.float32), torch.tensor(correct), out.metrics
+    components = weights = None
+    if getattr(out, "components", None):  # a RewardSum of several functions
+        names = list(out.components)
+        components = torch.tensor([out.components[n] for n in names], dtype=torch.float32).T
+        weights = torch.tensor([out.weights.get(n, 1.0) for n in names], dtype=torch.float32)
+    return Scored(torch.tensor(out.rewards, dtype=torch.float32), torch.tensor(correct), out.metrics, components,
+                  weights)
+
+
+def score(reward, task, group: list[Example], texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(rewards (B,), correct (B,), reward metrics). Unscorable or failed samples are NaN."""
+    return scored(reward, task, group, texts)[:3]
 
 
 def row_temperatures(r, rows: int) -> float | torch.Tensor:
@@ -106,11 +135,12 @@ def _one_round(c, step: int, round_index: int) -> Collected:
         return Collected(group, got.rollouts, got.texts, got.rewards, got.correct, got.metrics, turns=got.turns)
     rollouts = c.engine(prompt_ids, prompt_mask, seeds, temperature=row_temperatures(r, len(group)))
     texts = decode_completions(c.tokenizer, rollouts)
-    rewards, correct, metrics = score(c.reward, c.task, group, texts)
+    s = scored(c.reward, c.task, group, texts)
     if c.selector is not None:  # every generated group informs its prompt's posterior, kept or not
-        for ex, wins in zip(examples, correct.view(-1, r.group_size).sum(-1).tolist()):
+        for ex, wins in zip(examples, s.correct.view(-1, r.group_size).sum(-1).tolist()):
             c.selector.observe(ex.prompt, wins, r.group_size)
-    return Collected(group, rollouts, texts, rewards, correct, {f"reward/{k}": v for k, v in metrics.items()})
+    return Collected(group, rollouts, texts, s.rewards, s.correct, {f"reward/{k}": v for k, v in s.metrics.items()},
+                     components=s.components, component_weights=s.weights)
 
 
 def greedy_baseline(c, group: list[Example]) -> torch.Tensor:
@@ -161,7 +191,9 @@ def _collect_rounds(c, step: int) -> Collected:
 def _select(b: Collected, rows: torch.Tensor) -> Collected:
     idx = rows.tolist()
     return Collected([b.group[i] for i in idx], b.rollouts.select(rows), [b.texts[i] for i in idx],
-                     b.rewards[rows], b.correct[rows], {}, turns=None if b.turns is None else b.turns.select(rows))
+                     b.rewards[rows], b.correct[rows], {}, turns=None if b.turns is None else b.turns.select(rows),
+                     components=None if b.components is None else b.components[rows],
+                     component_weights=b.component_weights)
 
 
 def _merge(parts: list[Collected], pad_id: int, limit: int) -> Collected:
@@ -172,6 +204,8 @@ def _merge(parts: list[Collected], pad_id: int, limit: int) -> Collected:
         rewards=torch.cat([p.rewards for p in parts])[:limit],
         correct=torch.cat([p.correct for p in parts])[:limit],
         metrics={},
+        components=None if parts[0].components is None else torch.cat([p.components for p in parts])[:limit],
+        component_weights=parts[0].component_weights,
     )
     merged.rollouts = merged.rollouts.select(torch.arange(len(merged.group)))
     if parts[0].turns is not None:  # agent tasks: the per-turn tensors travel with their rows

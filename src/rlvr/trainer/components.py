@@ -81,11 +81,13 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     engine = build.build_engine(config, model, tokenizer)
     if runtime.rows is not None and not isinstance(engine, WeightSyncEngine):  # vLLM batches for itself
         engine = split_engine(engine, runtime.rows, tokenizer.pad_token_id, model)
+    reward = reward if reward is not None else build.build_reward(config, task)
+    build.check_reward_components(config, reward)
     e = config.expert
     expert = ExpertSource(task, seed=config.seed, per_step=e.per_step, pool_size=e.pool_size) if e.per_step else None
     return Components(
         config=config, model=model, tokenizer=tokenizer, policy=policy, reference=reference, engine=engine,
-        task=task, reward=reward if reward is not None else build.build_reward(config, task), optimizer=optimizer,
+        task=task, reward=reward, optimizer=optimizer,
         scheduler=scheduler, loss=build.build_loss(config), advantage=build.build_advantage(config),
         rng=random.Random(config.seed), critic=critic, critic_optimizer=critic_optimizer,
         selector=build_selector(config.rollout, config.seed), rows=runtime.rows, heap_kept=runtime.heap_kept,

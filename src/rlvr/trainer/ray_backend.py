@@ -240,7 +240,9 @@ def _merge_rewards(parts: list[RewardBatch], sizes: list[int]) -> RewardBatch:
     total = sum(sizes)
     keys = {k for p in parts for k in p.metrics}
     metrics = {k: sum(p.metrics.get(k, 0.0) * n for p, n in zip(parts, sizes)) / total for k in sorted(keys)}
-    return RewardBatch([r for p in parts for r in p.rewards], metrics, [e for p in parts for e in p.errors])
+    components = {k: [v for p in parts for v in p.components[k]] for k in parts[0].components}
+    return RewardBatch([r for p in parts for r in p.rewards], metrics, [e for p in parts for e in p.errors],
+                       components, parts[0].weights)
 
 
 def ray_rollout_side(c, *, version: int, threads: int, rows_mode: bool):

@@ -138,7 +138,8 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     old_values = critic_values(c.critic, batch, t.micro_batch_size) if c.critic is not None else None
     inputs = AdvantageInputs(rewards=_shaped_rewards(c, rewards, batch, rollouts.lengths), group_size=r.group_size,
                              response_mask=mask, values=old_values,
-                             baseline_rewards=got.baseline_rewards, **_turn_inputs(got.turns))
+                             baseline_rewards=got.baseline_rewards, **_turn_inputs(got.turns),
+                             **got.component_inputs(c.advantage.reads))
     batch.advantages, adv_metrics = c.advantage.estimate(inputs)
     returns = c.advantage.returns(inputs) if c.critic is not None else None
     expert_metrics = {}
