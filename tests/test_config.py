@@ -52,10 +52,6 @@ def test_every_entry_resolves_every_hyperparameter_to_its_own_default():
                 with pytest.raises(ConfigError, match=f"{section}.{required[0]}: {name} needs it"):
                     load_config(None, overrides)
                 overrides += [f"{section}.{k}=0.5" for k in required]
-            if name.startswith("optimal_token_baseline"):  # the trainer cannot feed it yet: rejected by name
-                with pytest.raises(ConfigError, match="algo.advantage: the optimal token baseline needs"):
-                    load_config(None, overrides)
-                continue
             resolved = getattr(load_config(None, overrides), section)
             for key, default in cfg.hyperparameters(fn, reg).items():
                 if key == "norm_length":  # null = rollout.max_new_tokens, bound from elsewhere
@@ -199,7 +195,7 @@ def test_docs_config_md_is_current():
 
 @pytest.mark.parametrize("override, message", [
     ("algo.objective=x", "algo.objective: unknown objective 'x'; valid: cispo, clip_cov, dppo_kl, dppo_tv, dro, gmpo, "
-                         "gspo, kl_cov, nft, ppo_clip, reinforce, sapo, wd1"),
+                         "gspo, kl_cov, nft, ppo_clip, reinforce, sapo, shiq, wd1"),
     ("algo.advantage=x", "algo.advantage: unknown advantage 'x'; valid: dr_grpo, gae, gdpo,"),
     ("algo.aggregation=x", "algo.aggregation: unknown aggregation 'x'; valid: seq_mean_token_mean,"),
     ("algo.kl_estimator=x", "algo.kl_estimator: unknown KL estimator 'x'; valid: abs, forward_kl,"),

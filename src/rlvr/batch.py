@@ -93,6 +93,8 @@ class TrainBatch:
     trace: torch.Tensor | None = None      # (B, Tc) the diffusion sampler's commit steps
     expert: torch.Tensor | None = None     # (B,) bool: off-policy expert rows (their rollout_logp is the expert's)
     sample_weight: torch.Tensor | None = None  # (B,) detached per-row loss weights (the on-policy/expert mix)
+    ref_logsumexp: torch.Tensor | None = None  # (B, Tc) the reference's logsumexp of its logits (ShiQ)
+    token_rewards: torch.Tensor | None = None  # (B, Tc) each row's reward on its last token, NaN = unscorable (ShiQ)
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]

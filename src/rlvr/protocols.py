@@ -103,6 +103,20 @@ class PolicyModel(Protocol):
 
 
 @runtime_checkable
+class LogitStatsPolicy(PolicyModel, Protocol):
+    """A PolicyModel with logits to read (causal LMs): besides the log-probs, per-token statistics
+    of the same (temperature-scaled) logits, from the same forward, for the losses and
+    estimators that declare they need them (`rlvr.algos._registry.needs_of`). The names are
+    `rlvr.models.policy.LOGIT_STATS`: `logsumexp`, `logit` (at the sampled token),
+    `sum_pi_squared` (Σ_v π_v²). A likelihood estimator (masked-diffusion LMs) has no such
+    logits and does not implement this; the config refuses the entries that need it there."""
+
+    def batch_token_stats(self, batch: TrainBatch, *, with_entropy: bool = False, stats: tuple[str, ...] = ()
+                          ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+        """(log-probs (B, Tc), entropy (B, Tc) or None, {stat: (B, Tc)} for each name in `stats`)."""
+
+
+@runtime_checkable
 class Tracker(Protocol):
     """A metric sink beside `metrics.jsonl`. `metrics` maps `area/name` to a float; `step` is the x-axis."""
 

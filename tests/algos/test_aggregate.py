@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from rlvr.algos._registry import needs_of
 from rlvr.algos.aggregate import AGGREGATIONS, get_aggregation, global_counts
 from rlvr.algos.objectives import OBJECTIVES
 
@@ -71,6 +72,18 @@ REQUIRED = {"dro": {"dro_beta": 0.05}}  # hyperparameters without a default
 PER_MICRO_BATCH = {"kl_cov", "clip_cov"}
 
 
+def _declared(objective, logits, tokens, adv):
+    """The data keywords an objective declared (`needs`: ShiQ's logsumexp, reference, rewards),
+    from the same logits; a fixed perturbation of them plays the reference."""
+    wanted = needs_of(OBJECTIVES[objective])
+    ref_logits = 0.8 * logits.detach()
+    values = {"logsumexp": logits.logsumexp(-1), "logit": logits.gather(-1, tokens[..., None]).squeeze(-1),
+              "ref_logsumexp": ref_logits.logsumexp(-1),
+              "ref_logp": torch.log_softmax(ref_logits, -1).gather(-1, tokens[..., None]).squeeze(-1),
+              "token_rewards": adv.detach().abs()}
+    return {k: values[k] for k in wanted}
+
+
 def _grad(name, n_micro, objective="reinforce"):
     W, x, tokens, mask, adv = _policy_batch()
     old_shift = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 0.2
@@ -78,8 +91,10 @@ def _grad(name, n_micro, objective="reinforce"):
     total = 0.0
     chunks = zip(*(t.chunk(n_micro) for t in (x, tokens, mask, adv, old_shift)))
     for xs, ts, ms, advs, shift in chunks:
-        logp = torch.log_softmax(xs @ W, dim=-1).gather(-1, ts[..., None]).squeeze(-1)
-        loss_tok, _ = OBJECTIVES[objective](logp, logp.detach() + shift, advs, ms, **REQUIRED.get(objective, {}))
+        logits = xs @ W
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, ts[..., None]).squeeze(-1)
+        loss_tok, _ = OBJECTIVES[objective](logp, logp.detach() + shift, advs, ms, **REQUIRED.get(objective, {}),
+                                            **_declared(objective, logits, ts, advs))
         part = AGGREGATIONS[name](loss_tok, ms, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=6.0)
         part.backward()  # accumulate like gradient accumulation does
         total += part.item()

@@ -47,8 +47,9 @@ def test_every_hyperparameter_is_documented_in_its_module():
     import inspect
 
     from rlvr.algos import advantages, aggregate, hybrid, kl, objectives
+    from rlvr.algos._registry import OBJECTIVE_NEEDS
 
-    data_kwargs = {"num_tokens", "num_seqs", "old_logp"}
+    data_kwargs = {"num_tokens", "num_seqs", "old_logp", *OBJECTIVE_NEEDS}  # data, not hyperparameters
     for reg in (advantages.ADVANTAGES, objectives.OBJECTIVES, aggregate.AGGREGATIONS, kl.KL_ESTIMATORS,
                 hybrid.EXPERT_OBJECTIVES):
         for fn in reg.values():

@@ -95,12 +95,14 @@ def test_advantage_estimators_make_no_host_tensor():
     turns = {"turn_index": torch.zeros(8, 3, dtype=torch.long), "turn_rewards": rewards[:, None],  # one-turn episodes
              "turn_states": torch.zeros(8, 1, dtype=torch.long), "turn_valid": torch.ones(8, 1, dtype=torch.bool)}
     for name in sorted(REGISTRY["algo.advantage"].entries()):
-        if name == "gae" or name.startswith("optimal_token_baseline"):
-            continue  # gae needs values (the critic test covers it); the config refuses the OTB (no sum pi^2 yet)
+        if name == "gae":
+            continue  # gae needs values (the critic test covers it)
         config = load_config(None, ["model.path=", f"algo.advantage={name}", "rollout.group_size=4"])
+        behaviour = {"old_logp": torch.full((8, 3), -0.5), "sum_pi_squared": torch.full((8, 3), 0.4)}
         with HostFactories() as mode:
             build.build_advantage(config).estimate(AdvantageInputs(rewards=rewards, group_size=4, response_mask=mask,
-                                                                   baseline_rewards=torch.tensor([0.0, 1.0]), **turns))
+                                                                   baseline_rewards=torch.tensor([0.0, 1.0]), **turns,
+                                                                   **behaviour))
         assert mode.calls == [], name
 
 

@@ -230,7 +230,8 @@ def test_on_policy_step_reuses_the_training_forward_for_old_logprobs(tiny_model,
     from rlvr.algos.aggregate import AGGREGATIONS
     from rlvr.algos.objectives import ppo_clip
     from rlvr.batch import TrainBatch
-    from rlvr.trainer import sync
+    from rlvr.trainer import logit_stats, sync
+    from rlvr.trainer.logit_stats import no_grad_outputs
     from rlvr.trainer.step import LossSpec, micro_batch_loss
 
     ids, mask, seeds = _batch(tokenizer)
@@ -244,7 +245,7 @@ def test_on_policy_step_reuses_the_training_forward_for_old_logprobs(tiny_model,
     for reuse in (True, False):
         batch = TrainBatch(ids, mask, out.completion_ids, out.completion_mask, adv, rollout_logp=out.logprobs)
         if not reuse:
-            batch.old_logp = sync._logprobs(policy, batch, len(batch))
+            batch.old_logp = no_grad_outputs(policy, batch, len(batch))["logp"]
         tiny_model.zero_grad()
         loss, _ = micro_batch_loss(policy, batch, spec, num_tokens=float(out.completion_mask.sum()),
                                    num_seqs=float(len(batch)))
@@ -257,6 +258,6 @@ def test_on_policy_step_reuses_the_training_forward_for_old_logprobs(tiny_model,
     c = sync.build_components(load_config(None, ["model.path=", "rollout.prompts_per_step=2",
                                                  "rollout.group_size=4", "rollout.max_new_tokens=6"]))
     calls = []
-    monkeypatch.setattr(sync, "_logprobs", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(logit_stats, "no_grad_outputs", lambda *a, **k: calls.append(1))
     sync.rl_step(c, 1)
     assert calls == []

@@ -103,6 +103,7 @@ def test_stale_batch_is_weighted_by_proximal_over_behaviour(monkeypatch):
     from rlvr.trainer import sync
     from rlvr.trainer.collect import produce
     from rlvr.trainer.components import build_components
+    from rlvr.trainer.logit_stats import no_grad_outputs
 
     seen = {}
 
@@ -122,7 +123,7 @@ def test_stale_batch_is_weighted_by_proximal_over_behaviour(monkeypatch):
         metrics, _ = sync.rl_step(c, 2, stale)
         monkeypatch.undo()
         batch, mask = seen["batch"], seen["batch"].completion_mask
-        proximal = sync._logprobs(c.policy, batch, 64)
+        proximal = no_grad_outputs(c.policy, batch, 64)["logp"]
         torch.testing.assert_close(batch.old_logp, proximal)
         assert (proximal - batch.rollout_logp).abs().max() > 1e-3
         ratio = torch.exp(proximal - batch.rollout_logp) * mask

@@ -12,3 +12,33 @@ def lookup(registry: Mapping[str, Callable], kind: str, name: str) -> Callable:
     except KeyError:
         valid = ", ".join(sorted(registry))
         raise ValueError(f"unknown {kind} {name!r}; valid: {valid}") from None
+
+
+def needs(*names: str) -> Callable[[Callable], Callable]:
+    """Decorator: the entry reads these inputs beyond its registry's usual ones, and the trainer
+    computes them only for entries that declare them (an objective's `logsumexp`, an advantage's
+    `sum_pi_squared`). The names an objective may declare are its keyword-only data parameters
+    (`OBJECTIVE_NEEDS`); an advantage estimator's are `AdvantageInputs` fields (`ADVANTAGE_NEEDS`)."""
+    def mark(fn: Callable) -> Callable:
+        fn.needs = frozenset(names)
+        return fn
+    return mark
+
+
+def needs_of(fn: Callable) -> frozenset[str]:
+    """What `fn` (or the function under a `functools.partial`) declared with `needs`; empty if nothing."""
+    while hasattr(fn, "func"):
+        fn = fn.func
+    return getattr(fn, "needs", frozenset())
+
+
+OBJECTIVE_NEEDS = ("logsumexp", "logit", "ref_logp", "ref_logsumexp", "token_rewards")
+"""Data an objective may declare, passed as keywords of the same names, each (B, T): the current
+policy's `logsumexp` of its logits and the `logit` of the sampled token (from the forward that
+gives `logp`, with gradients), the reference's `ref_logp` and `ref_logsumexp` (detached; a
+reference is built for them), and `token_rewards`, the row's reward on its last valid token (NaN
+on every token of an unscorable row)."""
+
+ADVANTAGE_NEEDS = ("old_logp", "sum_pi_squared")
+"""`AdvantageInputs` fields an estimator may declare: the behaviour policy's log-probs of the
+sampled tokens and its Σ_v π_v² per position, from the trainer's old-policy pass."""

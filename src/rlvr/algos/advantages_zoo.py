@@ -27,8 +27,10 @@ Deliberate deviations from verl 0.9.1:
    it is the one-component case (verl's fallback when no gdpo_reward_keys are given). A row whose
    weighted reward is not scorable is left out of every component's group statistics.
 3. OTB ignores rollout-correction weights (verl can rescale W by rho^2), and W at a NaN row is 0.
-   The trainer does not yet compute sum_v pi_v^2, so the config rejects OTB as `algo.advantage`;
-   the functions are usable directly with `AdvantageInputs(old_logp=..., sum_pi_squared=...)`.
+   Both OTB entries declare (`needs`) `old_logp` and `sum_pi_squared`; the trainer computes them
+   in its old-policy pass from the same logits as the log-probs (as verl's
+   `actor.calculate_sum_pi_squared`), running that no-grad pass for them even where the
+   on-policy shortcut would skip it.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from rlvr.algos._advantage_core import (
     whiten,
     working_mask,
 )
+from rlvr.algos._registry import needs
 
 __all__ = ["gdpo", "gpg", "optimal_token_baseline", "optimal_token_baseline_multi_turn"]
 
@@ -137,6 +140,7 @@ def _otb_baselines(returns: Tensor, w_cum: Tensor, mask: Tensor, group_size: int
     return base
 
 
+@needs("old_logp", "sum_pi_squared")
 def optimal_token_baseline(inp: AdvantageInputs, *, zero_tail: bool = True) -> tuple[Tensor, dict[str, float]]:
     """OTB: A_{i,t} = G_{i,t} - B_t with B_t = sum_i G_{i,t} W_{i,t} / (sum_i W_{i,t} + 1e-8) over the
     group's rows at position t (G_t the reward-to-go, W_t the cumulative path weight above)."""
@@ -146,6 +150,7 @@ def optimal_token_baseline(inp: AdvantageInputs, *, zero_tail: bool = True) -> t
     return adv, {"scorable_frac": row_valid(inp.rewards).float().mean().item()}
 
 
+@needs("old_logp", "sum_pi_squared")
 def optimal_token_baseline_multi_turn(inp: AdvantageInputs, *,
                                       zero_tail: bool = True) -> tuple[Tensor, dict[str, float]]:
     """OTB for masks with interior gaps (tool outputs between turns): positions are counted over

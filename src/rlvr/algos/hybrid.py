@@ -13,6 +13,7 @@ Papers (arXiv ids and links in docs/papers.md):
   Learning with Hybrid-policy Optimization" (Dong et al. 2025; literature/001_*.txt line 77):
   multiple importance sampling on external data, ratio π_θ / ((π_old + π_ω)/2), times the
   exploration-based advantage A · (1 − sg[π_θ])^γ.
+- `main`: no loss of its own; the expert rows go through the main objective (`algo.objective`).
 - `nft`: NFT, "Bridging Supervised Learning and Reinforcement Learning in Math Reasoning"
   (Chen et al. 2025; literature/001_*.txt line 219), negative-aware fine-tuning: maximise
   log R on positives and log((1 − r̂ R)/(1 − r̂)) on negatives, R = π_θ/π_old, r̂ the group's
@@ -113,10 +114,19 @@ def rlplus(logp: Tensor, old_logp: Tensor, expert_logp: Tensor | None, advantage
                                          "explore_weight": _masked(explore, mask)}
 
 
+def main(logp: Tensor, old_logp: Tensor, expert_logp: Tensor | None, advantages: Tensor,
+         mask: Tensor) -> tuple[Tensor, Metrics]:
+    """`expert.objective=main`: the expert rows are trained by `algo.objective` itself, like the
+    on-policy rows (an objective that learns from any rows, such as ShiQ, needs no second loss).
+    Never called: the builder binds no separate expert loss for this entry."""
+    raise TypeError("expert.objective=main has no loss of its own: the update step applies algo.objective")
+
+
 EXPERT_OBJECTIVES: dict[str, Callable[..., tuple[Tensor, Metrics]]] = {
     "sft": sft,
     "chord_phi": chord_phi,
     "rlplus": rlplus,
+    "main": main,
 }
 
 

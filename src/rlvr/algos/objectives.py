@@ -17,6 +17,8 @@ Papers (arXiv ids and links in docs/papers.md):
   likelihood estimates but model-agnostic.
 - `nft`: negative-aware fine-tuning (Chen et al. 2025), defined, with its hyperparameters and
   deviations, in `rlvr.algos.hybrid` and registered here.
+- `shiq`: ShiQ (Clavier et al. 2025), token-wise off-policy Bellman loss on logits read as
+  Q-values, defined in `rlvr.algos.offpolicy`; it also takes data keywords (`needs`).
 
 Signature of every objective:
     fn(logp, old_logp, advantages, mask, **hparams) -> (loss (B, T), metrics dict[str, (B, T)])
@@ -64,6 +66,7 @@ from torch import Tensor
 from rlvr.algos._registry import lookup
 from rlvr.algos.hybrid import nft
 from rlvr.algos.objectives_zoo import clip_cov, dppo_kl, dppo_tv, dro, gmpo, kl_cov
+from rlvr.algos.offpolicy import shiq
 
 
 def wd1(logp, old_logp, advantages, mask, *, group_size: int = 1, wd1_psi: float = 1.0):
@@ -264,6 +267,7 @@ OBJECTIVES: dict[str, Callable[..., tuple[Tensor, Metrics]]] = {
     "clip_cov": clip_cov,
 }
 OBJECTIVES["nft"] = nft  # negative-aware fine-tuning (rlvr.algos.hybrid)
+OBJECTIVES["shiq"] = shiq  # token-wise off-policy Bellman loss (rlvr.algos.offpolicy)
 
 
 def get_objective(name: str) -> Callable[..., tuple[Tensor, Metrics]]:

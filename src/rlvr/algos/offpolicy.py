@@ -15,22 +15,33 @@ network) gives, at every token t of any sampled sequence,
 which is 0 for all t exactly when π_θ = π*; the loss is ½ δ_t² per token. In log-prob terms
 q_θ(s_t, a_t) = β (logp_t − ref_logp_t) + β (lse_t − ref_lse_t).
 
-Hyperparameters: `beta` (float), the KL strength β.
+Hyperparameters: `beta` (float), the KL strength β; `shiq_beta` in the registered objective
+`shiq` (config field `algo.shiq_beta`).
+
+`shiq` is the `OBJECTIVES` entry: it declares (`needs`) the policy's logsumexp, the reference's
+log-probs and logsumexp and the rows' token rewards, which the trainer then computes: the
+logsumexp from the same forward (and logits) as the log-probs, the reference's in its no-grad
+pass (a reference is built for it whatever `algo.kl_coef`), the rewards from the verifier. It
+trains any rows: on-policy samples and, with `expert.objective=main`, the expert rows of
+`rlvr.trainer.expert` alike (off-policy data needs no importance ratio here).
 
 Deliberate deviations:
 1. Derived here from the abstract's stated objective (a Bellman-derived, token-wise, off-policy
    loss on logits read as Q-values); the paper's exact loss may weight or shift terms
    differently. The test checks the fixed point by exact enumeration of a two-step MDP.
-2. Not in a registry and not wired into the trainer: it needs the logsumexp of the policy's
-   (and reference's) raw logits at every position, which the `PolicyModel` seam does not return
-   (it returns normalised log-probs only).
+2. The logits are the temperature-scaled ones (`rollout.temperature`), as every log-prob in
+   rlvr; the soft-optimal policy is then the sampler's distribution.
 3. γ = 1 (episodic sequences with an outcome reward, the setting of the rest of rlvr).
+4. The reward is the loop's shaped reward (task reward, DAPO overlong penalty, KL when
+   `algo.kl_placement=reward`) on the last valid token; an unscorable row gets no loss.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from rlvr.algos._registry import needs
 
 
 def _reverse_cumsum(x: Tensor) -> Tensor:
@@ -56,3 +67,22 @@ def shiq_loss(logp: Tensor, ref_logp: Tensor, lse: Tensor, ref_lse: Tensor, toke
               *, beta: float = 0.1) -> Tensor:
     """Per-token ½ δ_t² (B, T), zero outside `mask`; aggregate with any `AGGREGATIONS` entry."""
     return 0.5 * shiq_residuals(logp, ref_logp, lse, ref_lse, token_rewards, mask, beta=beta) ** 2
+
+
+@needs("logsumexp", "ref_logp", "ref_logsumexp", "token_rewards")
+def shiq(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, logsumexp: Tensor, ref_logp: Tensor,
+         ref_logsumexp: Tensor, token_rewards: Tensor, shiq_beta: float = 0.1) -> tuple[Tensor, dict[str, Tensor]]:
+    """The registered ShiQ objective: `shiq_loss` per token (B, T) on every row whose
+    `token_rewards` are finite (a NaN marks an unscorable row: no loss). `advantages` are unused
+    (ShiQ learns from rewards, not advantages) and `old_logp` feeds only the reported "ratio".
+    Metrics: "ratio", "shiq_abs_residual" |δ_t|, "shiq_q" q_θ(s_t, a_t)."""
+    scorable = ~torch.isnan(token_rewards).any(-1, keepdim=True)
+    keep = mask * scorable.to(mask.dtype)
+    rewards = torch.nan_to_num(token_rewards, nan=0.0)
+    delta = shiq_residuals(logp, ref_logp, logsumexp, ref_logsumexp, rewards, keep, beta=shiq_beta)
+    on = keep > 0
+    zero = torch.zeros_like(logp)
+    gap = torch.where(on, (logp - ref_logp) + (logsumexp - ref_logsumexp), zero).detach()
+    ratio = torch.where(on, (logp.detach() - old_logp.detach()).clamp(-20.0, 20.0).exp(), zero)
+    metrics = {"ratio": ratio, "shiq_abs_residual": delta.detach().abs(), "shiq_q": shiq_beta * gap}
+    return 0.5 * delta ** 2, metrics

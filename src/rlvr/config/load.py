@@ -177,9 +177,13 @@ def validate(config: Config) -> None:
         (config.algo.kl_coef >= 0, "algo.kl_coef", "must be >= 0"),
         (config.algo.kl_placement in ("loss", "reward"), "algo.kl_placement", "must be 'loss' or 'reward'"),
         (config.algo.dual_clip is None or config.algo.dual_clip > 1, "algo.dual_clip", "must be > 1 or null"),
-        (not config.algo.advantage.startswith("optimal_token_baseline"), "algo.advantage",
-         "the optimal token baseline needs sum_v pi_v^2 per token, which the trainer does not compute yet; "
-         "call rlvr.algos.advantages_zoo directly or pick another estimator"),
+        (config.model.kind == "causal" or not config.algo.advantage.startswith("optimal_token_baseline"),
+         "algo.advantage", "the optimal token baseline reads sum_v pi_v^2 of the logits, which a diffusion "
+         "likelihood estimator does not have; use model.kind=causal or another estimator"),
+        (config.model.kind == "causal" or config.algo.objective != "shiq", "algo.objective",
+         "shiq reads the logits' logsumexp, which a diffusion likelihood estimator does not have; "
+         "use model.kind=causal or another objective"),
+        (config.algo.shiq_beta is None or config.algo.shiq_beta > 0, "algo.shiq_beta", "must be > 0, e.g. 0.1"),
         (config.algo.dro_beta is None or config.algo.dro_beta > 0, "algo.dro_beta", "must be > 0"),
         (config.trainer.keep_last >= 1, "trainer.keep_last", "must be >= 1"),
         (0 <= config.algo.overlong_buffer <= config.rollout.max_new_tokens, "algo.overlong_buffer",

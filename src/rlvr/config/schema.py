@@ -192,6 +192,8 @@ class AlgoConfig:
     """Clip-Cov: upper end of that window."""
     zero_tail: bool | None = None
     """Optimal token baseline: no baseline past the second-longest row of a group."""
+    shiq_beta: float | None = None
+    """ShiQ: KL strength β of its Bellman residual (logits read as Q-values q = β(ℓ − ℓ_ref))."""
     norm_length: float | None = None
     """Constant length normaliser of Dr.GRPO's aggregation; null = `rollout.max_new_tokens`."""
     entropy_coef: float = 0.0
@@ -244,7 +246,8 @@ class ExpertConfig:
     """Distinct expert problems: a fixed pool drawn once (with `seed`) from the training
     distribution, the scarce-expert-data setting; 0 = a fresh problem every row (unlimited)."""
     objective: str = "sft"
-    """Loss on expert rows (`rlvr.algos.hybrid.EXPERT_OBJECTIVES`): `sft`, `chord_phi`, `rlplus`."""
+    """Loss on expert rows (`rlvr.algos.hybrid.EXPERT_OBJECTIVES`): `sft`, `chord_phi`, `rlplus`,
+    or `main` (`algo.objective` trains them as it trains the on-policy rows, e.g. ShiQ)."""
     weight: float = 0.5
     """μ, the expert loss's share, at step 1."""
     weight_final: float | None = None

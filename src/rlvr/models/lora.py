@@ -84,6 +84,13 @@ class AdapterDisabled:
         finally:
             self._exit()
 
+    def batch_token_stats(self, batch, *, with_entropy: bool = False, stats: tuple[str, ...] = ()):
+        self._enter()
+        try:
+            return self.policy.batch_token_stats(batch, with_entropy=with_entropy, stats=stats)
+        finally:
+            self._exit()
+
     def token_logprobs(self, *args, **kwargs):
         self._enter()
         try:

@@ -2,7 +2,9 @@
 
 This is the seam that lets the trainer stay model-agnostic: the update step only
 calls `token_logprobs`. A masked-diffusion policy implements the same method with a named
-likelihood estimator.
+likelihood estimator. A loss or an estimator that reads more of the logits than the log-prob of
+the sampled token (ShiQ's logsumexp, the optimal token baseline's Σπ²) asks `batch_token_stats`
+for them: same forward, same logits, nothing extra computed for a loss that asks for none.
 """
 
 from __future__ import annotations
@@ -21,23 +23,52 @@ CHUNK_ELEMENTS = 1 << 24
 of float32 per (tokens, vocabulary) tensor; the default 101-token vocabulary never does)."""
 
 
-def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, chunk_size: int = 4096) -> torch.Tensor:
-    """log softmax(logits)[tokens] without materialising (B, T, V) log-probs. (B,T,V),(B,T) -> (B,T).
-
-    logsumexp is taken over vocabulary chunks so a 150k-token vocabulary costs one extra
-    (B, T, chunk) buffer, not a second full-vocabulary tensor.
-    """
-    picked = logits.gather(-1, tokens[..., None]).squeeze(-1)
+def _logsumexp(logits: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """logsumexp over the last dim, over vocabulary chunks so a 150k-token vocabulary costs one
+    extra (B, T, chunk) buffer, not a second full-vocabulary tensor."""
     if logits.shape[-1] <= chunk_size:
-        return picked - logits.logsumexp(-1)
-    parts = [chunk.logsumexp(-1) for chunk in logits.split(chunk_size, dim=-1)]
-    return picked - torch.stack(parts, -1).logsumexp(-1)
+        return logits.logsumexp(-1)
+    return torch.stack([chunk.logsumexp(-1) for chunk in logits.split(chunk_size, dim=-1)], -1).logsumexp(-1)
+
+
+def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, chunk_size: int = 4096) -> torch.Tensor:
+    """log softmax(logits)[tokens] without materialising (B, T, V) log-probs. (B,T,V),(B,T) -> (B,T)."""
+    return logits.gather(-1, tokens[..., None]).squeeze(-1) - _logsumexp(logits, chunk_size)
+
+
+LOGIT_STATS = ("logsumexp", "logit", "sum_pi_squared")
+"""Per-token statistics of the (temperature-scaled) logits a policy can return beside the
+log-probs, from the same forward (`CausalPolicy.batch_token_stats`): `logsumexp` lse(ℓ) (the soft
+value ShiQ reads), `logit` ℓ at the sampled token (= log-prob + logsumexp), `sum_pi_squared`
+Σ_v π_v² = exp(lse(2ℓ) − 2 lse(ℓ)) (verl's form; the optimal token baseline reads it)."""
+
+
+def head_outputs(logits: torch.Tensor, tokens: torch.Tensor, *, with_entropy: bool = False,
+                 stats: tuple[str, ...] = (), chunk_size: int = 4096):
+    """(log-probs, entropy or None, {stat: values}) of `tokens` under softmax(`logits`), all
+    (...,) from one logits tensor (..., V). The logsumexp of the log-probs is reused for the
+    `logsumexp` and `logit` stats, so they cost a gather at most; `sum_pi_squared` costs one
+    more logsumexp. No stat asked: exactly `gather_logprobs` (and `token_entropy`)."""
+    unknown = set(stats) - set(LOGIT_STATS)
+    if unknown:
+        raise ValueError(f"unknown logit stats {sorted(unknown)}; valid: {', '.join(LOGIT_STATS)}")
+    picked = logits.gather(-1, tokens[..., None]).squeeze(-1)
+    lse = _logsumexp(logits, chunk_size)
+    extra = {}
+    if "logsumexp" in stats:
+        extra["logsumexp"] = lse
+    if "logit" in stats:
+        extra["logit"] = picked
+    if "sum_pi_squared" in stats:
+        extra["sum_pi_squared"] = torch.exp(_logsumexp(2.0 * logits, chunk_size) - 2.0 * lse)
+    return picked - lse, (token_entropy(logits) if with_entropy else None), extra
 
 
 def chunked_head_logprobs(head, hidden: torch.Tensor, tokens: torch.Tensor, *, temperature: float = 1.0,
-                          with_entropy: bool = False, chunk_rows: int = 256):
+                          with_entropy: bool = False, chunk_rows: int = 256, stats: tuple[str, ...] = ()):
     """log softmax(head(hidden) / temperature)[tokens] and the entropy, in row chunks.
-    hidden (M, H), tokens (M,) -> (log-probs (M,), entropy (M,) or None).
+    hidden (M, H), tokens (M,) -> (log-probs (M,), entropy (M,) or None); with `stats`
+    (`LOGIT_STATS` names) a third element {stat: (M,)}.
 
     Each chunk's (chunk_rows, V) logits are recomputed in the backward pass (activation
     checkpointing), so peak memory holds a few (chunk_rows, V) tensors instead of several (M, V)
@@ -46,15 +77,18 @@ def chunked_head_logprobs(head, hidden: torch.Tensor, tokens: torch.Tensor, *, t
     unchunked computation up to float summation order (tests/perf).
     """
     def piece(h, t):
-        logits = head(h).float() / temperature
-        logp = gather_logprobs(logits[None], t[None])[0]
-        return (logp, token_entropy(logits)) if with_entropy else (logp,)
+        logp, entropy, extra = head_outputs(head(h).float() / temperature, t, with_entropy=with_entropy,
+                                            stats=stats)
+        return (logp, *([entropy] if with_entropy else []), *(extra[k] for k in stats))
 
     grad = torch.is_grad_enabled()
     parts = [checkpoint(piece, h, t, use_reentrant=False) if grad else piece(h, t)
              for h, t in zip(hidden.split(chunk_rows), tokens.split(chunk_rows))]
-    logp = torch.cat([p[0] for p in parts])
-    return logp, (torch.cat([p[1] for p in parts]) if with_entropy else None)
+    columns = [torch.cat(col) for col in zip(*parts)]
+    logp, entropy = columns[0], (columns[1] if with_entropy else None)
+    if not stats:
+        return logp, entropy
+    return logp, entropy, dict(zip(stats, columns[1 + with_entropy:]))
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -107,6 +141,12 @@ class CausalPolicy:
         return self.token_logprobs(batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
                                    with_entropy=with_entropy, completion_mask=batch.completion_mask)
 
+    def batch_token_stats(self, batch, *, with_entropy: bool = False, stats: tuple[str, ...] = ()):
+        """`batch_logprobs` plus {stat: (B, Tc)} for the `LOGIT_STATS` names in `stats`, from the
+        same forward and the same logits (the LogitStatsPolicy seam); 0 where log-probs are 0."""
+        return self._outputs(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, with_entropy,
+                             batch.completion_mask, tuple(stats))
+
     def token_logprobs(self, prompt_ids, prompt_mask, completion_ids, *, with_entropy: bool = False,
                        completion_mask=None):
         """Log-probs (B, Tc) of `completion_ids` given the prompts, and entropy (B, Tc) or None.
@@ -114,8 +154,12 @@ class CausalPolicy:
         `completion_mask` (B, Tc), optional: positions after a row's last 1 are not computed
         (their log-prob and entropy are 0), which skips the padding of short completions.
         """
+        logp, entropy, _ = self._outputs(prompt_ids, prompt_mask, completion_ids, with_entropy, completion_mask, ())
+        return logp, entropy
+
+    def _outputs(self, prompt_ids, prompt_mask, completion_ids, with_entropy, completion_mask, stats):
         if self.fast and completion_ids.shape[1] and supports(self.model):
-            return self._fast_logprobs(prompt_ids, prompt_mask, completion_ids, with_entropy, completion_mask)
+            return self._fast_outputs(prompt_ids, prompt_mask, completion_ids, with_entropy, completion_mask, stats)
         device = self.model.get_input_embeddings().weight.device
         if completion_ids.device != device:  # trainer tensors live on the host; the model may not
             prompt_ids, prompt_mask, completion_ids = (x.to(device) for x in (prompt_ids, prompt_mask, completion_ids))
@@ -127,15 +171,15 @@ class CausalPolicy:
             out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions,
                              logits_to_keep=width + 1, use_cache=False)
         logits = out.logits[:, :-1].float() / self.temperature  # (B, Tc, V), float32 whatever the weights
-        logp = gather_logprobs(logits, completion_ids)
-        entropy = token_entropy(logits) if with_entropy else None
+        logp, entropy, extra = head_outputs(logits, completion_ids, with_entropy=with_entropy, stats=stats)
         if completion_mask is not None:
             keep = _up_to_last_one(completion_mask)
             logp = logp * keep
             entropy = None if entropy is None else entropy * keep
-        return logp, entropy
+            extra = {k: v * keep for k, v in extra.items()}
+        return logp, entropy, extra
 
-    def _fast_logprobs(self, prompt_ids, prompt_mask, completion_ids, with_entropy, completion_mask):
+    def _fast_outputs(self, prompt_ids, prompt_mask, completion_ids, with_entropy, completion_mask, stats):
         lengths = None
         if completion_mask is not None:
             lengths = _up_to_last_one(completion_mask).sum(-1).long()
@@ -145,19 +189,20 @@ class CausalPolicy:
         size = completion_ids.numel()
         vocab = w.lm_head.shape[0]
         if hidden.shape[0] * vocab > CHUNK_ELEMENTS:  # large vocabulary: never hold (M, V) tensors
-            logp, entropy = chunked_head_logprobs(w.logits, hidden, tokens, temperature=self.temperature,
-                                                  with_entropy=with_entropy,
-                                                  chunk_rows=max(1, CHUNK_ELEMENTS // 4 // vocab))
+            logp, entropy, *extra = chunked_head_logprobs(w.logits, hidden, tokens, temperature=self.temperature,
+                                                          with_entropy=with_entropy, stats=stats,
+                                                          chunk_rows=max(1, CHUNK_ELEMENTS // 4 // vocab))
+            extra = extra[0] if extra else {}
         else:
             logits = w.logits(hidden).float()                                 # (M, V), packed
             if self.temperature != 1.0:  # x / 1 is x exactly: skip the op (and its backward)
                 logits = logits / self.temperature
-            logp = gather_logprobs(logits[None], tokens[None])[0]
-            entropy = token_entropy(logits) if with_entropy else None
-        logp = logp.new_zeros(size).index_copy(0, index, logp).view_as(completion_ids)
-        if with_entropy:
-            entropy = entropy.new_zeros(size).index_copy(0, index, entropy).view_as(completion_ids)
-        return logp, entropy
+            logp, entropy, extra = head_outputs(logits, tokens, with_entropy=with_entropy, stats=stats)
+
+        def grid(packed):  # packed (M,) -> (B, Tc), 0 at positions not computed
+            return packed.new_zeros(size).index_copy(0, index, packed).view_as(completion_ids)
+
+        return grid(logp), (grid(entropy) if with_entropy else None), {k: grid(v) for k, v in extra.items()}
 
     @contextlib.contextmanager
     def _recompute(self):

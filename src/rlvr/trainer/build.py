@@ -198,7 +198,9 @@ def build_loss(config: Config) -> LossSpec:
         entropy_coef=a.entropy_coef,
         correction=bind(importance_correction, a) if rollout_correction_on(config) else None,
         reward_kl=_bind_named(config, "algo.kl_estimator") if kl_in_reward else None,
-        expert=_bind_named(config, "expert.objective") if config.expert.per_step else None,
+        # `main`: the expert rows go through the objective itself (split_loss is not used)
+        expert=_bind_named(config, "expert.objective") if config.expert.per_step and config.expert.objective != "main"
+        else None,
     )
 
 

@@ -21,6 +21,7 @@ from rlvr.protocols import PolicyModel, RolloutEngine, Task, WeightSyncEngine
 from rlvr.rewards.runner import RewardRunner
 from rlvr.trainer import build
 from rlvr.trainer.expert import ExpertSource
+from rlvr.trainer.logit_stats import needs_reference
 from rlvr.trainer.rows import RowPool, split_engine
 from rlvr.trainer.runtime import Runtime
 from rlvr.trainer.selection import PosteriorSelector, build_selector
@@ -33,7 +34,7 @@ class Components:
     model: torch.nn.Module
     tokenizer: object  # a `transformers` tokenizer (pad, eos and, for diffusion models, mask ids set)
     policy: PolicyModel
-    reference: PolicyModel | None  # frozen initial policy, when a KL term is on
+    reference: PolicyModel | None  # frozen initial policy, when a KL term is on or the objective reads it
     task: Task
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -63,12 +64,14 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
                                                  weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
                                                  total_steps=total, schedule=o.schedule, min_lr_ratio=o.min_lr_ratio)
     lora = config.model.lora.r > 0
-    # The KL reference: under LoRA the base itself (the adapter switched off), else a frozen copy
-    # taken before a policy hooks `model`.
-    frozen = copy.deepcopy(model).requires_grad_(False) if a.kl_coef > 0 and not lora else None
+    loss = build.build_loss(config)
+    # The KL reference (or the one an objective reads, ShiQ's): under LoRA the base itself (the
+    # adapter switched off), else a frozen copy taken before a policy hooks `model`.
+    with_reference = a.kl_coef > 0 or needs_reference(loss.objective)
+    frozen = copy.deepcopy(model).requires_grad_(False) if with_reference and not lora else None
     policy = build.build_policy(config, model)
     reference = build.build_policy(config, frozen) if frozen is not None else None
-    if a.kl_coef > 0 and lora:
+    if with_reference and lora:
         from rlvr.models.lora import AdapterDisabled
 
         reference = AdapterDisabled(policy)
@@ -88,7 +91,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     return Components(
         config=config, model=model, tokenizer=tokenizer, policy=policy, reference=reference, engine=engine,
         task=task, reward=reward, optimizer=optimizer,
-        scheduler=scheduler, loss=build.build_loss(config), advantage=build.build_advantage(config),
+        scheduler=scheduler, loss=loss, advantage=build.build_advantage(config),
         rng=random.Random(config.seed), critic=critic, critic_optimizer=critic_optimizer,
         selector=build_selector(config.rollout, config.seed), rows=runtime.rows, heap_kept=runtime.heap_kept,
         expert=expert,

@@ -22,6 +22,7 @@ from rlvr.algos.hybrid import chord_mu, expert_advantages, mix_weights
 from rlvr.batch import TrainBatch, concat_train_batches
 from rlvr.codec import encode_prompts
 from rlvr.errors import ConfigError
+from rlvr.trainer.logit_stats import reward_tokens
 from rlvr.types import Example
 
 
@@ -71,16 +72,20 @@ def expert_part(tokenizer, examples: list[Example], texts: list[str]) -> TrainBa
 
 def extend(batch: TrainBatch, part: TrainBatch, *, onpolicy_rewards: torch.Tensor, expert_rewards: torch.Tensor,
            mu: float, keep_onpolicy: bool, token_units: bool, pad_id: int,
-           logprobs: Callable[[str, TrainBatch], torch.Tensor | None]) -> TrainBatch:
+           logprobs: Callable[..., dict[str, torch.Tensor]]) -> TrainBatch:
     """`batch` (on-policy rows) with the expert rows `part` appended: their advantages, the
-    old / reference log-probs and correction weights the on-policy rows have (from
-    `logprobs(kind, part)`, kind `old` or `ref`), the expert flags and the mixing weights."""
+    old / reference log-probs (and the reference's logsumexp, the token rewards) and correction
+    weights the on-policy rows have (from `logprobs(kind, part, stats)` -> {"logp", *stats}, kind
+    `old` or `ref`), the expert flags and the mixing weights."""
     adv = expert_advantages(expert_rewards, onpolicy_rewards)
     part.advantages = adv[:, None] * part.completion_mask
     if batch.old_logp is not None:
-        part.old_logp = logprobs("old", part)
+        part.old_logp = logprobs("old", part, ())["logp"]
     if batch.ref_logp is not None:
-        part.ref_logp = logprobs("ref", part)
+        ref = logprobs("ref", part, () if batch.ref_logsumexp is None else ("logsumexp",))
+        part.ref_logp, part.ref_logsumexp = ref["logp"], ref.get("logsumexp")
+    if batch.token_rewards is not None:
+        part.token_rewards = reward_tokens(expert_rewards, part.completion_mask)
     if batch.loss_weights is not None:  # the rollout correction is for the engine's samples only
         part.loss_weights = part.completion_mask.clone()
     if batch.trace is not None:
@@ -100,15 +105,19 @@ def step_mu(config, step: int) -> float:
 
 
 def split_loss(objective: Callable, expert_objective: Callable, logp: torch.Tensor, old: torch.Tensor,
-               mb: TrainBatch, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+               mb: TrainBatch, mask: torch.Tensor,
+               data: dict | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token loss (B, T): the on-policy objective on on-policy rows, the expert objective on
     expert rows (with the expert's behaviour log-probs); metrics of both, the expert's prefixed
     `expert_`, zero on the other side's rows. The step divides every metric by all its tokens, so
-    an expert metric's mean over expert tokens is `actor/expert_<name>` / `actor/expert_token_frac`."""
+    an expert metric's mean over expert tokens is `actor/expert_<name>` / `actor/expert_token_frac`.
+    `data`: the objective's data keywords (B, T) (`rlvr.trainer.logit_stats.loss_outputs`), sliced to its rows."""
     flags = mb.expert.to(logp.device)
+    data = data or {}
     loss = torch.zeros_like(logp)
     metrics: dict[str, torch.Tensor] = {}
-    sides = ((~flags, "", lambda rows: objective(logp[rows], old[rows], mb.advantages[rows], mask[rows])),
+    sides = ((~flags, "", lambda rows: objective(logp[rows], old[rows], mb.advantages[rows], mask[rows],
+                                                 **{k: v[rows] for k, v in data.items()})),
              (flags, "expert_", lambda rows: expert_objective(
                  logp[rows], old[rows], None if mb.rollout_logp is None else mb.rollout_logp[rows],
                  mb.advantages[rows], mask[rows])))
@@ -127,7 +136,7 @@ def split_loss(objective: Callable, expert_objective: Callable, logp: torch.Tens
 def add_expert_rows(c, batch: TrainBatch, rewards: torch.Tensor, step: int,
                     logprobs: Callable) -> tuple[TrainBatch, dict]:
     """The step's batch with `c.expert`'s rows appended (`extend`), and their metrics.
-    `logprobs(policy, part)`: the loop's no-grad log-probs."""
+    `logprobs(policy, part, stats)`: the loop's no-grad pass, {"logp", *stats}."""
     from rlvr.trainer.collect import score  # collect imports the engines; keep this module light
 
     examples, texts = c.expert.solutions(c.expert.draw(step))
@@ -139,7 +148,7 @@ def add_expert_rows(c, batch: TrainBatch, rewards: torch.Tensor, step: int,
     merged = extend(batch, expert_part(c.tokenizer, examples, texts), onpolicy_rewards=rewards,
                     expert_rewards=expert_rewards, mu=mu, keep_onpolicy=c.config.expert.keep_onpolicy,
                     token_units=c.config.algo.aggregation == "token_mean", pad_id=c.tokenizer.pad_token_id,
-                    logprobs=lambda kind, part: logprobs(policies[kind], part))
+                    logprobs=lambda kind, part, stats: logprobs(policies[kind], part, stats))
     adv = merged.advantages[merged.expert].sum(-1) / merged.completion_mask[merged.expert].sum(-1).clamp(min=1)
     return merged, {"expert/mu": mu, "expert/rows": float(len(examples)), "expert/accuracy": float(correct.mean()),
                     "expert/advantage_mean": float(adv.mean())}

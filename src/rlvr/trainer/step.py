@@ -15,6 +15,7 @@ import torch
 from rlvr.algos.aggregate import global_counts
 from rlvr.batch import TrainBatch
 from rlvr.trainer.expert import split_loss
+from rlvr.trainer.logit_stats import loss_outputs
 
 
 @dataclass(frozen=True)
@@ -29,19 +30,22 @@ class LossSpec:
     entropy_coef: float
     correction: Callable | None = None  # (old_logp, rollout_logp, mask) -> (weights, metrics); None = off
     reward_kl: Callable | None = None  # the bound `algo.kl_estimator` when the KL lives in the reward; None = not
-    expert: Callable | None = None  # (logp, old_logp, expert_logp, advantages, mask) -> (loss, metrics) on expert rows
+    # (logp, old_logp, expert_logp, advantages, mask) -> (loss, metrics) on expert rows; None = no expert
+    # rows, or `expert.objective=main` (the objective trains them too)
+    expert: Callable | None = None
 
 
 def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: float, num_seqs: float):
     """This micro-batch's share of the step loss, and its per-token metric sums (masked)."""
-    logp, entropy = policy.batch_logprobs(mb, with_entropy=True)
+    # An objective that declared more than log-probs (ShiQ's logsumexp) gets it from this same forward.
+    logp, entropy, data = loss_outputs(policy, mb, spec.objective)
     mb = mb.to(logp.device)  # the loss runs where the model does
     old = logp.detach() if mb.old_logp is None else mb.old_logp
     mask = mb.completion_mask
     if mb.expert is None or spec.expert is None:
-        loss_tok, tok_metrics = spec.objective(logp, old, mb.advantages, mask)
+        loss_tok, tok_metrics = spec.objective(logp, old, mb.advantages, mask, **data)
     else:  # off-policy expert rows in the batch: each side gets its own objective
-        loss_tok, tok_metrics = split_loss(spec.objective, spec.expert, logp, old, mb, mask)
+        loss_tok, tok_metrics = split_loss(spec.objective, spec.expert, logp, old, mb, mask, data)
     if spec.kl_estimator is not None and spec.kl_coef > 0:
         kl_tok = spec.kl_estimator(logp, mb.ref_logp, old_logp=old)
         loss_tok = loss_tok + spec.kl_coef * kl_tok

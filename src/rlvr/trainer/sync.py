@@ -17,13 +17,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from rlvr.algos._registry import needs_of
 from rlvr.algos.advantages import AdvantageInputs
 from rlvr.algos.correction import importance_correction, mismatch_metrics
 from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.shaping import overlong_penalty
 from rlvr.batch import TrainBatch
 from rlvr.config import Config, data_files, derived_batch_numbers, dump_yaml, to_dict
-from rlvr.protocols import PolicyModel, WeightSyncEngine
+from rlvr.protocols import WeightSyncEngine
 from rlvr.tracking.progress import Progress
 from rlvr.tracking.run_dir import (
     RunDir,
@@ -49,7 +50,7 @@ from rlvr.trainer.components import Components, build_components
 from rlvr.trainer.critic import critic_step, critic_values
 from rlvr.trainer.evaluate import greedy_accuracy, sampled_scores
 from rlvr.trainer.expert import add_expert_rows
-from rlvr.trainer.rows import RowPool
+from rlvr.trainer.logit_stats import no_grad_outputs, old_pass, reference_pass, reward_tokens
 from rlvr.trainer.runtime import Runtime
 from rlvr.trainer.step import optimizer_step
 
@@ -57,19 +58,6 @@ TRAIN_PROBE_SEED = 20_240_601  # fixed training-distribution probe for the memor
 # Decoupled PPO (AReaL): a stale batch's tokens are reweighted by pi_prox / pi_behav, uncapped unless
 # algo.rollout_correction names a cap (TIS) or a mask (MIS).
 BEHAVIOUR_WEIGHTS = functools.partial(importance_correction, correction_cap=math.inf)
-
-
-@torch.no_grad()
-def _logprobs(policy: PolicyModel, batch: TrainBatch, micro_batch_size: int,
-              rows: RowPool | None = None) -> torch.Tensor:
-    def logp(mb: TrainBatch) -> torch.Tensor:
-        return policy.batch_logprobs(mb)[0]
-
-    parts = []
-    for i in range(0, len(batch), micro_batch_size):
-        mb = batch.select(slice(i, i + micro_batch_size))
-        parts.extend([logp(mb)] if rows is None else rows.map(lambda part, mb=mb: logp(mb.select(part)), len(mb)))
-    return torch.cat(parts).to(batch.completion_mask.device) * batch.completion_mask
 
 
 def _shaped_rewards(c: Components, rewards: torch.Tensor, batch: TrainBatch, lengths: torch.Tensor):
@@ -127,25 +115,28 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     synced = isinstance(c.engine, WeightSyncEngine)  # its log-probs come from its own copy of the weights
     stale = produced.staleness > 0
     on_policy = t.ppo_epochs == 1 and t.minibatches == 1 and not a.rollout_correction and not synced and not stale
-    if not on_policy:
-        batch.old_logp = _logprobs(c.policy, batch, t.micro_batch_size, c.rows)
+    # The old-policy pass, with what the advantage estimator declared (the optimal token baseline's Σπ²).
+    batch.old_logp, behaviour_inputs = old_pass(c.policy, batch, c.advantage.estimate, t.micro_batch_size, c.rows,
+                                                needed=not on_policy)
     if a.rollout_correction or stale:
         batch.loss_weights, behaviour = (c.loss.correction or BEHAVIOUR_WEIGHTS)(batch.old_logp, rollouts.logprobs,
                                                                                mask)
     gap = {} if batch.old_logp is None else _gap_metrics(batch.old_logp, rollouts.logprobs, mask)
-    if c.reference is not None:
-        batch.ref_logp = _logprobs(c.reference, batch, t.micro_batch_size, c.rows)
+    if c.reference is not None:  # its log-probs, and its logsumexp when the objective declared it (ShiQ)
+        reference_pass(c.reference, batch, c.loss.objective, t.micro_batch_size, c.rows)
     old_values = critic_values(c.critic, batch, t.micro_batch_size) if c.critic is not None else None
-    inputs = AdvantageInputs(rewards=_shaped_rewards(c, rewards, batch, rollouts.lengths), group_size=r.group_size,
-                             response_mask=mask, values=old_values,
-                             baseline_rewards=got.baseline_rewards, **_turn_inputs(got.turns),
+    shaped = _shaped_rewards(c, rewards, batch, rollouts.lengths)
+    if "token_rewards" in needs_of(c.loss.objective):  # an objective that learns from rewards, not advantages
+        batch.token_rewards = reward_tokens(shaped, mask)
+    inputs = AdvantageInputs(rewards=shaped, group_size=r.group_size, response_mask=mask, values=old_values,
+                             baseline_rewards=got.baseline_rewards, **_turn_inputs(got.turns), **behaviour_inputs,
                              **got.component_inputs(c.advantage.reads))
     batch.advantages, adv_metrics = c.advantage.estimate(inputs)
     returns = c.advantage.returns(inputs) if c.critic is not None else None
     expert_metrics = {}
     if c.expert is not None:  # off-policy expert rows after the groups (trainer/expert.py)
-        batch, expert_metrics = add_expert_rows(c, batch, rewards, step, lambda policy, part: _logprobs(
-            policy, part, t.micro_batch_size, c.rows))
+        batch, expert_metrics = add_expert_rows(c, batch, rewards, step, lambda policy, part, stats: no_grad_outputs(
+            policy, part, t.micro_batch_size, c.rows, stats))
     timings["logprob"], t0 = now() - t0, now()
 
     updates: list[dict] = []

@@ -1,0 +1,105 @@
+"""What the loop computes for entries that read more of the logits than the sampled token's
+log-prob: the no-grad passes of the old policy and the reference, with the statistics the chosen
+objective and advantage estimator declared (`rlvr.algos._registry.needs`), and the data keywords
+the update step hands the objective.
+
+Nothing here runs for an entry that declares nothing: the passes then ask the policy for log-probs
+only (`batch_logprobs`), exactly as before. A statistic comes from the forward that gives the
+log-probs (`LogitStatsPolicy.batch_token_stats`), never from a second one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlvr.algos._advantage_core import AdvantageInputs, token_level_rewards
+from rlvr.algos._registry import needs_of
+from rlvr.batch import TrainBatch
+from rlvr.protocols import LogitStatsPolicy, PolicyModel
+
+LOSS_STATS = ("logsumexp", "logit")
+"""Objective needs that the update step's own forward provides (with gradients)."""
+
+
+def _policy_outputs(policy: PolicyModel, mb: TrainBatch, stats: tuple[str, ...], with_entropy: bool = False):
+    """(log-probs, entropy, {stat: (B, Tc)}): `batch_logprobs` when no stat is asked."""
+    if not stats:
+        return (*policy.batch_logprobs(mb, with_entropy=with_entropy), {})
+    if not isinstance(policy, LogitStatsPolicy):
+        raise TypeError(f"{type(policy).__name__} returns no logit statistics ({', '.join(stats)}): "
+                        "the chosen objective or advantage estimator needs a causal LM policy")
+    return policy.batch_token_stats(mb, with_entropy=with_entropy, stats=stats)
+
+
+@torch.no_grad()
+def no_grad_outputs(policy: PolicyModel, batch: TrainBatch, micro_batch_size: int, rows=None,
+                    stats: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """{"logp": (B, Tc), stat: (B, Tc) for each of `stats`} of `batch` under `policy`, without
+    gradients, in micro-batches (split over `rows`, a RowPool, when given); 0 outside the mask."""
+    def run(mb: TrainBatch) -> dict[str, torch.Tensor]:
+        logp, _, extra = _policy_outputs(policy, mb, stats)
+        return {"logp": logp, **extra}
+
+    parts: list[dict[str, torch.Tensor]] = []
+    for i in range(0, len(batch), micro_batch_size):
+        mb = batch.select(slice(i, i + micro_batch_size))
+        parts.extend([run(mb)] if rows is None else rows.map(lambda part, mb=mb: run(mb.select(part)), len(mb)))
+    mask = batch.completion_mask
+    return {key: torch.cat([p[key] for p in parts]).to(mask.device) * mask for key in parts[0]}
+
+
+def advantage_stats(advantage) -> tuple[str, ...]:
+    """The logit statistics the bound advantage estimator declared (its `AdvantageInputs` fields
+    other than `old_logp`, which every old-policy pass gives)."""
+    return tuple(sorted(needs_of(advantage) - {"old_logp"}))
+
+
+def old_pass(policy: PolicyModel, batch: TrainBatch, advantage, micro_batch_size: int, rows,
+             needed: bool) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """(old log-probs or None, the `AdvantageInputs` keywords the estimator declared). The pass
+    runs when the loop needs old log-probs (`needed`) or the estimator declared anything (the
+    optimal token baseline reads the behaviour policy's log-probs and Σπ², as verl computes them in
+    its old-log-prob pass); the log-probs are returned only when `needed`, so the on-policy
+    shortcut (ρ ≡ 1) stays as it is."""
+    declared = needs_of(advantage)
+    if not needed and not declared:
+        return None, {}
+    out = no_grad_outputs(policy, batch, micro_batch_size, rows, advantage_stats(advantage))
+    inputs = {"old_logp": out["logp"]} if "old_logp" in declared else {}
+    inputs.update({k: out[k] for k in declared if k in out})
+    return (out["logp"] if needed else None), inputs
+
+
+def reference_pass(reference: PolicyModel, batch: TrainBatch, objective, micro_batch_size: int, rows) -> None:
+    """Set `batch.ref_logp` (and `batch.ref_logsumexp` when the objective declared it)."""
+    stats = ("logsumexp",) if "ref_logsumexp" in needs_of(objective) else ()
+    out = no_grad_outputs(reference, batch, micro_batch_size, rows, stats)
+    batch.ref_logp = out["logp"]
+    batch.ref_logsumexp = out.get("logsumexp")
+
+
+def needs_reference(objective) -> bool:
+    """The objective reads the reference's log-probs (ShiQ): a reference is built whatever `algo.kl_coef`."""
+    return bool(needs_of(objective) & {"ref_logp", "ref_logsumexp"})
+
+
+def reward_tokens(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, Tc): each row's reward on its last valid token, 0 elsewhere; NaN on every token of an
+    unscorable row (the objective drops it)."""
+    placed = token_level_rewards(AdvantageInputs(rewards=rewards.float(), group_size=1, response_mask=mask))
+    return torch.where(torch.isnan(rewards)[:, None], torch.full_like(placed, float("nan")), placed)
+
+
+def loss_outputs(policy: PolicyModel, mb: TrainBatch, objective):
+    """The update step's forward: (log-probs, entropy, the objective's data keywords)."""
+    declared = needs_of(objective)
+    logp, entropy, extra = _policy_outputs(policy, mb, tuple(s for s in LOSS_STATS if s in declared),
+                                           with_entropy=True)
+    fields = {"ref_logp": mb.ref_logp, "ref_logsumexp": mb.ref_logsumexp, "token_rewards": mb.token_rewards}
+    data = {}
+    for name in sorted(declared):
+        value = extra.get(name, fields.get(name))
+        if value is None:
+            raise ValueError(f"the objective needs {name!r}, which this batch does not carry")
+        data[name] = value.to(logp.device)
+    return logp, entropy, data
