@@ -12,9 +12,9 @@ on the 100 held-out problems; greedy is reported beside it.
 `credit`: `rlvr train recipes/agent_guess.yaml seed=S algo.advantage=A` for A = grpo (the
 trajectory's outcome advantage broadcast to every token), gigpo (plus the anchor-state step
 advantage of the turn) and turn_return (each turn's discounted return against the group's at the
-same turn index), same warm start and budget. Each final checkpoint (and the warm start) is scored
-on the held-out (range, number) pairs, 8 sampled episodes each at temperature 1 with fixed seeds:
-success within the turn limit and mean guesses of the successful episodes (fewer is better).
+same turn index), same warm start and budget. Each final checkpoint (and the warm start) is scored on the held-out
+numbers, 32 sampled episodes each at temperature 1 with fixed seeds: success within the turn limit,
+mean guesses of the successful episodes (fewer is better) and mean reward (both at once).
 Runs go one after the other (seed-major, so a cut-short sweep still pairs the arms).
 """
 
@@ -34,22 +34,27 @@ EXPERIMENTS = {
     "tool": ("recipes/agent_calculator.yaml", {"tool": [], "notool": ["task.agent_calculator.tools=false"]}),
     "credit": ("recipes/agent_guess.yaml", {a: [f"algo.advantage={a}"] for a in ("grpo", "gigpo", "turn_return")}),
 }
-EVAL_SAMPLES = 8
+EVAL_SAMPLES = 32
+# the trainer's own evaluations are skipped: every arm's final checkpoint is scored by `score` instead
+TRAIN_EXTRA = {"tool": [], "credit": ["trainer.eval_every=0", "trainer.eval_samples=0"]}
 
 
 def finished(run: Path) -> bool:
     return (run / "run.json").exists() and '"finished"' in (run / "run.json").read_text()
 
 
-def train(out: Path, experiment: str, seeds: list[int], extra: list[str]) -> None:
+def train(out: Path, experiment: str, seeds: list[int], extra: list[str], only: list[str] | None = None) -> None:
     recipe, arms = EXPERIMENTS[experiment]
     for seed in seeds:
         for arm, overrides in arms.items():
+            if only and arm not in only:
+                continue
             run = out / f"{arm}_s{seed}"
             if not finished(run):
                 t0 = time.perf_counter()
                 subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(REPO / recipe), f"seed={seed}",
-                                f"trainer.out_dir={out}", f"trainer.name={run.name}", *overrides, *extra],
+                                f"trainer.out_dir={out}", f"trainer.name={run.name}", *overrides,
+                                *TRAIN_EXTRA[experiment], *extra],
                                check=True, capture_output=True)
                 print(f"{run.name}: {time.perf_counter() - t0:.0f} s", flush=True)
             if experiment == "credit" and not (run / "heldout_episodes.json").exists():
@@ -135,12 +140,13 @@ def main() -> None:
     parser.add_argument("--experiment", choices=sorted(EXPERIMENTS), default="tool")
     parser.add_argument("--out", type=Path, default=None, help="default runs/agents (tool), runs/credit (credit)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--arms", nargs="+", default=None, help="train only these arms (default: all)")
     parser.add_argument("--report", action="store_true", help="only print the table")
     parser.add_argument("overrides", nargs="*", help="extra key=value for every run")
     args = parser.parse_args()
     out = args.out or REPO / "runs" / ("agents" if args.experiment == "tool" else "credit")
     if not args.report:
-        train(out, args.experiment, args.seeds, args.overrides)
+        train(out, args.experiment, args.seeds, args.overrides, args.arms)
     print((report_tool if args.experiment == "tool" else report_credit)(out, args.seeds))
 
 

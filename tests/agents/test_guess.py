@@ -56,29 +56,30 @@ def test_success_and_turns_of_held_out_episodes(tokenizer, scripted):
 
 
 def test_packaged_guess_warm_start_searches_but_not_optimally():
-    """The shipped start succeeds on most held-out pairs but needs more guesses than bisection:
-    room for RL to shorten the search (the credit comparison of docs/results.md)."""
+    """The shipped start finds the number on many held-out episodes but scores well below
+    bisection: room for RL to shorten the search (the credit comparison of docs/results.md)."""
     import torch
 
     from rlvr.config import load_config
     from rlvr.trainer import build
 
-    config = load_config(RECIPE, ["trainer.threads=1", "task.heldout_size=24"])
+    config = load_config(RECIPE, ["trainer.threads=1"])
     assert config.model.path == "rlvr:agent-guess-warmstart"
     model, tokenizer = build.build_model(config)
     task = build.build_task(config, tokenizer)
     rows = task.heldout()
     with torch.no_grad():
-        trajs = episodes(build.build_engine(config, model, tokenizer), tokenizer, task, rows * 2, temperature=1.0,
+        trajs = episodes(build.build_engine(config, model, tokenizer), tokenizer, task, rows * 8, temperature=1.0,
                          first_seed=1_000_000)
-    success, guesses = success_and_turns(trajs)
+    success, _ = success_and_turns(trajs)
     bisection = []
     for ex in rows:
         env = task.make_env()
         env.reset(ex.meta["episode"])
-        policy, done = env.scripted(True, random.Random(0)), False
-        while not done:
-            done = env.step(policy(""))[2]
-        bisection.append(env.guesses)
-    assert success >= 0.4, success  # a random model never writes a well-formed guess
-    assert guesses > sum(bisection) / len(bisection), (guesses, bisection)
+        policy, result = env.scripted(True, random.Random(0)), None
+        while result is None or not result.done:
+            result = env.step(policy(""))
+        bisection.append(result.reward)
+    assert success >= 0.3, success  # a random model never writes a well-formed guess
+    reward = sum(t.reward for t in trajs) / len(trajs)
+    assert reward < sum(bisection) / len(bisection) - 0.1, (reward, bisection)
