@@ -18,7 +18,8 @@ import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "rlvr"
 MAX_LINES = 500
-OPTIONAL_EXTRAS = ("wandb", "tensorboard", "mlflow", "datasets", "pyarrow", "peft", "vllm", "ray", "trl")
+OPTIONAL_EXTRAS = ("wandb", "tensorboard", "mlflow", "datasets", "pyarrow", "peft", "vllm", "ray", "trl",
+                   "textarena")
 
 
 def _modules() -> dict[str, Path]:

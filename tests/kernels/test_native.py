@@ -30,3 +30,13 @@ def test_a_build_failure_reports_the_compiler_error_line():
     assert native._reason(exc) == "/src/rlvr/kernels/csrc/training.cpp:158:18: error: expected ';' before '}' token"
     assert native._reason(RuntimeError("Ninja is required to load C++ extensions")) == (
         "Ninja is required to load C++ extensions")
+
+
+def test_two_checkouts_of_the_same_sources_get_their_own_build(tmp_path, monkeypatch):
+    """torch's build file holds the sources' absolute paths: a shared name would make two
+    checkouts rebuild one directory in turn, each waiting on the other's lock."""
+    before = native.extension_name()
+    copy = tmp_path / "csrc"
+    shutil.copytree(native.CSRC, copy)
+    monkeypatch.setattr(native, "CSRC", copy)
+    assert native.extension_name() != before

@@ -52,15 +52,27 @@ def rollout_batch(engine, tokenizer, task, examples: list[Example], seeds: torch
 def correctness(engine, tokenizer, task, rows: list[Example], *, temperature: float, first_seed: int | None,
                 batch_size: int = 256) -> list[bool]:
     """Whether each row's episode succeeds (the evaluation counterpart of `rollout_batch`)."""
+    return [t.success for t in episodes(engine, tokenizer, task, rows, temperature=temperature,
+                                        first_seed=first_seed, batch_size=batch_size)]
+
+
+def episodes(engine, tokenizer, task, rows: list[Example], *, temperature: float, first_seed: int | None,
+             batch_size: int = 256) -> list[Trajectory]:
+    """One episode per row, seeds first_seed + index (0 if None), in chunks of `batch_size`."""
     out = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
         seeds = torch.zeros(len(chunk), dtype=torch.long)
         if first_seed is not None:
             seeds += torch.arange(start, start + len(chunk)) + first_seed
-        got = rollout_batch(engine, tokenizer, task, chunk, seeds, temperature=temperature)
-        out.extend(bool(c) for c in got.correct.tolist())
+        out.extend(rollout_batch(engine, tokenizer, task, chunk, seeds, temperature=temperature).trajectories)
     return out
+
+
+def success_and_turns(trajs: list[Trajectory]) -> tuple[float, float]:
+    """(share of episodes that succeed, mean actions taken by the successful ones; nan if none)."""
+    wins = [len(t.turns) for t in trajs if t.success]
+    return len(wins) / max(len(trajs), 1), sum(wins) / len(wins) if wins else float("nan")
 
 
 def demonstrations(task, tokenizer, examples: list[Example], rng: random.Random) -> list[Trajectory]:

@@ -131,6 +131,9 @@ class GuessTaskConfig(AgentTaskConfig):
 
     high: int | None = None
     """The hidden number is drawn from 1..high."""
+    min_high: int | None = None
+    """If set, each episode draws its range 1..H with H in min_high..high (the held-out split is then
+    over (H, number) pairs)."""
     reward_decay: float | None = None
     """A success after n guesses pays 1 - reward_decay·(n - 1) (at least 0)."""
 

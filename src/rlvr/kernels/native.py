@@ -71,8 +71,10 @@ def warn_once(reason: str, *, what: str = "") -> None:
 def extension_name() -> str:
     """`rlvr_kernels_<hash>`: the hash covers every source and header, the flags, torch's version
     and the CPU (the build uses -march=native, so a shared home directory must not hand one
-    machine's build to a CPU with other instructions)."""
-    digest = hashlib.sha1()
+    machine's build to a CPU with other instructions), and where the sources are: torch's build
+    file names them by absolute path, so two checkouts of the same sources sharing one build
+    directory rewrite it and rebuild in turn (minutes each, the others waiting on its lock)."""
+    digest = hashlib.sha1(str(CSRC.resolve()).encode() + b"\0")
     for name in (*SOURCES, *HEADERS):
         digest.update(name.encode() + b"\0" + (CSRC / name).read_bytes() + b"\0")
     digest.update(" ".join(CFLAGS).encode() + torch.__version__.encode() + _cpu_flags().encode())
