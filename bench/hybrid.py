@@ -1,26 +1,33 @@
 """Hybrid on-/off-policy methods on Countdown from the shipped warm start, 3 seeds:
-CHORD and RL-PLUS against SFT-then-RL on the same scarce expert pool, and NFT against GRPO.
+CHORD and RL-PLUS against SFT-then-RL on the same scarce expert pool, and NFT against GRPO;
+also any one-stage recipe against GRPO at the same budget (RPG's KL surrogate: `--methods grpo rpg`).
 
     python bench/hybrid.py --steps 100 --sft-steps 30 --out runs/bench_hybrid --in-process trainer.threads=1
+    python bench/hybrid.py --steps 150 --out runs/bench_rpg --in-process trainer.threads=1 --methods grpo rpg \
+        --paired grpo
 
 Every method sees the same budget of `--steps` updates. `sft_then_rl` is two processes: the
 SFT stage (`recipes/sft_pool_countdown.yaml`, μ = 1 on the expert pool, `--sft-steps` steps) and
 then GRPO from its checkpoint for the remaining steps; its expert pool is the one
 `chord`/`rlplus` use (`expert.pool_size`, drawn from the run's seed). Prints the final greedy
 held-out accuracy and its area under the curve as mean ± 95% CI over seeds, and writes
-curves.png beside the runs.
+curves.png beside the runs; `--paired BASE` adds each method's final held-out accuracy per seed
+and its difference to BASE's on the same seed (mean ± 95% CI).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from _sweep import REPO, report
+
+from rlvr.tracking.stats import mean_ci
 
 ONE_STAGE = ["grpo", "nft", "chord", "rlplus"]
 
@@ -73,6 +80,7 @@ def main() -> None:
     p.add_argument("--methods", nargs="+", default=[*ONE_STAGE, "sft_then_rl"])
     p.add_argument("--out", type=Path, default=Path("runs/bench_hybrid"))
     p.add_argument("--in-process", action="store_true", help="every run in this interpreter (saves start-up time)")
+    p.add_argument("--paired", metavar="METHOD", help="also print final held-out accuracy minus METHOD's, by seed")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = p.parse_args()
     common = ["trainer.save_every=0", "rollout.prompts_per_step=4", "algo.dynamic_sampling=false",
@@ -89,6 +97,28 @@ def main() -> None:
                        in_process=args.in_process)
     print(report(args.out, ["eval/heldout_accuracy", "reward/mean"],
                  ["eval/heldout_accuracy", "reward/mean", "actor/entropy"]))
+    if args.paired:
+        print(paired_final(args.out, args.paired, args.methods, args.seeds))
+
+
+def _final_heldout(out: Path, method: str, seed: int) -> float:
+    run = out / (method if method == "sft_then_rl" else f"{method}_countdown") / f"s{seed}"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [m["eval/heldout_accuracy"] for m in rows if "eval/heldout_accuracy" in m][-1]
+
+
+def paired_final(out: Path, base: str, methods: list[str], seeds: list[int]) -> str:
+    """Final greedy held-out accuracy per seed, and each method minus `base` on the same seed."""
+    lines = [f"| method | final held-out ({', '.join(f's{s}' for s in seeds)}) | mean ± 95% CI | "
+             f"− {base} (paired by seed) |", "|---|---|---|---|"]
+    ref = [_final_heldout(out, base, s) for s in seeds]
+    for method in methods:
+        finals = [_final_heldout(out, method, s) for s in seeds]
+        mean, half = mean_ci(finals)
+        diff = "(reference)" if method == base else "{:+.3f} ± {:.3f}".format(
+            *mean_ci([a - b for a, b in zip(finals, ref)]))
+        lines.append(f"| {method} | {', '.join(f'{v:.3f}' for v in finals)} | {mean:.3f} ± {half:.3f} | {diff} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
