@@ -8,7 +8,8 @@ SFT stage (`recipes/sft_pool_countdown.yaml`, μ = 1 on the expert pool, `--sft-
 then GRPO from its checkpoint for the remaining steps; its expert pool is the one
 `chord`/`rlplus` use (`expert.pool_size`, drawn from the run's seed). Prints the final greedy
 held-out accuracy and its area under the curve as mean ± 95% CI over seeds, and writes
-curves.png beside the runs.
+curves.png beside the runs. Any other `recipes/<method>_countdown.yaml` runs the same way, e.g.
+`--methods shiq grpo` (ShiQ on the same pool, against GRPO on the same on-policy stream).
 """
 
 from __future__ import annotations
