@@ -12,7 +12,9 @@ then GRPO from its checkpoint for the remaining steps; its expert pool is the on
 `chord`/`rlplus` use (`expert.pool_size`, drawn from the run's seed). Prints the final greedy
 held-out accuracy and its area under the curve as mean ± 95% CI over seeds, and writes
 curves.png beside the runs; `--paired BASE` adds each method's final held-out accuracy per seed
-and its difference to BASE's on the same seed (mean ± 95% CI).
+and its difference to BASE's on the same seed (mean ± 95% CI). Any other
+`recipes/<method>_countdown.yaml` runs the same way, e.g. `--methods shiq grpo` (ShiQ on the same
+pool, against GRPO on the same on-policy stream).
 """
 
 from __future__ import annotations
