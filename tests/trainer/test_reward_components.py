@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlvr.algos._advantage_core import whiten
+from rlvr.algos._registry import needs_of
 from rlvr.algos.advantages import ADVANTAGES, AdvantageInputs
 from rlvr.cli import main
 from rlvr.config import load_config
@@ -42,9 +43,9 @@ def _collected(reward) -> Collected:
 
 
 def _inputs(got: Collected, estimator: str) -> AdvantageInputs:
-    reads = getattr(ADVANTAGES[estimator], "reads", frozenset())
+    needs = needs_of(ADVANTAGES[estimator])
     return AdvantageInputs(rewards=got.rewards, group_size=4, response_mask=torch.ones(4, 1),
-                           **got.component_inputs(reads))
+                           **got.component_inputs(needs))
 
 
 def test_gdpo_normalises_each_reward_function_where_grpo_normalises_their_sum():
@@ -66,7 +67,7 @@ def test_gdpo_normalises_each_reward_function_where_grpo_normalises_their_sum():
 
 def test_one_reward_function_gives_no_components_and_gdpo_is_grpo_whitened():
     got = _collected(RewardSum([right]))
-    assert got.components is None and got.component_inputs(ADVANTAGES["gdpo"].reads) == {}
+    assert got.components is None and got.component_inputs(needs_of(ADVANTAGES["gdpo"])) == {}
     # several groups and ragged masks: whitening is over the valid tokens of the batch
     g = torch.Generator().manual_seed(0)
     rewards = torch.randint(0, 3, (12,), generator=g).float()
@@ -82,9 +83,9 @@ def test_one_reward_function_gives_no_components_and_gdpo_is_grpo_whitened():
 def test_only_estimators_that_declare_them_receive_the_components():
     got = _collected(RewardSum([right, formatted], [1.0, 0.5]))
     assert got.component_weights.tolist() == [1.0, 0.5]
-    assert set(got.component_inputs(ADVANTAGES["gdpo"].reads)) == {"reward_components", "reward_weights"}
-    assert got.component_inputs(getattr(ADVANTAGES["grpo"], "reads", frozenset())) == {}
-    assert build.build_advantage(load_config(None, ["algo.advantage=gdpo"])).reads == ADVANTAGES["gdpo"].reads
+    assert set(got.component_inputs(needs_of(ADVANTAGES["gdpo"]))) == {"reward_components", "reward_weights"}
+    assert got.component_inputs(needs_of(ADVANTAGES["grpo"])) == {}
+    assert build.build_advantage(load_config(None, ["algo.advantage=gdpo"])).needs == needs_of(ADVANTAGES["gdpo"])
 
 
 def test_gdpo_with_one_reward_component_warns_in_one_line_and_refuses_unscored_shaping(capsys):

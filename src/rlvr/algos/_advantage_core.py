@@ -39,16 +39,6 @@ class AdvantageInputs:
     turn_valid: Tensor | None = None  # (B, K) bool: real turns (False = padding)
 
 
-def reads(*fields: str):
-    """Declare the optional `AdvantageInputs` fields an estimator reads that the trainer fills
-    only on request (`fn.reads`; e.g. `reward_components`, which needs a verifier of several
-    reward functions)."""
-    def mark(fn):
-        fn.reads = frozenset(fields)
-        return fn
-    return mark
-
-
 def wide(x: Tensor, *others: Tensor | None) -> torch.dtype:
     """The dtype the statistics run in: the widest of `x`, `others` and float32 (promote a
     float64 input, never demote it: a float64 group whose rewards differ by 1e-8 must not be

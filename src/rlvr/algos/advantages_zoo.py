@@ -45,7 +45,6 @@ from rlvr.algos._advantage_core import (
     centred_scores,
     group_metrics,
     group_stats,
-    reads,
     row_valid,
     sequence_scores,
     to_tokens,
@@ -81,7 +80,7 @@ def _grpo_component(values: Tensor, inp: AdvantageInputs, std_normalize: bool, a
     return adv.reshape(-1)
 
 
-@reads("reward_components", "reward_weights")
+@needs("reward_components", "reward_weights")
 def gdpo(inp: AdvantageInputs, *, std_normalize: bool = True, adv_eps: float = 1e-6) -> tuple[Tensor, dict[str, float]]:
     """GDPO: A = whiten(sum_k w_k GRPO(r_k)) over the batch's valid tokens; GRPO(r_k) is the group
     advantage of reward component k alone, so a rare success in one component is not drowned by

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlvr.algos._registry import needs_of
 from rlvr.algos.advantages import gae_returns
 from rlvr.algos.correction import importance_correction
 from rlvr.codec import prompt_lengths
@@ -212,14 +213,13 @@ class AdvantageSpec:
 
     estimate: Callable
     returns: Callable | None = None
-    reads: frozenset[str] = frozenset()  # optional AdvantageInputs fields it declares (`_advantage_core.reads`)
+    needs: frozenset[str] = frozenset()  # optional AdvantageInputs fields it declares (`_registry.needs`)
 
 
 def build_advantage(config: Config) -> AdvantageSpec:
     a = config.algo
-    reads = getattr(REGISTRY["algo.advantage"].get(a.advantage), "reads", frozenset())
-    return AdvantageSpec(_bind_named(config, "algo.advantage"), bind(gae_returns, a) if a.advantage == "gae" else None,
-                         reads)
+    estimate = _bind_named(config, "algo.advantage")
+    return AdvantageSpec(estimate, bind(gae_returns, a) if a.advantage == "gae" else None, needs_of(estimate))
 
 
 def check_reward_components(config: Config, reward) -> None:
@@ -228,7 +228,7 @@ def check_reward_components(config: Config, reward) -> None:
     over the batch); with several, the overlong penalty and a KL in the reward are no function's
     score and would be left out (ConfigError)."""
     a = config.algo
-    if "reward_components" not in getattr(REGISTRY["algo.advantage"].get(a.advantage), "reads", ()):
+    if "reward_components" not in needs_of(REGISTRY["algo.advantage"].get(a.advantage)):
         return
     count = len(getattr(reward, "names", ())) or 1
     if count < 2:

@@ -38,10 +38,10 @@ class Collected:
     components: torch.Tensor | None = None  # (B, K) each reward function's score when there are several
     component_weights: torch.Tensor | None = None  # (K,) their weights in `rewards`
 
-    def component_inputs(self, reads: frozenset[str]) -> dict:
+    def component_inputs(self, needs: frozenset[str]) -> dict:
         """The `AdvantageInputs` fields of the reward components, for an estimator that declares
         it reads them (GDPO); none without several reward functions."""
-        if "reward_components" not in reads or self.components is None:
+        if "reward_components" not in needs or self.components is None:
             return {}
         return {"reward_components": self.components, "reward_weights": self.component_weights}
 

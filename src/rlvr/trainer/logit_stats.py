@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from rlvr.algos._advantage_core import AdvantageInputs, token_level_rewards
-from rlvr.algos._registry import needs_of
+from rlvr.algos._registry import BEHAVIOUR_NEEDS, needs_of
 from rlvr.batch import TrainBatch
 from rlvr.protocols import LogitStatsPolicy, PolicyModel
 
@@ -51,7 +51,7 @@ def no_grad_outputs(policy: PolicyModel, batch: TrainBatch, micro_batch_size: in
 def advantage_stats(advantage) -> tuple[str, ...]:
     """The logit statistics the bound advantage estimator declared (its `AdvantageInputs` fields
     other than `old_logp`, which every old-policy pass gives)."""
-    return tuple(sorted(needs_of(advantage) - {"old_logp"}))
+    return tuple(sorted((needs_of(advantage) & BEHAVIOUR_NEEDS) - {"old_logp"}))
 
 
 def old_pass(policy: PolicyModel, batch: TrainBatch, advantage, micro_batch_size: int, rows,
@@ -61,7 +61,7 @@ def old_pass(policy: PolicyModel, batch: TrainBatch, advantage, micro_batch_size
     optimal token baseline reads the behaviour policy's log-probs and Σπ², as verl computes them in
     its old-log-prob pass); the log-probs are returned only when `needed`, so the on-policy
     shortcut (ρ ≡ 1) stays as it is."""
-    declared = needs_of(advantage)
+    declared = needs_of(advantage) & BEHAVIOUR_NEEDS
     if not needed and not declared:
         return None, {}
     out = no_grad_outputs(policy, batch, micro_batch_size, rows, advantage_stats(advantage))

@@ -130,7 +130,7 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
         batch.token_rewards = reward_tokens(shaped, mask)
     inputs = AdvantageInputs(rewards=shaped, group_size=r.group_size, response_mask=mask, values=old_values,
                              baseline_rewards=got.baseline_rewards, **_turn_inputs(got.turns), **behaviour_inputs,
-                             **got.component_inputs(c.advantage.reads))
+                             **got.component_inputs(c.advantage.needs))
     batch.advantages, adv_metrics = c.advantage.estimate(inputs)
     returns = c.advantage.returns(inputs) if c.critic is not None else None
     expert_metrics = {}
