@@ -126,7 +126,8 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
             policy.begin_step(int(sample_seeds(cfg.seed, step, 1)[0]))
     synced = isinstance(c.engine, WeightSyncEngine)  # its log-probs come from its own copy of the weights
     stale = produced.staleness > 0
-    on_policy = t.ppo_epochs == 1 and t.minibatches == 1 and not a.rollout_correction and not synced and not stale
+    foreign = synced or r.engine == "vllm"  # vLLM's log-probs, also from an async rollout side's engine
+    on_policy = t.ppo_epochs == 1 and t.minibatches == 1 and not a.rollout_correction and not foreign and not stale
     if not on_policy:
         batch.old_logp = _logprobs(c.policy, batch, t.micro_batch_size, c.rows)
     if a.rollout_correction or stale:
