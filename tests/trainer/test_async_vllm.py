@@ -145,11 +145,22 @@ def ray_local():
 
 
 @pytest.mark.ray
-def test_ray_workers_with_vllm_reproduce_the_synchronous_vllm_run(sync_run, ray_local, tmp_path):
-    """The rollout worker actor starts its own vLLM engine and samples what the in-process one did
-    (the torch sampler would give other completions for the same seeds)."""
+def test_ray_workers_with_vllm_reproduce_the_synchronous_vllm_run(sync_run, ray_local, tmp_path, monkeypatch):
+    """The rollout worker actor starts its own vLLM engine with the run's one thread (vLLM's CPU
+    worker neither keeps torch's thread count nor the process's cores to itself) and samples
+    what the in-process engine did (the torch sampler gives other completions for the same seeds)."""
+    from rlvr.trainer import ray_backend
+
+    workers, close = [], ray_backend.RayEngine.close
+
+    def closing(engine):
+        workers.extend(engine.ray.get([w.facts.remote() for w in engine.workers], timeout=60))
+        close(engine)
+
+    monkeypatch.setattr(ray_backend.RayEngine, "close", closing)
     run = _run(tmp_path, "ray", *VLLM, *EQUAL, _reward(tmp_path), "trainer.backend=ray", "trainer.max_staleness=0")
     _assert_same(sync_run, run)
+    assert workers == [{"engine": "VLLMEngine", "torch_threads": 1, "cores": len(os.sched_getaffinity(0))}]
     assert all(line["async/worker_restarts"] == 0 for line in _lines(run)[1:])
     from rlvr.trainer.ray_backend import running_engines
 

@@ -98,6 +98,11 @@ class _RolloutWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def facts(self) -> dict:
+        """What this worker runs: its sampler, torch's threads and the cores it may use (the thread budget)."""
+        return {"engine": type(self.engine).__name__, "torch_threads": torch.get_num_threads(),
+                "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+
 
 class _RewardWorker:
     """One reward-scoring process: the run's verifier, built from the config."""
