@@ -2,8 +2,8 @@
 Llama built locally (fp32, so vLLM and transformers agree to float rounding).
 
 One engine serves the module (starting one costs ~20 s); the weight-push test puts the original
-weights back when it is done. block_size=32 and prompts longer than one block make the prefix
-cache hold blocks across calls, so a push that did not drop them would show as wrong log-probs."""
+weights back when it is done. block_size=32 and prompts longer than one block put full blocks
+in the prefix cache, so a call after a push that reused them would show as wrong log-probs."""
 
 from __future__ import annotations
 

@@ -233,10 +233,6 @@ def validate(config: Config) -> None:
         (config.trainer.thread_mode != "rows" or config.model.kind == "causal", "trainer.thread_mode",
          "'rows' splits causal-model batches only; use 'ops' with model.kind=diffusion"),
         *_expert_checks(config),
-        (config.rollout.engine != "vllm" or (config.trainer.max_staleness is None
-                                             and config.trainer.backend == "local"), "rollout.engine",
-         "vllm runs in the synchronous loop only; unset trainer.max_staleness and use trainer.backend=local, "
-         "or use rollout.engine=torch"),
         (config.trainer.max_staleness is None or config.trainer.max_staleness >= 0, "trainer.max_staleness",
          "must be >= 0 (0 = none ahead) or null (the synchronous loop)"),
         (config.trainer.backend in ("local", "ray"), "trainer.backend", "must be 'local' or 'ray'"),

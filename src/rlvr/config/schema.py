@@ -118,7 +118,8 @@ class RolloutConfig:
     engine: str = "torch"
     """Who samples causal-model rollouts: `torch` (rlvr's own sampler, reading the trainer's weights) or `vllm`
     (the `vllm` extra: vLLM in the trainer's process with its own copy of the weights, pushed after every
-    update; turns on `algo.rollout_correction` unless set)."""
+    update, and with `trainer.backend=ray` one more in each rollout worker; turns on
+    `algo.rollout_correction` unless set)."""
     vllm_kv_cache_mb: int = 64
     """vLLM engine: KV-cache size in MiB (vLLM's own default takes most of the machine's memory)."""
     vllm_block_size: int = 0

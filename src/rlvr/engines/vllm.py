@@ -5,7 +5,11 @@ text: `skip_tokenizer_init`), the sampled tokens' behaviour log-probs, one seed 
 at temperature 0, and the same `Rollouts` the torch sampler returns. The engine runs in the
 trainer's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the `uni` executor) and holds its own copy
 of the weights; `push_weights` replaces them in place through the worker's `reload_weights`
-(no disk), then drops the prefix cache, whose blocks were computed with the old weights.
+(no disk). Every call starts from an empty prefix cache (blocks are still shared within a call,
+e.g. by a group's copies of one prompt): a call's samples then depend on the weights, prompts
+and seeds only, never on the calls before it, so the asynchronous loop, which runs evaluation
+and rollouts in either order, samples what the synchronous loop does; and no block computed
+with old weights outlives a push.
 
 What differs from the torch sampler, by design of vLLM:
 - Samples: vLLM's own seeded sampler, so the same seed gives another completion than rlvr's
@@ -112,6 +116,7 @@ class VLLMEngine:
         temps = temperature.tolist() if isinstance(temperature, torch.Tensor) else [float(temperature)] * rows
         prompts = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(prompt_ids, prompt_mask)]
         params = [self._params(t, int(s)) for t, s in zip(temps, seeds.tolist())]
+        self.llm.reset_prefix_cache()  # a reused block may round differently from a recomputed one
         outputs = self.llm.generate(prompts, params, use_tqdm=False) if rows else []
         completions = [out.outputs[0] for out in outputs]
         width = max((len(c.token_ids) for c in completions), default=0)
@@ -134,10 +139,9 @@ class VLLMEngine:
                                      stop_token_ids=[self.eos_id], detokenize=False)
 
     def push_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load `named_tensors` (HF names) into the running model, then forget cached prefixes."""
+        """Load `named_tensors` (HF names) into the running model (the next call drops cached prefixes)."""
         weights = [(name, t.detach()) for name, t in named_tensors]
         self.llm.collective_rpc(_reload_weights, args=(weights,))
-        self.llm.reset_prefix_cache()
         self.policy_version = version
 
     def close(self) -> None:

@@ -19,22 +19,26 @@ the step after its checkpoint (batches generated past it are discarded, never tr
 
 Where the rollout side runs is the backend's business: a thread here (`LocalRollouts`), Ray
 actors behind the same seams in `ray_backend` (the sampler as a `WeightSyncEngine`, the verifier).
+With `rollout.engine=vllm` the local rollout side pushes into the run's one vLLM engine, which the
+learner's evaluation shares (`snapshot.SharedEngine`); Ray workers each start their own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import queue
 import threading
 
 import torch
 
+from rlvr.protocols import WeightSyncEngine
 from rlvr.tracking.run_dir import now
 from rlvr.trainer import build
 from rlvr.trainer.collect import Produced, produce
 from rlvr.trainer.rows import RowPool, resolve_mode, split_engine
 from rlvr.trainer.runtime import available_cores, thread_budget
-from rlvr.trainer.snapshot import SnapshotEngine, published
+from rlvr.trainer.snapshot import SharedEngine, SnapshotEngine, published
 from rlvr.trainer.sync import rl_step
 
 
@@ -96,12 +100,13 @@ class LocalRollouts:
                 version, tensors = self.slot.wait(admissible_version(step, self.max_staleness),
                                                   self.engine.policy_version, self.stop)
                 idle += now() - t0
-                t0 = now()
-                if tensors is not None:
-                    self.engine.push_weights(tensors, version)
-                sync_s = now() - t0
-                produced = produce(self.c, step)
-                produced.version = self.engine.policy_version
+                with getattr(self.engine, "lock", contextlib.nullcontext()):  # a SharedEngine: one version a batch
+                    t0 = now()
+                    if tensors is not None:
+                        self.engine.push_weights(tensors, version)
+                    sync_s = now() - t0
+                    produced = produce(self.c, step)
+                    produced.version = self.engine.policy_version
                 produced.facts = rollout_facts(idle, sync_s, produced.rollout_s)
                 if hasattr(self.engine, "restarts"):  # a backend that restarts dead workers counts them
                     produced.facts["async/worker_restarts"] = float(self.engine.restarts)
@@ -174,10 +179,13 @@ class AsyncSteps:
         workers = t.rollout_workers if t.backend == "ray" else 1
         self.budget = thread_budget(available_cores(t.threads), overlap=overlap, rollout_workers=workers)
         self._restore_threads = torch.get_num_threads()
-        rows_mode = c.rows is not None or resolve_mode(t.thread_mode, c.config.model.kind) == "rows"
+        # vLLM (an engine with its own weights): never a second one here, and no row split (runtime.configure_for)
+        self.vllm = isinstance(c.engine, WeightSyncEngine)
+        rows_mode = not self.vllm and (c.rows is not None or resolve_mode(t.thread_mode, c.config.model.kind) == "rows")
         if overlap:  # each side its own share of the cores (runtime.thread_budget)
             c.rows = _rows(self.budget["learner"]) if rows_mode else None
-            c.engine = _engine_maker(c, c.rows)(c.model)
+            if not self.vllm:
+                c.engine = _engine_maker(c, c.rows)(c.model)
             torch.set_num_threads(1 if rows_mode else self.budget["learner"])
             rollout_rows, rollout_threads = (_rows(self.budget["rollout_worker"]), 1) if rows_mode else (
                 None, self.budget["rollout_worker"])
@@ -193,6 +201,9 @@ class AsyncSteps:
                                                  rows_mode=rows_mode)
             self._closers = [engine.close, rollout_c.reward.close]
             rollout_threads = 1  # this process only tokenizes, decodes and checks answers for the rollout side
+        elif self.vllm:  # the rollout side pushes into the run's engine; evaluation pushes the newest weights first
+            engine = SharedEngine(c.engine, start)
+            c.engine = engine.evaluator(lambda: self.rollouts.slot.wait(0, -1, self.rollouts.stop))
         else:
             engine = SnapshotEngine(c.model, _engine_maker(c, rollout_rows), version=start)
         self.rollouts = LocalRollouts(rollout_c, engine, start=start, last=t.steps,
@@ -209,7 +220,7 @@ class AsyncSteps:
         metrics, samples = rl_step(self.c, step, produced)
         work = now() - t0
         t0 = now()
-        self.rollouts.publish(published(self.c.model), step)
+        self.rollouts.publish(published(self.c.model, merged=self.vllm), step)
         publish_s = now() - t0
         metrics.update(produced.facts)
         metrics.update(step_facts(produced.staleness, self.max_staleness, depth=depth, wait_s=wait,

@@ -5,7 +5,8 @@ checkpoints; the asynchronous schedule (`async_loop`) is the same as with the lo
 backend, and only two seams move out of the process:
 
 - `RayEngine` is a `protocols.WeightSyncEngine`: each of `trainer.rollout_workers` actors holds
-  its own copy of the weights (`snapshot.SnapshotEngine`) and samples a contiguous share
+  its own copy of the weights (`snapshot.SnapshotEngine`, or with `rollout.engine=vllm` its own
+  vLLM engine, started with the worker's threads) and samples a contiguous share
   of the batch's rows (each row has its own seed, so the shares stack into the batch's samples).
   `push_weights` puts the weights into Ray's object store once and every worker loads them with
   the version; each worker returns the version it sampled with, and the engine checks they agree.
@@ -75,6 +76,10 @@ class _RolloutWorker:
         from rlvr.trainer.snapshot import SnapshotEngine
 
         torch.set_num_threads(1 if rows_mode else threads)  # this process's share (runtime.thread_budget)
+        if config.rollout.engine == "vllm":  # its own weights: pushes go straight to it (vLLM keeps these threads)
+            self.engine = build.build_engine(config, model, tokenizer)
+            self.engine.policy_version = version
+            return
         rows = RowPool(threads) if rows_mode and threads > 1 else None
 
         def make(m):
@@ -92,6 +97,11 @@ class _RolloutWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def facts(self) -> dict:
+        """What this worker runs: its sampler, torch's threads and the cores it may use (the thread budget)."""
+        return {"engine": type(self.engine).__name__, "torch_threads": torch.get_num_threads(),
+                "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
 
 
 class _RewardWorker:

@@ -4,11 +4,15 @@ The asynchronous rollout side samples from this copy while the learner updates t
 the learner publishes its weights after every update (`published`) and the rollout side pushes
 the newest ones into its copy between batches (`protocols.WeightSyncEngine`). A Ray rollout
 worker holds one of these in its own process.
+
+vLLM already holds its own copy: the rollout side pushes into it directly, and the learner
+evaluates with the same engine (`SharedEngine`), so a process never starts a second one.
 """
 
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable, Iterable
 
 import torch
@@ -43,6 +47,44 @@ class SnapshotEngine:
         self.policy_version = version
 
 
+class SharedEngine:
+    """A `WeightSyncEngine` with its own weights (vLLM) shared by the rollout side and the learner's
+    evaluation, which run in two threads of one process.
+
+    `lock` serialises them; the rollout side holds it for a whole batch (its push and every call),
+    so each batch comes from one version. `evaluator(newest)` is the learner's view: under the lock
+    it pushes `newest()` = (version, tensors) when the engine is behind, then samples, so evaluation
+    sees the learner's current weights. A push older than the engine's version is skipped: the
+    evaluation may have pushed newer weights since the rollout side took its own."""
+
+    def __init__(self, engine, version: int):
+        self.engine, self.lock = engine, threading.RLock()
+        engine.policy_version = version  # the async loop counts versions in steps, the sync loop in optimizer steps
+
+    @property
+    def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, **kwargs) -> Rollouts:
+        with self.lock:
+            return self.engine(prompt_ids, prompt_mask, seeds, **kwargs)
+
+    def push_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        with self.lock:
+            if version > self.engine.policy_version:
+                self.engine.push_weights(named_tensors, version)
+
+    def evaluator(self, newest: Callable[[], tuple[int, list | None]]) -> Callable[..., Rollouts]:
+        def evaluate(prompt_ids, prompt_mask, seeds, **kwargs) -> Rollouts:
+            with self.lock:
+                version, tensors = newest()
+                if tensors is not None:
+                    self.push_weights(tensors, version)
+                return self.engine(prompt_ids, prompt_mask, seeds, **kwargs)
+
+        return evaluate
+
+
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A deep copy of `model` without its forward hooks: a policy's forward counter hooks the model,
     and the copy's forwards are not the policy's (copying the hook would copy the policy too)."""
@@ -56,6 +98,11 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
             m._forward_hooks = saved
 
 
-def published(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """A copy of `model`'s parameters, by name, that later updates of `model` do not change."""
+def published(model: torch.nn.Module, *, merged: bool = False) -> list[tuple[str, torch.Tensor]]:
+    """A copy of `model`'s parameters, by name, that later updates of `model` do not change.
+    `merged`: under the base model's names with LoRA adapters folded in, as vLLM loads them."""
+    if merged:
+        from rlvr.models.lora import merged_weights
+
+        return [(name, t.detach().clone()) for name, t in merged_weights(model)]
     return [(name, p.detach().clone()) for name, p in model.named_parameters()]

@@ -114,7 +114,8 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
             policy.begin_step(int(sample_seeds(cfg.seed, step, 1)[0]))
     synced = isinstance(c.engine, WeightSyncEngine)  # its log-probs come from its own copy of the weights
     stale = produced.staleness > 0
-    on_policy = t.ppo_epochs == 1 and t.minibatches == 1 and not a.rollout_correction and not synced and not stale
+    foreign = synced or r.engine == "vllm"  # vLLM's log-probs, also from an async rollout side's engine
+    on_policy = t.ppo_epochs == 1 and t.minibatches == 1 and not a.rollout_correction and not foreign and not stale
     # The old-policy pass, with what the advantage estimator declared (the optimal token baseline's Σπ²).
     batch.old_logp, behaviour_inputs = old_pass(c.policy, batch, c.advantage.estimate, t.micro_batch_size, c.rows,
                                                 needed=not on_policy)
