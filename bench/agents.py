@@ -97,7 +97,9 @@ def report_tool(out: Path, seeds: list[int]) -> str:
     lines = ["| arm | sampled held-out: start → end, mean ± 95% CI | per seed (curve) | greedy end | "
              "tool calls / episode at the end | wall s/run |", "|---|---|---|---|---|---|"]
     for mode in EXPERIMENTS["tool"][1]:
-        runs = [out / f"{mode}_s{s}" for s in seeds]
+        runs = [out / f"{mode}_s{s}" for s in seeds if finished(out / f"{mode}_s{s}")]
+        if not runs:  # an arm left out with --arms
+            continue
         curves = [curve(r) for r in runs]
         start = mean_ci([c[0]["eval/heldout_sampled_accuracy"] for c in curves])
         end = mean_ci([c[-1]["eval/heldout_sampled_accuracy"] for c in curves])
