@@ -97,7 +97,9 @@ def report_tool(out: Path, seeds: list[int]) -> str:
     lines = ["| arm | sampled held-out: start → end, mean ± 95% CI | per seed (curve) | greedy end | "
              "tool calls / episode at the end | wall s/run |", "|---|---|---|---|---|---|"]
     for mode in EXPERIMENTS["tool"][1]:
-        runs = [out / f"{mode}_s{s}" for s in seeds]
+        runs = [out / f"{mode}_s{s}" for s in seeds if finished(out / f"{mode}_s{s}")]
+        if not runs:  # an arm left out with --arms
+            continue
         curves = [curve(r) for r in runs]
         start = mean_ci([c[0]["eval/heldout_sampled_accuracy"] for c in curves])
         end = mean_ci([c[-1]["eval/heldout_sampled_accuracy"] for c in curves])
@@ -121,7 +123,7 @@ def report_credit(out: Path, seeds: list[int]) -> str:
     lines = [f"warm start: success {start['success']:.3f}, guesses to success {start['turns_to_success']:.2f} "
              f"({start['problems']} held-out problems × {EVAL_SAMPLES} sampled episodes)", "",
              "| credit | held-out success, mean ± 95% CI | guesses to success | reward | per seed (success / guesses) "
-             "| wall s/run |", "|---|---|---|---|---|---|"]
+             "| training success, first → last 5 steps | wall s/run |", "|---|---|---|---|---|---|---|"]
     for arm in arms:
         runs = [out / f"{arm}_s{s}" for s in seeds if (out / f"{arm}_s{s}" / "heldout_episodes.json").exists()]
         if not runs:
@@ -129,10 +131,35 @@ def report_credit(out: Path, seeds: list[int]) -> str:
         got = [json.loads((r / "heldout_episodes.json").read_text()) for r in runs]
         cells = [mean_ci([g[k] for g in got]) for k in ("success", "turns_to_success", "reward")]
         per_seed = "; ".join(f"{g['success']:.3f} / {g['turns_to_success']:.2f}" for g in got)
+        trend = [train_success(r) for r in runs]
+        first, last = (mean_ci([t[i] for t in trend]) for i in (0, 1))
         lines.append(f"| {arm} (n={len(runs)}) | **{cells[0][0]:.3f} ± {cells[0][1]:.3f}** | "
                      f"{cells[1][0]:.2f} ± {cells[1][1]:.2f} | {cells[2][0]:.3f} ± {cells[2][1]:.3f} | {per_seed} | "
-                     f"{wall(runs)[0]:.0f} |")
+                     f"{first[0]:.3f} → {last[0]:.3f} ± {last[1]:.3f} | {wall(runs)[0]:.0f} |")
+    lines += paired(out, seeds)
     return "\n".join(lines)
+
+
+def train_success(run: Path) -> tuple[float, float]:
+    """Mean `agent/success` of the training batches over the first and the last 5 steps."""
+    steps = [m["agent/success"] for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+             if "agent/success" in m]
+    return sum(steps[:5]) / 5, sum(steps[-5:]) / 5
+
+
+def paired(out: Path, seeds: list[int]) -> list[str]:
+    """Each turn-level arm minus grpo on the same seed (same prompt draws), held-out success."""
+    lines = [""]
+    for arm in ("gigpo", "turn_return"):
+        pairs = [(out / f"{arm}_s{s}", out / f"grpo_s{s}") for s in seeds]
+        pairs = [p for p in pairs if all((r / "heldout_episodes.json").exists() for r in p)]
+        if pairs:
+            diff = [json.loads((a / "heldout_episodes.json").read_text())["success"]
+                    - json.loads((b / "heldout_episodes.json").read_text())["success"] for a, b in pairs]
+            d = mean_ci(diff)
+            lines.append(f"{arm} − grpo, held-out success, paired by seed: {d[0]:+.3f} ± {d[1]:.3f} "
+                         f"(per seed {' '.join(f'{x:+.3f}' for x in diff)})")
+    return lines
 
 
 def main() -> None:

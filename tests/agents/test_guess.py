@@ -80,6 +80,6 @@ def test_packaged_guess_warm_start_searches_but_not_optimally():
         while result is None or not result.done:
             result = env.step(policy(""))
         bisection.append(result.reward)
-    assert success >= 0.3, success  # a random model never writes a well-formed guess
+    assert success >= 0.1, success  # a trained start: it writes well-formed guesses and finds some numbers
     reward = sum(t.reward for t in trajs) / len(trajs)
     assert reward < sum(bisection) / len(bisection) - 0.1, (reward, bisection)
