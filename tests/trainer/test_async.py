@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -98,37 +99,49 @@ def test_one_step_off_runs_bounded_and_corrected(tmp_path, capsys):
 
 def test_stale_batch_is_weighted_by_proximal_over_behaviour(monkeypatch):
     """A batch sampled by version 0 and trained after one update: the clip's old log-probs are the
-    learner's current ones (proximal), the weights exp(prox - behav), capped by rollout_correction."""
+    learner's current ones (proximal), the weights exp(prox - behav), capped by rollout_correction;
+    the same weights, loss and metrics whether pi_prox comes from a separate forward before the
+    update or from the update's own forward (one update per step: `trainer/proximal.py`)."""
     from rlvr.config import load_config
     from rlvr.trainer import sync
     from rlvr.trainer.collect import produce
     from rlvr.trainer.components import build_components
 
-    seen = {}
+    real, seen = sync.optimizer_step, {}
 
     def capture(policy, optimizer, scheduler, batch, spec, **kwargs):
-        seen["batch"] = batch
-        return {}
+        seen["batch"], seen["proximal"], weights = batch, sync._logprobs(policy, batch, 64), []  # before the update
+        if spec.proximal_weights is not None:  # record what the loss is weighted by
+            weigh = spec.proximal_weights
+            spec = dataclasses.replace(spec, proximal_weights=lambda *a: weights.append(weigh(*a)[0]) or weigh(*a))
+        out = real(policy, optimizer, scheduler, batch, spec, **kwargs)
+        seen["weights"] = torch.cat(weights) if weights else batch.loss_weights
+        return out
 
     for cap in (None, 1.5):
         extra = [] if cap is None else ["algo.rollout_correction=true", f"algo.correction_cap={cap}"]
-        c = build_components(load_config(None, [*TINY, *extra]))
-        stale = produce(c, 1)  # sampled by version 0
-        with torch.no_grad():  # an update happened since: the learner's weights moved
-            for p in c.model.parameters():
-                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
-        monkeypatch.setattr(sync, "optimizer_step", capture)
-        stale.staleness = 1
-        metrics, _ = sync.rl_step(c, 2, stale)
-        monkeypatch.undo()
-        batch, mask = seen["batch"], seen["batch"].completion_mask
-        proximal = sync._logprobs(c.policy, batch, 64)
-        torch.testing.assert_close(batch.old_logp, proximal)
-        assert (proximal - batch.rollout_logp).abs().max() > 1e-3
-        ratio = torch.exp(proximal - batch.rollout_logp) * mask
-        expected = ratio if cap is None else ratio.clamp(max=cap)
-        torch.testing.assert_close(batch.loss_weights, expected)
-        assert metrics["async/behaviour_kl_k3"] > 0
+        results = {}
+        for fused in (True, False):
+            c = build_components(load_config(None, [*TINY, *extra]))
+            stale = produce(c, 1)  # sampled by version 0
+            with torch.no_grad():  # an update happened since: the learner's weights moved
+                for p in c.model.parameters():
+                    p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+            monkeypatch.setattr(sync, "optimizer_step", capture)
+            if not fused:
+                monkeypatch.setattr(sync, "fusable", lambda c: False)
+            stale.staleness = 1
+            results[fused], _ = sync.rl_step(c, 2, stale)
+            monkeypatch.undo()
+            batch, mask, proximal = seen["batch"], seen["batch"].completion_mask, seen["proximal"]
+            assert (batch.old_logp is None) == fused  # the separate forward ran only when not fused
+            assert (proximal - batch.rollout_logp).abs().max() > 1e-3
+            ratio = torch.exp(proximal - batch.rollout_logp) * mask
+            torch.testing.assert_close(seen["weights"], ratio if cap is None else ratio.clamp(max=cap))
+            assert results[fused]["async/behaviour_kl_k3"] > 0
+        for key in ("loss/policy", "actor/grad_norm", "async/behaviour_kl_k3", "async/weight_clip_frac",
+                    "rollout/mismatch_kl", "rollout/mismatch_max_ratio"):
+            assert results[True][key] == pytest.approx(results[False][key], rel=1e-5, abs=1e-7), key
 
 
 @pytest.mark.parametrize("cores, workers", [(1, 1), (2, 1), (3, 1), (4, 1), (8, 3), (16, 4)])

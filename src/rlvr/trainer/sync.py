@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlvr.algos.advantages import AdvantageInputs
-from rlvr.algos.correction import importance_correction, mismatch_metrics
+from rlvr.algos.correction import importance_correction
 from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.shaping import overlong_penalty
 from rlvr.batch import TrainBatch
@@ -49,6 +49,7 @@ from rlvr.trainer.components import Components, build_components
 from rlvr.trainer.critic import critic_step, critic_values
 from rlvr.trainer.evaluate import greedy_accuracy, sampled_scores
 from rlvr.trainer.expert import add_expert_rows
+from rlvr.trainer.proximal import fusable, gap_metrics, placed
 from rlvr.trainer.rows import RowPool
 from rlvr.trainer.runtime import Runtime
 from rlvr.trainer.step import optimizer_step
@@ -127,12 +128,12 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     synced = isinstance(c.engine, WeightSyncEngine)  # its log-probs come from its own copy of the weights
     stale = produced.staleness > 0
     on_policy = t.ppo_epochs == 1 and t.minibatches == 1 and not a.rollout_correction and not synced and not stale
-    if not on_policy:
+    weigh = (c.loss.correction or BEHAVIOUR_WEIGHTS) if a.rollout_correction or stale else None
+    kept = [] if not on_policy and fusable(c) else None  # pi_prox from the update's own forward (proximal.py)
+    if not on_policy and kept is None:
         batch.old_logp = _logprobs(c.policy, batch, t.micro_batch_size, c.rows)
-    if a.rollout_correction or stale:
-        batch.loss_weights, behaviour = (c.loss.correction or BEHAVIOUR_WEIGHTS)(batch.old_logp, rollouts.logprobs,
-                                                                               mask)
-    gap = {} if batch.old_logp is None else _gap_metrics(batch.old_logp, rollouts.logprobs, mask)
+        if weigh is not None:
+            batch.loss_weights = weigh(batch.old_logp, rollouts.logprobs, mask)[0]
     if c.reference is not None:
         batch.ref_logp = _logprobs(c.reference, batch, t.micro_batch_size, c.rows)
     old_values = critic_values(c.critic, batch, t.micro_batch_size) if c.critic is not None else None
@@ -159,11 +160,15 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
                                      value_clip=a.value_clip, micro_batch_size=t.micro_batch_size,
                                      grad_clip=cfg.optim.grad_clip))
             if train_policy:
-                m.update(optimizer_step(c.policy, c.optimizer, c.scheduler, batch.select(rows), c.loss,
+                spec = c.loss if kept is None else dataclasses.replace(c.loss, proximal_weights=weigh)
+                m.update(optimizer_step(c.policy, c.optimizer, c.scheduler, batch.select(rows), spec,
                                         micro_batch_size=t.micro_batch_size, grad_clip=cfg.optim.grad_clip,
-                                        rows=c.rows))
+                                        rows=c.rows, keep=kept))
             updates.append(m)
     timings["update"] = now() - t0
+    if kept is not None:
+        batch.old_logp = placed(kept, rows, mask)
+    gap, behaviour = gap_metrics(batch.old_logp, rollouts.logprobs, mask, weigh)
     if synced:
         timings["weight_sync"] = push_weights(c)
     forwards = c.policy.forwards - forwards_before
@@ -191,16 +196,6 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
                 "reward": float(rewards[i]) if math.isfinite(float(rewards[i])) else None}
                for i in range(0, len(got.group), stride)][:t.samples_per_step]
     return metrics, samples
-
-
-def _gap_metrics(old_logp, rollout_logp, mask) -> dict[str, float]:
-    """How far the sampler's log-probs are from the trainer's on the sampled tokens: `mismatch_kl`
-    (k3 estimate of KL(rollout || trainer)), `mismatch_k1`, and the largest per-token probability
-    ratio either way, `mismatch_max_ratio`."""
-    gap = mismatch_metrics(old_logp, rollout_logp, mask)
-    worst = gap["mismatch_max_abs"]
-    return {"mismatch_kl": gap["mismatch_k3"], "mismatch_k1": gap["mismatch_k1"], "mismatch_max_abs": worst,
-            "mismatch_max_ratio": math.exp(min(worst, 20.0))}
 
 
 def push_weights(c: Components) -> float:
