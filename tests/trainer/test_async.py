@@ -159,8 +159,9 @@ def test_thread_budget_never_exceeds_the_cores(cores, workers):
     assert overlap["concurrent"] == overlap["learner"] + workers * overlap["rollout_worker"] <= cores
 
 
-def test_overlapping_sides_get_their_threads(tmp_path):
-    """With η > 0 on 2 cores each side runs with its share: one thread each, no row pool."""
+def test_overlapping_sides_share_the_cores(tmp_path):
+    """With η > 0 on 2 cores in one process both sides split their rows over 2 workers, as the
+    synchronous loop does, under one lease of 2 cores (`rows.CoreLease`)."""
     from rlvr.config import load_config
     from rlvr.trainer.async_loop import AsyncSteps
     from rlvr.trainer.components import build_components
@@ -170,8 +171,10 @@ def test_overlapping_sides_get_their_threads(tmp_path):
     c = build_components(config, runtime=configure_for(config))
     steps = AsyncSteps(c, 0)
     try:
-        assert steps.threads == {"learner": 1, "rollout_worker": 1, "concurrent": 2, "rows_mode": True}
-        assert c.rows is None and torch.get_num_threads() == 1
+        assert steps.threads == {"learner": 2, "rollout_worker": 2, "concurrent": 2, "rows_mode": True,
+                                 "shared_cores": True}
+        assert c.rows.workers == 2 and c.rows.lease is steps.lease and steps.lease.cores == 2
+        assert torch.get_num_threads() == 1
         steps.step(1)
     finally:
         steps.close()
