@@ -30,7 +30,10 @@ from pathlib import Path
 from rlvr.tracking.stats import mean_ci
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIGS = {"sync": None, "η=1": 1, "η=2": 2, "η=4": 4}
+# name: (max_staleness, extra overrides); `ray η=1` (rollout worker and verifier as Ray actors) on request
+CONFIGS = {"sync": (None, []), "η=1": (1, []), "η=2": (2, []), "η=4": (4, []),
+           "ray η=1": (1, ["trainer.backend=ray"])}
+DEFAULT = ["sync", "η=1", "η=2", "η=4"]
 
 
 def _large_model(directory: Path) -> str:
@@ -46,12 +49,13 @@ def _large_model(directory: Path) -> str:
     return str(directory)
 
 
-def _train(out: Path, name: str, seed: int, staleness: int | None, args, model_path: str | None) -> list[dict]:
+def _train(out: Path, name: str, seed: int, config: tuple, args, model_path: str | None) -> list[dict]:
     cmd = [sys.executable, "-m", "rlvr.cli", "train", str(REPO / "recipes/grpo_countdown.yaml"), f"seed={seed}",
            f"trainer.steps={args.steps}", "trainer.eval_every=0", "trainer.save_every=0",
            f"trainer.threads={args.threads}", f"trainer.out_dir={out}", f"trainer.name={name}", *args.overrides]
+    staleness, extra = config
     if staleness is not None:
-        cmd += [f"trainer.max_staleness={staleness}", "algo.rollout_correction=true", "algo.correction_cap=2.0"]
+        cmd += [f"trainer.max_staleness={staleness}", "algo.rollout_correction=true", "algo.correction_cap=2.0", *extra]
     if model_path:
         cmd.append(f"model.path={model_path}")
     t0 = time.perf_counter()
@@ -120,7 +124,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--scale", type=int, default=1, choices=[1, 10])
-    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--configs", nargs="+", default=DEFAULT, choices=list(CONFIGS))
     p.add_argument("--out", type=Path, default=None, help="keep the run directories here")
     p.add_argument("overrides", nargs="*", help="key=value for every run")
     args = p.parse_args(argv)
@@ -130,7 +134,7 @@ def main(argv=None) -> None:
         results: dict[str, list[dict]] = {name: [] for name in args.configs}
         for seed in args.seeds:  # interleaved: each seed runs every configuration back to back
             for name in args.configs:
-                label = f"{name.replace('η=', 'eta')}_s{seed}"
+                label = f"{name.replace('η=', 'eta').replace(' ', '_')}_s{seed}"
                 results[name].append(summarize(_train(out, label, seed, CONFIGS[name], args, model_path)))
     print(f"steps {args.steps}, seeds {args.seeds}, threads {args.threads}, scale {args.scale}×\n")
     print(table(results))

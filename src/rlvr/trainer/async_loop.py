@@ -17,6 +17,13 @@ The rollout side owns the prompt RNG and the selector; each batch carries their 
 which is what a checkpoint of its step records, so a resumed run restarts the rollout side at
 the step after its checkpoint (batches generated past it are discarded, never trained twice).
 
+Cores: with rows split over threads (`trainer.thread_mode=rows`, the default for causal models)
+the two sides share all of the process's cores through one `rows.CoreLease`: each holds a core
+while it works, and its row pool computes on the other one too whenever the other side waits (for
+admission, queue space or a batch), so the faster side's idle core goes to the slower one and the
+threads computing never outnumber `trainer.threads`. Each side splits its rows as the synchronous
+loop does. Other modes and the Ray backend give each side a fixed share (`runtime.thread_budget`).
+
 Where the rollout side runs is the backend's business: a thread here (`LocalRollouts`), Ray
 actors behind the same seams in `ray_backend` (the sampler as a `WeightSyncEngine`, the verifier).
 """
