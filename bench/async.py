@@ -5,8 +5,8 @@ Per configuration: the learner's wall-clock per step (median over the steps afte
 the synchronous loop's is the sum of its phases, the asynchronous learner's includes its wait for a
 batch), the ratio to the synchronous loop, the trainer's and the rollout side's idle fractions
 (synchronous: the learner idles while it rolls out and the other way round), and the final greedy
-held-out accuracy, mean ± 95% CI over seeds. Runs are interleaved per seed (sync, η=1, η=2, η=4),
-each a separate `rlvr train` process.
+held-out accuracy, mean ± 95% CI over seeds (the ratio is taken per seed, then averaged). Runs are
+interleaved per seed (sync, η=1, η=2, η=4), each a separate `rlvr train` process.
 
 Then a projection, labelled as one, from the synchronous loop's measured phase times: with the
 rollout side on W workers of its own (more cores or machines), a step takes max(R / W, L) instead
@@ -94,13 +94,15 @@ def _cell(values: list[float], digits: str = ".3f") -> str:
 
 
 def table(results: dict[str, list[dict]]) -> str:
-    sync_wall = statistics.fmean(r["wall"] for r in results["sync"])
+    """One row per configuration; the ratio is per seed (sync's s/step over this one's, the runs of a
+    seed back to back, so a load that changes between seeds cancels), mean ± 95% CI over seeds."""
     rows = ["| config | s/step (median) | ratio to sync | trainer idle | rollout idle | held-out accuracy |",
             "|---|---|---|---|---|---|"]
     for name, runs in results.items():
-        wall = statistics.fmean(r["wall"] for r in runs)
+        ratios = [s["wall"] / r["wall"] for s, r in zip(results.get("sync", []), runs)]
+        ratio = f"{_cell(ratios, '.2f')}×" if ratios else "–"
         idle = [_cell([r[k] for r in runs], ".2f") for k in ("trainer_idle", "rollout_idle")]
-        rows.append(f"| {name} | {_cell([r['wall'] for r in runs])} | {sync_wall / wall:.2f}× | {idle[0]} | {idle[1]}"
+        rows.append(f"| {name} | {_cell([r['wall'] for r in runs])} | {ratio} | {idle[0]} | {idle[1]}"
                     f" | {_cell([r['accuracy'] for r in runs])} |")
     return "\n".join(rows)
 
