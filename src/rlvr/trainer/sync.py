@@ -168,7 +168,8 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     timings["update"] = now() - t0
     if kept is not None:
         batch.old_logp = placed(kept, rows, mask)
-    gap, behaviour = gap_metrics(batch.old_logp, rollouts.logprobs, mask, weigh)
+    old_logp = None if batch.old_logp is None else batch.old_logp[:len(mask)]  # the engine's rows (not expert)
+    gap, behaviour = gap_metrics(old_logp, rollouts.logprobs, mask, weigh)
     if synced:
         timings["weight_sync"] = push_weights(c)
     forwards = c.policy.forwards - forwards_before
