@@ -13,7 +13,7 @@ rollout side on W workers of its own (more cores or machines), a step takes max(
 of R + L, R being the rollout time and L the learner's (log-probs and update).
 
     python bench/async.py --seeds 0 1 2 --steps 30 --threads 2
-    python bench/async.py --scale 10 --seeds 0 --steps 8 --threads 2
+    python bench/async.py --scale 10 --seeds 0 1 2 --steps 10 --threads 2
 """
 
 from __future__ import annotations
