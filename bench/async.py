@@ -5,15 +5,15 @@ Per configuration: the learner's wall-clock per step (median over the steps afte
 the synchronous loop's is the sum of its phases, the asynchronous learner's includes its wait for a
 batch), the ratio to the synchronous loop, the trainer's and the rollout side's idle fractions
 (synchronous: the learner idles while it rolls out and the other way round), and the final greedy
-held-out accuracy, mean ± 95% CI over seeds. Runs are interleaved per seed (sync, η=1, η=2, η=4),
-each a separate `rlvr train` process.
+held-out accuracy, mean ± 95% CI over seeds (the ratio is taken per seed, then averaged). Runs are
+interleaved per seed (sync, η=1, η=2, η=4), each a separate `rlvr train` process.
 
 Then a projection, labelled as one, from the synchronous loop's measured phase times: with the
 rollout side on W workers of its own (more cores or machines), a step takes max(R / W, L) instead
 of R + L, R being the rollout time and L the learner's (log-probs and update).
 
     python bench/async.py --seeds 0 1 2 --steps 30 --threads 2
-    python bench/async.py --scale 10 --seeds 0 --steps 8 --threads 2
+    python bench/async.py --scale 10 --seeds 0 1 2 --steps 10 --threads 2
 """
 
 from __future__ import annotations
@@ -30,7 +30,10 @@ from pathlib import Path
 from rlvr.tracking.stats import mean_ci
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIGS = {"sync": None, "η=1": 1, "η=2": 2, "η=4": 4}
+# name: (max_staleness, extra overrides); `ray η=1` (rollout worker and verifier as Ray actors) on request
+CONFIGS = {"sync": (None, []), "η=1": (1, []), "η=2": (2, []), "η=4": (4, []),
+           "ray η=1": (1, ["trainer.backend=ray"])}
+DEFAULT = ["sync", "η=1", "η=2", "η=4"]
 
 
 def _large_model(directory: Path) -> str:
@@ -46,12 +49,13 @@ def _large_model(directory: Path) -> str:
     return str(directory)
 
 
-def _train(out: Path, name: str, seed: int, staleness: int | None, args, model_path: str | None) -> list[dict]:
+def _train(out: Path, name: str, seed: int, config: tuple, args, model_path: str | None) -> list[dict]:
     cmd = [sys.executable, "-m", "rlvr.cli", "train", str(REPO / "recipes/grpo_countdown.yaml"), f"seed={seed}",
            f"trainer.steps={args.steps}", "trainer.eval_every=0", "trainer.save_every=0",
            f"trainer.threads={args.threads}", f"trainer.out_dir={out}", f"trainer.name={name}", *args.overrides]
+    staleness, extra = config
     if staleness is not None:
-        cmd += [f"trainer.max_staleness={staleness}", "algo.rollout_correction=true", "algo.correction_cap=2.0"]
+        cmd += [f"trainer.max_staleness={staleness}", "algo.rollout_correction=true", "algo.correction_cap=2.0", *extra]
     if model_path:
         cmd.append(f"model.path={model_path}")
     t0 = time.perf_counter()
@@ -90,13 +94,15 @@ def _cell(values: list[float], digits: str = ".3f") -> str:
 
 
 def table(results: dict[str, list[dict]]) -> str:
-    sync_wall = statistics.fmean(r["wall"] for r in results["sync"])
+    """One row per configuration; the ratio is per seed (sync's s/step over this one's, the runs of a
+    seed back to back, so a load that changes between seeds cancels), mean ± 95% CI over seeds."""
     rows = ["| config | s/step (median) | ratio to sync | trainer idle | rollout idle | held-out accuracy |",
             "|---|---|---|---|---|---|"]
     for name, runs in results.items():
-        wall = statistics.fmean(r["wall"] for r in runs)
+        ratios = [s["wall"] / r["wall"] for s, r in zip(results.get("sync", []), runs)]
+        ratio = f"{_cell(ratios, '.2f')}×" if ratios else "–"
         idle = [_cell([r[k] for r in runs], ".2f") for k in ("trainer_idle", "rollout_idle")]
-        rows.append(f"| {name} | {_cell([r['wall'] for r in runs])} | {sync_wall / wall:.2f}× | {idle[0]} | {idle[1]}"
+        rows.append(f"| {name} | {_cell([r['wall'] for r in runs])} | {ratio} | {idle[0]} | {idle[1]}"
                     f" | {_cell([r['accuracy'] for r in runs])} |")
     return "\n".join(rows)
 
@@ -120,7 +126,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--scale", type=int, default=1, choices=[1, 10])
-    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--configs", nargs="+", default=DEFAULT, choices=list(CONFIGS))
     p.add_argument("--out", type=Path, default=None, help="keep the run directories here")
     p.add_argument("overrides", nargs="*", help="key=value for every run")
     args = p.parse_args(argv)
@@ -130,7 +136,7 @@ def main(argv=None) -> None:
         results: dict[str, list[dict]] = {name: [] for name in args.configs}
         for seed in args.seeds:  # interleaved: each seed runs every configuration back to back
             for name in args.configs:
-                label = f"{name.replace('η=', 'eta')}_s{seed}"
+                label = f"{name.replace('η=', 'eta').replace(' ', '_')}_s{seed}"
                 results[name].append(summarize(_train(out, label, seed, CONFIGS[name], args, model_path)))
     print(f"steps {args.steps}, seeds {args.seeds}, threads {args.threads}, scale {args.scale}×\n")
     print(table(results))

@@ -13,7 +13,7 @@ from rlvr.errors import ConfigError
 from rlvr.models.causal_lm import tiny_llama
 from rlvr.models.lora import merged_weights
 from rlvr.models.tokenizer import char_tokenizer
-from rlvr.trainer.sync import _gap_metrics
+from rlvr.trainer.proximal import gap_metrics
 
 
 @pytest.mark.parametrize("overrides, field", [
@@ -60,8 +60,8 @@ def test_gap_metrics_report_kl_and_the_largest_ratio():
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     old = torch.tensor([[-1.0, -2.0, -9.0]])
     roll = torch.tensor([[-1.0, -2.5, 0.0]])  # the padded position must not count
-    gap = _gap_metrics(old, roll, mask)
+    gap = gap_metrics(old, roll, mask, None)[0]
     k3 = (torch.exp(torch.tensor(0.5)) - 1 - 0.5) / 2
     assert gap["mismatch_kl"] == pytest.approx(float(k3), abs=1e-6)
     assert gap["mismatch_max_ratio"] == pytest.approx(float(torch.exp(torch.tensor(0.5))), abs=1e-6)
-    assert _gap_metrics(old, old, mask)["mismatch_max_ratio"] == 1.0
+    assert gap_metrics(old, old, mask, None)[0]["mismatch_max_ratio"] == 1.0

@@ -24,7 +24,7 @@ from rlvr.kernels import native
 from rlvr.models.policy import CausalPolicy
 from rlvr.trainer import sync
 from rlvr.trainer.components import build_components
-from rlvr.trainer.rows import RowPool, configure_threads, resolve_mode, split_engine
+from rlvr.trainer.rows import CoreLease, RowPool, configure_threads, resolve_mode, split_engine
 from rlvr.trainer.runtime import configure_for
 from rlvr.trainer.step import LossSpec, optimizer_step
 
@@ -60,6 +60,58 @@ def test_map_runs_in_workers_keeps_order_and_grad_mode():
     assert out == [(0, False), (4, False)]
     assert all(name.startswith("rlvr-rows") for name in seen)
     assert pool.map(lambda rows: torch.is_grad_enabled(), 4) == [True, True]
+
+
+def test_core_lease_never_computes_on_more_threads_than_cores():
+    """Two sides of one process, each with a 2-worker pool under one lease of 2 cores: the slices
+    in flight never outnumber the cores, a side alone gets both, and the results are in row order."""
+    lease = CoreLease(2)
+    pools = [RowPool(2, lease), RowPool(2, lease)]
+    lock, running, most = threading.Lock(), [0], [0]
+
+    def piece(rows):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        threading.Event().wait(0.01)
+        with lock:
+            running[0] -= 1
+        return rows.start
+
+    assert pools[0].map(piece, 8) == [0, 4] and most[0] == 2  # alone: both cores
+    outs = [None, None]
+
+    def side(i):
+        with lease.held():  # the side's own core, as the learner and the rollout thread hold theirs
+            outs[i] = [pools[i].map(piece, 8) for _ in range(20)]
+
+    threads = [threading.Thread(target=side, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 2 and outs == [[[0, 4]] * 20] * 2
+
+
+def test_a_side_asking_for_its_core_stops_new_borrowing():
+    """Without this the learner, borrowing again at every micro-batch, could starve the rollout side."""
+    lease, got = CoreLease(2), threading.Event()
+
+    def other_side():
+        with lease.held():
+            got.set()
+
+    with lease.held():
+        assert lease.borrow(5) == 1  # the one free core
+        other = threading.Thread(target=other_side)
+        other.start()
+        while not lease._asking:  # the other side waits for a core
+            threading.Event().wait(0.001)
+        lease._give_back(1)
+        assert lease.borrow(1) == 0  # it goes to the side that asked, not back to this one
+        assert got.wait(5)
+        other.join(5)
+    assert lease.borrow(5) == 2  # all given back
 
 
 def test_configure_threads():
@@ -174,3 +226,31 @@ def test_cli_run_in_rows_mode_records_its_threads(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     runtime = json.loads((tmp_path / "rows" / "run.json").read_text())["runtime"]
     assert runtime["row_workers"] == 2 and runtime["torch_threads"] == 1
+
+
+def test_a_map_takes_a_core_that_frees_up_while_its_slices_wait():
+    """The other side gives its core back mid-map: the waiting slice runs on it at once, beside the
+    caller's slice (without the hand-over it would wait for the caller's slice to end)."""
+    lease = CoreLease(2)
+    pool = RowPool(2, lease)
+    other_holds, free_other, beside = threading.Event(), threading.Event(), threading.Event()
+
+    def other_side():
+        with lease.held():
+            other_holds.set()
+            assert free_other.wait(5)
+
+    def piece(rows):
+        if rows.start == 0:
+            free_other.set()
+            return beside.wait(5)  # True only if slice 2 started while this one runs
+        beside.set()
+        return True
+
+    other = threading.Thread(target=other_side)
+    other.start()
+    assert other_holds.wait(5)
+    with lease.held():
+        assert pool.map(piece, 4) == [True, True]
+    other.join(5)
+    assert lease.borrow(5) == 2  # every core given back

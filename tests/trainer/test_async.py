@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -98,38 +99,51 @@ def test_one_step_off_runs_bounded_and_corrected(tmp_path, capsys):
 
 def test_stale_batch_is_weighted_by_proximal_over_behaviour(monkeypatch):
     """A batch sampled by version 0 and trained after one update: the clip's old log-probs are the
-    learner's current ones (proximal), the weights exp(prox - behav), capped by rollout_correction."""
+    learner's current ones (proximal), the weights exp(prox - behav), capped by rollout_correction;
+    the same weights, loss and metrics whether pi_prox comes from a separate forward before the
+    update or from the update's own forward (one update per step: `trainer/proximal.py`)."""
     from rlvr.config import load_config
     from rlvr.trainer import sync
     from rlvr.trainer.collect import produce
     from rlvr.trainer.components import build_components
     from rlvr.trainer.logit_stats import no_grad_outputs
 
-    seen = {}
+    real, seen = sync.optimizer_step, {}
 
     def capture(policy, optimizer, scheduler, batch, spec, **kwargs):
-        seen["batch"] = batch
-        return {}
+        proximal = no_grad_outputs(policy, batch, 64)["logp"]  # before the update
+        seen["batch"], seen["proximal"], weights = batch, proximal, []
+        if spec.proximal_weights is not None:  # record what the loss is weighted by
+            weigh = spec.proximal_weights
+            spec = dataclasses.replace(spec, proximal_weights=lambda *a: weights.append(weigh(*a)[0]) or weigh(*a))
+        out = real(policy, optimizer, scheduler, batch, spec, **kwargs)
+        seen["weights"] = torch.cat(weights) if weights else batch.loss_weights
+        return out
 
     for cap in (None, 1.5):
         extra = [] if cap is None else ["algo.rollout_correction=true", f"algo.correction_cap={cap}"]
-        c = build_components(load_config(None, [*TINY, *extra]))
-        stale = produce(c, 1)  # sampled by version 0
-        with torch.no_grad():  # an update happened since: the learner's weights moved
-            for p in c.model.parameters():
-                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
-        monkeypatch.setattr(sync, "optimizer_step", capture)
-        stale.staleness = 1
-        metrics, _ = sync.rl_step(c, 2, stale)
-        monkeypatch.undo()
-        batch, mask = seen["batch"], seen["batch"].completion_mask
-        proximal = no_grad_outputs(c.policy, batch, 64)["logp"]
-        torch.testing.assert_close(batch.old_logp, proximal)
-        assert (proximal - batch.rollout_logp).abs().max() > 1e-3
-        ratio = torch.exp(proximal - batch.rollout_logp) * mask
-        expected = ratio if cap is None else ratio.clamp(max=cap)
-        torch.testing.assert_close(batch.loss_weights, expected)
-        assert metrics["async/behaviour_kl_k3"] > 0
+        results = {}
+        for fused in (True, False):
+            c = build_components(load_config(None, [*TINY, *extra]))
+            stale = produce(c, 1)  # sampled by version 0
+            with torch.no_grad():  # an update happened since: the learner's weights moved
+                for p in c.model.parameters():
+                    p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+            monkeypatch.setattr(sync, "optimizer_step", capture)
+            if not fused:
+                monkeypatch.setattr(sync, "fusable", lambda c: False)
+            stale.staleness = 1
+            results[fused], _ = sync.rl_step(c, 2, stale)
+            monkeypatch.undo()
+            batch, mask, proximal = seen["batch"], seen["batch"].completion_mask, seen["proximal"]
+            assert (batch.old_logp is None) == fused  # the separate forward ran only when not fused
+            assert (proximal - batch.rollout_logp).abs().max() > 1e-3
+            ratio = torch.exp(proximal - batch.rollout_logp) * mask
+            torch.testing.assert_close(seen["weights"], ratio if cap is None else ratio.clamp(max=cap))
+            assert results[fused]["async/behaviour_kl_k3"] > 0
+        for key in ("loss/policy", "actor/grad_norm", "async/behaviour_kl_k3", "async/weight_clip_frac",
+                    "rollout/mismatch_kl", "rollout/mismatch_max_ratio"):
+            assert results[True][key] == pytest.approx(results[False][key], rel=1e-5, abs=1e-7), key
 
 
 @pytest.mark.parametrize("cores, workers", [(1, 1), (2, 1), (3, 1), (4, 1), (8, 3), (16, 4)])
@@ -147,8 +161,9 @@ def test_thread_budget_never_exceeds_the_cores(cores, workers):
     assert overlap["concurrent"] == overlap["learner"] + workers * overlap["rollout_worker"] <= cores
 
 
-def test_overlapping_sides_get_their_threads(tmp_path):
-    """With η > 0 on 2 cores each side runs with its share: one thread each, no row pool."""
+def test_overlapping_sides_share_the_cores(tmp_path):
+    """With η > 0 on 2 cores in one process both sides split their rows over 2 workers, as the
+    synchronous loop does, under one lease of 2 cores (`rows.CoreLease`)."""
     from rlvr.config import load_config
     from rlvr.trainer.async_loop import AsyncSteps
     from rlvr.trainer.components import build_components
@@ -158,8 +173,10 @@ def test_overlapping_sides_get_their_threads(tmp_path):
     c = build_components(config, runtime=configure_for(config))
     steps = AsyncSteps(c, 0)
     try:
-        assert steps.threads == {"learner": 1, "rollout_worker": 1, "concurrent": 2, "rows_mode": True}
-        assert c.rows is None and torch.get_num_threads() == 1
+        assert steps.threads == {"learner": 2, "rollout_worker": 2, "concurrent": 2, "rows_mode": True,
+                                 "shared_cores": True}
+        assert c.rows.workers == 2 and c.rows.lease is steps.lease and steps.lease.cores == 2
+        assert torch.get_num_threads() == 1
         steps.step(1)
     finally:
         steps.close()

@@ -81,3 +81,25 @@ def test_greedy_in_group_collects_the_greedy_decode_as_each_groups_last_row():
     sampled = c.engine(got.prompt_ids[rows], got.prompt_mask[rows], sample_seeds(config.seed, 1, 6)[rows],
                        temperature=r.temperature)
     assert torch.equal(got.completion_ids[rows], sampled.completion_ids)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_kept_log_probs_are_the_forward_before_the_update_in_row_order(tiny_model, make_train_batch, workers):
+    """`optimizer_step(keep=...)` hands back the update's forward log-probs (pi_prox of a one-update
+    step) in the batch's row order, micro-batches and row workers included."""
+    from rlvr.trainer.logit_stats import no_grad_outputs
+    from rlvr.trainer.rows import RowPool
+    from rlvr.trainer.step import optimizer_step
+
+    batch = make_train_batch(tiny_model, PROMPTS, with_old=False)
+    policy = CausalPolicy(tiny_model, temperature=1.0)
+    before = no_grad_outputs(policy, batch, 64)["logp"]
+    spec = LossSpec(objective=ppo_clip, aggregation=AGGREGATIONS["seq_mean_token_mean"], kl_estimator=None,
+                    kl_coef=0.0, entropy_coef=0.0)
+    optimizer = torch.optim.SGD(tiny_model.parameters(), lr=0.5)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    kept = []
+    optimizer_step(policy, optimizer, scheduler, batch, spec, micro_batch_size=6, grad_clip=0.0,
+                   rows=RowPool(workers) if workers > 1 else None, keep=kept)
+    torch.testing.assert_close(torch.cat(kept) * batch.completion_mask, before, atol=1e-5, rtol=1e-5)
+    assert (no_grad_outputs(policy, batch, 64)["logp"] - before).abs().max() > 1e-4  # the update moved the policy

@@ -17,6 +17,13 @@ The rollout side owns the prompt RNG and the selector; each batch carries their 
 which is what a checkpoint of its step records, so a resumed run restarts the rollout side at
 the step after its checkpoint (batches generated past it are discarded, never trained twice).
 
+Cores: with rows split over threads (`trainer.thread_mode=rows`, the default for causal models)
+the two sides share all of the process's cores through one `rows.CoreLease`: each holds a core
+while it works, and its row pool computes on the other one too whenever the other side waits (for
+admission, queue space or a batch), so the faster side's idle core goes to the slower one and the
+threads computing never outnumber `trainer.threads`. Each side splits its rows as the synchronous
+loop does. Other modes and the Ray backend give each side a fixed share (`runtime.thread_budget`).
+
 Where the rollout side runs is the backend's business: a thread here (`LocalRollouts`), Ray
 actors behind the same seams in `ray_backend` (the sampler as a `WeightSyncEngine`, the verifier).
 With `rollout.engine=vllm` the local rollout side pushes into the run's one vLLM engine, which the
@@ -36,7 +43,7 @@ from rlvr.protocols import WeightSyncEngine
 from rlvr.tracking.run_dir import now
 from rlvr.trainer import build
 from rlvr.trainer.collect import Produced, produce
-from rlvr.trainer.rows import RowPool, resolve_mode, split_engine
+from rlvr.trainer.rows import CoreLease, RowPool, resolve_mode, split_engine
 from rlvr.trainer.runtime import available_cores, thread_budget
 from rlvr.trainer.snapshot import SharedEngine, SnapshotEngine, published
 from rlvr.trainer.sync import rl_step
@@ -82,9 +89,11 @@ def rollout_facts(idle_s: float, sync_s: float, rollout_s: float) -> dict[str, f
 class LocalRollouts:
     """The rollout side in a thread of this process: generates steps `start+1 .. last` into a bounded queue."""
 
-    def __init__(self, c, engine: SnapshotEngine, *, start: int, last: int, max_staleness: int, threads: int):
+    def __init__(self, c, engine: SnapshotEngine, *, start: int, last: int, max_staleness: int, threads: int,
+                 lease: CoreLease | None = None):
         self.c = dataclasses.replace(c, engine=engine)  # same task, reward, RNG and selector; its own weights
         self.engine, self.max_staleness, self.threads = engine, max_staleness, threads
+        self.lease = lease  # the process's cores, shared with the learner (None = a fixed share)
         self.slot = WeightSlot(engine.policy_version)
         self.queue: queue.Queue = queue.Queue(maxsize=max(1, max_staleness))
         self.stop = threading.Event()
@@ -99,14 +108,15 @@ class LocalRollouts:
                 t0 = now()
                 version, tensors = self.slot.wait(admissible_version(step, self.max_staleness),
                                                   self.engine.policy_version, self.stop)
-                idle += now() - t0
-                with getattr(self.engine, "lock", contextlib.nullcontext()):  # a SharedEngine: one version a batch
-                    t0 = now()
-                    if tensors is not None:
-                        self.engine.push_weights(tensors, version)
-                    sync_s = now() - t0
-                    produced = produce(self.c, step)
-                    produced.version = self.engine.policy_version
+                with self.lease.held() if self.lease is not None else contextlib.nullcontext():
+                    idle += now() - t0  # waiting for a core counts as idle
+                    with getattr(self.engine, "lock", contextlib.nullcontext()):  # a SharedEngine: one version a batch
+                        t0 = now()
+                        if tensors is not None:
+                            self.engine.push_weights(tensors, version)
+                        sync_s = now() - t0
+                        produced = produce(self.c, step)
+                        produced.version = self.engine.policy_version
                 produced.facts = rollout_facts(idle, sync_s, produced.rollout_s)
                 if hasattr(self.engine, "restarts"):  # a backend that restarts dead workers counts them
                     produced.facts["async/worker_restarts"] = float(self.engine.restarts)
@@ -182,7 +192,15 @@ class AsyncSteps:
         # vLLM (an engine with its own weights): never a second one here, and no row split (runtime.configure_for)
         self.vllm = isinstance(c.engine, WeightSyncEngine)
         rows_mode = not self.vllm and (c.rows is not None or resolve_mode(t.thread_mode, c.config.model.kind) == "rows")
-        if overlap:  # each side its own share of the cores (runtime.thread_budget)
+        cores = available_cores(t.threads)
+        # Rows split over threads of this process: the sides share all the cores (`rows.CoreLease`).
+        self.lease = CoreLease(cores) if overlap and rows_mode and t.backend == "local" and cores > 1 else None
+        if self.lease is not None:  # each side splits its rows as the synchronous loop does
+            c.rows = RowPool(cores, self.lease)
+            c.engine = _engine_maker(c, c.rows)(c.model)
+            torch.set_num_threads(1)
+            rollout_rows, rollout_threads = RowPool(cores, self.lease), 1
+        elif overlap:  # each side its own share of the cores (runtime.thread_budget)
             c.rows = _rows(self.budget["learner"]) if rows_mode else None
             if not self.vllm:
                 c.engine = _engine_maker(c, c.rows)(c.model)
@@ -193,6 +211,9 @@ class AsyncSteps:
             rollout_rows, rollout_threads = c.rows, torch.get_num_threads()
         self.threads = {"learner": self.budget["learner"], "rollout_worker": self.budget["rollout_worker"],
                         "concurrent": self.budget["concurrent"], "rows_mode": rows_mode}
+        if self.lease is not None:  # either side may compute on every core, the two never on more in all
+            self.threads = {"learner": cores, "rollout_worker": cores, "concurrent": cores, "rows_mode": True,
+                            "shared_cores": True}
         rollout_c, self._closers = c, []
         if t.backend == "ray":  # the sampler and the verifier on Ray actors; admission and prompts stay here
             from rlvr.trainer.ray_backend import ray_rollout_side
@@ -207,21 +228,22 @@ class AsyncSteps:
         else:
             engine = SnapshotEngine(c.model, _engine_maker(c, rollout_rows), version=start)
         self.rollouts = LocalRollouts(rollout_c, engine, start=start, last=t.steps,
-                                      max_staleness=self.max_staleness, threads=rollout_threads)
+                                      max_staleness=self.max_staleness, threads=rollout_threads, lease=self.lease)
         self._state = None
         self._weight_s = 0.0
 
     def step(self, step: int) -> tuple[dict[str, float], list[dict]]:
         t0 = now()
         produced, depth = self.rollouts.get()
-        wait = now() - t0
         produced.staleness = (step - 1) - produced.version
-        t0 = now()
-        metrics, samples = rl_step(self.c, step, produced)
-        work = now() - t0
-        t0 = now()
-        self.rollouts.publish(published(self.c.model, merged=self.vllm), step)
-        publish_s = now() - t0
+        with self.lease.held() if self.lease is not None else contextlib.nullcontext():
+            wait = now() - t0  # for a batch, then for a core
+            t0 = now()
+            metrics, samples = rl_step(self.c, step, produced)
+            work = now() - t0
+            t0 = now()
+            self.rollouts.publish(published(self.c.model, merged=self.vllm), step)
+            publish_s = now() - t0
         metrics.update(produced.facts)
         metrics.update(step_facts(produced.staleness, self.max_staleness, depth=depth, wait_s=wait,
                                   work_s=work + publish_s, version=produced.version,

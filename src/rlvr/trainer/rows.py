@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,14 +26,77 @@ from rlvr.batch import Rollouts, concat_rollouts
 from rlvr.kernels.decoder import shared_weights
 
 
+class CoreLease:
+    """The cores of a process shared by the sides that compute at the same time (the asynchronous
+    learner and rollout side): each holds one core while it works (`held`), and a row pool's map
+    borrows free ones for its other slices, at its start or as they free up, so the threads
+    computing never outnumber the cores while a side that waits (for a batch, for queue space)
+    leaves its core to the other. A side asking for its core stops new borrowing until it has it
+    (without that the learner, borrowing again at every micro-batch, could starve the rollout side)."""
+
+    def __init__(self, cores: int):
+        self.cores, self._free, self._asking, self._wanting = cores, cores, 0, []
+        self._cond = threading.Condition()
+        self._mine = threading.local()
+
+    @contextlib.contextmanager
+    def held(self):
+        """One core for this thread for the block (no-op when it holds one already)."""
+        if getattr(self._mine, "held", False):
+            yield
+            return
+        with self._cond:
+            self._asking += 1
+            self._cond.wait_for(lambda: self._free > 0)
+            self._asking -= 1
+            self._free -= 1
+        self._mine.held = True
+        try:
+            yield
+        finally:
+            self._mine.held = False
+            self._give_back(1)
+
+    def borrow(self, most: int) -> int:
+        """Up to `most` free cores, without waiting: how many were taken (give them back after)."""
+        with self._cond:
+            taken = 0 if self._asking else max(0, min(most, self._free))
+            self._free -= taken
+            return taken
+
+    def want(self, take: Callable[[], None], wanted: bool = True) -> None:
+        """While wanted, a core that frees up with nobody asking goes to `take()` (which gives it back)."""
+        with self._cond:
+            if wanted:
+                self._wanting.append(take)
+            elif take in self._wanting:
+                self._wanting.remove(take)
+        if wanted:
+            self._give_back(0)
+
+    def _give_back(self, count: int) -> None:
+        with self._cond:
+            self._free += count
+            handed = []
+            while self._free and not self._asking and self._wanting:
+                self._free -= 1
+                handed.append(self._wanting.pop(0))
+            self._cond.notify_all()
+        for take in handed:
+            take()
+
+
 class RowPool:
     """`map(fn, rows)` runs `fn(slice)` on `workers` consecutive slices of `rows` rows in worker
-    threads and returns the results in row order."""
+    threads and returns the results in row order.
 
-    def __init__(self, workers: int):
+    With a `lease` (`CoreLease`) the slices run on as many threads at once as the caller's core
+    and the free ones it can borrow: the slices and their results are the same either way."""
+
+    def __init__(self, workers: int, lease: CoreLease | None = None):
         if workers < 2:
             raise ValueError(f"a row pool needs at least 2 workers, got {workers}")
-        self.workers = workers
+        self.workers, self.lease = workers, lease
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="rlvr-rows")
 
     def slices(self, rows: int) -> list[slice]:
@@ -48,7 +112,57 @@ class RowPool:
             with torch.set_grad_enabled(grad):
                 return fn(part)
 
-        return list(self._executor.map(run, self.slices(rows)))
+        if self.lease is None:
+            return list(self._executor.map(run, self.slices(rows)))
+        return self._leased(run, self.slices(rows)) if rows else []
+
+    def _leased(self, run: Callable, parts: list[slice]) -> list:
+        """The slices on the caller's core and on every core the lease hands over before they are done."""
+        results: dict[int, object] = {}
+        todo, done = list(reversed(range(len(parts)))), threading.Condition()
+
+        def lane(borrowed: bool) -> None:
+            try:
+                while True:
+                    with done:
+                        if not todo:
+                            return
+                        j = todo.pop()
+                    try:
+                        out = run(parts[j])
+                    except BaseException as err:  # re-raised by the caller
+                        out = err
+                    with done:
+                        results[j] = out
+                        done.notify_all()
+            finally:
+                if borrowed:
+                    self.lease._give_back(1)
+
+        def take() -> None:  # a core handed over (once per `want`): a lane while slices wait, else back
+            with done:
+                more = len(todo)
+                if more:
+                    self._executor.submit(lane, True)
+            if not more:
+                self.lease._give_back(1)
+            elif more > 1:
+                self.lease.want(take)
+
+        with self.lease.held():
+            self._executor.submit(lane, False)  # on the caller's core, which waits meanwhile
+            for _ in range(self.lease.borrow(len(parts) - 1)):
+                self._executor.submit(lane, True)
+            self.lease.want(take)
+            try:
+                with done:
+                    done.wait_for(lambda: len(results) == len(parts))
+            finally:
+                self.lease.want(take, wanted=False)
+        for out in results.values():
+            if isinstance(out, BaseException):
+                raise out
+        return [results[j] for j in range(len(parts))]
 
 
 def resolve_mode(mode: str, model_kind: str) -> str:

@@ -33,13 +33,20 @@ class LossSpec:
     # (logp, old_logp, expert_logp, advantages, mask) -> (loss, metrics) on expert rows; None = no expert
     # rows, or `expert.objective=main` (the objective trains them too)
     expert: Callable | None = None
+    # (old_logp, rollout_logp, mask) -> (weights, metrics) applied to this forward's detached log-probs: the
+    # proximal policy of a step with one update (`rlvr.trainer.proximal`); None = the weights come with the batch
+    proximal_weights: Callable | None = None
 
 
-def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: float, num_seqs: float):
-    """This micro-batch's share of the step loss, and its per-token metric sums (masked)."""
+def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: float, num_seqs: float,
+                     keep: list | None = None):
+    """This micro-batch's share of the step loss, and its per-token metric sums (masked); `keep`
+    (a list) gets the forward's detached log-probs appended."""
     # An objective that declared more than log-probs (ShiQ's logsumexp) gets it from this same forward.
     logp, entropy, data = loss_outputs(policy, mb, spec.objective)
     mb = mb.to(logp.device)  # the loss runs where the model does
+    if keep is not None:
+        keep.append(logp.detach())
     old = logp.detach() if mb.old_logp is None else mb.old_logp
     mask = mb.completion_mask
     if mb.expert is None or spec.expert is None:
@@ -54,6 +61,8 @@ def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: floa
         loss_tok = loss_tok - spec.entropy_coef * entropy
     if mb.loss_weights is not None:
         loss_tok = loss_tok * mb.loss_weights
+    if spec.proximal_weights is not None:
+        loss_tok = loss_tok * spec.proximal_weights(logp.detach(), mb.rollout_logp, mask)[0]
     if mb.sample_weight is not None:
         loss_tok = loss_tok * mb.sample_weight.to(loss_tok.device)[:, None]
     loss = spec.aggregation(loss_tok, mask, num_tokens=num_tokens, num_seqs=num_seqs)
@@ -80,10 +89,11 @@ def _drift_sums(logp, old, mask, sums: dict[str, float]) -> dict[str, float]:
 
 
 def optimizer_step(policy, optimizer, scheduler, batch: TrainBatch, spec: LossSpec, *,
-                   micro_batch_size: int, grad_clip: float, rows=None) -> dict[str, float]:
+                   micro_batch_size: int, grad_clip: float, rows=None, keep: list | None = None) -> dict[str, float]:
     """One optimizer step over `batch`, accumulated over micro-batches. Returns metrics.
 
-    `rows` (a `trainer.rows.RowPool`, optional) splits each micro-batch over worker threads."""
+    `rows` (a `trainer.rows.RowPool`, optional) splits each micro-batch over worker threads. `keep`
+    (a list) gets the detached log-probs of the step's forwards, in `batch`'s row order."""
     chunks = [batch.select(slice(i, i + micro_batch_size)) for i in range(0, len(batch), micro_batch_size)]
     counts = dict(zip(("num_tokens", "num_seqs"), global_counts(c.completion_mask for c in chunks)))
     if counts["num_tokens"] == 0:
@@ -91,7 +101,7 @@ def optimizer_step(policy, optimizer, scheduler, batch: TrainBatch, spec: LossSp
     totals: dict[str, float] = {}
     loss_value = 0.0
     for mb in chunks:
-        for loss, sums in _backward(policy, mb, spec, counts, rows):
+        for loss, sums in _backward(policy, mb, spec, counts, rows, keep):
             loss_value += loss
             for key, value in sums.items():
                 totals[key] = totals.get(key, 0.0) + value
@@ -106,24 +116,28 @@ def optimizer_step(policy, optimizer, scheduler, batch: TrainBatch, spec: LossSp
     return metrics
 
 
-def _backward(policy, mb: TrainBatch, spec: LossSpec, counts: dict, rows) -> list[tuple[float, dict]]:
+def _backward(policy, mb: TrainBatch, spec: LossSpec, counts: dict, rows,
+              keep: list | None) -> list[tuple[float, dict]]:
     """Accumulate `mb`'s gradient into `.grad`; its (loss, metric sums), one per piece of rows.
 
     With a row pool each worker takes `torch.autograd.grad` of its rows' loss, and the pieces
     are added in row order: the same sums as serial micro-batches of those rows."""
     if rows is None:
-        loss, sums = micro_batch_loss(policy, mb, spec, **counts)
+        loss, sums = micro_batch_loss(policy, mb, spec, **counts, keep=keep)
         loss.backward()
         return [(float(loss.detach()), sums)]
     params = [p for p in policy.parameters() if p.requires_grad]
 
     def piece(part: slice):
-        loss, sums = micro_batch_loss(policy, mb.select(part), spec, **counts)
-        return float(loss.detach()), sums, torch.autograd.grad(loss, params, allow_unused=True)
+        kept = [] if keep is not None else None  # per piece: the workers finish in any order
+        loss, sums = micro_batch_loss(policy, mb.select(part), spec, **counts, keep=kept)
+        return float(loss.detach()), sums, torch.autograd.grad(loss, params, allow_unused=True), kept
 
     results = rows.map(piece, len(mb))
-    for _, _, grads in results:
+    for _, _, grads, kept in results:
         for p, g in zip(params, grads):
             if g is not None:
                 p.grad = g if p.grad is None else p.grad.add_(g)
-    return [(loss, sums) for loss, sums, _ in results]
+        if keep is not None:
+            keep.extend(kept)
+    return [(loss, sums) for loss, sums, _, _ in results]

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from rlvr.algos._registry import needs_of
 from rlvr.algos.advantages import AdvantageInputs
-from rlvr.algos.correction import importance_correction, mismatch_metrics
+from rlvr.algos.correction import importance_correction
 from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.shaping import overlong_penalty
 from rlvr.batch import TrainBatch
@@ -51,6 +51,7 @@ from rlvr.trainer.critic import critic_step, critic_values
 from rlvr.trainer.evaluate import greedy_accuracy, sampled_scores
 from rlvr.trainer.expert import add_expert_rows
 from rlvr.trainer.logit_stats import no_grad_outputs, old_pass, reference_pass, reward_tokens
+from rlvr.trainer.proximal import fusable, gap_metrics, placed
 from rlvr.trainer.runtime import Runtime
 from rlvr.trainer.step import optimizer_step
 
@@ -116,13 +117,13 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     stale = produced.staleness > 0
     foreign = synced or r.engine == "vllm"  # vLLM's log-probs, also from an async rollout side's engine
     on_policy = t.ppo_epochs == 1 and t.minibatches == 1 and not a.rollout_correction and not foreign and not stale
+    weigh = (c.loss.correction or BEHAVIOUR_WEIGHTS) if a.rollout_correction or stale else None
+    kept = [] if not on_policy and fusable(c) else None  # pi_prox from the update's own forward (proximal.py)
     # The old-policy pass, with what the advantage estimator declared (the optimal token baseline's Σπ²).
     batch.old_logp, behaviour_inputs = old_pass(c.policy, batch, c.advantage.estimate, t.micro_batch_size, c.rows,
-                                                needed=not on_policy)
-    if a.rollout_correction or stale:
-        batch.loss_weights, behaviour = (c.loss.correction or BEHAVIOUR_WEIGHTS)(batch.old_logp, rollouts.logprobs,
-                                                                               mask)
-    gap = {} if batch.old_logp is None else _gap_metrics(batch.old_logp, rollouts.logprobs, mask)
+                                                needed=not on_policy and kept is None)
+    if batch.old_logp is not None and weigh is not None:
+        batch.loss_weights = weigh(batch.old_logp, rollouts.logprobs, mask)[0]
     if c.reference is not None:  # its log-probs, and its logsumexp when the objective declared it (ShiQ)
         reference_pass(c.reference, batch, c.loss.objective, t.micro_batch_size, c.rows)
     old_values = critic_values(c.critic, batch, t.micro_batch_size) if c.critic is not None else None
@@ -152,11 +153,16 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
                                      value_clip=a.value_clip, micro_batch_size=t.micro_batch_size,
                                      grad_clip=cfg.optim.grad_clip))
             if train_policy:
-                m.update(optimizer_step(c.policy, c.optimizer, c.scheduler, batch.select(rows), c.loss,
+                spec = c.loss if kept is None else dataclasses.replace(c.loss, proximal_weights=weigh)
+                m.update(optimizer_step(c.policy, c.optimizer, c.scheduler, batch.select(rows), spec,
                                         micro_batch_size=t.micro_batch_size, grad_clip=cfg.optim.grad_clip,
-                                        rows=c.rows))
+                                        rows=c.rows, keep=kept))
             updates.append(m)
     timings["update"] = now() - t0
+    if kept is not None:
+        batch.old_logp = placed(kept, rows, mask)
+    old_logp = None if batch.old_logp is None else batch.old_logp[:len(mask)]  # the engine's rows (not expert)
+    gap, behaviour = gap_metrics(old_logp, rollouts.logprobs, mask, weigh)
     if synced:
         timings["weight_sync"] = push_weights(c)
     forwards = c.policy.forwards - forwards_before
@@ -184,16 +190,6 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
                 "reward": float(rewards[i]) if math.isfinite(float(rewards[i])) else None}
                for i in range(0, len(got.group), stride)][:t.samples_per_step]
     return metrics, samples
-
-
-def _gap_metrics(old_logp, rollout_logp, mask) -> dict[str, float]:
-    """How far the sampler's log-probs are from the trainer's on the sampled tokens: `mismatch_kl`
-    (k3 estimate of KL(rollout || trainer)), `mismatch_k1`, and the largest per-token probability
-    ratio either way, `mismatch_max_ratio`."""
-    gap = mismatch_metrics(old_logp, rollout_logp, mask)
-    worst = gap["mismatch_max_abs"]
-    return {"mismatch_kl": gap["mismatch_k3"], "mismatch_k1": gap["mismatch_k1"], "mismatch_max_abs": worst,
-            "mismatch_max_ratio": math.exp(min(worst, 20.0))}
 
 
 def push_weights(c: Components) -> float:
