@@ -96,6 +96,7 @@ def test_one_step_off_vllm_tags_each_batch_with_the_weights_that_sampled_it(tmp_
     config = load_config(None, [*VLLM, _reward(tmp_path), "trainer.threads=2", "trainer.max_staleness=1",
                                 "trainer.steps=4", "trainer.eval_every=0"])
     c = build_components(config, runtime=configure_for(config))
+    engine = c.engine  # the loop wraps it (snapshot.SharedEngine); closed here, as `train` does
     batches, real_step = [], async_loop.rl_step
 
     def recording_step(c, step, produced):
@@ -115,6 +116,7 @@ def test_one_step_off_vllm_tags_each_batch_with_the_weights_that_sampled_it(tmp_
         evaluated = c.engine(ids, mask, torch.arange(4), temperature=1.0)
     finally:
         steps.close()
+        engine.close()
 
     reference = frozen_copy(c.model).eval()
 

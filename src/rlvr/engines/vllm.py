@@ -145,4 +145,8 @@ class VLLMEngine:
         self.policy_version = version
 
     def close(self) -> None:
+        """Shut the engine down now. vLLM's shutdown also tears down the process's distributed
+        state, which every vLLM engine of the process shares, so an engine left to the garbage
+        collector would break the one started after it whenever it is collected."""
+        self.llm.llm_engine.engine_core.shutdown()  # idempotent: vLLM's finalizer is detached
         self._dir.cleanup()

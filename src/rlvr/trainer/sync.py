@@ -368,6 +368,7 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
     check_trackers(_tracker_names(config))  # before anything is built or written
     with StopSignals(echo) as stop:  # SIGTERM/SIGINT: finish the step, checkpoint, record `interrupted`
         c = build_components(config, runtime=runtime, **objects)
+        engine = c.engine  # the loop may wrap it; the one built here is closed at the end (vLLM)
         try:
             try:
                 with disk_errors(run, "resuming the run" if resume else "starting the run"):
@@ -395,6 +396,8 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
             finish_manifest(run, "finished", exit_status=0, final=line, runtime=_runtime_facts(c))
         finally:
             run.release()
+            if hasattr(engine, "close"):
+                engine.close()
     return line
 
 
