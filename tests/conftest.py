@@ -9,7 +9,7 @@ import torch
 from rlvr.models.causal_lm import tiny_llama
 from rlvr.models.tokenizer import char_tokenizer
 
-EXTRAS = {"vllm": "vllm"}  # marker -> the module its tests need (an optional extra)
+EXTRAS = {"vllm": "vllm", "ray": "ray"}  # marker -> the module its tests need (an optional extra)
 
 
 def pytest_runtest_setup(item):
@@ -21,6 +21,16 @@ def pytest_runtest_setup(item):
             if os.environ.get("RLVR_REQUIRE_EXTRAS") == "1":
                 pytest.fail(f"RLVR_REQUIRE_EXTRAS=1 but {module} is not importable ({message})", pytrace=False)
             pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray on 2 CPUs for one test module (its tests are marked `ray`, so the extra was checked)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
 
 
 @pytest.fixture(autouse=True)

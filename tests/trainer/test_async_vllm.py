@@ -134,19 +134,6 @@ def test_one_step_off_vllm_tags_each_batch_with_the_weights_that_sampled_it(tmp_
     assert gap(last.got.rollouts, 0) > 1e-2  # the versions' weights differ: the check above can fail
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    try:
-        import ray
-    except ImportError:
-        if os.environ.get("RLVR_REQUIRE_EXTRAS") == "1":
-            raise
-        pytest.skip("ray is not installed (pip install 'rlvr[ray]')")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 @pytest.mark.ray
 def test_ray_workers_with_vllm_reproduce_the_synchronous_vllm_run(sync_run, ray_local, tmp_path, monkeypatch):
     """The rollout worker actor starts its own vLLM engine with the run's one thread (vLLM's CPU

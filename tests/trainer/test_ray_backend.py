@@ -1,5 +1,6 @@
 """`trainer.backend=ray`: rollout workers and reward scorers as Ray actors on a local Ray
-(`ray.init(num_cpus=2)`, started here). Skipped without Ray unless RLVR_REQUIRE_EXTRAS=1 (CI)."""
+(`ray.init(num_cpus=2)`, started here: the `ray_local` fixture). Skipped without Ray unless
+RLVR_REQUIRE_EXTRAS=1 (CI)."""
 
 from __future__ import annotations
 
@@ -20,24 +21,6 @@ TINY = ["model.path=", "rollout.prompts_per_step=2", "rollout.group_size=2", "ro
         "task.heldout_size=4", "trainer.threads=2", "trainer.eval_every=2", "trainer.steps=4", "optim.lr=1e-2"]
 DIFFUSION = ["model.kind=diffusion", "rollout.diffusion_steps=4", "model.hidden_size=32", "model.num_layers=2"]
 CLOCK = ("time/", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/peak_rss_mb", "async/")
-
-
-def _require_ray():
-    try:
-        import ray
-    except ImportError:
-        if os.environ.get("RLVR_REQUIRE_EXTRAS") == "1":
-            raise
-        pytest.skip("ray is not installed (pip install 'rlvr[ray]')")
-    return ray
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = _require_ray()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 def _plus_reward(tmp_path) -> str:
@@ -107,7 +90,6 @@ def test_a_killed_rollout_worker_is_restarted_and_no_rollout_is_lost_or_repeated
 
 
 def test_ray_run_resumes_after_kill_9(tmp_path):
-    _require_ray()  # the runs start their own local Ray
     run = tmp_path / "run"
     base = [sys.executable, "-m", "rlvr.cli", "train", *TINY, _plus_reward(tmp_path), "trainer.backend=ray",
             "trainer.max_staleness=1", "trainer.save_every=1", "trainer.eval_every=0", f"trainer.out_dir={tmp_path}",
