@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from vs_trl import large_model  # the 10× model both benchmarks time (bench/ is on sys.path)
+
 from rlvr.tracking.stats import mean_ci
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,19 +36,6 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIGS = {"sync": (None, []), "η=1": (1, []), "η=2": (2, []), "η=4": (4, []),
            "ray η=1": (1, ["trainer.backend=ray"])}
 DEFAULT = ["sync", "η=1", "η=2", "η=4"]
-
-
-def _large_model(directory: Path) -> str:
-    """The 10× model of bench/vs_trl.py (10.6M parameters, random init), saved so every run loads it."""
-    from rlvr.models.causal_lm import tiny_llama
-    from rlvr.models.tokenizer import char_tokenizer
-
-    tokenizer = char_tokenizer()
-    model = tiny_llama(len(tokenizer), hidden_size=320, num_layers=8, num_heads=5, intermediate_size=960,
-                       max_seq_len=64, seed=0)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return str(directory)
 
 
 def _train(out: Path, name: str, seed: int, config: tuple, args, model_path: str | None) -> list[dict]:
@@ -132,7 +121,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         out = args.out or Path(scratch) / "runs"
-        model_path = _large_model(Path(scratch) / "model10x") if args.scale == 10 else None
+        model_path = large_model(str(Path(scratch) / "model10x")) if args.scale == 10 else None
         results: dict[str, list[dict]] = {name: [] for name in args.configs}
         for seed in args.seeds:  # interleaved: each seed runs every configuration back to back
             for name in args.configs:

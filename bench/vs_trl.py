@@ -293,7 +293,7 @@ def main(argv=None) -> None:
         memory_probe(args)
         return
     with tempfile.TemporaryDirectory() as scratch:
-        args.model_path = WARM_START if args.scale == 1 else _large_model(scratch)
+        args.model_path = WARM_START if args.scale == 1 else large_model(scratch)
         (_compare_engines if args.engine == "vllm" else _compare)(args)
 
 
@@ -341,7 +341,7 @@ def memory_probe(args) -> None:
     print(f"\nrelative gradient difference chunked vs unchunked: {diff:.1e}")
 
 
-def _large_model(directory: str) -> str:
+def large_model(directory: str) -> str:
     """A ~10x larger Llama saved to `directory` so both trainers load the same weights."""
     from rlvr.models.causal_lm import tiny_llama
     from rlvr.models.tokenizer import char_tokenizer
