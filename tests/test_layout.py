@@ -143,3 +143,33 @@ def test_optional_extras_are_imported_lazily_in_one_module_each():
 def test_no_source_file_is_over_the_size_limit():
     long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"files over {MAX_LINES} lines: {long}"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports, at module level or inside a function alike (a lazy
+    import still makes a cycle; only optional extras are imported lazily, and they are not ours)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in modules.items():
+        for name, _ in _imports(path):
+            if name in modules and name != module:
+                graph[module].add(name)
+    return graph
+
+
+def test_no_import_cycle_between_files():
+    graph = _module_graph()
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        if state.get(node) == 1:
+            raise AssertionError(f"import cycle: {' -> '.join(trail[trail.index(node):] + [node])}")
+        if state.get(node) == 2:
+            return
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, trail + [node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        visit(node, [])

@@ -177,15 +177,15 @@ class Trainer:
     def train(self) -> dict:
         """Apply the process settings, run (or resume) the loop, return the final metrics line."""
         from rlvr.tracking.run_dir import RunDir
+        from rlvr.trainer.run import train
         from rlvr.trainer.runtime import configure_for
-        from rlvr.trainer.sync import train
 
         if self._default_dir is not None:
             self.run_dir = _unused(self._default_dir)  # another run may have taken the name since __init__
         self._check_run_dir()
         if self.resume:
             from rlvr.trainer.checkpoint import checkpoint_step, latest_checkpoint
-            from rlvr.trainer.sync import nothing_left_message
+            from rlvr.trainer.loop import nothing_left_message
 
             newest = latest_checkpoint(self.run_dir / "checkpoints")
             if newest is not None and checkpoint_step(newest) >= self.config.trainer.steps:

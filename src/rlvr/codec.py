@@ -39,3 +39,10 @@ def decode_completions(tokenizer, rollouts: Rollouts) -> list[str]:
             ids = ids[:ids.index(eos)]
         texts.append(tokenizer.decode(ids, skip_special_tokens=True))
     return texts
+
+
+def completion_batch(tokenizer, completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Completions + EOS, right-padded: (ids (B, Tc), mask (B, Tc) float)."""
+    encoded = [tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for text in completions]
+    ids, mask = left_pad([seq[::-1] for seq in encoded], tokenizer.pad_token_id)  # pad left, then flip = pad right
+    return ids.flip(-1), mask.flip(-1).float()

@@ -89,6 +89,9 @@ class PolicyModel(Protocol):
     forwards: int
     """Model forwards this policy has run (a cost measure; fused paths that bypass the module
     forward do not count)."""
+    exact_logprobs: bool
+    """Its training forward gives the log-probs themselves (causal LMs), not an estimator's sample:
+    the builder lets a step with one update keep them as the proximal policy's."""
 
     def parameters(self) -> Iterator[torch.nn.Parameter]: ...
 

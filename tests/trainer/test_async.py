@@ -125,13 +125,13 @@ def test_stale_batch_is_weighted_by_proximal_over_behaviour(monkeypatch):
         results = {}
         for fused in (True, False):
             c = build_components(load_config(None, [*TINY, *extra]))
+            if not fused:  # the plan of a run that cannot fuse: the same batch through a separate pass
+                c.plan = dataclasses.replace(c.plan, stale=dataclasses.replace(c.plan.stale, source="pass"))
             stale = produce(c, 1)  # sampled by version 0
             with torch.no_grad():  # an update happened since: the learner's weights moved
                 for p in c.model.parameters():
                     p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
             monkeypatch.setattr(sync, "optimizer_step", capture)
-            if not fused:
-                monkeypatch.setattr(sync, "fusable", lambda c: False)
             stale.staleness = 1
             results[fused], _ = sync.rl_step(c, 2, stale)
             monkeypatch.undo()

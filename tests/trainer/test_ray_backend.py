@@ -64,8 +64,8 @@ def test_a_killed_rollout_worker_is_restarted_and_no_rollout_is_lost_or_repeated
     from rlvr.config import load_config
     from rlvr.tracking.run_dir import RunDir
     from rlvr.trainer.ray_backend import running_engines
+    from rlvr.trainer.run import train
     from rlvr.trainer.runtime import configure_for
-    from rlvr.trainer.sync import train
 
     args = [*TINY, _plus_reward(tmp_path), "trainer.steps=5", "trainer.save_every=0"]
     sync_run = _cli_run(tmp_path, capsys, "sync", *args)

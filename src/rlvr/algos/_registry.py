@@ -39,10 +39,11 @@ gives `logp`, with gradients), the reference's `ref_logp` and `ref_logsumexp` (d
 reference is built for them), and `token_rewards`, the row's reward on its last valid token (NaN
 on every token of an unscorable row)."""
 
-ADVANTAGE_NEEDS = ("old_logp", "sum_pi_squared", "reward_components", "reward_weights")
+ADVANTAGE_NEEDS = ("old_logp", "sum_pi_squared", "reward_components", "reward_weights", "baseline_rewards")
 """`AdvantageInputs` fields an estimator may declare: the behaviour policy's log-probs of the
 sampled tokens and its Σ_v π_v² per position, from the trainer's old-policy pass (`BEHAVIOUR_NEEDS`);
-each reward function's own score and its weight, from the verifier (GDPO)."""
+each reward function's own score and its weight, from the verifier (GDPO); the reward of one
+greedy completion per prompt, which the rollout phase then scores (ReMax)."""
 
 BEHAVIOUR_NEEDS = frozenset({"old_logp", "sum_pi_squared"})
 """The advantage needs that the old-policy pass computes."""

@@ -41,6 +41,7 @@ from rlvr.algos._registry import lookup
 
 __all__ = [
     "AGGREGATIONS",
+    "counts_tokens",
     "get_aggregation",
     "global_counts",
     "seq_mean_token_mean",
@@ -148,6 +149,18 @@ AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
     "seq_mean_token_mean": seq_mean_token_mean,
     "seq_mean_token_sum_norm": seq_mean_token_sum_norm,
 }
+
+
+TOKEN_WEIGHTED = frozenset({token_mean})
+"""The aggregations in which every token of the step weighs the same (rather than every row): a
+loss mixed into them (the expert rows' μ) is counted in tokens."""
+
+
+def counts_tokens(aggregation: Callable) -> bool:
+    """Whether `aggregation` (or the function under a `functools.partial`) weighs every token alike."""
+    while hasattr(aggregation, "func"):
+        aggregation = aggregation.func
+    return aggregation in TOKEN_WEIGHTED
 
 
 def get_aggregation(name: str) -> Callable[..., Tensor]:

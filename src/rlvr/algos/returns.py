@@ -47,6 +47,7 @@ from rlvr.algos._advantage_core import (
     whiten,
     working_mask,
 )
+from rlvr.algos._registry import needs
 
 __all__ = [
     "discounted_returns",
@@ -94,6 +95,7 @@ def reinforce_pp_baseline(inp: AdvantageInputs, *, adv_eps: float = 1e-6) -> tup
     return adv, group_metrics(st)
 
 
+@needs("baseline_rewards")
 def remax(inp: AdvantageInputs) -> tuple[Tensor, dict[str, float]]:
     """ReMax: A_{i,t} = reward-to-go_{i,t} - b_p, b_p the greedy rollout's reward for prompt p."""
     if inp.baseline_rewards is None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from rlvr.config.registries import resolve
+from rlvr.config.registries import engine_kind, resolve
 from rlvr.config.schema import Config, section_type
 from rlvr.errors import ConfigError
 
@@ -200,9 +200,9 @@ def validate(config: Config) -> None:
         (0 <= config.rollout.selection_decay <= 1, "rollout.selection_decay", "must be in [0, 1] (1 = never forget)"),
         (config.rollout.decode_engine in ("eager", "cpp"), "rollout.decode_engine",
          "must be 'eager' or 'cpp'"),
-        (config.rollout.engine in ("torch", "vllm"), "rollout.engine", "must be 'torch' or 'vllm'"),
-        (config.rollout.engine == "torch" or config.model.kind == "causal", "rollout.engine",
-         "vllm samples causal models only (the diffusion sampler is rlvr's own); use rollout.engine=torch"),
+        (not engine_kind(config).causal_only or config.model.kind == "causal", "rollout.engine",
+         f"{config.rollout.engine} samples causal models only (the diffusion sampler is rlvr's own); "
+         "use rollout.engine=torch"),
         (config.rollout.vllm_kv_cache_mb >= 1, "rollout.vllm_kv_cache_mb", "must be >= 1, e.g. 64"),
         (config.rollout.vllm_block_size >= 0 and config.rollout.vllm_block_size % 16 == 0, "rollout.vllm_block_size",
          "must be 0 (vLLM's default) or a multiple of 16 (32 on CPU)"),

@@ -62,6 +62,7 @@ REGISTRIES = (
     Registry("estimator.bound", "SPG bound", "rlvr.models.likelihood:SPG_BOUNDS"),
     Registry("rollout.remasking", "remasking", "rlvr.engines.torch_diffusion:REMASKING"),
     Registry("rollout.window", "window", "rlvr.models.likelihood:WINDOWS"),
+    Registry("rollout.engine", "rollout engine", "rlvr.engines.kinds:ENGINES"),
     Registry("rollout.prompt_selection", "prompt selection", "rlvr.trainer.selection:SELECTIONS"),
     Registry("task.countdown.sampling", "sampling", "rlvr.tasks.countdown:SAMPLINGS"),
     Registry("task.countdown.partial_credit", "partial credit", "rlvr.tasks.countdown:PARTIAL_CREDITS"),
@@ -73,6 +74,14 @@ REGISTRY = {r.key: r for r in REGISTRIES}
 
 COMPANIONS = {"algo.advantage": {"gae": "rlvr.algos.advantages:gae_returns"}}
 """Functions that come with a chosen entry and share its hyperparameters: `gae`'s critic targets."""
+
+
+
+def companion(key: str, name: str) -> Callable | None:
+    """The function that comes with entry `name` of the registry at `key` (`COMPANIONS`), or None."""
+    source = COMPANIONS.get(key, {}).get(name)
+    return _import(source) if source else None
+
 
 CORRECTION = "rlvr.algos.correction:importance_correction"
 """The rollout correction (used when `algo.rollout_correction`); its keywords are `algo` fields."""
@@ -199,7 +208,12 @@ def rollout_correction_on(config: Config) -> bool:
     weights (vLLM samples slightly off the trainer's policy) and off for rlvr's own samplers."""
     if config.algo.rollout_correction is not None:
         return bool(config.algo.rollout_correction)
-    return config.rollout.engine == "vllm"
+    return not engine_kind(config).exact_logprobs
+
+
+def engine_kind(config: Config):
+    """The `rlvr.engines.kinds.EngineKind` that `rollout.engine` names."""
+    return REGISTRY["rollout.engine"].get(config.rollout.engine)
 
 
 def resolve(config: Config) -> Config:

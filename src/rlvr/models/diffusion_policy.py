@@ -29,6 +29,8 @@ class DiffusionPolicy:
     `config.mask_token_id` / `config.eos_token_id`). `estimator`: a name in `ESTIMATORS`; the
     remaining keywords are that estimator's options (e.g. n=4, antithetic=True)."""
 
+    exact_logprobs = False  # each forward is an estimator's sample of the log-likelihood, not the log-probs
+
     def __init__(self, model, estimator: str = "mean_field", *, window: str = "eos", temperature: float = 1.0,
                  mask_id: int | None = None, eos_id: int | None = None, **estimator_kwargs):
         self.model = model

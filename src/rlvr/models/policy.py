@@ -113,6 +113,8 @@ class CausalPolicy:
     any other model runs the plain `transformers` forward.
     """
 
+    exact_logprobs = True  # its training forward gives the log-probs themselves (the step may keep them)
+
     def __init__(self, model, *, temperature: float = 1.0, fast: bool = True, kernels: str = "eager",
                  checkpointing: bool = False):
         self.model = model

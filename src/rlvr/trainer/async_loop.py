@@ -17,8 +17,9 @@ The rollout side owns the prompt RNG and the selector; each batch carries their 
 which is what a checkpoint of its step records, so a resumed run restarts the rollout side at
 the step after its checkpoint (batches generated past it are discarded, never trained twice).
 
-Cores: with rows split over threads (`trainer.thread_mode=rows`, the default for causal models)
-the two sides share all of the process's cores through one `rows.CoreLease`: each holds a core
+Cores (laid out by the builder, `components.thread_layout`): with rows split over threads
+(`trainer.thread_mode=rows`, the default for causal models) the two sides share all of the
+process's cores through one `rows.CoreLease`: each holds a core
 while it works, and its row pool computes on the other one too whenever the other side waits (for
 admission, queue space or a batch), so the faster side's idle core goes to the slower one and the
 threads computing never outnumber `trainer.threads`. Each side splits its rows as the synchronous
@@ -33,7 +34,6 @@ learner's evaluation shares (`snapshot.SharedEngine`); Ray workers each start th
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import queue
 import threading
 
@@ -41,11 +41,10 @@ import torch
 
 from rlvr.protocols import WeightSyncEngine
 from rlvr.tracking.run_dir import now
-from rlvr.trainer import build
 from rlvr.trainer.collect import Produced, produce
-from rlvr.trainer.rows import CoreLease, RowPool, resolve_mode, split_engine
-from rlvr.trainer.runtime import available_cores, thread_budget
-from rlvr.trainer.snapshot import SharedEngine, SnapshotEngine, published
+from rlvr.trainer.plan import Components
+from rlvr.trainer.rows import CoreLease
+from rlvr.trainer.snapshot import published
 from rlvr.trainer.sync import rl_step
 
 
@@ -89,9 +88,9 @@ def rollout_facts(idle_s: float, sync_s: float, rollout_s: float) -> dict[str, f
 class LocalRollouts:
     """The rollout side in a thread of this process: generates steps `start+1 .. last` into a bounded queue."""
 
-    def __init__(self, c, engine: SnapshotEngine, *, start: int, last: int, max_staleness: int, threads: int,
-                 lease: CoreLease | None = None):
-        self.c = dataclasses.replace(c, engine=engine)  # same task, reward, RNG and selector; its own weights
+    def __init__(self, c: Components, engine: WeightSyncEngine, *, start: int, last: int, max_staleness: int,
+                 threads: int, lease: CoreLease | None = None):
+        self.c = c  # the run's task, reward, RNG and selector, with its own engine
         self.engine, self.max_staleness, self.threads = engine, max_staleness, threads
         self.lease = lease  # the process's cores, shared with the learner (None = a fixed share)
         self.slot = WeightSlot(engine.policy_version)
@@ -164,73 +163,25 @@ class LocalRollouts:
         self.thread.join(timeout=60)
 
 
-def _rows(threads: int) -> RowPool | None:
-    return RowPool(threads) if threads > 1 else None
-
-
-def _engine_maker(c, rows: RowPool | None):
-    """A builder of `c`'s rollout engine over a given model, split over `rows` when given."""
-    def make(model):
-        engine = build.build_engine(c.config, model, c.tokenizer)
-        return split_engine(engine, rows, c.tokenizer.pad_token_id, model) if rows is not None else engine
-
-    return make
-
-
 class AsyncSteps:
-    """The asynchronous schedule of `sync._loop`: `step(k)` trains on the rollout side's batch of
+    """The asynchronous schedule of `loop.run_loop`: `step(k)` trains on the rollout side's batch of
     step k and publishes the new weights; `rollout_state()` is the prompt RNG and selector as of
-    the last trained batch; `close()` stops the rollout side."""
+    the last trained batch; `engine` is what evaluation samples with; `close()` stops the rollout
+    side. The builder made both sides (`c.asynchronous`, `c.rollout_side`); this only runs them."""
 
-    def __init__(self, c, start: int):
-        t = c.config.trainer
-        self.c, self.max_staleness = c, t.max_staleness or 0
-        overlap = self.max_staleness > 0
-        workers = t.rollout_workers if t.backend == "ray" else 1
-        self.budget = thread_budget(available_cores(t.threads), overlap=overlap, rollout_workers=workers)
+    def __init__(self, c: Components, start: int):
+        plan = c.asynchronous
+        self.c, self.max_staleness, self.threads = c, plan.max_staleness, plan.facts
         self._restore_threads = torch.get_num_threads()
-        # vLLM (an engine with its own weights): never a second one here, and no row split (runtime.configure_for)
-        self.vllm = isinstance(c.engine, WeightSyncEngine)
-        rows_mode = not self.vllm and (c.rows is not None or resolve_mode(t.thread_mode, c.config.model.kind) == "rows")
-        cores = available_cores(t.threads)
-        # Rows split over threads of this process: the sides share all the cores (`rows.CoreLease`).
-        self.lease = CoreLease(cores) if overlap and rows_mode and t.backend == "local" and cores > 1 else None
-        if self.lease is not None:  # each side splits its rows as the synchronous loop does
-            c.rows = RowPool(cores, self.lease)
-            c.engine = _engine_maker(c, c.rows)(c.model)
-            torch.set_num_threads(1)
-            rollout_rows, rollout_threads = RowPool(cores, self.lease), 1
-        elif overlap:  # each side its own share of the cores (runtime.thread_budget)
-            c.rows = _rows(self.budget["learner"]) if rows_mode else None
-            if not self.vllm:
-                c.engine = _engine_maker(c, c.rows)(c.model)
-            torch.set_num_threads(1 if rows_mode else self.budget["learner"])
-            rollout_rows, rollout_threads = (_rows(self.budget["rollout_worker"]), 1) if rows_mode else (
-                None, self.budget["rollout_worker"])
-        else:  # the sides alternate: the rollout side uses exactly what the synchronous loop would
-            rollout_rows, rollout_threads = c.rows, torch.get_num_threads()
-        self.threads = {"learner": self.budget["learner"], "rollout_worker": self.budget["rollout_worker"],
-                        "concurrent": self.budget["concurrent"], "rows_mode": rows_mode}
-        if self.lease is not None:  # either side may compute on every core, the two never on more in all
-            self.threads = {"learner": cores, "rollout_worker": cores, "concurrent": cores, "rows_mode": True,
-                            "shared_cores": True}
-        rollout_c, self._closers = c, []
-        if t.backend == "ray":  # the sampler and the verifier on Ray actors; admission and prompts stay here
-            from rlvr.trainer.ray_backend import ray_rollout_side
-
-            rollout_c, engine = ray_rollout_side(c, version=start, threads=self.budget["rollout_worker"],
-                                                 rows_mode=rows_mode)
-            self._closers = [engine.close, rollout_c.reward.close]
-            rollout_threads = 1  # this process only tokenizes, decodes and checks answers for the rollout side
-        elif self.vllm:  # the rollout side pushes into the run's engine; evaluation pushes the newest weights first
-            engine = SharedEngine(c.engine, start)
-            c.engine = engine.evaluator(lambda: self.rollouts.slot.wait(0, -1, self.rollouts.stop))
-        else:
-            engine = SnapshotEngine(c.model, _engine_maker(c, rollout_rows), version=start)
-        self.rollouts = LocalRollouts(rollout_c, engine, start=start, last=t.steps,
-                                      max_staleness=self.max_staleness, threads=rollout_threads, lease=self.lease)
+        torch.set_num_threads(plan.learner_threads)
+        side = c.rollout_side(start)
+        self.lease = c.rows.lease if c.rows is not None else None  # the cores both sides share, if they do
+        self._closers = side.closers
+        self.rollouts = LocalRollouts(side.components, side.engine, start=start, last=c.loop.steps,
+                                      max_staleness=self.max_staleness, threads=side.threads, lease=self.lease)
+        self.engine = side.engine.evaluator(lambda: self.rollouts.slot.wait(0, -1, self.rollouts.stop)) \
+            if side.shared else c.engine
         self._state = None
-        self._weight_s = 0.0
 
     def step(self, step: int) -> tuple[dict[str, float], list[dict]]:
         t0 = now()
@@ -242,7 +193,7 @@ class AsyncSteps:
             metrics, samples = rl_step(self.c, step, produced)
             work = now() - t0
             t0 = now()
-            self.rollouts.publish(published(self.c.model, merged=self.vllm), step)
+            self.rollouts.publish(published(self.c.model, merged=self.c.asynchronous.publish_merged), step)
             publish_s = now() - t0
         metrics.update(produced.facts)
         metrics.update(step_facts(produced.staleness, self.max_staleness, depth=depth, wait_s=wait,

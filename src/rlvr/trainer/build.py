@@ -12,11 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.algos._registry import needs_of
-from rlvr.algos.advantages import gae_returns
 from rlvr.algos.correction import importance_correction
 from rlvr.codec import prompt_lengths
 from rlvr.config import REGISTRY, Config, Registry, hyperparameters, keywords, task_sections
-from rlvr.config.registries import rollout_correction_on
+from rlvr.config.registries import companion, rollout_correction_on
 from rlvr.engines.torch_ar import generate
 from rlvr.engines.torch_diffusion import generate_diffusion
 from rlvr.errors import ConfigError
@@ -219,7 +218,9 @@ class AdvantageSpec:
 def build_advantage(config: Config) -> AdvantageSpec:
     a = config.algo
     estimate = _bind_named(config, "algo.advantage")
-    return AdvantageSpec(estimate, bind(gae_returns, a) if a.advantage == "gae" else None, needs_of(estimate))
+    targets = companion("algo.advantage", a.advantage)  # critic targets: the estimator trains a critic (gae)
+    returns = bind(targets, a) if targets is not None else None
+    return AdvantageSpec(estimate, returns, needs_of(estimate))
 
 
 def check_reward_components(config: Config, reward) -> None:

@@ -8,10 +8,8 @@ it has (verl raises instead); `batch/kept_group_rate` shows how often groups wer
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 
@@ -20,6 +18,8 @@ from rlvr.agents.collect import is_agent_task, rollout_batch
 from rlvr.algos.shaping import zero_variance_groups
 from rlvr.batch import Rollouts, concat_rollouts
 from rlvr.codec import decode_completions, encode_prompts
+from rlvr.trainer.plan import RolloutPlan
+from rlvr.trainer.scoring import score, scored
 from rlvr.types import Example
 
 
@@ -80,33 +80,7 @@ def sample_seeds(seed: int, step: int, count: int, offset: int = 0) -> torch.Ten
     return (seed * 1_000_003 + step) * 65_536 + offset + torch.arange(count, dtype=torch.long)
 
 
-class Scored(NamedTuple):
-    rewards: torch.Tensor  # (B,) the (weighted) reward; NaN = not scorable or failed
-    correct: torch.Tensor  # (B,) 1.0 where the task says correct
-    metrics: dict[str, float]
-    components: torch.Tensor | None = None  # (B, K) each reward function's own score (K >= 2 functions)
-    weights: torch.Tensor | None = None  # (K,) their weights in the sum
-
-
-def scored(reward, task, group: list[Example], texts: list[str]) -> Scored:
-    """The verifier's scores of `texts`, with the per-function components when it has several."""
-    out = reward([ex.prompt for ex in group], texts, [dataclasses.asdict(ex) for ex in group])
-    correct = [float(task.is_correct(text, ex)) for ex, text in zip(group, texts)]
-    components = weights = None
-    if getattr(out, "components", None):  # a RewardSum of several functions
-        names = list(out.components)
-        components = torch.tensor([out.components[n] for n in names], dtype=torch.float32).T
-        weights = torch.tensor([out.weights.get(n, 1.0) for n in names], dtype=torch.float32)
-    return Scored(torch.tensor(out.rewards, dtype=torch.float32), torch.tensor(correct), out.metrics, components,
-                  weights)
-
-
-def score(reward, task, group: list[Example], texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """(rewards (B,), correct (B,), reward metrics). Unscorable or failed samples are NaN."""
-    return scored(reward, task, group, texts)[:3]
-
-
-def row_temperatures(r, rows: int) -> float | torch.Tensor:
+def row_temperatures(r: RolloutPlan, rows: int) -> float | torch.Tensor:
     """The sampling temperature, or with `rollout.greedy_in_group` one per row: 0 (greedy) for the
     last row of every group. The greedy decode is what evaluation scores; as a group member its
     advantage is negative exactly when samples of the same prompt beat it, which moves the mode."""
@@ -125,11 +99,11 @@ def _prompts(c, n: int) -> list[Example]:
 
 
 def _one_round(c, step: int, round_index: int) -> Collected:
-    r = c.config.rollout
+    r = c.plan.rollout
     examples = _prompts(c, r.prompts_per_step)
     group = [ex for ex in examples for _ in range(r.group_size)]  # rows p*G .. p*G+G-1 share prompt p
     prompt_ids, prompt_mask = encode_prompts(c.tokenizer, [ex.prompt for ex in group])
-    seeds = sample_seeds(c.config.seed, step, len(group), offset=round_index * len(group))
+    seeds = sample_seeds(r.seed, step, len(group), offset=round_index * len(group))
     if is_agent_task(c.task):  # multi-turn episodes: the environment scores them
         got = rollout_batch(c.engine, c.tokenizer, c.task, group, seeds, temperature=row_temperatures(r, len(group)))
         return Collected(group, got.rollouts, got.texts, got.rewards, got.correct, got.metrics, turns=got.turns)
@@ -145,7 +119,7 @@ def _one_round(c, step: int, round_index: int) -> Collected:
 
 def greedy_baseline(c, group: list[Example]) -> torch.Tensor:
     """ReMax's baseline: (P,) rewards of one greedy completion per prompt of `group` (G rows each)."""
-    examples = group[::c.config.rollout.group_size]
+    examples = group[::c.plan.rollout.group_size]
     ids, mask = encode_prompts(c.tokenizer, [ex.prompt for ex in examples])
     out = c.engine(ids, mask, torch.zeros(len(examples), dtype=torch.long), temperature=0.0)
     rewards, _, _ = score(c.reward, c.task, examples, decode_completions(c.tokenizer, out))
@@ -154,22 +128,22 @@ def greedy_baseline(c, group: list[Example]) -> torch.Tensor:
 
 def collect(c, step: int) -> Collected:
     """Roll out and score one step's batch (several rounds under dynamic sampling), and the greedy
-    baseline when the advantage estimator needs one (`remax`)."""
+    baseline when the advantage estimator declared it reads one (ReMax)."""
     got = _collect_rounds(c, step)
-    if c.config.algo.advantage == "remax":
+    if c.plan.rollout.greedy_baseline:
         got.baseline_rewards = greedy_baseline(c, got.group)
     return got
 
 
 def _collect_rounds(c, step: int) -> Collected:
-    r, a = c.config.rollout, c.config.algo
+    r = c.plan.rollout
     first = _one_round(c, step, 0)
-    if not a.dynamic_sampling:
+    if not r.dynamic_sampling:
         return first
     reward_metrics = first.metrics
     kept, generated = [], 0
     batch = first
-    for round_index in range(a.max_sampling_rounds):
+    for round_index in range(r.max_sampling_rounds):
         if round_index:
             batch = _one_round(c, step, round_index)
         generated += r.prompts_per_step

@@ -1,54 +1,51 @@
 """Everything a run needs, built once from the config: the model and its policy, the rollout
-engine, the task and its verifier, the loss, the optimizer and the run's RNG.
+engine, the task and its verifier, the loss, the optimizer, the run's RNG and the frozen plans of
+its steps (`trainer.plan`).
 
 `build_components(config)` reads the config; the keyword arguments let the Python API pass
 objects instead (a model and tokenizer in memory, a task built from a dataset, reward callables).
-Process-wide settings are not applied here: `rlvr.trainer.runtime.configure_process` does that, and its
-`Runtime` is passed in.
+This is the only module of the loop's side that reads a `Config`: the components it returns never
+see it. Process-wide settings are not applied here: `rlvr.trainer.runtime.configure_process` does
+that, and its `Runtime` is passed in.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
+import math
 import random
 from dataclasses import dataclass
 
 import torch
 
-from rlvr.config import Config
+from rlvr.algos._registry import BEHAVIOUR_NEEDS, needs_of
+from rlvr.algos.aggregate import counts_tokens
+from rlvr.algos.correction import importance_correction
+from rlvr.algos.hybrid import chord_mu
+from rlvr.algos.kl import adaptive_kl_coef
+from rlvr.algos.shaping import overlong_penalty
+from rlvr.config import Config, derived_batch_numbers, to_dict
+from rlvr.config.registries import engine_kind, rollout_correction_on
+from rlvr.models.lora import AdapterDisabled
 from rlvr.models.value import ValueModel
-from rlvr.protocols import PolicyModel, RolloutEngine, Task, WeightSyncEngine
+from rlvr.protocols import PolicyModel, Task
 from rlvr.rewards.runner import RewardRunner
 from rlvr.trainer import build
 from rlvr.trainer.expert import ExpertSource
 from rlvr.trainer.logit_stats import needs_reference
-from rlvr.trainer.rows import RowPool, split_engine
-from rlvr.trainer.runtime import Runtime
-from rlvr.trainer.selection import PosteriorSelector, build_selector
+from rlvr.trainer.plan import AsyncPlan, Components, ExpertPlan, LoopPlan, Proximal, RolloutPlan, RolloutSide, StepPlan
+from rlvr.trainer.ray_backend import RayEngine, RayReward, ensure_ray
+from rlvr.trainer.rows import CoreLease, RowPool, resolve_mode, split_engine
+from rlvr.trainer.runtime import Runtime, available_cores, thread_budget
+from rlvr.trainer.selection import build_selector
+from rlvr.trainer.snapshot import SharedEngine, SnapshotEngine
 from rlvr.trainer.step import LossSpec
 
-
-@dataclass
-class Components:
-    config: Config
-    model: torch.nn.Module
-    tokenizer: object  # a `transformers` tokenizer (pad, eos and, for diffusion models, mask ids set)
-    policy: PolicyModel
-    reference: PolicyModel | None  # frozen initial policy, when a KL term is on or the objective reads it
-    task: Task
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    loss: LossSpec
-    advantage: object  # a bound advantage estimator: (AdvantageInputs) -> (advantages (B, T), metrics)
-    rng: random.Random
-    reward: RewardRunner
-    engine: RolloutEngine
-    critic: ValueModel | None = None
-    critic_optimizer: torch.optim.Optimizer | None = None
-    selector: PosteriorSelector | None = None  # prompt selection; None = uniform draws
-    rows: RowPool | None = None  # trainer.thread_mode=rows: batches split over worker threads
-    heap_kept: bool = False  # glibc keeps freed memory mapped (trainer/allocator.py)
-    expert: ExpertSource | None = None  # off-policy expert rows (config section `expert`); None = off
+# Decoupled PPO (AReaL): a stale batch's tokens are reweighted by pi_prox / pi_behav, uncapped unless
+# algo.rollout_correction names a cap (TIS) or a mask (MIS).
+BEHAVIOUR_WEIGHTS = functools.partial(importance_correction, correction_cap=math.inf)
 
 
 def build_components(config: Config, *, runtime: Runtime | None = None, model: torch.nn.Module | None = None,
@@ -72,27 +69,187 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     policy = build.build_policy(config, model)
     reference = build.build_policy(config, frozen) if frozen is not None else None
     if with_reference and lora:
-        from rlvr.models.lora import AdapterDisabled
-
         reference = AdapterDisabled(policy)
+    advantage = build.build_advantage(config)
     critic = critic_optimizer = None
-    if a.advantage == "gae":
+    if advantage.returns is not None:  # an estimator with critic targets (gae) trains a value head
         critic = ValueModel(model)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=a.critic_lr, betas=(o.beta1, o.beta2))
     task = task if task is not None else build.build_task(config, tokenizer)
     build.check_context(config, model, tokenizer, task)
+    layout = thread_layout(config, runtime)
     engine = build.build_engine(config, model, tokenizer)
-    if runtime.rows is not None and not isinstance(engine, WeightSyncEngine):  # vLLM batches for itself
-        engine = split_engine(engine, runtime.rows, tokenizer.pad_token_id, model)
+    if layout.learner_rows is not None and not engine_kind(config).batches_itself:
+        engine = split_engine(engine, layout.learner_rows, tokenizer.pad_token_id, model)
     reward = reward if reward is not None else build.build_reward(config, task)
     build.check_reward_components(config, reward)
     e = config.expert
     expert = ExpertSource(task, seed=config.seed, per_step=e.per_step, pool_size=e.pool_size) if e.per_step else None
-    return Components(
-        config=config, model=model, tokenizer=tokenizer, policy=policy, reference=reference, engine=engine,
-        task=task, reward=reward, optimizer=optimizer,
-        scheduler=scheduler, loss=loss, advantage=build.build_advantage(config),
+    c = Components(
+        model=model, tokenizer=tokenizer, policy=policy, reference=reference, engine=engine,
+        task=task, reward=reward, optimizer=optimizer, scheduler=scheduler, loss=loss, advantage=advantage,
+        plan=step_plan(config, loss, advantage, fused=fusable(config, policy, loss, advantage)), loop=loop_plan(config),
         rng=random.Random(config.seed), critic=critic, critic_optimizer=critic_optimizer,
-        selector=build_selector(config.rollout, config.seed), rows=runtime.rows, heap_kept=runtime.heap_kept,
-        expert=expert,
+        selector=build_selector(config.rollout, config.seed), rows=layout.learner_rows, heap_kept=runtime.heap_kept,
+        expert=expert, asynchronous=layout.plan,
     )
+    if layout.plan is not None:
+        c.rollout_side = functools.partial(rollout_side, config, c, layout)
+    return c
+
+
+def fusable(config: Config, policy: PolicyModel, loss: LossSpec, advantage) -> bool:
+    """Whether the steps can take pi_prox from the update's forward (`trainer.proximal`): one
+    optimizer step per batch, a policy whose training forward gives the log-probs themselves (a
+    diffusion estimator's forward is a sample), and nothing that reads pi_prox before the update
+    (expert rows, a KL penalty in the reward, a critic's warm-up steps without a policy update, an
+    advantage estimator that reads the old policy)."""
+    t = config.trainer
+    reads_old = needs_of(advantage.estimate) & BEHAVIOUR_NEEDS  # its own old-policy pass runs anyway (OTB)
+    return (t.ppo_epochs == 1 and t.minibatches == 1 and policy.exact_logprobs
+            and not config.expert.per_step and advantage.returns is None and loss.reward_kl is None and not reads_old)
+
+
+def step_plan(config: Config, loss: LossSpec, advantage, *, fused: bool) -> StepPlan:
+    """What every step of this run does (`trainer.plan.StepPlan`), resolved from the config and the
+    declarations of the engine and the bound registry entries."""
+    r, t, a = config.rollout, config.trainer, config.algo
+    kind = engine_kind(config)
+    correcting = rollout_correction_on(config)
+    behaviour = loss.correction or BEHAVIOUR_WEIGHTS
+    proximal = "fused" if fused else "pass"
+    on_policy = t.ppo_epochs == 1 and t.minibatches == 1 and not correcting and kind.exact_logprobs
+    shaping = None
+    if a.overlong_buffer > 0:
+        shaping = functools.partial(overlong_penalty, max_length=r.max_new_tokens, overlong_buffer=a.overlong_buffer,
+                                    overlong_factor=a.overlong_factor)
+    expert = None
+    if config.expert.per_step:
+        e = config.expert
+        expert = ExpertPlan(mu=functools.partial(chord_mu, weight=e.weight, weight_final=e.weight_final,
+                                                 decay_steps=e.decay_steps),
+                            keep_onpolicy=e.keep_onpolicy, token_units=counts_tokens(loss.aggregation))
+    kl_controller = None
+    if a.kl_target is not None and (a.kl_coef > 0 or needs_reference(loss.objective)):
+        kl_controller = functools.partial(adaptive_kl_coef, kl_target=a.kl_target, kl_horizon=a.kl_horizon)
+    rollout = RolloutPlan(seed=config.seed, prompts_per_step=r.prompts_per_step, group_size=r.group_size,
+                          temperature=r.temperature, greedy_in_group=r.greedy_in_group,
+                          dynamic_sampling=a.dynamic_sampling, max_sampling_rounds=a.max_sampling_rounds,
+                          greedy_baseline="baseline_rewards" in advantage.needs)
+    return StepPlan(
+        rollout=rollout, micro_batch_size=t.micro_batch_size, ppo_epochs=t.ppo_epochs, minibatches=t.minibatches,
+        grad_clip=config.optim.grad_clip, samples_per_step=t.samples_per_step,
+        fresh=Proximal("none" if on_policy else proximal, behaviour if correcting else None),
+        stale=Proximal(proximal, behaviour),
+        push_weights=kind.own_weights and not shares_engine(config), overlong_filter=a.overlong_filter,
+        shaping=shaping, token_rewards="token_rewards" in needs_of(loss.objective), value_clip=a.value_clip,
+        critic_warmup_steps=a.critic_warmup_steps, kl_controller=kl_controller, expert=expert)
+
+
+def loop_plan(config: Config) -> LoopPlan:
+    """The schedule around the steps and what the run records (`trainer.plan.LoopPlan`)."""
+    t, r = config.trainer, config.rollout
+    facts = {"rollout_engine": r.engine, "decode_engine": r.decode_engine} if config.model.kind == "causal" else {}
+    return LoopPlan(steps=t.steps, eval_every=t.eval_every, save_every=t.save_every, keep_last=t.keep_last,
+                    eval_samples=t.eval_samples, eval_temperature=r.temperature,
+                    trackers=tracker_names(config),
+                    adapter_checkpoints=config.model.lora.r > 0, push_on_resume=engine_kind(config).own_weights,
+                    facts=facts, batch_numbers=derived_batch_numbers(config), config_tree=to_dict(config),
+                    upper_bounds=config.algo.dynamic_sampling)
+
+
+def tracker_names(config: Config) -> tuple[str, ...]:
+    """The sinks `trainer.trackers` names, in order."""
+    return tuple(n.strip() for n in config.trainer.trackers.split(",") if n.strip())
+
+
+def asynchronous(config: Config) -> bool:
+    """Rollouts run ahead of the learner: `trainer.max_staleness` set, or the Ray backend."""
+    return config.trainer.max_staleness is not None or config.trainer.backend == "ray"
+
+
+def shares_engine(config: Config) -> bool:
+    """An engine with its own weights under local asynchronous rollouts: the rollout side and the
+    learner's evaluation share the run's one engine (`snapshot.SharedEngine`); the rollout side pushes."""
+    return asynchronous(config) and config.trainer.backend == "local" and engine_kind(config).own_weights
+
+
+@dataclass(frozen=True)
+class ThreadLayout:
+    """The row pools of each side and the async plan (None for the synchronous loop)."""
+
+    learner_rows: RowPool | None
+    rollout_rows: RowPool | None = None
+    rows_mode: bool = False
+    rollout_worker_threads: int = 1
+    plan: AsyncPlan | None = None
+
+
+def _pool(threads: int, lease: CoreLease | None = None) -> RowPool | None:
+    return RowPool(threads, lease) if lease is not None or threads > 1 else None
+
+
+def thread_layout(config: Config, runtime: Runtime) -> ThreadLayout:
+    """Threads and row pools for each side of the run. Synchronous: the process's own (`runtime`).
+    Asynchronous with rows split over threads and a local backend: the two sides share all the
+    process's cores through one `rows.CoreLease`, each splitting its rows as the synchronous loop
+    does. Otherwise overlapping sides each get a fixed share (`runtime.thread_budget`), and sides
+    that alternate (`max_staleness=0`) each use what the synchronous loop would."""
+    if not asynchronous(config):
+        return ThreadLayout(runtime.rows)
+    t = config.trainer
+    max_staleness = t.max_staleness or 0
+    overlap = max_staleness > 0
+    workers = t.rollout_workers if t.backend == "ray" else 1
+    cores = available_cores(t.threads)
+    budget = thread_budget(cores, overlap=overlap, rollout_workers=workers)
+    kind = engine_kind(config)
+    own = kind.own_weights  # vLLM: never a second engine here (it is shared or on its workers)
+    rows_mode = not kind.batches_itself and (runtime.rows is not None
+                                             or resolve_mode(t.thread_mode, config.model.kind) == "rows")
+    facts = {"learner": budget["learner"], "rollout_worker": budget["rollout_worker"],
+             "concurrent": budget["concurrent"], "rows_mode": rows_mode}
+    torch_threads = torch.get_num_threads()
+    if overlap and rows_mode and t.backend == "local" and cores > 1:  # either side on every core, never more in all
+        lease = CoreLease(cores)
+        plan = AsyncPlan(max_staleness, learner_threads=1, rollout_threads=1, publish_merged=own,
+                         facts={"learner": cores, "rollout_worker": cores, "concurrent": cores, "rows_mode": True,
+                                "shared_cores": True})
+        return ThreadLayout(RowPool(cores, lease), RowPool(cores, lease), True, budget["rollout_worker"], plan)
+    if overlap:
+        learner = _pool(budget["learner"]) if rows_mode else None
+        rollout = _pool(budget["rollout_worker"]) if rows_mode else None
+        plan = AsyncPlan(max_staleness, learner_threads=1 if rows_mode else budget["learner"],
+                         rollout_threads=1 if rows_mode else budget["rollout_worker"], publish_merged=own,
+                         facts=facts)
+        return ThreadLayout(learner, rollout, rows_mode, budget["rollout_worker"], plan)
+    plan = AsyncPlan(max_staleness, learner_threads=torch_threads, rollout_threads=torch_threads,
+                     publish_merged=own, facts=facts)
+    return ThreadLayout(runtime.rows, runtime.rows, rows_mode, budget["rollout_worker"], plan)
+
+
+def rollout_side(config: Config, c: Components, layout: ThreadLayout, start: int) -> RolloutSide:
+    """The asynchronous rollout side, starting at policy version `start`: the sampler and the
+    verifier on Ray actors, the run's own engine shared with evaluation (an engine with its own
+    weights), or a snapshot of the weights sampled in a thread of this process."""
+    if config.trainer.backend == "ray":
+        t = config.trainer
+        ensure_ray(t.ray_address, available_cores(t.threads))
+        engine = RayEngine(config, c.model, c.tokenizer, workers=t.rollout_workers,
+                           threads=layout.rollout_worker_threads, rows_mode=layout.rows_mode, version=start)
+        reward = RayReward(config, c.tokenizer, workers=t.reward_workers)
+        # this process only tokenizes, decodes and checks answers for the rollout side
+        return RolloutSide(dataclasses.replace(c, reward=reward), engine, threads=1,
+                           closers=(engine.close, reward.close))
+    threads = layout.plan.rollout_threads
+    if shares_engine(config):
+        engine = SharedEngine(c.engine, start)
+        return RolloutSide(dataclasses.replace(c, engine=engine), engine, threads=threads, shared=True)
+
+    def make(model):
+        made = build.build_engine(config, model, c.tokenizer)
+        rows = layout.rollout_rows
+        return split_engine(made, rows, c.tokenizer.pad_token_id, model) if rows is not None else made
+
+    engine = SnapshotEngine(c.model, make, version=start)
+    return RolloutSide(dataclasses.replace(c, engine=engine), engine, threads=threads)

@@ -18,11 +18,12 @@ from collections.abc import Callable
 
 import torch
 
-from rlvr.algos.hybrid import chord_mu, expert_advantages, mix_weights
+from rlvr.algos.hybrid import expert_advantages, mix_weights
 from rlvr.batch import TrainBatch, concat_train_batches
-from rlvr.codec import encode_prompts
+from rlvr.codec import completion_batch, encode_prompts
 from rlvr.errors import ConfigError
 from rlvr.trainer.logit_stats import reward_tokens
+from rlvr.trainer.scoring import score
 from rlvr.types import Example
 
 
@@ -61,7 +62,6 @@ class ExpertSource:
 def expert_part(tokenizer, examples: list[Example], texts: list[str]) -> TrainBatch:
     """The expert rows as a TrainBatch: prompts left-padded, solution + EOS right-padded,
     behaviour log-probs 0 (a deterministic expert), advantages still 0."""
-    from rlvr.trainer.sft import completion_batch  # here: sft -> build -> step -> this module at import
 
     prompt_ids, prompt_mask = encode_prompts(tokenizer, [ex.prompt for ex in examples])
     completion_ids, completion_mask = completion_batch(tokenizer, texts)
@@ -99,11 +99,6 @@ def extend(batch: TrainBatch, part: TrainBatch, *, onpolicy_rewards: torch.Tenso
     return merged
 
 
-def step_mu(config, step: int) -> float:
-    e = config.expert
-    return chord_mu(step, weight=e.weight, weight_final=e.weight_final, decay_steps=e.decay_steps)
-
-
 def split_loss(objective: Callable, expert_objective: Callable, logp: torch.Tensor, old: torch.Tensor,
                mb: TrainBatch, mask: torch.Tensor,
                data: dict | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -137,17 +132,16 @@ def add_expert_rows(c, batch: TrainBatch, rewards: torch.Tensor, step: int,
                     logprobs: Callable) -> tuple[TrainBatch, dict]:
     """The step's batch with `c.expert`'s rows appended (`extend`), and their metrics.
     `logprobs(policy, part, stats)`: the loop's no-grad pass, {"logp", *stats}."""
-    from rlvr.trainer.collect import score  # collect imports the engines; keep this module light
-
     examples, texts = c.expert.solutions(c.expert.draw(step))
     if not examples:
         return batch, {}
     expert_rewards, correct, _ = score(c.reward, c.task, examples, texts)
-    mu = step_mu(c.config, step)
+    e = c.plan.expert
+    mu = e.mu(step)
     policies = {"old": c.policy, "ref": c.reference}
     merged = extend(batch, expert_part(c.tokenizer, examples, texts), onpolicy_rewards=rewards,
-                    expert_rewards=expert_rewards, mu=mu, keep_onpolicy=c.config.expert.keep_onpolicy,
-                    token_units=c.config.algo.aggregation == "token_mean", pad_id=c.tokenizer.pad_token_id,
+                    expert_rewards=expert_rewards, mu=mu, keep_onpolicy=e.keep_onpolicy,
+                    token_units=e.token_units, pad_id=c.tokenizer.pad_token_id,
                     logprobs=lambda kind, part, stats: logprobs(policies[kind], part, stats))
     adv = merged.advantages[merged.expert].sum(-1) / merged.completion_mask[merged.expert].sum(-1).clamp(min=1)
     return merged, {"expert/mu": mu, "expert/rows": float(len(examples)), "expert/accuracy": float(correct.mean()),

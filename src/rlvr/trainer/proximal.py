@@ -8,11 +8,13 @@ micro-batches' gradients accumulate before the weights move), so that forward's 
 are pi_prox, and the separate forward over the whole batch before the update is not needed: it cost
 about a third of the update (0.057 of 0.157 CPU-seconds per step at the default scale, 1 thread).
 
-The weights are computed per micro-batch inside the loss (`step.LossSpec.proximal_weights`; every
-weight is a function of its own token or row), the forward's log-probs are kept, and the gap and
-behaviour metrics are computed from them after the update: the same numbers as from a separate
-forward, up to float rounding between a no-grad and a training forward (the clip ratio is then
-exactly 1 in value, which it is up to that rounding otherwise).
+Whether a run's steps can do this is the builder's decision (`components.fusable`, recorded as
+`Proximal.source == "fused"` in the step plan). The weights are computed per micro-batch inside the
+loss (`step.LossSpec.proximal_weights`; every weight is a function of its own token or row), the
+forward's log-probs are kept, and the gap and behaviour metrics are computed from them after the
+update: the same numbers as from a separate forward, up to float rounding between a no-grad and a
+training forward (the clip ratio is then exactly 1 in value, which it is up to that rounding
+otherwise).
 """
 
 from __future__ import annotations
@@ -21,19 +23,7 @@ import math
 
 import torch
 
-from rlvr.algos._registry import BEHAVIOUR_NEEDS, needs_of
 from rlvr.algos.correction import mismatch_metrics
-
-
-def fusable(c) -> bool:
-    """Whether `c`'s steps can take pi_prox from the update's forward: one optimizer step per batch,
-    a causal model (a diffusion estimator's forward is a sample, not the log-probs), and nothing
-    that reads pi_prox before the update (expert rows, a KL penalty in the reward, a critic's
-    warm-up steps without a policy update, an advantage estimator that reads the old policy)."""
-    t = c.config.trainer
-    reads_old = needs_of(c.advantage.estimate) & BEHAVIOUR_NEEDS  # its own old-policy pass runs anyway (OTB)
-    return (t.ppo_epochs == 1 and t.minibatches == 1 and c.config.model.kind == "causal" and c.expert is None
-            and c.critic is None and c.loss.reward_kl is None and not reads_old)
 
 
 def placed(kept: list[torch.Tensor], rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,6 @@ Every `ray.get` has a timeout.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 import weakref
@@ -31,9 +30,12 @@ import weakref
 import torch
 
 from rlvr.batch import Rollouts, concat_rollouts
+from rlvr.config.registries import engine_kind
 from rlvr.errors import ConfigError
 from rlvr.rewards.runner import RewardBatch
-from rlvr.trainer.snapshot import frozen_copy
+from rlvr.trainer import build
+from rlvr.trainer.rows import RowPool, split_engine
+from rlvr.trainer.snapshot import SnapshotEngine, frozen_copy
 
 TIMEOUT_S = 600.0  # one batch of one worker; a hung worker fails the run instead of stalling it
 RESTART_ATTEMPTS = 3
@@ -71,12 +73,8 @@ class _RolloutWorker:
     """One rollout worker process: a snapshot of the weights and the configured sampler over it."""
 
     def __init__(self, config, model, tokenizer, version: int, threads: int, rows_mode: bool):
-        from rlvr.trainer import build
-        from rlvr.trainer.rows import RowPool, split_engine
-        from rlvr.trainer.snapshot import SnapshotEngine
-
         torch.set_num_threads(1 if rows_mode else threads)  # this process's share (runtime.thread_budget)
-        if config.rollout.engine == "vllm":  # its own weights: pushes go straight to it (vLLM keeps these threads)
+        if engine_kind(config).own_weights:  # pushes go straight to it (vLLM keeps these threads)
             self.engine = build.build_engine(config, model, tokenizer)
             self.engine.policy_version = version
             return
@@ -108,8 +106,6 @@ class _RewardWorker:
     """One reward-scoring process: the run's verifier, built from the config."""
 
     def __init__(self, config, tokenizer):
-        from rlvr.trainer import build
-
         self.reward = build.build_reward(config, build.build_task(config, tokenizer))
 
     def score(self, prompts, texts, examples) -> RewardBatch:
@@ -124,13 +120,13 @@ def _slices(rows: int, parts: int) -> list[slice]:
 class RayEngine:
     """A `WeightSyncEngine` over `workers` Ray actors, each with `threads` threads."""
 
-    def __init__(self, c, *, workers: int, threads: int, rows_mode: bool, version: int):
+    def __init__(self, config, model, tokenizer, *, workers: int, threads: int, rows_mode: bool, version: int):
         ray = _ray()
-        self.ray, self.pad_id, self.policy_version = ray, c.tokenizer.pad_token_id, version
+        self.ray, self.pad_id, self.policy_version = ray, tokenizer.pad_token_id, version
         actor = ray.remote(num_cpus=threads, max_restarts=-1, max_task_retries=0)(_RolloutWorker)
         # Held for the run: Ray rebuilds a restarted worker from its constructor's arguments.
-        self._model = ray.put(frozen_copy(c.model).cpu())
-        self.workers = [actor.remote(c.config, self._model, c.tokenizer, version, threads, rows_mode)
+        self._model = ray.put(frozen_copy(model).cpu())
+        self.workers = [actor.remote(config, self._model, tokenizer, version, threads, rows_mode)
                         for _ in range(workers)]
         self._weights = None  # (object ref, version) of the newest push, for restarted workers
         self.restarts = 0
@@ -215,11 +211,11 @@ class RayReward:
     contiguous chunks, at most two in flight per worker, and average each metric over the chunks by
     their sizes (exact for metrics every sample reports)."""
 
-    def __init__(self, c, *, workers: int):
+    def __init__(self, config, tokenizer, *, workers: int):
         ray = _ray()
         self.ray = ray
         actor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(_RewardWorker)  # pure: retry is safe
-        self.workers = [actor.remote(c.config, c.tokenizer) for _ in range(workers)]
+        self.workers = [actor.remote(config, tokenizer) for _ in range(workers)]
 
     def __call__(self, prompts, texts, examples) -> RewardBatch:
         chunks = _slices(len(texts), len(self.workers) * 2 if len(self.workers) > 1 else 1)
@@ -253,14 +249,3 @@ def _merge_rewards(parts: list[RewardBatch], sizes: list[int]) -> RewardBatch:
     components = {k: [v for p in parts for v in p.components[k]] for k in parts[0].components}
     return RewardBatch([r for p in parts for r in p.rewards], metrics, [e for p in parts for e in p.errors],
                        components, parts[0].weights)
-
-
-def ray_rollout_side(c, *, version: int, threads: int, rows_mode: bool):
-    """(components for the rollout side, its engine): the sampler and the verifier on Ray actors."""
-    t = c.config.trainer
-    from rlvr.trainer.runtime import available_cores
-
-    ensure_ray(t.ray_address, available_cores(t.threads))
-    engine = RayEngine(c, workers=t.rollout_workers, threads=threads, rows_mode=rows_mode, version=version)
-    reward = RayReward(c, workers=t.reward_workers)
-    return dataclasses.replace(c, reward=reward), engine

@@ -16,8 +16,7 @@ import torch
 
 from rlvr.agents.batch import to_rollouts
 from rlvr.agents.collect import demonstrations, is_agent_task
-from rlvr.batch import left_pad
-from rlvr.codec import encode_prompts
+from rlvr.codec import completion_batch, encode_prompts
 from rlvr.config import Config, dump_yaml
 from rlvr.errors import ConfigError, DiskFull
 from rlvr.models.causal_lm import resolve_model_path
@@ -26,13 +25,6 @@ from rlvr.tracking.run_dir import disk_full
 from rlvr.trainer import build
 from rlvr.trainer.diffusion_sft import diffusion_sft
 from rlvr.trainer.evaluate import greedy_accuracy
-
-
-def completion_batch(tokenizer, completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Completions + EOS, right-padded: (ids (B, Tc), mask (B, Tc) float)."""
-    encoded = [tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for text in completions]
-    ids, mask = left_pad([seq[::-1] for seq in encoded], tokenizer.pad_token_id)  # pad left, then flip = pad right
-    return ids.flip(-1), mask.flip(-1).float()
 
 
 def sft_loss(policy: CausalPolicy, tokenizer, prompts: list[str], completions: list[str]) -> torch.Tensor:

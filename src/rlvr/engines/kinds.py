@@ -1,0 +1,31 @@
+"""What each rollout engine is, declared once (`rollout.engine` names an entry here).
+
+The builder reads these declarations when it resolves a run's step plan; the loop never asks an
+engine's name or type what it is. Torch-free, so the config can check a name without importing an
+engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    own_weights: bool
+    """Holds its own copy of the weights: the trainer pushes them after every update."""
+    exact_logprobs: bool
+    """Its behaviour log-probs are the trainer's own up to float rounding; False means they come from
+    another implementation (another kernel, another precision), so the rollout correction defaults on
+    and the step never takes them for the old policy's."""
+    batches_itself: bool
+    """Schedules its own batches and threads: never split over the row pool, and on a CPU the
+    trainer keeps one thread of its own (the engine's threads share the cores)."""
+    causal_only: bool
+    """Samples causal LMs only (the masked-diffusion sampler is rlvr's own)."""
+
+
+ENGINES = {
+    "torch": EngineKind(own_weights=False, exact_logprobs=True, batches_itself=False, causal_only=False),
+    "vllm": EngineKind(own_weights=True, exact_logprobs=False, batches_itself=True, causal_only=True),
+}

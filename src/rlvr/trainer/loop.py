@@ -1,0 +1,175 @@
+"""The schedule around the steps: evaluation, trackers, samples, callbacks, checkpoints and resume.
+
+`run_loop` drives a schedule (`make_steps`: the synchronous one of `trainer.sync` or the
+asynchronous one of `trainer.async_loop`) as the run's `LoopPlan` says; it reads the plan and the
+components, never the config (`trainer.run.train` builds both and owns the run directory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from rlvr.kernels import native
+from rlvr.models.lora import load_adapter
+from rlvr.tracking.progress import Progress
+from rlvr.tracking.run_dir import RunDir, StopSignals, now
+from rlvr.tracking.tracker import make_trackers
+from rlvr.trainer.async_loop import AsyncSteps
+from rlvr.trainer.checkpoint import (
+    latest_checkpoint,
+    load_state,
+    remove_stale_temps,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from rlvr.trainer.evaluate import greedy_accuracy, sampled_scores
+from rlvr.trainer.plan import Components
+from rlvr.trainer.sync import SyncSteps, push_weights
+
+TRAIN_PROBE_SEED = 20_240_601  # fixed training-distribution probe for the memorisation check
+
+
+def evaluate(c: Components, probe, engine=None) -> dict[str, float]:
+    """Greedy held-out and train-probe accuracy (and sampled scores when `loop.eval_samples`), with
+    `engine` (None = the run's: a schedule may evaluate through its own view of it)."""
+    t0 = now()
+    engine = engine or c.engine
+    heldout = c.task.heldout()
+    metrics = {"eval/heldout_accuracy": greedy_accuracy(engine, c.tokenizer, c.task, heldout),
+               "eval/train_accuracy": greedy_accuracy(engine, c.tokenizer, c.task, probe)}
+    if c.loop.eval_samples:
+        metrics["eval/heldout_sampled_accuracy"], metrics["eval/heldout_pass_at_k"] = sampled_scores(
+            engine, c.tokenizer, c.task, heldout, samples=c.loop.eval_samples, temperature=c.loop.eval_temperature)
+    return {**metrics, "time/eval_s": now() - t0}
+
+
+def make_steps(c: Components, start: int) -> SyncSteps | AsyncSteps:
+    """`SyncSteps`, or the asynchronous schedule when the builder planned one (`c.asynchronous`)."""
+    return SyncSteps(c) if c.asynchronous is None else AsyncSteps(c, start)
+
+
+def _checkpoint(c: Components, run: RunDir, step: int, rollout_state: dict) -> Path:
+    state = {"optimizer": c.optimizer.state_dict(), "scheduler": c.scheduler.state_dict(),
+             "rng": rng_state(), "task_rng": rollout_state["task_rng"], "kl_coef": c.loss.kl_coef}
+    if c.critic is not None:
+        state["critic"] = c.critic.state_dict()
+        state["critic_optimizer"] = c.critic_optimizer.state_dict()
+    if c.selector is not None:
+        state["selector"] = rollout_state["selector"]
+    return save_checkpoint(run.checkpoints, step, c.model, c.tokenizer, state, keep_last=c.loop.keep_last)
+
+
+def resume_run(c: Components, run: RunDir) -> int:
+    """Load the newest checkpoint into `c`; returns its step (0 if there is none)."""
+    remove_stale_temps(run.checkpoints)
+    checkpoint = latest_checkpoint(run.checkpoints, verify=True)
+    if checkpoint is None:  # stopped before its first checkpoint: it starts over, its logs with it
+        run.truncate_after(-1)
+        return 0
+    state = load_state(checkpoint)
+    if c.loop.adapter_checkpoints:  # the checkpoint holds the adapter; the base is rebuilt as loaded
+        load_adapter(c.model, checkpoint)
+    else:
+        c.model.load_state_dict(load_file(str(checkpoint / "model.safetensors")), strict=False)
+        if hasattr(c.model, "tie_weights"):  # HF drops tied copies on save; re-tie after loading
+            c.model.tie_weights()
+    c.optimizer.load_state_dict(state["optimizer"])
+    c.scheduler.load_state_dict(state["scheduler"])
+    if c.critic is not None:
+        c.critic.load_state_dict(state["critic"])
+        c.critic_optimizer.load_state_dict(state["critic_optimizer"])
+    if c.selector is not None:
+        c.selector.load_state_dict(state["selector"])
+    c.loss = dataclasses.replace(c.loss, kl_coef=state["kl_coef"])
+    set_rng_state(state["rng"])
+    c.rng.setstate(state["task_rng"])
+    if c.loop.push_on_resume:  # an engine with its own weights was started from the initial ones
+        push_weights(c)
+    run.truncate_after(state["step"])
+    return state["step"]
+
+
+def nothing_left_message(path: Path, step: int, steps: int) -> str:
+    return (f"nothing to train: '{path}' is at step {step} of trainer.steps={steps}; "
+            f"pass trainer.steps=N with N > {step} to continue it")
+
+
+def runtime_facts(c: Components) -> dict:
+    """What ran, where the config only says what was asked for: torch's intra-op threads, the
+    row workers, whether the allocator keeps freed memory, and the causal sampler's engines
+    (`loop.facts`), with the reasons the decoder fell back to eager ops if the C++ extension could
+    not run."""
+    threads = {"torch_threads": torch.get_num_threads(), "row_workers": c.rows.workers if c.rows else 0,
+               "heap_kept": c.heap_kept}
+    if not c.loop.facts:
+        return threads
+    return {**threads, **c.loop.facts, "decode_engine_fallbacks": native.fallbacks()}
+
+
+def _notify(callbacks: list, hook: str, *args) -> bool:
+    """Call `hook(*args)` on every callback that defines it; False if any asks to stop."""
+    results = [getattr(cb, hook)(*args) for cb in callbacks if hasattr(cb, hook)]
+    return all(result is not False for result in results)
+
+
+def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop: StopSignals, steps) -> dict:
+    """Steps `start+1 .. loop.steps` of `steps` (a schedule of `make_steps`), with evaluation,
+    trackers, samples, callbacks and checkpoints as `c.loop` says; returns the last metrics line."""
+    t = c.loop
+    trackers = make_trackers(list(t.trackers), run.path, resume_step=start if start else None)
+    for tracker in trackers:
+        tracker.log_config(t.config_tree)
+    probe = c.task.sample(len(c.task.heldout()), random.Random(TRAIN_PROBE_SEED))
+    if start == 0:
+        for key, value in t.batch_numbers.items():
+            echo(f"  {key:<42} {value}")
+        if t.upper_bounds:
+            echo("  (upper bounds: groups whose rewards all tie are dropped before the update)")
+        first = evaluate(c, probe, steps.engine)
+        for tracker in trackers:
+            tracker.log_metrics(0, first)
+        sampled = first.get("eval/heldout_sampled_accuracy")
+        echo(f"warm start: held-out accuracy {first['eval/heldout_accuracy']:.3f}, "
+             f"train-probe accuracy {first['eval/train_accuracy']:.3f}"
+             + (f", held-out sampled accuracy {sampled:.3f}" if sampled is not None else ""))
+    progress = Progress(total=t.steps, initial=start, echo=echo)
+    line = {}
+    for step in range(start + 1, t.steps + 1):
+        if stop.received:  # came before the first step (while building or evaluating)
+            break
+        metrics, samples = steps.step(step)
+        evaluated = step == t.steps or (t.eval_every and step % t.eval_every == 0)
+        if evaluated:
+            metrics.update(evaluate(c, probe, steps.engine))
+        if not all(math.isfinite(metrics.get(k, 0.0)) for k in ("loss/policy", "actor/grad_norm")):
+            raise FloatingPointError(f"non-finite loss at step {step}; lower optim.lr or raise algo.adv_eps")
+        for tracker in trackers:
+            tracker.log_metrics(step, metrics)
+        for record in samples:
+            run.append(run.samples_file, record)
+        progress.update(step, metrics)
+        line = {"step": step, **metrics}
+        go_on = _notify(callbacks, "on_step_end", step, metrics)
+        if evaluated:
+            go_on = _notify(callbacks, "on_evaluate", step,
+                            {k: v for k, v in metrics.items() if k.startswith("eval/")}) and go_on
+        if step == t.steps or not go_on or stop.received or (t.save_every and step % t.save_every == 0):
+            go_on = _notify(callbacks, "on_checkpoint", step,
+                            _checkpoint(c, run, step, steps.rollout_state())) and go_on
+        if stop.received:
+            echo(f"stopped by {stop.received} after step {step}; --resume continues from its checkpoint")
+            break
+        if not go_on:
+            echo(f"stopped by a callback after step {step}")
+            break
+    progress.close()
+    for tracker in trackers:
+        tracker.close()
+    return line

@@ -1,0 +1,153 @@
+"""What a run is made of (`Components`) and what its steps do (the plans), decided once: the
+builder resolves the plans from the config and from what the engine, the policy and the registry
+entries declare, and freezes them.
+
+The loop reads these fields and the components; it never reads the config, compares a registry or
+engine name, or asks an `isinstance` what mode it is in. A new method adds a field here (or a
+declaration on its entry) and the builder sets it; the step does not grow a branch on a name.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.models.value import ValueModel
+from rlvr.protocols import PolicyModel, RolloutEngine, Task
+from rlvr.rewards.runner import RewardRunner
+from rlvr.trainer.expert import ExpertSource
+from rlvr.trainer.rows import RowPool
+from rlvr.trainer.selection import PosteriorSelector
+from rlvr.trainer.step import LossSpec
+
+
+@dataclass(frozen=True)
+class Proximal:
+    """Where the old (proximal) policy's log-probs of one kind of batch come from, and the
+    behaviour weights pi_old / pi_behav its tokens get."""
+
+    source: str
+    """`none`: on-policy, the update's own detached log-probs stand in (ratio 1); `pass`: a no-grad
+    forward over the batch before the update; `fused`: the update's own forward keeps them
+    (`trainer.proximal`, one optimizer step per batch)."""
+    weights: Callable | None
+    """(old_logp, rollout_logp, mask) -> (weights, metrics); None = unweighted."""
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """How one step's batch is drawn and scored (`trainer.collect`)."""
+
+    seed: int
+    prompts_per_step: int
+    group_size: int
+    temperature: float
+    greedy_in_group: bool  # the last row of every group decoded greedily
+    dynamic_sampling: bool  # DAPO: drop groups whose rewards tie, refill from more rounds
+    max_sampling_rounds: int
+    greedy_baseline: bool  # one greedy completion per prompt scored for the advantage (ReMax)
+
+
+@dataclass(frozen=True)
+class ExpertPlan:
+    """Off-policy expert rows (`trainer.expert`): the μ schedule and how their loss is counted."""
+
+    mu: Callable[[int], float]  # step -> the expert loss weight μ
+    keep_onpolicy: bool
+    token_units: bool  # the aggregation counts tokens (so μ weighs tokens, not rows)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One RL step (`trainer.sync.rl_step`)."""
+
+    rollout: RolloutPlan
+    micro_batch_size: int
+    ppo_epochs: int
+    minibatches: int
+    grad_clip: float
+    samples_per_step: int
+    fresh: Proximal  # a batch sampled by the current weights
+    stale: Proximal  # a batch sampled by an older version (asynchronous rollouts): decoupled PPO
+    push_weights: bool  # the engine holds its own weights: push them after the step's updates
+    overlong_filter: bool  # DAPO: truncated completions are masked out of the loss
+    shaping: Callable | None  # lengths (B,) -> reward added to each row (DAPO's overlong penalty)
+    token_rewards: bool  # the objective learns from per-token rewards (it declared `token_rewards`)
+    value_clip: float  # the critic's value clip (with a critic)
+    critic_warmup_steps: int  # steps that train only the critic (with a critic)
+    kl_controller: Callable | None  # (coef, seq_kl, n) -> new coef: the adaptive KL; None = fixed
+    expert: ExpertPlan | None
+
+
+@dataclass(frozen=True)
+class LoopPlan:
+    """The schedule around the steps (`trainer.sync.run_loop`) and what a run records."""
+
+    steps: int
+    eval_every: int
+    save_every: int
+    keep_last: int
+    eval_samples: int  # sampled completions per held-out prompt (0 = greedy evaluation only)
+    eval_temperature: float
+    trackers: tuple[str, ...]
+    adapter_checkpoints: bool  # checkpoints hold a LoRA adapter: a resume loads it into the built base
+    push_on_resume: bool  # the engine holds its own weights, started from the initial ones: push the resumed
+    facts: dict  # what the run records of its engines beside the measured ones (run.json `runtime`)
+    batch_numbers: dict  # the derived batch vocabulary, printed at the start
+    config_tree: dict  # the resolved config, for the trackers
+    upper_bounds: bool  # dynamic sampling: the batch numbers are upper bounds
+
+
+@dataclass(frozen=True)
+class AsyncPlan:
+    """Asynchronous rollouts (`trainer.async_loop`): the staleness bound and the thread layout the
+    builder gave each side."""
+
+    max_staleness: int
+    learner_threads: int  # torch's intra-op threads on the learner while the rollout side runs
+    rollout_threads: int  # torch's intra-op threads in the rollout thread
+    publish_merged: bool  # the rollout engine holds its own weights: publish them LoRA-merged, as it loads them
+    facts: dict  # the layout as the run records it
+
+
+@dataclass(frozen=True)
+class RolloutSide:
+    """The asynchronous rollout side as the builder made it: the components it rolls out with (its
+    own engine, and the verifier it scores with), that engine, torch's threads in its thread, what
+    to close at the end, and whether the engine is the run's own, shared with evaluation."""
+
+    components: Components
+    engine: object  # a `WeightSyncEngine`: the learner's published weights are pushed into it
+    threads: int
+    closers: tuple[Callable[[], None], ...] = ()
+    shared: bool = False  # `snapshot.SharedEngine`: evaluation samples through `engine.evaluator`
+
+
+@dataclass
+class Components:
+    model: torch.nn.Module
+    tokenizer: object  # a `transformers` tokenizer (pad, eos and, for diffusion models, mask ids set)
+    policy: PolicyModel
+    reference: PolicyModel | None  # frozen initial policy, when a KL term is on or the objective reads it
+    task: Task
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loss: LossSpec
+    advantage: object  # a bound advantage estimator: (AdvantageInputs) -> (advantages (B, T), metrics)
+    rng: random.Random
+    reward: RewardRunner
+    engine: RolloutEngine
+    plan: StepPlan
+    loop: LoopPlan
+    critic: ValueModel | None = None
+    critic_optimizer: torch.optim.Optimizer | None = None
+    selector: PosteriorSelector | None = None  # prompt selection; None = uniform draws
+    rows: RowPool | None = None  # batches split over worker threads (None = torch's own threads)
+    heap_kept: bool = False  # glibc keeps freed memory mapped (trainer/allocator.py)
+    expert: ExpertSource | None = None  # off-policy expert rows (config section `expert`); None = off
+    asynchronous: AsyncPlan | None = None  # rollouts ahead of the learner; None = the synchronous loop
+    # start version -> the rollout side, made by the builder (`components.rollout_side`)
+    rollout_side: Callable[[int], RolloutSide] | None = None

@@ -1,0 +1,99 @@
+"""A training run: build its components and plans from the config, then run the loop in its directory.
+
+`train()` owns the run directory (config.yaml, run.json, resume, signals, the exit record); the
+builder (`trainer.components`) is the one place that reads the config, and the loop
+(`trainer.loop`) runs what it built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from rlvr.config import Config, data_files, dump_yaml, to_dict
+from rlvr.tracking.run_dir import (
+    RunDir,
+    StopSignals,
+    atomic_write_text,
+    disk_errors,
+    finish_manifest,
+    manifest,
+    recorded_exit,
+)
+from rlvr.tracking.tracker import check_trackers
+from rlvr.trainer.components import build_components, tracker_names
+from rlvr.trainer.loop import make_steps, nothing_left_message, resume_run, run_loop, runtime_facts
+from rlvr.trainer.runtime import Runtime
+
+ENDING_KEYS = ("status", "exit_status", "ended", "duration_s", "error", "signal")
+
+
+def _start_run(config: Config, run: RunDir, command: list[str], start: int, provenance: dict,
+               config_changes: dict | None = None) -> None:
+    run.create()
+    atomic_write_text(run.path / "config.yaml", dump_yaml(config))  # never torn: --resume reads it
+    if start:  # how the run ended last time moves to `earlier_ends`: this record describes the run going on
+        info = run.read_json("run.json")
+        ended = {key: info.pop(key) for key in ENDING_KEYS if key in info}
+        info = {**info, "resumed_at": start, "earlier_ends": [*info.get("earlier_ends", []), ended]}
+    else:
+        info = {**manifest(command, config.seed, config=to_dict(config), data_files=data_files(config)), **provenance}
+    if config_changes:  # a resume allowed to change the config: what changed, when, by which command
+        info["config_changes"] = [*info.get("config_changes", []), {
+            "resumed_at": start, "command": command,
+            "changes": {key: {"from": old, "to": new} for key, (old, new) in config_changes.items()}}]
+    run.write_json("run.json", {**info, "status": "running"})
+
+
+def train(config: Config, run: RunDir, *, command: list[str], resume: bool = False, echo=print,
+          runtime: Runtime | None = None, callbacks: Sequence = (), provenance: dict | None = None,
+          config_changes: dict | None = None, **objects) -> dict:
+    """Run (or resume) the RL loop in `run`. Returns the final metrics line.
+
+    `runtime`: what `rlvr.trainer.runtime.configure_process` set up (None = this process as it is).
+    `callbacks`: objects with any of `on_step_end`, `on_evaluate`, `on_checkpoint` (see
+    `rlvr.protocols.Callback`). `provenance`: extra run.json entries describing what the config
+    does not (an in-memory dataset, reward functions passed as objects). `objects`:
+    `model`/`tokenizer`, `task`, `reward` passed to `build_components` instead of the ones the
+    config names. `config_changes`: {key: (old, new)} a resume was allowed to make, recorded in run.json.
+
+    A resumed run with no steps left says so in one line and returns its recorded final line."""
+    torch.manual_seed(config.seed)
+    check_trackers(tracker_names(config))  # before anything is built or written
+    with StopSignals(echo) as stop:  # SIGTERM/SIGINT: finish the step, checkpoint, record `interrupted`
+        c = build_components(config, runtime=runtime, **objects)
+        engine = c.engine  # the loop may wrap it; the one built here is closed at the end (vLLM)
+        try:
+            try:
+                with disk_errors(run, "resuming the run" if resume else "starting the run"):
+                    run.create()
+                    run.reserve()  # first: a resume on a full disk stops before it changes anything
+                    start = resume_run(c, run) if resume else 0
+                    if start >= config.trainer.steps:
+                        echo(nothing_left_message(run.path, start, config.trainer.steps))
+                        return run.read_json("run.json").get("final") or {"step": start}
+                    _start_run(config, run, command, start, provenance or {}, config_changes)
+            except BaseException:
+                if not resume:  # a run that could not start leaves no empty directory behind
+                    run.remove_if_empty()
+                raise
+            with recorded_exit(run), disk_errors(run, "training"):
+                steps = make_steps(c, start)
+                try:
+                    line = run_loop(c, run, start, echo, list(callbacks), stop, steps)
+                finally:
+                    steps.close()
+            if stop.received:
+                finish_manifest(run, "interrupted", exit_status=stop.exit_status, signal=stop.received,
+                                final=line, runtime=runtime_facts(c))
+                stop.check(line.get("step"))
+            finish_manifest(run, "finished", exit_status=0, final=line, runtime=runtime_facts(c))
+        finally:
+            run.release()
+            if hasattr(engine, "close"):
+                engine.close()
+    return line
+
+
+

@@ -1,0 +1,37 @@
+"""The verifier's verdicts on a batch of completions, as tensors: rewards, correctness and, with
+several reward functions, each one's own score."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import torch
+
+from rlvr.types import Example
+
+
+class Scored(NamedTuple):
+    rewards: torch.Tensor  # (B,) the (weighted) reward; NaN = not scorable or failed
+    correct: torch.Tensor  # (B,) 1.0 where the task says correct
+    metrics: dict[str, float]
+    components: torch.Tensor | None = None  # (B, K) each reward function's own score (K >= 2 functions)
+    weights: torch.Tensor | None = None  # (K,) their weights in the sum
+
+
+def scored(reward, task, group: list[Example], texts: list[str]) -> Scored:
+    """The verifier's scores of `texts`, with the per-function components when it has several."""
+    out = reward([ex.prompt for ex in group], texts, [dataclasses.asdict(ex) for ex in group])
+    correct = [float(task.is_correct(text, ex)) for ex, text in zip(group, texts)]
+    components = weights = None
+    if getattr(out, "components", None):  # a RewardSum of several functions
+        names = list(out.components)
+        components = torch.tensor([out.components[n] for n in names], dtype=torch.float32).T
+        weights = torch.tensor([out.weights.get(n, 1.0) for n in names], dtype=torch.float32)
+    return Scored(torch.tensor(out.rewards, dtype=torch.float32), torch.tensor(correct), out.metrics, components,
+                  weights)
+
+
+def score(reward, task, group: list[Example], texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(rewards (B,), correct (B,), reward metrics). Unscorable or failed samples are NaN."""
+    return scored(reward, task, group, texts)[:3]
