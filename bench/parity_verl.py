@@ -9,14 +9,18 @@
 
 The run builds inputs with a fixed seed covering the edge cases that matter (singleton groups,
 all-equal groups, tiny std, interleaved group ids, single-token rows, fully masked rows, interior
-mask zeros, log-ratios beyond +-20, junk at masked positions, float64 inputs), calls verl's
-functions in that venv (a subprocess) and rlvr's here, and prints one table per family: cases,
-match, documented deviation, mismatch. Losses compare the value and the gradient with respect
-to the log-probs on valid positions; advantages, returns and per-token values compare on valid
-positions (rlvr is also checked to be exactly 0 on padding). Tolerance rtol = atol = 1e-6 in
-float32 (relative to the largest value), 1e-8 in float64 (verl adds 1e-8 to a few denominators).
-With junk at masked positions verl is given the same inputs with the junk zeroed: the check is
-that rlvr ignores it (verl's gradients there would not be finite; `objectives` deviation 2).
+mask zeros, log-ratios beyond +-20, junk at masked positions, float64 inputs; for the losses and
+aggregations also a different advantage at every token), calls verl's functions in that venv (a
+subprocess) and rlvr's here, and prints one table per family: cases, match, documented deviation,
+mismatch. An input both sides reject (raise on) is a match. Besides the hyperparameters set on
+both sides (PARAMS), DPPO is compared at each side's own defaults (`dppo_*_defaults`) and at
+verl's defaults against rlvr's with ratio_cap 3.0 (`dppo_*_cap3`). Losses compare the value and
+the gradient with respect to the log-probs on valid positions; advantages, returns and per-token
+values compare on valid positions (rlvr is also checked to be exactly 0 on padding). Tolerance
+rtol = atol = 1e-6 in float32 (relative to the largest value), 1e-8 in float64 (verl adds 1e-8 to
+a few denominators). With junk at masked positions verl is given the same inputs with the junk
+zeroed: the check is that rlvr ignores it (verl's gradients there would not be finite;
+`objectives` deviation 2).
 
 Each deviation is listed in DEVIATIONS with the reason; anything else that differs is a
 mismatch. The inputs and verl's outputs are saved to tests/algos/fixtures/verl_parity.pt, which
@@ -47,9 +51,6 @@ CLAMP = "log-ratios clamped at +-20 (objectives_zoo deviation 1); verl does not 
 # (verl function, case) -> (why rlvr deliberately differs, the largest relative error that reason explains);
 # case "*" = every case of that function. An error beyond the bound is a mismatch.
 DEVIATIONS = {
-    ("grpo_passk", "*"): ("not implemented: rlvr's `passk` is the paper's analytic pass@k advantage; verl's "
-                          "grpo_passk gives only the best sample r_max - r_second (binary_advantages deviation 4)",
-                          math.inf),
     ("rloo_vectorized", "singleton_groups"): ("G = 1: rlvr gives A = R (verl's loop `rloo`), verl's vectorised "
                                               "form 0", math.inf),
     ("grpo_vectorized", "float64"): ("verl's group_mean_std computes in float32; rlvr keeps float64", 1e-6),
@@ -61,6 +62,9 @@ DEVIATIONS = {
     ("k3", "log_ratio_beyond_20"): ("k3 not clamped to [-10, 10] (kl deviation 1); verl clamps", math.inf),
     ("k3+", "log_ratio_beyond_20"): ("k3 not clamped to [-10, 10] (kl deviation 1); verl clamps", math.inf),
 }
+for _fn in ("dppo_tv_defaults", "dppo_kl_defaults"):
+    DEVIATIONS[(_fn, "*")] = ("ratio_cap defaults to 20, verl's actor config runs its dppo losses with clip_ratio_c "
+                              "3.0 (objectives_zoo deviation 5)", math.inf)
 for _fn in ("geo_mean", "kl_cov", "clip_cov", "dro"):
     DEVIATIONS[(_fn, "log_ratio_beyond_20")] = (CLAMP, math.inf)
 for _fn in ("gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gdpo", "gdpo_components"):
@@ -68,7 +72,9 @@ for _fn in ("gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gdpo"
     DEVIATIONS[(_fn, "tiny_std")] = (TINY, math.inf)
 
 CASES = ["random", "singleton_groups", "all_equal_groups", "tiny_std", "interleaved_ids", "single_token_rows",
-         "fully_masked_rows", "interior_mask_zeros", "log_ratio_beyond_20", "junk_at_masked", "float64"]
+         "fully_masked_rows", "interior_mask_zeros", "log_ratio_beyond_20", "junk_at_masked", "float64",
+         "per_token_advantages"]
+TOKEN_ADVANTAGE_FAMILIES = ("policy_loss", "aggregation")  # the families per_token_advantages changes
 
 
 # ------------------------------------------------------------------------------------------ inputs
@@ -118,6 +124,8 @@ def _case(name: str, seed: int) -> dict:
                 sum_pi_squared=torch.rand(B, T, generator=g, dtype=dtype) * 0.5 + 0.2,
                 components=torch.randint(0, 2, (B, 2), generator=g).to(dtype),
                 logits=torch.randn(B, T, 7, generator=g, dtype=dtype) * 3)
+    if name == "per_token_advantages":  # a different advantage, and sign, at every token
+        case["advantages"] = torch.randn(B, T, generator=g, dtype=dtype) * mask
     if name == "junk_at_masked":
         for key in ("logp", "old_logp", "ref_logp", "values", "old_values", "returns", "advantages"):
             case[key] = torch.where(mask > 0, case[key], torch.full_like(case[key], math.inf))
@@ -147,32 +155,31 @@ def token_rewards(case: dict) -> torch.Tensor:
 
 
 ADVANTAGE_FNS = ["gae", "grpo", "grpo_vectorized", "gdpo", "gdpo_components", "grpo_passk", "reinforce_plus_plus",
-                 "reinforce_plus_plus_baseline", "remax", "rloo", "rloo_vectorized", "opo", "gpg",
+                 "reinforce_plus_plus_baseline", "remax", "rloo", "rloo_vectorized", "opo", "gpg", "gpg_f_norm",
                  "optimal_token_baseline", "tir_optimal_token_baseline"]
-POLICY_FNS = ["vanilla", "gspo", "sapo", "cispo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro", "dppo_tv", "dppo_kl"]
+# dppo_*_defaults: both sides at their own defaults (verl's ActorConfig, rlvr's keyword defaults);
+# dppo_*_cap3: verl at its defaults, rlvr at its own but ratio_cap 3.0 (the cap is the only difference)
+POLICY_FNS = ["vanilla", "gspo", "sapo", "cispo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro", "dppo_tv", "dppo_kl",
+              "dppo_tv_defaults", "dppo_kl_defaults", "dppo_tv_cap3", "dppo_kl_cap3"]
 AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KL_FNS = ["k1", "k2", "k3", "abs", "k1+", "k3+"]
 PARAMS = dict(clip_low=0.2, clip_high=0.28, gspo_low=3e-4, gspo_high=4e-4, cispo_high=4.0, dual=3.0, tau_pos=1.0,
               tau_neg=1.05, dro_beta=0.05, cov_ratio=0.2, cov_kl_coef=0.1, cov_lb=-5.0, cov_ub=5.0, ratio_cap=20.0,
-              gamma=0.9, lam=0.95, value_clip=0.5)
+              gamma=0.9, lam=0.95, value_clip=0.5, f_norm=2.5)
 SKIP = {("gdpo_components", "interleaved_ids")}  # verl's component path needs a batch layout; ids tested by gdpo
 
 
 def entries() -> list[dict]:
     """Every (family, function, case) to compare."""
+    families = [("advantage", ADVANTAGE_FNS, 100), ("policy_loss", POLICY_FNS, 200), ("aggregation", AGG_MODES, 300),
+                ("kl", KL_FNS, 400), ("entropy", ["entropy_from_logits"], 500),
+                ("value_loss", ["compute_value_loss"], 600)]
     out = []
     for i, name in enumerate(CASES):
-        for fn in ADVANTAGE_FNS:
-            if (fn, name) not in SKIP:
-                out.append(dict(family="advantage", fn=fn, case=name, seed=100 + i))
-        for fn in POLICY_FNS:
-            out.append(dict(family="policy_loss", fn=fn, case=name, seed=200 + i))
-        for fn in AGG_MODES:
-            out.append(dict(family="aggregation", fn=fn, case=name, seed=300 + i))
-        for fn in KL_FNS:
-            out.append(dict(family="kl", fn=fn, case=name, seed=400 + i))
-        out.append(dict(family="entropy", fn="entropy_from_logits", case=name, seed=500 + i))
-        out.append(dict(family="value_loss", fn="compute_value_loss", case=name, seed=600 + i))
+        for family, fns, seed in families:
+            if name == "per_token_advantages" and family not in TOKEN_ADVANTAGE_FAMILIES:
+                continue
+            out += [dict(family=family, fn=fn, case=name, seed=seed + i) for fn in fns if (fn, name) not in SKIP]
     return out
 
 
@@ -184,12 +191,21 @@ def _verl_policy(ca, fn: str, c: dict) -> dict:
     p = PARAMS
     lo, hi = {"gspo": (p["gspo_low"], p["gspo_high"]), "cispo": (1.0, p["cispo_high"])}.get(fn, (p["clip_low"],
                                                                                                  p["clip_high"]))
+    if fn.endswith(("_defaults", "_cap3")):
+        fn = fn.removesuffix("_defaults").removesuffix("_cap3")
+        cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, loss_agg_mode="token-mean",
+                          policy_loss=PolicyLossConfig(loss_mode=fn))
+        return _verl_loss(ca, fn, c, cfg)
     cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=lo, clip_ratio_low=lo,
                       clip_ratio_high=hi, clip_ratio_c=p["dual"] if fn == "vanilla" else p["ratio_cap"],
                       tau_pos=p["tau_pos"], tau_neg=p["tau_neg"], loss_agg_mode="token-mean",
                       policy_loss=PolicyLossConfig(loss_mode=fn, dro_beta=p["dro_beta"], kl_cov_ratio=p["cov_ratio"],
                                                    ppo_kl_coef=p["cov_kl_coef"], clip_cov_ratio=p["cov_ratio"],
                                                    clip_cov_lb=p["cov_lb"], clip_cov_ub=p["cov_ub"]))
+    return _verl_loss(ca, fn, c, cfg)
+
+
+def _verl_loss(ca, fn: str, c: dict, cfg) -> dict:
     logp = c["logp"].clone().requires_grad_(True)
     torch.manual_seed(c["seed"])  # clip_cov's random choice
     loss, _ = ca.get_policy_loss_fn(fn)(c["old_logp"], logp, c["advantages"], c["mask"], "token-mean", cfg)
@@ -213,6 +229,9 @@ def _verl_advantage(ca, fn: str, c: dict) -> dict:
     if fn in ("optimal_token_baseline", "tir_optimal_token_baseline"):
         adv, _ = ca.get_adv_estimator_fn(fn)(trew, mask, index, old_log_probs=c["old_logp"],
                                              sum_pi_squared=c["sum_pi_squared"])
+        return {"adv": adv}
+    if fn == "gpg_f_norm":
+        adv, _ = ca.compute_gpg_outcome_advantage(trew, mask, index, f_norm=PARAMS["f_norm"])
         return {"adv": adv}
     if fn == "gdpo_components":
         B, T = mask.shape
@@ -275,7 +294,7 @@ def _rlvr_advantage(fn: str, c: dict) -> dict:
     pick = lambda key: c[key][order]  # noqa: E731
     name = {"grpo_vectorized": "grpo", "rloo_vectorized": "rloo", "reinforce_plus_plus": "reinforce_pp",
             "reinforce_plus_plus_baseline": "reinforce_pp_baseline", "gdpo_components": "gdpo",
-            "tir_optimal_token_baseline": "optimal_token_baseline_multi_turn", "grpo_passk": "passk"}.get(fn, fn)
+            "tir_optimal_token_baseline": "optimal_token_baseline_multi_turn", "gpg_f_norm": "gpg"}.get(fn, fn)
     inp = AdvantageInputs(rewards=pick("rewards"), group_size=c["G"], response_mask=pick("mask"),
                           values=pick("values"), baseline_rewards=c["baselines"], old_logp=pick("old_logp"),
                           sum_pi_squared=pick("sum_pi_squared"),
@@ -283,8 +302,7 @@ def _rlvr_advantage(fn: str, c: dict) -> dict:
                           reward_weights=torch.tensor([1.0, 0.5]) if fn == "gdpo_components" else None)
     kw = {"gamma": PARAMS["gamma"], "lam": PARAMS["lam"]} if fn == "gae" else {}
     kw = {"gamma": PARAMS["gamma"]} if fn == "reinforce_plus_plus" else kw
-    if name == "passk":
-        return {"adv": torch.full_like(c["mask"], math.nan)}  # not implemented (a documented deviation)
+    kw = {"f_norm": PARAMS["f_norm"]} if fn == "gpg_f_norm" else kw
     adv, _ = ADVANTAGES[name](inp, **kw)
     out = {"adv": adv[inverse]}
     if fn == "gae":
@@ -313,6 +331,10 @@ def _rlvr_policy(fn: str, c: dict) -> dict:
         "dro": partial(OBJECTIVES["dro"], dro_beta=p["dro_beta"]),
         "dppo_tv": partial(OBJECTIVES["dppo_tv"], clip_low=lo, clip_high=hi, ratio_cap=p["ratio_cap"]),
         "dppo_kl": partial(OBJECTIVES["dppo_kl"], clip_low=lo, clip_high=hi, ratio_cap=p["ratio_cap"]),
+        "dppo_tv_defaults": OBJECTIVES["dppo_tv"],
+        "dppo_kl_defaults": OBJECTIVES["dppo_kl"],
+        "dppo_tv_cap3": partial(OBJECTIVES["dppo_tv"], ratio_cap=3.0),
+        "dppo_kl_cap3": partial(OBJECTIVES["dppo_kl"], ratio_cap=3.0),
     }[fn]
     agg = AGGREGATIONS["seq_mean_token_mean" if fn in ("sapo", "geo_mean") else "token_mean"]
     logp = c["logp"].clone().requires_grad_(True)
@@ -331,7 +353,10 @@ def rlvr_outputs(entry: dict, case: dict) -> dict:
     c = dict(case, seed=entry["seed"])
     fam, fn = entry["family"], entry["fn"]
     if fam == "advantage":
-        return _rlvr_advantage(fn, c)
+        try:
+            return _rlvr_advantage(fn, c)
+        except ValueError as err:  # rlvr rejects the input
+            return {"error": f"ValueError: {str(err).splitlines()[0][:80]}"}
     if fam == "policy_loss":
         return _rlvr_policy(fn, c)
     mask = c["mask"]
@@ -369,8 +394,12 @@ def compare(entry: dict, case: dict, ours: dict, theirs: dict) -> tuple[str, str
     keep = case["mask"] > 0
     worst = 0.0
     reason, bound = DEVIATIONS.get((entry["fn"], entry["case"])) or DEVIATIONS.get((entry["fn"], "*")) or ("", 0.0)
-    if "error" in theirs:
-        return ("deviation", reason) if bound == math.inf else ("mismatch", f"verl raised {theirs['error']}")
+    if "error" in theirs or "error" in ours:
+        if "error" in theirs and "error" in ours:
+            return "match", "both reject the input"
+        if bound == math.inf:
+            return "deviation", reason
+        return "mismatch", f"{'verl' if 'error' in theirs else 'rlvr'} raised {theirs.get('error') or ours['error']}"
     for key, ref in theirs.items():
         mine = ours[key].to(ref.dtype)
         if ref.dim() >= 2 and ref.shape[:2] == keep.shape:  # per-token: valid positions only

@@ -48,3 +48,23 @@ def test_a_wrong_formula_is_caught():
     ours = bench.rlvr_outputs(e, case)
     ours["loss"] = ours["loss"] * 1.001
     assert bench.compare(e, case, ours, saved["verl"][i])[0] == "mismatch"
+
+
+def test_gmpo_on_token_advantages_grpo_passk_gpg_f_norm_and_dppo_at_cap_3_match_verl():
+    bench = _bench()
+    saved = torch.load(bench.FIXTURE, weights_only=False)
+    fns = ("grpo_passk", "gpg_f_norm", "dppo_tv_cap3", "dppo_kl_cap3")
+    wanted = {("geo_mean", "per_token_advantages")} | {(fn, e["case"]) for e in saved["entries"] for fn in fns}
+    verdicts = {}
+    for e, theirs in zip(saved["entries"], saved["verl"]):
+        if (e["fn"], e["case"]) in wanted:
+            case = bench._case(e["case"], e["seed"])
+            verdicts[(e["fn"], e["case"])] = bench.compare(e, case, bench.rlvr_outputs(e, case), theirs)[0]
+    assert len(verdicts) == 1 + 11 + 11 + 12 + 12
+    assert set(verdicts.values()) == {"match"}
+    # rlvr's own DPPO default (ratio_cap 20) differs from verl's (3.0) only where an inside token's ratio exceeds 3
+    i = next(k for k, e in enumerate(saved["entries"]) if e["fn"] == "dppo_tv_defaults"
+             and e["case"] == "log_ratio_beyond_20")
+    e = saved["entries"][i]
+    case = bench._case(e["case"], e["seed"])
+    assert bench.compare(e, case, bench.rlvr_outputs(e, case), saved["verl"][i])[0] == "deviation"

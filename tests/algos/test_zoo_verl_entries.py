@@ -1,5 +1,5 @@
 """Numeric vectors for the verl-registry entries: GMPO, DPPO-TV/KL, DRO, KL-Cov, Clip-Cov, GPG,
-GDPO and the optimal token baseline."""
+verl's best-of-k pass@k, GDPO and the optimal token baseline."""
 
 import math
 
@@ -30,6 +30,37 @@ def test_gmpo_clips_each_log_ratio_then_takes_the_geometric_mean():
     assert m["clip_frac_high"].tolist() == [[0.0, 1.0], [0.0, 0.0]]
     assert m["clip_frac_low"].tolist() == [[0.0, 0.0], [1.0, 0.0]]
 
+
+
+def test_gmpo_clips_each_token_in_the_direction_of_its_own_advantage():
+    # one row, per-token advantages [+2, -1, +2]: row mean A = 1; log-ratios [0.6, 0.6, -0.6]
+    old = torch.zeros(1, 3, dtype=torch.float64)
+    logp = _lp([[0.6, 0.6, -0.6]])
+    adv = torch.tensor([[2.0, -1.0, 2.0]], dtype=torch.float64)
+    mask = torch.ones(1, 3, dtype=torch.float64)
+    loss_tok, m = OBJECTIVES["gmpo"](logp, old, adv, mask, clip_low=0.4, clip_high=0.4)
+    # c: token 0 (A > 0) 0.6 -> 0.4 clipped; token 1 (A < 0) keeps 0.6 (max(0.6, 0.4)); token 2
+    # (A > 0) keeps -0.6 (min(-0.6, -0.4)). The row's sign (+) would clip token 1 to 0.4 instead.
+    r = math.exp((0.4 + 0.6 - 0.6) / 3)
+    torch.testing.assert_close(loss_tok, torch.full((1, 3), -r, dtype=torch.float64))
+    seq_mean_token_mean(loss_tok, mask, num_seqs=1.0).backward()
+    # d(-A r)/dl_t = -A r / 3 on the unclipped tokens 1 and 2, 0 on the clipped token 0
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -r / 3, -r / 3]], dtype=torch.float64))
+    assert m["clip_frac_high"].tolist() == [[1.0, 0.0, 0.0]]
+    assert m["clip_frac_low"].tolist() == [[0.0, 0.0, 0.0]]
+
+
+def test_gmpo_counts_a_lower_clip_on_a_negative_token_of_a_positive_row():
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    logp = _lp([[-0.6, 0.0]])
+    adv = torch.tensor([[-1.0, 3.0]], dtype=torch.float64)  # row mean +1
+    mask = torch.ones(1, 2, dtype=torch.float64)
+    loss_tok, m = OBJECTIVES["gmpo"](logp, old, adv, mask, clip_low=0.4, clip_high=0.4)
+    # token 0 (A < 0, l = -0.6): c = -min(0.6, 0.4) = -0.4, clipped (the row's + sign keeps -0.6); token 1: c = 0
+    torch.testing.assert_close(loss_tok, torch.full((1, 2), -math.exp(-0.2), dtype=torch.float64))
+    loss_tok.mean().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -math.exp(-0.2) / 2]], dtype=torch.float64))
+    assert m["clip_frac_low"].tolist() == [[1.0, 0.0]]
 
 def test_dppo_tv_trains_a_token_only_inside_the_probability_trust_region():
     old = torch.log(torch.tensor([[0.5, 0.5, 0.5, 0.5]], dtype=torch.float64))
@@ -123,6 +154,31 @@ def test_gpg_scales_the_centred_score_by_batch_over_nonzero_count():
     adv, _ = ADVANTAGES["gpg"](_inp([1.0, 0.0, float("nan"), 3.0], 1))  # G = 1: A = alpha s over scorable rows
     assert adv[:, 0].tolist() == [1.5, 0.0, 0.0, 4.5]
 
+
+
+def test_gpg_divides_by_f_norm():
+    adv, _ = ADVANTAGES["gpg"](_inp([1.0, 0.0, 0.0, 0.0], 2), f_norm=4.0)
+    assert adv[:, 0].tolist() == [0.5, -0.5, 0.0, 0.0]  # alpha 4, centred +-0.5, / 4
+    with pytest.raises(ValueError, match="f_norm"):
+        ADVANTAGES["gpg"](_inp([1.0, 0.0], 2), f_norm=0.0)
+
+
+def test_grpo_passk_credits_only_the_best_row_with_its_gap_to_the_runner_up():
+    # group 0: [0.2, 0.9, 0.5] -> row 1 gets 0.9 - 0.5 = 0.4, / (Bessel std 0.35119 + 1e-6);
+    # group 1: [1, 1, 0] ties at the top -> 0; group 2: [NaN, 0.3, 0.1] -> the best scorable row
+    # (0.3) gets 0.2 / (std of [0.3, 0.1] = 0.141421 + 1e-6)
+    inp = _inp([0.2, 0.9, 0.5, 1.0, 1.0, 0.0, float("nan"), 0.3, 0.1], 3)
+    adv, _ = ADVANTAGES["grpo_passk"](inp)
+    std0 = math.sqrt(((0.2 - 0.5333333333333333) ** 2 + (0.9 - 0.5333333333333333) ** 2
+                      + (0.5 - 0.5333333333333333) ** 2) / 2)
+    expected = [0.0, 0.4 / (std0 + 1e-6), 0.0, 0.0, 0.0, 0.0, 0.0, 0.2 / (math.sqrt(0.02) + 1e-6), 0.0]
+    torch.testing.assert_close(adv[:, 0], torch.tensor(expected, dtype=torch.float64))
+    raw, _ = ADVANTAGES["grpo_passk"](inp, std_normalize=False, adv_eps=0.0)
+    torch.testing.assert_close(raw[:, 0], torch.tensor([0, 0.4, 0, 0, 0, 0, 0, 0.2, 0], dtype=torch.float64))
+    one, _ = ADVANTAGES["grpo_passk"](_inp([1.0, float("nan"), 0.0, 0.0], 2), adv_eps=0.0)
+    assert one[:, 0].tolist() == [0.0, 0.0, 0.0, 0.0]  # one scorable row: no comparison; a tie: 0, not 0 / 0
+    with pytest.raises(ValueError, match="rollout.group_size >= 2"):
+        ADVANTAGES["grpo_passk"](_inp([1.0, 0.0], 1))
 
 def test_gdpo_normalises_each_component_then_whitens_the_weighted_sum():
     comps = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0]], dtype=torch.float64)

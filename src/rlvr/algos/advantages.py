@@ -9,8 +9,8 @@ Papers (arXiv ids and links in docs/papers.md):
   literature/000_*.txt line 27), group mean with batch std.
 - `maxrl`, `passk` (binary rewards): see `binary_advantages.py`.
 - `reinforce_pp`, `reinforce_pp_baseline`, `remax`, `gae` (token-level): see `returns.py`.
-- `gpg`, `gdpo`, `optimal_token_baseline`, `optimal_token_baseline_multi_turn`: see
-  `advantages_zoo.py`.
+- `gpg`, `grpo_passk`, `gdpo`, `optimal_token_baseline`, `optimal_token_baseline_multi_turn`:
+  see `advantages_zoo.py`.
 - `gigpo`, `turn_return` (turn-level, multi-turn agents): see `turn_advantages.py`.
 
 Conventions (see `_advantage_core.py`): rows [p*G:(p+1)*G] share prompt p, B = P*G; NaN reward
@@ -20,8 +20,8 @@ sequence score s_i = R_i + sum_t m*token_rewards. Every estimator is
 already multiplied by `response_mask`.
 
 Hyperparameters of the whole registry (config fields `algo.<name>`, same meaning wherever used):
-- `std_normalize` (bool): divide by a standard deviation (group std for GRPO, the subset-reward
-  std for pass@k); False keeps only the centring.
+- `std_normalize` (bool): divide by a standard deviation (group std for GRPO and grpo_passk,
+  the subset-reward std for pass@k); False keeps only the centring.
 - `adv_eps` (float): added to a standard deviation before dividing (never to the variance).
 - `pass_k` (int): k of the pass@k objective (`passk`).
 - `gamma` (float): discount of token-level returns (`reinforce_pp`, `gae`) or of turn-level ones
@@ -29,6 +29,7 @@ Hyperparameters of the whole registry (config fields `algo.<name>`, same meaning
 - `omega` (float): GiGPO's weight of the anchor-state step advantage.
 - `lam` (float): GAE lambda (`gae`).
 - `zero_tail` (bool): the optimal token baseline's tail rule (see `advantages_zoo.py`).
+- `f_norm` (float): GPG's constant divisor of the advantage (see `advantages_zoo.py`).
 
 Deliberate deviations:
 1. std is Bessel-corrected (as verl, TRL and OpenRLHF do) and `adv_eps` defaults to verl's 1e-6.
@@ -62,7 +63,13 @@ from rlvr.algos._advantage_core import (
     to_tokens,
 )
 from rlvr.algos._registry import lookup
-from rlvr.algos.advantages_zoo import gdpo, gpg, optimal_token_baseline, optimal_token_baseline_multi_turn
+from rlvr.algos.advantages_zoo import (
+    gdpo,
+    gpg,
+    grpo_passk,
+    optimal_token_baseline,
+    optimal_token_baseline_multi_turn,
+)
 from rlvr.algos.binary_advantages import maxrl, passk
 from rlvr.algos.returns import gae, gae_returns, reinforce_pp, reinforce_pp_baseline, remax
 from rlvr.algos.turn_advantages import gigpo, turn_return
@@ -78,6 +85,7 @@ __all__ = [
     "gigpo",
     "group_stats",
     "grpo",
+    "grpo_passk",
     "lite_ppo",
     "maxrl",
     "opo",
@@ -173,6 +181,7 @@ ADVANTAGES: dict[str, Estimator] = {
     "remax": remax,
     "gae": gae,
     "gpg": gpg,
+    "grpo_passk": grpo_passk,
     "gdpo": gdpo,
     "optimal_token_baseline": optimal_token_baseline,
     "optimal_token_baseline_multi_turn": optimal_token_baseline_multi_turn,

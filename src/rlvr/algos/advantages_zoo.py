@@ -1,11 +1,16 @@
-"""More advantage estimators, the rest of verl 0.9.1's registry: GPG, GDPO and the optimal token
-baseline (single- and multi-turn). Same signature and conventions as `advantages` (registered
-there, in ADVANTAGES): `fn(inp, **hparams) -> (advantages (B, T), metrics)`, rows [p*G:(p+1)*G]
-share prompt p, a NaN reward is not scorable (advantage 0, left out of every statistic).
+"""More advantage estimators, the rest of verl 0.9.1's registry: GPG, verl's best-of-k pass@k,
+GDPO and the optimal token baseline (single- and multi-turn). Same signature and conventions as
+`advantages` (registered there, in ADVANTAGES): `fn(inp, **hparams) -> (advantages (B, T),
+metrics)`, rows [p*G:(p+1)*G] share prompt p, a NaN reward is not scorable (advantage 0, left
+out of every statistic).
 
 Papers (arXiv ids and links in docs/papers.md):
 - `gpg`: "GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning"
   (Chu et al. 2025). Pair with the `reinforce` objective (verl's `gpg` policy loss is -A logp).
+- `grpo_passk`: verl's `grpo_passk`, after "Optimizing Language Models for Inference Time
+  Objectives using Reinforcement Learning" (Tang et al. 2025): the pass@k reward of a group is
+  its best score, and only the best row gets credit, the gap to the runner-up. `passk`
+  (`binary_advantages.py`) is a different estimator, the analytic pass@k advantage of Chen et al.
 - `gdpo`: "GDPO: Group reward-Decoupled Normalization Policy Optimization" (arXiv 2601.05242):
   normalise each reward component within its group, sum with weights, whiten over the batch.
 - `optimal_token_baseline`, `optimal_token_baseline_multi_turn`: verl's OTB ("optimal token
@@ -14,9 +19,10 @@ Papers (arXiv ids and links in docs/papers.md):
   sampled path (the variance-minimising baseline when the gradient's size grows with W).
 
 Hyperparameters (config fields `algo.<name>`): `std_normalize`, `adv_eps` (as in `advantages`,
-for gdpo's per-component GRPO step and its batch whitening); `zero_tail` (bool): OTB gives the
-longest row of a group no baseline past the second-longest row's length (no other row reaches
-those positions, so B_t there would be the row's own return).
+for gdpo's per-component GRPO step and its batch whitening, and grpo_passk's std division);
+`f_norm` (float): GPG's constant divisor of the advantage (verl's, 1 = none); `zero_tail`
+(bool): OTB gives the longest row of a group no baseline past the second-longest row's length
+(no other row reaches those positions, so B_t there would be the row's own return).
 
 Deliberate deviations from verl 0.9.1:
 1. `gpg` counts only scorable rows in alpha = n / #nonzero scores and leaves NaN rows at 0.
@@ -31,6 +37,9 @@ Deliberate deviations from verl 0.9.1:
    in its old-policy pass from the same logits as the log-probs (as verl's
    `actor.calculate_sum_pi_squared`), running that no-grad pass for them even where the
    on-policy shortcut would skip it.
+4. `grpo_passk` gives 0 to a group with fewer than two scorable rows (verl raises on a group
+   with fewer than two rows; so does rlvr, for `rollout.group_size` < 2). Of tied best rows the
+   advantage is 0 whichever is picked.
 """
 
 from __future__ import annotations
@@ -54,22 +63,42 @@ from rlvr.algos._advantage_core import (
 )
 from rlvr.algos._registry import needs
 
-__all__ = ["gdpo", "gpg", "optimal_token_baseline", "optimal_token_baseline_multi_turn"]
+__all__ = ["gdpo", "gpg", "grpo_passk", "optimal_token_baseline", "optimal_token_baseline_multi_turn"]
 
 _OTB_EPS = 1e-8  # verl's, added to the baseline's denominator
 
 
-def gpg(inp: AdvantageInputs) -> tuple[Tensor, dict[str, float]]:
-    """GPG: A_i = alpha (s_i - mean_g), alpha = n / max(1, #{i: s_i != 0}) over the n scorable rows
-    of the batch: the batch-level factor that undoes the dilution by rows with no signal. G = 1:
-    A = alpha s."""
+def gpg(inp: AdvantageInputs, *, f_norm: float = 1.0) -> tuple[Tensor, dict[str, float]]:
+    """GPG: A_i = alpha (s_i - mean_g) / f_norm, alpha = n / max(1, #{i: s_i != 0}) over the n
+    scorable rows of the batch: the batch-level factor that undoes the dilution by rows with no
+    signal; f_norm a constant divisor (verl's, default 1). G = 1: A = alpha s / f_norm."""
+    if not f_norm > 0:
+        raise ValueError(f"f_norm must be > 0, got {f_norm}")
     scores = sequence_scores(inp)
     st = group_stats(scores, inp.group_size)
     ok = scores[~torch.isnan(scores)]
     alpha = ok.numel() / max(int((ok != 0).sum()), 1)
     metrics = group_metrics(st)
     metrics["gpg_alpha"] = float(alpha)
-    return to_tokens(alpha * centred_scores(st, inp.group_size), inp.response_mask), metrics
+    return to_tokens(alpha * centred_scores(st, inp.group_size) / f_norm, inp.response_mask), metrics
+
+
+def grpo_passk(inp: AdvantageInputs, *, std_normalize: bool = True,
+               adv_eps: float = 1e-6) -> tuple[Tensor, dict[str, float]]:
+    """verl's best-of-k pass@k: only the group's best row trains, with A = (s_max - s_second) /
+    (std_g + adv_eps) (Bessel std over the group; no division with std_normalize=False); every
+    other row gets 0, as does the best row of a group whose top two scores tie."""
+    if inp.group_size < 2:
+        raise ValueError(f"grpo_passk compares the best two completions of a group; needs "
+                         f"rollout.group_size >= 2, got {inp.group_size}")
+    st = group_stats(sequence_scores(inp), inp.group_size)
+    ranked = torch.where(st.valid, st.scores, torch.full_like(st.scores, -torch.inf)).topk(2, dim=1)  # (P, 2)
+    gap = ranked.values[:, :1] - ranked.values[:, 1:]  # (P, 1)
+    gap = torch.where(st.count >= 2, gap, torch.zeros_like(gap))  # fewer than two scorable rows: no comparison
+    if std_normalize:  # a non-zero gap has a non-zero std
+        gap = torch.where(gap != 0, gap / (st.std + adv_eps), torch.zeros_like(gap))
+    adv = torch.zeros_like(st.scores).scatter(1, ranked.indices[:, :1], gap)
+    return to_tokens(adv, inp.response_mask), group_metrics(st)
 
 
 def _grpo_component(values: Tensor, inp: AdvantageInputs, std_normalize: bool, adv_eps: float) -> Tensor:

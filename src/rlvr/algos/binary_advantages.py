@@ -37,8 +37,9 @@ Deliberate deviations:
    derivation holds for every N >= 1; the G = 1 "A = R" rule of `advantages` does not apply.
 3. `passk` takes k = min(pass_k, n) with n scorable rows; groups with n < 2 or zero subset-reward
    std get 0. The std is the population std over all C(n, k) subsets, as in the paper.
-4. verl's `grpo_passk` (only the best sample gets s_max - s_second) is not implemented; `passk`
-   is the paper's analytic form.
+4. verl's `grpo_passk` (only the best sample gets s_max - s_second) is a different estimator,
+   registered under its own name (`advantages_zoo.grpo_passk`); `passk` is the paper's
+   analytic form.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ Hyperparameters (config fields `algo.<name>`):
 - `clip_low`, `clip_high`: gmpo: the token log-ratio clip [-clip_low, clip_high] (the paper's
   (e^-0.4, e^0.4)); dppo_*: the divergence thresholds of A <= 0 and A > 0 tokens; clip_cov:
   PPO's ratio clip.
-- `ratio_cap` (float): DPPO's truncated importance weight min(rho, cap), detached.
+- `ratio_cap` (float): DPPO's truncated importance weight min(rho, cap), detached (20;
+  deviation 5).
 - `dro_beta` (float, required): weight of the quadratic log-ratio penalty.
 - `cov_ratio` (float): fraction of the micro-batch's valid tokens the covariance rule acts on.
 - `cov_kl_coef` (float): KL-Cov's beta on |log rho|.
@@ -35,6 +36,11 @@ Deliberate deviations from verl 0.9.1 (bench/parity_verl.py checks the rest agre
 4. KL-Cov / Clip-Cov select tokens within the micro-batch the objective sees, as verl does;
    the selection therefore depends on `trainer.micro_batch_size`. Clip-Cov's random choice
    uses torch's global generator (seeded by the trainer), like verl's torch.randperm.
+5. DPPO's `ratio_cap` defaults to 20, the value verl's dppo functions fall back to
+   (`config.get("clip_ratio_c", 20.0)`, with a comment recommending a large cap against the
+   truncation bias, citing the paper's Section 5.4). A verl run never reaches that fallback: its
+   actor config always sets `clip_ratio_c`, the key it shares with dual-clip PPO, to 3.0, so
+   verl's effective default is 3.0 (set `algo.ratio_cap: 3.0` for it).
 """
 
 from __future__ import annotations
@@ -65,15 +71,18 @@ def _log_ratio(logp: Tensor, old_logp: Tensor, log_ratio_clamp: float) -> Tensor
 def gmpo(logp, old_logp, advantages, mask, *, clip_low: float = 0.4, clip_high: float = 0.4,
          log_ratio_clamp: float = 20.0) -> tuple[Tensor, Metrics]:
     """GMPO: sequence loss -A_i exp(mean_t c_{i,t}), the geometric mean of the token ratios, with
-    c = sgn(A) min(sgn(A) l, sgn(A) clip(l, -clip_low, clip_high)) and l = log rho: PPO's
-    pessimistic clip applied to each log-ratio before the mean. A_i is the row's mean advantage.
-    Each valid token holds -A_i r_i (deviation 2); aggregate with `seq_mean_token_mean`."""
+    c = sgn(A_t) min(sgn(A_t) l, sgn(A_t) clip(l, -clip_low, clip_high)) and l = log rho: PPO's
+    pessimistic clip applied to each log-ratio before the mean, in the direction of the token's
+    own advantage A_t (verl's); A_i is the row's mean advantage. With one advantage per row
+    (every outcome estimator) sgn(A_t) = sgn(A_i). Each valid token holds -A_i r_i (deviation 2);
+    aggregate with `seq_mean_token_mean`."""
     logp, old_logp = _clean(logp, old_logp, mask)
     keep = mask > 0
     lengths = mask.sum(-1, keepdim=True).clamp(min=1)
-    adv = (torch.where(keep, advantages.detach(), torch.zeros_like(logp)).sum(-1, keepdim=True) / lengths)
+    adv_tok = torch.where(keep, advantages.detach(), torch.zeros_like(logp))  # (B, T)
+    adv = adv_tok.sum(-1, keepdim=True) / lengths  # (B, 1)
     lr = _log_ratio(logp, old_logp, log_ratio_clamp)
-    sgn = torch.sign(adv)
+    sgn = torch.sign(adv_tok)
     clipped = lr.clamp(-clip_low, clip_high)
     c = sgn * torch.minimum(sgn * lr, sgn * clipped)
     seq_ratio = torch.exp(torch.where(keep, c, torch.zeros_like(c)).sum(-1, keepdim=True) / lengths)  # (B, 1)
@@ -81,8 +90,8 @@ def gmpo(logp, old_logp, advantages, mask, *, clip_low: float = 0.4, clip_high: 
     lr_d = lr.detach()
     metrics = {
         "ratio": _masked(seq_ratio.detach().expand_as(logp), mask),
-        "clip_frac_low": _masked(((adv < 0) & (lr_d < -clip_low)).to(logp.dtype), mask),
-        "clip_frac_high": _masked(((adv > 0) & (lr_d > clip_high)).to(logp.dtype), mask),
+        "clip_frac_low": _masked(((adv_tok < 0) & (lr_d < -clip_low)).to(logp.dtype), mask),
+        "clip_frac_high": _masked(((adv_tok > 0) & (lr_d > clip_high)).to(logp.dtype), mask),
     }
     return _masked(loss, mask), metrics
 

@@ -153,7 +153,7 @@ class AlgoConfig:
     """Where the KL goes: `loss` or `reward`."""
     std_normalize: bool | None = None
     """Divide the centred score by a standard deviation (grpo: the group std; passk: the
-    subset-reward std)."""
+    subset-reward std; grpo_passk: the best row's gap, by the group std)."""
     adv_eps: float | None = None
     """Added to a standard deviation before dividing by it."""
     pass_k: int | None = None
@@ -180,7 +180,7 @@ class AlgoConfig:
     wd1_psi: float | None = None
     """Inverse temperature ψ of the group softmax over advantages."""
     ratio_cap: float | None = None
-    """DPPO: cap of the detached importance weight min(ρ, cap)."""
+    """DPPO: cap of the detached importance weight min(ρ, cap); verl runs with 3.0 (objectives_zoo deviation 5)."""
     dro_beta: float | None = None
     """DRO: weight of the quadratic log-ratio penalty (required by `dro`)."""
     cov_ratio: float | None = None
@@ -193,6 +193,8 @@ class AlgoConfig:
     """Clip-Cov: upper end of that window."""
     zero_tail: bool | None = None
     """Optimal token baseline: no baseline past the second-longest row of a group."""
+    f_norm: float | None = None
+    """GPG: constant divisor of the advantage (verl's `f_norm`; 1 = none)."""
     shiq_beta: float | None = None
     """ShiQ: KL strength β of its Bellman residual (logits read as Q-values q = β(ℓ − ℓ_ref))."""
     norm_length: float | None = None
