@@ -102,7 +102,7 @@ def _sections(config):
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name if p else "default")
 def test_bind_is_the_trainers_bind_for_every_entry(recipe):
     config = load_config(recipe)
-    for reg, name, entry, section in _sections(config):
+    for reg, _, entry, section in _sections(config):
         for elsewhere in ({}, {"group_size": 4, "norm_length": 7.0, "seed": None}):
             _same(binding.bind(entry, section, reg, **elsewhere), build.bind(entry, section, reg, **elsewhere))
     for key in ("algo.objective", "algo.advantage", "algo.aggregation", "algo.kl_estimator"):
@@ -112,8 +112,9 @@ def test_bind_is_the_trainers_bind_for_every_entry(recipe):
 def test_bind_of_each_chosen_entry_is_the_trainers():
     """Every entry chosen in turn (its fields resolved to its defaults), bound both ways."""
     for key in ("algo.objective", "algo.advantage", "algo.aggregation", "algo.kl_estimator"):
-        for name, fn in cfg.REGISTRY[key].entries().items():
-            required = [k for k, v in cfg.hyperparameters(fn, cfg.REGISTRY[key]).items() if v is inspect.Parameter.empty]
+        reg = cfg.REGISTRY[key]
+        for name, fn in reg.entries().items():
+            required = [k for k, v in cfg.hyperparameters(fn, reg).items() if v is inspect.Parameter.empty]
             config = load_config(None, [f"{key}={name}", *[f"algo.{k}=0.5" for k in required]])
             _same(binding.bind_named(config, key, group_size=3), build._bind_named(config, key, group_size=3))
 

@@ -78,6 +78,6 @@ __all__ = [
     "ModelConfig", "OptimConfig",
     "Registry", "RewardConfig", "RolloutConfig", "SFTConfig", "Sudoku4TaskConfig", "TaskConfig", "TrainerConfig",
     "all_entries", "all_keys", "chosen", "data_files", "derived_batch_numbers", "dump_yaml", "hyperparameters",
-    "keywords", "load_config", "load_with_sources", "parse_overrides", "read_recipe", "resolve", "section_type", "task_sections",
-    "to_dict", "validate",
+    "keywords", "load_config", "load_with_sources", "parse_overrides", "read_recipe", "resolve", "section_type",
+    "task_sections", "to_dict", "validate",
 ]
