@@ -62,6 +62,28 @@ def test_config_prints_resolved_values(capsys):
     assert "clip_high: 0.28" in out and "seed: 3" in out
 
 
+def test_config_explain_shows_the_field_value_and_source_of_each_keyword(capsys):
+    recipe = "recipes/dapo_countdown.yaml"
+    assert main(["config", "--explain", recipe, "algo.clip_low=0.1", "rollout.group_size=4"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    starts = [header.index(name) for name in ("entry", "keyword", "field", "value", "source")]
+    assert header.split() == ["entry", "keyword", "field", "value", "source"]
+    lines = [[row[a:b].strip() for a, b in zip(starts, [*starts[1:], None])] for row in rows]  # aligned columns
+    objective = [line[1:] for line in lines if line[0] == "algo.objective=ppo_clip"]
+    assert objective == [["clip_low", "algo.clip_low", "0.1", "override algo.clip_low=0.1"],
+                         ["clip_high", "algo.clip_high", "0.28", f"recipe {recipe}"],
+                         ["dual_clip", "(entry default)", "null", "entry default"],
+                         ["log_ratio_clamp", "algo.log_ratio_clamp", "20.0", "entry default"]]
+    assert ["algo.aggregation=token_mean", "num_tokens", "(data)", "-", "-"] in lines
+    assert ["task.name=countdown", "seed", "seed", "0", "config default"] in lines
+
+
+@pytest.mark.parametrize("argv", [["algo.clip_hihg=0.3"], ["algo.objective=nope"], ["rollout.group_size=1"],
+                                  ["recipes/missing.yaml"], ["algo.clip_high"]])
+def test_config_explain_reports_bad_input_as_config_does(capsys, argv):
+    assert _error(capsys, ["config", "--explain", *argv]) == _error(capsys, ["config", *argv])
+
+
 @pytest.mark.parametrize("override, field", [
     ("rollout.prompt_selection=best", "rollout.prompt_selection"),
     ("rollout.selection_candidates=0.5", "rollout.selection_candidates"),

@@ -78,10 +78,16 @@ def cmd_eval(args) -> int:
 
 
 def cmd_config(args) -> int:
-    from rlvr.config import dump_yaml, load_config
+    from rlvr.config import dump_yaml, load_config, load_with_sources
 
     recipe, overrides = _split(args.args)
-    print(dump_yaml(load_config(recipe, overrides)), end="")
+    if args.explain:
+        from rlvr.config.binding import explain, table
+
+        config, sources = load_with_sources(recipe, overrides)
+        print(table(explain(config, sources)), end="")
+    else:
+        print(dump_yaml(load_config(recipe, overrides)), end="")
     return 0
 
 
@@ -122,6 +128,8 @@ def parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_eval)
     c = sub.add_parser("config", help="print the resolved config")
     c.add_argument("args", nargs="*", help="[RECIPE.yaml] [key.sub=value ...]")
+    c.add_argument("--explain", action="store_true",
+                   help="instead: each chosen entry's keywords, the field that feeds each, its value and source")
     c.set_defaults(fn=cmd_config)
     register_run_commands(sub)
     return p

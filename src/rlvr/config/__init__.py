@@ -15,6 +15,15 @@ defaults, the config is rejected until that field is set (no precedence rule to 
 Fields of entries that are not chosen stay null. Every name that picks a registry entry, and
 every option with a fixed set of values, is checked against its registry on loading, so a typo
 fails at `rlvr config` already.
+
+`rlvr config --explain recipes/dapo_countdown.yaml algo.clip_low=0.1` prints, instead of the
+config, one row per keyword of every chosen entry (objective, advantage, aggregation, KL
+estimator when `algo.kl_coef > 0`, rollout correction when on, likelihood estimator, task,
+expert objective): the field that feeds it (`algo.clip_high`; `rollout.group_size` for a value
+the builder passes from another section; `(data)` for one the registry passes at call time;
+`(entry default)` for a null field), its value, and what set that value (`entry default`,
+`config default`, `recipe <file>`, `override <key=value>`). `load_with_sources` returns the
+same sources from Python.
 """
 
 from rlvr.config.load import (
@@ -23,6 +32,7 @@ from rlvr.config.load import (
     derived_batch_numbers,
     dump_yaml,
     load_config,
+    load_with_sources,
     parse_overrides,
     read_recipe,
     to_dict,
@@ -68,6 +78,6 @@ __all__ = [
     "ModelConfig", "OptimConfig",
     "Registry", "RewardConfig", "RolloutConfig", "SFTConfig", "Sudoku4TaskConfig", "TaskConfig", "TrainerConfig",
     "all_entries", "all_keys", "chosen", "data_files", "derived_batch_numbers", "dump_yaml", "hyperparameters",
-    "keywords", "load_config", "parse_overrides", "read_recipe", "resolve", "section_type", "task_sections",
-    "to_dict", "validate",
+    "keywords", "load_config", "load_with_sources", "parse_overrides", "read_recipe", "resolve", "section_type",
+    "task_sections", "to_dict", "validate",
 ]

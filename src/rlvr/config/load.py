@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from rlvr.config.registries import engine_kind, resolve
+from rlvr.config.registries import _get, engine_kind, resolve
 from rlvr.config.schema import Config, section_type
 from rlvr.errors import ConfigError
 
@@ -79,18 +79,23 @@ def _build(cls: type, values: dict, prefix: str) -> Any:
     return cls(**kwargs)
 
 
-def all_keys(cls: type | None = None, prefix: str = "") -> list[str]:
-    """Every dotted leaf key of the schema, e.g. 'algo.clip_high'."""
+def schema_defaults(cls: type | None = None, prefix: str = "") -> dict[str, Any]:
+    """Every dotted leaf key of the schema -> its default in the dataclass, e.g. 'algo.clip_high': None."""
     cls = cls or Config
     hints = typing.get_type_hints(cls)
-    keys = []
+    defaults = {}
     for f in dataclasses.fields(cls):
         section = section_type(hints[f.name])
         if section is not None:
-            keys += all_keys(section, f"{prefix}{f.name}.")
+            defaults.update(schema_defaults(section, f"{prefix}{f.name}."))
         else:
-            keys.append(f"{prefix}{f.name}")
-    return keys
+            defaults[f"{prefix}{f.name}"] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return defaults
+
+
+def all_keys(cls: type | None = None, prefix: str = "") -> list[str]:
+    """Every dotted leaf key of the schema, e.g. 'algo.clip_high'."""
+    return list(schema_defaults(cls, prefix))
 
 
 def _suggest(full: str) -> str:
@@ -145,14 +150,57 @@ def read_recipe(path: str | Path) -> dict:
     return tree
 
 
+def _recipe_tree(recipe: str | Path | dict | None) -> dict:
+    return copy.deepcopy(dict(recipe)) if isinstance(recipe, dict) else read_recipe(recipe) if recipe else {}
+
+
 def load_config(recipe: str | Path | dict | None = None, overrides: list[str] = ()) -> Config:
     """`recipe`: a YAML file, or its content as a mapping (e.g. `to_dict(config)`, to override a `Config`)."""
-    tree = copy.deepcopy(dict(recipe)) if isinstance(recipe, dict) else read_recipe(recipe) if recipe else {}
+    tree = _recipe_tree(recipe)
     for key, value in parse_overrides(list(overrides)):
         _set_dotted(tree, key, value)
     config = resolve(_build(Config, tree, ""))
     validate(config)
     return config
+
+
+DERIVED = {"algo.norm_length": "rollout.max_new_tokens", "algo.rollout_correction": "rollout.engine"}
+"""Fields that a null resolves from another field rather than from an entry's default."""
+
+
+def _lookup(tree: dict, dotted: str) -> tuple[bool, Any]:
+    """(found, value) of a dotted key in a recipe tree."""
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def load_with_sources(recipe: str | Path | dict | None = None,
+                      overrides: list[str] = ()) -> tuple[Config, dict[str, str]]:
+    """`load_config(recipe, overrides)` (same errors) and, for every dotted leaf key, what set its
+    value: `override <key=value>` (the last one naming it or a section above it), `recipe <file>`,
+    `entry default` (null, resolved to the chosen entry's own default), `from <field> (<its
+    source>)` (null, resolved from that field: `DERIVED`) or `config default` (the schema's)."""
+    config = load_config(recipe, overrides)
+    tree = _recipe_tree(recipe)
+    label = "recipe (mapping)" if isinstance(recipe, dict) else f"recipe {recipe}"
+    defaults = schema_defaults()
+    sources = {key: label for key in defaults if _lookup(tree, key)[0]}
+    for item, (key, value) in zip(overrides, parse_overrides(list(overrides))):
+        _set_dotted(tree, key, value)
+        sources.update({k: f"override {item}" for k in defaults if k == key or k.startswith(key + ".")})
+    for key, default in defaults.items():
+        found, value = _lookup(tree, key)
+        if (value if found else default) is None and _get(config, key) is not None:
+            sources[key] = "entry default"
+        sources.setdefault(key, "config default")
+    for key, other in DERIVED.items():
+        if sources[key] == "entry default":
+            sources[key] = f"from {other} ({sources[other]})"
+    return config, sources
 
 
 def validate(config: Config) -> None:

@@ -1,0 +1,169 @@
+"""Binding a registry entry's keywords to config fields, and the table that shows which field fed
+which keyword (`rlvr config --explain`).
+
+One function, `choices`, decides for every keyword of an entry which field feeds it and with
+what value; `bind` binds what it returns and `explain` prints it, so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rlvr.config.registries import (
+    COMPANIONS,
+    CORRECTION,
+    ELSEWHERE,
+    REGISTRY,
+    Registry,
+    _import,
+    hyperparameters,
+    keywords,
+    rollout_correction_on,
+    task_sections,
+)
+from rlvr.config.schema import Config
+
+ENTRY_DEFAULT = "(entry default)"
+"""The field of a keyword whose section field is null: the entry keeps its own default."""
+DATA = "(data)"
+"""The field of a keyword the registry passes at call time (`old_logp`, `num_tokens`)."""
+
+NONE = "(none)"
+"""The keyword of the one row of an entry that takes no keywords (`reinforce`, `dr_grpo`)."""
+
+FEEDS = {"group_size": "rollout.group_size", "norm_length": "algo.norm_length", "seed": "seed",
+         "heldout_size": "task.heldout_size"}
+"""The config field behind each value a builder passes from elsewhere (`bind(..., group_size=)`)."""
+
+
+def choices(entry: Callable, section, registry: Registry | None = None, prefix: str = "",
+            **elsewhere) -> Iterator[tuple[str, str, Any]]:
+    """(keyword, field, value) for every keyword-only parameter of `entry`, in signature order.
+    A hyperparameter is fed by the field of its name in `section` (`prefix` names the section,
+    `algo.`); a keyword in `elsewhere` by that value (its field from `FEEDS`). `value` is None
+    where nothing is bound: a null field (`ENTRY_DEFAULT`), a data keyword (`DATA`), or one the
+    builder passes itself (the `ELSEWHERE` text in parentheses)."""
+    hyper = hyperparameters(entry, registry)
+    for keyword in keywords(entry):
+        if keyword in elsewhere:
+            yield keyword, FEEDS.get(keyword, f"({ELSEWHERE.get(keyword, 'the builder')})"), elsewhere[keyword]
+        elif keyword in hyper:
+            value = getattr(section, keyword)
+            yield keyword, f"{prefix}{keyword}" if value is not None else ENTRY_DEFAULT, value
+        elif registry is not None and keyword in registry.data:
+            yield keyword, DATA, None
+        else:
+            yield keyword, f"({ELSEWHERE.get(keyword, 'the builder')})", None
+
+
+def bind(entry: Callable, section, registry: Registry | None = None, **elsewhere) -> Callable:
+    """`entry` with its hyperparameters bound once from the fields of the same names in `section`
+    (`registry` says which of its keywords are data, passed at call time); a null field keeps the
+    entry's own default. `elsewhere`: values from other sections (`group_size=`), bound where the
+    entry takes them."""
+    bound = {k: v for k, _, v in choices(entry, section, registry, **elsewhere) if v is not None}
+    return functools.partial(entry, **bound)
+
+
+def _named(config: Config, key: str) -> tuple[str, Callable, Any, Registry]:
+    """(name, entry, section, registry) for the entry named by the config field `key`."""
+    registry = REGISTRY[key]
+    section, field = key.split(".")
+    name = getattr(getattr(config, section), field)
+    return name, registry.get(name), getattr(config, registry.section), registry
+
+
+def bind_named(config: Config, key: str, **elsewhere) -> Callable:
+    """The entry named by the config field `key`, bound from its registry's section."""
+    _, entry, section, registry = _named(config, key)
+    return bind(entry, section, registry, **elsewhere)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One keyword of a chosen entry: the field that feeds it, its value and who set that value."""
+
+    key: str
+    """The config field that names the entry (`algo.objective`)."""
+    name: str
+    """The entry's name (`ppo_clip`; `gae_returns`, `importance_correction` for those functions)."""
+    keyword: str
+    field: str
+    """`algo.clip_high`, `rollout.group_size`, `(data)`, `(entry default)`, ..."""
+    value: Any
+    """What the entry gets; None for data and builder-passed keywords."""
+    source: str
+    """`entry default`, `config default`, `recipe <file>`, `override <key=value>`; `-` where no field feeds it."""
+
+
+def _rows(key: str, name: str, entry: Callable, section, registry: Registry | None, prefix: str,
+          sources: Mapping[str, str], **elsewhere) -> list[Binding]:
+    defaults = keywords(entry)
+    rows = []
+    for keyword, field, value in choices(entry, section, registry, prefix, **elsewhere):
+        if field == ENTRY_DEFAULT:
+            value, source = defaults[keyword], "entry default"
+        else:
+            source = sources.get(field, "-")
+        rows.append(Binding(key, name, keyword, field, value, source))
+    return rows or [Binding(key, name, NONE, "-", None, "-")]  # chosen, with nothing to bind
+
+
+def explain(config: Config, sources: Mapping[str, str] = {}) -> list[Binding]:
+    """One row per keyword of every entry this config uses, bound as the builder binds it
+    (`rlvr.trainer.build`): the objective with `group_size`, the aggregation with `norm_length`,
+    the KL estimator when `algo.kl_coef > 0`, the rollout correction when on, the likelihood
+    estimator for a diffusion model, the task with `task.heldout_size` and `seed`, and the expert
+    objective when expert rows are on. `sources`: dotted field -> who set it (`load_with_sources`)."""
+    a = config.algo
+    norm_length = a.norm_length if a.norm_length is not None else float(config.rollout.max_new_tokens)
+    named = [("algo.objective", {"group_size": config.rollout.group_size}), ("algo.advantage", {}),
+             ("algo.aggregation", {"norm_length": norm_length})]
+    if a.kl_coef > 0:
+        named.append(("algo.kl_estimator", {}))
+    if config.model.kind == "diffusion":
+        named.append(("estimator.name", {}))
+    if config.expert.per_step and config.expert.objective != "main":
+        named.append(("expert.objective", {}))
+    rows = []
+    for key, elsewhere in named:
+        name, entry, section, registry = _named(config, key)
+        rows += _rows(key, name, entry, section, registry, f"{registry.section}.", sources, **elsewhere)
+        companion = COMPANIONS.get(key, {}).get(name)
+        if companion:  # gae's critic targets share its hyperparameters
+            rows += _rows(key, companion.split(":")[1], _import(companion), section, None, "algo.", sources)
+    if rollout_correction_on(config):
+        rows += _rows("algo.rollout_correction", "importance_correction", _import(CORRECTION), a, None, "algo.",
+                      sources)
+    t = config.task
+    registry = REGISTRY["task.name"]
+    section = getattr(t, t.name) or task_sections()[t.name]()  # unresolved config: the section's defaults
+    rows += _rows("task.name", t.name, registry.get(t.name), section, registry, f"task.{t.name}.", sources,
+                  heldout_size=t.heldout_size, seed=config.seed)
+    return rows
+
+
+def _shown(row: Binding) -> str:
+    value = row.value
+    if row.keyword == NONE or row.field.startswith("(") and row.field != ENTRY_DEFAULT:  # data, builder, none
+        return "-"
+    if value is inspect.Parameter.empty:
+        return "required"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value) if isinstance(value, (int, float, str)) else repr(value)
+
+
+def table(rows: list[Binding]) -> str:
+    """The rows as aligned text: entry, keyword, field, value, source (one line each)."""
+    header = ("entry", "keyword", "field", "value", "source")
+    cells = [header] + [(f"{r.key}={r.name}", r.keyword, r.field, _shown(r), r.source) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header) - 1)]
+    return "".join("  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + "  " + line[-1] + "\n"
+                   for line in cells)
