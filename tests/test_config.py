@@ -13,7 +13,7 @@ import yaml
 from rlvr import config as cfg
 from rlvr.algos import objectives
 from rlvr.cli import main
-from rlvr.config import load_config
+from rlvr.config import binding, load_config
 from rlvr.config.load import _build
 from rlvr.config.reference import field_docs, markdown
 from rlvr.errors import ConfigError
@@ -101,7 +101,7 @@ def test_resolving_first_binds_the_same_values_as_binding_the_nulls(recipe):
         loss, adv = build.build_loss(c), build.build_advantage(c)
         parts = [loss.objective, loss.aggregation, loss.kl_estimator, loss.correction, adv.estimate, adv.returns]
         if c.model.kind == "diffusion":
-            parts.append(build._bind_named(c, "estimator.name"))
+            parts.append(binding.bind_named(c, "estimator.name"))
         return [(p.func, {**cfg.keywords(p.func), **p.keywords}) if p else None for p in parts]
 
     assert calls(raw) == calls(resolved)
@@ -113,7 +113,7 @@ def test_bind_sets_declared_keywords_only_and_null_keeps_the_default():
         return (a, b, clip_low, gamma, group_size)
 
     section = cfg.AlgoConfig(clip_low=0.3, gamma=None, lam=0.9)
-    bound = build.bind(fn, section, group_size=8, rollout_only=3)
+    bound = binding.bind(fn, section, group_size=8, rollout_only=3)
     assert isinstance(bound, functools.partial)
     assert bound.keywords == {"clip_low": 0.3, "group_size": 8}  # lam: not fn's; gamma: null
     assert bound(1) == (1, 1, 0.3, 1.0, 8)
@@ -130,7 +130,7 @@ def test_the_builder_binds_values_from_other_sections():
 
 def test_estimator_and_task_options_reach_their_classes():
     c = load_config(ROOT / "recipes" / "dllm_spg_countdown.yaml", ["estimator.block_length=4"])
-    options = build._bind_named(c, "estimator.name").keywords
+    options = binding.bind_named(c, "estimator.name").keywords
     assert options == {"n": 2, "beta": 1.5, "omega": 0.5, "bound": "mixture", "block_length": 4}
     task = build.build_task(load_config(None, ["task.countdown.num_count=4", "task.heldout_size=7"]))
     assert task.num_count == 4 and task.ordered and len(task.heldout()) == 7

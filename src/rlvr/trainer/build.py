@@ -14,7 +14,8 @@ import torch
 from rlvr.algos._registry import needs_of
 from rlvr.algos.correction import importance_correction
 from rlvr.codec import prompt_lengths
-from rlvr.config import REGISTRY, Config, Registry, hyperparameters, keywords, task_sections
+from rlvr.config import REGISTRY, Config, keywords, task_sections
+from rlvr.config.binding import bind, bind_named
 from rlvr.config.registries import companion, rollout_correction_on
 from rlvr.engines.torch_ar import generate
 from rlvr.engines.torch_diffusion import generate_diffusion
@@ -27,25 +28,6 @@ from rlvr.protocols import RolloutEngine
 from rlvr.rewards.runner import RewardRunner, RewardSum, load_reward_spec
 from rlvr.tasks import make_task
 from rlvr.trainer.step import LossSpec
-
-
-def bind(entry: Callable, section, registry: Registry | None = None, **elsewhere) -> Callable:
-    """`entry` with its hyperparameters bound once from the fields of the same names in `section`
-    (`registry` says which of its keywords are data, passed at call time); a null field keeps the
-    entry's own default. `elsewhere`: values from other sections (`group_size=`), bound where the
-    entry takes them."""
-    accepted = keywords(entry)
-    values = {k: getattr(section, k) for k in hyperparameters(entry, registry) if k not in elsewhere}
-    values.update({k: v for k, v in elsewhere.items() if k in accepted})
-    return functools.partial(entry, **{k: v for k, v in values.items() if v is not None})
-
-
-def _bind_named(config: Config, key: str, **elsewhere) -> Callable:
-    """The entry named by the config field `key`, bound from its registry's section."""
-    registry = REGISTRY[key]
-    section, field = key.split(".")
-    entry = registry.get(getattr(getattr(config, section), field))
-    return bind(entry, getattr(config, registry.section), registry, **elsewhere)
 
 
 def resolve_device(name: str, kind: str = "causal") -> torch.device:
@@ -101,7 +83,7 @@ def build_policy(config: Config, model):
     if config.model.kind != "diffusion":
         return CausalPolicy(model, temperature=temperature, kernels=config.trainer.kernels,
                             checkpointing=config.trainer.gradient_checkpointing)
-    options = _bind_named(config, "estimator.name").keywords
+    options = bind_named(config, "estimator.name").keywords
     return DiffusionPolicy(model, config.estimator.name, window=config.rollout.window, temperature=temperature,
                            **options)
 
@@ -191,15 +173,15 @@ def build_loss(config: Config) -> LossSpec:
     kl_in_reward = a.kl_coef > 0 and a.kl_placement == "reward"
     norm_length = a.norm_length if a.norm_length is not None else float(config.rollout.max_new_tokens)
     return LossSpec(
-        objective=_bind_named(config, "algo.objective", group_size=config.rollout.group_size),
-        aggregation=_bind_named(config, "algo.aggregation", norm_length=norm_length),
-        kl_estimator=_bind_named(config, "algo.kl_estimator") if kl_in_loss else None,
+        objective=bind_named(config, "algo.objective", group_size=config.rollout.group_size),
+        aggregation=bind_named(config, "algo.aggregation", norm_length=norm_length),
+        kl_estimator=bind_named(config, "algo.kl_estimator") if kl_in_loss else None,
         kl_coef=a.kl_coef,
         entropy_coef=a.entropy_coef,
         correction=bind(importance_correction, a) if rollout_correction_on(config) else None,
-        reward_kl=_bind_named(config, "algo.kl_estimator") if kl_in_reward else None,
+        reward_kl=bind_named(config, "algo.kl_estimator") if kl_in_reward else None,
         # `main`: the expert rows go through the objective itself (split_loss is not used)
-        expert=_bind_named(config, "expert.objective") if config.expert.per_step and config.expert.objective != "main"
+        expert=bind_named(config, "expert.objective") if config.expert.per_step and config.expert.objective != "main"
         else None,
     )
 
@@ -217,7 +199,7 @@ class AdvantageSpec:
 
 def build_advantage(config: Config) -> AdvantageSpec:
     a = config.algo
-    estimate = _bind_named(config, "algo.advantage")
+    estimate = bind_named(config, "algo.advantage")
     targets = companion("algo.advantage", a.advantage)  # critic targets: the estimator trains a critic (gae)
     returns = bind(targets, a) if targets is not None else None
     return AdvantageSpec(estimate, returns, needs_of(estimate))
