@@ -66,8 +66,8 @@ def score(run: Path, model_path: str | None = None) -> dict:
     import torch
 
     from rlvr.agents.collect import episodes, success_and_turns
+    from rlvr.builder import build
     from rlvr.config import load_config
-    from rlvr.trainer import build
     from rlvr.trainer.checkpoint import latest_checkpoint
 
     torch.set_num_threads(1)

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from _sweep import REPO, report, run_sweep
 
+from rlvr.builder import build
 from rlvr.config import load_config
-from rlvr.trainer import build
 from rlvr.trainer.evaluate import greedy_accuracy
 
 RECIPES = ["diffu_grpo", "coupled_grpo", "espo", "bgpo", "spg", "wd1", "trace", "justgrpo"]

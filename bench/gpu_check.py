@@ -63,8 +63,8 @@ def overrides(args, model_dir: Path, reward: str, lora: bool) -> list[str]:
 
 def grpo(args, model_dir: Path, reward: str, lora: bool) -> None:
     """`args.steps` GRPO steps through the library's own step function; the first is warm-up."""
+    from rlvr.builder.components import build_components
     from rlvr.config import load_config
-    from rlvr.trainer.components import build_components
     from rlvr.trainer.sync import rl_step
 
     cuda = args.device.startswith("cuda")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
+from rlvr.builder import build
 from rlvr.config import load_config
-from rlvr.trainer import build
 from rlvr.trainer.evaluate import greedy_verdicts
 
 

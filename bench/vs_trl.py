@@ -46,12 +46,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from roofline import attention_flops_per_token, matmul_gflops, param_count  # noqa: E402
 
+from rlvr.builder.components import build_components  # noqa: E402
 from rlvr.codec import decode_completions, encode_prompts  # noqa: E402
 from rlvr.config import load_config  # noqa: E402
 from rlvr.engines.torch_ar import generate  # noqa: E402
 from rlvr.models.causal_lm import load_causal_lm  # noqa: E402
-from rlvr.trainer.components import build_components  # noqa: E402
-from rlvr.trainer.runtime import configure_for  # noqa: E402
+from rlvr.runtime.process import configure_for  # noqa: E402
 from rlvr.trainer.sync import rl_step  # noqa: E402
 
 WARM_START = "rlvr:countdown-warmstart"

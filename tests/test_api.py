@@ -226,9 +226,9 @@ def test_task_only_arguments_and_existing_runs_are_refused(tmp_path):
 
 
 def test_reward_fn_spec_names_several_weighted_functions(tmp_path):
+    from rlvr.builder.build import build_reward
     from rlvr.config import load_config
     from rlvr.rewards.runner import load_reward_spec
-    from rlvr.trainer.build import build_reward
 
     (tmp_path / "r.py").write_text("def right(p, c, **e):\n    return 1.0\n\ndef short(p, c, **e):\n    return 0.5\n")
     spec = f"{tmp_path}/r.py:right, 0.2*{tmp_path}/r.py:short"

@@ -6,11 +6,11 @@ import pathlib
 import pytest
 
 from rlvr import config as cfg
+from rlvr.builder import build
 from rlvr.config import binding, load_config, load_with_sources
 from rlvr.config.binding import DATA, ENTRY_DEFAULT, explain
 from rlvr.config.load import _build
 from rlvr.config.registries import COMPANIONS, CORRECTION, _import
-from rlvr.trainer import build
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DAPO = ROOT / "recipes" / "dapo_countdown.yaml"  # algo: clip_low 0.2, clip_high 0.28, token_mean, kl_coef 0

@@ -12,12 +12,12 @@ import yaml
 
 from rlvr import config as cfg
 from rlvr.algos import objectives
+from rlvr.builder import build
 from rlvr.cli import main
 from rlvr.config import binding, load_config
 from rlvr.config.load import _build
 from rlvr.config.reference import field_docs, markdown
 from rlvr.errors import ConfigError
-from rlvr.trainer import build
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))

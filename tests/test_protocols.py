@@ -5,9 +5,9 @@ forward counts on the policy)."""
 import torch
 
 from rlvr.batch import Rollouts, TrainBatch, concat_rollouts
+from rlvr.builder.components import build_components
 from rlvr.config import load_config
 from rlvr.protocols import PolicyModel, RolloutEngine, Task, Tracker
-from rlvr.trainer.components import build_components
 from rlvr.trainer.sync import rl_step
 
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=6", "trainer.steps=1",

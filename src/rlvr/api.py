@@ -40,7 +40,7 @@ settings and loop. Every bad argument raises `ConfigError` with one line naming 
   ``allow_config_change=True``, which records each change in run.json (``config_changes``).
 
 `train()` applies `trainer.threads` / `trainer.thread_mode` to the process
-(`rlvr.trainer.runtime.configure_for`), runs, and returns the final metrics line. The run directory
+(`rlvr.runtime.process.configure_for`), runs, and returns the final metrics line. The run directory
 holds what a CLI run's does (config.yaml, run.json, metrics.jsonl, samples.jsonl, checkpoints/);
 run.json also records the rows' fingerprint and the reward functions' names and weights.
 """
@@ -176,9 +176,9 @@ class Trainer:
 
     def train(self) -> dict:
         """Apply the process settings, run (or resume) the loop, return the final metrics line."""
+        from rlvr.builder.run import train
+        from rlvr.runtime.process import configure_for
         from rlvr.tracking.run_dir import RunDir
-        from rlvr.trainer.run import train
-        from rlvr.trainer.runtime import configure_for
 
         if self._default_dir is not None:
             self.run_dir = _unused(self._default_dir)  # another run may have taken the name since __init__
@@ -211,7 +211,7 @@ class Trainer:
         objects, provenance = {}, {}
         model, tokenizer = self._model, self._tokenizer
         if model is None and self.rows is not None:  # the prompts need the tokenizer (chat template)
-            from rlvr.trainer.build import base_model
+            from rlvr.builder.build import base_model
 
             model, tokenizer = base_model(self.config)  # build_components puts it on the device, adds adapters
         if model is not None:

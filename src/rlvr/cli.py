@@ -28,8 +28,8 @@ def cmd_train(args) -> int:
 
 def cmd_sft(args) -> int:
     from rlvr.config import load_config
-    from rlvr.trainer.runtime import configure_process
-    from rlvr.trainer.sft import sft
+    from rlvr.runtime.process import configure_process
+    from rlvr.sft.supervised import sft
 
     recipe, overrides = _split(args.args)
     config = load_config(recipe, overrides)
@@ -43,8 +43,8 @@ def cmd_eval(args) -> int:
     import random
 
     from rlvr.api import python_objects
+    from rlvr.builder.build import build_engine, build_model, build_task
     from rlvr.config import load_config
-    from rlvr.trainer.build import build_engine, build_model, build_task
     from rlvr.trainer.checkpoint import latest_checkpoint
     from rlvr.trainer.evaluate import greedy_accuracy
 

@@ -60,8 +60,8 @@ def test_packaged_guess_warm_start_searches_but_not_optimally():
     bisection: room for RL to shorten the search (the credit comparison of docs/results.md)."""
     import torch
 
+    from rlvr.builder import build
     from rlvr.config import load_config
-    from rlvr.trainer import build
 
     config = load_config(RECIPE, ["trainer.threads=1"])
     assert config.model.path == "rlvr:agent-guess-warmstart"

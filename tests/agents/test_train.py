@@ -10,11 +10,11 @@ from rlvr.agents.batch import to_rollouts
 from rlvr.agents.collect import demonstrations, rollout_batch
 from rlvr.agents.envs.calculator import Calculator
 from rlvr.batch import TrainBatch
+from rlvr.builder.build import build_loss
 from rlvr.cli import main
 from rlvr.config import Config
 from rlvr.engines.torch_ar import generate
 from rlvr.models.policy import CausalPolicy
-from rlvr.trainer.build import build_loss
 from rlvr.trainer.step import micro_batch_loss
 
 

@@ -12,7 +12,7 @@ from rlvr.models.diffusion_lm import (
     load_diffusion_model,
     tiny_diffusion_lm,
 )
-from rlvr.trainer.diffusion_sft import diffusion_sft, encode_windows, masked_diffusion_loss
+from rlvr.sft.diffusion import diffusion_sft, encode_windows, masked_diffusion_loss
 from rlvr.types import Example
 
 CONFIG = DiffusionConfig(vocab_size=30, mask_token_id=29, eos_token_id=2, pad_token_id=0, hidden_size=32,
@@ -119,7 +119,7 @@ def test_diffusion_sft_cosine_schedule_decays_the_learning_rate_to_zero():
     # leaves the weights unchanged; the constant schedule still moves them.
     from unittest import mock
 
-    import rlvr.trainer.build as build_mod
+    import rlvr.builder.build as build_mod
 
     seen = {}
     real = build_mod.build_optimizer

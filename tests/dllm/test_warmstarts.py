@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from rlvr.builder import build
 from rlvr.codec import decode_completions, encode_prompts
 from rlvr.config import load_config
-from rlvr.trainer import build
 
 RECIPES = {"countdown": "recipes/dllm_diffu_grpo_countdown.yaml", "sudoku": "recipes/dllm_diffu_grpo_sudoku.yaml"}
 
@@ -39,7 +39,7 @@ def test_countdown_warm_start_cannot_read_a_masked_prompt_so_the_recipe_does_not
     from pathlib import Path
 
     from rlvr.models.likelihood import Corruptor, row_hash
-    from rlvr.trainer.diffusion_sft import encode_windows
+    from rlvr.sft.diffusion import encode_windows
 
     recipe = Path(__file__).resolve().parents[2] / RECIPES["countdown"]
     config = load_config(recipe, ["trainer.threads=1"])

@@ -14,11 +14,11 @@ from _archs import ARCHS, BOS, BOS_CHAT_TEMPLATE, ROOT, build_model_dir
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlvr.builder.components import build_components
 from rlvr.cli import main
 from rlvr.codec import encode_prompts
 from rlvr.config import load_config
 from rlvr.errors import ConfigError
-from rlvr.trainer.components import build_components
 
 GSM8K = str(ROOT / "data" / "gsm8k_fixture.jsonl")
 RUN = ["task.name=math_file", f"task.math_file.path={GSM8K}", "task.heldout_size=4", "rollout.prompts_per_step=2",

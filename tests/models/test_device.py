@@ -23,12 +23,12 @@ from torch.overrides import TorchFunctionMode
 import rlvr
 from rlvr.algos.advantages import AdvantageInputs
 from rlvr.batch import TrainBatch
+from rlvr.builder import build
 from rlvr.config import load_config
 from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.models.likelihood import ESTIMATORS
 from rlvr.models.policy import CausalPolicy
 from rlvr.models.value import ValueModel
-from rlvr.trainer import build
 from rlvr.trainer.critic import critic_step, critic_values
 from rlvr.trainer.step import optimizer_step
 

@@ -12,14 +12,14 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from rlvr.builder import build
+from rlvr.builder.components import build_components
 from rlvr.cli import main
 from rlvr.config import load_config
 from rlvr.errors import ConfigError
 from rlvr.models.causal_lm import enable_checkpointing, tiny_llama
 from rlvr.models.policy import CausalPolicy
 from rlvr.models.tokenizer import char_tokenizer
-from rlvr.trainer import build
-from rlvr.trainer.components import build_components
 from rlvr.trainer.sync import rl_step
 
 pytest.importorskip("peft")

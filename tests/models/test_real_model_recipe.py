@@ -11,10 +11,10 @@ import torch
 from _archs import ROOT, build_model_dir
 from safetensors.torch import load_file
 
+from rlvr.builder.components import build_components
 from rlvr.cli import main
 from rlvr.config import load_config
 from rlvr.errors import ConfigError
-from rlvr.trainer.components import build_components
 
 pytest.importorskip("peft")
 REAL, TINY = ROOT / "recipes" / "gsm8k_real_model.yaml", ROOT / "recipes" / "gsm8k_tiny_qwen2.yaml"

@@ -16,16 +16,16 @@ import torch
 from rlvr.algos.aggregate import AGGREGATIONS
 from rlvr.algos.kl import k3
 from rlvr.algos.objectives import ppo_clip
+from rlvr.builder.components import build_components
 from rlvr.codec import encode_prompts
 from rlvr.config import load_config
 from rlvr.engines.torch_ar import generate
 from rlvr.errors import ConfigError
 from rlvr.kernels import native
 from rlvr.models.policy import CausalPolicy
+from rlvr.runtime.process import configure_for
+from rlvr.runtime.rows import CoreLease, RowPool, configure_threads, resolve_mode, split_engine
 from rlvr.trainer import sync
-from rlvr.trainer.components import build_components
-from rlvr.trainer.rows import CoreLease, RowPool, configure_threads, resolve_mode, split_engine
-from rlvr.trainer.runtime import configure_for
 from rlvr.trainer.step import LossSpec, optimizer_step
 
 PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4 1>17:", "7>7:"] * 3  # 15 rows: uneven split

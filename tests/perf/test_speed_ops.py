@@ -5,13 +5,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rlvr.builder.build import build_optimizer
 from rlvr.codec import encode_prompts
 from rlvr.engines import torch_ar
 from rlvr.engines.torch_ar import generate
 from rlvr.kernels import decoder, training, weights
 from rlvr.models.causal_lm import load_causal_lm
 from rlvr.models.policy import CausalPolicy
-from rlvr.trainer.build import build_optimizer
 
 PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4>16:", "7>7:"]
 

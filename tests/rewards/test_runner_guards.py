@@ -143,8 +143,8 @@ def test_timeout_config_is_checked():
 
 def test_samples_jsonl_holds_null_for_an_unscorable_reward(tmp_path, monkeypatch):
     """A run whose reward is NaN for some samples writes valid JSON (null), never bare NaN."""
+    from rlvr.builder.run import train
     from rlvr.tracking.run_dir import RunDir
-    from rlvr.trainer.run import train
 
     rewards = tmp_path / "rw.py"
     rewards.write_text("import itertools\n"

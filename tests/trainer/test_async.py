@@ -102,10 +102,10 @@ def test_stale_batch_is_weighted_by_proximal_over_behaviour(monkeypatch):
     learner's current ones (proximal), the weights exp(prox - behav), capped by rollout_correction;
     the same weights, loss and metrics whether pi_prox comes from a separate forward before the
     update or from the update's own forward (one update per step: `trainer/proximal.py`)."""
+    from rlvr.builder.components import build_components
     from rlvr.config import load_config
     from rlvr.trainer import sync
     from rlvr.trainer.collect import produce
-    from rlvr.trainer.components import build_components
     from rlvr.trainer.logit_stats import no_grad_outputs
 
     real, seen = sync.optimizer_step, {}
@@ -148,7 +148,7 @@ def test_stale_batch_is_weighted_by_proximal_over_behaviour(monkeypatch):
 
 @pytest.mark.parametrize("cores, workers", [(1, 1), (2, 1), (3, 1), (4, 1), (8, 3), (16, 4)])
 def test_thread_budget_never_exceeds_the_cores(cores, workers):
-    from rlvr.trainer.runtime import thread_budget
+    from rlvr.runtime.process import thread_budget
 
     alternate = thread_budget(cores, overlap=False, rollout_workers=workers)
     assert alternate == {"learner": cores, "rollout_worker": cores, "concurrent": cores}
@@ -164,10 +164,10 @@ def test_thread_budget_never_exceeds_the_cores(cores, workers):
 def test_overlapping_sides_share_the_cores(tmp_path):
     """With η > 0 on 2 cores in one process both sides split their rows over 2 workers, as the
     synchronous loop does, under one lease of 2 cores (`rows.CoreLease`)."""
+    from rlvr.builder.components import build_components
     from rlvr.config import load_config
+    from rlvr.runtime.process import configure_for
     from rlvr.trainer.async_loop import AsyncSteps
-    from rlvr.trainer.components import build_components
-    from rlvr.trainer.runtime import configure_for
 
     config = load_config(None, [*TINY, "trainer.threads=2", "trainer.max_staleness=1", "trainer.steps=2"])
     c = build_components(config, runtime=configure_for(config))
@@ -184,9 +184,9 @@ def test_overlapping_sides_share_the_cores(tmp_path):
 
 def test_snapshot_engine_samples_from_its_own_copy_until_pushed(tiny_model, tokenizer):
     from rlvr.codec import encode_prompts
+    from rlvr.engines.snapshot import SnapshotEngine, published
     from rlvr.engines.torch_ar import generate
     from rlvr.protocols import WeightSyncEngine
-    from rlvr.trainer.snapshot import SnapshotEngine, published
 
     def make(model):
         return lambda ids, mask, seeds, **kw: generate(model, ids, mask, seeds, max_new_tokens=6,

@@ -86,12 +86,12 @@ def test_one_step_off_vllm_tags_each_batch_with_the_weights_that_sampled_it(tmp_
     """η = 1 on two cores: every batch's behaviour log-probs are those of the published weights of the
     version it is tagged with (so each push reached the engine), within the staleness bound; the
     learner's evaluation samples with its current weights."""
+    from rlvr.builder.components import build_components
     from rlvr.codec import encode_prompts
     from rlvr.config import load_config
+    from rlvr.engines.snapshot import frozen_copy, published
+    from rlvr.runtime.process import configure_for
     from rlvr.trainer import async_loop
-    from rlvr.trainer.components import build_components
-    from rlvr.trainer.runtime import configure_for
-    from rlvr.trainer.snapshot import frozen_copy, published
 
     config = load_config(None, [*VLLM, _reward(tmp_path), "trainer.threads=2", "trainer.max_staleness=1",
                                 "trainer.steps=4", "trainer.eval_every=0"])
@@ -139,7 +139,7 @@ def test_ray_workers_with_vllm_reproduce_the_synchronous_vllm_run(sync_run, ray_
     """The rollout worker actor starts its own vLLM engine with the run's one thread (vLLM's CPU
     worker neither keeps torch's thread count nor the process's cores to itself) and samples
     what the in-process engine did (the torch sampler gives other completions for the same seeds)."""
-    from rlvr.trainer import ray_backend
+    from rlvr.backends import ray as ray_backend
 
     workers, close = [], ray_backend.RayEngine.close
 
@@ -152,6 +152,6 @@ def test_ray_workers_with_vllm_reproduce_the_synchronous_vllm_run(sync_run, ray_
     _assert_same(sync_run, run)
     assert workers == [{"engine": "VLLMEngine", "torch_threads": 1, "cores": len(os.sched_getaffinity(0))}]
     assert all(line["async/worker_restarts"] == 0 for line in _lines(run)[1:])
-    from rlvr.trainer.ray_backend import running_engines
+    from rlvr.backends.ray import running_engines
 
     assert running_engines() == []

@@ -9,8 +9,8 @@ import torch
 from rlvr.algos.aggregate import AGGREGATIONS
 from rlvr.algos.objectives import ppo_clip, reinforce
 from rlvr.batch import TrainBatch
+from rlvr.builder.build import build_loss
 from rlvr.config import load_config
-from rlvr.trainer.build import build_loss
 from rlvr.trainer.step import LossSpec, micro_batch_loss
 from rlvr.trainer.sync import _shaped_rewards
 

@@ -67,9 +67,9 @@ def test_a_signal_ends_the_run_cleanly_and_resume_continues(tmp_path, sig, code)
 
 
 def test_handlers_are_restored_after_training(tmp_path):
+    from rlvr.builder.run import train
     from rlvr.config import load_config
     from rlvr.tracking.run_dir import RunDir
-    from rlvr.trainer.run import train
 
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     config = load_config(None, [*TINY, "trainer.steps=1"])

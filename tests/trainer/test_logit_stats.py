@@ -16,11 +16,11 @@ from rlvr.algos._registry import ADVANTAGE_NEEDS, OBJECTIVE_NEEDS, needs_of
 from rlvr.algos.advantages import ADVANTAGES, optimal_token_baseline
 from rlvr.algos.objectives import OBJECTIVES
 from rlvr.algos.offpolicy import shiq_loss
+from rlvr.builder import build
 from rlvr.config import REGISTRY, load_config
 from rlvr.errors import ConfigError
 from rlvr.models import policy as policy_module
 from rlvr.models.policy import CausalPolicy, sequence_inputs
-from rlvr.trainer import build
 from rlvr.trainer.step import micro_batch_loss
 
 PROMPTS = ["3 5 2>13:", "1 2 3>6:", "9 9 9>729:", "4 4 1>17:"]
@@ -145,8 +145,8 @@ def test_otb_reads_the_trainers_sum_pi_squared(monkeypatch):
     """rl_step with the optimal token baseline: the old-policy pass hands the estimator Σπ² and
     log-probs equal to a direct softmax of the model's logits on the sampled tokens, and the
     batch's advantages are the estimator's on those inputs."""
+    from rlvr.builder.components import build_components
     from rlvr.trainer import sync
-    from rlvr.trainer.components import build_components
 
     # The shipped warm start (not a random model): some completions earn a reward, so advantages are not all 0.
     config = load_config(None, [*FAST[1:], "algo.advantage=optimal_token_baseline", "rollout.prompts_per_step=4",
@@ -202,7 +202,7 @@ def _expert_logp(c, examples, texts) -> float:
 def test_shiq_trains_on_expert_rows_and_raises_their_likelihood():
     """The ShiQ recipe end to end (tiny model, a pool of 4 expert problems): finite losses, a
     reference built with kl_coef 0, and the expert solutions' mean log-prob rises."""
-    from rlvr.trainer.components import build_components
+    from rlvr.builder.components import build_components
     from rlvr.trainer.sync import rl_step
 
     config = load_config("recipes/shiq_countdown.yaml", [*FAST, "expert.per_step=4", "expert.pool_size=4",

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlvr.builder.build import base_model, build_advantage, build_loss, build_policy
+from rlvr.builder.components import fusable, step_plan
 from rlvr.config import REGISTRIES, load_config
 from rlvr.config.registries import engine_kind
 from rlvr.engines.kinds import ENGINES
-from rlvr.trainer.build import base_model, build_advantage, build_loss, build_policy
-from rlvr.trainer.components import fusable, step_plan
 
 LOOP_FILES = ("sync.py", "loop.py", "async_loop.py", "collect.py", "expert.py", "step.py", "proximal.py",
               "critic.py", "evaluate.py", "logit_stats.py", "scoring.py")
@@ -103,7 +103,7 @@ def test_loop_files_read_no_config_and_compare_no_names(filename):
             assert node.attr != "config", f"{filename}:{node.lineno} reads .config"
         if isinstance(node, ast.ImportFrom) and node.module:
             assert not node.module.startswith("rlvr.config"), f"{filename}:{node.lineno} imports the config"
-            assert node.module not in ("rlvr.trainer.build", "rlvr.trainer.components"), \
+            assert node.module not in ("rlvr.builder.build", "rlvr.builder.components"), \
                 f"{filename}:{node.lineno} imports the builder"
         if isinstance(node, ast.Compare):
             for side in [node.left, *node.comparators]:

@@ -53,7 +53,7 @@ def test_ray_staleness_zero_reproduces_the_synchronous_loop(ray_local, tmp_path,
     assert _trained(sync_run) == _trained(ray_run)
     assert len({line["reward/mean"] for line in _lines(sync_run)[1:]}) > 1  # it trained on varying rewards
     assert all(line["async/worker_restarts"] == 0 for line in _lines(ray_run)[1:])
-    from rlvr.trainer.ray_backend import running_engines
+    from rlvr.backends.ray import running_engines
 
     assert running_engines() == []  # the run closed its workers
 
@@ -61,11 +61,11 @@ def test_ray_staleness_zero_reproduces_the_synchronous_loop(ray_local, tmp_path,
 def test_a_killed_rollout_worker_is_restarted_and_no_rollout_is_lost_or_repeated(ray_local, tmp_path, capsys):
     """SIGKILL the worker process after step 2: Ray restarts it, the backend pushes it the current
     weights and resamples its share, and the run's metrics are those of an undisturbed run."""
+    from rlvr.backends.ray import running_engines
+    from rlvr.builder.run import train
     from rlvr.config import load_config
+    from rlvr.runtime.process import configure_for
     from rlvr.tracking.run_dir import RunDir
-    from rlvr.trainer.ray_backend import running_engines
-    from rlvr.trainer.run import train
-    from rlvr.trainer.runtime import configure_for
 
     args = [*TINY, _plus_reward(tmp_path), "trainer.steps=5", "trainer.save_every=0"]
     sync_run = _cli_run(tmp_path, capsys, "sync", *args)

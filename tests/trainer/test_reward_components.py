@@ -11,11 +11,11 @@ import torch
 from rlvr.algos._advantage_core import whiten
 from rlvr.algos._registry import needs_of
 from rlvr.algos.advantages import ADVANTAGES, AdvantageInputs
+from rlvr.builder import build
 from rlvr.cli import main
 from rlvr.config import load_config
 from rlvr.errors import ConfigError
 from rlvr.rewards.runner import RewardRunner, RewardSum
-from rlvr.trainer import build
 from rlvr.trainer.collect import Collected, scored
 from rlvr.types import Example
 

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from rlvr.trainer.build import lr_factor
+from rlvr.builder.build import lr_factor
 
 
 def test_warmup_then_constant():

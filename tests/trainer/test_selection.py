@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from rlvr.cli import main
-from rlvr.trainer.selection import PosteriorSelector, closest_to_target, posterior_update
+from rlvr.sampling.selection import PosteriorSelector, closest_to_target, posterior_update
 from rlvr.types import Example
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from rlvr.cli import main
 from rlvr.models.causal_lm import resolve_model_path
-from rlvr.trainer.sft import check_output_dir
+from rlvr.sft.supervised import check_output_dir
 
 FAST = ["sft.steps=1", "sft.batch_size=4", "task.heldout_size=4", "trainer.threads=1"]
 

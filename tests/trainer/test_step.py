@@ -65,9 +65,9 @@ def test_greedy_in_group_temperatures_and_config():
 
 
 def test_greedy_in_group_collects_the_greedy_decode_as_each_groups_last_row():
+    from rlvr.builder.components import build_components
     from rlvr.config import load_config
     from rlvr.trainer.collect import collect, sample_seeds
-    from rlvr.trainer.components import build_components
 
     config = load_config("recipes/dllm_diffu_grpo_countdown.yaml",
                          ["rollout.prompts_per_step=2", "rollout.group_size=3", "rollout.greedy_in_group=true",
@@ -87,8 +87,8 @@ def test_greedy_in_group_collects_the_greedy_decode_as_each_groups_last_row():
 def test_kept_log_probs_are_the_forward_before_the_update_in_row_order(tiny_model, make_train_batch, workers):
     """`optimizer_step(keep=...)` hands back the update's forward log-probs (pi_prox of a one-update
     step) in the batch's row order, micro-batches and row workers included."""
+    from rlvr.runtime.rows import RowPool
     from rlvr.trainer.logit_stats import no_grad_outputs
-    from rlvr.trainer.rows import RowPool
     from rlvr.trainer.step import optimizer_step
 
     batch = make_train_batch(tiny_model, PROMPTS, with_old=False)

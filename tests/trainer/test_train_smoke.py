@@ -37,8 +37,8 @@ def test_user_reward_loaded_by_path_drives_a_real_run(tmp_path, capsys):
 def test_every_recipe_loads_and_builds(tmp_path):
     from pathlib import Path
 
+    from rlvr.builder import build
     from rlvr.config import load_config
-    from rlvr.trainer import build
 
     for recipe in sorted(Path(__file__).resolve().parents[2].glob("recipes/*.yaml")):
         config = load_config(recipe)

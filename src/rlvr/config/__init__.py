@@ -3,7 +3,7 @@
 `load_config(recipe, overrides)` reads a YAML recipe, applies dotted command-line overrides
 (`algo.clip_high=0.28 seed=3`), checks names, types and ranges, resolves defaults, and returns a
 `Config`. Every mistake becomes one `ConfigError` line that names the field and the fix.
-Components never see this object: `rlvr.trainer.build` reads it once.
+Components never see this object: `rlvr.builder.build` reads it once.
 
 Registry entries (advantages, objectives, aggregations, KL estimators, likelihood estimators,
 tasks) declare their hyperparameters as keyword-only parameters with their papers' defaults, and

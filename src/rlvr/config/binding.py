@@ -115,7 +115,7 @@ def _rows(key: str, name: str, entry: Callable, section, registry: Registry | No
 
 def explain(config: Config, sources: Mapping[str, str] = {}) -> list[Binding]:
     """One row per keyword of every entry this config uses, bound as the builder binds it
-    (`rlvr.trainer.build`): the objective with `group_size`, the aggregation with `norm_length`,
+    (`rlvr.builder.build`): the objective with `group_size`, the aggregation with `norm_length`,
     the KL estimator when `algo.kl_coef > 0`, the rollout correction when on, the likelihood
     estimator for a diffusion model, the task with `task.heldout_size` and `seed`, and the expert
     objective when expert rows are on. `sources`: dotted field -> who set it (`load_with_sources`)."""

@@ -63,7 +63,7 @@ REGISTRIES = (
     Registry("rollout.remasking", "remasking", "rlvr.engines.torch_diffusion:REMASKING"),
     Registry("rollout.window", "window", "rlvr.models.likelihood:WINDOWS"),
     Registry("rollout.engine", "rollout engine", "rlvr.engines.kinds:ENGINES"),
-    Registry("rollout.prompt_selection", "prompt selection", "rlvr.trainer.selection:SELECTIONS"),
+    Registry("rollout.prompt_selection", "prompt selection", "rlvr.sampling.selection:SELECTIONS"),
     Registry("task.countdown.sampling", "sampling", "rlvr.tasks.countdown:SAMPLINGS"),
     Registry("task.countdown.partial_credit", "partial credit", "rlvr.tasks.countdown:PARTIAL_CREDITS"),
     Registry("task.code_file.isolation", "isolation", "rlvr.rewards.sandbox:ISOLATIONS"),

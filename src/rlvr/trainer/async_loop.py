@@ -39,12 +39,12 @@ import threading
 
 import torch
 
+from rlvr.engines.snapshot import published
 from rlvr.protocols import WeightSyncEngine
+from rlvr.runtime.rows import CoreLease
 from rlvr.tracking.run_dir import now
 from rlvr.trainer.collect import Produced, produce
 from rlvr.trainer.plan import Components
-from rlvr.trainer.rows import CoreLease
-from rlvr.trainer.snapshot import published
 from rlvr.trainer.sync import rl_step
 
 

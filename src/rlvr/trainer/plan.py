@@ -18,9 +18,9 @@ import torch
 from rlvr.models.value import ValueModel
 from rlvr.protocols import PolicyModel, RolloutEngine, Task
 from rlvr.rewards.runner import RewardRunner
+from rlvr.runtime.rows import RowPool
+from rlvr.sampling.selection import PosteriorSelector
 from rlvr.trainer.expert import ExpertSource
-from rlvr.trainer.rows import RowPool
-from rlvr.trainer.selection import PosteriorSelector
 from rlvr.trainer.step import LossSpec
 
 
@@ -146,7 +146,7 @@ class Components:
     critic_optimizer: torch.optim.Optimizer | None = None
     selector: PosteriorSelector | None = None  # prompt selection; None = uniform draws
     rows: RowPool | None = None  # batches split over worker threads (None = torch's own threads)
-    heap_kept: bool = False  # glibc keeps freed memory mapped (trainer/allocator.py)
+    heap_kept: bool = False  # glibc keeps freed memory mapped (runtime/allocator.py)
     expert: ExpertSource | None = None  # off-policy expert rows (config section `expert`); None = off
     asynchronous: AsyncPlan | None = None  # rollouts ahead of the learner; None = the synchronous loop
     # start version -> the rollout side, made by the builder (`components.rollout_side`)

@@ -92,7 +92,7 @@ def optimizer_step(policy, optimizer, scheduler, batch: TrainBatch, spec: LossSp
                    micro_batch_size: int, grad_clip: float, rows=None, keep: list | None = None) -> dict[str, float]:
     """One optimizer step over `batch`, accumulated over micro-batches. Returns metrics.
 
-    `rows` (a `trainer.rows.RowPool`, optional) splits each micro-batch over worker threads. `keep`
+    `rows` (a `runtime.rows.RowPool`, optional) splits each micro-batch over worker threads. `keep`
     (a list) gets the detached log-probs of the step's forwards, in `batch`'s row order."""
     chunks = [batch.select(slice(i, i + micro_batch_size)) for i in range(0, len(batch), micro_batch_size)]
     counts = dict(zip(("num_tokens", "num_seqs"), global_counts(c.completion_mask for c in chunks)))

@@ -1,7 +1,7 @@
 """A training run: build its components and plans from the config, then run the loop in its directory.
 
 `train()` owns the run directory (config.yaml, run.json, resume, signals, the exit record); the
-builder (`trainer.components`) is the one place that reads the config, and the loop
+builder (`builder.components`) is the one place that reads the config, and the loop
 (`trainer.loop`) runs what it built.
 """
 
@@ -11,7 +11,9 @@ from collections.abc import Sequence
 
 import torch
 
+from rlvr.builder.components import build_components, tracker_names
 from rlvr.config import Config, data_files, dump_yaml, to_dict
+from rlvr.runtime.process import Runtime
 from rlvr.tracking.run_dir import (
     RunDir,
     StopSignals,
@@ -22,9 +24,7 @@ from rlvr.tracking.run_dir import (
     recorded_exit,
 )
 from rlvr.tracking.tracker import check_trackers
-from rlvr.trainer.components import build_components, tracker_names
 from rlvr.trainer.loop import make_steps, nothing_left_message, resume_run, run_loop, runtime_facts
-from rlvr.trainer.runtime import Runtime
 
 ENDING_KEYS = ("status", "exit_status", "ended", "duration_s", "error", "signal")
 
@@ -51,7 +51,7 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
           config_changes: dict | None = None, **objects) -> dict:
     """Run (or resume) the RL loop in `run`. Returns the final metrics line.
 
-    `runtime`: what `rlvr.trainer.runtime.configure_process` set up (None = this process as it is).
+    `runtime`: what `rlvr.runtime.process.configure_process` set up (None = this process as it is).
     `callbacks`: objects with any of `on_step_end`, `on_evaluate`, `on_checkpoint` (see
     `rlvr.protocols.Callback`). `provenance`: extra run.json entries describing what the config
     does not (an in-memory dataset, reward functions passed as objects). `objects`:

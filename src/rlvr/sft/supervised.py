@@ -16,14 +16,14 @@ import torch
 
 from rlvr.agents.batch import to_rollouts
 from rlvr.agents.collect import demonstrations, is_agent_task
+from rlvr.builder import build
 from rlvr.codec import completion_batch, encode_prompts
 from rlvr.config import Config, dump_yaml
 from rlvr.errors import ConfigError, DiskFull
 from rlvr.models.causal_lm import resolve_model_path
 from rlvr.models.policy import CausalPolicy
+from rlvr.sft.diffusion import diffusion_sft
 from rlvr.tracking.run_dir import disk_full
-from rlvr.trainer import build
-from rlvr.trainer.diffusion_sft import diffusion_sft
 from rlvr.trainer.evaluate import greedy_accuracy
 
 

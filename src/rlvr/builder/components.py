@@ -5,7 +5,7 @@ its steps (`trainer.plan`).
 `build_components(config)` reads the config; the keyword arguments let the Python API pass
 objects instead (a model and tokenizer in memory, a task built from a dataset, reward callables).
 This is the only module of the loop's side that reads a `Config`: the components it returns never
-see it. Process-wide settings are not applied here: `rlvr.trainer.runtime.configure_process` does
+see it. Process-wide settings are not applied here: `rlvr.runtime.process.configure_process` does
 that, and its `Runtime` is passed in.
 """
 
@@ -26,21 +26,21 @@ from rlvr.algos.correction import importance_correction
 from rlvr.algos.hybrid import chord_mu
 from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.shaping import overlong_penalty
+from rlvr.backends.ray import RayEngine, RayReward, ensure_ray
+from rlvr.builder import build
 from rlvr.config import Config, derived_batch_numbers, to_dict
 from rlvr.config.registries import engine_kind, rollout_correction_on
+from rlvr.engines.snapshot import SharedEngine, SnapshotEngine
 from rlvr.models.lora import AdapterDisabled
 from rlvr.models.value import ValueModel
 from rlvr.protocols import PolicyModel, Task
 from rlvr.rewards.runner import RewardRunner
-from rlvr.trainer import build
+from rlvr.runtime.process import Runtime, available_cores, thread_budget
+from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode, split_engine
+from rlvr.sampling.selection import build_selector
 from rlvr.trainer.expert import ExpertSource
 from rlvr.trainer.logit_stats import needs_reference
 from rlvr.trainer.plan import AsyncPlan, Components, ExpertPlan, LoopPlan, Proximal, RolloutPlan, RolloutSide, StepPlan
-from rlvr.trainer.ray_backend import RayEngine, RayReward, ensure_ray
-from rlvr.trainer.rows import CoreLease, RowPool, resolve_mode, split_engine
-from rlvr.trainer.runtime import Runtime, available_cores, thread_budget
-from rlvr.trainer.selection import build_selector
-from rlvr.trainer.snapshot import SharedEngine, SnapshotEngine
 from rlvr.trainer.step import LossSpec
 
 # Decoupled PPO (AReaL): a stale batch's tokens are reweighted by pi_prox / pi_behav, uncapped unless
@@ -235,9 +235,10 @@ def rollout_side(config: Config, c: Components, layout: ThreadLayout, start: int
     if config.trainer.backend == "ray":
         t = config.trainer
         ensure_ray(t.ray_address, available_cores(t.threads))
-        engine = RayEngine(config, c.model, c.tokenizer, workers=t.rollout_workers,
-                           threads=layout.rollout_worker_threads, rows_mode=layout.rows_mode, version=start)
-        reward = RayReward(config, c.tokenizer, workers=t.reward_workers)
+        engine = RayEngine(functools.partial(build.build_engine, config), c.model, c.tokenizer,
+                           workers=t.rollout_workers, threads=layout.rollout_worker_threads, rows_mode=layout.rows_mode,
+                           version=start, own_weights=engine_kind(config).own_weights)
+        reward = RayReward(functools.partial(build.build_verifier, config), c.tokenizer, workers=t.reward_workers)
         # this process only tokenizes, decodes and checks answers for the rollout side
         return RolloutSide(dataclasses.replace(c, reward=reward), engine, threads=1,
                            closers=(engine.close, reward.close))

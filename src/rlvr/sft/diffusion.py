@@ -51,8 +51,8 @@ def diffusion_sft(model, tokenizer, task, *, steps: int, batch_size: int, lr: fl
                   seed: int = 0, warmup_steps: int = 20, schedule: str = "constant", echo=print) -> list[float]:
     """Train `model` on `task.solution` windows; returns the loss per step. Plain arguments, no
     config: the trainer's builder reads the config and calls this."""
+    from rlvr.builder.build import build_optimizer
     from rlvr.codec import encode_prompts
-    from rlvr.trainer.build import build_optimizer
 
     rng = random.Random(seed)
     generator = torch.Generator().manual_seed(seed)

@@ -11,9 +11,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import torch
+
+from rlvr.config.registries import engine_kind
 from rlvr.errors import ConfigError
-from rlvr.trainer.allocator import keep_freed_memory
-from rlvr.trainer.rows import RowPool, configure_threads, resolve_mode
+from rlvr.runtime.allocator import keep_freed_memory
+from rlvr.runtime.rows import RowPool, configure_threads, resolve_mode
 
 
 @dataclass(frozen=True)
@@ -33,15 +36,29 @@ def configure_process(*, threads: int, thread_mode: str, model_kind: str) -> Run
 
 def configure_for(config) -> Runtime:
     """`configure_process` from a `Config`'s trainer and model sections."""
-    from rlvr.trainer.build import resolve_device
-
     mode, threads = config.trainer.thread_mode, config.trainer.threads
     on_cpu = resolve_device(config.trainer.device, config.model.kind).type == "cpu"
     if mode == "auto" and not on_cpu:
         mode = "ops"  # row workers share out CPU work; a batch on a GPU runs whole
-    if config.rollout.engine == "vllm" and on_cpu:  # vLLM's threads share the cores: more of ours slow both
+    if engine_kind(config).batches_itself and on_cpu:  # vLLM's threads share the cores: more of ours slow both
         mode, threads = "ops", 1
     return configure_process(threads=threads, thread_mode=mode, model_kind=config.model.kind)
+
+
+def resolve_device(name: str, kind: str = "causal") -> torch.device:
+    """`trainer.device`: `auto` is cuda when torch sees a GPU (causal models; diffusion ones run on
+    the CPU), else cpu; a cuda device this process cannot use is a one-line ConfigError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() and kind == "causal" else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            found = f"{count} CUDA device(s)" if count else "no CUDA device (or a CPU-only torch)"
+            raise ConfigError(f"trainer.device: '{name}' requested but this process sees {found}; "
+                              "use trainer.device=cpu or auto")
+    return device
+
 
 def available_cores(threads: int = 0) -> int:
     """`trainer.threads` when set, else the cores this process may run on."""

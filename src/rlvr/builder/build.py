@@ -26,23 +26,9 @@ from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.models.policy import CausalPolicy
 from rlvr.protocols import RolloutEngine
 from rlvr.rewards.runner import RewardRunner, RewardSum, load_reward_spec
+from rlvr.runtime.process import resolve_device
 from rlvr.tasks import make_task
 from rlvr.trainer.step import LossSpec
-
-
-def resolve_device(name: str, kind: str = "causal") -> torch.device:
-    """`trainer.device`: `auto` is cuda when torch sees a GPU (causal models; diffusion ones run on
-    the CPU), else cpu; a cuda device this process cannot use is a one-line ConfigError."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() and kind == "causal" else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if (device.index or 0) >= count:
-            found = f"{count} CUDA device(s)" if count else "no CUDA device (or a CPU-only torch)"
-            raise ConfigError(f"trainer.device: '{name}' requested but this process sees {found}; "
-                              "use trainer.device=cpu or auto")
-    return device
 
 
 def base_model(config: Config):
@@ -203,6 +189,11 @@ def build_advantage(config: Config) -> AdvantageSpec:
     targets = companion("algo.advantage", a.advantage)  # critic targets: the estimator trains a critic (gae)
     returns = bind(targets, a) if targets is not None else None
     return AdvantageSpec(estimate, returns, needs_of(estimate))
+
+
+def build_verifier(config: Config, tokenizer):
+    """The verifier of the task the config names, built in another process (a Ray reward worker)."""
+    return build_reward(config, build_task(config, tokenizer))
 
 
 def check_reward_components(config: Config, reward) -> None:

@@ -1,6 +1,8 @@
 """`trainer.backend=ray`: rollout workers and reward scorers as Ray actors (the one module that imports ray).
 
-The learner stays in the driver process, which owns the run directory, the signals and the
+The builder hands this module what the workers build (`make_engine(model, tokenizer)`,
+`make_reward(tokenizer)`: picklable functions of the run's config), so the backend never reads the
+config itself. The learner stays in the driver process, which owns the run directory, the signals and the
 checkpoints; the asynchronous schedule (`async_loop`) is the same as with the local
 backend, and only two seams move out of the process:
 
@@ -30,12 +32,10 @@ import weakref
 import torch
 
 from rlvr.batch import Rollouts, concat_rollouts
-from rlvr.config.registries import engine_kind
+from rlvr.engines.snapshot import SnapshotEngine, frozen_copy
 from rlvr.errors import ConfigError
 from rlvr.rewards.runner import RewardBatch
-from rlvr.trainer import build
-from rlvr.trainer.rows import RowPool, split_engine
-from rlvr.trainer.snapshot import SnapshotEngine, frozen_copy
+from rlvr.runtime.rows import RowPool, split_engine
 
 TIMEOUT_S = 600.0  # one batch of one worker; a hung worker fails the run instead of stalling it
 RESTART_ATTEMPTS = 3
@@ -72,16 +72,17 @@ def running_engines() -> list[RayEngine]:
 class _RolloutWorker:
     """One rollout worker process: a snapshot of the weights and the configured sampler over it."""
 
-    def __init__(self, config, model, tokenizer, version: int, threads: int, rows_mode: bool):
+    def __init__(self, make_engine, model, tokenizer, version: int, threads: int, rows_mode: bool,
+                 own_weights: bool):
         torch.set_num_threads(1 if rows_mode else threads)  # this process's share (runtime.thread_budget)
-        if engine_kind(config).own_weights:  # pushes go straight to it (vLLM keeps these threads)
-            self.engine = build.build_engine(config, model, tokenizer)
+        if own_weights:  # pushes go straight to it (vLLM keeps these threads)
+            self.engine = make_engine(model, tokenizer)
             self.engine.policy_version = version
             return
         rows = RowPool(threads) if rows_mode and threads > 1 else None
 
         def make(m):
-            engine = build.build_engine(config, m, tokenizer)
+            engine = make_engine(m, tokenizer)
             return split_engine(engine, rows, tokenizer.pad_token_id, m) if rows is not None else engine
 
         self.engine = SnapshotEngine(model, make, version=version, copy_model=False)
@@ -105,8 +106,8 @@ class _RolloutWorker:
 class _RewardWorker:
     """One reward-scoring process: the run's verifier, built from the config."""
 
-    def __init__(self, config, tokenizer):
-        self.reward = build.build_reward(config, build.build_task(config, tokenizer))
+    def __init__(self, make_reward, tokenizer):
+        self.reward = make_reward(tokenizer)
 
     def score(self, prompts, texts, examples) -> RewardBatch:
         return self.reward(prompts, texts, examples)
@@ -120,13 +121,14 @@ def _slices(rows: int, parts: int) -> list[slice]:
 class RayEngine:
     """A `WeightSyncEngine` over `workers` Ray actors, each with `threads` threads."""
 
-    def __init__(self, config, model, tokenizer, *, workers: int, threads: int, rows_mode: bool, version: int):
+    def __init__(self, make_engine, model, tokenizer, *, workers: int, threads: int, rows_mode: bool, version: int,
+                 own_weights: bool):
         ray = _ray()
         self.ray, self.pad_id, self.policy_version = ray, tokenizer.pad_token_id, version
         actor = ray.remote(num_cpus=threads, max_restarts=-1, max_task_retries=0)(_RolloutWorker)
         # Held for the run: Ray rebuilds a restarted worker from its constructor's arguments.
         self._model = ray.put(frozen_copy(model).cpu())
-        self.workers = [actor.remote(config, self._model, tokenizer, version, threads, rows_mode)
+        self.workers = [actor.remote(make_engine, self._model, tokenizer, version, threads, rows_mode, own_weights)
                         for _ in range(workers)]
         self._weights = None  # (object ref, version) of the newest push, for restarted workers
         self.restarts = 0
@@ -211,11 +213,11 @@ class RayReward:
     contiguous chunks, at most two in flight per worker, and average each metric over the chunks by
     their sizes (exact for metrics every sample reports)."""
 
-    def __init__(self, config, tokenizer, *, workers: int):
+    def __init__(self, make_reward, tokenizer, *, workers: int):
         ray = _ray()
         self.ray = ray
         actor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(_RewardWorker)  # pure: retry is safe
-        self.workers = [actor.remote(config, tokenizer) for _ in range(workers)]
+        self.workers = [actor.remote(make_reward, tokenizer) for _ in range(workers)]
 
     def __call__(self, prompts, texts, examples) -> RewardBatch:
         chunks = _slices(len(texts), len(self.workers) * 2 if len(self.workers) > 1 else 1)
