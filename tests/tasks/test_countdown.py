@@ -10,7 +10,6 @@ import random
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -103,17 +102,19 @@ def test_reward_accepts_example_fields(task):
     assert task.reward(EX.prompt, "3+5*2", completion="x", prompt="y") == 1.0
 
 
-def test_length_bound(task):
+def test_length_bound(task, monkeypatch):
     padded = "(" * 29 + "3+5*2" + ")" * 29  # 63 chars: still scored
     assert task.reward(EX.prompt, padded, meta=EX.meta) == 1.0
     too_long = "(" * 30 + "3+5*2" + ")" * 30  # 65 chars
     assert task.reward(EX.prompt, too_long, meta=EX.meta) == 0.0
-    start = time.perf_counter()
+    parsed = []
+    monkeypatch.setattr(cd, "parse", lambda text, **kw: parsed.append(text) or parse(text, **kw))
     for hostile in ("(" * 10**6, "9" * 10**6, "9*" * 10**6 + "9"):
         assert task.reward(EX.prompt, hostile, meta=EX.meta) == 0.0
+    assert parsed == []  # rejected on length, before the parser sees a character
     # The length bound applies after stripping.
     assert task.reward(EX.prompt, " " * 10**6 + "3+5*2", meta=EX.meta) == 1.0
-    assert time.perf_counter() - start < 1.0
+    assert parsed == ["3+5*2"]
 
 
 # ---------------------------------------------------------------------------- printing / parsing
