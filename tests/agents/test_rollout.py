@@ -12,7 +12,7 @@ from rlvr.agents.envs.calculator import CalculatorEnv
 from rlvr.agents.render import ChatRenderer, TagRenderer
 from rlvr.agents.rollout import Limits, run_episodes
 from rlvr.agents.task import ToolEnv
-from rlvr.agents.templates import CHAT_TEMPLATES, with_template
+from rlvr.agents.templates import CHAT_TEMPLATES
 from rlvr.models.tokenizer import char_tokenizer
 
 DEFAULT = Limits(3, 96)
@@ -76,7 +76,8 @@ def test_sampled_ids_are_kept_not_reencoded_and_drift_is_flagged(tokenizer, scri
 
 @pytest.mark.parametrize("name", sorted(CHAT_TEMPLATES))
 def test_round_trip_through_each_shipped_chat_template(name, scripted):
-    tok = with_template(char_tokenizer(), name)
+    tok = char_tokenizer()
+    tok.chat_template = CHAT_TEMPLATES[name]
     env = CalculatorEnv()
     key = CalculatorEnv().reset(0).strip()
     call = '<tool_call>{"name": "calc", "arguments": {"expression": "' + key + '"}}</tool_call>'

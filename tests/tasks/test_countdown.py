@@ -16,7 +16,7 @@ import pytest
 
 from rlvr.tasks import TASKS, make_task
 from rlvr.tasks import countdown as cd
-from rlvr.tasks.countdown import ALPHABET, Countdown, evaluate, is_heldout_key, parse, to_string
+from rlvr.tasks.countdown import Countdown, evaluate, is_heldout_key, parse, to_string
 from rlvr.types import Example
 
 
@@ -179,7 +179,7 @@ def test_solutions_verify(task):
         assert task.solution(ex) == ex.answer
         assert task.reward(ex.prompt, task.solution(ex), answer=ex.answer, meta=ex.meta) == 1.0
         assert ex.prompt == cd.format_prompt(ex.meta["numbers"], ex.meta["target"])
-        assert set(ex.prompt + ex.answer) <= set(ALPHABET)
+        assert set(ex.prompt + ex.answer) <= set("0123456789 +-*/()>:")
         assert ex.meta["target"] > 0 and len(ex.meta["numbers"]) == 3
         assert all(1 <= x <= 9 for x in ex.meta["numbers"])
         assert "/" not in ex.answer
@@ -282,9 +282,14 @@ def test_heldout_copies_are_independent(task):
 # ---------------------------------------------------------------------------- module
 
 
-def test_alphabet():
-    assert ALPHABET == "0123456789 +-*/()>:"
-    assert len(set(ALPHABET)) == len(ALPHABET)
+def test_the_character_tokenizer_spells_every_prompt_and_answer(task):
+    from rlvr.models.tokenizer import char_tokenizer
+
+    tok = char_tokenizer()
+    for ex in task.sample(200, random.Random(2)):
+        ids = tok(ex.prompt + ex.answer, add_special_tokens=False).input_ids
+        assert len(ids) == len(ex.prompt + ex.answer) and tok.unk_token_id not in ids
+        assert tok.decode(ids) == ex.prompt + ex.answer
 
 
 def test_registry():

@@ -24,11 +24,3 @@ CHAT_TEMPLATES = {
         "{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
     ),
 }
-
-
-def with_template(tokenizer, name: str):
-    """`tokenizer` with the shipped chat template `name` set (returned for chaining)."""
-    if name not in CHAT_TEMPLATES:
-        raise ValueError(f"unknown chat template {name!r}; valid: {', '.join(sorted(CHAT_TEMPLATES))}")
-    tokenizer.chat_template = CHAT_TEMPLATES[name]
-    return tokenizer
