@@ -5,6 +5,7 @@ import threading
 
 import pytest
 import torch
+from _chat_templates import CHAT_TEMPLATES
 
 from rlvr.agents.batch import agent_metrics, to_rollouts, turn_tensors
 from rlvr.agents.env import FinishReason, StepResult
@@ -12,7 +13,6 @@ from rlvr.agents.envs.calculator import CalculatorEnv
 from rlvr.agents.render import ChatRenderer, TagRenderer
 from rlvr.agents.rollout import Limits, run_episodes
 from rlvr.agents.task import ToolEnv
-from rlvr.agents.templates import CHAT_TEMPLATES
 from rlvr.models.tokenizer import char_tokenizer
 
 DEFAULT = Limits(3, 96)

@@ -1,7 +1,7 @@
-"""Chat templates shipped for the character tokenizer, so the chat-template path (`ChatRenderer`,
-`apply_chat_template(..., tools=...)`) runs and is tested on the default install. Each ends an
+"""Chat templates for the character tokenizer, so the chat-template path (`ChatRenderer`,
+`apply_chat_template(..., tools=...)`) is tested on the default install. Each ends an
 assistant message with the tokenizer's EOS, the token the sampler stops on, so the sampled EOS
-and the template's end-of-turn are the same id. No torch here.
+and the template's end-of-turn are the same id.
 
 - `chatml`: `<|role|>content` lines, tool schemas as JSON in a leading system line.
 - `llama3`: header-delimited messages (`<|start_header_id|>role<|end_header_id|>`), BOS first.
