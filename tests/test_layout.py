@@ -120,7 +120,7 @@ def test_rewards_and_tasks_never_load_torch_or_the_trainer():
 
 
 def test_agent_environments_and_tools_never_load_torch():
-    code = ("import sys, rlvr.agents, rlvr.agents.templates, rlvr.agents.render, rlvr.agents.envs.calculator, "
+    code = ("import sys, rlvr.agents, rlvr.agents.render, rlvr.agents.envs.calculator, "
             "rlvr.agents.envs.guess, rlvr.agents.envs.lookup; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

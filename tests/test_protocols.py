@@ -1,27 +1,116 @@
-"""The shipped components satisfy the seams of `rlvr.protocols`, and the seams carry what the
-trainer used to reach around them for (estimator inputs on the batch, traces on rollouts,
-forward counts on the policy)."""
+"""The shipped components answer through the seams of `rlvr.protocols` (called with real inputs,
+their outputs' shapes and values checked), and the seams carry estimator inputs on the batch,
+traces on rollouts and forward counts on the policy."""
 
+import dataclasses
+import json
+import random
+
+import pytest
 import torch
 
 from rlvr.batch import Rollouts, TrainBatch, concat_rollouts
 from rlvr.builder.components import build_components
+from rlvr.codec import encode_prompts
 from rlvr.config import load_config
-from rlvr.protocols import PolicyModel, RolloutEngine, Task, Tracker
+from rlvr.protocols import LogitStatsPolicy, PolicyModel, RewardFn, RolloutEngine, Task, Tracker
 from rlvr.trainer.sync import rl_step
+from rlvr.types import Example
 
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=6", "trainer.steps=1",
         "task.heldout_size=4", "trainer.threads=1"]
 
 
-def test_built_components_satisfy_the_protocols(tmp_path):
+def _check_task(task) -> list[Example]:
+    """Task: seeded samples, a fixed held-out set of `task.heldout_size`, a verifier that pays the
+    reference answer 1.0 and a malformed completion 0.0."""
+    assert isinstance(task, Task) and isinstance(task.reward, RewardFn)
+    drawn = task.sample(3, random.Random(0))
+    assert len(drawn) == 3 and all(isinstance(e, Example) and e.prompt and e.answer for e in drawn)
+    assert drawn == task.sample(3, random.Random(0))
+    heldout = task.heldout()
+    assert len(heldout) == 4 and heldout == task.heldout()
+    assert not {e.prompt for e in heldout} & {e.prompt for e in task.sample(200, random.Random(1))}
+    ex = heldout[0]
+    assert task.reward(ex.prompt, ex.answer, **dataclasses.asdict(ex)) == 1.0
+    assert task.reward(ex.prompt, "((", **dataclasses.asdict(ex)) == 0.0
+    assert task.is_correct(ex.answer, ex) and not task.is_correct("((", ex)
+    return drawn
+
+
+def _check_engine(engine, tokenizer, prompts: list[str], greedy) -> Rollouts:
+    """RolloutEngine: B rows in, B completions of at most max_new_tokens (6) out, behaviour
+    log-probs <= 0 on the completion mask and 0 off it; per-row seeds reproduce a row; temperature
+    `greedy` (0) is greedy, so the seeds do not matter."""
+    assert isinstance(engine, RolloutEngine)
+    ids, mask = encode_prompts(tokenizer, prompts)
+    out = engine(ids, mask, torch.tensor([5, 6]), temperature=1.0)
+    rows, width = out.completion_ids.shape
+    assert len(out) == rows == 2 and 0 < width <= 6 and torch.equal(out.prompt_ids, ids)
+    assert out.completion_mask.shape == out.logprobs.shape == (2, width) and out.truncated.shape == (2,)
+    on = out.completion_mask > 0
+    assert on[:, 0].all() and torch.isfinite(out.logprobs).all()
+    assert (out.logprobs[on] <= 0).all() and (out.logprobs[~on] == 0).all()
+    assert torch.equal(engine(ids, mask, torch.tensor([5, 6]), temperature=1.0).completion_ids, out.completion_ids)
+    first, second = (engine(ids, mask, torch.tensor(seeds), temperature=greedy).completion_ids
+                     for seeds in ([1, 2], [3, 4]))
+    assert torch.equal(first, second)
+    return out
+
+
+def _check_policy(policy, model, out: Rollouts) -> int:
+    """PolicyModel: (B, Tc) log-probs of the sampled tokens equal to the engine's behaviour
+    log-probs (same weights, temperature 1), entropy >= 0 when asked, the model's parameters.
+    Returns the forwards it counted for the two calls."""
+    assert isinstance(policy, PolicyModel)
+    assert sum(p.numel() for p in policy.parameters()) == sum(p.numel() for p in model.parameters()) > 0
+    batch = TrainBatch(out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask,
+                       advantages=torch.zeros_like(out.completion_mask), trace=out.trace)
+    policy.begin_step(3)
+    before = policy.forwards
+    with torch.no_grad():
+        logp, entropy = policy.batch_logprobs(batch, with_entropy=True)
+        assert policy.batch_logprobs(batch)[1] is None
+    counted = policy.forwards - before
+    on = out.completion_mask > 0
+    assert logp.shape == entropy.shape == out.logprobs.shape
+    torch.testing.assert_close(logp[on], out.logprobs[on], atol=1e-4, rtol=0)
+    assert (entropy[on] >= 0).all()
+    if isinstance(policy, LogitStatsPolicy):  # causal LMs: the same forward's logit statistics
+        with torch.no_grad():
+            same, _, stats = policy.batch_token_stats(batch, stats=("logsumexp", "logit"))
+        torch.testing.assert_close(same, logp)
+        torch.testing.assert_close((stats["logit"] - stats["logsumexp"])[on], logp[on], atol=1e-5, rtol=0)
+    return counted
+
+
+@pytest.mark.parametrize("kind", ["causal", "diffusion"])
+def test_built_components_answer_through_the_protocols(kind):
+    overrides = FAST if kind == "causal" else [*FAST, "model.kind=diffusion", "model.path=", "estimator.name=trace",
+                                               "rollout.window=full"]
+    c = build_components(load_config(None, overrides))
+    drawn = _check_task(c.task)
+    # Per-row temperatures reach only the diffusion engine (rollout.greedy_in_group is refused for
+    # causal models), so the causal engine is asked for greedy with one number.
+    greedy = 0.0 if kind == "causal" else torch.zeros(2)
+    out = _check_engine(c.engine, c.tokenizer, [e.prompt for e in drawn[:2]], greedy)
+    counted = _check_policy(c.policy, c.model, out)
+    assert isinstance(c.policy, LogitStatsPolicy) == (kind == "causal")
+    # The causal policy's fused training kernels (where they build) bypass the module forward, uncounted.
+    assert counted >= (0 if kind == "causal" else 2)
+
+
+def test_jsonl_tracker_writes_one_line_per_call(tmp_path):
     from rlvr.tracking.tracker import JsonlTracker
 
-    for overrides in (FAST, [*FAST, "model.kind=diffusion", "model.path=", "estimator.name=trace"]):
-        c = build_components(load_config(None, overrides))
-        assert isinstance(c.policy, PolicyModel) and isinstance(c.engine, RolloutEngine)
-        assert isinstance(c.task, Task)
-    assert isinstance(JsonlTracker(tmp_path), Tracker)
+    tracker = JsonlTracker(tmp_path)
+    assert isinstance(tracker, Tracker) and tracker.name == "jsonl"
+    tracker.log_config({"seed": 0})  # config.yaml is the trainer's: nothing written here
+    tracker.log_metrics(1, {"loss/policy": 0.5, "reward/mean": 0.25})
+    tracker.log_metrics(2, {"loss/policy": -0.125})
+    tracker.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 1, "loss/policy": 0.5, "reward/mean": 0.25}, {"step": 2, "loss/policy": -0.125}]
 
 
 def test_the_diffusion_trace_reaches_the_estimator_through_the_batch():

@@ -1,10 +1,11 @@
 """The multi-turn rollout: exact ids and masks, limits, failures counted, drift caught."""
 
 import random
-import time
+import threading
 
 import pytest
 import torch
+from _chat_templates import CHAT_TEMPLATES
 
 from rlvr.agents.batch import agent_metrics, to_rollouts, turn_tensors
 from rlvr.agents.env import FinishReason, StepResult
@@ -12,7 +13,6 @@ from rlvr.agents.envs.calculator import CalculatorEnv
 from rlvr.agents.render import ChatRenderer, TagRenderer
 from rlvr.agents.rollout import Limits, run_episodes
 from rlvr.agents.task import ToolEnv
-from rlvr.agents.templates import CHAT_TEMPLATES, with_template
 from rlvr.models.tokenizer import char_tokenizer
 
 DEFAULT = Limits(3, 96)
@@ -76,7 +76,8 @@ def test_sampled_ids_are_kept_not_reencoded_and_drift_is_flagged(tokenizer, scri
 
 @pytest.mark.parametrize("name", sorted(CHAT_TEMPLATES))
 def test_round_trip_through_each_shipped_chat_template(name, scripted):
-    tok = with_template(char_tokenizer(), name)
+    tok = char_tokenizer()
+    tok.chat_template = CHAT_TEMPLATES[name]
     env = CalculatorEnv()
     key = CalculatorEnv().reset(0).strip()
     call = '<tool_call>{"name": "calc", "arguments": {"expression": "' + key + '"}}</tool_call>'
@@ -115,6 +116,9 @@ def test_history_rewriting_template_is_caught(scripted):
     assert t.drifted
 
 
+RELEASE, HANG_RETURNED = threading.Event(), threading.Event()  # the hanging tool's gate
+
+
 class _Broken(ToolEnv):
     def __init__(self, fail_at: str, **kw):
         self.fail_at = fail_at
@@ -127,7 +131,8 @@ class _Broken(ToolEnv):
 
         def hang(x: str) -> str:
             """Hangs."""
-            time.sleep(30)
+            RELEASE.wait(30)
+            HANG_RETURNED.set()
             return x
 
         return (boom, hang)
@@ -148,9 +153,11 @@ def test_failures_are_counted_and_the_batch_goes_on(tokenizer, scripted):
             _Broken("step"), _Broken("none"), CalculatorEnv()]
     script = [["<boom>1</boom>", "<answer>1</answer>"], ["<hang>1</hang>", "<answer>1</answer>"], ["x"],
               ["<answer>1</answer>"], ["no tags here", "<answer>1</answer>"], ["<calc>2*</calc>", "<answer>0</answer>"]]
-    start = time.perf_counter()
+    RELEASE.clear()
+    HANG_RETURNED.clear()
     trajs = _run(scripted(tokenizer, script), TagRenderer(tokenizer), envs, tokenizer, Limits(3, 300))
-    assert time.perf_counter() - start < 10  # the hanging tool did not hold the batch
+    assert not HANG_RETURNED.is_set()  # the hanging tool did not hold the batch: it is still running
+    RELEASE.set()
     boom, hang, reset, step, malformed, bad_call = trajs
     assert boom.counts["tool_errors"] == 1 and boom.turns[0].finish == FinishReason.TOOL_ERROR and boom.success
     assert "RuntimeError: boom" in tokenizer.decode(boom.ids)

@@ -6,7 +6,7 @@ from transformers import AutoTokenizer
 
 from rlvr.errors import ConfigError
 from rlvr.models.causal_lm import load_causal_lm
-from rlvr.models.policy import CausalPolicy, gather_logprobs
+from rlvr.models.policy import CausalPolicy, head_outputs
 from rlvr.models.tokenizer import char_tokenizer
 
 SIZE = dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_seq_len=64)
@@ -57,8 +57,8 @@ def test_chunked_logprobs_equal_log_softmax():
     logits = torch.randn(3, 5, 50, dtype=torch.float64)
     tokens = torch.randint(0, 50, (3, 5))
     expected = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
-    assert torch.allclose(gather_logprobs(logits, tokens, chunk_size=7), expected, atol=1e-12)
-    assert torch.allclose(gather_logprobs(logits, tokens), expected, atol=1e-12)
+    assert torch.allclose(head_outputs(logits, tokens, chunk_size=7)[0], expected, atol=1e-12)
+    assert torch.allclose(head_outputs(logits, tokens)[0], expected, atol=1e-12)
 
 
 def test_policy_logprobs_are_left_padding_invariant():

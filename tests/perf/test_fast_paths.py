@@ -185,7 +185,7 @@ def test_chunked_head_logprobs_match_the_plain_computation():
     hidden = torch.randn(37, 16, requires_grad=True)
     weight = torch.randn(300, 16, requires_grad=True)
     tokens = torch.randint(0, 300, (37,))
-    from rlvr.models.policy import chunked_head_logprobs, gather_logprobs, token_entropy
+    from rlvr.models.policy import chunked_head_logprobs, token_entropy
 
     def head(h):
         return torch.nn.functional.linear(h, weight)
@@ -196,7 +196,7 @@ def test_chunked_head_logprobs_match_the_plain_computation():
             logp, ent = chunked_head_logprobs(head, hidden, tokens, temperature=0.7, with_entropy=True, chunk_rows=5)
         else:
             logits = head(hidden) / 0.7
-            logp, ent = gather_logprobs(logits[None], tokens[None])[0], token_entropy(logits)
+            logp, ent = logits.log_softmax(-1).gather(-1, tokens[:, None])[:, 0], token_entropy(logits)
         (logp * torch.linspace(-1, 1, 37)).sum().add(0.3 * ent.sum()).backward()
         grads.append((logp.detach(), ent.detach(), hidden.grad.clone(), weight.grad.clone()))
     for plain, chunked in zip(*grads):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import signal
 import string
 
 import pytest
@@ -84,16 +85,14 @@ def test_strict_mode_scores_garbage_holding_the_right_number_zero():
 
 
 def test_symbolic_check_has_a_time_limit(monkeypatch):
-    import time
-
     worker = m._WORKER
     worker.equal("x", "x", 30.0)
     real_dumps = m.json.dumps
     monkeypatch.setattr(m.json, "dumps", lambda obj: real_dumps({"op": "sleep", "s": 30}))
     before = m.STATS["timeouts"]
-    start = time.monotonic()
+    hung = worker.proc
     assert worker.equal("a", "b", 0.5) is False  # the worker hangs: the parent kills it
-    assert time.monotonic() - start < 2.0
+    assert hung.returncode == -signal.SIGKILL and worker.proc is None  # killed, not waited for
     assert m.STATS["timeouts"] == before + 1
     monkeypatch.undo()
     assert m.math_equal("\\sqrt{8}", "2\\sqrt{2}", timeout_s=30.0)

@@ -1,14 +1,56 @@
 """End-to-end runs through `rlvr train` (in-process, tiny budgets)."""
 
 import json
+import math
 import platform
 import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
 
 from rlvr.cli import main
+
+WARM_START = Path(__file__).resolve().parents[2] / "src" / "rlvr" / "assets" / "countdown-warmstart"
+STEP_AREAS = {"actor", "adv", "batch", "loss", "perf", "response", "reward", "time"}  # on every step's line
 
 
 def _metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _check_run_dir(run_dir: Path, steps: int) -> None:
+    """What every finished run leaves behind: the resolved config, a finished manifest, one metrics
+    line per step (after the step-0 evaluation) with every area and finite losses, samples of every
+    step, and a verified checkpoint of the trained weights that loads."""
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.config import load_config
+    from rlvr.trainer.checkpoint import verify_checkpoint
+
+    assert load_config(run_dir / "config.yaml").trainer.steps == steps  # the resolved config loads back
+    manifest = json.loads((run_dir / "run.json").read_text())
+    assert manifest["status"] == "finished" and manifest["exit_status"] == 0 and manifest["final"]["step"] == steps
+
+    lines = _metrics(run_dir)
+    assert [m["step"] for m in lines] == list(range(steps + 1))  # line 0: the evaluation before step 1
+    assert {k.split("/")[0] for k in lines[0] if k != "step"} == {"eval", "time"}
+    for m in lines[1:]:
+        assert STEP_AREAS <= {k.split("/")[0] for k in m if k != "step"}, sorted(m)
+        assert all(math.isfinite(m[k]) for k in ("loss/policy", "actor/grad_norm", "actor/entropy")), m
+    assert manifest["final"] == lines[-1]
+
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert {s["step"] for s in samples} == set(range(1, steps + 1))
+    assert all(isinstance(s["prompt"], str) and isinstance(s["completion"], str) and "reward" in s for s in samples)
+
+    (checkpoint,) = sorted((run_dir / "checkpoints").iterdir())
+    assert checkpoint.name == f"step_{steps:06d}" and verify_checkpoint(checkpoint) is None
+    trained = AutoModelForCausalLM.from_pretrained(checkpoint).state_dict()
+    start = load_file(str(WARM_START / "model.safetensors"))
+    assert start.keys() <= trained.keys() and all(trained[k].shape == v.shape for k, v in start.items())
+    assert all(torch.isfinite(v).all() for v in trained.values())
+    assert any(not torch.equal(trained[k], v) for k, v in start.items())  # the steps moved the weights
 
 
 def test_user_reward_loaded_by_path_drives_a_real_run(tmp_path, capsys):
@@ -23,6 +65,7 @@ def test_user_reward_loaded_by_path_drives_a_real_run(tmp_path, capsys):
                  "trainer.eval_every=0", f"trainer.out_dir={tmp_path}", "trainer.name=user",
                  "rollout.prompts_per_step=4", "rollout.group_size=4", "trainer.eval_samples=2"])
     assert code == 0, capsys.readouterr().err
+    _check_run_dir(tmp_path / "user", steps=2)
     last = _metrics(tmp_path / "user")[-1]
     assert 0 < last["reward/mean"] <= 1.0
     assert "reward/user/has_plus" in last and "reward/user/errors" in last
@@ -35,15 +78,23 @@ def test_user_reward_loaded_by_path_drives_a_real_run(tmp_path, capsys):
 
 
 def test_every_recipe_loads_and_builds(tmp_path):
-    from pathlib import Path
-
     from rlvr.builder import build
-    from rlvr.config import load_config
+    from rlvr.config import REGISTRY, load_config
 
-    for recipe in sorted(Path(__file__).resolve().parents[2].glob("recipes/*.yaml")):
+    def entry(fn):  # the registry entry under its bound hyperparameters
+        while hasattr(fn, "func"):
+            fn = fn.func
+        return fn
+
+    recipes = sorted(Path(__file__).resolve().parents[2].glob("recipes/*.yaml"))
+    assert len(recipes) >= 40, recipes
+    for recipe in recipes:
         config = load_config(recipe)
-        build.build_loss(config)
-        build.build_advantage(config)
+        loss, advantage = build.build_loss(config), build.build_advantage(config)
+        for key, built in (("algo.objective", loss.objective), ("algo.aggregation", loss.aggregation),
+                           ("algo.advantage", advantage.estimate)):
+            section, field = key.split(".")
+            assert entry(built) is REGISTRY[key].get(getattr(getattr(config, section), field)), (recipe.name, key)
 
 
 def test_short_run_on_an_easy_reward_raises_it(tmp_path, capsys):

@@ -23,8 +23,6 @@ def _encode(tokenizer, text: str) -> list[int]:
 class TagRenderer:
     """Plain-text conversations for the character models."""
 
-    prefix_preserving = True
-
     def __init__(self, tokenizer, *, obs_open: str = "<r>", obs_close: str = "</r>"):
         self.tokenizer = tokenizer
         self.obs_open, self.obs_close = obs_open, obs_close

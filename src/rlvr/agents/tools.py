@@ -18,7 +18,6 @@ import inspect
 import json
 import re
 import threading
-import time
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +37,6 @@ class ToolResult:
     text: str
     ok: bool
     error: str | None = None  # "timeout", "raised", "bad_arguments", "unknown_tool"
-    latency_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -119,16 +117,14 @@ def _run_with_timeout(fn: Callable, kwargs: dict, timeout_s: float) -> ToolResul
         except Exception as err:  # noqa: BLE001 - any tool failure becomes an observation
             box["err"] = f"{type(err).__name__}: {err}"
 
-    start = time.perf_counter()
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
     thread.join(timeout_s if timeout_s > 0 else None)
-    latency = time.perf_counter() - start
     if thread.is_alive():
-        return ToolResult(f"timeout after {timeout_s:g}s", False, "timeout", latency)
+        return ToolResult(f"timeout after {timeout_s:g}s", False, "timeout")
     if "err" in box:
-        return ToolResult(f"error {box['err']}", False, "raised", latency)
-    return ToolResult(box["out"], True, None, latency)
+        return ToolResult(f"error {box['err']}", False, "raised")
+    return ToolResult(box["out"], True)
 
 
 _HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)

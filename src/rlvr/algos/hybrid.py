@@ -65,8 +65,6 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from rlvr.algos._registry import lookup
-
 Metrics = dict[str, Tensor]
 
 NFT_WEIGHTS = ("grpo", "one", "hard")
@@ -128,11 +126,6 @@ EXPERT_OBJECTIVES: dict[str, Callable[..., tuple[Tensor, Metrics]]] = {
     "rlplus": rlplus,
     "main": main,
 }
-
-
-def get_expert_objective(name: str) -> Callable[..., tuple[Tensor, Metrics]]:
-    """The expert objective registered as `name`; ValueError listing valid names otherwise."""
-    return lookup(EXPERT_OBJECTIVES, "expert objective", name)
 
 
 def chord_mu(step: int, *, weight: float, weight_final: float | None, decay_steps: int) -> float:

@@ -99,10 +99,6 @@ class AdapterDisabled:
             self._exit()
 
 
-def is_adapter_checkpoint(directory: Path) -> bool:
-    return (Path(directory) / ADAPTER_WEIGHTS).is_file()
-
-
 def load_adapter(model, directory: Path) -> None:
     """Load the adapter weights saved in `directory` into the peft-wrapped `model` (the base is untouched)."""
     peft = _peft()

@@ -31,11 +31,6 @@ def _logsumexp(logits: torch.Tensor, chunk_size: int) -> torch.Tensor:
     return torch.stack([chunk.logsumexp(-1) for chunk in logits.split(chunk_size, dim=-1)], -1).logsumexp(-1)
 
 
-def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, chunk_size: int = 4096) -> torch.Tensor:
-    """log softmax(logits)[tokens] without materialising (B, T, V) log-probs. (B,T,V),(B,T) -> (B,T)."""
-    return logits.gather(-1, tokens[..., None]).squeeze(-1) - _logsumexp(logits, chunk_size)
-
-
 LOGIT_STATS = ("logsumexp", "logit", "sum_pi_squared")
 """Per-token statistics of the (temperature-scaled) logits a policy can return beside the
 log-probs, from the same forward (`CausalPolicy.batch_token_stats`): `logsumexp` lse(ℓ) (the soft
@@ -48,7 +43,7 @@ def head_outputs(logits: torch.Tensor, tokens: torch.Tensor, *, with_entropy: bo
     """(log-probs, entropy or None, {stat: values}) of `tokens` under softmax(`logits`), all
     (...,) from one logits tensor (..., V). The logsumexp of the log-probs is reused for the
     `logsumexp` and `logit` stats, so they cost a gather at most; `sum_pi_squared` costs one
-    more logsumexp. No stat asked: exactly `gather_logprobs` (and `token_entropy`)."""
+    more logsumexp. No stat asked: log softmax(logits)[tokens] (and `token_entropy`)."""
     unknown = set(stats) - set(LOGIT_STATS)
     if unknown:
         raise ValueError(f"unknown logit stats {sorted(unknown)}; valid: {', '.join(LOGIT_STATS)}")

@@ -41,9 +41,6 @@ from rlvr.tasks.countdown_expr import Expr, ParseError, evaluate, leaves, parse,
 from rlvr.tasks.countdown_steps import score_steps, steps_from_expr
 from rlvr.types import Example
 
-ALPHABET = "0123456789 +-*/()>:"
-"""Every character that can appear in a Countdown prompt or completion (for the tokenizer)."""
-
 MAX_COMPLETION_CHARS = 64
 """Completions longer than this (after stripping) score 0.0 without being parsed."""
 

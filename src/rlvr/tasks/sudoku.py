@@ -25,7 +25,6 @@ import random
 
 from rlvr.types import Example
 
-ALPHABET = "01234:"
 HELDOUT_BUCKETS = 5
 _HELDOUT_SEED = "rlvr.sudoku4.heldout"
 

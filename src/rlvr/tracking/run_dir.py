@@ -249,7 +249,7 @@ class StopSignals:
         if self.received:
             raise RunInterrupted(self.received, self.exit_status, step)
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum, _frame) -> None:
         name = signal.Signals(signum).name
         if self.received:
             raise RunInterrupted(name, 128 + signum)
@@ -363,11 +363,6 @@ class RunDir:
                 if record.get("step", -1) <= step:
                     kept.append(line)
             atomic_write_text(file, "".join(f"{line}\n" for line in kept))
-
-    def read_metrics(self) -> list[dict]:
-        if not self.metrics_file.exists():
-            return []
-        return [json.loads(line) for line in self.metrics_file.read_text().splitlines() if line.strip()]
 
 
 def now() -> float:

@@ -1,7 +1,7 @@
-"""Chat templates shipped for the character tokenizer, so the chat-template path (`ChatRenderer`,
-`apply_chat_template(..., tools=...)`) runs and is tested on the default install. Each ends an
+"""Chat templates for the character tokenizer, so the chat-template path (`ChatRenderer`,
+`apply_chat_template(..., tools=...)`) is tested on the default install. Each ends an
 assistant message with the tokenizer's EOS, the token the sampler stops on, so the sampled EOS
-and the template's end-of-turn are the same id. No torch here.
+and the template's end-of-turn are the same id.
 
 - `chatml`: `<|role|>content` lines, tool schemas as JSON in a leading system line.
 - `llama3`: header-delimited messages (`<|start_header_id|>role<|end_header_id|>`), BOS first.
@@ -24,11 +24,3 @@ CHAT_TEMPLATES = {
         "{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
     ),
 }
-
-
-def with_template(tokenizer, name: str):
-    """`tokenizer` with the shipped chat template `name` set (returned for chaining)."""
-    if name not in CHAT_TEMPLATES:
-        raise ValueError(f"unknown chat template {name!r}; valid: {', '.join(sorted(CHAT_TEMPLATES))}")
-    tokenizer.chat_template = CHAT_TEMPLATES[name]
-    return tokenizer
