@@ -3,11 +3,18 @@
 Everything is written so that a crash or a kill never leaves a half-written file behind:
 whole files go through a temp file + rename; JSONL files are appended one complete line at a
 time and, on resume, cut back to the checkpoint's step.
+
+One process writes a run at a time: `RunDir.create` takes an exclusive lock on the directory
+(`fcntl.flock` on `.lock`, which the kernel drops when its holder dies, kill -9 included) and
+`release` gives it back; a second writer gets a one-line `RunLocked` naming the holder.
+`RunDir.claim` picks a new run's directory and makes it in one step (`mkdir` fails where one
+exists), so two runs of the same name never share one.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -23,7 +30,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
-from rlvr.errors import DiskFull, RunInterrupted
+from rlvr.errors import ConfigError, DiskFull, RunInterrupted, RunLocked
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pyyaml", "tqdm", "matplotlib",
             "tensorboard", "wandb", "mlflow-skinny", "rlvr")
@@ -200,7 +207,7 @@ def finish_manifest(run: RunDir, status: str, *, exit_status: int, final: dict |
     try:
         run.write_json("run.json", info)
     except OSError as err:  # a full disk: the run's reserve makes room for this one record
-        if not disk_full(err, run.path) or not run.release():
+        if not disk_full(err, run.path) or not run.free_reserve():
             raise
         run.write_json("run.json", info)
     return info
@@ -273,16 +280,160 @@ class StopSignals:
         self._previous.clear()
 
 
+LOCK_FILE = ".lock"
+
+
+def boot_id() -> str | None:
+    """This boot of the machine (Linux), so a holder's pid is read as the same process only on it."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+_HELD: set[DirLock] = set()  # the locks this process holds, closed in forked children (see below)
+
+
+class DirLock:
+    """An exclusive `fcntl.flock` on the file `path`, held from `acquire` until `release` (or the
+    process's end: the kernel drops it, so a kill -9 never leaves a stale lock). The file records
+    the holder (pid, host, boot id, start time, command) for the message a second writer gets; it
+    is removed on release."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, what: str) -> None:
+        """Take the lock or raise `RunLocked` naming the holder; `what` says what is locked (the
+        message's subject). A no-op while held."""
+        while self._fd is None:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(fd)
+                os.close(fd)
+                raise RunLocked(f"{what} is being written by {holder}; wait for it to end, or stop it "
+                                f"(a stopped or killed process frees it)") from None
+            except BaseException:
+                os.close(fd)
+                raise
+            try:  # a holder that released between our open and flock removed the file: lock the new one
+                current = os.stat(self.path).st_ino
+            except FileNotFoundError:
+                current = None
+            if current != os.fstat(fd).st_ino:
+                os.close(fd)
+                continue
+            info = {"pid": os.getpid(), "host": socket.gethostname(), "boot_id": boot_id(),
+                    "started": datetime.now(UTC).isoformat(timespec="seconds"), "command": sys.argv}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+            self._fd = fd
+            _HELD.add(self)
+
+    def release(self) -> bool:
+        """Remove the file and drop the lock; False if it was not held."""
+        if self._fd is None:
+            return False
+        try:
+            self.path.unlink(missing_ok=True)  # while still held: the next writer makes a fresh file
+        finally:
+            os.close(self._fd)
+            self._fd = None
+            _HELD.discard(self)
+        return True
+
+    def _forget(self) -> None:
+        os.close(self._fd)  # the child's copy only: the parent keeps its lock
+        self._fd = None
+
+
+def _forget_held_locks() -> None:
+    """In a forked child (a multiprocessing worker), close the inherited lock descriptors: a
+    flock lives while any copy is open, so a child outliving its killed parent would keep it."""
+    for lock in list(_HELD):
+        lock._forget()
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_held_locks)
+
+
+def _holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        info = {}
+    if not info.get("pid"):
+        return "another process"
+    argv = info.get("command") or []
+    command = " ".join([Path(argv[0]).name, *map(str, argv[1:])]) if argv else ""
+    return (f"process {info['pid']} on {info.get('host', '?')} since {info.get('started', '?')}"
+            + (f" ({command})" if command else ""))
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run's directory: it holds config.yaml and run.json (both written when a run starts)."""
+    return (path / "config.yaml").is_file() and (path / "run.json").is_file()
+
+
+def check_output_path(out: str | Path, option: str, *, reads=(), allowed=(), replaces: bool = False) -> None:
+    """Refuse (one-line `ConfigError`) an output path inside a run directory: one of `reads` (the
+    runs the command reads) or any other, where only the run's own training writes. `allowed`:
+    paths in a run the command may write all the same (the run's report.html); `replaces`: the
+    command deletes what is at `out` first (`--force`), so `out` must not hold a run either."""
+    target = Path(out).resolve()
+    if target in {Path(a).resolve() for a in allowed}:
+        return
+    runs = [Path(r).resolve() for r in reads]
+    runs += [d for d in (target, *target.parents) if d not in runs and is_run_dir(d)]
+    for run in runs:
+        if target == run or target.is_relative_to(run):
+            raise ConfigError(f"{option}: '{out}' is inside the run directory '{run}', whose files only its "
+                              f"training writes; choose a path outside it")
+        if replaces and run.is_relative_to(target):
+            raise ConfigError(f"{option}: '{out}' holds the run directory '{run}'; choose a path that holds no run")
+    if replaces and target.is_dir():
+        held = next((f.parent for f in target.rglob("run.json") if is_run_dir(f.parent)), None)
+        if held is not None:
+            raise ConfigError(f"{option}: '{out}' holds the run directory '{held}'; choose a path that holds no run")
+
+
 RESERVE_FILE = ".disk_reserve"
 RESERVE_BYTES = 64 * 1024  # run.json is a few KB; an atomic rewrite needs its old and new copies at once
 
 
 class RunDir:
-    """Paths and append-only logs of one run."""
+    """Paths and append-only logs of one run, and its writer's lock."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.checkpoints = self.path / "checkpoints"
+        self.lock = DirLock(self.path / LOCK_FILE)
+
+    @classmethod
+    def claim(cls, path: str | Path) -> RunDir:
+        """A new run directory at `path`, or `path-2`, `path-3` ... where one exists, made and
+        locked: `mkdir` fails on an existing directory, so two runs starting at once with the
+        same name get one directory each."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        candidate, suffix = path, 2
+        while True:
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                candidate, suffix = path.with_name(f"{path.name}-{suffix}"), suffix + 1
+                continue
+            run = cls(candidate)
+            run.create(new=True)
+            return run
 
     @property
     def metrics_file(self) -> Path:
@@ -292,12 +443,20 @@ class RunDir:
     def samples_file(self) -> Path:
         return self.path / "samples.jsonl"
 
-    def create(self) -> None:
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
+    def create(self, *, new: bool = False) -> None:
+        """Make the directory and take its lock, held until `release` (a no-op while held).
+        `new`: the directory must not hold a run yet (checked under the lock)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.lock.acquire(f"run directory '{self.path}'")
+        if new and (self.path / "config.yaml").exists():
+            self.lock.release()
+            raise ConfigError(f"run_dir: '{self.path}' already holds a run; pass resume=True to continue it "
+                              f"or choose another directory")
+        self.checkpoints.mkdir(exist_ok=True)
 
     def reserve(self) -> None:
         """Hold `RESERVE_BYTES` of the disk in a hidden file while the run trains: when the disk
-        fills up, `release` frees it so run.json can still record how the run ended."""
+        fills up, `free_reserve` frees it so run.json can still record how the run ended."""
         path = self.path / RESERVE_FILE
         if not path.exists():
             try:
@@ -310,11 +469,14 @@ class RunDir:
                 raise
         stats = os.statvfs(self.path)
         if stats.f_bavail * stats.f_frsize < RESERVE_BYTES:  # the disk a failed run just filled: stop before
-            self.release()                                    # anything is changed
+            self.free_reserve()                               # anything is changed
             raise OSError(errno.ENOSPC, "No space left on device beyond the run's reserve", str(self.path))
 
     def remove_if_empty(self) -> None:
-        """Remove the run directory if nothing but its (empty) folders and the reserve are in it."""
+        """Remove the run directory if nothing but its (empty) folders, the reserve and the lock
+        are in it, and release it; only by the lock's holder (another writer's run is never touched)."""
+        if not self.lock.held:
+            return
         self.release()
         for folder in (self.checkpoints, self.path):
             try:
@@ -322,13 +484,20 @@ class RunDir:
             except OSError:
                 return
 
-    def release(self) -> bool:
-        """Free the reserve; False if there was none."""
+    def free_reserve(self) -> bool:
+        """Free the reserve; False if there was none (or this process does not hold the run)."""
+        if not self.lock.held:
+            return False
         try:
             (self.path / RESERVE_FILE).unlink()
         except FileNotFoundError:
             return False
         return True
+
+    def release(self) -> None:
+        """The end of this process's writing: free the reserve, then the lock (no-ops where not held)."""
+        self.free_reserve()
+        self.lock.release()
 
     def write_json(self, name: str, data: dict) -> None:
         atomic_write_text(self.path / name, json.dumps(data, indent=2, default=str) + "\n")
