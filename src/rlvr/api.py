@@ -180,14 +180,15 @@ class Trainer:
         """Apply the process settings, run (or resume) the loop, return the final metrics line."""
         from rlvr.builder.run import train
         from rlvr.runtime.process import configure_for
-        from rlvr.tracking.run_dir import RunDir
+        from rlvr.tracking.run_dir import RunDir, disk_errors
 
-        if self._default_dir is not None:  # chosen and made in one step: another run may take the name now
-            run = RunDir.claim(self._default_dir)
-            self.run_dir = run.path
-        else:
-            run = RunDir(self.run_dir)
-            run.create(new=not self.resume)  # the lock, before anything is read for the resume or written
+        with disk_errors(RunDir(self.run_dir), "resuming the run" if self.resume else "starting the run"):
+            if self._default_dir is not None:  # chosen and made in one step: another run may take the name now
+                run = RunDir.claim(self._default_dir)
+                self.run_dir = run.path
+            else:
+                run = RunDir(self.run_dir)
+                run.create(new=not self.resume)  # the lock, before anything is read for the resume or written
         try:
             if self.resume:
                 from rlvr.trainer.checkpoint import checkpoint_step, latest_checkpoint

@@ -332,8 +332,11 @@ class DirLock:
                 continue
             info = {"pid": os.getpid(), "host": socket.gethostname(), "boot_id": boot_id(),
                     "started": datetime.now(UTC).isoformat(timespec="seconds"), "command": sys.argv}
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+            except OSError:  # a full disk: the lock holds all the same (a second writer reads no holder)
+                pass
             self._fd = fd
             _HELD.add(self)
 
