@@ -22,7 +22,7 @@ from fake_runs import make_run
 
 import rlvr
 from rlvr.cli import main
-from rlvr.tracking.run_dir import LOCK_FILE
+from rlvr.tracking.run_dir import LOCK_FILE, DirLock
 from rlvr.trainer.checkpoint import save_checkpoint
 
 SRC = Path(rlvr.__file__).resolve().parents[1]
@@ -83,25 +83,38 @@ def test_a_second_resume_of_a_run_being_written_is_refused_and_the_metrics_stay_
     run = tmp_path / "runs" / "r"
     assert main(["train", *_config(tmp_path, "r"), "trainer.steps=2"]) == 0, capsys.readouterr().err
     before = (run / "metrics.jsonl").read_text()
-    gate.unlink()  # the first resume stops at its first reward, holding the run
-    first = _spawn("--resume", str(run), "trainer.steps=4")
+    gate.unlink()  # the resume that takes the run stops at its first reward, holding it
+    procs = [_spawn("--resume", str(run), "trainer.steps=4") for _ in range(2)]
     try:
-        pid = _holder(run)
-        assert pid == first.pid
-        second = _spawn("--resume", str(run), "trainer.steps=4")
-        out, err = second.communicate(timeout=120)
-        assert second.returncode == 2, out + err
+        holder = _holder(run)
+        winner, loser = sorted(procs, key=lambda p: p.pid != holder)
+        out, err = loser.communicate(timeout=120)
+        assert loser.returncode == 2, out + err
         assert err.count("\n") == 1 and err.startswith(f"error: run directory '{run}' is being written by "
-                                                       f"process {first.pid} on "), err
+                                                       f"process {winner.pid} on "), err
         assert "cli.py train --resume" in err and "Traceback" not in err
-        assert first.poll() is None  # the holder was not disturbed
+        assert winner.poll() is None  # the holder was not disturbed
     finally:
         gate.touch()
-    out, err = first.communicate(timeout=120)
-    assert first.returncode == 0, out + err
+    out, err = winner.communicate(timeout=120)
+    assert winner.returncode == 0, out + err
     assert _steps(run) == [0, 1, 2, 3, 4]  # each step once, in order
     assert (run / "metrics.jsonl").read_text().startswith(before)
     assert not (run / LOCK_FILE).exists()  # released on the way out
+
+
+def test_sft_refuses_an_out_folder_another_sft_is_writing(tmp_path, capsys):
+    out = tmp_path / "warm"
+    lock = DirLock(tmp_path / ".warm.lock")  # what a running `rlvr sft --out warm` holds
+    lock.acquire("test")
+    try:
+        code = main(["sft", "model.path=", "sft.steps=1", "--out", str(out)])
+    finally:
+        lock.release()
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: --out '{out}' is being written by process {os.getpid()} on "), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written, the lock file removed
 
 
 def test_two_runs_of_one_name_started_at_once_get_a_directory_each(tmp_path, gate):
