@@ -11,7 +11,8 @@ from pathlib import Path
 
 from rlvr.cli_runs import register as register_run_commands
 from rlvr.errors import ConfigError
-from rlvr.tracking.run_dir import DirLock, check_output_path
+from rlvr.tracking.lock import DirLock
+from rlvr.tracking.run_dir import check_output_path
 
 
 def cmd_train(args) -> int:

@@ -22,7 +22,8 @@ from fake_runs import make_run
 
 import rlvr
 from rlvr.cli import main
-from rlvr.tracking.run_dir import LOCK_FILE, DirLock
+from rlvr.tracking.lock import DirLock
+from rlvr.tracking.run_dir import LOCK_FILE
 from rlvr.trainer.checkpoint import save_checkpoint
 
 SRC = Path(rlvr.__file__).resolve().parents[1]
