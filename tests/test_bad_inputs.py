@@ -509,12 +509,15 @@ def test_a_log_line_the_full_disk_cut_is_rolled_back(small_disk, fill_disk):
 
     run = RunDir(small_disk / "r")
     run.create()
-    run.append(run.metrics_file, {"step": 0})
-    fill_disk(small_disk)
-    with pytest.raises(OSError) as err:
-        run.append(run.metrics_file, {"step": 1, "text": "x" * 100_000})  # more than the last page holds
-    assert err.value.errno == errno.ENOSPC
-    assert run.metrics_file.read_text() == '{"step": 0}\n'  # no torn line
+    try:
+        run.append(run.metrics_file, {"step": 0})
+        fill_disk(small_disk)
+        with pytest.raises(OSError) as err:
+            run.append(run.metrics_file, {"step": 1, "text": "x" * 100_000})  # more than the last page holds
+        assert err.value.errno == errno.ENOSPC
+        assert run.metrics_file.read_text() == '{"step": 0}\n'  # no torn line
+    finally:
+        run.release()  # the lock's open file would keep the disk from being unmounted
 
 
 def test_a_full_disk_at_the_start_leaves_no_run_behind(small_disk, fill_disk, capsys):

@@ -38,6 +38,8 @@ settings and loop. Every bad argument raises `ConfigError` with one line naming 
   from its newest checkpoint, with its saved config unless `config` is given. A resume whose config
   differs from the saved one (other than ``trainer.steps``, ``trainer.name``, ``trainer.out_dir``) is refused unless
   ``allow_config_change=True``, which records each change in run.json (``config_changes``).
+  One process writes a run at a time: a second `train` of a run another process is writing is
+  refused with `RunLocked` naming it (the lock dies with its holder, a kill -9 included).
 
 `train()` applies `trainer.threads` / `trainer.thread_mode` to the process
 (`rlvr.runtime.process.configure_for`), runs, and returns the final metrics line. The run directory
@@ -178,27 +180,37 @@ class Trainer:
         """Apply the process settings, run (or resume) the loop, return the final metrics line."""
         from rlvr.builder.run import train
         from rlvr.runtime.process import configure_for
-        from rlvr.tracking.run_dir import RunDir
+        from rlvr.tracking.run_dir import RunDir, disk_errors
 
-        if self._default_dir is not None:
-            self.run_dir = _unused(self._default_dir)  # another run may have taken the name since __init__
-        self._check_run_dir()
-        if self.resume:
-            from rlvr.trainer.checkpoint import checkpoint_step, latest_checkpoint
-            from rlvr.trainer.loop import nothing_left_message
+        with disk_errors(RunDir(self.run_dir), "resuming the run" if self.resume else "starting the run"):
+            if self._default_dir is not None:  # chosen and made in one step: another run may take the name now
+                run = RunDir.claim(self._default_dir)
+                self.run_dir = run.path
+            else:
+                run = RunDir(self.run_dir)
+                run.create(new=not self.resume)  # the lock, before anything is read for the resume or written
+        try:
+            if self.resume:
+                from rlvr.trainer.checkpoint import checkpoint_step, latest_checkpoint
+                from rlvr.trainer.loop import nothing_left_message
 
-            newest = latest_checkpoint(self.run_dir / "checkpoints")
-            if newest is not None and checkpoint_step(newest) >= self.config.trainer.steps:
-                self.echo(nothing_left_message(self.run_dir, checkpoint_step(newest), self.config.trainer.steps))
-                return RunDir(self.run_dir).read_json("run.json").get("final") or {"step": checkpoint_step(newest)}
-        runtime = configure_for(self.config)
-        with _quiet_transformers():
-            objects, provenance = self._objects()
-            run = RunDir(self.run_dir)
-            self.echo(f"run directory: {run.path}")
-            final = train(self.config, run, command=self.command, resume=self.resume, echo=self.echo,
-                          runtime=runtime, callbacks=self.callbacks, provenance=provenance,
-                          config_changes=self.config_changes, **objects)
+                newest = latest_checkpoint(self.run_dir / "checkpoints")
+                if newest is not None and checkpoint_step(newest) >= self.config.trainer.steps:
+                    self.echo(nothing_left_message(self.run_dir, checkpoint_step(newest), self.config.trainer.steps))
+                    return run.read_json("run.json").get("final") or {"step": checkpoint_step(newest)}
+            runtime = configure_for(self.config)
+            with _quiet_transformers():
+                objects, provenance = self._objects()
+                self.echo(f"run directory: {run.path}")
+                final = train(self.config, run, command=self.command, resume=self.resume, echo=self.echo,
+                              runtime=runtime, callbacks=self.callbacks, provenance=provenance,
+                              config_changes=self.config_changes, **objects)
+        except BaseException:
+            if not self.resume:  # a run that could not start leaves no empty directory behind
+                run.remove_if_empty()
+            raise
+        finally:
+            run.release()
         self.echo(f"done: step {final.get('step')} held-out accuracy "
                   f"{final.get('eval/heldout_accuracy', float('nan')):.3f} -> {run.path}")
         return final

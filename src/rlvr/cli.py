@@ -11,6 +11,8 @@ from pathlib import Path
 
 from rlvr.cli_runs import register as register_run_commands
 from rlvr.errors import ConfigError
+from rlvr.tracking.lock import DirLock
+from rlvr.tracking.run_dir import check_output_path
 
 
 def cmd_train(args) -> int:
@@ -33,8 +35,16 @@ def cmd_sft(args) -> int:
 
     recipe, overrides = _split(args.args)
     config = load_config(recipe, overrides)
-    configure_process(threads=config.trainer.threads, thread_mode="ops", model_kind=config.model.kind)
-    sft(config, args.out, overwrite=args.overwrite)
+    check_output_path(args.out, "--out", replaces=args.overwrite)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = DirLock(out.parent / f".{out.name}.lock")  # one sft writes (and replaces) a folder at a time
+    lock.acquire(f"--out '{args.out}'")
+    try:
+        configure_process(threads=config.trainer.threads, thread_mode="ops", model_kind=config.model.kind)
+        sft(config, args.out, overwrite=args.overwrite)
+    finally:
+        lock.release()
     print(f"saved warm start to {args.out}")
     return 0
 

@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 from rlvr.errors import ConfigError
+from rlvr.tracking.run_dir import check_output_path
 
 
 def _metrics(args) -> list[str]:
@@ -67,6 +68,7 @@ def cmd_runs_compare(args) -> int:
     if any(len(g.runs) < 2 for g in groups):
         print("note: groups with one run have no confidence interval; add seeds (seed=N) to get one")
     out = Path(args.out)
+    check_output_path(out, "--out", reads=[r.path for r in runs])
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(markdown)
     (out / "compare.csv").write_text(csv_table(groups, metrics, table))
@@ -79,6 +81,7 @@ def cmd_runs_plot(args) -> int:
     from rlvr.tracking.plots import plot_groups
 
     runs, groups, metrics = _groups(args)
+    check_output_path(args.out, "--out", reads=[r.path for r in runs])
     path = plot_groups(groups, metrics, args.out, window=args.smooth)
     print(f"wrote {path}  ({len(runs)} runs, {len(groups)} groups)")
     return 0
@@ -87,6 +90,8 @@ def cmd_runs_plot(args) -> int:
 def cmd_report(args) -> int:
     from rlvr.tracking.report import write_report
 
+    if args.out:
+        check_output_path(args.out, "--out", reads=[args.run], allowed=[Path(args.run) / "report.html"])
     path = write_report(args.run, args.out, max_sample_steps=args.sample_steps)
     print(f"wrote {path}")
     return 0

@@ -15,6 +15,11 @@ class DiskFull(ConfigError):
     `rlvr train --resume RUN_DIR` continues once space is freed."""
 
 
+class RunLocked(ConfigError):
+    """Another process holds the run directory's lock (it trains or resumes that run now); the
+    message names it. The lock is the kernel's, so a killed process never leaves one behind."""
+
+
 class RunInterrupted(KeyboardInterrupt):
     """SIGTERM or SIGINT ended a run; run.json says `interrupted` with the signal. A
     KeyboardInterrupt, so code that handles Ctrl-C handles it; `exit_status` is 128 + the signal

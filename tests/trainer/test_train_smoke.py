@@ -6,6 +6,7 @@ import platform
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -86,7 +87,7 @@ def test_every_recipe_loads_and_builds(tmp_path):
             fn = fn.func
         return fn
 
-    recipes = sorted(Path(__file__).resolve().parents[2].glob("recipes/*.yaml"))
+    recipes = sorted(ROOT.glob("recipes/*.yaml"))
     assert len(recipes) >= 40, recipes
     for recipe in recipes:
         config = load_config(recipe)
@@ -95,6 +96,34 @@ def test_every_recipe_loads_and_builds(tmp_path):
                            ("algo.advantage", advantage.estimate)):
             section, field = key.split(".")
             assert entry(built) is REGISTRY[key].get(getattr(getattr(config, section), field)), (recipe.name, key)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# model.path=??? (the user's model): run on a tiny Qwen2 by tests/models/test_real_model_recipe.py.
+USER_MODEL = {"gsm8k_real_model.yaml", "gsm8k_tiny_qwen2.yaml"}
+FAST_RECIPES = {"gsm8k_fixture.yaml", "code_fixture.yaml"}  # fresh models: seconds each
+EXTRA = {"grpo_countdown_ray.yaml": pytest.mark.ray}
+
+
+def _recipe_case(recipe: Path):
+    marks = [EXTRA[recipe.name]] if recipe.name in EXTRA else []
+    if recipe.name not in FAST_RECIPES:
+        marks.append(pytest.mark.slow)
+    return pytest.param(recipe, id=recipe.name, marks=marks)
+
+
+@pytest.mark.parametrize("recipe", [_recipe_case(r) for r in sorted(ROOT.glob("recipes/*.yaml"))
+                                    if r.name not in USER_MODEL])
+def test_every_recipe_trains_a_step_as_shipped(recipe, tmp_path, monkeypatch, capsys):
+    # As shipped (with the model it names), into an empty folder: only the length, the folder and the
+    # thread count are set. Data files are named relative to the repository, as the README runs them.
+    monkeypatch.chdir(ROOT)
+    code = main(["train", str(recipe), "trainer.steps=1", f"trainer.out_dir={tmp_path}", "trainer.name=run",
+                 "trainer.threads=1"])
+    assert code == 0, capsys.readouterr().err
+    run = tmp_path / "run"
+    assert json.loads((run / "run.json").read_text())["status"] == "finished"
+    assert [m["step"] for m in _metrics(run)][-1] == 1
 
 
 def test_short_run_on_an_easy_reward_raises_it(tmp_path, capsys):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlvr.errors import ConfigError
+from rlvr.tracking.run_dir import check_output_path
 
 PROVENANCE_FILE = "rlvr_export.json"
 
@@ -71,6 +72,7 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None, for
     run, out = Path(run), Path(out)
     if not (run / "config.yaml").is_file():
         raise ConfigError(f"export: '{run}' is not a run directory (no config.yaml)")
+    check_output_path(out, "export", reads=[run], replaces=force)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise ConfigError(f"export: '{out}' exists and is not empty; choose a new directory or pass --force")
     checkpoint = find_checkpoint(run, step)

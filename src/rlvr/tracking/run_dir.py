@@ -3,6 +3,12 @@
 Everything is written so that a crash or a kill never leaves a half-written file behind:
 whole files go through a temp file + rename; JSONL files are appended one complete line at a
 time and, on resume, cut back to the checkpoint's step.
+
+One process writes a run at a time: `RunDir.create` takes an exclusive lock on the directory
+(`fcntl.flock` on `.lock`, which the kernel drops when its holder dies, kill -9 included) and
+`release` gives it back; a second writer gets a one-line `RunLocked` naming the holder.
+`RunDir.claim` picks a new run's directory and makes it in one step (`mkdir` fails where one
+exists), so two runs of the same name never share one.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
-from rlvr.errors import DiskFull, RunInterrupted
+from rlvr.errors import ConfigError, DiskFull, RunInterrupted
+from rlvr.tracking.lock import DirLock
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pyyaml", "tqdm", "matplotlib",
             "tensorboard", "wandb", "mlflow-skinny", "rlvr")
@@ -200,7 +207,7 @@ def finish_manifest(run: RunDir, status: str, *, exit_status: int, final: dict |
     try:
         run.write_json("run.json", info)
     except OSError as err:  # a full disk: the run's reserve makes room for this one record
-        if not disk_full(err, run.path) or not run.release():
+        if not disk_full(err, run.path) or not run.free_reserve():
             raise
         run.write_json("run.json", info)
     return info
@@ -273,16 +280,65 @@ class StopSignals:
         self._previous.clear()
 
 
+LOCK_FILE = ".lock"
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run's directory: it holds config.yaml and run.json (both written when a run starts)."""
+    return (path / "config.yaml").is_file() and (path / "run.json").is_file()
+
+
+def check_output_path(out: str | Path, option: str, *, reads=(), allowed=(), replaces: bool = False) -> None:
+    """Refuse (one-line `ConfigError`) an output path inside a run directory: one of `reads` (the
+    runs the command reads) or any other, where only the run's own training writes. `allowed`:
+    paths in a run the command may write all the same (the run's report.html); `replaces`: the
+    command deletes what is at `out` first (`--force`), so `out` must not hold a run either."""
+    target = Path(out).resolve()
+    if target in {Path(a).resolve() for a in allowed}:
+        return
+    runs = [Path(r).resolve() for r in reads]
+    runs += [d for d in (target, *target.parents) if d not in runs and is_run_dir(d)]
+    for run in runs:
+        if target == run or target.is_relative_to(run):
+            raise ConfigError(f"{option}: '{out}' is inside the run directory '{run}', whose files only its "
+                              f"training writes; choose a path outside it")
+        if replaces and run.is_relative_to(target):
+            raise ConfigError(f"{option}: '{out}' holds the run directory '{run}'; choose a path that holds no run")
+    if replaces and target.is_dir():
+        held = next((f.parent for f in target.rglob("run.json") if is_run_dir(f.parent)), None)
+        if held is not None:
+            raise ConfigError(f"{option}: '{out}' holds the run directory '{held}'; choose a path that holds no run")
+
+
 RESERVE_FILE = ".disk_reserve"
 RESERVE_BYTES = 64 * 1024  # run.json is a few KB; an atomic rewrite needs its old and new copies at once
 
 
 class RunDir:
-    """Paths and append-only logs of one run."""
+    """Paths and append-only logs of one run, and its writer's lock."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.checkpoints = self.path / "checkpoints"
+        self.lock = DirLock(self.path / LOCK_FILE)
+
+    @classmethod
+    def claim(cls, path: str | Path) -> RunDir:
+        """A new run directory at `path`, or `path-2`, `path-3` ... where one exists, made and
+        locked: `mkdir` fails on an existing directory, so two runs starting at once with the
+        same name get one directory each."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        candidate, suffix = path, 2
+        while True:
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                candidate, suffix = path.with_name(f"{path.name}-{suffix}"), suffix + 1
+                continue
+            run = cls(candidate)
+            run.create(new=True)
+            return run
 
     @property
     def metrics_file(self) -> Path:
@@ -292,12 +348,20 @@ class RunDir:
     def samples_file(self) -> Path:
         return self.path / "samples.jsonl"
 
-    def create(self) -> None:
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
+    def create(self, *, new: bool = False) -> None:
+        """Make the directory and take its lock, held until `release` (a no-op while held).
+        `new`: the directory must not hold a run yet (checked under the lock)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.lock.acquire(f"run directory '{self.path}'")
+        if new and (self.path / "config.yaml").exists():
+            self.lock.release()
+            raise ConfigError(f"run_dir: '{self.path}' already holds a run; pass resume=True to continue it "
+                              f"or choose another directory")
+        self.checkpoints.mkdir(exist_ok=True)
 
     def reserve(self) -> None:
         """Hold `RESERVE_BYTES` of the disk in a hidden file while the run trains: when the disk
-        fills up, `release` frees it so run.json can still record how the run ended."""
+        fills up, `free_reserve` frees it so run.json can still record how the run ended."""
         path = self.path / RESERVE_FILE
         if not path.exists():
             try:
@@ -310,11 +374,14 @@ class RunDir:
                 raise
         stats = os.statvfs(self.path)
         if stats.f_bavail * stats.f_frsize < RESERVE_BYTES:  # the disk a failed run just filled: stop before
-            self.release()                                    # anything is changed
+            self.free_reserve()                               # anything is changed
             raise OSError(errno.ENOSPC, "No space left on device beyond the run's reserve", str(self.path))
 
     def remove_if_empty(self) -> None:
-        """Remove the run directory if nothing but its (empty) folders and the reserve are in it."""
+        """Remove the run directory if nothing but its (empty) folders, the reserve and the lock
+        are in it, and release it; only by the lock's holder (another writer's run is never touched)."""
+        if not self.lock.held:
+            return
         self.release()
         for folder in (self.checkpoints, self.path):
             try:
@@ -322,13 +389,20 @@ class RunDir:
             except OSError:
                 return
 
-    def release(self) -> bool:
-        """Free the reserve; False if there was none."""
+    def free_reserve(self) -> bool:
+        """Free the reserve; False if there was none (or this process does not hold the run)."""
+        if not self.lock.held:
+            return False
         try:
             (self.path / RESERVE_FILE).unlink()
         except FileNotFoundError:
             return False
         return True
+
+    def release(self) -> None:
+        """The end of this process's writing: free the reserve, then the lock (no-ops where not held)."""
+        self.free_reserve()
+        self.lock.release()
 
     def write_json(self, name: str, data: dict) -> None:
         atomic_write_text(self.path / name, json.dumps(data, indent=2, default=str) + "\n")
