@@ -1,9 +1,9 @@
 """The package's shape: one meaning per folder, imports that point one way, small files.
 
 Folders depend on each other in one direction (base types <- algos <- models <- engines <-
-runtime, backends <- trainer <- builder <- sft, api/cli); the rules below are the ones a reader relies on: the math imports only
-torch, rewards and tasks never import torch or the trainer, and optional extras are imported
-lazily in the one module that needs them.
+runtime, backends <- trainer <- builder <- sft, api/cli); the rules below are the ones a reader
+relies on: the math imports only torch, rewards and tasks never import torch or the trainer,
+and optional extras are imported lazily in the one module that needs them.
 """
 
 from __future__ import annotations

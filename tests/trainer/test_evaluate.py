@@ -28,7 +28,7 @@ def test_answer_ends_at_the_first_eos_even_when_the_window_goes_on():
 
 def test_sampled_accuracy_averages_k_seeded_samples_per_problem():
     from rlvr.tasks.countdown import Countdown
-    from rlvr.trainer.evaluate import sampled_accuracy
+    from rlvr.trainer.evaluate import sampled_scores
 
     tok = char_tokenizer()
     task = Countdown()
@@ -45,7 +45,7 @@ def test_sampled_accuracy_averages_k_seeded_samples_per_problem():
         width = max(map(len, rows))
         return _rollouts([r + [tok.pad_token_id] * (width - len(r)) for r in rows], [len(r) for r in rows])
 
-    assert sampled_accuracy(engine, tok, task, examples, samples=4, temperature=0.7, batch_size=5) == 0.5
+    assert sampled_scores(engine, tok, task, examples, samples=4, temperature=0.7, batch_size=5)[0] == 0.5
     assert calls == [(5, 0.7), (5, 0.7), (2, 0.7)]  # 12 rows in batches of 5, at the asked temperature
 
 

@@ -20,13 +20,6 @@ def greedy_verdicts(engine, tokenizer, task, examples, *, batch_size: int = 256)
     return _correctness(engine, tokenizer, task, examples, temperature=0.0, first_seed=None, batch_size=batch_size)
 
 
-def sampled_accuracy(engine, tokenizer, task, examples, *, samples: int, temperature: float,
-                     batch_size: int = 256) -> float:
-    """Mean correctness of `samples` completions per example at `temperature` (avg@k)."""
-    return sampled_scores(engine, tokenizer, task, examples, samples=samples, temperature=temperature,
-                          batch_size=batch_size)[0]
-
-
 def sampled_scores(engine, tokenizer, task, examples, *, samples: int, temperature: float,
                    batch_size: int = 256) -> tuple[float, float]:
     """(avg@k, pass@k) of `samples` completions per example at `temperature`.
