@@ -10,7 +10,7 @@ Table 2: greedy held-out accuracy of the warm start against tokens committed per
 (steps N = L, L/2, L/4; block lengths L and L/2).
 
 The Countdown diffu_grpo recipe decodes one completion per group greedily
-(`rollout.greedy_in_group=true`, docs/results.md §4c); the other recipes do not. For a comparison
+(`rollout.greedy_in_group=true`, docs/results/dllm.md §4c); the other recipes do not. For a comparison
 of the estimators alone put every recipe under the same scheme, e.g.
 `python bench/dllm.py rollout.greedy_in_group=false` (or `=true`).
 """

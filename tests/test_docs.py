@@ -3,8 +3,9 @@
 Every text file under src, tests, recipes, bench, docs and examples, and README.md, is scanned for
 labels of development history (numbered sessions and rounds, issue numbers, "the previous code")
 and for pointers to files that are not in the repository (design notes, research notes, machine-local
-paths). Every relative link in the markdown files must point at a file that exists, and every
-`docs/results.md §N` reference at a section that exists.
+paths). Every relative link in the markdown files must point at a file that exists (and at a heading of it,
+when it names one), every `docs/results.md §N` reference at a section of docs/results/ and every
+`docs/results/AREA.md §N` at a section of that file; the docs stay short.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def _text_files():
 
 
 def _markdown_files():
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "bench").glob("*.md"))]
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "bench").glob("*.md"))]
 
 
 def test_no_history_labels_or_pointers_outside_the_repo():
@@ -85,26 +86,47 @@ def test_relative_links_in_markdown_point_at_files_in_the_repo():
     assert not broken, "relative links to files that do not exist:\n" + "\n".join(broken)
 
 
-def _results_sections():
-    text = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
-    return set(re.findall(r"^#{2,3} (\d+[a-z]?)\.", text, flags=re.MULTILINE))
+def _results_sections() -> dict[str, str]:
+    """Section number -> the docs/results/ file (stem) that holds it; numbers are unique across files."""
+    sections: dict[str, str] = {}
+    for path in sorted((REPO / "docs" / "results").glob("*.md")):
+        for number in re.findall(r"^#{2,3} (\d+[a-z]?)\.", path.read_text(encoding="utf-8"), flags=re.MULTILINE):
+            assert number not in sections, f"§{number} is in both results/{sections[number]}.md and {path.name}"
+            sections[number] = path.stem
+    return sections
 
 
-SECTION_REF = re.compile(r"results\.md,? §(\d+[a-z]?)")
+SECTION_REF = re.compile(r"results(?:/([\w-]+))?\.md,? §(\d+[a-z]?)")
 BARE_REF = re.compile(r"(?<![\w.])§(\d+[a-z]?)")
 
 
 def test_results_section_references_exist():
     sections = _results_sections()
-    assert {"1", "2", "3", "4", "5"} <= sections
+    assert {"1", "2", "3", "4", "5"} <= set(sections)
     missing = []
     for path in _text_files():
-        # README and docs point into docs/results.md with a bare § as well
+        # README and docs point into docs/results/ with a bare § as well
         bare = path.suffix == ".md" and path.name != "papers.md"
         for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-            refs = SECTION_REF.findall(line) + (BARE_REF.findall(line) if bare else [])
-            missing += [f"{path.relative_to(REPO)}:{n}: §{r}" for r in refs if r not in sections]
-    assert not missing, "references to sections docs/results.md does not have:\n" + "\n".join(missing)
+            bare_refs = BARE_REF.findall(SECTION_REF.sub("", line)) if bare else []
+            refs = SECTION_REF.findall(line) + [("", r) for r in bare_refs]
+            missing += [f"{path.relative_to(REPO)}:{n}: {area + '.md ' if area else ''}§{r}" for area, r in refs
+                        if r not in sections or area and sections[r] != area]
+    assert not missing, "references to sections docs/results/ does not have:\n" + "\n".join(missing)
+
+
+def test_the_results_index_links_every_section():
+    index = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+    listed = dict(re.findall(r"\[§(\d+[a-z]?)\]\(results/([\w-]+)\.md#", index))
+    assert listed == _results_sections()
+
+
+def test_docs_are_short():
+    limits = {REPO / "README.md": 200, **{p: 300 for p in (REPO / "docs" / "results").glob("*.md")},
+              REPO / "docs" / "results.md": 100}
+    long = [f"{p.relative_to(REPO)}: {n} lines" for p, limit in limits.items()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > limit]
+    assert not long, "over the length limit:\n" + "\n".join(long)
 
 
 def _github_anchor(heading: str) -> str:
@@ -112,12 +134,20 @@ def _github_anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def test_anchor_links_in_markdown_point_at_headings_of_the_same_page():
+def _anchors(path: Path) -> set[str]:
+    headings = re.findall(r"^#{1,6} (.+)$", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    return {_github_anchor(h) for h in headings}
+
+
+def test_anchor_links_in_markdown_point_at_headings():
     broken = []
     for path in _markdown_files():
-        text = path.read_text(encoding="utf-8")
-        anchors = {_github_anchor(h) for h in re.findall(r"^#{1,6} (.+)$", text, flags=re.MULTILINE)}
-        for n, line in enumerate(text.splitlines(), 1):
-            broken += [f"{path.relative_to(REPO)}:{n}: {t}" for t in LINK.findall(line)
-                       if t.startswith("#") and t[1:] not in anchors]
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for target in LINK.findall(line):
+                file, _, anchor = target.partition("#")
+                if not anchor or re.match(r"[a-z][a-z0-9+.-]*:", target):
+                    continue  # no heading named, or a URL
+                page = (path.parent / file).resolve() if file else path
+                if page.suffix == ".md" and page.exists() and anchor not in _anchors(page):
+                    broken.append(f"{path.relative_to(REPO)}:{n}: {target}")
     assert not broken, "links to headings that do not exist (a renamed heading?):\n" + "\n".join(broken)

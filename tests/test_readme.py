@@ -1,14 +1,16 @@
-"""README.md cannot go stale: every `rlvr` command line it shows runs, and so does its Python script.
+"""README.md and the guide cannot go stale: every `rlvr` command line they show runs, and so does the
+guide's Python script.
 
 Commands: every line of the ```bash blocks, and every inline `rlvr ...` span of the prose, in
-document order, in one directory (holding links to recipes/ and data/), so a command that reads
-an earlier command's run directory (`rlvr eval runs/grpo_countdown_s3`) finds it. Training
-commands get SHORTEN appended (a few steps on a small batch); everything else runs as written.
+document order (the README, then docs/usage.md), in one directory (holding links to recipes/ and
+data/), so a command that reads an earlier command's run directory (`rlvr eval
+runs/grpo_countdown_s3`) finds it. Training commands get SHORTEN appended (a few steps on a small
+batch); everything else runs as written.
 Lines that are not `rlvr` commands must be in NOT_RUN, with the reason; inline spans with a
 placeholder (a word in capitals: `rlvr report RUN`) are skipped, and the same command must be
 shown runnable in a block.
 
-Script: the ```python block using `rlvr.Trainer` runs unchanged in a fresh directory; its run
+Script: the guide's ```python block using `rlvr.Trainer` runs unchanged in a fresh directory; its run
 must show the reward rising and rewards computed from the dataset's `target` column.
 """
 
@@ -29,6 +31,7 @@ from rlvr.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+GUIDE = ROOT / "docs" / "usage.md"
 
 NOT_RUN = {  # command prefix -> why the test does not run it
     "python3 -m venv": "creates the environment these tests already run in",
@@ -73,13 +76,17 @@ def _argv(command: str) -> list[str]:
     return argv + extra
 
 
+def _shown_commands() -> list[str]:
+    return readme_commands(README.read_text()) + readme_commands(GUIDE.read_text())
+
+
 def test_readme_lists_the_commands_this_test_relies_on():
-    commands = readme_commands(README.read_text())
+    commands = _shown_commands()
     assert "rlvr train" in commands and "rlvr eval runs/grpo_countdown_s3" in commands
     assert any(c.startswith("pip install") for c in commands)  # the skip list is exercised
     for command in commands:
         assert command.startswith("rlvr ") or _not_run(command), \
-            f"README shows {command!r}: make it an rlvr command, or add it to NOT_RUN with the reason"
+            f"README or docs/usage.md shows {command!r}: make it an rlvr command, or add it to NOT_RUN with the reason"
 
 
 @pytest.mark.filterwarnings("ignore:constrained_layout not applied")  # curves of 2-step runs are tiny
@@ -87,11 +94,11 @@ def test_every_readme_command_runs(tmp_path, monkeypatch, capsys):
     for name in ("recipes", "data"):
         (tmp_path / name).symlink_to(ROOT / name)
     monkeypatch.chdir(tmp_path)
-    commands = [c for c in dict.fromkeys(readme_commands(README.read_text())) if not _not_run(c)]
+    commands = [c for c in dict.fromkeys(_shown_commands()) if not _not_run(c)]
     runnable = [c for c in commands if not any(PLACEHOLDER.match(word) for word in shlex.split(c))]
     for skipped in set(commands) - set(runnable):  # `rlvr report RUN`: a runnable `rlvr report ...` must exist
         verb = " ".join(w for w in shlex.split(skipped)[:3] if not PLACEHOLDER.match(w))
-        assert any(c.startswith(verb + " ") for c in runnable), f"{skipped!r} has no runnable example in README"
+        assert any(c.startswith(verb + " ") for c in runnable), f"{skipped!r} has no runnable example shown"
     for command in runnable:
         code = main(_argv(command))
         assert code == 0, f"README command {command!r} (run as {_argv(command)}) failed: {capsys.readouterr().err}"
@@ -101,13 +108,13 @@ def test_every_readme_command_runs(tmp_path, monkeypatch, capsys):
 
 def readme_script(text: str) -> str:
     blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.DOTALL) if "from rlvr import Trainer" in b]
-    assert len(blocks) == 1, "README should show one Python script using rlvr.Trainer"
+    assert len(blocks) == 1, "docs/usage.md should show one Python script using rlvr.Trainer"
     return blocks[0]
 
 
 def test_readme_script_runs_and_the_reward_rises(tmp_path):
     script = tmp_path / "readme_script.py"
-    script.write_text(readme_script(README.read_text()))
+    script.write_text(readme_script(GUIDE.read_text()))
     env = {**os.environ, "PYTHONPATH": str(Path(rlvr.__file__).resolve().parents[1])}
     out = subprocess.run([sys.executable, script.name], cwd=tmp_path, env=env, capture_output=True, text=True,
                          check=False, timeout=600)

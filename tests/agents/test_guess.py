@@ -57,7 +57,7 @@ def test_success_and_turns_of_held_out_episodes(tokenizer, scripted):
 
 def test_packaged_guess_warm_start_searches_but_not_optimally():
     """The shipped start finds the number on many held-out episodes but scores well below
-    bisection: room for RL to shorten the search (the credit comparison of docs/results.md)."""
+    bisection: room for RL to shorten the search (the credit comparison of docs/results/agents.md §12b)."""
     import torch
 
     from rlvr.builder import build

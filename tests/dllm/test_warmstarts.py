@@ -35,7 +35,7 @@ def test_countdown_warm_start_cannot_read_a_masked_prompt_so_the_recipe_does_not
     # pre-training, our warm start (response-only SFT) never did. Masking the prompt digit that
     # the completion's first token copies takes that token's log-prob from about -0.2 to below
     # uniform over the 9 digits (log 1/9 = -2.2; measured -6.1): out of distribution, which is
-    # why dllm_diffu_grpo_countdown.yaml sets estimator.p_mask_prompt: 0 (docs/results.md §4c).
+    # why dllm_diffu_grpo_countdown.yaml sets estimator.p_mask_prompt: 0 (docs/results/dllm.md §4c).
     from pathlib import Path
 
     from rlvr.models.likelihood import Corruptor, row_hash

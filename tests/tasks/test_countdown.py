@@ -326,7 +326,7 @@ def test_no_torch_import():
 
 
 def test_partial_credit_numbers_pays_only_expressions_over_the_given_numbers():
-    # The reward hack of docs/results.md §1b: a bare digit parses and earns 0.1 under the d1 rule.
+    # The reward hack of docs/results/main-job.md §1b: a bare digit parses and earns 0.1 under the d1 rule.
     strict = Countdown(partial_credit="numbers")
     got = [strict.reward("3 5 2>13:", c) for c in ("3+5*2", "3*5+2", "9", "13", "3+5+5", "3+5*")]
     assert got == [1.0, 0.1, 0.0, 0.0, 0.0, 0.0]

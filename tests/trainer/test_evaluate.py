@@ -83,4 +83,4 @@ def test_paired_sign_test_vectors():
     assert paired.sign_test(0, 0) == 1.0
     assert paired.sign_test(3, 0) == 1 / 8  # all three discordant problems fixed
     assert paired.sign_test(2, 1) == 4 / 8  # C(3,2) + C(3,3) of 8
-    assert abs(paired.sign_test(63, 45) - 0.0506) < 5e-4  # docs/results.md §4b, three 1-thread runs
+    assert abs(paired.sign_test(63, 45) - 0.0506) < 5e-4  # docs/results/dllm.md §4b, three 1-thread runs
