@@ -7,7 +7,7 @@ independent in sampling (each row has its own seed) and in the loss (the gradien
 rows), so giving each core whole rows changes neither the samples nor the gradients beyond float
 summation order, and no op waits for another core. ATen ops, the C++ sampling loop and the C++
 training layers release the GIL, so the workers run at the same time. Measured: a step takes ≈ 17% less
-time than with intra-op threads on a quiet machine with the C++ layers (docs/results.md §2), and 2.8×
+time than with intra-op threads on a quiet machine with the C++ layers (docs/results/systems.md §2), and 2.8×
 faster when another process holds a core (measured with the eager layers). The default
 (`thread_mode=auto`) for causal models.
 """
@@ -167,7 +167,7 @@ class RowPool:
 
 def resolve_mode(mode: str, model_kind: str) -> str:
     """`trainer.thread_mode=auto`: rows for causal models (the faster mode wherever it was measured,
-    docs/results.md §2), ops for diffusion models (whose batches are not split)."""
+    docs/results/systems.md §2), ops for diffusion models (whose batches are not split)."""
     if mode != "auto":
         return mode
     return "rows" if model_kind == "causal" else "ops"
