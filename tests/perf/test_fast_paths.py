@@ -254,8 +254,9 @@ def test_on_policy_step_reuses_the_training_forward_for_old_logprobs(tiny_model,
     assert (grads[0] - grads[1]).norm() <= 1e-6 * grads[1].norm()
 
     # And rl_step makes no separate no-grad log-prob pass when on-policy.
+    from rlvr.builder.components import build_components
     from rlvr.config import load_config
-    c = sync.build_components(load_config(None, ["model.path=", "rollout.prompts_per_step=2",
+    c = build_components(load_config(None, ["model.path=", "rollout.prompts_per_step=2",
                                                  "rollout.group_size=4", "rollout.max_new_tokens=6"]))
     calls = []
     monkeypatch.setattr(logit_stats, "no_grad_outputs", lambda *a, **k: calls.append(1))

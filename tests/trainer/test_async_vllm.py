@@ -113,7 +113,7 @@ def test_one_step_off_vllm_tags_each_batch_with_the_weights_that_sampled_it(tmp_
             assert metrics["loss/policy"] == metrics["loss/policy"]  # finite, not NaN
             versions[step] = published(c.model)
         ids, mask = encode_prompts(c.tokenizer, [ex.prompt for ex in c.task.heldout()[:4]])
-        evaluated = c.engine(ids, mask, torch.arange(4), temperature=1.0)
+        evaluated = steps.engine(ids, mask, torch.arange(4), temperature=1.0)  # evaluation pushes the newest first
     finally:
         steps.close()
         engine.close()

@@ -240,7 +240,7 @@ def rollout_side(config: Config, c: Components, layout: ThreadLayout, start: int
                            version=start, own_weights=engine_kind(config).own_weights)
         reward = RayReward(functools.partial(build.build_verifier, config), c.tokenizer, workers=t.reward_workers)
         # this process only tokenizes, decodes and checks answers for the rollout side
-        return RolloutSide(dataclasses.replace(c, reward=reward), engine, threads=1,
+        return RolloutSide(dataclasses.replace(c, engine=engine, reward=reward), engine, threads=1,
                            closers=(engine.close, reward.close))
     threads = layout.plan.rollout_threads
     if shares_engine(config):
