@@ -31,7 +31,7 @@ def test_reward_placement_uses_the_configured_estimator(estimator):
     config = load_config(None, ["algo.kl_coef=0.5", "algo.kl_placement=reward", f"algo.kl_estimator={estimator}"])
     loss = build_loss(config)
     assert loss.kl_estimator is None  # nothing in the loss
-    c = SimpleNamespace(config=config, reference=object(), loss=loss)
+    c = SimpleNamespace(plan=SimpleNamespace(shaping=None), reference=object(), loss=loss)  # no overlong penalty
     shaped = _shaped_rewards(c, torch.tensor([1.0, 0.0]), _batch(), torch.tensor([3, 2]))
     delta = (OLD - REF) * MASK
     per_token = {"k1": delta, "k2": 0.5 * delta**2, "k3": torch.exp(-delta) + delta - 1.0}[estimator] * MASK

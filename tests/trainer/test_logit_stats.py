@@ -84,6 +84,7 @@ class _Spy:
     """A policy that records which seam the update step used."""
 
     forwards = 0
+    exact_logprobs = True
 
     def __init__(self, policy):
         self.policy, self.calls = policy, []

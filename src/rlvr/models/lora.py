@@ -57,6 +57,10 @@ class AdapterDisabled:
     def forwards(self) -> int:
         return self.policy.forwards
 
+    @property
+    def exact_logprobs(self) -> bool:
+        return self.policy.exact_logprobs
+
     def parameters(self):
         return iter(())
 
