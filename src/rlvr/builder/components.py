@@ -185,8 +185,8 @@ class ThreadLayout:
     plan: AsyncPlan | None = None
 
 
-def _pool(threads: int, lease: CoreLease | None = None) -> RowPool | None:
-    return RowPool(threads, lease) if lease is not None or threads > 1 else None
+def _pool(threads: int) -> RowPool | None:
+    return RowPool(threads) if threads > 1 else None
 
 
 def thread_layout(config: Config, runtime: Runtime) -> ThreadLayout:
