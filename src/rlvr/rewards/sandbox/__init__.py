@@ -285,7 +285,8 @@ class Sandbox:
 
             ended = launch.execute(cmd, cwd, env, data, status_r, fds[0], fds[1:3], limits,
                                    on_start=admit, block_w=fds[3],
-                                   around_spawn=group.spawning if group is not None else None)
+                                   around_spawn=group.spawning if group is not None else None,
+                                   on_stop=group.kill if group is not None else None)
             if group is not None:  # counted before the group is emptied: our own kills are not the program's
                 extra.update(group.events())
             verdict, detail = classify(ended.rc, ended.stderr, ended.timed_out, ended.overflow, ended.started,

@@ -137,7 +137,7 @@ def _status(raw: bytes) -> tuple[bool, int | None]:
 
 
 def execute(cmd, cwd, env, stdin: bytes | None, status_r, status_w, extra_fds, limits: Limits,
-            on_start=None, block_w: int | None = None, around_spawn=None) -> Ended:
+            on_start=None, block_w: int | None = None, around_spawn=None, on_stop=None) -> Ended:
     """Run ``cmd`` in a new session, feed ``stdin`` while draining its output.
 
     With ``block_w`` (bwrap's ``--block-fd``, whose write end this owns and closes), ``on_start``
@@ -146,7 +146,8 @@ def execute(cmd, cwd, env, stdin: bytes | None, status_r, status_w, extra_fds, l
     front of ``cmd`` and ``on_start`` gets its pid at once; its line, then the data, go to
     stdin after ``on_start`` returns. An exception in ``on_start`` kills the tree (before the
     block is released) and propagates. ``around_spawn`` (a context manager factory) is entered
-    around the fork, by the thread that forks."""
+    around the fork, by the thread that forks. ``on_stop`` (no arguments) is called when the run
+    ends, before the tree is killed and waited for: the sandbox kills the sample's cgroup there."""
     start = time.monotonic()
     pass_fds = tuple(fd for fd in (status_w, *extra_fds) if fd is not None)
     try:
@@ -228,6 +229,8 @@ def execute(cmd, cwd, env, stdin: bytes | None, status_r, status_w, extra_fds, l
                 break
     finally:
         sel.close()
+        if on_stop is not None:
+            on_stop()
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except OSError:
