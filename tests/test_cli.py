@@ -85,9 +85,9 @@ def test_config_explain_reports_bad_input_as_config_does(capsys, argv):
 
 
 @pytest.mark.parametrize("override, field", [
-    ("rollout.prompt_selection=best", "rollout.prompt_selection"),
-    ("rollout.selection_candidates=0.5", "rollout.selection_candidates"),
-    ("rollout.selection_decay=1.5", "rollout.selection_decay"),
+    ("sampler.name=best", "sampler.name"),
+    ("sampler.candidates=0.5", "sampler.candidates"),
+    ("sampler.decay=1.5", "sampler.decay"),
     ("task.countdown.partial_credit=loose", "task.countdown.partial_credit"),
     ("trainer.eval_samples=-1", "trainer.eval_samples"),
 ])

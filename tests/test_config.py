@@ -43,7 +43,7 @@ def test_a_named_objective_gets_its_own_clip_widths(capsys, objective, low, high
 
 def test_every_entry_resolves_every_hyperparameter_to_its_own_default():
     for section, reg_key in (("algo", "algo.advantage"), ("algo", "algo.objective"), ("algo", "algo.aggregation"),
-                             ("estimator", "estimator.name")):
+                             ("estimator", "estimator.name"), ("sampler", "sampler.name")):
         reg = cfg.REGISTRY[reg_key]
         for name, fn in reg.entries().items():
             overrides = [f"{reg_key}={name}"] + (["model.kind=diffusion"] if section == "estimator" else [])
@@ -146,7 +146,8 @@ def _fields(cls) -> set[str]:
 
 
 def test_every_keyword_of_every_entry_maps_to_one_field_and_back():
-    sections = {"algo": cfg.AlgoConfig, "estimator": cfg.EstimatorConfig, "expert": cfg.ExpertConfig}
+    sections = {"algo": cfg.AlgoConfig, "estimator": cfg.EstimatorConfig, "expert": cfg.ExpertConfig,
+                "sampler": cfg.SamplerConfig}
     sections.update({f"task.{name}": cls for name, cls in cfg.task_sections().items()})
     tasks = cfg.REGISTRY["task.name"].entries()
     assert set(cfg.task_sections()) == set(tasks)  # one knob section per task, named as the task

@@ -39,7 +39,7 @@ def test_on_policy_default_needs_no_old_policy_pass():
     plan, _ = _plan()
     assert (plan.fresh.source, plan.fresh.weights) == ("none", None)
     assert plan.stale.source == "fused" and plan.stale.weights is not None  # decoupled PPO when a batch is stale
-    assert not plan.push_weights and plan.rollout.dynamic_sampling and not plan.rollout.greedy_baseline
+    assert not plan.push_weights and plan.rollout.group_filter is not None and not plan.rollout.greedy_baseline
 
 
 def test_several_updates_take_a_separate_pass():

@@ -29,6 +29,7 @@ from rlvr.algos.shaping import overlong_penalty
 from rlvr.backends.ray import RayEngine, RayReward, ensure_ray
 from rlvr.builder import build
 from rlvr.config import Config, derived_batch_numbers, to_dict
+from rlvr.config.binding import bind_named
 from rlvr.config.registries import engine_kind, rollout_correction_on
 from rlvr.engines.snapshot import SharedEngine, SnapshotEngine
 from rlvr.models.lora import AdapterDisabled
@@ -37,7 +38,7 @@ from rlvr.protocols import PolicyModel, Task
 from rlvr.rewards.runner import RewardRunner
 from rlvr.runtime.process import Runtime, available_cores, thread_budget
 from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode, split_engine
-from rlvr.sampling.selection import build_selector
+from rlvr.sampling.base import ZeroVariance
 from rlvr.trainer.expert import ExpertSource
 from rlvr.trainer.logit_stats import needs_reference
 from rlvr.trainer.plan import AsyncPlan, Components, ExpertPlan, LoopPlan, Proximal, RolloutPlan, RolloutSide, StepPlan
@@ -85,17 +86,23 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     build.check_reward_components(config, reward)
     e = config.expert
     expert = ExpertSource(task, seed=config.seed, per_step=e.per_step, pool_size=e.pool_size) if e.per_step else None
+    rng = random.Random(config.seed)
     c = Components(
         model=model, tokenizer=tokenizer, policy=policy, reference=reference, engine=engine,
         task=task, reward=reward, optimizer=optimizer, scheduler=scheduler, loss=loss, advantage=advantage,
         plan=step_plan(config, loss, advantage, fused=fusable(config, policy, loss, advantage)), loop=loop_plan(config),
-        rng=random.Random(config.seed), critic=critic, critic_optimizer=critic_optimizer,
-        selector=build_selector(config.rollout, config.seed), rows=layout.learner_rows, heap_kept=runtime.heap_kept,
-        expert=expert, asynchronous=layout.plan,
+        rng=rng, critic=critic, critic_optimizer=critic_optimizer, sampler=build_sampler(config, task, rng),
+        rows=layout.learner_rows, heap_kept=runtime.heap_kept, expert=expert, asynchronous=layout.plan,
     )
     if layout.plan is not None:
         c.rollout_side = functools.partial(rollout_side, config, c, layout)
     return c
+
+
+def build_sampler(config: Config, task: Task, rng: random.Random):
+    """The `sampler.name` sampler over `task`, drawing prompts with the run's prompt RNG `rng`."""
+    make = bind_named(config, "sampler.name", group_size=config.rollout.group_size, seed=config.seed)
+    return make(task=task, rng=rng)
 
 
 def fusable(config: Config, policy: PolicyModel, loss: LossSpec, advantage) -> bool:
@@ -134,7 +141,8 @@ def step_plan(config: Config, loss: LossSpec, advantage, *, fused: bool) -> Step
         kl_controller = functools.partial(adaptive_kl_coef, kl_target=a.kl_target, kl_horizon=a.kl_horizon)
     rollout = RolloutPlan(seed=config.seed, prompts_per_step=r.prompts_per_step, group_size=r.group_size,
                           temperature=r.temperature, greedy_in_group=r.greedy_in_group,
-                          dynamic_sampling=a.dynamic_sampling, max_sampling_rounds=a.max_sampling_rounds,
+                          group_filter=ZeroVariance(a.max_sampling_rounds) if a.dynamic_sampling else None,
+                          micro_group_size=r.micro_group_size or r.group_size,
                           greedy_baseline="baseline_rewards" in advantage.needs)
     return StepPlan(
         rollout=rollout, micro_batch_size=t.micro_batch_size, ppo_epochs=t.ppo_epochs, minibatches=t.minibatches,

@@ -117,12 +117,14 @@ def explain(config: Config, sources: Mapping[str, str] = {}) -> list[Binding]:
     """One row per keyword of every entry this config uses, bound as the builder binds it
     (`rlvr.builder.build`): the objective with `group_size`, the aggregation with `norm_length`,
     the KL estimator when `algo.kl_coef > 0`, the rollout correction when on, the likelihood
-    estimator for a diffusion model, the task with `task.heldout_size` and `seed`, and the expert
+    estimator for a diffusion model, the sampler with `group_size` and `seed`, the task with
+    `task.heldout_size` and `seed`, and the expert
     objective when expert rows are on. `sources`: dotted field -> who set it (`load_with_sources`)."""
     a = config.algo
     norm_length = a.norm_length if a.norm_length is not None else float(config.rollout.max_new_tokens)
     named = [("algo.objective", {"group_size": config.rollout.group_size}), ("algo.advantage", {}),
-             ("algo.aggregation", {"norm_length": norm_length})]
+             ("algo.aggregation", {"norm_length": norm_length}),
+             ("sampler.name", {"group_size": config.rollout.group_size, "seed": config.seed})]
     if a.kl_coef > 0:
         named.append(("algo.kl_estimator", {}))
     if config.model.kind == "diffusion":

@@ -203,8 +203,14 @@ def load_with_sources(recipe: str | Path | dict | None = None,
     return config, sources
 
 
+def _unset_or(value: Any, ok) -> bool:
+    """A sampler option: null (another sampler's, or the chosen one's default) or `ok(value)`."""
+    return value is None or ok(value)
+
+
 def validate(config: Config) -> None:
     """Range checks that types alone cannot express."""
+    sm = config.sampler
     checks = [
         (config.optim.lr > 0, "optim.lr", "must be > 0, e.g. 5e-5"),
         (config.sft.lr > 0, "sft.lr", "must be > 0, e.g. 1e-3"),
@@ -243,9 +249,17 @@ def validate(config: Config) -> None:
         (config.sft.schedule in ("constant", "cosine"), "sft.schedule", "must be 'constant' or 'cosine'"),
         (config.model.kind in ("causal", "diffusion"), "model.kind", "must be 'causal' or 'diffusion'"),
         (config.estimator.n is None or config.estimator.n >= 1, "estimator.n", "must be >= 1"),
-        (config.rollout.selection_candidates >= 1, "rollout.selection_candidates", "must be >= 1 (1 = no choice)"),
-        (0 <= config.rollout.selection_target <= 1, "rollout.selection_target", "must be in [0, 1]"),
-        (0 <= config.rollout.selection_decay <= 1, "rollout.selection_decay", "must be in [0, 1] (1 = never forget)"),
+        (_unset_or(sm.candidates, lambda v: v >= 1), "sampler.candidates", "must be >= 1 (1 = no choice)"),
+        (_unset_or(sm.target, lambda v: 0 <= v <= 1), "sampler.target", "must be in [0, 1]"),
+        (_unset_or(sm.decay, lambda v: 0 <= v <= 1), "sampler.decay", "must be in [0, 1] (1 = never forget)"),
+        (_unset_or(sm.time_decay, lambda v: 0 < v <= 1), "sampler.time_decay", "must be in (0, 1] (1 = never forget)"),
+        (_unset_or(sm.temperature, lambda v: v > 0), "sampler.temperature", "must be > 0"),
+        (_unset_or(sm.window, lambda v: v >= 1), "sampler.window", "must be >= 1"),
+        (_unset_or(sm.max_groups, lambda v: v >= 1), "sampler.max_groups", "must be >= 1"),
+        (_unset_or(sm.ema, lambda v: 0 <= v < 1), "sampler.ema", "must be in [0, 1)"),
+        (config.rollout.micro_group_size >= 0 and (config.rollout.micro_group_size == 0
+                                                   or config.rollout.group_size % config.rollout.micro_group_size == 0),
+         "rollout.micro_group_size", "must be 0 (one pass) or divide rollout.group_size"),
         (config.rollout.decode_engine in ("eager", "cpp"), "rollout.decode_engine",
          "must be 'eager' or 'cpp'"),
         (not engine_kind(config).causal_only or config.model.kind == "causal", "rollout.engine",

@@ -63,7 +63,8 @@ REGISTRIES = (
     Registry("rollout.remasking", "remasking", "rlvr.engines.torch_diffusion:REMASKING"),
     Registry("rollout.window", "window", "rlvr.models.likelihood:WINDOWS"),
     Registry("rollout.engine", "rollout engine", "rlvr.engines.kinds:ENGINES"),
-    Registry("rollout.prompt_selection", "prompt selection", "rlvr.sampling.selection:SELECTIONS"),
+    Registry("sampler.name", "sampler", "rlvr.sampling:SAMPLERS", "sampler", data=("task", "rng"),
+             elsewhere=("group_size", "seed")),
     Registry("task.countdown.sampling", "sampling", "rlvr.tasks.countdown:SAMPLINGS"),
     Registry("task.countdown.partial_credit", "partial credit", "rlvr.tasks.countdown:PARTIAL_CREDITS"),
     Registry("task.code_file.isolation", "isolation", "rlvr.rewards.sandbox:ISOLATIONS"),
@@ -134,7 +135,7 @@ Entry = tuple[str, Callable, Registry | None]
 def chosen(config: Config) -> dict[str, list[Entry]]:
     """Section -> the entries this config uses whose hyperparameters live there. The names are
     checked here: an unknown one is a one-line ConfigError."""
-    used: dict[str, list[Entry]] = {"algo": [], "estimator": [], "expert": []}
+    used: dict[str, list[Entry]] = {"algo": [], "estimator": [], "expert": [], "sampler": []}
     for reg in REGISTRIES:
         if reg.section not in used:
             continue
@@ -228,7 +229,9 @@ def resolve(config: Config) -> Config:
         algo = dataclasses.replace(algo, norm_length=float(config.rollout.max_new_tokens))
     estimator = _fill(config.estimator, "estimator.", used["estimator"])
     expert = _fill(config.expert, "expert.", used["expert"])
-    config = dataclasses.replace(config, algo=algo, estimator=estimator, expert=expert, task=_resolve_task(config))
+    sampler = _fill(config.sampler, "sampler.", used["sampler"])
+    config = dataclasses.replace(config, algo=algo, estimator=estimator, expert=expert, sampler=sampler,
+                                 task=_resolve_task(config))
     for reg in REGISTRIES:  # the choices inside sections (an option's allowed values), now filled
         value = _get(config, reg.key)
         if value is not None:
@@ -240,7 +243,7 @@ def all_entries() -> dict[str, list[Entry]]:
     """Section path -> every entry whose keywords its fields set (chosen or not): the registries'
     entries, their companions and the rollout correction (`algo`), the estimators
     (`estimator`), and each task for its own section (`task.<name>`)."""
-    out: dict[str, list[Entry]] = {"algo": [], "estimator": [], "expert": []}
+    out: dict[str, list[Entry]] = {"algo": [], "estimator": [], "expert": [], "sampler": []}
     for reg in REGISTRIES:
         if reg.section in out:
             out[reg.section] += [(name, fn, reg) for name, fn in reg.entries().items()]

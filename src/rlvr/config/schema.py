@@ -104,14 +104,9 @@ class RolloutConfig:
     siblings, so the advantage sees whether the greedy answer (what evaluation scores) beats the samples."""
     window: str = "eos"
     """Diffusion: which window tokens are the completion: `eos` (up to EOS) or `full`."""
-    prompt_selection: str = "uniform"
-    """Which prompts a step rolls out: `uniform` draws or `mopps` posterior selection."""
-    selection_candidates: float = 2.0
-    """Mopps: candidates drawn per prompt rolled out (1/κ)."""
-    selection_target: float = 0.5
-    """Mopps: success rate the selection aims at."""
-    selection_decay: float = 0.5
-    """Mopps: λ, weight kept by old evidence at each new observation of a prompt."""
+    micro_group_size: int = 0
+    """Generate each group of G in passes of this many completions per prompt (Infinite Sampling's
+    micro-groups: less memory per pass, the same completions); 0 = the whole group in one pass."""
     decode_engine: str = "cpp"
     """Llama/Qwen2 sampler's decode step: `cpp` fused C++ kernel (built once per machine, ~30 s; falls back
     to `eager` with one line if it cannot be built), `eager` ATen ops."""
@@ -297,6 +292,36 @@ class EstimatorConfig:
 
 
 @dataclass(frozen=True)
+class SamplerConfig:
+    """Which prompts a step rolls out and how many completions each gets (`rlvr.sampling.SAMPLERS`),
+    and the samplers' options, named as their keywords. A null option takes the chosen sampler's
+    own default; options of other samplers stay null."""
+
+    name: str = "uniform"
+    """Sampler (`rlvr.sampling.SAMPLERS`): `uniform`, `mopps`, `vade`, `dump`, `gvm`, `coba`."""
+    candidates: float | None = None
+    """Candidates drawn per prompt slot (1/κ); the sampler picks among them."""
+    target: float | None = None
+    """Mopps: success rate the selection aims at."""
+    decay: float | None = None
+    """λ, weight kept by a prompt's old evidence at each new observation of it."""
+    time_decay: float | None = None
+    """Vade: weight kept by a prompt's evidence per step since it was last observed."""
+    ucb_c: float | None = None
+    """Dump: exploration bonus c of the UCB score."""
+    temperature: float | None = None
+    """Dump: softmax temperature τ of the source mix."""
+    window: int | None = None
+    """Dump: groups per source in the learnability window."""
+    max_groups: int | None = None
+    """Gvm, coba: most groups of G one prompt may get in a step."""
+    concentration: float | None = None
+    """Coba: concentration κ of the value curve around its mode (the failure rate)."""
+    ema: float | None = None
+    """Coba: weight kept by the failure-rate average at each step."""
+
+
+@dataclass(frozen=True)
 class OptimConfig:
     lr: float = 1e-4
     """AdamW learning rate."""
@@ -401,6 +426,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)

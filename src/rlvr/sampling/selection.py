@@ -1,22 +1,30 @@
-"""Which prompts a step rolls out: uniform draws, or MoPPS posterior selection.
+"""Per-prompt posterior samplers: MoPPS and VADE.
 
-MoPPS (Model Predictive Prompt Selection, arXiv:2507.04632) keeps a Beta posterior
-over each prompt's success rate, fed by the verifier's verdicts on that prompt's past groups at
-no extra rollout cost. Each step draws `candidates_per_prompt × P` candidates from the task,
-samples a success rate for each from its posterior (Thompson sampling) and rolls out the `P`
-whose sampled rate is closest to the target (0.5: the rate at which a group is most likely to
-have varying rewards, i.e. a non-zero GRPO advantage). A prompt never seen has the prior
-Beta(1, 1), so new prompts are tried at random.
+MoPPS (Model Predictive Prompt Selection, arXiv:2507.04632) keeps a Beta posterior over each
+prompt's success rate, fed by the verifier's verdicts on that prompt's past groups at no extra
+rollout cost. Each step draws `candidates × P` candidates from the task, samples a success rate
+for each from its posterior (Thompson sampling) and rolls out the `P` whose sampled rate is
+closest to the target (0.5: the rate at which a group is most likely to have varying rewards,
+i.e. a non-zero GRPO advantage). A prompt never seen has the prior Beta(1, 1), so new prompts
+are tried at random. The update discounts old evidence toward the prior (factor λ per
+observation), since the policy that produced it has moved:
+α ← λα + (1-λ)α₀ + s,  β ← λβ + (1-λ)β₀ + f.
 
-The posterior update discounts old evidence toward the prior (factor λ per observation), since
-the policy that produced it has moved:  α ← λα + (1-λ)α₀ + s,  β ← λβ + (1-λ)β₀ + f.
+VADE (Variance-Aware Dynamic sampling, arXiv:2511.18902) keeps the same posteriors and draws,
+and ranks candidates by the information of a group at the drawn rate, p̃(1 − p̃), taking the top
+`P`. Deviations:
+1. Its two-scale prior decay is read as the per-observation λ above plus a per-step decay
+   `time_decay ** (steps since last observed)` of the evidence toward the prior, so a prompt
+   not seen for a while regains a wide posterior; the paper's exact form is not reproduced.
+2. The score is p̃(1 − p̃) (the group-variance shape); its information-gain objective is not.
 """
 
 from __future__ import annotations
 
 import random
 
-from rlvr.types import Example
+from rlvr.protocols import Task
+from rlvr.sampling.base import GroupFeedback, Request, spread
 
 PRIOR = (1.0, 1.0)  # Beta(α₀, β₀): uniform
 
@@ -29,51 +37,125 @@ def posterior_update(alpha: float, beta: float, successes: float, failures: floa
             decay * beta + (1 - decay) * b0 + failures)
 
 
+def aged(alpha: float, beta: float, elapsed: int, *, time_decay: float,
+         prior: tuple[float, float] = PRIOR) -> tuple[float, float]:
+    """VADE's slow scale: evidence shrunk toward the prior by `time_decay ** elapsed` steps."""
+    a0, b0 = prior
+    keep = time_decay ** max(elapsed, 0)
+    return a0 + keep * (alpha - a0), b0 + keep * (beta - b0)
+
+
 def closest_to_target(rates: list[float], n: int, target: float) -> list[int]:
     """Indices of the `n` rates nearest `target` (ties: the earlier index), in candidate order."""
     ranked = sorted(range(len(rates)), key=lambda i: (abs(rates[i] - target), i))
     return sorted(ranked[:n])
 
 
-class PosteriorSelector:
-    """Per-prompt Beta posteriors and Thompson selection; state is plain data for checkpoints."""
+def most_informative(rates: list[float], n: int) -> list[int]:
+    """Indices of the `n` rates with the largest p(1 − p) (ties: the earlier index), in candidate order."""
+    ranked = sorted(range(len(rates)), key=lambda i: (-rates[i] * (1 - rates[i]), i))
+    return sorted(ranked[:n])
 
-    def __init__(self, *, candidates_per_prompt: float, target: float, decay: float, seed: int):
-        self.candidates_per_prompt, self.target, self.decay = candidates_per_prompt, target, decay
-        self.rng = random.Random(f"{seed}/prompt-selection")  # private: never shares the task's draws
-        self.table: dict[str, tuple[float, float]] = {}
 
-    def num_candidates(self, n: int) -> int:
-        return max(n, round(n * self.candidates_per_prompt))
+def num_candidates(n: int, candidates: float) -> int:
+    """Candidates drawn for `n` slots: `candidates × n`, never fewer than `n`."""
+    return max(n, round(n * candidates))
 
-    def choose(self, candidates: list[Example], n: int) -> list[Example]:
-        """The `n` candidates whose posterior draw is closest to the target success rate."""
-        rates = [self.rng.betavariate(*self.table.get(ex.prompt, PRIOR)) for ex in candidates]
-        return [candidates[i] for i in closest_to_target(rates, n, self.target)]
 
-    def observe(self, prompt: str, successes: float, trials: int) -> None:
-        """Fold one rolled-out group's verdicts into its prompt's posterior (kept or filtered)."""
-        alpha, beta = self.table.get(prompt, PRIOR)
-        self.table[prompt] = posterior_update(alpha, beta, successes, trials - successes, decay=self.decay)
+class PosteriorTable:
+    """prompt id -> [α, β, step last observed]: the Beta posteriors, as plain data."""
 
-    def metrics(self) -> dict[str, float]:
-        return {"selection/prompts_seen": float(len(self.table))}
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.rows: dict[str, list[float]] = {}
+
+    def get(self, prompt: str) -> tuple[float, float]:
+        alpha, beta, _ = self.rows.get(prompt, (*PRIOR, 0))
+        return alpha, beta
+
+    def mean(self, prompt: str) -> float:
+        alpha, beta = self.get(prompt)
+        return alpha / (alpha + beta)
+
+    def observe(self, feedback: list[GroupFeedback], prior=None) -> None:
+        """Fold each record's verdicts into its prompt's posterior; `prior(prompt, step)` gives
+        the (α, β) to update (default: the stored ones)."""
+        for f in feedback:
+            alpha, beta = prior(f.prompt_id, f.step) if prior else self.get(f.prompt_id)
+            self.rows[f.prompt_id] = [*posterior_update(alpha, beta, f.successes, f.n_rollouts - f.successes,
+                                                        decay=self.decay), f.step]
 
     def state_dict(self) -> dict:
-        return {"table": dict(self.table), "rng": self.rng.getstate()}
+        return {k: list(v) for k, v in self.rows.items()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.table = dict(state["table"])
+        self.rows = {k: list(v) for k, v in state.items()}
+
+
+class PosteriorSampler:
+    """What the posterior samplers share: candidates drawn with the run's prompt RNG, the table,
+    a private generator seeded from (`seed`, `stream`), and their state as plain data."""
+
+    stream = "posterior"
+
+    def __init__(self, *, task: Task, rng: random.Random, group_size: int, seed: int, candidates: float,
+                 decay: float):
+        self.task, self.draws, self.group_size, self.candidates = task, rng, group_size, candidates
+        self.rng = random.Random(f"{seed}/{self.stream}")  # private: never shares the task's draws
+        self.table = PosteriorTable(decay)
+
+    def draw_candidates(self, n_prompts: int) -> list:
+        return self.task.sample(num_candidates(n_prompts, self.candidates), self.draws)
+
+    def observe(self, step: int, feedback: list[GroupFeedback]) -> None:
+        self.table.observe(feedback)
+
+    def metrics(self) -> dict[str, float]:
+        return {"selection/prompts_seen": float(len(self.table.rows))}
+
+    def state_dict(self) -> dict:
+        return {"table": self.table.state_dict(), "rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.table.load_state_dict(state["table"])
         self.rng.setstate(state["rng"])
 
 
-SELECTIONS = ("uniform", "mopps")
-"""Values of `rollout.prompt_selection`."""
+class MoPPS(PosteriorSampler):
+    """Thompson draws from per-prompt posteriors; the `P` candidates nearest `target` roll out."""
+
+    stream = "prompt-selection"
+
+    def __init__(self, *, task: Task, rng: random.Random, group_size: int, seed: int, candidates: float = 2.0,
+                 target: float = 0.5, decay: float = 0.5):
+        super().__init__(task=task, rng=rng, group_size=group_size, seed=seed, candidates=candidates, decay=decay)
+        self.target = target
+
+    def propose(self, step: int, n_prompts: int, budget: int) -> list[Request]:
+        cands = self.draw_candidates(n_prompts)
+        rates = [self.rng.betavariate(*self.table.get(ex.prompt)) for ex in cands]
+        return spread([cands[i] for i in closest_to_target(rates, n_prompts, self.target)], self.group_size)
 
 
-def build_selector(rollout, seed: int) -> PosteriorSelector | None:
-    """The configured selector, or None for uniform draws."""
-    if rollout.prompt_selection == "uniform":
-        return None
-    return PosteriorSelector(candidates_per_prompt=rollout.selection_candidates,
-                             target=rollout.selection_target, decay=rollout.selection_decay, seed=seed)
+class VADE(PosteriorSampler):
+    """Thompson draws from time-decayed posteriors; the `P` candidates of largest p̃(1 − p̃) roll out."""
+
+    stream = "vade"
+
+    def __init__(self, *, task: Task, rng: random.Random, group_size: int, seed: int, candidates: float = 2.0,
+                 decay: float = 0.9, time_decay: float = 0.98):
+        super().__init__(task=task, rng=rng, group_size=group_size, seed=seed, candidates=candidates, decay=decay)
+        self.time_decay = time_decay
+
+    def current(self, prompt: str, step: int) -> tuple[float, float]:
+        """The posterior of `prompt` as of `step`, its evidence aged since it was last observed."""
+        alpha, beta, last = self.table.rows.get(prompt, (*PRIOR, step))
+        return aged(alpha, beta, step - int(last), time_decay=self.time_decay)
+
+    def propose(self, step: int, n_prompts: int, budget: int) -> list[Request]:
+        cands = self.draw_candidates(n_prompts)
+        rates = [self.rng.betavariate(*self.current(ex.prompt, step)) for ex in cands]
+        return spread([cands[i] for i in most_informative(rates, n_prompts)], self.group_size)
+
+    def observe(self, step: int, feedback: list[GroupFeedback]) -> None:
+        self.table.observe(feedback, prior=self.current)

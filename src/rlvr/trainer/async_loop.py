@@ -13,7 +13,7 @@ same bit for bit (a test checks it). η = 1 is one-step-off overlap. The queue b
 holds at most max(η, 1) batches. Each batch comes from one version (no in-flight weight update);
 a stale batch trains with the decoupled PPO objective (`sync.rl_step`).
 
-The rollout side owns the prompt RNG and the selector; each batch carries their state after it,
+The rollout side owns the prompt RNG and the sampler; each batch carries their state after it,
 which is what a checkpoint of its step records, so a resumed run restarts the rollout side at
 the step after its checkpoint (batches generated past it are discarded, never trained twice).
 
@@ -90,7 +90,7 @@ class LocalRollouts:
 
     def __init__(self, c: Components, engine: WeightSyncEngine, *, start: int, last: int, max_staleness: int,
                  threads: int, lease: CoreLease | None = None):
-        self.c = c  # the run's task, reward, RNG and selector, with its own engine
+        self.c = c  # the run's task, reward, RNG and sampler, with its own engine
         self.engine, self.max_staleness, self.threads = engine, max_staleness, threads
         self.lease = lease  # the process's cores, shared with the learner (None = a fixed share)
         self.slot = WeightSlot(engine.policy_version)
@@ -114,7 +114,7 @@ class LocalRollouts:
                         if tensors is not None:
                             self.engine.push_weights(tensors, version)
                         sync_s = now() - t0
-                        produced = produce(self.c, step)
+                        produced = produce(self.c, step, self.engine.policy_version)
                         produced.version = self.engine.policy_version
                 produced.facts = rollout_facts(idle, sync_s, produced.rollout_s)
                 if hasattr(self.engine, "restarts"):  # a backend that restarts dead workers counts them
@@ -165,7 +165,7 @@ class LocalRollouts:
 
 class AsyncSteps:
     """The asynchronous schedule of `loop.run_loop`: `step(k)` trains on the rollout side's batch of
-    step k and publishes the new weights; `rollout_state()` is the prompt RNG and selector as of
+    step k and publishes the new weights; `rollout_state()` is the prompt RNG and sampler as of
     the last trained batch; `engine` is what evaluation samples with; `close()` stops the rollout
     side. The builder made both sides (`c.asynchronous`, `c.rollout_side`); this only runs them."""
 
@@ -199,7 +199,7 @@ class AsyncSteps:
         metrics.update(step_facts(produced.staleness, self.max_staleness, depth=depth, wait_s=wait,
                                   work_s=work + publish_s, version=produced.version,
                                   weight_sync_s=publish_s + produced.facts.get("async/rollout_push_s", 0.0)))
-        self._state = {"task_rng": produced.task_rng, "selector": produced.selector_state}
+        self._state = {"task_rng": produced.task_rng, "sampler": produced.sampler_state}
         return metrics, samples
 
     def rollout_state(self) -> dict:

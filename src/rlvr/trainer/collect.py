@@ -1,9 +1,12 @@
-"""The rollout phase of a step: prompts -> completions -> verifier scores, with DAPO dynamic sampling.
+"""The rollout phase of a step: the sampler's requests -> completions -> verifier scores, the
+group filter, and the sampler's feedback.
 
-Dynamic sampling (DAPO) keeps only groups whose rewards vary (a zero-variance group has zero
-group-relative advantage, so it costs compute and teaches nothing) and backfills with fresh
-prompts for up to `max_sampling_rounds` rounds. If the cap is hit the step trains on the groups
-it has (verl raises instead); `batch/kept_group_rate` shows how often groups were dropped.
+The sampler (`c.sampler`, `rlvr.sampling`) proposes the prompts and each one's number of
+completions; after scoring, every request's verdicts go back to it, kept or not. The plan's group
+filter (DAPO dynamic sampling) keeps only groups whose rewards vary (a zero-variance group has
+zero group-relative advantage, so it costs compute and teaches nothing) and asks for more rounds
+until the batch is full or its cap is spent. At the cap the step trains on the groups it has
+(verl raises instead); `batch/kept_group_rate` shows how often groups were dropped.
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ import torch
 
 from rlvr.agents.batch import TurnTensors
 from rlvr.agents.collect import is_agent_task, rollout_batch
-from rlvr.algos.shaping import zero_variance_groups
 from rlvr.batch import Rollouts, concat_rollouts
 from rlvr.codec import decode_completions, encode_prompts
+from rlvr.sampling.base import GroupFeedback, Request
 from rlvr.trainer.plan import RolloutPlan
 from rlvr.trainer.scoring import score, scored
 from rlvr.types import Example
@@ -50,29 +53,28 @@ class Collected:
 class Produced:
     """One step's batch as the rollout side hands it to the learner, with what the rollout side's
     draws were: the learner's minibatch seed (drawn right after the prompts, the same draw in the
-    same order as a loop doing both), and the prompt RNG and selector state after this batch, which
+    same order as a loop doing both), and the prompt RNG and sampler state after this batch, which
     a checkpoint of this step records (under async rollouts the live ones are already ahead)."""
 
     got: Collected
     rollout_s: float
     minibatch_seed: int
-    selector_metrics: dict[str, float]
+    sampler_metrics: dict[str, float]
     task_rng: object
-    selector_state: dict | None
+    sampler_state: dict | None
     version: int = 0    # policy version of the weights that sampled it
     staleness: int = 0  # learner's version when it trains on the batch minus `version`
     facts: dict[str, float] = field(default_factory=dict)  # the rollout side's own metrics (async/...)
 
 
-def produce(c, step: int) -> Produced:
-    """Roll out and score step `step`'s batch, then draw the learner's minibatch seed from the run RNG."""
+def produce(c, step: int, version: int | None = None) -> Produced:
+    """Roll out and score step `step`'s batch with policy version `version` (None: step - 1, as
+    the synchronous loop samples it), then draw the learner's minibatch seed from the run RNG."""
     t0 = time.perf_counter()
-    got = collect(c, step)
+    got = collect(c, step, version)
     rollout_s = time.perf_counter() - t0
     seed = c.rng.getrandbits(62)
-    selector = c.selector
-    return Produced(got, rollout_s, seed, selector.metrics() if selector is not None else {}, c.rng.getstate(),
-                    selector.state_dict() if selector is not None else None)
+    return Produced(got, rollout_s, seed, c.sampler.metrics(), c.rng.getstate(), c.sampler.state_dict())
 
 
 def sample_seeds(seed: int, step: int, count: int, offset: int = 0) -> torch.Tensor:
@@ -91,30 +93,60 @@ def row_temperatures(r: RolloutPlan, rows: int) -> float | torch.Tensor:
     return temperature
 
 
-def _prompts(c, n: int) -> list[Example]:
-    """This round's `n` prompts: uniform task draws, or the selector's pick from more candidates."""
-    if c.selector is None:
-        return c.task.sample(n, c.rng)
-    return c.selector.choose(c.task.sample(c.selector.num_candidates(n), c.rng), n)
+def generate(engine, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, temperature,
+             *, group_size: int, micro_group_size: int, pad_id: int):
+    """The engine's completions of B rows grouped by `group_size`, generated in passes of
+    `micro_group_size` rows per group (Infinite Sampling's micro-groups). A row's completion
+    depends only on its prompt and seed, so the passes give the completions of one pass; the
+    groups are whole again before anything reads them."""
+    passes = group_size // micro_group_size
+    if passes == 1:
+        return engine(prompt_ids, prompt_mask, seeds, temperature=temperature)
+    rows = torch.arange(len(seeds)).view(-1, passes, micro_group_size)  # (groups, passes, m)
+    parts = []
+    for j in range(passes):
+        idx = rows[:, j].reshape(-1)
+        t = temperature[idx] if isinstance(temperature, torch.Tensor) else temperature
+        parts.append(engine(prompt_ids[idx], prompt_mask[idx], seeds[idx], temperature=t))
+    order = torch.cat([rows[:, j].reshape(-1) for j in range(passes)])  # merged row i is batch row order[i]
+    return concat_rollouts(parts, pad_id).select(torch.argsort(order))
 
 
-def _one_round(c, step: int, round_index: int) -> Collected:
+def feedback(requests: list[Request], got: Collected, kept: torch.Tensor | None, *, step: int, version: int,
+             group_size: int) -> list[GroupFeedback]:
+    """One record per request of a round: its rows' rewards, verdicts and truncations, its
+    generated tokens, and whether the filter kept any of its groups (`kept` (groups,) bool)."""
+    records, row = [], 0
+    lengths = got.rollouts.lengths.tolist()
+    for req in requests:
+        end = row + req.n_rollouts
+        kept_any = True if kept is None else bool(kept[row // group_size:end // group_size].any())
+        records.append(GroupFeedback(
+            prompt_id=req.prompt_id, source=req.source, step=step, policy_version=version,
+            rewards=tuple(got.rewards[row:end].tolist()), correct=tuple(got.correct[row:end].tolist()),
+            truncated=tuple(got.rollouts.truncated[row:end].tolist()), gen_tokens=int(sum(lengths[row:end])),
+            kept=kept_any))
+        row = end
+    return records
+
+
+def _one_round(c, step: int, round_index: int) -> tuple[list[Request], Collected]:
     r = c.plan.rollout
-    examples = _prompts(c, r.prompts_per_step)
-    group = [ex for ex in examples for _ in range(r.group_size)]  # rows p*G .. p*G+G-1 share prompt p
+    requests = c.sampler.propose(step, r.prompts_per_step, r.prompts_per_step * r.group_size)
+    group = [req.example for req in requests for _ in range(req.n_rollouts)]  # each group of G rows shares a prompt
     prompt_ids, prompt_mask = encode_prompts(c.tokenizer, [ex.prompt for ex in group])
     seeds = sample_seeds(r.seed, step, len(group), offset=round_index * len(group))
     if is_agent_task(c.task):  # multi-turn episodes: the environment scores them
         got = rollout_batch(c.engine, c.tokenizer, c.task, group, seeds, temperature=row_temperatures(r, len(group)))
-        return Collected(group, got.rollouts, got.texts, got.rewards, got.correct, got.metrics, turns=got.turns)
-    rollouts = c.engine(prompt_ids, prompt_mask, seeds, temperature=row_temperatures(r, len(group)))
+        return requests, Collected(group, got.rollouts, got.texts, got.rewards, got.correct, got.metrics,
+                                   turns=got.turns)
+    rollouts = generate(c.engine, prompt_ids, prompt_mask, seeds, row_temperatures(r, len(group)),
+                        group_size=r.group_size, micro_group_size=r.micro_group_size, pad_id=c.tokenizer.pad_token_id)
     texts = decode_completions(c.tokenizer, rollouts)
     s = scored(c.reward, c.task, group, texts)
-    if c.selector is not None:  # every generated group informs its prompt's posterior, kept or not
-        for ex, wins in zip(examples, s.correct.view(-1, r.group_size).sum(-1).tolist()):
-            c.selector.observe(ex.prompt, wins, r.group_size)
-    return Collected(group, rollouts, texts, s.rewards, s.correct, {f"reward/{k}": v for k, v in s.metrics.items()},
-                     components=s.components, component_weights=s.weights)
+    return requests, Collected(group, rollouts, texts, s.rewards, s.correct,
+                               {f"reward/{k}": v for k, v in s.metrics.items()},
+                               components=s.components, component_weights=s.weights)
 
 
 def greedy_baseline(c, group: list[Example]) -> torch.Tensor:
@@ -126,39 +158,43 @@ def greedy_baseline(c, group: list[Example]) -> torch.Tensor:
     return rewards
 
 
-def collect(c, step: int) -> Collected:
-    """Roll out and score one step's batch (several rounds under dynamic sampling), and the greedy
-    baseline when the advantage estimator declared it reads one (ReMax)."""
-    got = _collect_rounds(c, step)
+def collect(c, step: int, version: int | None = None) -> Collected:
+    """Roll out and score one step's batch (several rounds under dynamic sampling) sampled by
+    policy version `version` (None: step - 1), and the greedy baseline when the advantage estimator declared it
+    reads one (ReMax)."""
+    got = _collect_rounds(c, step, step - 1 if version is None else version)
     if c.plan.rollout.greedy_baseline:
         got.baseline_rewards = greedy_baseline(c, got.group)
     return got
 
 
-def _collect_rounds(c, step: int) -> Collected:
+def _collect_rounds(c, step: int, version: int) -> Collected:
     r = c.plan.rollout
-    first = _one_round(c, step, 0)
-    if not r.dynamic_sampling:
+    flt = r.group_filter
+    requests, first = _one_round(c, step, 0)
+    if flt is None:
+        c.sampler.observe(step, feedback(requests, first, None, step=step, version=version, group_size=r.group_size))
         return first
-    reward_metrics = first.metrics
-    kept, generated = [], 0
-    batch = first
-    for round_index in range(r.max_sampling_rounds):
-        if round_index:
-            batch = _one_round(c, step, round_index)
+    kept, generated, kept_groups, batch, rounds = [], 0, 0, first, 0
+    while True:
+        if rounds:
+            requests, batch = _one_round(c, step, rounds)
+        rounds += 1
         generated += r.prompts_per_step
-        keep = ~zero_variance_groups(batch.rewards, r.group_size)
+        keep = flt.keep(batch.rewards, r.group_size)
+        # every generated group informs the sampler, kept or not
+        c.sampler.observe(step, feedback(requests, batch, keep, step=step, version=version, group_size=r.group_size))
         rows = keep.repeat_interleave(r.group_size).nonzero().squeeze(-1)
         if len(rows):
             kept.append(_select(batch, rows))
-        if sum(len(k.group) for k in kept) >= r.prompts_per_step * r.group_size:
+        kept_groups = sum(len(k.group) for k in kept) // r.group_size
+        if not flt.refill(kept_groups, r.prompts_per_step, rounds):
             break
-    kept_groups = sum(len(k.group) for k in kept) // r.group_size
     if not kept:  # nothing varied: train on the first round (its advantages are all 0)
         kept = [first]
     merged = _merge(kept, c.tokenizer.pad_token_id, r.prompts_per_step * r.group_size)
-    merged.metrics = {**reward_metrics, "batch/kept_group_rate": kept_groups / generated,
-                      "batch/sampling_rounds": float(round_index + 1)}
+    merged.metrics = {**first.metrics, "batch/kept_group_rate": kept_groups / generated,
+                      "batch/sampling_rounds": float(rounds)}
     return merged
 
 

@@ -61,8 +61,7 @@ def _checkpoint(c: Components, run: RunDir, step: int, rollout_state: dict) -> P
     if c.critic is not None:
         state["critic"] = c.critic.state_dict()
         state["critic_optimizer"] = c.critic_optimizer.state_dict()
-    if c.selector is not None:
-        state["selector"] = rollout_state["selector"]
+    state["sampler"] = rollout_state["sampler"]
     return save_checkpoint(run.checkpoints, step, c.model, c.tokenizer, state, keep_last=c.loop.keep_last)
 
 
@@ -85,8 +84,8 @@ def resume_run(c: Components, run: RunDir) -> int:
     if c.critic is not None:
         c.critic.load_state_dict(state["critic"])
         c.critic_optimizer.load_state_dict(state["critic_optimizer"])
-    if c.selector is not None:
-        c.selector.load_state_dict(state["selector"])
+    if "sampler" in state:  # checkpoints written before samplers were checkpointed had uniform draws
+        c.sampler.load_state_dict(state["sampler"])
     c.loss = dataclasses.replace(c.loss, kl_coef=state["kl_coef"])
     set_rng_state(state["rng"])
     c.rng.setstate(state["task_rng"])

@@ -19,7 +19,7 @@ from rlvr.models.value import ValueModel
 from rlvr.protocols import PolicyModel, RolloutEngine, Task
 from rlvr.rewards.runner import RewardRunner
 from rlvr.runtime.rows import RowPool
-from rlvr.sampling.selection import PosteriorSelector
+from rlvr.sampling.base import GroupFilter, Sampler
 from rlvr.trainer.expert import ExpertSource
 from rlvr.trainer.step import LossSpec
 
@@ -46,8 +46,8 @@ class RolloutPlan:
     group_size: int
     temperature: float
     greedy_in_group: bool  # the last row of every group decoded greedily
-    dynamic_sampling: bool  # DAPO: drop groups whose rewards tie, refill from more rounds
-    max_sampling_rounds: int
+    group_filter: GroupFilter | None  # which generated groups train, and refills (DAPO); None = all of them
+    micro_group_size: int  # completions per prompt in one engine pass (G = one pass)
     greedy_baseline: bool  # one greedy completion per prompt scored for the advantage (ReMax)
 
 
@@ -144,7 +144,7 @@ class Components:
     loop: LoopPlan
     critic: ValueModel | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
-    selector: PosteriorSelector | None = None  # prompt selection; None = uniform draws
+    sampler: Sampler | None = None  # which prompts a step rolls out, and how many completions each
     rows: RowPool | None = None  # batches split over worker threads (None = torch's own threads)
     heap_kept: bool = False  # glibc keeps freed memory mapped (runtime/allocator.py)
     expert: ExpertSource | None = None  # off-policy expert rows (config section `expert`); None = off

@@ -116,7 +116,7 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     metrics = _step_metrics(rewards, got.correct, rollouts, group_size, timings, batch)
     metrics.update(got.metrics)
     metrics.update({f"rollout/{k}": v for k, v in gap.items()})
-    metrics.update(produced.selector_metrics)
+    metrics.update(produced.sampler_metrics)
     if produced.staleness > 0:  # how far the behaviour policy is from the proximal one, and how much the weights cut
         metrics.update({"async/behaviour_kl_k3": behaviour["mismatch_k3"],
                         "async/weight_clip_frac": behaviour["correction_clip_frac"]})
@@ -239,9 +239,9 @@ class SyncSteps:
         return rl_step(self.c, step)
 
     def rollout_state(self) -> dict:
-        """The prompt RNG (and selector) as of the last trained step: what its checkpoint records."""
+        """The prompt RNG and the sampler as of the last trained step: what its checkpoint records."""
         c = self.c
-        return {"task_rng": c.rng.getstate(), "selector": c.selector.state_dict() if c.selector else None}
+        return {"task_rng": c.rng.getstate(), "sampler": c.sampler.state_dict()}
 
     def close(self) -> None:
         pass
