@@ -20,6 +20,7 @@ import random
 from collections import deque
 from typing import Protocol
 
+from rlvr.errors import ConfigError
 from rlvr.sampling.base import GroupFeedback, Request
 from rlvr.types import Example
 
@@ -65,6 +66,9 @@ class DUMP:
                  temperature: float = 0.1, window: int = 64):
         self.task, self.draws, self.group_size = task, rng, group_size
         self.c, self.temperature, self.window = ucb_c, temperature, window
+        if not getattr(task, "sources", ()):
+            raise ConfigError("sampler.name: dump chooses between a task's sources and this task has none; "
+                              "use task.name=countdown with task.countdown.buckets, or another sampler")
         self.rng = random.Random(f"{seed}/dump")
         self.names = tuple(task.sources)
         self.counts = {s: 0 for s in self.names}
