@@ -11,6 +11,7 @@ from typing import Any
 
 from rlvr.config.task_schema import (  # noqa: F401  re-exported: the schema is one namespace
     AgentTaskConfig,
+    ArithmeticTaskConfig,
     CalculatorTaskConfig,
     CodeFileTaskConfig,
     CountdownPythonTaskConfig,

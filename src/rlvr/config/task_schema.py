@@ -27,6 +27,17 @@ class CountdownTaskConfig:
     partial_credit: str | None = None
     """0.1 for any parseable wrong answer (`parse`, d1/TinyZero) or only one over the given numbers
     (`numbers`)."""
+    buckets: str | None = None
+    """Difficulty buckets as sources, `COUNT:LOW-HIGH` each (numbers per problem, target range),
+    comma-separated, e.g. `3:1-20,4:21-99`; empty = one source of `num_count` numbers."""
+
+
+@dataclass(frozen=True)
+class ArithmeticTaskConfig:
+    """Knobs of `rlvr.tasks.arithmetic.Arithmetic` (null = the class's own default)."""
+
+    digits: str | None = None
+    """Digit counts of the operands, one source each, comma-separated (`2,3,4`)."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +185,8 @@ class TaskConfig:
     """Knobs of task `countdown`."""
     sudoku4: Sudoku4TaskConfig | None = None
     """Knobs of task `sudoku4`."""
+    arithmetic: ArithmeticTaskConfig | None = None
+    """Knobs of task `arithmetic` (addition, one source per digit count)."""
     math_file: MathFileTaskConfig | None = None
     """Knobs of task `math_file`."""
     code_file: CodeFileTaskConfig | None = None

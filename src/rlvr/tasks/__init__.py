@@ -9,6 +9,7 @@ from __future__ import annotations
 from rlvr.agents.envs.calculator import Calculator
 from rlvr.agents.envs.guess import GuessNumber
 from rlvr.agents.envs.lookup import Lookup
+from rlvr.tasks.arithmetic import Arithmetic
 from rlvr.tasks.countdown import Countdown
 from rlvr.tasks.countdown_python import CountdownPython
 from rlvr.tasks.files import CodeFileTask, MathFileTask
@@ -16,7 +17,7 @@ from rlvr.tasks.sudoku import Sudoku4
 
 TASKS = {"countdown": Countdown, "math_file": MathFileTask, "code_file": CodeFileTask, "sudoku4": Sudoku4,
          "agent_calculator": Calculator, "agent_guess": GuessNumber,
-         "agent_lookup": Lookup, "agent_countdown_python": CountdownPython}
+         "agent_lookup": Lookup, "agent_countdown_python": CountdownPython, "arithmetic": Arithmetic}
 
 
 def make_task(name: str, **kwargs):

@@ -39,6 +39,7 @@ from itertools import combinations_with_replacement
 
 from rlvr.tasks.countdown_expr import Expr, ParseError, evaluate, leaves, parse, to_string
 from rlvr.tasks.countdown_steps import score_steps, steps_from_expr
+from rlvr.tasks.sources import Mixture, heldout_shares
 from rlvr.types import Example
 
 MAX_COMPLETION_CHARS = 64
@@ -178,13 +179,37 @@ PARTIAL_CREDITS = ("parse", "numbers")
 """Which wrong answers earn Countdown's 0.1 (its `partial_credit` knob)."""
 
 
+def parse_buckets(buckets: str) -> list[tuple[int, int, int]]:
+    """``"3:1-20,4:21-99"`` -> [(3, 1, 20), (4, 21, 99)]: (numbers per problem, lowest and highest
+    target) per bucket; ``"3:20"`` means targets 1..20. A ValueError naming the knob otherwise.
+
+    >>> parse_buckets("3:20,4:10-50")
+    [(3, 1, 20), (4, 10, 50)]
+    """
+    out = []
+    for spec in buckets.split(","):
+        try:
+            count, targets = spec.strip().split(":")
+            low, _, high = targets.rpartition("-")
+            out.append((int(count), int(low or 1), int(high)))
+        except ValueError:
+            out = []
+            break
+    if not out or any(c < 2 or lo < 1 or hi < lo for c, lo, hi in out) or len(set(out)) != len(out):
+        raise ValueError(f"countdown: buckets must be distinct 'COUNT:LOW-HIGH' targets (COUNT >= 2, "
+                         f"1 <= LOW <= HIGH), comma-separated, e.g. '3:1-20,4:21-99'; got {buckets!r}")
+    return out
+
+
 class Countdown:
     """Procedural Countdown task: ``sample`` for training, ``heldout`` for evaluation.
 
     Knobs: ``num_count`` numbers per problem (3 or 4 are the useful settings), each in
     ``1..max_number``; ``allow_division`` adds exact ``/``; ``heldout_size`` distinct held-out
-    problems; ``seed`` seeds the task's own generator, used only when ``sample`` gets no rng
-    (``heldout`` never depends on it).
+    problems; ``buckets`` (``"3:1-20,4:21-99"``) makes the task a mixture of difficulty buckets,
+    one source each (numbers per problem and target range; ``num_count`` is then unused), drawn
+    uniformly by ``sample`` and one at a time by ``sample_source``; ``seed`` seeds the task's own
+    generator, used only when ``sample`` gets no rng (``heldout`` never depends on it).
     """
 
     name = "countdown"
@@ -200,6 +225,7 @@ class Countdown:
         ordered: bool = False,
         partial_credit: str = "parse",
         sampling: str = "draws",
+        buckets: str = "",
         seed: int = 0,
     ):
         if num_count < 2:
@@ -225,6 +251,20 @@ class Countdown:
         self._pool: list[list[Example]] | None = None
         self._rng = random.Random(seed)
         self._heldout: list[Example] | None = None
+        self._targets: tuple[int, int] | None = None  # a bucket's target range (inclusive)
+        self.mixture, self.sources = None, ()
+        if buckets:
+            specs = parse_buckets(buckets)
+            parts = {}
+            for (count, low, high), share in zip(specs, heldout_shares(heldout_size, len(specs))):
+                part = Countdown(num_count=count, max_number=max_number, allow_division=allow_division,
+                                 heldout_size=share, show_work=show_work, ordered=ordered,
+                                 partial_credit=partial_credit, sampling=sampling, seed=seed)
+                part._targets = (low, high)
+                parts[f"n{count}_t{low}-{high}"] = part
+            self.mixture = Mixture(parts)
+            self.sources = self.mixture.sources
+            return
         self._check_heldout_space()
 
     def _check_heldout_space(self) -> None:
@@ -257,6 +297,8 @@ class Countdown:
             value = evaluate(expr)
             if value > 0 and value.denominator == 1:
                 target = int(value)
+                if self._targets and not self._targets[0] <= target <= self._targets[1]:
+                    continue
                 return Example(
                     prompt=format_prompt(numbers, target),
                     answer=to_string(expr),
@@ -271,6 +313,8 @@ class Countdown:
         first, as the held-out set does by taking distinct keys, then one of its prompts.
         """
         rng = self._rng if rng is None else rng
+        if self.mixture is not None:  # buckets: each example's bucket drawn uniformly
+            return self.mixture.sample(n, rng)
         if self.sampling == "keys":
             pool = self._key_pool()
             return [rng.choice(rng.choice(pool)) for _ in range(n)]
@@ -280,6 +324,10 @@ class Countdown:
             if not is_heldout_key(ex.meta["numbers"], ex.meta["target"]):
                 out.append(ex)
         return out
+
+    def sample_source(self, source: str, n: int, rng: random.Random) -> list[Example]:
+        """``n`` training problems of bucket ``source`` (one of ``sources``)."""
+        return self.mixture.sample_source(source, n, rng)
 
     def _key_pool(self) -> list[list[Example]]:
         """The distinct prompts of each training key, keys in sorted order, from a fixed number of
@@ -298,8 +346,11 @@ class Countdown:
     def heldout(self) -> list[Example]:
         """The first ``heldout_size`` distinct held-out-bucket problems from a fixed seed.
 
-        Same generator as training, so the same distribution; depends on the knobs only.
+        Same generator as training, so the same distribution; depends on the knobs only. With
+        buckets: each bucket's share, in bucket order.
         """
+        if self.mixture is not None:
+            return self.mixture.heldout()
         if self._heldout is None:
             knobs = f"{self.num_count}/{self.max_number}/{self.allow_division}" + ("/ordered" if self.ordered else "")
             rng = random.Random(f"{_HELDOUT_SEED}/{knobs}")  # str seeds are stable across runs
