@@ -6,7 +6,9 @@ completions; after scoring, every request's verdicts go back to it, kept or not.
 filter (DAPO dynamic sampling) keeps only groups whose rewards vary (a zero-variance group has
 zero group-relative advantage, so it costs compute and teaches nothing) and asks for more rounds
 until the batch is full or its cap is spent. At the cap the step trains on the groups it has
-(verl raises instead); `batch/kept_group_rate` shows how often groups were dropped.
+(verl raises instead); `batch/kept_group_rate` shows how often groups were dropped, and
+`batch/generated_tokens` counts every completion token generated, dropped groups' included (the
+cost to compare samplers by).
 """
 
 from __future__ import annotations
@@ -173,17 +175,20 @@ def _collect_rounds(c, step: int, version: int) -> Collected:
     flt = r.group_filter
     requests, first = _one_round(c, step, 0)
     if flt is None:
-        c.sampler.observe(step, feedback(requests, first, None, step=step, version=version, group_size=r.group_size))
+        records = feedback(requests, first, None, step=step, version=version, group_size=r.group_size)
+        c.sampler.observe(step, records)
+        first.metrics["batch/generated_tokens"] = float(sum(f.gen_tokens for f in records))
         return first
-    kept, generated, kept_groups, batch, rounds = [], 0, 0, first, 0
+    kept, generated, kept_groups, batch, rounds, tokens = [], 0, 0, first, 0, 0
     while True:
         if rounds:
             requests, batch = _one_round(c, step, rounds)
         rounds += 1
         generated += r.prompts_per_step
         keep = flt.keep(batch.rewards, r.group_size)
-        # every generated group informs the sampler, kept or not
-        c.sampler.observe(step, feedback(requests, batch, keep, step=step, version=version, group_size=r.group_size))
+        records = feedback(requests, batch, keep, step=step, version=version, group_size=r.group_size)
+        c.sampler.observe(step, records)  # every generated group informs the sampler, kept or not
+        tokens += sum(f.gen_tokens for f in records)
         rows = keep.repeat_interleave(r.group_size).nonzero().squeeze(-1)
         if len(rows):
             kept.append(_select(batch, rows))
@@ -194,7 +199,7 @@ def _collect_rounds(c, step: int, version: int) -> Collected:
         kept = [first]
     merged = _merge(kept, c.tokenizer.pad_token_id, r.prompts_per_step * r.group_size)
     merged.metrics = {**first.metrics, "batch/kept_group_rate": kept_groups / generated,
-                      "batch/sampling_rounds": float(rounds)}
+                      "batch/sampling_rounds": float(rounds), "batch/generated_tokens": float(tokens)}
     return merged
 
 

@@ -1,0 +1,103 @@
+"""Samplers compared at equal generated tokens on mixed-difficulty Countdown buckets.
+
+    python bench/curricula.py                              # every sampler, 3 seeds
+    python bench/curricula.py --steps 6 --seeds 0 --samplers uniform mopps --out /tmp/curricula
+
+Each sampler trains from the same warm start on the buckets of `--buckets` (one source each, so
+DUMP has something to choose between); `dapo_refill` is uniform draws with DAPO's filter
+refilling for up to 4 rounds. Every run logs the completion tokens it generated per step
+(`batch/generated_tokens`, dropped groups included), so runs are compared at the same token
+budget, the smallest total any run generated, not at the same optimiser step: held-out accuracy
+at that budget (the last evaluation at or before it), the dead-group fraction (groups whose
+rewards all tie, before any filter) and tokens per step, mean ± 95% CI over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rlvr.tracking.stats import mean_ci
+
+SAMPLERS = {"uniform": [], "dapo_refill": ["algo.max_sampling_rounds=4"], "mopps": ["sampler.name=mopps"],
+            "vade": ["sampler.name=vade"], "dump": ["sampler.name=dump"], "gvm": ["sampler.name=gvm"],
+            "coba": ["sampler.name=coba"]}
+
+
+def train(name: str, seed: int, overrides: list[str], out: Path) -> float:
+    """One `rlvr train` run into out/<name>/s<seed>; its wall seconds (0 if already finished)."""
+    run = out / name / f"s{seed}"
+    if (run / "run.json").exists() and '"finished"' in (run / "run.json").read_text():
+        return 0.0
+    cmd = [sys.executable, "-m", "rlvr.cli", "train", f"seed={seed}", f"trainer.out_dir={run.parent}",
+           f"trainer.name={run.name}", *SAMPLERS[name], *overrides]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{name} seed {seed} failed:\n{done.stderr[-2000:]}")
+    return time.perf_counter() - t0
+
+
+def curve(run: Path) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(cumulative generated tokens at each evaluation, held-out accuracy there, dead-group
+    fraction per step, tokens per step) of one run."""
+    tokens, at, accuracy, dead, per_step = 0.0, [], [], [], []
+    for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()):
+        tokens += m.get("batch/generated_tokens", 0.0)
+        if m["step"] > 0:  # the filter's kept rate counts every generated group; without it, the batch's
+            dead.append(1 - m["batch/kept_group_rate"] if "batch/kept_group_rate" in m
+                        else m["batch/zero_variance_group_frac"])
+            per_step.append(m["batch/generated_tokens"])
+        if "eval/heldout_accuracy" in m:
+            at.append(tokens)
+            accuracy.append(m["eval/heldout_accuracy"])
+    return at, accuracy, dead, per_step
+
+
+def at_budget(at: list[float], accuracy: list[float], budget: float) -> float:
+    """Held-out accuracy of the last evaluation at or before `budget` tokens."""
+    return [a for t, a in zip(at, accuracy) if t <= budget][-1]
+
+
+def cell(values: list[float], digits: int = 3) -> str:
+    mean, half = mean_ci(values)
+    return f"{mean:.{digits}f} ± {half:.{digits}f}" if half == half else f"{mean:.{digits}f}"
+
+
+def table(out: Path, names: list[str], seeds: list[int]) -> str:
+    curves = {(n, s): curve(out / n / f"s{s}") for n in names for s in seeds}
+    budget = min(c[0][-1] for c in curves.values())
+    lines = [f"token budget: {budget:.0f} generated completion tokens per run (the smallest total)", "",
+             "| sampler | held-out accuracy at the budget | dead-group fraction | tokens / step |",
+             "|---|---|---|---|"]
+    for n in names:
+        acc = [at_budget(*curves[n, s][:2], budget) for s in seeds]
+        dead = [sum(curves[n, s][2]) / len(curves[n, s][2]) for s in seeds]
+        per_step = [sum(curves[n, s][3]) / len(curves[n, s][3]) for s in seeds]
+        lines.append(f"| {n} | {cell(acc)} | {cell(dead)} | {cell(per_step, 0)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=list(SAMPLERS))
+    p.add_argument("--buckets", default="3:1-20,3:21-60,4:1-40,4:41-99")
+    p.add_argument("--out", type=Path, default=Path("runs/bench_curricula"))
+    p.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
+    args = p.parse_args()
+    overrides = [f"task.countdown.buckets={args.buckets}", f"trainer.steps={args.steps}",
+                 f"trainer.eval_every={max(args.steps // 6, 1)}", "trainer.save_every=0", *args.overrides]
+    for name in args.samplers:
+        for seed in args.seeds:
+            print(f"{name:<12} seed {seed}  {train(name, seed, overrides, args.out):6.1f}s", flush=True)
+    print(table(args.out, args.samplers, args.seeds))
+
+
+if __name__ == "__main__":
+    main()
