@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import heapq
 import math
-import random
 from collections.abc import Callable
 
-from rlvr.protocols import Task
 from rlvr.sampling.base import GroupFeedback, Request, source_of
 from rlvr.sampling.selection import PosteriorSampler
 
@@ -122,9 +120,8 @@ class GVM(Allocating):
 
     stream = "gvm"
 
-    def __init__(self, *, task: Task, rng: random.Random, group_size: int, seed: int, candidates: float = 2.0,
-                 decay: float = 0.5, max_groups: int = 2):
-        super().__init__(task=task, rng=rng, group_size=group_size, seed=seed, candidates=candidates, decay=decay)
+    def __init__(self, *, candidates: float = 2.0, decay: float = 0.5, max_groups: int = 2, **common):
+        super().__init__(candidates=candidates, decay=decay, **common)
         self.max_groups = max_groups
 
     def allocate(self, rates: list[float], slots: int) -> list[int]:
@@ -136,9 +133,9 @@ class CoBA(Allocating):
 
     stream = "coba"
 
-    def __init__(self, *, task: Task, rng: random.Random, group_size: int, seed: int, candidates: float = 2.0,
-                 decay: float = 0.5, max_groups: int = 2, concentration: float = 4.0, ema: float = 0.9):
-        super().__init__(task=task, rng=rng, group_size=group_size, seed=seed, candidates=candidates, decay=decay)
+    def __init__(self, *, candidates: float = 2.0, decay: float = 0.5, max_groups: int = 2,
+                 concentration: float = 4.0, ema: float = 0.9, **common):
+        super().__init__(candidates=candidates, decay=decay, **common)
         self.max_groups, self.concentration, self.ema = max_groups, concentration, ema
         self.failure_rate = 0.5  # F̄ before any feedback: the peak in the middle
 

@@ -94,7 +94,8 @@ class PosteriorTable:
 
 class PosteriorSampler:
     """What the posterior samplers share: candidates drawn with the run's prompt RNG, the table,
-    a private generator seeded from (`seed`, `stream`), and their state as plain data."""
+    a private generator seeded from (`seed`, `stream`), and their state as plain data. A subclass
+    takes its own knobs with their defaults and passes the rest (`**common`) on."""
 
     stream = "posterior"
 
@@ -126,9 +127,8 @@ class MoPPS(PosteriorSampler):
 
     stream = "prompt-selection"
 
-    def __init__(self, *, task: Task, rng: random.Random, group_size: int, seed: int, candidates: float = 2.0,
-                 target: float = 0.5, decay: float = 0.5):
-        super().__init__(task=task, rng=rng, group_size=group_size, seed=seed, candidates=candidates, decay=decay)
+    def __init__(self, *, candidates: float = 2.0, target: float = 0.5, decay: float = 0.5, **common):
+        super().__init__(candidates=candidates, decay=decay, **common)
         self.target = target
 
     def propose(self, step: int, n_prompts: int, budget: int) -> list[Request]:
@@ -142,9 +142,8 @@ class VADE(PosteriorSampler):
 
     stream = "vade"
 
-    def __init__(self, *, task: Task, rng: random.Random, group_size: int, seed: int, candidates: float = 2.0,
-                 decay: float = 0.9, time_decay: float = 0.98):
-        super().__init__(task=task, rng=rng, group_size=group_size, seed=seed, candidates=candidates, decay=decay)
+    def __init__(self, *, candidates: float = 2.0, decay: float = 0.9, time_decay: float = 0.98, **common):
+        super().__init__(candidates=candidates, decay=decay, **common)
         self.time_decay = time_decay
 
     def current(self, prompt: str, step: int) -> tuple[float, float]:

@@ -28,15 +28,23 @@ def _args(root: Path, name: str, sampler: str) -> list[str]:
             "trainer.threads=1", f"trainer.out_dir={root}", f"trainer.name={name}", "seed=4"]
 
 
-def _train(*args: str) -> subprocess.Popen:
+def _train(*args: str, kill_after: Path | None = None) -> None:
+    """`rlvr train ARGS` to the end, or SIGKILLed once `kill_after` (a checkpoint) exists and a
+    step past it has been logged."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-    return subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", *args], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _finish(proc: subprocess.Popen) -> None:
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out
+    if kill_after is None:
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out
+        return
+    metrics = kill_after.parent.parent / "metrics.jsonl"
+    while not kill_after.exists() or len(_lines(metrics)) < 3:
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
 
 
 def _lines(path: Path) -> list[dict]:
@@ -52,16 +60,10 @@ def _lines(path: Path) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("sampler", sorted(set(SAMPLERS) - {"uniform"}))
 def test_a_sigkilled_run_resumes_every_samplers_state_exactly(sampler, tmp_path):
-    _finish(_train(*_args(tmp_path, "straight", sampler)))
+    _train(*_args(tmp_path, "straight", sampler))
     run = tmp_path / "killed"
-    proc = _train(*_args(tmp_path, "killed", sampler))
-    while not (run / "checkpoints" / "step_000002").exists() or len(_lines(run / "metrics.jsonl")) < 3:
-        assert proc.poll() is None, proc.stdout.read()
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    proc.stdout.close()
-    _finish(_train("--resume", str(run)))
+    _train(*_args(tmp_path, "killed", sampler), kill_after=run / "checkpoints" / "step_000002")
+    _train("--resume", str(run))
     straight, resumed = _lines(tmp_path / "straight" / "metrics.jsonl"), _lines(run / "metrics.jsonl")
     assert [m["step"] for m in resumed] == list(range(STEPS + 1))
     assert resumed == straight
