@@ -8,8 +8,9 @@ DUMP has something to choose between); `dapo_refill` is uniform draws with DAPO'
 refilling for up to 4 rounds. Every run logs the completion tokens it generated per step
 (`batch/generated_tokens`, dropped groups included), so runs are compared at the same token
 budget, the smallest total any run generated, not at the same optimiser step: held-out accuracy
-at that budget (the last evaluation at or before it), the dead-group fraction (groups whose
-rewards all tie, before any filter) and tokens per step, mean ± 95% CI over seeds.
+at that budget (the last evaluation at or before it), overall and per bucket, the dead-group
+fraction (groups whose rewards all tie, before any filter) and tokens per step, mean ± 95% CI
+over seeds.
 """
 
 from __future__ import annotations
@@ -42,9 +43,12 @@ def train(name: str, seed: int, overrides: list[str], out: Path) -> float:
     return time.perf_counter() - t0
 
 
-def curve(run: Path) -> tuple[list[float], list[float], list[float], list[float]]:
-    """(cumulative generated tokens at each evaluation, held-out accuracy there, dead-group
-    fraction per step, tokens per step) of one run."""
+PREFIX = "eval/heldout_accuracy/"  # one key per bucket
+
+
+def curve(run: Path) -> tuple[list[float], list[dict], list[float], list[float]]:
+    """(cumulative generated tokens at each evaluation, held-out accuracy there, overall under ""
+    and per bucket, dead-group fraction per step, tokens per step) of one run."""
     tokens, at, accuracy, dead, per_step = 0.0, [], [], [], []
     for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()):
         tokens += m.get("batch/generated_tokens", 0.0)
@@ -54,12 +58,13 @@ def curve(run: Path) -> tuple[list[float], list[float], list[float], list[float]
             per_step.append(m["batch/generated_tokens"])
         if "eval/heldout_accuracy" in m:
             at.append(tokens)
-            accuracy.append(m["eval/heldout_accuracy"])
+            accuracy.append({"": m["eval/heldout_accuracy"],
+                             **{k[len(PREFIX):]: v for k, v in m.items() if k.startswith(PREFIX)}})
     return at, accuracy, dead, per_step
 
 
-def at_budget(at: list[float], accuracy: list[float], budget: float) -> float:
-    """Held-out accuracy of the last evaluation at or before `budget` tokens."""
+def at_budget(at: list[float], accuracy: list[dict], budget: float) -> dict:
+    """Held-out accuracies of the last evaluation at or before `budget` tokens."""
     return [a for t, a in zip(at, accuracy) if t <= budget][-1]
 
 
@@ -71,14 +76,16 @@ def cell(values: list[float], digits: int = 3) -> str:
 def table(out: Path, names: list[str], seeds: list[int]) -> str:
     curves = {(n, s): curve(out / n / f"s{s}") for n in names for s in seeds}
     budget = min(c[0][-1] for c in curves.values())
+    buckets = [k for k in curves[names[0], seeds[0]][1][-1] if k]
+    columns = ["sampler", "held-out accuracy at the budget", *buckets, "dead-group fraction", "tokens / step"]
     lines = [f"token budget: {budget:.0f} generated completion tokens per run (the smallest total)", "",
-             "| sampler | held-out accuracy at the budget | dead-group fraction | tokens / step |",
-             "|---|---|---|---|"]
+             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for n in names:
         acc = [at_budget(*curves[n, s][:2], budget) for s in seeds]
         dead = [sum(curves[n, s][2]) / len(curves[n, s][2]) for s in seeds]
         per_step = [sum(curves[n, s][3]) / len(curves[n, s][3]) for s in seeds]
-        lines.append(f"| {n} | {cell(acc)} | {cell(dead)} | {cell(per_step, 0)} |")
+        cells = [cell([a[k] for a in acc]) for k in ["", *buckets]]
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {cell(dead)} | {cell(per_step, 0)} |")
     return "\n".join(lines)
 
 

@@ -84,3 +84,12 @@ def test_paired_sign_test_vectors():
     assert paired.sign_test(3, 0) == 1 / 8  # all three discordant problems fixed
     assert paired.sign_test(2, 1) == 4 / 8  # C(3,2) + C(3,3) of 8
     assert abs(paired.sign_test(63, 45) - 0.0506) < 5e-4  # docs/results/dllm.md §4b, three 1-thread runs
+
+
+def test_accuracy_by_source_groups_verdicts_by_bucket():
+    from rlvr.trainer.evaluate import accuracy_by_source
+    from rlvr.types import Example
+
+    exs = [Example(p, "", {"source": s}) for p, s in (("a", "d2"), ("b", "d3"), ("c", "d2"), ("d", "d2"))]
+    assert accuracy_by_source(exs, [True, False, False, True]) == {"d2": 2 / 3, "d3": 0.0}
+    assert accuracy_by_source([Example("a", "")], [True]) == {}  # no sources: no per-source keys

@@ -15,6 +15,22 @@ def greedy_accuracy(engine, tokenizer, task, examples, *, batch_size: int = 256)
     return sum(correct) / max(len(correct), 1)
 
 
+def accuracy_by_source(examples, verdicts: list[bool]) -> dict[str, float]:
+    """Accuracy per `meta["source"]` of `examples` (a task with difficulty buckets), in first-seen
+    order; empty when no example names a source.
+
+    >>> from rlvr.types import Example
+    >>> exs = [Example(p, "", {"source": s}) for p, s in (("a", "d2"), ("b", "d3"), ("c", "d2"))]
+    >>> accuracy_by_source(exs, [True, False, False])
+    {'d2': 0.5, 'd3': 0.0}
+    """
+    hits: dict[str, list[bool]] = {}
+    for ex, ok in zip(examples, verdicts):
+        if "source" in ex.meta:
+            hits.setdefault(ex.meta["source"], []).append(ok)
+    return {source: sum(v) / len(v) for source, v in hits.items()}
+
+
 def greedy_verdicts(engine, tokenizer, task, examples, *, batch_size: int = 256) -> list[bool]:
     """Whether each example's greedy completion is correct (for paired comparisons of checkpoints)."""
     return _correctness(engine, tokenizer, task, examples, temperature=0.0, first_seed=None, batch_size=batch_size)

@@ -29,7 +29,7 @@ from rlvr.trainer.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from rlvr.trainer.evaluate import greedy_accuracy, sampled_scores
+from rlvr.trainer.evaluate import accuracy_by_source, greedy_accuracy, greedy_verdicts, sampled_scores
 from rlvr.trainer.plan import Components
 from rlvr.trainer.sync import SyncSteps, push_weights
 
@@ -37,12 +37,15 @@ TRAIN_PROBE_SEED = 20_240_601  # fixed training-distribution probe for the memor
 
 
 def evaluate(c: Components, probe, engine=None) -> dict[str, float]:
-    """Greedy held-out and train-probe accuracy (and sampled scores when `loop.eval_samples`), with
-    `engine` (None = the run's: a schedule may evaluate through its own view of it)."""
+    """Greedy held-out accuracy (overall and per source of a task with sources), train-probe
+    accuracy, and sampled scores when `loop.eval_samples`, with `engine` (None = the run's: a
+    schedule may evaluate through its own view of it)."""
     t0 = now()
     engine = engine or c.engine
     heldout = c.task.heldout()
-    metrics = {"eval/heldout_accuracy": greedy_accuracy(engine, c.tokenizer, c.task, heldout),
+    verdicts = greedy_verdicts(engine, c.tokenizer, c.task, heldout)
+    metrics = {"eval/heldout_accuracy": sum(verdicts) / max(len(verdicts), 1),
+               **{f"eval/heldout_accuracy/{s}": a for s, a in accuracy_by_source(heldout, verdicts).items()},
                "eval/train_accuracy": greedy_accuracy(engine, c.tokenizer, c.task, probe)}
     if c.loop.eval_samples:
         metrics["eval/heldout_sampled_accuracy"], metrics["eval/heldout_pass_at_k"] = sampled_scores(
