@@ -26,7 +26,7 @@ from rlvr.tracking.stats import mean_ci
 
 SAMPLERS = {"uniform": [], "dapo_refill": ["algo.max_sampling_rounds=4"], "mopps": ["sampler.name=mopps"],
             "vade": ["sampler.name=vade"], "dump": ["sampler.name=dump"], "gvm": ["sampler.name=gvm"],
-            "coba": ["sampler.name=coba"]}
+            "coba": ["sampler.name=coba"], "dots": ["sampler.name=dots"]}
 
 
 def train(name: str, seed: int, overrides: list[str], out: Path) -> float:

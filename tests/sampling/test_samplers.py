@@ -235,3 +235,33 @@ def test_global_rng_calls_do_not_change_proposals(name):
         torch.manual_seed(step)
         noisy += _run(s, draws, fb, 1, start=step)
     assert noisy == quiet
+
+
+# --- DOTS -------------------------------------------------------------------------------------
+
+def test_dots_embedding_and_attention_vectors():
+    from rlvr.sampling.predictive import embed, predicted_rates
+
+    e = embed("abab", 1024)  # bigrams ab, ba, ab: counts 2 and 1 → norm sqrt(5)
+    assert sorted(e[e > 0].tolist()) == pytest.approx([1 / math.sqrt(5), 2 / math.sqrt(5)])
+    keys = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    rates = torch.tensor([0.9, 0.1], dtype=torch.float64)
+    # query = key 0, τ = 1: weights softmax(1, 0) = (e, 1)/(e + 1)
+    got = predicted_rates(torch.tensor([[1.0, 0.0]], dtype=torch.float64), keys, rates, 1.0)
+    assert got.item() == pytest.approx((0.9 * math.e + 0.1) / (math.e + 1))
+    # a small τ makes it the nearest key's rate
+    assert predicted_rates(torch.tensor([[0.0, 1.0]], dtype=torch.float64), keys, rates, 0.01).item() == \
+        pytest.approx(0.1)
+
+
+def test_dots_prefers_prompts_that_look_like_half_solved_ones():
+    s, rng = make("dots", random.Random(5)), random.Random(6)
+    drawn = {k: 0 for k in Buckets.sources}
+    for step in range(1, 41):
+        reqs = s.propose(step, 6, 6 * G)
+        if step > 10:
+            for r in reqs:
+                drawn[r.source] += 1
+        s.observe(step, scripted(step, reqs, rng))
+    # uniform draws would give each bucket a third; the 2 reference slots of 6 stay random
+    assert drawn["half"] > 0.5 * sum(drawn.values()), drawn

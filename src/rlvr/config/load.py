@@ -256,6 +256,8 @@ def validate(config: Config) -> None:
         (_unset_or(sm.temperature, lambda v: v > 0), "sampler.temperature", "must be > 0"),
         (_unset_or(sm.window, lambda v: v >= 1), "sampler.window", "must be >= 1"),
         (_unset_or(sm.max_groups, lambda v: v >= 1), "sampler.max_groups", "must be >= 1"),
+        (_unset_or(sm.reference, lambda v: v >= 1), "sampler.reference", "must be >= 1"),
+        (_unset_or(sm.dims, lambda v: v >= 1), "sampler.dims", "must be >= 1"),
         (_unset_or(sm.ema, lambda v: 0 <= v < 1), "sampler.ema", "must be in [0, 1)"),
         (config.rollout.micro_group_size >= 0 and (config.rollout.micro_group_size == 0
                                                    or config.rollout.group_size % config.rollout.micro_group_size == 0),

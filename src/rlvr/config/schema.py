@@ -299,7 +299,7 @@ class SamplerConfig:
     own default; options of other samplers stay null."""
 
     name: str = "uniform"
-    """Sampler (`rlvr.sampling.SAMPLERS`): `uniform`, `mopps`, `vade`, `dump`, `gvm`, `coba`."""
+    """Sampler (`rlvr.sampling.SAMPLERS`): `uniform`, `mopps`, `vade`, `dump`, `gvm`, `coba`, `dots`."""
     candidates: float | None = None
     """Candidates drawn per prompt slot (1/κ); the sampler picks among them."""
     target: float | None = None
@@ -311,9 +311,13 @@ class SamplerConfig:
     ucb_c: float | None = None
     """Dump: exploration bonus c of the UCB score."""
     temperature: float | None = None
-    """Dump: softmax temperature τ of the source mix."""
+    """Dump: softmax temperature τ of the source mix; dots: of the attention over measured prompts."""
     window: int | None = None
-    """Dump: groups per source in the learnability window."""
+    """Dump: groups per source in the learnability window; dots: measured groups kept."""
+    reference: int | None = None
+    """Dots: random candidates rolled out each step beside the predicted ones (the reference set)."""
+    dims: int | None = None
+    """Dots: hash buckets of the prompts' character-bigram embedding."""
     max_groups: int | None = None
     """Gvm, coba: most groups of G one prompt may get in a step."""
     concentration: float | None = None

@@ -1,12 +1,14 @@
 """Which prompts a step rolls out and how many completions each gets (`base.Sampler`), and which
 generated groups train (`base.GroupFilter`): uniform draws, per-prompt posteriors (`selection`:
-MoPPS, VADE), source curricula (`sources`: DUMP) and budget reallocation (`budgets`: GVM-RAFT,
-CoBA-RL). `SAMPLERS` is what `sampler.name` picks from."""
+MoPPS, VADE), source curricula (`sources`: DUMP), budget reallocation (`budgets`: GVM-RAFT,
+CoBA-RL) and difficulty predicted from similar measured prompts (`predictive`: DOTS).
+`SAMPLERS` is what `sampler.name` picks from."""
 
 from rlvr.sampling.base import Uniform
 from rlvr.sampling.budgets import GVM, CoBA
+from rlvr.sampling.predictive import DOTS
 from rlvr.sampling.selection import VADE, MoPPS
 from rlvr.sampling.sources import DUMP
 
-SAMPLERS = {"uniform": Uniform, "mopps": MoPPS, "vade": VADE, "dump": DUMP, "gvm": GVM, "coba": CoBA}
+SAMPLERS = {"uniform": Uniform, "mopps": MoPPS, "vade": VADE, "dump": DUMP, "gvm": GVM, "coba": CoBA, "dots": DOTS}
 """`sampler.name` -> the sampler class; each takes the task, the run's prompt RNG and its own knobs."""
