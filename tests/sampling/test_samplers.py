@@ -265,3 +265,22 @@ def test_dots_prefers_prompts_that_look_like_half_solved_ones():
         s.observe(step, scripted(step, reqs, rng))
     # uniform draws would give each bucket a third; the 2 reference slots of 6 stay random
     assert drawn["half"] > 0.5 * sum(drawn.values()), drawn
+
+
+def test_spearman_vectors_and_calibration_metric():
+    from rlvr.sampling.selection import MoPPS, ranks, spearman
+
+    assert ranks([0.5, 0.1, 0.5]) == [2.5, 1.0, 2.5]
+    assert spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+    # ranks (1, 2, 3, 4) against (1, 3, 2, 4): 1 − 6·Σd²/(n(n²−1)) = 1 − 6·2/60 = 0.8
+    assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert spearman([1, 1], [0, 1]) is None
+    m = MoPPS(task=Buckets(), rng=random.Random(0), group_size=4, seed=0, decay=1.0)
+
+    def fb(prompt, step, s):
+        return GroupFeedback(prompt, "", step, 0, (0.0,) * 4, (1.0,) * s + (0.0,) * (4 - s), (False,) * 4, 0, True)
+
+    m.observe(1, [fb("a", 1, 4), fb("b", 1, 0), fb("c", 1, 2)])
+    assert "sampler/calibration_spearman" not in m.metrics()  # all predictions were the prior's 0.5
+    m.observe(2, [fb("a", 2, 3), fb("b", 2, 1), fb("c", 2, 2)])  # means 5/6, 1/6, 1/2 rank as observed
+    assert m.metrics()["sampler/calibration_spearman"] == pytest.approx(1.0)

@@ -57,6 +57,30 @@ def most_informative(rates: list[float], n: int) -> list[int]:
     return sorted(ranked[:n])
 
 
+def ranks(values: list[float]) -> list[float]:
+    """1-based ranks, ties sharing their average rank: [0.5, 0.1, 0.5] -> [2.5, 1.0, 2.5]."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in order[i:j + 1]:
+            out[k] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(x: list[float], y: list[float]) -> float | None:
+    """Spearman's ρ (Pearson correlation of the tie-averaged ranks); None when either side is constant."""
+    rx, ry = ranks(x), ranks(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else None
+
+
 def num_candidates(n: int, candidates: float) -> int:
     """Candidates drawn for `n` slots: `candidates × n`, never fewer than `n`."""
     return max(n, round(n * candidates))
@@ -104,15 +128,28 @@ class PosteriorSampler:
         self.task, self.draws, self.group_size, self.candidates = task, rng, group_size, candidates
         self.rng = random.Random(f"{seed}/{self.stream}")  # private: never shares the task's draws
         self.table = PosteriorTable(decay)
+        self.predictions: tuple[int, list[float], list[float]] = (-1, [], [])  # step, predicted, observed
 
     def draw_candidates(self, n_prompts: int) -> list:
         return self.task.sample(num_candidates(n_prompts, self.candidates), self.draws)
 
     def observe(self, step: int, feedback: list[GroupFeedback]) -> None:
+        self.calibrate(step, feedback)
         self.table.observe(feedback)
 
+    def calibrate(self, step: int, feedback: list[GroupFeedback]) -> None:
+        """Keep this step's posterior means, before its verdicts, beside the success rates observed."""
+        if self.predictions[0] != step:
+            self.predictions = (step, [], [])
+        self.predictions[1].extend(self.table.mean(f.prompt_id) for f in feedback)
+        self.predictions[2].extend(f.successes / max(f.n_rollouts, 1) for f in feedback)
+
     def metrics(self) -> dict[str, float]:
-        return {"selection/prompts_seen": float(len(self.table.rows))}
+        """Prompts with a posterior, and how the step's predicted success rates rank against the
+        observed ones (Spearman ρ; absent when either side is constant)."""
+        rho = spearman(*self.predictions[1:]) if len(self.predictions[1]) > 1 else None
+        return {"selection/prompts_seen": float(len(self.table.rows)),
+                **({"sampler/calibration_spearman": rho} if rho is not None else {})}
 
     def state_dict(self) -> dict:
         return {"table": self.table.state_dict(), "rng": self.rng.getstate()}
@@ -157,4 +194,5 @@ class VADE(PosteriorSampler):
         return spread([cands[i] for i in most_informative(rates, n_prompts)], self.group_size)
 
     def observe(self, step: int, feedback: list[GroupFeedback]) -> None:
+        self.calibrate(step, feedback)
         self.table.observe(feedback, prior=self.current)
