@@ -106,8 +106,9 @@ class RolloutConfig:
     window: str = "eos"
     """Diffusion: which window tokens are the completion: `eos` (up to EOS) or `full`."""
     micro_group_size: int = 0
-    """Generate each group of G in passes of this many completions per prompt (Infinite Sampling's
-    micro-groups: less memory per pass, the same completions); 0 = the whole group in one pass."""
+    """Single-turn tasks: generate each group of G in passes of this many completions per prompt
+    (Infinite Sampling's micro-groups: less memory per pass, the same completions); 0 = the whole
+    group in one pass."""
     decode_engine: str = "cpp"
     """Llama/Qwen2 sampler's decode step: `cpp` fused C++ kernel (built once per machine, ~30 s; falls back
     to `eager` with one line if it cannot be built), `eager` ATen ops."""
