@@ -177,16 +177,21 @@ def test_zero_variance_filter_keeps_varied_groups_and_refills_to_its_cap():
 
 # --- curricula on a known pool ----------------------------------------------------------------
 
+def bucket_counts(sampler, feedback_rng, *, steps: int, warmup: int, n: int) -> dict[str, int]:
+    """Prompts drawn from each bucket after `warmup` of `steps` steps of `n` prompts with scripted verdicts."""
+    drawn = {k: 0 for k in Buckets.sources}
+    for step in range(1, steps + 1):
+        reqs = sampler.propose(step, n, n * G)
+        for r in reqs if step > warmup else ():
+            drawn[r.source] += 1
+        sampler.observe(step, scripted(step, reqs, feedback_rng))
+    return drawn
+
+
 def test_dump_favours_the_learnable_source_and_keeps_a_floor():
     # always solved, never solved, and a bucket spread over (0, 1): the last gives |A| > 0
-    s, rng = make("dump", random.Random(3)), random.Random(4)
-    drawn = {k: 0 for k in Buckets.sources}
-    for step in range(1, 61):
-        reqs = s.propose(step, 8, 8 * G)
-        if step > 20:
-            for r in reqs:
-                drawn[r.source] += 1
-        s.observe(step, scripted(step, reqs, rng))
+    s = make("dump", random.Random(3))
+    drawn = bucket_counts(s, random.Random(4), steps=60, warmup=20, n=8)
     assert drawn["half"] > 0.5 * sum(drawn.values()), drawn
     assert s.counts["easy"] > 0 and s.counts["hard"] > 0  # the bonus keeps re-testing the dead ones
 
@@ -255,14 +260,7 @@ def test_dots_embedding_and_attention_vectors():
 
 
 def test_dots_prefers_prompts_that_look_like_half_solved_ones():
-    s, rng = make("dots", random.Random(5)), random.Random(6)
-    drawn = {k: 0 for k in Buckets.sources}
-    for step in range(1, 41):
-        reqs = s.propose(step, 6, 6 * G)
-        if step > 10:
-            for r in reqs:
-                drawn[r.source] += 1
-        s.observe(step, scripted(step, reqs, rng))
+    drawn = bucket_counts(make("dots", random.Random(5)), random.Random(6), steps=40, warmup=10, n=6)
     # uniform draws would give each bucket a third; the 2 reference slots of 6 stay random
     assert drawn["half"] > 0.5 * sum(drawn.values()), drawn
 

@@ -162,8 +162,8 @@ def greedy_baseline(c, group: list[Example]) -> torch.Tensor:
 
 def collect(c, step: int, version: int | None = None) -> Collected:
     """Roll out and score one step's batch (several rounds under dynamic sampling) sampled by
-    policy version `version` (None: step - 1), and the greedy baseline when the advantage estimator declared it
-    reads one (ReMax)."""
+    policy version `version` (None: step - 1), and the greedy baseline when the advantage
+    estimator declared it reads one (ReMax)."""
     got = _collect_rounds(c, step, step - 1 if version is None else version)
     if c.plan.rollout.greedy_baseline:
         got.baseline_rewards = greedy_baseline(c, got.group)
