@@ -5,7 +5,8 @@
 
 Each sampler trains from the same warm start on the buckets of `--buckets` (one source each, so
 DUMP has something to choose between); `dapo_refill` is uniform draws with DAPO's filter
-refilling for up to 4 rounds. Every run logs the completion tokens it generated per step
+refilling for up to 4 rounds; `dots_replay` is DOTS with a quarter of each batch replayed from
+recent groups. Every run logs the completion tokens it generated per step
 (`batch/generated_tokens`, dropped groups included), so runs are compared at the same token
 budget, the smallest total any run generated, not at the same optimiser step: held-out accuracy
 at that budget (the last evaluation at or before it), overall and per bucket, the dead-group
@@ -26,7 +27,8 @@ from rlvr.tracking.stats import mean_ci
 
 SAMPLERS = {"uniform": [], "dapo_refill": ["algo.max_sampling_rounds=4"], "mopps": ["sampler.name=mopps"],
             "vade": ["sampler.name=vade"], "dump": ["sampler.name=dump"], "gvm": ["sampler.name=gvm"],
-            "coba": ["sampler.name=coba"], "dots": ["sampler.name=dots"]}
+            "coba": ["sampler.name=coba"], "dots": ["sampler.name=dots"],
+            "dots_replay": ["sampler.name=dots", "rollout.replay_fraction=0.25"]}
 
 
 def train(name: str, seed: int, overrides: list[str], out: Path) -> float:

@@ -1,6 +1,7 @@
 """Exact resume of every sampler's state through the CLI: a run SIGKILLed after a step and
 resumed logs what the uninterrupted run logs (the sampler's posteriors, windows, averages and
-generators are in each checkpoint; wall-clock keys are the only ones allowed to differ)."""
+generators, and the rollout-replay buffer, are in each checkpoint; wall-clock keys are the only
+ones allowed to differ)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ SOURCED = ["task.countdown.buckets=3:1-20,4:1-50"]  # dump chooses between sourc
 
 
 def _args(root: Path, name: str, sampler: str) -> list[str]:
-    extra = SOURCED if sampler == "dump" else []
+    sampler, _, replay = sampler.partition("+")
+    extra = (SOURCED if sampler == "dump" else []) + (["rollout.replay_fraction=0.5"] if replay else [])
     return [f"sampler.name={sampler}", *extra, "rollout.prompts_per_step=2", "rollout.group_size=4",
             f"trainer.steps={STEPS}", "trainer.save_every=1", "trainer.eval_every=0", "task.heldout_size=20",
             "trainer.threads=1", f"trainer.out_dir={root}", f"trainer.name={name}", "seed=4"]
@@ -58,7 +60,7 @@ def _lines(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sampler", sorted(set(SAMPLERS) - {"uniform"}))
+@pytest.mark.parametrize("sampler", [*sorted(set(SAMPLERS) - {"uniform"}), "dots+replay"])
 def test_a_sigkilled_run_resumes_every_samplers_state_exactly(sampler, tmp_path):
     _train(*_args(tmp_path, "straight", sampler))
     run = tmp_path / "killed"

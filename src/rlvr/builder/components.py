@@ -39,6 +39,7 @@ from rlvr.rewards.runner import RewardRunner
 from rlvr.runtime.process import Runtime, available_cores, thread_budget
 from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode, split_engine
 from rlvr.sampling.base import ZeroVariance
+from rlvr.sampling.replay import ReplayBuffer
 from rlvr.trainer.expert import ExpertSource
 from rlvr.trainer.logit_stats import needs_reference
 from rlvr.trainer.plan import AsyncPlan, Components, ExpertPlan, LoopPlan, Proximal, RolloutPlan, RolloutSide, StepPlan
@@ -92,6 +93,8 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
         task=task, reward=reward, optimizer=optimizer, scheduler=scheduler, loss=loss, advantage=advantage,
         plan=step_plan(config, loss, advantage, fused=fusable(config, policy, loss, advantage)), loop=loop_plan(config),
         rng=rng, critic=critic, critic_optimizer=critic_optimizer, sampler=build_sampler(config, task, rng),
+        replay=ReplayBuffer(capacity=config.rollout.replay_capacity, fraction=config.rollout.replay_fraction,
+                            seed=config.seed) if config.rollout.replay_fraction > 0 else None,
         rows=layout.learner_rows, heap_kept=runtime.heap_kept, expert=expert, asynchronous=layout.plan,
     )
     if layout.plan is not None:

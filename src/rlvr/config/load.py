@@ -259,6 +259,8 @@ def validate(config: Config) -> None:
         (_unset_or(sm.reference, lambda v: v >= 1), "sampler.reference", "must be >= 1"),
         (_unset_or(sm.dims, lambda v: v >= 1), "sampler.dims", "must be >= 1"),
         (_unset_or(sm.ema, lambda v: 0 <= v < 1), "sampler.ema", "must be in [0, 1)"),
+        (0 <= config.rollout.replay_fraction < 1, "rollout.replay_fraction", "must be in [0, 1) (0 = off)"),
+        (config.rollout.replay_capacity >= 1, "rollout.replay_capacity", "must be >= 1"),
         (config.rollout.micro_group_size >= 0 and (config.rollout.micro_group_size == 0
                                                    or config.rollout.group_size % config.rollout.micro_group_size == 0),
          "rollout.micro_group_size", "must be 0 (one pass) or divide rollout.group_size"),

@@ -105,6 +105,11 @@ class RolloutConfig:
     siblings, so the advantage sees whether the greedy answer (what evaluation scores) beats the samples."""
     window: str = "eos"
     """Diffusion: which window tokens are the completion: `eos` (up to EOS) or `full`."""
+    replay_fraction: float = 0.0
+    """Rollout replay (DOTS): share of each step's prompt slots filled with recent groups from a
+    buffer instead of fresh generations, trained with importance weights; 0 = off."""
+    replay_capacity: int = 256
+    """Rollout replay: groups the buffer keeps (the most recent)."""
     micro_group_size: int = 0
     """Single-turn tasks: generate each group of G in passes of this many completions per prompt
     (Infinite Sampling's micro-groups: less memory per pass, the same completions); 0 = the whole

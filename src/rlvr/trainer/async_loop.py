@@ -43,7 +43,7 @@ from rlvr.engines.snapshot import published
 from rlvr.protocols import WeightSyncEngine
 from rlvr.runtime.rows import CoreLease
 from rlvr.tracking.run_dir import now
-from rlvr.trainer.collect import Produced, produce
+from rlvr.trainer.collect import Produced, produce, stale_by
 from rlvr.trainer.plan import Components
 from rlvr.trainer.sync import rl_step
 
@@ -115,7 +115,6 @@ class LocalRollouts:
                             self.engine.push_weights(tensors, version)
                         sync_s = now() - t0
                         produced = produce(self.c, step, self.engine.policy_version)
-                        produced.version = self.engine.policy_version
                 produced.facts = rollout_facts(idle, sync_s, produced.rollout_s)
                 if hasattr(self.engine, "restarts"):  # a backend that restarts dead workers counts them
                     produced.facts["async/worker_restarts"] = float(self.engine.restarts)
@@ -186,7 +185,7 @@ class AsyncSteps:
     def step(self, step: int) -> tuple[dict[str, float], list[dict]]:
         t0 = now()
         produced, depth = self.rollouts.get()
-        produced.staleness = (step - 1) - produced.version
+        produced.staleness = stale_by(produced, step)
         with self.lease.held() if self.lease is not None else contextlib.nullcontext():
             wait = now() - t0  # for a batch, then for a core
             t0 = now()
@@ -199,7 +198,8 @@ class AsyncSteps:
         metrics.update(step_facts(produced.staleness, self.max_staleness, depth=depth, wait_s=wait,
                                   work_s=work + publish_s, version=produced.version,
                                   weight_sync_s=publish_s + produced.facts.get("async/rollout_push_s", 0.0)))
-        self._state = {"task_rng": produced.task_rng, "sampler": produced.sampler_state}
+        self._state = {"task_rng": produced.task_rng, "sampler": produced.sampler_state,
+                       "replay": produced.replay_state}
         return metrics, samples
 
     def rollout_state(self) -> dict:

@@ -42,6 +42,7 @@ class Collected:
     turns: object = None       # agent tasks: the per-turn tensors (`rlvr.agents.batch.TurnTensors`)
     components: torch.Tensor | None = None  # (B, K) each reward function's score when there are several
     component_weights: torch.Tensor | None = None  # (K,) their weights in `rewards`
+    oldest_version: int | None = None  # rollout replay: the policy version of its oldest replayed group
 
     def component_inputs(self, needs: frozenset[str]) -> dict:
         """The `AdvantageInputs` fields of the reward components, for an estimator that declares
@@ -64,6 +65,7 @@ class Produced:
     sampler_metrics: dict[str, float]
     task_rng: object
     sampler_state: dict | None
+    replay_state: dict | None = None  # the replay buffer after this batch (rollout replay on)
     version: int = 0    # policy version of the weights that sampled it
     staleness: int = 0  # learner's version when it trains on the batch minus `version`
     facts: dict[str, float] = field(default_factory=dict)  # the rollout side's own metrics (async/...)
@@ -73,10 +75,21 @@ def produce(c, step: int, version: int | None = None) -> Produced:
     """Roll out and score step `step`'s batch with policy version `version` (None: step - 1, as
     the synchronous loop samples it), then draw the learner's minibatch seed from the run RNG."""
     t0 = time.perf_counter()
+    version = step - 1 if version is None else version
     got = collect(c, step, version)
     rollout_s = time.perf_counter() - t0
     seed = c.rng.getrandbits(62)
-    return Produced(got, rollout_s, seed, c.sampler.metrics(), c.rng.getstate(), c.sampler.state_dict())
+    produced = Produced(got, rollout_s, seed, c.sampler.metrics(), c.rng.getstate(), c.sampler.state_dict(),
+                        c.replay.state_dict() if c.replay is not None else None, version=version)
+    produced.staleness = stale_by(produced, step)
+    return produced
+
+
+def stale_by(produced: Produced, step: int) -> int:
+    """How many versions the batch of `step` is behind the learner (which trains it with step - 1):
+    its sampling version's, or its oldest replayed group's if older."""
+    oldest = produced.got.oldest_version
+    return (step - 1) - (produced.version if oldest is None else min(oldest, produced.version))
 
 
 def sample_seeds(seed: int, step: int, count: int, offset: int = 0) -> torch.Tensor:
@@ -132,9 +145,9 @@ def feedback(requests: list[Request], got: Collected, kept: torch.Tensor | None,
     return records
 
 
-def _one_round(c, step: int, round_index: int) -> tuple[list[Request], Collected]:
+def _one_round(c, step: int, round_index: int, n_prompts: int) -> tuple[list[Request], Collected]:
     r = c.plan.rollout
-    requests = c.sampler.propose(step, r.prompts_per_step, r.prompts_per_step * r.group_size)
+    requests = c.sampler.propose(step, n_prompts, n_prompts * r.group_size)
     group = [req.example for req in requests for _ in range(req.n_rollouts)]  # each group of G rows shares a prompt
     prompt_ids, prompt_mask = encode_prompts(c.tokenizer, [ex.prompt for ex in group])
     seeds = sample_seeds(r.seed, step, len(group), offset=round_index * len(group))
@@ -164,16 +177,29 @@ def collect(c, step: int, version: int | None = None) -> Collected:
     """Roll out and score one step's batch (several rounds under dynamic sampling) sampled by
     policy version `version` (None: step - 1), and the greedy baseline when the advantage
     estimator declared it reads one (ReMax)."""
-    got = _collect_rounds(c, step, step - 1 if version is None else version)
-    if c.plan.rollout.greedy_baseline:
+    version = step - 1 if version is None else version
+    r = c.plan.rollout
+    replayed = c.replay.draw(c.replay.slots(r.prompts_per_step)) if c.replay is not None else []
+    got = _collect_rounds(c, step, version, r.prompts_per_step - len(replayed))
+    if c.replay is not None:  # the fresh groups join the buffer; the drawn ones join the batch
+        c.replay.add(version, [_select(got, torch.arange(g, g + r.group_size))
+                               for g in range(0, len(got.group), r.group_size)])
+        if replayed:
+            metrics = got.metrics
+            got = _merge([got, *(g for _, g in replayed)], c.tokenizer.pad_token_id,
+                         len(got.group) + len(replayed) * r.group_size)
+            got.metrics = {**metrics, "batch/replayed_groups": float(len(replayed))}
+            got.oldest_version = min(v for v, _ in replayed)
+    if r.greedy_baseline:
         got.baseline_rewards = greedy_baseline(c, got.group)
     return got
 
 
-def _collect_rounds(c, step: int, version: int) -> Collected:
+def _collect_rounds(c, step: int, version: int, n_prompts: int) -> Collected:
+    """`n_prompts` fresh groups, filtered and refilled as the plan's group filter says."""
     r = c.plan.rollout
     flt = r.group_filter
-    requests, first = _one_round(c, step, 0)
+    requests, first = _one_round(c, step, 0, n_prompts)
     if flt is None:
         records = feedback(requests, first, None, step=step, version=version, group_size=r.group_size)
         c.sampler.observe(step, records)
@@ -182,9 +208,9 @@ def _collect_rounds(c, step: int, version: int) -> Collected:
     kept, generated, kept_groups, batch, rounds, tokens = [], 0, 0, first, 0, 0
     while True:
         if rounds:
-            requests, batch = _one_round(c, step, rounds)
+            requests, batch = _one_round(c, step, rounds, n_prompts)
         rounds += 1
-        generated += r.prompts_per_step
+        generated += n_prompts
         keep = flt.keep(batch.rewards, r.group_size)
         records = feedback(requests, batch, keep, step=step, version=version, group_size=r.group_size)
         c.sampler.observe(step, records)  # every generated group informs the sampler, kept or not
@@ -193,11 +219,11 @@ def _collect_rounds(c, step: int, version: int) -> Collected:
         if len(rows):
             kept.append(_select(batch, rows))
         kept_groups = sum(len(k.group) for k in kept) // r.group_size
-        if not flt.refill(kept_groups, r.prompts_per_step, rounds):
+        if not flt.refill(kept_groups, n_prompts, rounds):
             break
     if not kept:  # nothing varied: train on the first round (its advantages are all 0)
         kept = [first]
-    merged = _merge(kept, c.tokenizer.pad_token_id, r.prompts_per_step * r.group_size)
+    merged = _merge(kept, c.tokenizer.pad_token_id, n_prompts * r.group_size)
     merged.metrics = {**first.metrics, "batch/kept_group_rate": kept_groups / generated,
                       "batch/sampling_rounds": float(rounds), "batch/generated_tokens": float(tokens)}
     return merged

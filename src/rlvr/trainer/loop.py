@@ -65,6 +65,8 @@ def _checkpoint(c: Components, run: RunDir, step: int, rollout_state: dict) -> P
         state["critic"] = c.critic.state_dict()
         state["critic_optimizer"] = c.critic_optimizer.state_dict()
     state["sampler"] = rollout_state["sampler"]
+    if c.replay is not None:
+        state["replay"] = rollout_state["replay"]
     return save_checkpoint(run.checkpoints, step, c.model, c.tokenizer, state, keep_last=c.loop.keep_last)
 
 
@@ -89,6 +91,8 @@ def resume_run(c: Components, run: RunDir) -> int:
         c.critic_optimizer.load_state_dict(state["critic_optimizer"])
     if "sampler" in state:  # checkpoints written before samplers were checkpointed had uniform draws
         c.sampler.load_state_dict(state["sampler"])
+    if c.replay is not None:
+        c.replay.load_state_dict(state["replay"])
     c.loss = dataclasses.replace(c.loss, kl_coef=state["kl_coef"])
     set_rng_state(state["rng"])
     c.rng.setstate(state["task_rng"])

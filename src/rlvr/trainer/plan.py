@@ -20,6 +20,7 @@ from rlvr.protocols import PolicyModel, RolloutEngine, Task
 from rlvr.rewards.runner import RewardRunner
 from rlvr.runtime.rows import RowPool
 from rlvr.sampling.base import GroupFilter, Sampler
+from rlvr.sampling.replay import ReplayBuffer
 from rlvr.trainer.expert import ExpertSource
 from rlvr.trainer.step import LossSpec
 
@@ -145,6 +146,7 @@ class Components:
     critic: ValueModel | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
     sampler: Sampler | None = None  # which prompts a step rolls out, and how many completions each
+    replay: ReplayBuffer | None = None  # rollout replay: recent groups reused in later batches; None = off
     rows: RowPool | None = None  # batches split over worker threads (None = torch's own threads)
     heap_kept: bool = False  # glibc keeps freed memory mapped (runtime/allocator.py)
     expert: ExpertSource | None = None  # off-policy expert rows (config section `expert`); None = off

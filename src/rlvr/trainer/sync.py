@@ -241,7 +241,8 @@ class SyncSteps:
     def rollout_state(self) -> dict:
         """The prompt RNG and the sampler as of the last trained step: what its checkpoint records."""
         c = self.c
-        return {"task_rng": c.rng.getstate(), "sampler": c.sampler.state_dict()}
+        return {"task_rng": c.rng.getstate(), "sampler": c.sampler.state_dict(),
+                "replay": c.replay.state_dict() if c.replay is not None else None}
 
     def close(self) -> None:
         pass
