@@ -6,9 +6,9 @@
 Components never see this object: `rlvr.builder.build` reads it once.
 
 Registry entries (advantages, objectives, aggregations, KL estimators, likelihood estimators,
-tasks) declare their hyperparameters as keyword-only parameters with their papers' defaults, and
-each such keyword is a config field of the same name in the entry's section (`algo`,
-`estimator`, `task.<name>`). A field left null takes the chosen entry's own default, so
+samplers, tasks) declare their hyperparameters as keyword-only parameters with their papers'
+defaults, and each such keyword is a config field of the same name in the entry's section
+(`algo`, `estimator`, `sampler`, `task.<name>`). A field left null takes the chosen entry's own default, so
 `rlvr config algo.objective=gspo` shows GSPO's clip widths (3e-4 / 4e-4) and a run's
 `config.yaml` records every value used. When two chosen entries declare one field with different
 defaults, the config is rejected until that field is set (no precedence rule to remember).
