@@ -185,7 +185,9 @@ def run_rlvr(args, seed: int, engine: str = "torch") -> dict:
         metrics, _ = rl_step(c, step)
         steps.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-        memory.append(_peak_and_rise(rss0))
+        # rl_step resets the high-water mark at each phase's end (runtime.memory): its phases' peaks
+        phases = {k.rsplit("/", 1)[1]: v for k, v in metrics.items() if k.startswith("perf/peak_rss_mb/")}
+        memory.append((max(phases.values()), max(phases.values()) - rss0, phases))
         tokens.append(metrics["response/length_mean"] * args.prompts * args.group)
         update = metrics["time/update_s"]
         breakdown.append({
@@ -428,6 +430,9 @@ def _compare(args) -> None:
           f"{' / '.join(f'{a:.3f}' for a in accs_t)} | {' / '.join(f'{a:.3f}' for a in accs_o)} |")
     print(f"\n**speed-up TRL/rlvr: {trl_s / our_s:.1f}× wall, {trl_cpu / our_cpu:.1f}× CPU time** (median s/step "
           f"over {len(args.seeds)} seeds, first {k} steps of each run excluded)")
+    phases = {name: median([m[2][name] for _, _, _, o in results for m in o["memory"][k:]])
+              for name in results[0][3]["memory"][0][2]}
+    print("\nrlvr median peak RSS by phase of the step (MB): " + ", ".join(f"{n} {v:,.0f}" for n, v in phases.items()))
     keys = ["rollout", "reward", "logprob", "forward", "backward", "optimizer"]
     parts = {key: median([b[key] for _, _, _, o in results for b in o["breakdown"][k:]]) for key in keys}
     print("\nrlvr median time per step (s): " + ", ".join(f"{key} {v:.4f}" for key, v in parts.items()))
