@@ -254,4 +254,16 @@ def rollout_side(config: Config, c: Components, layout: ThreadLayout, start: int
         return split_engine(made, rows, c.tokenizer.pad_token_id, model) if rows is not None else made
 
     engine = SnapshotEngine(c.model, make, version=start)
-    return RolloutSide(dataclasses.replace(c, engine=engine), engine, threads=threads)
+    lease = layout.rollout_rows.lease if layout.rollout_rows is not None else None
+    reward = c.reward if lease is None else _scoring_without_core(c.reward, lease)
+    return RolloutSide(dataclasses.replace(c, engine=engine, reward=reward), engine, threads=threads)
+
+
+def _scoring_without_core(reward, lease: CoreLease):
+    """The verifier, called with the rollout side's core given back: scoring mostly waits (sandboxed
+    test processes, a judge, a remote service), and meanwhile the learner computes on that core."""
+    def score(prompts, texts, examples):
+        with lease.released():
+            return reward(prompts, texts, examples)
+
+    return score
