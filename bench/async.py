@@ -14,6 +14,11 @@ of R + L, R being the rollout time and L the learner's (log-probs and update).
 
     python bench/async.py --seeds 0 1 2 --steps 30 --threads 2
     python bench/async.py --scale 10 --seeds 0 1 2 --steps 10 --threads 2
+
+`--judge-latency S`: the verifier waits S seconds per batch before it scores (a stand-in for a
+remote judge or a sandboxed test run: it waits and computes nothing here), the workload where
+asynchrony pays on cores the synchronous loop already keeps busy. The asynchronous rollout side
+gives its core to the learner while it waits (`runtime.rows.CoreLease.released`).
 """
 
 from __future__ import annotations
@@ -53,6 +58,29 @@ def _train(out: Path, name: str, seed: int, config: tuple, args, model_path: str
         raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
     print(f"  {name:<14} {time.perf_counter() - t0:7.1f} s", file=sys.stderr)
     return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+
+
+JUDGE = """import time
+
+from rlvr.rewards.runner import batched
+from rlvr.tasks.countdown import Countdown
+
+_TASK = Countdown()  # the recipe's Countdown (its task section keeps the defaults)
+
+
+@batched
+def judge(prompts, completions, **columns):
+    time.sleep(%(latency)r)  # the round trip: a wait, no computation in this process
+    rows = [{k: v[i] for k, v in columns.items()} for i in range(len(prompts))]
+    return [_TASK.reward(p, c, **row) for p, c, row in zip(prompts, completions, rows)]
+"""
+
+
+def judge_reward(directory: Path, latency: float) -> str:
+    """A `reward.fn` override for the Countdown verifier behind a judge that answers after `latency` s."""
+    path = directory / "judge.py"
+    path.write_text(JUDGE % {"latency": latency})
+    return f"reward.fn={path}:judge"
 
 
 def _per_step(lines: list[dict], skip: int = 2) -> list[dict]:
@@ -117,17 +145,22 @@ def main(argv=None) -> None:
     p.add_argument("--scale", type=int, default=1, choices=[1, 10])
     p.add_argument("--configs", nargs="+", default=DEFAULT, choices=list(CONFIGS))
     p.add_argument("--out", type=Path, default=None, help="keep the run directories here")
+    p.add_argument("--judge-latency", type=float, default=0.0,
+                   help="seconds the verifier waits per batch before it scores (a remote judge's stand-in)")
     p.add_argument("overrides", nargs="*", help="key=value for every run")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         out = args.out or Path(scratch) / "runs"
+        if args.judge_latency > 0:
+            args.overrides = [*args.overrides, judge_reward(Path(scratch), args.judge_latency)]
         model_path = large_model(str(Path(scratch) / "model10x")) if args.scale == 10 else None
         results: dict[str, list[dict]] = {name: [] for name in args.configs}
         for seed in args.seeds:  # interleaved: each seed runs every configuration back to back
             for name in args.configs:
                 label = f"{name.replace('η=', 'eta').replace(' ', '_')}_s{seed}"
                 results[name].append(summarize(_train(out, label, seed, CONFIGS[name], args, model_path)))
-    print(f"steps {args.steps}, seeds {args.seeds}, threads {args.threads}, scale {args.scale}×\n")
+    print(f"steps {args.steps}, seeds {args.seeds}, threads {args.threads}, scale {args.scale}×, "
+          f"judge latency {args.judge_latency} s per batch\n")
     print(table(results))
     if "sync" in results:
         print()

@@ -16,6 +16,11 @@ after N steps for both (same evaluator), and the roofline: float32 matmul GFLOP/
 the model's shapes in this run, the ideal step time (prefill 2N·P + decode 2N·C + forward/
 backward 6N·(P+C) per completion, N = parameters, plus attention), and utilisation = ideal / actual.
 
+Each run (TRL's, rlvr's, per seed) is a fresh process (`multiprocessing` spawn), so neither
+starts with the other's heap: glibc keeps what a run freed, and in one shared process the second
+trainer's peak included the first one's leftovers (measured at --scale 10: rlvr after TRL in
+one process peaked at 1,798 MB; alone, 1,042 MB).
+
 Peak memory: the process's resident-set high-water mark during each step (Linux: writing "5" to
 /proc/self/clear_refs resets VmHWM to the current RSS at the step's start; VmHWM is read at its
 end), reported as the median peak and the median rise over the RSS at the step's start. RSS counts
@@ -106,6 +111,15 @@ def rlvr_config(args, seed: int, engine: str = "torch"):
     ])
 
 
+def in_fresh_process(fn, *args):
+    """`fn(*args)` in a new Python process (spawned: no fork of this one's heap), its result returned."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
 def heldout_accuracy(model, tokenizer, task, max_new_tokens: int) -> float:
     """Greedy accuracy on the task's held-out set; one evaluator for both trainers' models."""
     examples = task.heldout()
@@ -171,7 +185,9 @@ def run_rlvr(args, seed: int, engine: str = "torch") -> dict:
         metrics, _ = rl_step(c, step)
         steps.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-        memory.append(_peak_and_rise(rss0))
+        # rl_step resets the high-water mark at each phase's end (runtime.memory): its phases' peaks
+        phases = {k.rsplit("/", 1)[1]: v for k, v in metrics.items() if k.startswith("perf/peak_rss_mb/")}
+        memory.append((max(phases.values()), max(phases.values()) - rss0, phases))
         tokens.append(metrics["response/length_mean"] * args.prompts * args.group)
         update = metrics["time/update_s"]
         breakdown.append({
@@ -370,8 +386,8 @@ def _compare(args) -> None:
         c = build_components(rlvr_config(args, seed))
         examples = prompt_stream(c, args.steps, args.prompts)
         prompt_len = sum(len(ex.prompt) + 1 for ex in examples) / len(examples)  # + BOS
-        trl = run_trl(args, seed, examples)
-        ours = run_rlvr(args, seed)
+        trl = in_fresh_process(run_trl, args, seed, examples)
+        ours = in_fresh_process(run_rlvr, args, seed)
         torch.set_num_threads(args.threads)  # the roofline is measured with intra-op threads
         results.append((seed, prompt_len, trl, ours))
         rates.append(_rooflines(model.config, batch, prompt_len, ours))
@@ -414,6 +430,9 @@ def _compare(args) -> None:
           f"{' / '.join(f'{a:.3f}' for a in accs_t)} | {' / '.join(f'{a:.3f}' for a in accs_o)} |")
     print(f"\n**speed-up TRL/rlvr: {trl_s / our_s:.1f}× wall, {trl_cpu / our_cpu:.1f}× CPU time** (median s/step "
           f"over {len(args.seeds)} seeds, first {k} steps of each run excluded)")
+    phases = {name: median([m[2][name] for _, _, _, o in results for m in o["memory"][k:]])
+              for name in results[0][3]["memory"][0][2]}
+    print("\nrlvr median peak RSS by phase of the step (MB): " + ", ".join(f"{n} {v:,.0f}" for n, v in phases.items()))
     keys = ["rollout", "reward", "logprob", "forward", "backward", "optimizer"]
     parts = {key: median([b[key] for _, _, _, o in results for b in o["breakdown"][k:]]) for key in keys}
     print("\nrlvr median time per step (s): " + ", ".join(f"{key} {v:.4f}" for key, v in parts.items()))
@@ -431,9 +450,9 @@ def _compare_engines(args) -> None:
     k, runs = args.skip_warmup, {"TRL 1.16 GRPOTrainer": [], "rlvr, vLLM engine": [], "rlvr, own sampler": []}
     for seed in args.seeds:
         examples = prompt_stream(build_components(rlvr_config(args, seed)), args.steps, args.prompts)
-        runs["TRL 1.16 GRPOTrainer"].append(run_trl(args, seed, examples))
-        runs["rlvr, vLLM engine"].append(run_rlvr(args, seed, "vllm"))
-        runs["rlvr, own sampler"].append(run_rlvr(args, seed))
+        runs["TRL 1.16 GRPOTrainer"].append(in_fresh_process(run_trl, args, seed, examples))
+        runs["rlvr, vLLM engine"].append(in_fresh_process(run_rlvr, args, seed, "vllm"))
+        runs["rlvr, own sampler"].append(in_fresh_process(run_rlvr, args, seed))
         print(f"seed {seed}: " + ", ".join(f"{n} {median(r[-1]['steps'][k:]):.3f} s/step" for n, r in runs.items()),
               flush=True)
 

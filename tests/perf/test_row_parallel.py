@@ -9,6 +9,7 @@ timings here: bench/vs_trl.py --thread-mode rows measures speed.
 
 import functools
 import threading
+import time
 
 import pytest
 import torch
@@ -112,6 +113,31 @@ def test_a_side_asking_for_its_core_stops_new_borrowing():
         assert got.wait(5)
         other.join(5)
     assert lease.borrow(5) == 2  # all given back
+
+
+def test_a_side_that_waits_gives_its_core_back_until_it_computes_again():
+    """The rollout side scoring (a judge, a sandbox) releases its core; the learner computes on it."""
+    lease, learner_in, learner_done = CoreLease(1), threading.Event(), threading.Event()
+
+    def learner():
+        with lease.held():
+            learner_in.set()
+            time.sleep(0.05)
+            learner_done.set()  # still holding the core
+
+    with lease.held():
+        assert lease.borrow(1) == 0  # the one core is this side's
+        other = threading.Thread(target=learner)
+        other.start()
+        with lease.released():
+            assert learner_in.wait(5)  # the learner took the released core
+        assert learner_done.is_set()  # back from the wait, this side had its core only once the learner was done
+        other.join(5)
+    assert lease.borrow(1) == 1
+    lease._give_back(1)
+    with lease.released():  # holding none: nothing to give back
+        assert lease.borrow(1) == 1
+        lease._give_back(1)
 
 
 def test_configure_threads():

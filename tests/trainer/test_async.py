@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -208,3 +209,79 @@ def test_snapshot_engine_samples_from_its_own_copy_until_pushed(tiny_model, toke
     assert engine.policy_version == 1
     with pytest.raises(KeyError, match="no parameter"):
         engine.push_weights([("nope", torch.zeros(1))], 2)
+
+
+def _timing_free(line: dict) -> dict:
+    """A line without what measures time (the versions and the staleness stay)."""
+    timing = ("async/queue_depth", "async/trainer_idle_frac", "async/rollout_idle_frac", "async/rollout_push_s",
+              "async/weight_sync_s", "async/step_s")
+    return {k: v for k, v in line.items() if not k.startswith(CLOCK) and k not in timing}
+
+
+def test_exact_staleness_trains_each_step_on_the_same_version_whatever_the_timing(tmp_path, capsys, monkeypatch):
+    """`trainer.staleness=exact`: the batch of step k comes from version max(0, k-1-η) whether the
+    rollout side or the learner is the slower one, so the runs are equal key for key."""
+    from rlvr.trainer import async_loop
+
+    args = [*TINY, _plus_reward(tmp_path), "trainer.steps=6", "trainer.threads=2", "trainer.max_staleness=2",
+            "trainer.staleness=exact", "optim.lr=1e-2"]
+    plain = _run(tmp_path, capsys, "plain", *args)
+    produce, rl_step = async_loop.produce, async_loop.rl_step
+
+    def slow(fn):
+        def call(*a, **k):
+            time.sleep(0.2)
+            return fn(*a, **k)
+        return call
+
+    monkeypatch.setattr(async_loop, "produce", slow(produce))
+    slow_rollouts = _run(tmp_path, capsys, "slow_rollouts", *args)
+    monkeypatch.setattr(async_loop, "produce", produce)
+    monkeypatch.setattr(async_loop, "rl_step", slow(rl_step))
+    slow_learner = _run(tmp_path, capsys, "slow_learner", *args)
+    steps = [line for line in _lines(plain) if line["step"] > 0]
+    assert [line["async/policy_version"] for line in steps] == [0, 0, 0, 1, 2, 3]
+    assert [line["async/staleness"] for line in steps] == [0, 1, 2, 2, 2, 2]
+    for other in (slow_rollouts, slow_learner):
+        assert [_timing_free(x) for x in _lines(other)] == [_timing_free(x) for x in _lines(plain)]
+    # The learner waited for the slow rollout side, and the rollout side for the slow learner.
+    assert _lines(slow_rollouts)[-1]["async/trainer_idle_frac"] > 0.3
+    assert _lines(slow_learner)[-1]["async/queue_depth"] >= 1
+
+
+def test_weight_slot_keeps_every_version_still_to_be_taken():
+    import threading
+
+    from rlvr.trainer.async_loop import WeightSlot
+
+    stop = threading.Event()
+    slot = WeightSlot(3, keep=True)  # a run resumed at version 3
+    for v in (4, 5, 6):
+        slot.publish([("w", torch.full((1,), float(v)))], v)
+    assert slot.take(1, held=3, stop=stop) == (3, None)  # before the first: the first, already held
+    version, tensors = slot.take(5, held=3, stop=stop)
+    assert version == 5 and tensors[0][1].item() == 5.0
+    assert slot.wait(0, -1, stop)[0] == 6  # the newest, for evaluation
+    assert sorted(slot._tensors) == [5, 6]  # 4 dropped once 5 was taken
+    newest = WeightSlot(0)
+    newest.publish([("w", torch.zeros(1))], 1)
+    newest.publish([("w", torch.ones(1))], 2)
+    assert sorted(newest._tensors) == [2]
+
+
+@pytest.mark.parametrize("exact, after", [(False, 5), (True, 3)])
+def test_shared_engine_takes_an_older_version_back_only_when_exact(exact, after):
+    """vLLM shared with evaluation: evaluation pushed version 5; the rollout side's batch of version 3
+    goes in only with `trainer.staleness=exact` (bounded: the newer weights are as admissible)."""
+    from rlvr.engines.snapshot import SharedEngine
+
+    class Engine:
+        policy_version = 0
+
+        def push_weights(self, tensors, version):
+            self.policy_version = version
+
+    shared = SharedEngine(Engine(), 0, exact=exact)
+    shared.push_weights([], 5)
+    shared.push_weights([], 3)
+    assert shared.policy_version == after

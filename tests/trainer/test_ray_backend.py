@@ -58,6 +58,21 @@ def test_ray_staleness_zero_reproduces_the_synchronous_loop(ray_local, tmp_path,
     assert running_engines() == []  # the run closed its workers
 
 
+def test_ray_exact_staleness_equals_the_local_backend(ray_local, tmp_path, capsys):
+    """`trainer.staleness=exact` at η=2: the same versions, so the same samples and the same run, on Ray
+    as in a thread here; the floats agree to rounding (the worker's sampler splits its rows over other
+    threads than the local rollout side, which shares the process's two cores with the learner)."""
+    args = [*TINY, _plus_reward(tmp_path), "trainer.max_staleness=2", "trainer.staleness=exact"]
+    local_run = _cli_run(tmp_path, capsys, "local", *args)
+    ray_run = _cli_run(tmp_path, capsys, "ray", *args, "trainer.backend=ray")
+    assert (local_run / "samples.jsonl").read_text() == (ray_run / "samples.jsonl").read_text()
+    for here, there in zip(_trained(local_run), _trained(ray_run), strict=True):
+        assert here.keys() == there.keys()
+        assert all(here[k] == pytest.approx(there[k], rel=1e-4, abs=1e-5) for k in here), here["step"]
+    assert [line["async/policy_version"] for line in _lines(ray_run)[1:]] == [0, 0, 0, 1]
+    assert len({line["reward/mean"] for line in _lines(ray_run)[1:]}) > 1
+
+
 def test_a_killed_rollout_worker_is_restarted_and_no_rollout_is_lost_or_repeated(ray_local, tmp_path, capsys):
     """SIGKILL the worker process after step 2: Ray restarts it, the backend pushes it the current
     weights and resamples its share, and the run's metrics are those of an undisturbed run."""

@@ -210,6 +210,7 @@ def thread_layout(config: Config, runtime: Runtime) -> ThreadLayout:
         return ThreadLayout(runtime.rows)
     t = config.trainer
     max_staleness = t.max_staleness or 0
+    exact = t.staleness == "exact"
     overlap = max_staleness > 0
     workers = t.rollout_workers if t.backend == "ray" else 1
     cores = available_cores(t.threads)
@@ -223,18 +224,18 @@ def thread_layout(config: Config, runtime: Runtime) -> ThreadLayout:
     torch_threads = torch.get_num_threads()
     if overlap and rows_mode and t.backend == "local" and cores > 1:  # either side on every core, never more in all
         lease = CoreLease(cores)
-        plan = AsyncPlan(max_staleness, learner_threads=1, rollout_threads=1, publish_merged=own,
+        plan = AsyncPlan(max_staleness, exact, learner_threads=1, rollout_threads=1, publish_merged=own,
                          facts={"learner": cores, "rollout_worker": cores, "concurrent": cores, "rows_mode": True,
                                 "shared_cores": True})
         return ThreadLayout(RowPool(cores, lease), RowPool(cores, lease), True, budget["rollout_worker"], plan)
     if overlap:
         learner = _pool(budget["learner"]) if rows_mode else None
         rollout = _pool(budget["rollout_worker"]) if rows_mode else None
-        plan = AsyncPlan(max_staleness, learner_threads=1 if rows_mode else budget["learner"],
+        plan = AsyncPlan(max_staleness, exact, learner_threads=1 if rows_mode else budget["learner"],
                          rollout_threads=1 if rows_mode else budget["rollout_worker"], publish_merged=own,
                          facts=facts)
         return ThreadLayout(learner, rollout, rows_mode, budget["rollout_worker"], plan)
-    plan = AsyncPlan(max_staleness, learner_threads=torch_threads, rollout_threads=torch_threads,
+    plan = AsyncPlan(max_staleness, exact, learner_threads=torch_threads, rollout_threads=torch_threads,
                      publish_merged=own, facts=facts)
     return ThreadLayout(runtime.rows, runtime.rows, rows_mode, budget["rollout_worker"], plan)
 
@@ -255,7 +256,7 @@ def rollout_side(config: Config, c: Components, layout: ThreadLayout, start: int
                            closers=(engine.close, reward.close))
     threads = layout.plan.rollout_threads
     if shares_engine(config):
-        engine = SharedEngine(c.engine, start)
+        engine = SharedEngine(c.engine, start, exact=layout.plan.exact)
         return RolloutSide(dataclasses.replace(c, engine=engine), engine, threads=threads, shared=True)
 
     def make(model):
@@ -264,4 +265,16 @@ def rollout_side(config: Config, c: Components, layout: ThreadLayout, start: int
         return split_engine(made, rows, c.tokenizer.pad_token_id, model) if rows is not None else made
 
     engine = SnapshotEngine(c.model, make, version=start)
-    return RolloutSide(dataclasses.replace(c, engine=engine), engine, threads=threads)
+    lease = layout.rollout_rows.lease if layout.rollout_rows is not None else None
+    reward = c.reward if lease is None else _scoring_without_core(c.reward, lease)
+    return RolloutSide(dataclasses.replace(c, engine=engine, reward=reward), engine, threads=threads)
+
+
+def _scoring_without_core(reward, lease: CoreLease):
+    """The verifier, called with the rollout side's core given back: scoring mostly waits (sandboxed
+    test processes, a judge, a remote service), and meanwhile the learner computes on that core."""
+    def score(prompts, texts, examples):
+        with lease.released():
+            return reward(prompts, texts, examples)
+
+    return score

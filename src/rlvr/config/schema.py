@@ -401,6 +401,11 @@ class TrainerConfig:
     version >= current - η (0: none ahead, the synchronous loop's metrics bit for bit; 1: one-step-off
     overlap). Stale batches train with the decoupled PPO objective (`algo.rollout_correction` caps
     its weights)."""
+    staleness: str = "bounded"
+    """With `max_staleness` η: `bounded` = each batch from the newest version the rollout side has when it
+    starts it (at most η old; which versions depends on the two sides' pace), `exact` = the batch of step k
+    always from version max(0, k-1-η) (the rollout side waits for it; up to η+1 published copies of the
+    weights are kept), so the run's metrics do not depend on timing or backend."""
     backend: str = "local"
     """Where the rollout side runs: `local` (a thread of this process) or `ray` (Ray actors: rollout
     workers, reward scorers; `ray.init(address=...)` joins a running cluster, see `ray_address`)."""

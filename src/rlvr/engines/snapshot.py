@@ -55,10 +55,11 @@ class SharedEngine:
     so each batch comes from one version. `evaluator(newest)` is the learner's view: under the lock
     it pushes `newest()` = (version, tensors) when the engine is behind, then samples, so evaluation
     sees the learner's current weights. A push older than the engine's version is skipped: the
-    evaluation may have pushed newer weights since the rollout side took its own."""
+    evaluation may have pushed newer weights since the rollout side took its own; with `exact`
+    (`trainer.staleness=exact`) the rollout side's older version goes back in before its batch."""
 
-    def __init__(self, engine, version: int):
-        self.engine, self.lock = engine, threading.RLock()
+    def __init__(self, engine, version: int, exact: bool = False):
+        self.engine, self.lock, self.exact = engine, threading.RLock(), exact
         engine.policy_version = version  # the async loop counts versions in steps, the sync loop in optimizer steps
 
     @property
@@ -71,7 +72,7 @@ class SharedEngine:
 
     def push_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         with self.lock:
-            if version > self.engine.policy_version:
+            if version > self.engine.policy_version or (self.exact and version != self.engine.policy_version):
                 self.engine.push_weights(named_tensors, version)
 
     def evaluator(self, newest: Callable[[], tuple[int, list | None]]) -> Callable[..., Rollouts]:

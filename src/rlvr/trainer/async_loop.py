@@ -9,7 +9,10 @@ Admission (AReaL's `max_head_offpolicyness`): the learner trains step k with ver
 batch of step k may start only once version k-1-η is published; a batch is therefore at most η
 versions stale when it is trained on. η = 0 lets no batch start before the previous update is
 published: the same draws in the same order as the synchronous loop, so its metrics are the
-same bit for bit (a test checks it). η = 1 is one-step-off overlap. The queue between the sides
+same bit for bit (a test checks it). η = 1 is one-step-off overlap. Which admissible version a
+batch gets depends on the two sides' pace; `trainer.staleness=exact` makes it always k-1-η
+(the slot keeps every published version until the rollout side has taken it), so the run does
+not depend on timing. The queue between the sides
 holds at most max(η, 1) batches. Each batch comes from one version (no in-flight weight update);
 a stale batch trains with the decoupled PPO objective (`sync.rl_step`).
 
@@ -53,25 +56,42 @@ class Stopped(Exception):
 
 
 class WeightSlot:
-    """The newest weights the learner published, for the rollout side to take."""
+    """The weights the learner published, for the rollout side to take: the newest (`wait`), or
+    with `keep` a given version (`take`), every version from the oldest still to be taken kept."""
 
-    def __init__(self, version: int):
+    def __init__(self, version: int, keep: bool = False):
         self._cond = threading.Condition()
-        self.version, self._tensors = version, None
+        self.version, self.first, self.keep = version, version, keep
+        self._tensors: dict[int, list] = {}
 
     def publish(self, tensors: list, version: int) -> None:
         with self._cond:
-            self.version, self._tensors = version, tensors
+            if not self.keep:
+                self._tensors.clear()
+            self.version, self._tensors[version] = version, tensors
             self._cond.notify_all()
+
+    def _until(self, at_least: int, stop: threading.Event) -> None:
+        while self.version < at_least:
+            if stop.is_set():
+                raise Stopped
+            self._cond.wait(0.05)
 
     def wait(self, at_least: int, newer_than: int, stop: threading.Event) -> tuple[int, list | None]:
         """Block until version `at_least` is published; (newest version, its tensors if newer than `newer_than`)."""
         with self._cond:
-            while self.version < at_least:
-                if stop.is_set():
-                    raise Stopped
-                self._cond.wait(0.05)
-            return self.version, self._tensors if self.version > newer_than else None
+            self._until(at_least, stop)
+            return self.version, self._tensors.get(self.version) if self.version > newer_than else None
+
+    def take(self, version: int, held: int, stop: threading.Event) -> tuple[int, list | None]:
+        """Block until `version` is published (`keep`); (it, its tensors unless it is `held`), older
+        ones dropped. A version before the slot's first (a resumed run's) is the first."""
+        version = max(version, self.first)
+        with self._cond:
+            self._until(version, stop)
+            for old in [v for v in self._tensors if v < version]:
+                del self._tensors[old]
+            return version, self._tensors.get(version) if version != held else None
 
 
 def admissible_version(step: int, max_staleness: int) -> int:
@@ -89,11 +109,12 @@ class LocalRollouts:
     """The rollout side in a thread of this process: generates steps `start+1 .. last` into a bounded queue."""
 
     def __init__(self, c: Components, engine: WeightSyncEngine, *, start: int, last: int, max_staleness: int,
-                 threads: int, lease: CoreLease | None = None):
+                 threads: int, lease: CoreLease | None = None, exact: bool = False):
         self.c = c  # the run's task, reward, RNG and sampler, with its own engine
         self.engine, self.max_staleness, self.threads = engine, max_staleness, threads
         self.lease = lease  # the process's cores, shared with the learner (None = a fixed share)
-        self.slot = WeightSlot(engine.policy_version)
+        self.exact = exact
+        self.slot = WeightSlot(engine.policy_version, keep=exact)
         self.queue: queue.Queue = queue.Queue(maxsize=max(1, max_staleness))
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(start, last), name="rlvr-rollouts", daemon=True)
@@ -105,8 +126,9 @@ class LocalRollouts:
         try:
             for step in range(start + 1, last + 1):
                 t0 = now()
-                version, tensors = self.slot.wait(admissible_version(step, self.max_staleness),
-                                                  self.engine.policy_version, self.stop)
+                oldest = admissible_version(step, self.max_staleness)
+                version, tensors = (self.slot.take if self.exact else self.slot.wait)(
+                    oldest, self.engine.policy_version, self.stop)
                 with self.lease.held() if self.lease is not None else contextlib.nullcontext():
                     idle += now() - t0  # waiting for a core counts as idle
                     with getattr(self.engine, "lock", contextlib.nullcontext()):  # a SharedEngine: one version a batch
@@ -177,7 +199,8 @@ class AsyncSteps:
         self.lease = c.rows.lease if c.rows is not None else None  # the cores both sides share, if they do
         self._closers = side.closers
         self.rollouts = LocalRollouts(side.components, side.engine, start=start, last=c.loop.steps,
-                                      max_staleness=self.max_staleness, threads=side.threads, lease=self.lease)
+                                      max_staleness=self.max_staleness, threads=side.threads, lease=self.lease,
+                                      exact=plan.exact)
         self.engine = side.engine.evaluator(lambda: self.rollouts.slot.wait(0, -1, self.rollouts.stop)) \
             if side.shared else c.engine
         self._state = None

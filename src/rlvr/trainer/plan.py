@@ -108,6 +108,7 @@ class AsyncPlan:
     builder gave each side."""
 
     max_staleness: int
+    exact: bool  # the batch of step k always from version max(0, k-1-η), whatever the timing (`trainer.staleness`)
     learner_threads: int  # torch's intra-op threads on the learner while the rollout side runs
     rollout_threads: int  # torch's intra-op threads in the rollout thread
     publish_merged: bool  # the rollout engine holds its own weights: publish them LoRA-merged, as it loads them

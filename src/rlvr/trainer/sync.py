@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import resource
 from typing import NamedTuple
 
 import torch
@@ -17,6 +16,7 @@ import torch
 from rlvr.algos.advantages import AdvantageInputs
 from rlvr.batch import TrainBatch
 from rlvr.models.lora import merged_weights
+from rlvr.runtime.memory import PEAKS
 from rlvr.tracking.run_dir import now
 from rlvr.trainer.collect import Produced, produce, sample_seeds
 from rlvr.trainer.critic import critic_step, critic_values
@@ -64,7 +64,11 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     before the update) and each token weighted by pi_prox / pi_behav."""
     plan = c.plan
     group_size, micro = plan.rollout.group_size, plan.micro_batch_size
-    produced = produced or produce(c, step)
+    PEAKS.begin()
+    peaks = {}
+    if produced is None:
+        produced = produce(c, step)
+        peaks["rollout"] = PEAKS.end()
     got = produced.got
     rollouts, rewards = got.rollouts, got.rewards
     timings, t0 = {"rollout": produced.rollout_s}, now()
@@ -101,10 +105,12 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
         batch, expert_metrics = add_expert_rows(c, batch, rewards, step, lambda policy, part, stats: no_grad_outputs(
             policy, part, micro, c.rows, stats))
     timings["logprob"], t0 = now() - t0, now()
+    peaks["logprob"] = PEAKS.end()
 
     updates = _update(c, step, batch, old_values, returns, produced.minibatch_seed, len(rewards),
                       None if kept is None else (kept, proximal.weights))
     timings["update"] = now() - t0
+    peaks["update"] = PEAKS.end()
     if kept is not None:
         batch.old_logp = placed(kept, updates.rows, mask)
     old_logp = None if batch.old_logp is None else batch.old_logp[:len(mask)]  # the engine's rows (not expert)
@@ -125,7 +131,8 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     if forwards:  # module forwards (dLLM estimators); the fused causal fast path bypasses the module
         metrics["perf/forwards_per_update"] = forwards / max(sum(1 for m in updates.metrics if "actor/grad_norm" in m),
                                                              1)
-    metrics["perf/peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    metrics["perf/peak_rss_mb"] = PEAKS.lifetime  # the process's, since it started
+    metrics.update({f"perf/peak_rss_mb/{phase}": mb for phase, mb in peaks.items()})
     metrics.update({f"adv/{k}": v for k, v in adv_metrics.items()})
     metrics.update(expert_metrics)
     for key in sorted({k for m in updates.metrics for k in m}):
