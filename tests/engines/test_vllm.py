@@ -80,6 +80,24 @@ def test_sampled_tokens_and_logprobs_match_the_model_teacher_forced(setup, tempe
     assert not torch.equal(other.completion_ids, out.completion_ids)
 
 
+def test_a_group_as_one_request_samples_what_its_rows_one_by_one_do(setup, monkeypatch):
+    """n = G with seed s samples completion i with seed s + i: the rows' own seeds."""
+    from rlvr.engines import vllm as engines_vllm
+
+    model, tokenizer, engine = setup
+    ids, mask = _prompts(tokenizer, 2)
+    group = 4
+    ids, mask = ids.repeat_interleave(group, 0), mask.repeat_interleave(group, 0)
+    seeds = torch.arange(8) + 100
+    grouped = engine(ids, mask, seeds, temperature=1.0)
+    assert engines_vllm.group_runs([r.tolist() for r in ids], seeds.tolist(), [1.0] * 8) == [(0, 4), (4, 4)]
+    monkeypatch.setattr(engines_vllm, "group_runs", lambda prompts, *_: [(i, 1) for i in range(len(prompts))])
+    alone = engine(ids, mask, seeds, temperature=1.0)
+    assert torch.equal(grouped.completion_ids, alone.completion_ids)
+    assert torch.equal(grouped.logprobs, alone.logprobs)
+    assert len({tuple(r.tolist()) for r in grouped.completion_ids[:group]}) > 1  # the copies differ
+
+
 def test_greedy_matches_the_torch_sampler(setup):
     from rlvr.engines.torch_ar import generate
 

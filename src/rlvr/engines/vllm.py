@@ -88,6 +88,22 @@ def _process_threads_kept():
             os.sched_setaffinity(0, affinity)
 
 
+def group_runs(prompts: list[list[int]], seeds: list[int], temperatures: list[float]) -> list[tuple[int, int]]:
+    """(first row, count) of each run of rows that one request with `n = count` samples exactly:
+    the same prompt and temperature, seeds s, s+1, ... vLLM gives the i-th of a request's n
+    completions the seed `seed + i`, so the run's samples are those of its rows sent one by one.
+    A group's rows (one prompt, consecutive seeds from `collect.sample_seeds`) are one request."""
+    runs: list[tuple[int, int]] = []
+    for i, (prompt, seed, temperature) in enumerate(zip(prompts, seeds, temperatures)):
+        if runs:
+            start, count = runs[-1]
+            if (prompts[start] == prompt and temperatures[start] == temperature and seeds[start] + count == seed):
+                runs[-1] = (start, count + 1)
+                continue
+        runs.append((i, 1))
+    return runs
+
+
 class VLLMEngine:
     """A vLLM `LLM` started from the trainer's weights. `engine(prompt_ids, prompt_mask, seeds, *,
     temperature) -> Rollouts`; `push_weights(named_tensors, version)` after each update."""
@@ -114,11 +130,13 @@ class VLLMEngine:
                  temperature: float | torch.Tensor) -> Rollouts:
         rows = len(prompt_ids)
         temps = temperature.tolist() if isinstance(temperature, torch.Tensor) else [float(temperature)] * rows
-        prompts = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(prompt_ids, prompt_mask)]
-        params = [self._params(t, int(s)) for t, s in zip(temps, seeds.tolist())]
+        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
+        runs = group_runs(prompts, seeds.tolist(), temps)
+        requests = [{"prompt_token_ids": prompts[start]} for start, _ in runs]
+        params = [self._params(temps[start], int(seeds[start]), n) for start, n in runs]
         self.llm.reset_prefix_cache()  # a reused block may round differently from a recomputed one
-        outputs = self.llm.generate(prompts, params, use_tqdm=False) if rows else []
-        completions = [out.outputs[0] for out in outputs]
+        outputs = self.llm.generate(requests, params, use_tqdm=False) if rows else []
+        completions = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
         width = max((len(c.token_ids) for c in completions), default=0)
         ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
         logprobs = torch.zeros((rows, width))
@@ -132,9 +150,9 @@ class VLLMEngine:
         mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
         return Rollouts(prompt_ids, prompt_mask, ids, mask, logprobs, truncated.view(rows))
 
-    def _params(self, temperature: float, seed: int):
+    def _params(self, temperature: float, seed: int, n: int = 1):
         # stop_token_ids: without a tokenizer vLLM knows no EOS; the stop token stays in token_ids.
-        return self._sampling_params(n=1, temperature=temperature, top_p=self.top_p if temperature > 0 else 1.0,
+        return self._sampling_params(n=n, temperature=temperature, top_p=self.top_p if temperature > 0 else 1.0,
                                      max_tokens=self.max_new_tokens, seed=seed, logprobs=0,
                                      stop_token_ids=[self.eos_id], detokenize=False)
 
