@@ -75,6 +75,12 @@ class RewardConfig:
     timeout_s: float = 10.0
     """Wall-clock limit of one reward call (a sample, or a whole batch for batched functions); a call past it
     is an error (`reward/<name>/timeouts`), its thread left to finish on its own. 0 = no limit."""
+    model_batch_size: int = 16
+    """Reward models named in `fn` (a saved model folder): pairs scored per forward (memory only)."""
+    model_normalize: str = "none"
+    """Reward models: `none` (raw scores) or `batch` (whitened over each rollout batch: (r − mean) / std)."""
+    model_clip: float = 0.0
+    """Reward models: bound each (normalised) score to [−clip, clip]; 0 = no clipping."""
 
 
 @dataclass(frozen=True)
