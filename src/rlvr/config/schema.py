@@ -398,6 +398,33 @@ class SFTConfig:
 
 
 @dataclass(frozen=True)
+class PreferenceConfig:
+    data: str = ""
+    """JSONL of preference pairs (`prompt`, `chosen`, `rejected`, optional `margin`) for `rlvr dpo` and `rlvr rm`;
+    empty = pairs made from the task's verifier (a correct solution over a completion it scores lower)."""
+    pairs: int = 512
+    """Pairs made from the verifier for training (when `data` is empty)."""
+    heldout_pairs: int = 64
+    """Pairs held out for pairwise accuracy (made from the task's held-out problems, or the last rows of `data`)."""
+    steps: int = 100
+    """Optimizer steps."""
+    batch_size: int = 16
+    """Pairs per step."""
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    beta: float = 0.1
+    """`rlvr dpo`: the temperature β on the log-ratio margin (IPO: its regulariser τ)."""
+    loss: str = "sigmoid"
+    """`rlvr dpo`: `sigmoid` (DPO) or `ipo` (IPO, on per-token mean log-ratios)."""
+    margin: float = 0.0
+    """`rlvr rm`: the Bradley–Terry margin m in −log σ(r_w − r_l − m) for pairs without their own `margin`."""
+    eval_every: int = 25
+    """Steps between held-out evaluations (0 = only at start and end)."""
+    save_every: int = 0
+    """Steps between checkpoints (0 = only at the end)."""
+
+
+@dataclass(frozen=True)
 class Config:
     seed: int = 0
     """Seeds model init, prompts and sampling."""
@@ -411,6 +438,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     expert: ExpertConfig = field(default_factory=ExpertConfig)
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
 
 
 def section_type(annotation: Any) -> type | None:
