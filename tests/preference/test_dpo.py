@@ -89,5 +89,5 @@ def test_rlvr_dpo_on_a_pairs_file_and_its_errors(tmp_path, capsys):
     assert main(["dpo", *TINY, f"preference.data={data}", f"trainer.out_dir={tmp_path}"]) == 2
     assert main(["dpo", *TINY, "preference.loss=hinge", f"trainer.out_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
-    assert "preference.data: line 1" in err and "lacks string field(s) rejected" in err
+    assert "preference.data: " in err and "pairs.jsonl:1 lacks" in err and "lacks string field(s) rejected" in err
     assert "preference.loss: unknown 'hinge'; choose one of sigmoid, ipo" in err

@@ -83,31 +83,12 @@ def dpo(config: Config, *, command: list[str], echo=print) -> dict:
     engine = build.build_engine(config, model, tokenizer)
     optimizer, scheduler = build.build_optimizer(model.parameters(), lr=p.lr, warmup_steps=0, total_steps=p.steps)
     run, rng = PreferenceRun(config, "dpo", command, echo=echo), random.Random(config.seed)
-    try:
-        run.log(0, _evaluate(config, policy, reference, tokenizer, heldout, task, engine))
-        for step in range(1, p.steps + 1):
-            model.train()
-            policy.begin_step(config.seed * 100_003 + step)  # estimators: one mask draw for policy and reference
-            reference.begin_step(config.seed * 100_003 + step)
-            batch = pair_batch(tokenizer, rng.sample(train_pairs, min(p.batch_size, len(train_pairs))))
-            loss, metrics = pair_loss(policy, reference, batch, beta=p.beta, loss_type=p.loss)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip or float("inf"))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            line = {"dpo/loss": loss.item(), **{f"dpo/{k}": v for k, v in metrics.items()},
-                    "actor/grad_norm": float(grad_norm)}
-            if run.due(step, p.eval_every):
-                model.eval()
-                line.update(_evaluate(config, policy, reference, tokenizer, heldout, task, engine))
-                echo(f"dpo step {step}/{p.steps} loss={loss.item():.4f} " + " ".join(
-                    f"{k}={v:.3f}" for k, v in line.items() if k.startswith("eval/")))
-            run.log(step, line)
-            if run.due(step, p.save_every):
-                run.save(step, model, tokenizer)
-    except BaseException as err:
-        run.finish(err)
-        raise
-    run.finish()
-    return run.final
+
+    def step_loss(step: int):
+        policy.begin_step(config.seed * 100_003 + step)  # estimators: one mask draw for policy and reference
+        reference.begin_step(config.seed * 100_003 + step)
+        batch = pair_batch(tokenizer, rng.sample(train_pairs, min(p.batch_size, len(train_pairs))))
+        return pair_loss(policy, reference, batch, beta=p.beta, loss_type=p.loss)
+
+    return run.train(model, tokenizer, optimizer, scheduler, step_loss,
+                     lambda: _evaluate(config, policy, reference, tokenizer, heldout, task, engine), kind="dpo")

@@ -1,4 +1,4 @@
-"""Preference pairs: read from JSONL (the TRL columns `prompt`, `chosen`, `rejected`), or made from
+"""Preference pairs: read from a data file (the TRL columns `prompt`, `chosen`, `rejected`), or made from
 a task's verifier.
 
 `verifier_pairs(task, examples, rng)`: for each problem, `chosen` is the task's own solution and
@@ -10,12 +10,12 @@ dropped, so every pair is ranked by the true reward.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlvr.errors import ConfigError
+from rlvr.tasks.files import load_rows
 
 __all__ = ["Pair", "load_pairs", "verifier_pairs"]
 
@@ -29,22 +29,14 @@ class Pair:
 
 
 def load_pairs(path: str | Path) -> list[Pair]:
-    """Pairs from a JSONL file, one object per line with string `prompt`, `chosen`, `rejected`."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"preference.data: file '{path}' not found")
+    """Pairs from a data file (JSONL, JSON, Parquet or a saved HF dataset, as `task.path` reads),
+    one row per pair with string `prompt`, `chosen`, `rejected` (and an optional number `margin`)."""
     out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"preference.data: line {n} of '{path}' is not JSON ({err.msg})") from None
+    for row, where in load_rows(path, field="preference.data"):
         missing = [k for k in ("prompt", "chosen", "rejected") if not isinstance(row.get(k), str)]
         if missing:
-            raise ConfigError(f"preference.data: line {n} of '{path}' lacks string field(s) {', '.join(missing)}; "
-                              f"each line is {{\"prompt\": ..., \"chosen\": ..., \"rejected\": ...}}")
+            raise ConfigError(f"preference.data: {where} lacks string field(s) {', '.join(missing)}; "
+                              f"each row is {{\"prompt\": ..., \"chosen\": ..., \"rejected\": ...}}")
         margin = row.get("margin")
         out.append(Pair(row["prompt"], row["chosen"], row["rejected"], None if margin is None else float(margin)))
     if not out:

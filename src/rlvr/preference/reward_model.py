@@ -74,34 +74,13 @@ def train_reward_model(config: Config, *, command: list[str], echo=print) -> dic
     def evaluate() -> dict:
         if not heldout:
             return {}
-        model.eval()
         with torch.no_grad():
             chosen, rejected = pair_scores(model, tokenizer, pad_id, heldout)
         return {"eval/heldout_pair_accuracy": float((chosen > rejected).float().mean())}
 
-    try:
-        run.log(0, evaluate())
-        for step in range(1, p.steps + 1):
-            model.train()
-            pairs = rng.sample(train_pairs, min(p.batch_size, len(train_pairs)))
-            chosen, rejected = pair_scores(model, tokenizer, pad_id, pairs)
-            loss, metrics = bradley_terry_loss(chosen, rejected, margin=_margins(pairs, p.margin).to(chosen.device))
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip or float("inf"))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            line = {"rm/loss": loss.item(), **{f"rm/{k}": v for k, v in metrics.items()},
-                    "actor/grad_norm": float(grad_norm)}
-            if run.due(step, p.eval_every):
-                line.update(evaluate())
-                echo(f"rm step {step}/{p.steps} loss={loss.item():.4f} "
-                     f"eval/heldout_pair_accuracy={line.get('eval/heldout_pair_accuracy', float('nan')):.3f}")
-            run.log(step, line)
-            if run.due(step, p.save_every):
-                run.save(step, model, tokenizer)
-    except BaseException as err:
-        run.finish(err)
-        raise
-    run.finish()
-    return run.final
+    def step_loss(step: int):
+        pairs = rng.sample(train_pairs, min(p.batch_size, len(train_pairs)))
+        chosen, rejected = pair_scores(model, tokenizer, pad_id, pairs)
+        return bradley_terry_loss(chosen, rejected, margin=_margins(pairs, p.margin).to(chosen.device))
+
+    return run.train(model, tokenizer, optimizer, scheduler, step_loss, evaluate, kind="rm")

@@ -4,9 +4,12 @@ record) and the preference pairs of the run, split into training and held-out pa
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 from rlvr.config import Config, dump_yaml, to_dict
 from rlvr.errors import ConfigError
@@ -59,6 +62,40 @@ class PreferenceRun:
 
     def due(self, step: int, every: int) -> bool:
         return step == self.config.preference.steps or bool(every) and step % every == 0
+
+    def train(self, model, tokenizer, optimizer, scheduler, step_loss: Callable, evaluate: Callable, *,
+              kind: str) -> dict:
+        """The loop both trainers run: evaluate at step 0, then per step `step_loss(step) -> (loss,
+        metrics)`, backward, clip, AdamW; metrics logged under `kind/`, evaluations every
+        `preference.eval_every`, checkpoints every `preference.save_every` and at the end; the
+        run's exit recorded either way. Returns the last metrics line."""
+        p = self.config.preference
+        try:
+            model.eval()
+            self.log(0, evaluate())
+            for step in range(1, p.steps + 1):
+                model.train()
+                loss, metrics = step_loss(step)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.optim.grad_clip or math.inf)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                line = {f"{kind}/loss": loss.item(), **{f"{kind}/{k}": v for k, v in metrics.items()},
+                        "actor/grad_norm": float(grad_norm)}
+                if self.due(step, p.eval_every):
+                    model.eval()
+                    line.update(evaluate())
+                    self.echo(f"{kind} step {step}/{p.steps} loss={loss.item():.4f} " + " ".join(
+                        f"{k}={v:.3f}" for k, v in line.items() if k.startswith("eval/")))
+                self.log(step, line)
+                if self.due(step, p.save_every):
+                    self.save(step, model, tokenizer)
+        except BaseException as err:
+            self.finish(err)
+            raise
+        self.finish()
+        return self.final
 
     def finish(self, error: BaseException | None = None) -> None:
         if error is None:
