@@ -395,6 +395,9 @@ class SFTConfig:
     """Linear LR warmup."""
     schedule: str = "constant"
     """LR after warmup: `constant` or `cosine` (decays to 0 at the last step)."""
+    data: str = ""
+    """Chat SFT: a data file of rows with `messages` (TRL's conversational format), rendered with the tokenizer's
+    chat template, the loss on assistant tokens only (causal models); empty = the task's procedural solutions."""
 
 
 @dataclass(frozen=True)
