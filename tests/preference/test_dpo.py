@@ -91,3 +91,20 @@ def test_rlvr_dpo_on_a_pairs_file_and_its_errors(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "preference.data: " in err and "pairs.jsonl:1 lacks" in err and "lacks string field(s) rejected" in err
     assert "preference.loss: unknown 'hinge'; choose one of sigmoid, ipo" in err
+
+
+def test_rlvr_dpo_on_a_diffusion_model_is_vrpo_with_shared_masks(tmp_path):
+    """The reference's ELBO estimates use the policy's mask seed (common random numbers): at step 1,
+    policy = reference, so every margin is exactly 0 and the loss exactly log 2."""
+    import math
+
+    from rlvr.cli import main
+
+    args = ["dpo", *TINY, "model.kind=diffusion", "model.path=", "rollout.max_new_tokens=16",
+            "rollout.diffusion_steps=4", "rollout.block_length=8", "estimator.name=elbo_mc", "estimator.n=2",
+            "preference.steps=2", "preference.eval_every=0", f"trainer.out_dir={tmp_path}"]
+    assert main(args) == 0
+    lines = [json.loads(x) for x in (tmp_path / "dpo_countdown_s0" / "metrics.jsonl").read_text().splitlines()]
+    assert lines[1]["dpo/margin"] == 0.0 and lines[1]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert lines[1]["actor/grad_norm"] > 0  # the ELBO estimate still carries the policy's gradient
+    assert lines[2]["dpo/margin"] != 0.0

@@ -1,6 +1,9 @@
 """`rlvr dpo`: DPO (or IPO) on preference pairs, the policy and a frozen reference both through
-the `PolicyModel` seam (`batch_logprobs` of a `TrainBatch`), so a masked-diffusion policy gets
-its likelihood estimator's sequence estimates, as VRPO uses them, with no branch here.
+the `PolicyModel` seam (`batch_logprobs` of a `TrainBatch`). On a masked-diffusion model this is
+VRPO (LLaDA 1.5) with no branch here: the policy's likelihood estimator gives ELBO estimates
+(`estimator.name=elbo_mc`, `estimator.n` draws, antithetic when set), and policy and reference
+are seeded alike each step (`begin_step`), so both estimates share their masks (common random
+numbers: at policy = reference every margin is exactly 0).
 
 Each step: B pairs -> one batch of 2B rows [chosen; rejected] -> sequence log-likelihoods
 (sum over completion tokens, EOS included) of policy and reference -> `dpo_loss` -> AdamW.
