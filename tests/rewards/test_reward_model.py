@@ -1,6 +1,7 @@
-"""Reward models as reward functions: scores equal a direct `transformers` forward of the text the
-reward model's own chat template renders; batch whitening and clipping; weighted against the
-task's verifier through `reward.fn`, each component logged; in-memory models through the API."""
+"""Reward models as reward functions: scores equal a direct `transformers` forward of the text
+the reward model's own chat template renders; batch whitening and clipping; weighted against
+the task's verifier through `reward.fn`, each component logged; in-memory models through the
+API; a process reward model scores each step's prefix."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from transformers import AutoModelForSequenceClassification, LlamaConfig, LlamaF
 
 from rlvr.errors import ConfigError
 from rlvr.models.tokenizer import char_tokenizer
-from rlvr.rewards.reward_model import RewardModel, render_pair
+from rlvr.rewards.reward_model import ProcessRewardModel, RewardModel, render_pair
 from rlvr.rewards.runner import RewardSum, load_reward_fn, load_reward_spec
 
 TEMPLATE = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
@@ -139,3 +140,20 @@ def test_the_api_takes_an_in_memory_reward_model(tmp_path, saved_rm):
     scores = _direct(saved_rm, [s["prompt"] for s in samples], [s["completion"] for s in samples])
     assert [s["reward"] for s in samples] == pytest.approx(scores, abs=1e-4)
     assert math.isfinite(final["reward/user/raw"])
+
+
+def test_a_prm_scores_each_step_prefix():
+    model, tokenizer = tiny_reward_model()
+    prm = ProcessRewardModel(model, tokenizer, aggregate="min", separator="\n", batch_size=2)
+    completions = ["2+3=5\n5*4=20", "9", ""]
+    got = prm(["q:"] * 3, completions)
+    @torch.no_grad()
+    def direct(text):
+        ids = tokenizer(f"[user]q:[assistant]{text}", add_special_tokens=False, return_tensors="pt")["input_ids"]
+        return float(model(input_ids=ids).logits[0, 0])
+
+    steps = [direct("2+3=5"), direct("2+3=5\n5*4=20")]
+    assert prm.step_scores(["q:"], completions[:1]) == [pytest.approx(steps, abs=1e-5)]
+    assert got[0]["reward"] == pytest.approx(min(steps), abs=1e-5) and got[0]["steps"] == 2
+    assert got[1]["reward"] == pytest.approx(direct("9"), abs=1e-5)
+    assert got[2] == {"reward": None, "steps": 0}  # no step: not scorable

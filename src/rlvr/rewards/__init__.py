@@ -10,7 +10,10 @@ rewards are the one exception, imported only when named: ``reward_model``).
   (several functions, weighted; ``load_reward_spec`` reads ``reward.fn``'s form).
 - ``reward_model``: ``RewardModel``, a sequence-classification reward model as a batched reward
   function (its own tokenizer and chat template, batch whitening, clipping); ``reward.fn`` names
-  one by its folder, and ``task`` names the task's verifier to weigh against it.
+  one by its folder, and ``task`` names the task's verifier to weigh against it;
+  ``ProcessRewardModel`` scores each step's prefix and aggregates the step scores.
+- ``process``: step splitting and the step-score aggregations (min, last, mean, PURE's clipped
+  and delta refinements), pure functions.
 - ``sandbox`` / ``code``: run model-written programs isolated; grade them from outside
   (``uids``: the host-wide registry that gives every sandbox its own slot uids).
 """

@@ -27,8 +27,9 @@ from pathlib import Path
 import torch
 
 from rlvr.errors import ConfigError
+from rlvr.rewards.process import AGGREGATIONS, process_reward, split_steps
 
-__all__ = ["RewardModel", "encode_pairs", "is_reward_model_dir", "sequence_scores"]
+__all__ = ["ProcessRewardModel", "RewardModel", "encode_pairs", "is_reward_model_dir", "sequence_scores"]
 
 NORMALIZATIONS = ("none", "batch")
 
@@ -160,3 +161,43 @@ class RewardModel:
     def __call__(self, prompts: list[str], completions: list[str], **columns) -> list[dict]:
         raw = self.scores(list(prompts), list(completions))
         return [{"reward": float(r), "raw": float(s)} for r, s in zip(self.rewards(raw), raw)]
+
+
+class ProcessRewardModel(RewardModel):
+    """A process reward model: the classifier scores each step's prefix of the completion (steps
+    from `rlvr.rewards.process.split_steps`), and the K step scores become one reward by
+    `aggregate` (``min``, ``last``, ``mean``, ``clipped``, ``delta``; see `rlvr.rewards.process`).
+    A completion without a step is not scorable (None). Logged beside each reward: its step count
+    (``<name>/steps``) and weakest step (``<name>/min_step``)."""
+
+    def __init__(self, model, tokenizer=None, *, aggregate: str = "min", separator: str = "\n\n",
+                 tag: str | None = None, threshold: float = 0.0, name: str = "process_reward", **options):
+        if aggregate not in AGGREGATIONS:
+            raise ConfigError(f"process reward: unknown aggregate {aggregate!r}; "
+                              f"choose one of {', '.join(AGGREGATIONS)}")
+        super().__init__(model, tokenizer, name=name, **options)
+        self.aggregate, self.separator, self.tag, self.threshold = aggregate, separator, tag, threshold
+
+    def _prefix(self, steps: list[str], k: int) -> str:
+        return "".join(s + self.tag for s in steps[:k]) if self.tag else self.separator.join(steps[:k])
+
+    def step_scores(self, prompts: list[str], completions: list[str]) -> list[list[float]]:
+        """Each completion's K step scores: the classifier on prompt + its first k steps, k = 1..K."""
+        steps = [split_steps(c, separator=self.separator, tag=self.tag) for c in completions]
+        flat = [(p, self._prefix(s, k)) for p, s in zip(prompts, steps) for k in range(1, len(s) + 1)]
+        scores = self.scores([p for p, _ in flat], [c for _, c in flat]).tolist()
+        out, start = [], 0
+        for s in steps:
+            out.append(scores[start:start + len(s)])
+            start += len(s)
+        return out
+
+    def __call__(self, prompts: list[str], completions: list[str], **columns) -> list[dict]:
+        per_step = self.step_scores(list(prompts), list(completions))
+        rewards = [process_reward(s, self.aggregate, threshold=self.threshold) for s in per_step]
+        scored = [i for i, r in enumerate(rewards) if r is not None]
+        if scored:  # the batch whitening and clipping, over the scorable completions
+            for i, r in zip(scored, self.rewards(torch.tensor([rewards[i] for i in scored])).tolist()):
+                rewards[i] = r
+        return [{"reward": r, "steps": len(s), **({"min_step": min(s)} if s else {})}
+                for r, s in zip(rewards, per_step)]
