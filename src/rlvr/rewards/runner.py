@@ -4,7 +4,8 @@ A reward function has one of four forms:
 
 - per-sample: ``fn(prompt, completion, **example) -> float | dict | None``
 - batched: ``fn(prompts, completions, **columns) -> list[...]`` with ``fn.batched = True``
-  (or decorated with ``@batched``); ``columns`` maps each example field to a list
+  (or decorated with ``@batched``); ``columns`` maps each example field to a list; an exception
+  in a sample's place of the list is that sample's error
 - async per-sample: ``async def fn(prompt, completion, **example)`` (all samples run concurrently)
 - async batched: ``async def`` with ``fn.batched = True``
 
@@ -221,7 +222,8 @@ class RewardRunner:
             error = f"ValueError: returned {len(values)} values for {len(completions)} samples"
         if error is not None:
             return [(None, error)] * len(completions)
-        return [(v, None) for v in values]
+        # An exception in a sample's place is that sample's error (a judge's unparsable verdict).
+        return [(None, _describe(v)) if isinstance(v, BaseException) else (v, None) for v in values]
 
     def _guarded(self, fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, str | None]:
         """(value, None) or (None, error) for one call: any exception but KeyboardInterrupt is an
