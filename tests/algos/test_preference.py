@@ -20,7 +20,7 @@ def test_dpo_loss_and_gradient_by_hand():
     rc, rr = torch.tensor([-2.0, -2.0]), torch.tensor([-2.0, -2.0])
     loss, m = dpo_loss(pc, rc, pr, rr, beta=0.5)
     expected = (math.log1p(math.exp(-1.0)) + math.log1p(math.exp(0.5))) / 2  # mean of −log σ(margin)
-    assert float(loss) == pytest.approx(expected, abs=1e-6)
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
     loss.backward()
     # d/dπc = −β σ(−margin) / 2 (the mean over 2 pairs); d/dπr = −d/dπc
     sig = [1 / (1 + math.exp(1.0)), 1 / (1 + math.exp(-0.5))]
@@ -44,7 +44,7 @@ def test_ipo_loss_and_gradient_by_hand():
     pc, pr = _leaves([-1.0], [-3.0])
     loss, _ = dpo_loss(pc, torch.tensor([-2.0]), pr, torch.tensor([-2.0]), beta=0.5, loss_type="ipo",
                        chosen_tokens=torch.tensor([2.0]), rejected_tokens=torch.tensor([4.0]))
-    assert float(loss) == pytest.approx(0.0625)
+    assert loss.item() == pytest.approx(0.0625)
     loss.backward()
     assert float(pc.grad) == pytest.approx(2 * (0.75 - 1) / 2)  # −0.25
     assert float(pr.grad) == pytest.approx(2 * (0.75 - 1) * (-1 / 4))  # 0.125
@@ -58,7 +58,7 @@ def test_bradley_terry_with_a_margin_by_hand():
     chosen, rejected = _leaves([2.0, 0.0], [1.0, 1.0])
     loss, m = bradley_terry_loss(chosen, rejected, margin=torch.tensor([1.0, 0.0]))
     # pair 1: gap 1 − m 1 = 0 -> log 2; pair 2: gap −1 -> log(1 + e)
-    assert float(loss) == pytest.approx((math.log(2) + math.log1p(math.e)) / 2, abs=1e-6)
+    assert loss.item() == pytest.approx((math.log(2) + math.log1p(math.e)) / 2, abs=1e-6)
     loss.backward()
     # d/dr_w = −σ(−(gap − m)) / 2
     assert chosen.grad.tolist() == pytest.approx([-0.5 / 2, -(1 / (1 + math.exp(-1.0))) / 2], abs=1e-6)

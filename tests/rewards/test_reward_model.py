@@ -157,3 +157,17 @@ def test_a_prm_scores_each_step_prefix():
     assert got[0]["reward"] == pytest.approx(min(steps), abs=1e-5) and got[0]["steps"] == 2
     assert got[1]["reward"] == pytest.approx(direct("9"), abs=1e-5)
     assert got[2] == {"reward": None, "steps": 0}  # no step: not scorable
+
+
+def test_reward_model_steps_make_the_named_model_a_prm(saved_rm):
+    from rlvr.builder.build import build_reward
+    from rlvr.config import load_config
+
+    reward = build_reward(load_config(None, [f"reward.fn={saved_rm}", "reward.model_steps=last"]), task=None)
+    (runner,) = reward.runners
+    assert isinstance(runner.fn, ProcessRewardModel) and runner.fn.separator == "\n\n"
+    out = reward(["q:"], ["2+3=5\n\n5*4=20"], [{}])
+    assert out.rewards == pytest.approx(_direct(saved_rm, ["q:"], ["2+3=5\n\n5*4=20"]), abs=1e-5)  # the last prefix
+    assert out.metrics["user/steps"] == 2.0
+    with pytest.raises(ConfigError, match="reward.model_steps: unknown aggregation 'max'"):
+        build_reward(load_config(None, [f"reward.fn={saved_rm}", "reward.model_steps=max"]), task=None)

@@ -155,10 +155,13 @@ def build_reward(config: Config, task) -> RewardRunner | RewardSum:
 
 
 def reward_model_options(config: Config) -> dict:
-    """The keywords of a `RewardModel` named in `reward.fn`: batching, normalisation, and the trainer's device."""
+    """The keywords of a `RewardModel` named in `reward.fn`: batching, normalisation, the trainer's device,
+    and the step aggregation that makes it a `ProcessRewardModel`."""
     r = config.reward
+    steps = {"aggregate": r.model_steps, "separator": r.model_step_separator,
+             "threshold": r.model_step_threshold} if r.model_steps else {}
     return {"batch_size": r.model_batch_size, "normalize": r.model_normalize, "clip": r.model_clip,
-            "device": resolve_device(config.trainer.device)}
+            "device": resolve_device(config.trainer.device), **steps}
 
 
 def _named(fn, name: str):

@@ -81,6 +81,13 @@ class RewardConfig:
     """Reward models: `none` (raw scores) or `batch` (whitened over each rollout batch: (r − mean) / std)."""
     model_clip: float = 0.0
     """Reward models: bound each (normalised) score to [−clip, clip]; 0 = no clipping."""
+    model_steps: str = ""
+    """Reward models as process reward models: each step's prefix scored, the step scores aggregated by `min`,
+    `last`, `mean`, `clipped` (Σ min(s − η, 0)) or `delta` (Σ of s_k − s_{k+1}); empty = whole completions."""
+    model_step_separator: str = "\n\n"
+    """Process reward models: the text between steps."""
+    model_step_threshold: float = 0.0
+    """Process reward models, `clipped`: the threshold η."""
 
 
 @dataclass(frozen=True)

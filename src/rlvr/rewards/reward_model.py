@@ -173,7 +173,7 @@ class ProcessRewardModel(RewardModel):
     def __init__(self, model, tokenizer=None, *, aggregate: str = "min", separator: str = "\n\n",
                  tag: str | None = None, threshold: float = 0.0, name: str = "process_reward", **options):
         if aggregate not in AGGREGATIONS:
-            raise ConfigError(f"process reward: unknown aggregate {aggregate!r}; "
+            raise ConfigError(f"reward.model_steps: unknown aggregation {aggregate!r}; "
                               f"choose one of {', '.join(AGGREGATIONS)}")
         super().__init__(model, tokenizer, name=name, **options)
         self.aggregate, self.separator, self.tag, self.threshold = aggregate, separator, tag, threshold

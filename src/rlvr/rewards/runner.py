@@ -64,15 +64,17 @@ def batched(fn: Callable) -> Callable:
 def load_reward_fn(spec: str, *, base_dir: str | Path | None = None,
                    model_options: dict[str, Any] | None = None) -> Callable:
     """``"path/to/file.py:name"`` or ``"package.module:name"`` -> the callable; a saved model
-    folder (holding config.json) -> a ``RewardModel`` built with ``model_options``.
+    folder (holding config.json) -> a ``RewardModel`` built with ``model_options`` (a
+    ``ProcessRewardModel`` when they name a step ``aggregate``).
 
     Relative paths resolve against ``base_dir`` (default: the current directory).
     """
     folder = Path(spec) if Path(spec).is_absolute() else Path(base_dir or ".") / spec
     if (folder / "config.json").is_file():  # a reward model: torch is loaded only now
-        from rlvr.rewards.reward_model import RewardModel
+        from rlvr.rewards.reward_model import ProcessRewardModel, RewardModel
 
-        return RewardModel.from_pretrained(folder, **(model_options or {}))
+        options = model_options or {}
+        return (ProcessRewardModel if options.get("aggregate") else RewardModel).from_pretrained(folder, **options)
     path_part, sep, name = spec.rpartition(":")
     if not sep or not path_part or not name:
         raise ConfigError(f"reward.fn={spec!r}: expected FILE.py:NAME or MODULE:NAME, e.g. my_rewards.py:score")
