@@ -162,9 +162,9 @@ class Trainer:
                     except ConfigError as err:
                         raise ConfigError(str(err).replace("reward.fn=", f"{where}=", 1)) from None
                 elif _is_sequence_classifier(item):  # an in-memory reward model, as TRL takes one
-                    from rlvr.rewards.reward_model import RewardModel
+                    from rlvr.rewards.reward_model import make_reward_model
 
-                    item = RewardModel(item, **self._model_options())
+                    item = make_reward_model(item, **self._model_options())
                 elif not callable(item):
                     raise ConfigError(f"{where}: expected a callable or 'file.py:name', got {type(item).__name__}")
                 fns.append(item)

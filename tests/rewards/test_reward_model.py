@@ -135,6 +135,9 @@ def test_the_api_takes_an_in_memory_reward_model(tmp_path, saved_rm):
                  "trainer.out_dir": str(tmp_path / "runs"), "algo.dynamic_sampling": False}
     trainer = Trainer("rlvr:countdown-warmstart", model, rows, overrides=overrides, echo=lambda *a: None)
     assert isinstance(trainer.reward_funcs[0], RewardModel)
+    as_prm = Trainer("rlvr:countdown-warmstart", model, rows, overrides={**overrides, "reward.model_steps": "min"},
+                     echo=lambda *a: None)
+    assert isinstance(as_prm.reward_funcs[0], ProcessRewardModel) and as_prm.reward_funcs[0].aggregate == "min"
     final = trainer.train()
     samples = [json.loads(x) for x in (trainer.run_dir / "samples.jsonl").read_text().splitlines()]
     scores = _direct(saved_rm, [s["prompt"] for s in samples], [s["completion"] for s in samples])

@@ -29,7 +29,8 @@ import torch
 from rlvr.errors import ConfigError
 from rlvr.rewards.process import AGGREGATIONS, process_reward, split_steps
 
-__all__ = ["ProcessRewardModel", "RewardModel", "encode_pairs", "is_reward_model_dir", "sequence_scores"]
+__all__ = ["ProcessRewardModel", "RewardModel", "encode_pairs", "is_reward_model_dir", "load_reward_model",
+           "make_reward_model", "sequence_scores"]
 
 NORMALIZATIONS = ("none", "batch")
 
@@ -201,3 +202,13 @@ class ProcessRewardModel(RewardModel):
                 rewards[i] = r
         return [{"reward": r, "steps": len(s), **({"min_step": min(s)} if s else {})}
                 for r, s in zip(rewards, per_step)]
+
+
+def make_reward_model(model, tokenizer=None, **options) -> RewardModel:
+    """A `ProcessRewardModel` when `options` name a step ``aggregate``, else a `RewardModel`."""
+    return (ProcessRewardModel if options.get("aggregate") else RewardModel)(model, tokenizer, **options)
+
+
+def load_reward_model(path: str | Path, **options) -> RewardModel:
+    """`make_reward_model` of a saved folder (`RewardModel.from_pretrained`)."""
+    return (ProcessRewardModel if options.get("aggregate") else RewardModel).from_pretrained(path, **options)

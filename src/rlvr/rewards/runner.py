@@ -71,10 +71,9 @@ def load_reward_fn(spec: str, *, base_dir: str | Path | None = None,
     """
     folder = Path(spec) if Path(spec).is_absolute() else Path(base_dir or ".") / spec
     if (folder / "config.json").is_file():  # a reward model: torch is loaded only now
-        from rlvr.rewards.reward_model import ProcessRewardModel, RewardModel
+        from rlvr.rewards.reward_model import load_reward_model
 
-        options = model_options or {}
-        return (ProcessRewardModel if options.get("aggregate") else RewardModel).from_pretrained(folder, **options)
+        return load_reward_model(folder, **(model_options or {}))
     path_part, sep, name = spec.rpartition(":")
     if not sep or not path_part or not name:
         raise ConfigError(f"reward.fn={spec!r}: expected FILE.py:NAME or MODULE:NAME, e.g. my_rewards.py:score")
