@@ -18,6 +18,8 @@ def _run(args, kind: str, split) -> int:
     configure_process(threads=config.trainer.threads, thread_mode="ops", model_kind=config.model.kind)
     if kind == "dpo":
         from rlvr.preference.dpo import dpo as trainer
+    elif config.preference.process:
+        from rlvr.preference.process import train_process_reward_model as trainer
     else:
         from rlvr.preference.reward_model import train_reward_model as trainer
     final = trainer(config, command=sys.argv)

@@ -428,6 +428,12 @@ class PreferenceConfig:
     """`rlvr dpo`: `sigmoid` (DPO) or `ipo` (IPO, on per-token mean log-ratios)."""
     margin: float = 0.0
     """`rlvr rm`: the Bradley–Terry margin m in −log σ(r_w − r_l − m) for pairs without their own `margin`."""
+    process: bool = False
+    """`rlvr rm`: train a process reward model from step labels (rows with `prompt`, `steps`, `labels` in `data`,
+    else Countdown's shown work with one step made wrong) by binary cross-entropy on every step prefix."""
+    step_separator: str = ","
+    """`rlvr rm` with `process`: the text between steps of a prefix (score with the same
+    `reward.model_step_separator`)."""
     eval_every: int = 25
     """Steps between held-out evaluations (0 = only at start and end)."""
     save_every: int = 0
