@@ -12,7 +12,7 @@ rewards are the one exception, imported only when named: ``reward_model``).
   function (its own tokenizer and chat template, batch whitening, clipping); ``reward.fn`` names
   one by its folder, and ``task`` names the task's verifier to weigh against it;
   ``ProcessRewardModel`` scores each step's prefix and aggregates the step scores.
-- ``process``: step splitting and the step-score aggregations (min, last, mean, PURE's clipped
+- ``process``: step splitting and the step-score aggregations (min, last, mean, the clipped
   and delta refinements), pure functions.
 - ``sandbox`` / ``code``: run model-written programs isolated; grade them from outside
   (``uids``: the host-wide registry that gives every sandbox its own slot uids).

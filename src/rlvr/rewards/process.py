@@ -3,15 +3,16 @@
 - `split_steps(text, separator=, tag=)`: the steps of a completion, split at a separator (blank
   lines by default) or ended by a step tag (Math-Shepherd's ``ки``); empty steps dropped.
 - `step_rewards(scores, how)`: dense per-step rewards (K,) for the turn-level advantages.
-  ``raw``: the scores; ``clipped``: min(s_k − η, 0) (PURE's clip: no step earns more than 0, so
-  a policy cannot gain by writing more steps); ``delta``: s_k − s_{k+1}, the last s_K (PURE's
-  delta: the return from step k telescopes to s_k, whatever the number of steps after it).
+  ``raw``: the scores; ``clipped``: min(s_k − η, 0) (Clipping: no step earns more than 0, so a
+  policy cannot gain by writing more steps); ``delta``: s_k − s_{k+1}, the last s_K (Delta: the
+  return from step k telescopes to s_k, whatever the number of steps after it).
 - `process_reward(scores, how)`: one reward per completion: ``min`` (the weakest step),
   ``last``, ``mean``, or the sum of the ``clipped`` / ``delta`` step rewards (the return from the
   first step). No step (an empty completion) is not scorable: ``None``.
 
-Reference: Cheng et al. 2025, "Stop Summation: Min-Form Credit Assignment Is All Process Reward
-Model Needs" (PURE), for min-form credit and the clip and delta refinements against reward hacking.
+References: Gao et al. 2024, "On Designing Effective RL Reward at Training Time for LLM
+Reasoning" (arXiv:2410.15115), for the Clipping and Delta refinements against reward hacking;
+Cheng et al. 2025, "Stop Summation" (PURE, arXiv:2504.15275), for min-form credit (``min``).
 
 >>> split_steps("a=1\\n\\nb=2\\n\\n")
 ['a=1', 'b=2']
