@@ -45,6 +45,10 @@ SHORTEN = {  # appended to a command by its subcommand; later overrides win
     "train": ["trainer.steps=2", "trainer.eval_every=0", "task.heldout_size=8", "rollout.prompts_per_step=2",
               "rollout.group_size=2", "trainer.threads=1"],
     "sft": ["sft.steps=2", "sft.batch_size=4"],
+    "rm": ["preference.steps=2", "preference.pairs=16", "preference.heldout_pairs=8", "preference.batch_size=4",
+           "task.heldout_size=8", "trainer.threads=1"],
+    "dpo": ["preference.steps=2", "preference.pairs=16", "preference.heldout_pairs=8", "preference.batch_size=4",
+            "task.heldout_size=8", "trainer.threads=1"],
 }
 RESUMED_STEPS = "trainer.steps=3"  # a resumed run (saved at step 2) trains one step more
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z_]*(\.\.\.)?$")

@@ -135,8 +135,13 @@ class Trainer:
         from rlvr.rewards.runner import load_reward_fn, load_reward_spec
 
         if reward_funcs is None:
+            names_task = any((part.partition("*")[2] if "*" in part else part).strip() == "task"
+                             for part in self.config.reward.fn.split(","))
+            if names_task and self.rows is None:  # the builder weighs the task's verifier in (it builds the task)
+                return [], []
             if self.config.reward.fn:
-                fns, weights = (list(x) for x in zip(*load_reward_spec(self.config.reward.fn)))
+                fns, weights = (list(x) for x in zip(*load_reward_spec(self.config.reward.fn,
+                                                                        model_options=self._model_options())))
             elif self.rows is not None:
                 raise ConfigError("reward_funcs: rows need reward functions; pass a callable, 'file.py:name' or a "
                                   "list of them (or set reward.fn)")
@@ -153,9 +158,13 @@ class Trainer:
                 where = "reward_funcs" if len(items) == 1 else f"reward_funcs[{i}]"
                 if isinstance(item, (str, Path)):
                     try:
-                        item = load_reward_fn(str(item))
+                        item = load_reward_fn(str(item), model_options=self._model_options())
                     except ConfigError as err:
                         raise ConfigError(str(err).replace("reward.fn=", f"{where}=", 1)) from None
+                elif _is_sequence_classifier(item):  # an in-memory reward model, as TRL takes one
+                    from rlvr.rewards.reward_model import make_reward_model
+
+                    item = make_reward_model(item, **self._model_options())
                 elif not callable(item):
                     raise ConfigError(f"{where}: expected a callable or 'file.py:name', got {type(item).__name__}")
                 fns.append(item)
@@ -166,6 +175,11 @@ class Trainer:
                 raise ConfigError(f"reward_weights: {len(weights)} weights for {len(fns)} reward functions; "
                                   f"give one per function")
         return fns, weights
+
+    def _model_options(self) -> dict:
+        from rlvr.builder.build import reward_model_options
+
+        return reward_model_options(self.config)
 
     def _stem(self, recipe: str | None) -> str:
         if recipe:
@@ -440,3 +454,8 @@ def _unused(path: Path) -> Path:
         candidate = path.with_name(f"{path.name}-{suffix}")
         suffix += 1
     return candidate
+
+
+def _is_sequence_classifier(item: Any) -> bool:
+    """A `transformers` model with a classification head (`...ForSequenceClassification`)."""
+    return type(item).__name__.endswith("ForSequenceClassification") and hasattr(item, "config")

@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from rlvr.cli_preference import register as register_preference_commands
 from rlvr.cli_runs import register as register_run_commands
 from rlvr.errors import ConfigError
 from rlvr.tracking.lock import DirLock
@@ -142,6 +143,7 @@ def parser() -> argparse.ArgumentParser:
                    help="instead: each chosen entry's keywords, the field that feeds each, its value and source")
     c.set_defaults(fn=cmd_config)
     register_run_commands(sub)
+    register_preference_commands(sub, _split)
     return p
 
 

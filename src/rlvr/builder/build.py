@@ -146,10 +146,32 @@ def check_context(config: Config, model, tokenizer, task) -> None:
 def build_reward(config: Config, task) -> RewardRunner | RewardSum:
     """The verifier: the user's `reward.fn` when set (one function or a weighted sum of several),
     otherwise the task's own (batched if it has one)."""
+    verifier = None if task is None else getattr(task, "reward_batch", task.reward)
     if config.reward.fn:
-        fns, weights = zip(*load_reward_spec(config.reward.fn))
+        fns, weights = zip(*load_reward_spec(config.reward.fn, task_reward=verifier and _named(verifier, "task"),
+                                             model_options=reward_model_options(config)))
         return RewardSum(fns, weights, timeout_s=config.reward.timeout_s)
-    return RewardRunner(getattr(task, "reward_batch", task.reward), name="task", timeout_s=config.reward.timeout_s)
+    return RewardRunner(verifier, name="task", timeout_s=config.reward.timeout_s)
+
+
+def reward_model_options(config: Config) -> dict:
+    """The keywords of a `RewardModel` named in `reward.fn`: batching, normalisation, the trainer's device,
+    and the step aggregation that makes it a `ProcessRewardModel`."""
+    r = config.reward
+    steps = {"aggregate": r.model_steps, "separator": r.model_step_separator,
+             "threshold": r.model_step_threshold} if r.model_steps else {}
+    return {"batch_size": r.model_batch_size, "normalize": r.model_normalize, "clip": r.model_clip,
+            "device": resolve_device(config.trainer.device), **steps}
+
+
+def _named(fn, name: str):
+    """`fn` under another `__name__` (the metric prefix of its component), its `batched` kept."""
+    def named(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    named.__name__ = name
+    named.batched = bool(getattr(fn, "batched", False))
+    return named
 
 
 def build_loss(config: Config) -> LossSpec:

@@ -76,6 +76,19 @@ class RewardConfig:
     timeout_s: float = 10.0
     """Wall-clock limit of one reward call (a sample, or a whole batch for batched functions); a call past it
     is an error (`reward/<name>/timeouts`), its thread left to finish on its own. 0 = no limit."""
+    model_batch_size: int = 16
+    """Reward models named in `fn` (a saved model folder): pairs scored per forward (memory only)."""
+    model_normalize: str = "none"
+    """Reward models: `none` (raw scores) or `batch` (whitened over each rollout batch: (r − mean) / std)."""
+    model_clip: float = 0.0
+    """Reward models: bound each (normalised) score to [−clip, clip]; 0 = no clipping."""
+    model_steps: str = ""
+    """Reward models as process reward models: each step's prefix scored, the step scores aggregated by `min`,
+    `last`, `mean`, `clipped` (Σ min(s − η, 0)) or `delta` (Σ of s_k − s_{k+1}); empty = whole completions."""
+    model_step_separator: str = "\n\n"
+    """Process reward models: the text between steps."""
+    model_step_threshold: float = 0.0
+    """Process reward models, `clipped`: the threshold η."""
 
 
 @dataclass(frozen=True)
@@ -430,6 +443,42 @@ class SFTConfig:
     """Linear LR warmup."""
     schedule: str = "constant"
     """LR after warmup: `constant` or `cosine` (decays to 0 at the last step)."""
+    data: str = ""
+    """Chat SFT: a data file of rows with `messages` (TRL's conversational format), rendered with the tokenizer's
+    chat template, the loss on assistant tokens only (causal models); empty = the task's procedural solutions."""
+
+
+@dataclass(frozen=True)
+class PreferenceConfig:
+    data: str = ""
+    """JSONL of preference pairs (`prompt`, `chosen`, `rejected`, optional `margin`) for `rlvr dpo` and `rlvr rm`;
+    empty = pairs made from the task's verifier (a correct solution over a completion it scores lower)."""
+    pairs: int = 512
+    """Pairs made from the verifier for training (when `data` is empty)."""
+    heldout_pairs: int = 64
+    """Pairs held out for pairwise accuracy (made from the task's held-out problems, or the last rows of `data`)."""
+    steps: int = 100
+    """Optimizer steps."""
+    batch_size: int = 16
+    """Pairs per step."""
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    beta: float = 0.1
+    """`rlvr dpo`: the temperature β on the log-ratio margin (IPO: its regulariser τ)."""
+    loss: str = "sigmoid"
+    """`rlvr dpo`: `sigmoid` (DPO) or `ipo` (IPO, on per-token mean log-ratios)."""
+    margin: float = 0.0
+    """`rlvr rm`: the Bradley–Terry margin m in −log σ(r_w − r_l − m) for pairs without their own `margin`."""
+    process: bool = False
+    """`rlvr rm`: train a process reward model from step labels (rows with `prompt`, `steps`, `labels` in `data`,
+    else Countdown's shown work with one step made wrong) by binary cross-entropy on every step prefix."""
+    step_separator: str = ","
+    """`rlvr rm` with `process`: the text between steps of a prefix (score with the same
+    `reward.model_step_separator`)."""
+    eval_every: int = 25
+    """Steps between held-out evaluations (0 = only at start and end)."""
+    save_every: int = 0
+    """Steps between checkpoints (0 = only at the end)."""
 
 
 @dataclass(frozen=True)
@@ -447,6 +496,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     expert: ExpertConfig = field(default_factory=ExpertConfig)
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
 
 
 def section_type(annotation: Any) -> type | None:

@@ -1,4 +1,5 @@
-"""Verifiers and reward plumbing (no torch, no trainer imports: a test checks it).
+"""Verifiers and reward plumbing (no torch, no trainer imports: a test checks it; the learned
+rewards are the one exception, imported only when named: ``reward_model``).
 
 - ``math``: final-answer extraction and equivalence (``math_reward``, ``math_equal``).
 - ``format``: tag-format and length rewards.
@@ -7,6 +8,12 @@
   batched and async forms, ``None``/dict rewards, non-finite rewards, ``SystemExit`` and calls past
   ``timeout_s`` counted as errors, ``RewardError`` when a whole step fails) and ``RewardSum``
   (several functions, weighted; ``load_reward_spec`` reads ``reward.fn``'s form).
+- ``reward_model``: ``RewardModel``, a sequence-classification reward model as a batched reward
+  function (its own tokenizer and chat template, batch whitening, clipping); ``reward.fn`` names
+  one by its folder, and ``task`` names the task's verifier to weigh against it;
+  ``ProcessRewardModel`` scores each step's prefix and aggregates the step scores.
+- ``process``: step splitting and the step-score aggregations (min, last, mean, the clipped
+  and delta refinements), pure functions.
 - ``sandbox`` / ``code``: run model-written programs isolated; grade them from outside
   (``uids``: the host-wide registry that gives every sandbox its own slot uids).
 """

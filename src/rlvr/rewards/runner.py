@@ -4,7 +4,8 @@ A reward function has one of four forms:
 
 - per-sample: ``fn(prompt, completion, **example) -> float | dict | None``
 - batched: ``fn(prompts, completions, **columns) -> list[...]`` with ``fn.batched = True``
-  (or decorated with ``@batched``); ``columns`` maps each example field to a list
+  (or decorated with ``@batched``); ``columns`` maps each example field to a list; an exception
+  in a sample's place of the list is that sample's error
 - async per-sample: ``async def fn(prompt, completion, **example)`` (all samples run concurrently)
 - async batched: ``async def`` with ``fn.batched = True``
 
@@ -60,11 +61,19 @@ def batched(fn: Callable) -> Callable:
     return fn
 
 
-def load_reward_fn(spec: str, *, base_dir: str | Path | None = None) -> Callable:
-    """``"path/to/file.py:name"`` or ``"package.module:name"`` -> the callable.
+def load_reward_fn(spec: str, *, base_dir: str | Path | None = None,
+                   model_options: dict[str, Any] | None = None) -> Callable:
+    """``"path/to/file.py:name"`` or ``"package.module:name"`` -> the callable; a saved model
+    folder (holding config.json) -> a ``RewardModel`` built with ``model_options`` (a
+    ``ProcessRewardModel`` when they name a step ``aggregate``).
 
-    Relative file paths resolve against ``base_dir`` (default: the current directory).
+    Relative paths resolve against ``base_dir`` (default: the current directory).
     """
+    folder = Path(spec) if Path(spec).is_absolute() else Path(base_dir or ".") / spec
+    if (folder / "config.json").is_file():  # a reward model: torch is loaded only now
+        from rlvr.rewards.reward_model import load_reward_model
+
+        return load_reward_model(folder, **(model_options or {}))
     path_part, sep, name = spec.rpartition(":")
     if not sep or not path_part or not name:
         raise ConfigError(f"reward.fn={spec!r}: expected FILE.py:NAME or MODULE:NAME, e.g. my_rewards.py:score")
@@ -100,10 +109,12 @@ def load_reward_fn(spec: str, *, base_dir: str | Path | None = None) -> Callable
 
 
 
-def load_reward_spec(spec: str, *, base_dir: str | Path | None = None) -> list[tuple[Callable, float]]:
+def load_reward_spec(spec: str, *, base_dir: str | Path | None = None, task_reward: Callable | None = None,
+                     model_options: dict[str, Any] | None = None) -> list[tuple[Callable, float]]:
     """``"a.py:right, 0.2*a.py:short"`` -> [(right, 1.0), (short, 0.2)]: the ``reward.fn`` form,
-    one or several ``FILE.py:NAME`` / ``MODULE:NAME`` separated by commas, each optionally
-    prefixed by its weight and ``*``."""
+    one or several ``FILE.py:NAME`` / ``MODULE:NAME`` / reward-model folders separated by commas,
+    each optionally prefixed by its weight and ``*``; ``task`` names the task's own verifier
+    (``task_reward``), so a learned reward can be weighted against it."""
     out = []
     for item in (part.strip() for part in spec.split(",")):
         if not item:
@@ -116,7 +127,14 @@ def load_reward_spec(spec: str, *, base_dir: str | Path | None = None) -> list[t
         except ValueError:
             raise ConfigError(f"reward.fn={spec!r}: weight {weight.strip()!r} of {target.strip()!r} is not a number; "
                               f"write WEIGHT*FILE.py:NAME, e.g. 0.2*my_rewards.py:short") from None
-        out.append((load_reward_fn(target.strip(), base_dir=base_dir), value))
+        target = target.strip()
+        if target == "task":
+            if task_reward is None:
+                raise ConfigError(f"reward.fn={spec!r}: 'task' names the task's verifier, and rows passed from Python "
+                                  f"have none; name the functions instead")
+            out.append((task_reward, value))
+            continue
+        out.append((load_reward_fn(target, base_dir=base_dir, model_options=model_options), value))
     return out
 
 @dataclass
@@ -205,7 +223,8 @@ class RewardRunner:
             error = f"ValueError: returned {len(values)} values for {len(completions)} samples"
         if error is not None:
             return [(None, error)] * len(completions)
-        return [(v, None) for v in values]
+        # An exception in a sample's place is that sample's error (a judge's unparsable verdict).
+        return [(None, _describe(v)) if isinstance(v, BaseException) else (v, None) for v in values]
 
     def _guarded(self, fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, str | None]:
         """(value, None) or (None, error) for one call: any exception but KeyboardInterrupt is an

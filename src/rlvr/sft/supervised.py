@@ -3,10 +3,14 @@
 The loss is the mean negative log-likelihood of completion tokens (solution + EOS) given the
 prompt; prompt tokens are not trained. It stops deliberately early: RL needs a policy that is
 sometimes right (reward variance within groups) but far from saturated.
+
+With `sft.data` it trains on chat rows instead (`rlvr.sft.chat`: TRL's `messages` format, the
+chat template, the loss on assistant tokens only); there is no task accuracy to report then.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import shutil
@@ -22,6 +26,7 @@ from rlvr.config import Config, dump_yaml
 from rlvr.errors import ConfigError, DiskFull
 from rlvr.models.causal_lm import resolve_model_path
 from rlvr.models.policy import CausalPolicy
+from rlvr.sft.chat import chat_rollouts, load_conversations, sample_conversations
 from rlvr.sft.diffusion import diffusion_sft
 from rlvr.tracking.run_dir import disk_full
 from rlvr.trainer.evaluate import greedy_accuracy
@@ -41,19 +46,27 @@ def masked_sft_loss(policy: CausalPolicy, rollouts) -> torch.Tensor:
     return -(logp * rollouts.completion_mask).sum() / rollouts.completion_mask.sum().clamp(min=1)
 
 
+def _step_loss(policy, tokenizer, task, conversations, batch_size: int, rng: random.Random) -> torch.Tensor:
+    """One step's loss: chat rows (assistant turns only), scripted agent episodes (the
+    demonstrator's actions only), or the task's procedural solutions."""
+    if conversations is not None:
+        return masked_sft_loss(policy, chat_rollouts(tokenizer, sample_conversations(conversations, batch_size, rng)))
+    examples = task.sample(batch_size, rng)
+    if is_agent_task(task):
+        return masked_sft_loss(policy, to_rollouts(demonstrations(task, tokenizer, examples, rng),
+                                                   tokenizer.pad_token_id))
+    return sft_loss(policy, tokenizer, [e.prompt for e in examples], [task.solution(e) for e in examples])
+
+
 def _causal_sft(model, tokenizer, task, config: Config, echo) -> None:
     s = config.sft
     optimizer, scheduler = build.build_optimizer(model.parameters(), lr=s.lr, warmup_steps=s.warmup_steps,
                                                  total_steps=s.steps, schedule=s.schedule)
     policy, rng = CausalPolicy(model), random.Random(config.seed)
+    conversations = load_conversations(s.data) if s.data else None
     model.train()
     for step in range(1, s.steps + 1):
-        examples = task.sample(s.batch_size, rng)
-        if is_agent_task(task):  # scripted multi-turn episodes: only the demonstrator's actions are trained
-            loss = masked_sft_loss(policy, to_rollouts(demonstrations(task, tokenizer, examples, rng),
-                                                       tokenizer.pad_token_id))
-        else:
-            loss = sft_loss(policy, tokenizer, [e.prompt for e in examples], [task.solution(e) for e in examples])
+        loss = _step_loss(policy, tokenizer, task, conversations, s.batch_size, rng)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -92,7 +105,11 @@ def sft(config: Config, out_dir: str | Path, *, overwrite: bool = False, echo=pr
     torch.manual_seed(config.seed)
     model, tokenizer = build.build_model(config)
     task = build.build_task(config, tokenizer)
-    if not is_agent_task(task):  # agent tasks train on scripted episodes; a task without solutions says so now
+    if config.sft.data and config.model.kind == "diffusion":
+        raise ConfigError("sft.data: chat SFT trains causal models; set model.kind=causal or drop sft.data")
+    if config.sft.data:
+        chat_rollouts(tokenizer, load_conversations(config.sft.data)[:1])  # a missing template says so now
+    elif not is_agent_task(task):  # agent tasks train on scripted episodes; a task without solutions says so now
         task.solution(task.sample(1, random.Random(config.seed))[0])
     s = config.sft
     if config.model.kind == "diffusion":
@@ -101,9 +118,11 @@ def sft(config: Config, out_dir: str | Path, *, overwrite: bool = False, echo=pr
                       schedule=s.schedule, echo=echo)
     else:
         _causal_sft(model, tokenizer, task, config, echo)
-    engine = build.build_engine(config, model, tokenizer)
-    accuracy = greedy_accuracy(engine, tokenizer, task, task.heldout())
-    echo(f"sft done: greedy held-out accuracy {accuracy:.3f}")
+    accuracy = math.nan  # chat rows: no task to be accurate on
+    if not config.sft.data:
+        engine = build.build_engine(config, model, tokenizer)
+        accuracy = greedy_accuracy(engine, tokenizer, task, task.heldout())
+        echo(f"sft done: greedy held-out accuracy {accuracy:.3f}")
     out = Path(out_dir)
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -1,7 +1,8 @@
 """`rlvr export RUN DIR`: a run's checkpoint as a plain Hugging Face model directory.
 
 The directory holds weights (safetensors), config, generation config and tokenizer, loadable
-with `AutoModelForCausalLM` / `AutoTokenizer` and nothing from rlvr; trainer state (optimizer,
+with `AutoModelForCausalLM` (a reward model from `rlvr rm`: `AutoModelForSequenceClassification`) /
+`AutoTokenizer` and nothing from rlvr; trainer state (optimizer,
 RNG) is left behind. It is written to a temp folder beside DIR, reloaded and checked (same
 weights), then renamed into place, so DIR only ever appears complete.
 """
@@ -66,8 +67,20 @@ def _merged_adapter(run: Path, checkpoint: Path):
     return merged(base, checkpoint)
 
 
+def _auto_class(checkpoint: Path):
+    """The `transformers` auto class of a checkpoint: a sequence classifier's, else a causal LM's."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    try:
+        heads = json.loads((checkpoint / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        heads = []
+    classifier = any(h.endswith("ForSequenceClassification") for h in heads)
+    return AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
+
+
 def export_run(run: str | Path, out: str | Path, *, step: int | None = None, force: bool = False) -> Exported:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     run, out = Path(run), Path(out)
     if not (run / "config.yaml").is_file():
@@ -76,10 +89,11 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None, for
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise ConfigError(f"export: '{out}' exists and is not empty; choose a new directory or pass --force")
     checkpoint = find_checkpoint(run, step)
+    auto = _auto_class(checkpoint)
     try:
         # dtype "auto": the checkpoint's own (a bf16 run exports bf16 weights, not an fp32 upcast).
         model = (_merged_adapter(run, checkpoint) if (checkpoint / "adapter_config.json").is_file()
-                 else AutoModelForCausalLM.from_pretrained(checkpoint, dtype="auto"))
+                 else auto.from_pretrained(checkpoint, dtype="auto"))
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     except (OSError, ValueError) as err:
         raise ConfigError(f"export: checkpoint '{checkpoint}' is unreadable ({type(err).__name__}); "
@@ -94,7 +108,7 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None, for
         provenance = {"run": str(run.resolve()), "checkpoint": checkpoint.name, "git_sha": manifest.get("git_sha"),
                       "seed": manifest.get("seed"), "rlvr": (manifest.get("packages") or {}).get("rlvr")}
         (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
-        reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype="auto")
+        reloaded = auto.from_pretrained(tmp, dtype="auto")
         AutoTokenizer.from_pretrained(tmp)
         if not _same_weights(model, reloaded):
             raise RuntimeError(f"export: reloaded weights in {tmp} differ from {checkpoint}")

@@ -1,0 +1,72 @@
+"""Preference pairs: read from a data file (the TRL columns `prompt`, `chosen`, `rejected`), or made from
+a task's verifier.
+
+`verifier_pairs(task, examples, rng)`: for each problem, `chosen` is the task's own solution and
+`rejected` a completion the verifier scores strictly lower: a random arithmetic expression over
+the problem's numbers (Countdown-style tasks; a well-formed wrong answer, the verifier's 0.1), else
+another problem's solution. A pair whose chosen completion the verifier does not score highest is
+dropped, so every pair is ranked by the true reward.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlvr.errors import ConfigError
+from rlvr.tasks.files import load_rows
+
+__all__ = ["Pair", "load_pairs", "verifier_pairs"]
+
+
+@dataclass(frozen=True)
+class Pair:
+    prompt: str
+    chosen: str
+    rejected: str
+    margin: float | None = None  # a Bradley–Terry margin of this pair (None: the config's)
+
+
+def load_pairs(path: str | Path) -> list[Pair]:
+    """Pairs from a data file (JSONL, JSON, Parquet or a saved HF dataset, as `task.path` reads),
+    one row per pair with string `prompt`, `chosen`, `rejected` (and an optional number `margin`)."""
+    out = []
+    for row, where in load_rows(path, field="preference.data"):
+        missing = [k for k in ("prompt", "chosen", "rejected") if not isinstance(row.get(k), str)]
+        if missing:
+            raise ConfigError(f"preference.data: {where} lacks string field(s) {', '.join(missing)}; "
+                              f"each row is {{\"prompt\": ..., \"chosen\": ..., \"rejected\": ...}}")
+        margin = row.get("margin")
+        out.append(Pair(row["prompt"], row["chosen"], row["rejected"], None if margin is None else float(margin)))
+    if not out:
+        raise ConfigError(f"preference.data: '{path}' holds no pairs")
+    return out
+
+
+def _wrong_expression(numbers: list[int], rng: random.Random) -> str:
+    order = list(numbers)
+    rng.shuffle(order)
+    text = str(order[0])
+    for n in order[1:]:
+        text += rng.choice("+-*") + str(n)
+    return text
+
+
+def verifier_pairs(task, examples, rng: random.Random, *, tries: int = 8) -> list[Pair]:
+    """One pair per example the verifier can rank (see the module doc)."""
+    solutions = [task.solution(ex) for ex in examples]
+    out = []
+    for ex, chosen in zip(examples, solutions):
+        fields = {"answer": ex.answer, "meta": ex.meta}
+        best = task.reward(ex.prompt, chosen, **fields)
+        numbers = (ex.meta or {}).get("numbers")
+        for _ in range(tries):
+            if numbers:
+                rejected = _wrong_expression(numbers, rng)
+            else:
+                rejected = solutions[rng.randrange(len(solutions))] if len(solutions) > 1 else ""
+            if task.reward(ex.prompt, rejected, **fields) < best:
+                out.append(Pair(ex.prompt, chosen, rejected))
+                break
+    return out

@@ -1,0 +1,120 @@
+"""A generative judge: a local causal LM prompted with a rubric, as a batched reward function.
+
+The rubric is a text with ``{prompt}`` and ``{completion}`` slots. Two ways to score:
+
+- ``mode="verdict"``: one forward of the judge on the rubric; the reward is the probability of
+  the first verdict token against the second at the next position, p(yes) / (p(yes) + p(no))
+  (each verdict must be one token of the judge's tokenizer).
+- ``mode="score"``: the judge writes a verdict greedily through a rollout engine (any
+  `RolloutEngine`: the torch sampler or vLLM); `parse_score` reads its last ``Score: N`` (or
+  ``N/M``) and maps [low, high] to [0, 1]. A verdict without a readable score in range is that
+  sample's error (``JudgeParseError``, counted in ``<name>/errors``), never a crash.
+
+Each (prompt, completion) is judged once: the result is cached, so a completion scored again
+(correctness after the batch, a repeated sample) costs no judge call.
+
+>>> parse_score("Reasoning... Score: 7", low=0, high=10)
+0.7
+>>> parse_score("8/10 overall")
+0.8
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from rlvr.codec import decode_completions, encode_prompts
+from rlvr.errors import ConfigError
+
+__all__ = ["GenerativeJudge", "JudgeParseError", "parse_score"]
+
+MODES = ("verdict", "score")
+_SCORE = re.compile(r"score\s*[:=]?\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+_FRACTION = re.compile(r"(-?\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)")
+
+
+class JudgeParseError(ValueError):
+    """A verdict without a readable score."""
+
+
+def parse_score(text: str, *, low: float = 0.0, high: float = 10.0) -> float:
+    """The verdict's last ``Score: N`` (else its last ``N/M``, read as N out of M) mapped from
+    [low, high] to [0, 1]; `JudgeParseError` when there is none or it is out of range."""
+    found = _SCORE.findall(text)
+    if found:
+        value = float(found[-1])
+    else:
+        fractions = _FRACTION.findall(text)
+        if not fractions:
+            raise JudgeParseError(f"no score in verdict {text[:60]!r}")
+        n, m = (float(x) for x in fractions[-1])
+        if m == 0:
+            raise JudgeParseError(f"score out of 0 in verdict {text[:60]!r}")
+        value = low + (high - low) * n / m
+    if not low <= value <= high:
+        raise JudgeParseError(f"score {value:g} outside [{low:g}, {high:g}] in verdict {text[:60]!r}")
+    return round((value - low) / (high - low), 12)
+
+
+class GenerativeJudge:
+    """``fn(prompts, completions, **columns) -> list[float | JudgeParseError]`` (batched); see the
+    module doc. `engine` is needed for ``mode="score"`` only."""
+
+    batched = True
+
+    def __init__(self, model, tokenizer, rubric: str, *, mode: str = "verdict",
+                 verdicts: tuple[str, str] = ("Yes", "No"), engine=None, low: float = 0.0, high: float = 10.0,
+                 batch_size: int = 16, name: str = "judge"):
+        if mode not in MODES:
+            raise ConfigError(f"judge mode: unknown {mode!r}; choose one of {', '.join(MODES)}")
+        if "{completion}" not in rubric:
+            raise ConfigError("judge rubric: it has no {completion} slot; write the rubric around {prompt} and "
+                              "{completion}")
+        if mode == "score" and engine is None:
+            raise ConfigError("judge mode 'score': pass engine= (a RolloutEngine over the judge model)")
+        self.model, self.tokenizer, self.rubric, self.mode, self.engine = model, tokenizer, rubric, mode, engine
+        self.low, self.high, self.batch_size, self.__name__ = low, high, batch_size, name
+        self.verdict_ids = [self._one_token(v) for v in verdicts] if mode == "verdict" else []
+        self.cache: dict[tuple[str, str], float | JudgeParseError] = {}
+
+    def _one_token(self, verdict: str) -> int:
+        ids = self.tokenizer(verdict, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            raise ConfigError(f"judge verdicts: {verdict!r} is {len(ids)} tokens of the judge's tokenizer; "
+                              f"choose verdicts of one token each")
+        return ids[0]
+
+    def render(self, prompt: str, completion: str) -> str:
+        return self.rubric.replace("{prompt}", prompt).replace("{completion}", completion)
+
+    @torch.no_grad()
+    def _verdict_probs(self, texts: list[str]) -> list[float]:
+        device = next(self.model.parameters()).device
+        ids, mask = encode_prompts(self.tokenizer, texts)  # left-padded: the next position is the last
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                            position_ids=positions.to(device)).logits[:, -1].float()
+        pair = logits[:, self.verdict_ids].softmax(-1)  # (B, 2)
+        return pair[:, 0].tolist()
+
+    def _scores(self, texts: list[str]) -> list[float | JudgeParseError]:
+        ids, mask = encode_prompts(self.tokenizer, texts)
+        rollouts = self.engine(ids, mask, torch.arange(len(texts)), temperature=0.0)
+        out: list[float | JudgeParseError] = []
+        for verdict in decode_completions(self.tokenizer, rollouts):
+            try:
+                out.append(parse_score(verdict, low=self.low, high=self.high))
+            except JudgeParseError as err:
+                out.append(err)
+        return out
+
+    def __call__(self, prompts: list[str], completions: list[str], **columns) -> list[float | JudgeParseError]:
+        todo = list(dict.fromkeys((p, c) for p, c in zip(prompts, completions) if (p, c) not in self.cache))
+        judge = self._verdict_probs if self.mode == "verdict" else self._scores
+        for start in range(0, len(todo), self.batch_size):
+            chunk = todo[start:start + self.batch_size]
+            for key, value in zip(chunk, judge([self.render(p, c) for p, c in chunk])):
+                self.cache[key] = value
+        return [self.cache[(p, c)] for p, c in zip(prompts, completions)]
