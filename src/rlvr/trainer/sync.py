@@ -161,7 +161,7 @@ def _update(c: Components, step: int, batch: TrainBatch, old_values, returns, se
             if train_policy:
                 m.update(optimizer_step(c.policy, c.optimizer, c.scheduler, batch.select(rows), spec,
                                         micro_batch_size=plan.micro_batch_size, grad_clip=plan.grad_clip,
-                                        rows=c.rows, keep=None if fused is None else fused[0]))
+                                        rows=c.rows, keep=None if fused is None else fused[0], shard=plan.shard))
             updates.append(m)
     return Updates(updates, rows)
 
