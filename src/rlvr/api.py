@@ -242,6 +242,8 @@ class Trainer:
             return done
         scratch = Path(tempfile.mkdtemp(prefix=f"rlvr-rank{runtime.shard.rank}-"))
         (scratch / "checkpoints").symlink_to((self.run_dir / "checkpoints").resolve())
+        if self.resume:  # what a resume reads of its run besides the checkpoints
+            shutil.copy2(self.run_dir / "run.json", scratch / "run.json")
         run = RunDir(scratch)
         try:
             with _quiet_transformers():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -185,5 +186,7 @@ def load_sharded_optimizer(model, optimizer, folder, weights: dict[str, torch.Te
     if weights is not None:
         set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
     state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
-    dcp.load(state, checkpoint_id=str(folder))
+    with warnings.catch_warnings():  # one process loading shards: DCP warns that it assumes so
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(folder))
     set_optimizer_state_dict(model, optimizer, state["optimizer"])

@@ -1,0 +1,111 @@
+"""Data-parallel learners: `torchrun --nproc_per_node 2 -m rlvr.cli train` (FSDP2 over gloo, one
+thread per rank) against one process on the same global batch.
+
+Each rank samples its share of the rows with the seeds the single process gives them and the
+update splits the rows with the global counts, so the two runs' metrics and weights agree to
+float rounding (the sharded run takes the plain `transformers` forward, the single process the
+fused fast path). Checkpoints hold the gathered weights and the optimizer's shards: one process
+resumes a 2-rank run, and 2 ranks resume their own, onto the same step as a 1-process resume.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlvr.cli import main
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+WARM_START = SRC / "rlvr" / "assets" / "countdown-warmstart"
+SMALL = ["trainer.eval_every=0", "rollout.prompts_per_step=4", "rollout.group_size=4", "task.heldout_size=2",
+         "trainer.save_every=0", "rollout.max_new_tokens=12"]
+
+
+def _torchrun(*args: str, ranks: int = 2) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+                           "-m", "rlvr.cli", "train", *args],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "checkpoints" / f"step_{step:06d}" / "model.safetensors"))
+
+
+def _same_lines(a: list[dict], b: list[dict]) -> None:
+    """Equal step lines to float tolerance, timings and machine counters aside."""
+    assert [m["step"] for m in a] == [m["step"] for m in b]
+    for x, y in zip(a, b):
+        keys = {k for k in x.keys() & y.keys() if not k.startswith(("time/", "perf/"))}
+        assert "actor/grad_norm" in keys or x["step"] == 0
+        off = {k: (x[k], y[k]) for k in keys if not math.isclose(x[k], y[k], rel_tol=1e-5, abs_tol=1e-6)}
+        assert not off, (x["step"], off)
+
+
+def _same_weights(a: dict, b: dict, start: dict) -> None:
+    """Every tensor equal to 1e-5 relative (norm of the difference over the norm), where the steps
+    moved each tensor by far more than that."""
+    assert a.keys() == b.keys()
+    for name in a:
+        assert float((a[name] - b[name]).norm()) <= 1e-5 * float(b[name].norm()), name
+    moved = max(float((b[k] - start[k]).norm() / start[k].norm()) for k in start if k in b)
+    assert moved > 1e-3
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A 2-rank run and a 1-process run of 3 steps on the same global batches."""
+    root = tmp_path_factory.mktemp("learners")
+    done = _torchrun("trainer.steps=3", f"trainer.out_dir={root}", "trainer.name=two", *SMALL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["train", "trainer.steps=3", f"trainer.out_dir={root}", "trainer.name=one", "trainer.threads=1",
+                 *SMALL]) == 0
+    return root / "two", root / "one", done
+
+
+def test_two_ranks_train_as_one_process_on_the_same_global_batch(runs):
+    two, one, done = runs
+    _same_lines(_metrics(two), _metrics(one))
+    assert len(_metrics(two)) == 4  # rank 0 alone wrote: one line per step, step 0's evaluation first
+    assert done.stdout.count("done: step 3") == 1  # one rank speaks for the run
+    assert json.loads((two / "run.json").read_text())["runtime"]["learners"] == 2
+    _same_weights(_weights(two, 3), _weights(one, 3), load_file(str(WARM_START / "model.safetensors")))
+
+
+def test_a_two_rank_checkpoint_resumes_in_one_process_and_in_two(runs, tmp_path):
+    """Step 4 from the 2-rank run's step-3 checkpoint, resumed by one process and by two ranks,
+    equals step 4 of the 1-process run resumed from its own checkpoint."""
+    two, one, _ = runs
+    copies = {name: shutil.copytree(run, tmp_path / name) for name, run in
+              (("two_by_one", two), ("two_by_two", two), ("one_by_one", one))}
+    for name in ("two_by_one", "one_by_one"):
+        assert main(["train", "--resume", str(copies[name]), "trainer.steps=4"]) == 0
+    done = _torchrun("--resume", str(copies["two_by_two"]), "trainer.steps=4")
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference = copies["one_by_one"]
+    for name in ("two_by_one", "two_by_two"):
+        _same_lines(_metrics(copies[name]), _metrics(reference))
+        _same_weights(_weights(copies[name], 4), _weights(reference, 4), _weights(two, 3))
+    assert (copies["two_by_two"] / "checkpoints" / "step_000004" / "optimizer" / ".metadata").is_file()
+
+
+def test_ranks_times_threads_beyond_the_cores_is_one_line(tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    done = _torchrun(f"trainer.threads={cores}", "trainer.steps=1", f"trainer.out_dir={tmp_path}", *SMALL)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert lines and lines[0].startswith("error: trainer.threads: 2 ranks x"), done.stderr[-2000:]
