@@ -377,7 +377,7 @@ class TrainerConfig:
     Ray started with `threads` CPUs."""
     collective_timeout_s: float = 600.0
     """Data-parallel learners (`torchrun --nproc_per_node N -m rlvr.cli train`): seconds a collective waits
-    for the other ranks before the run stops with an error naming the missing rank."""
+    for the other ranks before the run stops with an error (a rank that died or hangs)."""
 
 
 @dataclass(frozen=True)
