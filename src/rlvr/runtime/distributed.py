@@ -14,15 +14,19 @@ whole batch on every rank; the samples travel as pickled objects (gloo or NCCL `
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import re
+import threading
+import time
 import warnings
 from dataclasses import dataclass
 
 import torch
 
 from rlvr.batch import Rollouts, concat_rollouts
-from rlvr.errors import ConfigError
+from rlvr.errors import ConfigError, LearnerLost
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,22 @@ class Shard:
         box = [value]
         torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
+
+    @contextlib.contextmanager
+    def failures(self):
+        """A collective that fails (a rank died: its peers' connections close; or one hangs past
+        `trainer.collective_timeout_s`) becomes one `LearnerLost` line naming the silent ranks."""
+        try:
+            yield
+        except RuntimeError as err:
+            if self.size == 1 or not _collective_error(err):
+                raise
+            silent = silent_ranks(self)
+            who = f"rank(s) {', '.join(map(str, silent))} stopped" if silent else "another rank stopped answering"
+            text = re.sub(r"^\[[^\]]*\]\s*", "", str(err).strip())  # gloo's source location
+            first = text.split(". ")[0].splitlines()[0][:160] if text else type(err).__name__
+            raise LearnerLost(f"learner rank {self.rank}: {who} (a collective failed: {first}); "
+                              "--resume RUN_DIR continues from the last checkpoint") from None
 
     def gather(self, value) -> list:
         """Every rank's `value`, in rank order (on every rank)."""
@@ -91,7 +111,37 @@ def init_learners(*, device: torch.device, threads: int, cores: int, timeout_s: 
         if device.type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    threading.Thread(target=_beat, args=(rank,), name="rlvr-heartbeat", daemon=True).start()
     return Shard(rank, size)
+
+
+BEAT_S = 1.0  # each rank's heartbeat in the launcher's store, which outlives the ranks
+
+
+def _beat(rank: int) -> None:
+    store = torch.distributed.distributed_c10d._get_default_store()
+    while True:
+        store.set(f"rlvr/beat/{rank}", repr(time.time()))
+        time.sleep(BEAT_S)
+
+
+def silent_ranks(shard: Shard) -> list[int]:
+    """The other ranks whose heartbeat stopped (read after waiting out a few beats)."""
+    time.sleep(3 * BEAT_S)
+    store = torch.distributed.distributed_c10d._get_default_store()
+    now, silent = time.time(), []
+    for rank in range(shard.size):
+        key = f"rlvr/beat/{rank}"
+        if rank != shard.rank and (not store.check([key]) or now - float(store.get(key)) > 2.5 * BEAT_S):
+            silent.append(rank)
+    return silent
+
+
+def _collective_error(err: RuntimeError) -> bool:
+    """A failure of the process group's transport or a collective's timeout (gloo, NCCL)."""
+    text = str(err)
+    return isinstance(err, torch.distributed.DistError) or any(
+        marker in text for marker in ("gloo", "NCCL", "Connection closed by peer", "Timed out", "timed out"))
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
