@@ -105,6 +105,19 @@ def test_two_ranks_train_as_one_process_on_the_same_global_batch(runs):
     _same_weights(_weights(two, 3), _weights(one, 3), load_file(str(WARM_START / "model.safetensors")))
 
 
+def test_two_ranks_train_a_diffusion_model_as_one_process(tmp_path):
+    """The same for the masked-diffusion model: each row's masks are a function of its tokens and
+    the step's seed, so the ranks' shares of a batch draw the single process's masks."""
+    recipe = SRC.parent / "recipes" / "dllm_diffu_grpo_countdown.yaml"
+    common = [str(recipe), "trainer.steps=3", f"trainer.out_dir={tmp_path}", *SMALL[:-1]]  # its own lengths
+    done = _torchrun(*common, "trainer.name=two")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["train", *common, "trainer.name=one", "trainer.threads=1"]) == 0
+    _same_lines(_metrics(tmp_path / "two"), _metrics(tmp_path / "one"))
+    start = load_file(str(SRC / "rlvr" / "assets" / "countdown-dllm-warmstart" / "model.safetensors"))
+    _same_weights(_weights(tmp_path / "two", 3), _weights(tmp_path / "one", 3), start)
+
+
 def test_a_two_rank_checkpoint_resumes_in_one_process_and_in_two(runs, tmp_path):
     """Step 4 from the 2-rank run's step-3 checkpoint, resumed by one process and by two ranks,
     equals step 4 of the 1-process run resumed from its own checkpoint."""

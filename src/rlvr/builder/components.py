@@ -130,8 +130,7 @@ def check_learners(config: Config, shard: Shard) -> None:
     t = config.trainer
     refused = {"trainer.max_staleness": t.max_staleness is not None, "trainer.backend": t.backend != "local",
                "rollout.engine": engine_kind(config).own_weights, "algo.advantage": config.algo.advantage == "gae",
-               "expert.per_step": bool(config.expert.per_step), "model.lora.r": config.model.lora.r > 0,
-               "model.kind": config.model.kind != "causal"}
+               "expert.per_step": bool(config.expert.per_step), "model.lora.r": config.model.lora.r > 0}
     for field, bad in refused.items():
         if bad:
             raise ConfigError(f"{field}: not supported with {shard.size} data-parallel learners yet (torchrun); "
