@@ -5,7 +5,8 @@ Each rank samples its share of the rows with the seeds the single process gives 
 update splits the rows with the global counts, so the two runs' metrics and weights agree to
 float rounding (the sharded run takes the plain `transformers` forward, the single process the
 fused fast path). Checkpoints hold the gathered weights and the optimizer's shards: one process
-resumes a 2-rank run, and 2 ranks resume their own, onto the same step as a 1-process resume.
+resumes a 2-rank run, and 2 ranks resume their own and a 1-process run's, onto the same step as a
+1-process resume.
 """
 
 from __future__ import annotations
@@ -118,21 +119,36 @@ def test_two_ranks_train_a_diffusion_model_as_one_process(tmp_path):
     _same_weights(_weights(tmp_path / "two", 3), _weights(tmp_path / "one", 3), start)
 
 
-def test_a_two_rank_checkpoint_resumes_in_one_process_and_in_two(runs, tmp_path):
-    """Step 4 from the 2-rank run's step-3 checkpoint, resumed by one process and by two ranks,
-    equals step 4 of the 1-process run resumed from its own checkpoint."""
+def _resumed(run: Path, into: Path, ranks: int) -> Path:
+    """A copy of `run` resumed to step 4 by one process (in this one) or by `ranks` ranks."""
+    shutil.copytree(run, into)
+    if ranks == 1:
+        assert main(["train", "--resume", str(into), "trainer.steps=4"]) == 0
+    else:
+        done = _torchrun("--resume", str(into), "trainer.steps=4", ranks=ranks)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return into
+
+
+def _same_resume(resumed: Path, reference: Path, start: Path) -> None:
+    _same_lines(_metrics(resumed), _metrics(reference))
+    _same_weights(_weights(resumed, 4), _weights(reference, 4), _weights(start, 3))
+
+
+def test_a_two_rank_checkpoint_resumes_in_one_process(runs, tmp_path):
+    """Step 4 from the 2-rank run's step-3 checkpoint (gathered weights, optimizer shards) resumed
+    by one process equals step 4 of the 1-process run resumed from its own checkpoint."""
     two, one, _ = runs
-    copies = {name: shutil.copytree(run, tmp_path / name) for name, run in
-              (("two_by_one", two), ("two_by_two", two), ("one_by_one", one))}
-    for name in ("two_by_one", "one_by_one"):
-        assert main(["train", "--resume", str(copies[name]), "trainer.steps=4"]) == 0
-    done = _torchrun("--resume", str(copies["two_by_two"]), "trainer.steps=4")
-    assert done.returncode == 0, done.stderr[-3000:]
-    reference = copies["one_by_one"]
-    for name in ("two_by_one", "two_by_two"):
-        _same_lines(_metrics(copies[name]), _metrics(reference))
-        _same_weights(_weights(copies[name], 4), _weights(reference, 4), _weights(two, 3))
-    assert (copies["two_by_two"] / "checkpoints" / "step_000004" / "optimizer" / ".metadata").is_file()
+    _same_resume(_resumed(two, tmp_path / "two_by_one", 1), _resumed(one, tmp_path / "one_by_one", 1), two)
+
+
+@pytest.mark.slow
+def test_two_ranks_resume_their_own_checkpoint_and_a_single_process_one(runs, tmp_path):
+    two, one, _ = runs
+    reference = _resumed(one, tmp_path / "one_by_one", 1)
+    assert (two / "checkpoints" / "step_000003" / "optimizer" / ".metadata").is_file()
+    for name, run in (("two_by_two", two), ("one_by_two", one)):
+        _same_resume(_resumed(run, tmp_path / name, 2), reference, two)
 
 
 def test_ranks_times_threads_beyond_the_cores_is_one_line(tmp_path):

@@ -213,9 +213,25 @@ class ShardedState:
         dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
                  checkpoint_id=str(folder / self.FOLDER))
 
-    def load(self, checkpoint, weights: dict[str, torch.Tensor]) -> None:
-        """The full `weights` into the shards, then the optimizer's saved shards (resharded to this run's ranks)."""
-        load_sharded_optimizer(self.model, self.optimizer, checkpoint / self.FOLDER, weights)
+    def load(self, checkpoint, weights: dict[str, torch.Tensor], optimizer: dict | None = None) -> None:
+        """The full `weights` into the shards, then the optimizer: its saved shards resharded to
+        this run's ranks, or `optimizer`, the full state one process saved, cut into this rank's shards."""
+        if optimizer is None:
+            load_sharded_optimizer(self.model, self.optimizer, checkpoint / self.FOLDER, weights)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.tensor import distribute_tensor
+
+        set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+
+        def cut(value, p):  # a full per-parameter tensor (Adam's moments) -> this rank's shard of it
+            if isinstance(value, torch.Tensor) and value.shape == p.shape and value.dim() > 0:
+                return distribute_tensor(value.to(p.device), p.device_mesh, p.placements)
+            return value
+
+        state = {i: {k: cut(v, params[i]) for k, v in moments.items()} for i, moments in optimizer["state"].items()}
+        self.optimizer.load_state_dict({"state": state, "param_groups": optimizer["param_groups"]})
 
     def barrier(self) -> None:
         torch.distributed.barrier()

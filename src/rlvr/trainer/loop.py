@@ -71,6 +71,24 @@ def _checkpoint(c: Components, run: RunDir, step: int, rollout_state: dict) -> P
                            shards=c.shards, writer=c.loop.writer)
 
 
+def _load_model_and_optimizer(c: Components, checkpoint: Path, optimizer: dict | None) -> None:
+    """The checkpoint's weights and optimizer state into `c`, whichever number of learners saved
+    it: `optimizer` is the state one process saved, None where the learners saved its shards."""
+    if c.shards is not None:  # the full weights into the shards; the optimizer resharded either way
+        c.shards.load(checkpoint, load_file(str(checkpoint / "model.safetensors")), optimizer)
+        return
+    if c.loop.adapter_checkpoints:  # the checkpoint holds the adapter; the base is rebuilt as loaded
+        load_adapter(c.model, checkpoint)
+    else:
+        c.model.load_state_dict(load_file(str(checkpoint / "model.safetensors")), strict=False)
+        if hasattr(c.model, "tie_weights"):  # HF drops tied copies on save; re-tie after loading
+            c.model.tie_weights()
+    if optimizer is not None:
+        c.optimizer.load_state_dict(optimizer)
+    else:  # saved by sharded learners, resumed by one process
+        load_sharded_optimizer(c.model, c.optimizer, checkpoint / ShardedState.FOLDER)
+
+
 def resume_run(c: Components, run: RunDir) -> int:
     """Load the newest checkpoint into `c`; returns its step (0 if there is none)."""
     remove_stale_temps(run.checkpoints)
@@ -79,18 +97,7 @@ def resume_run(c: Components, run: RunDir) -> int:
         run.truncate_after(-1)
         return 0
     state = load_state(checkpoint)
-    if c.loop.adapter_checkpoints:  # the checkpoint holds the adapter; the base is rebuilt as loaded
-        load_adapter(c.model, checkpoint)
-    elif c.shards is not None:  # the full weights into the shards, the optimizer's shards resharded
-        c.shards.load(checkpoint, load_file(str(checkpoint / "model.safetensors")))
-    else:
-        c.model.load_state_dict(load_file(str(checkpoint / "model.safetensors")), strict=False)
-        if hasattr(c.model, "tie_weights"):  # HF drops tied copies on save; re-tie after loading
-            c.model.tie_weights()
-    if "optimizer" in state:
-        c.optimizer.load_state_dict(state["optimizer"])
-    elif c.shards is None:  # saved by sharded learners, resumed by one process
-        load_sharded_optimizer(c.model, c.optimizer, checkpoint / ShardedState.FOLDER)
+    _load_model_and_optimizer(c, checkpoint, state.get("optimizer"))
     c.scheduler.load_state_dict(state["scheduler"])
     if c.critic is not None:
         c.critic.load_state_dict(state["critic"])
