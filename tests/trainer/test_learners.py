@@ -106,6 +106,7 @@ def test_two_ranks_train_as_one_process_on_the_same_global_batch(runs):
     _same_weights(_weights(two, 3), _weights(one, 3), load_file(str(WARM_START / "model.safetensors")))
 
 
+@pytest.mark.slow
 def test_two_ranks_train_a_diffusion_model_as_one_process(tmp_path):
     """The same for the masked-diffusion model: each row's masks are a function of its tokens and
     the step's seed, so the ranks' shares of a batch draw the single process's masks."""
@@ -133,6 +134,28 @@ def _resumed(run: Path, into: Path, ranks: int) -> Path:
 def _same_resume(resumed: Path, reference: Path, start: Path) -> None:
     _same_lines(_metrics(resumed), _metrics(reference))
     _same_weights(_weights(resumed, 4), _weights(reference, 4), _weights(start, 3))
+
+
+@pytest.mark.slow
+def test_two_ranks_train_lora_adapters_as_one_process_and_one_process_resumes_them(tmp_path):
+    """LoRA: only the adapters train and travel to the ranks' full copies; the checkpoints hold
+    the adapter, and one process resumes the 2-rank run onto the 1-process resume's step 4."""
+    common = [f"trainer.out_dir={tmp_path}", "model.lora.r=4", "optim.lr=1e-3", *SMALL]
+    done = _torchrun("trainer.steps=3", "trainer.name=two", *common)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["train", "trainer.steps=3", "trainer.name=one", "trainer.threads=1", *common]) == 0
+    runs = {name: tmp_path / name for name in ("two", "one")}
+    _same_lines(_metrics(runs["two"]), _metrics(runs["one"]))
+    for name, run in list(runs.items()):
+        runs[f"{name}_by_one"] = _resumed(run, tmp_path / f"{name}_by_one", 1)
+    _same_lines(_metrics(runs["two_by_one"]), _metrics(runs["one_by_one"]))
+    for step, (a, b) in ((3, ("two", "one")), (4, ("two_by_one", "one_by_one"))):
+        ours, theirs = (load_file(str(runs[n] / "checkpoints" / f"step_{step:06d}" / "adapter_model.safetensors"))
+                        for n in (a, b))
+        assert ours.keys() == theirs.keys() and any("lora_B" in k for k in ours)
+        for name in ours:
+            assert float((ours[name] - theirs[name]).norm()) <= 1e-5 * float(theirs[name].norm()), name
+        assert all(float(v.norm()) > 0 for k, v in ours.items() if "lora_B" in k)  # B starts at 0: it trained
 
 
 def test_a_two_rank_checkpoint_resumes_in_one_process(runs, tmp_path):

@@ -130,7 +130,7 @@ def check_learners(config: Config, shard: Shard) -> None:
     t = config.trainer
     refused = {"trainer.max_staleness": t.max_staleness is not None, "trainer.backend": t.backend != "local",
                "rollout.engine": engine_kind(config).own_weights, "algo.advantage": config.algo.advantage == "gae",
-               "expert.per_step": bool(config.expert.per_step), "model.lora.r": config.model.lora.r > 0}
+               "expert.per_step": bool(config.expert.per_step)}
     for field, bad in refused.items():
         if bad:
             raise ConfigError(f"{field}: not supported with {shard.size} data-parallel learners yet (torchrun); "
@@ -173,7 +173,7 @@ def step_plan(config: Config, loss: LossSpec, advantage, *, fused: bool, shard: 
         push_weights=(kind.own_weights and not shares_engine(config)) or shard.size > 1,
         overlong_filter=a.overlong_filter, shaping=shaping, token_rewards="token_rewards" in needs_of(loss.objective),
         value_clip=a.value_clip, critic_warmup_steps=a.critic_warmup_steps, kl_controller=kl_controller,
-        expert=expert, shard=shard)
+        expert=expert, shard=shard, push_merged=shard.size == 1)
 
 
 def loop_plan(config: Config, shard: Shard = ONE_PROCESS) -> LoopPlan:

@@ -6,10 +6,12 @@ ranks exchange the samples, so every rank holds the whole batch: advantages, met
 no-grad passes are the single process's. The update splits each minibatch's rows over the ranks;
 the loss is normalised by the minibatch's global counts and FSDP2 reduce-scatters the gradients,
 so the update does not depend on the number of ranks. The rollout engine samples from a plain
-(unsharded) copy of the weights, refreshed from the gathered shards after every step.
+(unsharded) copy of the model, whose trained weights (under LoRA the adapters only) are gathered
+from the shards after every step.
 
 Deviations from a production FSDP trainer: the no-grad passes (old policy, reference) run the
-whole batch on every rank; the samples travel as pickled objects (gloo or NCCL `all_gather_object`).
+whole batch on every rank; every rank holds a full copy of the weights to sample with; the
+samples travel as pickled objects (`all_gather_object`).
 """
 
 from __future__ import annotations
@@ -187,10 +189,13 @@ class RankEngine:
         return concat_rollouts(parts, self.pad_id)
 
     def push_weights(self, named, version: int) -> None:
-        full = full_weights(named)
+        """The trained weights of `named` (the learner's own parameters, sharded) into the copy:
+        under LoRA only the adapters."""
+        params = dict(self.model.named_parameters())
         with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                p.copy_(full[name])
+            full = full_weights((name, t) for name, t in named if t.requires_grad)
+            for name, tensor in full.items():
+                params[name].copy_(tensor)
         self.version = version
 
 

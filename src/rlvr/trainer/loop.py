@@ -74,15 +74,16 @@ def _checkpoint(c: Components, run: RunDir, step: int, rollout_state: dict) -> P
 def _load_model_and_optimizer(c: Components, checkpoint: Path, optimizer: dict | None) -> None:
     """The checkpoint's weights and optimizer state into `c`, whichever number of learners saved
     it: `optimizer` is the state one process saved, None where the learners saved its shards."""
-    if c.shards is not None:  # the full weights into the shards; the optimizer resharded either way
-        c.shards.load(checkpoint, load_file(str(checkpoint / "model.safetensors")), optimizer)
-        return
+    full = c.model if c.full_model is None else c.full_model  # sharded learners: load their full copy first
     if c.loop.adapter_checkpoints:  # the checkpoint holds the adapter; the base is rebuilt as loaded
-        load_adapter(c.model, checkpoint)
+        load_adapter(full, checkpoint)
     else:
-        c.model.load_state_dict(load_file(str(checkpoint / "model.safetensors")), strict=False)
-        if hasattr(c.model, "tie_weights"):  # HF drops tied copies on save; re-tie after loading
-            c.model.tie_weights()
+        full.load_state_dict(load_file(str(checkpoint / "model.safetensors")), strict=False)
+        if hasattr(full, "tie_weights"):  # HF drops tied copies on save; re-tie after loading
+            full.tie_weights()
+    if c.shards is not None:  # the full copy's trained weights into the shards; the optimizer resharded
+        c.shards.load(checkpoint, {n: p.detach() for n, p in full.named_parameters() if p.requires_grad}, optimizer)
+        return
     if optimizer is not None:
         c.optimizer.load_state_dict(optimizer)
     else:  # saved by sharded learners, resumed by one process

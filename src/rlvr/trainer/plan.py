@@ -82,6 +82,9 @@ class StepPlan:
     kl_controller: Callable | None  # (coef, seq_kl, n) -> new coef: the adaptive KL; None = fixed
     expert: ExpertPlan | None
     shard: Shard = Shard()  # this learner's rank of the data-parallel ranks: the update trains its share of the rows
+    # the engine loads the weights LoRA-merged under the base model's names (vLLM); False: the learner's own
+    # parameters, as named in its module (the data-parallel learners' full copy takes the trained ones)
+    push_merged: bool = True
 
 
 @dataclass(frozen=True)

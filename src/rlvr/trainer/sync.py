@@ -180,7 +180,8 @@ def push_weights(c: Components) -> float:
     the optimizer-step count; returns the seconds it took. Rollouts come only at the start of a step,
     so one push after a step's last optimizer step serves every rollout that follows it."""
     t0 = now()
-    c.engine.push_weights(merged_weights(c.model), version=c.scheduler.last_epoch)
+    weights = merged_weights(c.model) if c.plan.push_merged else list(c.model.named_parameters())
+    c.engine.push_weights(weights, version=c.scheduler.last_epoch)
     return now() - t0
 
 
