@@ -202,3 +202,11 @@ def test_a_killed_rank_is_one_line_naming_it_and_the_resume_continues_the_run(ru
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _same_lines(_metrics(run), _metrics(two))
     _same_weights(_weights(run, 3), _weights(two, 3), load_file(str(WARM_START / "model.safetensors")))
+
+
+def test_what_learners_do_not_support_yet_is_one_line(tmp_path):
+    done = _torchrun("trainer.max_staleness=1", "trainer.steps=1", f"trainer.out_dir={tmp_path}", *SMALL)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert lines and lines[0].startswith("error: trainer.max_staleness: not supported with 2 data-parallel"), \
+        done.stderr[-2000:]
