@@ -10,8 +10,8 @@ so the update does not depend on the number of ranks. The rollout engine samples
 from the shards after every step.
 
 Deviations from a production FSDP trainer: the no-grad passes (old policy, reference) run the
-whole batch on every rank; every rank holds a full copy of the weights to sample with; the
-samples travel as pickled objects (`all_gather_object`).
+whole batch on every rank; every rank holds a full copy of the weights to sample with (and a
+full frozen KL reference, outside LoRA); the samples travel as pickled objects (`all_gather_object`).
 """
 
 from __future__ import annotations
