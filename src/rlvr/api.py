@@ -196,6 +196,9 @@ class Trainer:
         from rlvr.runtime.process import configure_for
         from rlvr.tracking.run_dir import RunDir, disk_errors
 
+        runtime = configure_for(self.config)  # first: data-parallel learners join each other here (torchrun)
+        if runtime.shard.rank > 0:
+            return self._follow(runtime)
         with disk_errors(RunDir(self.run_dir), "resuming the run" if self.resume else "starting the run"):
             if self._default_dir is not None:  # chosen and made in one step: another run may take the name now
                 run = RunDir.claim(self._default_dir)
@@ -203,16 +206,11 @@ class Trainer:
             else:
                 run = RunDir(self.run_dir)
                 run.create(new=not self.resume)  # the lock, before anything is read for the resume or written
+        runtime.shard.broadcast(str(run.path))  # where the other learners' checkpoints are
         try:
-            if self.resume:
-                from rlvr.trainer.checkpoint import checkpoint_step, latest_checkpoint
-                from rlvr.trainer.loop import nothing_left_message
-
-                newest = latest_checkpoint(self.run_dir / "checkpoints")
-                if newest is not None and checkpoint_step(newest) >= self.config.trainer.steps:
-                    self.echo(nothing_left_message(self.run_dir, checkpoint_step(newest), self.config.trainer.steps))
-                    return run.read_json("run.json").get("final") or {"step": checkpoint_step(newest)}
-            runtime = configure_for(self.config)
+            done = self._finished(run)
+            if done is not None:
+                return done
             with _quiet_transformers():
                 objects, provenance = self._objects()
                 self.echo(f"run directory: {run.path}")
@@ -228,6 +226,48 @@ class Trainer:
         self.echo(f"done: step {final.get('step')} held-out accuracy "
                   f"{final.get('eval/heldout_accuracy', float('nan')):.3f} -> {run.path}")
         return final
+
+    def _finished(self, run) -> dict | None:
+        """A resumed run with no steps left: its final line (said in one line), else None."""
+        if not self.resume:
+            return None
+        from rlvr.trainer.checkpoint import checkpoint_step, latest_checkpoint
+        from rlvr.trainer.loop import nothing_left_message
+
+        newest = latest_checkpoint(self.run_dir / "checkpoints")
+        if newest is None or checkpoint_step(newest) < self.config.trainer.steps:
+            return None
+        self.echo(nothing_left_message(self.run_dir, checkpoint_step(newest), self.config.trainer.steps))
+        return run.read_json("run.json").get("final") or {"step": checkpoint_step(newest)}
+
+    def _follow(self, runtime) -> dict:
+        """Rank > 0 of data-parallel learners: train beside rank 0, which alone writes the run. Its
+        own run directory is a scratch one (removed at the end) whose `checkpoints` is rank 0's."""
+        import shutil
+        import tempfile
+
+        from rlvr.builder.run import train
+        from rlvr.tracking.run_dir import RunDir
+
+        self.run_dir = Path(runtime.shard.broadcast(None))
+        self.echo = _silent
+        done = self._finished(RunDir(self.run_dir))
+        if done is not None:
+            return done
+        scratch = Path(tempfile.mkdtemp(prefix=f"rlvr-rank{runtime.shard.rank}-"))
+        (scratch / "checkpoints").symlink_to((self.run_dir / "checkpoints").resolve())
+        if self.resume:  # what a resume reads of its run besides the checkpoints
+            shutil.copy2(self.run_dir / "run.json", scratch / "run.json")
+        run = RunDir(scratch)
+        try:
+            with _quiet_transformers():
+                objects, provenance = self._objects()
+                return train(self.config, run, command=self.command, resume=self.resume, echo=_silent,
+                             runtime=runtime, callbacks=self.callbacks, provenance=provenance,
+                             config_changes=self.config_changes, **objects)
+        finally:
+            run.release()
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def _objects(self) -> tuple[dict, dict]:
         """What `rlvr.trainer.sync.train` gets instead of building it from the config, and the
@@ -268,6 +308,10 @@ class Trainer:
             objects["task"] = self.task
             provenance["task"] = {"class": f"{type(self.task).__module__}.{type(self.task).__qualname__}"}
         return objects, provenance
+
+
+def _silent(*args, **kwargs) -> None:
+    """The echo of learners other than rank 0: rank 0 speaks for the run."""
 
 
 def train(model: Any = None, reward_funcs: Any = None, train_dataset: Any = None, **kwargs) -> dict:

@@ -20,6 +20,11 @@ class RunLocked(ConfigError):
     message names it. The lock is the kernel's, so a killed process never leaves one behind."""
 
 
+class LearnerLost(ConfigError):
+    """A data-parallel learner died or stopped answering within `trainer.collective_timeout_s`;
+    the message names it. `--resume RUN_DIR` continues from the last checkpoint."""
+
+
 class RunInterrupted(KeyboardInterrupt):
     """SIGTERM or SIGINT ended a run; run.json says `interrupted` with the signal. A
     KeyboardInterrupt, so code that handles Ctrl-C handles it; `exit_status` is 128 + the signal

@@ -63,11 +63,13 @@ def prepare_model(config: Config, model):
     return model
 
 
-def build_policy(config: Config, model):
-    """The PolicyModel: exact per-token log-probs (causal) or a named likelihood estimator (diffusion)."""
+def build_policy(config: Config, model, *, sharded: bool = False):
+    """The PolicyModel: exact per-token log-probs (causal) or a named likelihood estimator (diffusion).
+    `sharded` (FSDP): the plain module forward, which gathers each layer's shards (the fast path
+    reads the weights themselves)."""
     temperature = config.rollout.temperature
     if config.model.kind != "diffusion":
-        return CausalPolicy(model, temperature=temperature, kernels=config.trainer.kernels,
+        return CausalPolicy(model, temperature=temperature, kernels=config.trainer.kernels, fast=not sharded,
                             checkpointing=config.trainer.gradient_checkpointing)
     options = bind_named(config, "estimator.name").keywords
     return DiffusionPolicy(model, config.estimator.name, window=config.rollout.window, temperature=temperature,

@@ -32,10 +32,12 @@ from rlvr.config import Config, derived_batch_numbers, to_dict
 from rlvr.config.binding import bind_named
 from rlvr.config.registries import engine_kind, rollout_correction_on
 from rlvr.engines.snapshot import SharedEngine, SnapshotEngine
+from rlvr.errors import ConfigError
 from rlvr.models.lora import AdapterDisabled
 from rlvr.models.value import ValueModel
 from rlvr.protocols import PolicyModel, Task
 from rlvr.rewards.runner import RewardRunner
+from rlvr.runtime.distributed import ONE_PROCESS, RankEngine, Shard, ShardedState, shard_model
 from rlvr.runtime.process import Runtime, available_cores, thread_budget
 from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode, split_engine
 from rlvr.sampling.base import ZeroVariance
@@ -56,6 +58,12 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     `reward` given here is used instead of the one the config names."""
     runtime = runtime or Runtime()
     model, tokenizer = build.build_model(config) if model is None else (build.prepare_model(config, model), tokenizer)
+    shard = runtime.shard
+    plain = model  # what the engine samples with and the reference copies: the full weights
+    if shard.size > 1:  # data-parallel learners: the engine keeps a plain copy, the learner trains shards
+        check_learners(config, shard)
+        plain = copy.deepcopy(model)
+        shard_model(model)
     o, a = config.optim, config.algo
     total = config.trainer.steps * config.trainer.minibatches * config.trainer.ppo_epochs  # optimizer steps
     trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
@@ -67,8 +75,8 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     # The KL reference (or the one an objective reads, ShiQ's): under LoRA the base itself (the
     # adapter switched off), else a frozen copy taken before a policy hooks `model`.
     with_reference = a.kl_coef > 0 or needs_reference(loss.objective)
-    frozen = copy.deepcopy(model).requires_grad_(False) if with_reference and not lora else None
-    policy = build.build_policy(config, model)
+    frozen = copy.deepcopy(plain).requires_grad_(False) if with_reference and not lora else None
+    policy = build.build_policy(config, model, sharded=shard.size > 1)
     reference = build.build_policy(config, frozen) if frozen is not None else None
     if with_reference and lora:
         reference = AdapterDisabled(policy)
@@ -78,11 +86,13 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
         critic = ValueModel(model)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=a.critic_lr, betas=(o.beta1, o.beta2))
     task = task if task is not None else build.build_task(config, tokenizer)
-    build.check_context(config, model, tokenizer, task)
+    build.check_context(config, plain, tokenizer, task)
     layout = thread_layout(config, runtime)
-    engine = build.build_engine(config, model, tokenizer)
+    engine = build.build_engine(config, plain, tokenizer)
     if layout.learner_rows is not None and not engine_kind(config).batches_itself:
         engine = split_engine(engine, layout.learner_rows, tokenizer.pad_token_id, model)
+    if shard.size > 1:
+        engine = RankEngine(engine, plain, shard, tokenizer.pad_token_id)
     reward = reward if reward is not None else build.build_reward(config, task)
     build.check_reward_components(config, reward)
     e = config.expert
@@ -91,11 +101,15 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     c = Components(
         model=model, tokenizer=tokenizer, policy=policy, reference=reference, engine=engine,
         task=task, reward=reward, optimizer=optimizer, scheduler=scheduler, loss=loss, advantage=advantage,
-        plan=step_plan(config, loss, advantage, fused=fusable(config, policy, loss, advantage)), loop=loop_plan(config),
+        plan=step_plan(config, loss, advantage, fused=fusable(config, policy, loss, advantage) and shard.size == 1,
+                       shard=shard),
+        loop=loop_plan(config, shard),
         rng=rng, critic=critic, critic_optimizer=critic_optimizer, sampler=build_sampler(config, task, rng),
         replay=ReplayBuffer(capacity=config.rollout.replay_capacity, fraction=config.rollout.replay_fraction,
                             seed=config.seed) if config.rollout.replay_fraction > 0 else None,
         rows=layout.learner_rows, heap_kept=runtime.heap_kept, expert=expert, asynchronous=layout.plan,
+        shards=ShardedState(model, optimizer, shard) if shard.size > 1 else None,
+        full_model=plain if shard.size > 1 else None,
     )
     if layout.plan is not None:
         c.rollout_side = functools.partial(rollout_side, config, c, layout)
@@ -120,9 +134,24 @@ def fusable(config: Config, policy: PolicyModel, loss: LossSpec, advantage) -> b
             and not config.expert.per_step and advantage.returns is None and loss.reward_kl is None and not reads_old)
 
 
-def step_plan(config: Config, loss: LossSpec, advantage, *, fused: bool) -> StepPlan:
+def check_learners(config: Config, shard: Shard) -> None:
+    """What data-parallel learners support so far: the synchronous loop with the torch engine,
+    without a critic or expert rows, and minibatches of whole groups that split over the ranks."""
+    t = config.trainer
+    refused = {"trainer.max_staleness": t.max_staleness is not None, "trainer.backend": t.backend != "local",
+               "rollout.engine": engine_kind(config).own_weights, "algo.advantage": config.algo.advantage == "gae",
+               "expert.per_step": bool(config.expert.per_step)}
+    for field, bad in refused.items():
+        if bad:
+            raise ConfigError(f"{field}: not supported with {shard.size} data-parallel learners yet (torchrun); "
+                              "run it as one process, or use the synchronous loop with the torch engine")
+
+
+def step_plan(config: Config, loss: LossSpec, advantage, *, fused: bool, shard: Shard = ONE_PROCESS) -> StepPlan:
     """What every step of this run does (`trainer.plan.StepPlan`), resolved from the config and the
-    declarations of the engine and the bound registry entries."""
+    declarations of the engine and the bound registry entries. `shard`: this process's rank of
+    the data-parallel learners (its engine then samples from a copy of the weights pushed after
+    every step)."""
     r, t, a = config.rollout, config.trainer, config.algo
     kind = engine_kind(config)
     correcting = rollout_correction_on(config)
@@ -152,21 +181,25 @@ def step_plan(config: Config, loss: LossSpec, advantage, *, fused: bool) -> Step
         grad_clip=config.optim.grad_clip, samples_per_step=t.samples_per_step,
         fresh=Proximal("none" if on_policy else proximal, behaviour if correcting else None),
         stale=Proximal(proximal, behaviour),
-        push_weights=kind.own_weights and not shares_engine(config), overlong_filter=a.overlong_filter,
-        shaping=shaping, token_rewards="token_rewards" in needs_of(loss.objective), value_clip=a.value_clip,
-        critic_warmup_steps=a.critic_warmup_steps, kl_controller=kl_controller, expert=expert)
+        push_weights=(kind.own_weights and not shares_engine(config)) or shard.size > 1,
+        overlong_filter=a.overlong_filter, shaping=shaping, token_rewards="token_rewards" in needs_of(loss.objective),
+        value_clip=a.value_clip, critic_warmup_steps=a.critic_warmup_steps, kl_controller=kl_controller,
+        expert=expert, shard=shard, push_merged=shard.size == 1)
 
 
-def loop_plan(config: Config) -> LoopPlan:
-    """The schedule around the steps and what the run records (`trainer.plan.LoopPlan`)."""
+def loop_plan(config: Config, shard: Shard = ONE_PROCESS) -> LoopPlan:
+    """The schedule around the steps and what the run records (`trainer.plan.LoopPlan`); of
+    data-parallel learners only rank 0 writes."""
     t, r = config.trainer, config.rollout
     facts = {"rollout_engine": r.engine, "decode_engine": r.decode_engine} if config.model.kind == "causal" else {}
     return LoopPlan(steps=t.steps, eval_every=t.eval_every, save_every=t.save_every, keep_last=t.keep_last,
                     eval_samples=t.eval_samples, eval_temperature=r.temperature,
                     trackers=tracker_names(config),
-                    adapter_checkpoints=config.model.lora.r > 0, push_on_resume=engine_kind(config).own_weights,
-                    facts=facts, batch_numbers=derived_batch_numbers(config), config_tree=to_dict(config),
-                    upper_bounds=config.algo.dynamic_sampling)
+                    adapter_checkpoints=config.model.lora.r > 0,
+                    push_on_resume=engine_kind(config).own_weights or shard.size > 1,
+                    facts={**facts, "learners": shard.size} if shard.size > 1 else facts,
+                    batch_numbers=derived_batch_numbers(config), config_tree=to_dict(config),
+                    upper_bounds=config.algo.dynamic_sampling, writer=shard.rank == 0)
 
 
 def tracker_names(config: Config) -> tuple[str, ...]:

@@ -61,7 +61,9 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
     A resumed run with no steps left says so in one line and returns its recorded final line."""
     torch.manual_seed(config.seed)
     check_trackers(tracker_names(config))  # before anything is built or written
-    with StopSignals(echo) as stop:  # SIGTERM/SIGINT: finish the step, checkpoint, record `interrupted`
+    shard = (runtime or Runtime()).shard  # data-parallel learners: a lost rank is one line (`failures`)
+    # SIGTERM/SIGINT: finish the step, checkpoint, record `interrupted`
+    with StopSignals(echo) as stop, shard.failures():
         c = build_components(config, runtime=runtime, **objects)
         engine = c.engine  # the loop may wrap it; the one built here is closed at the end (vLLM)
         try:
@@ -78,7 +80,7 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
                 if not resume:  # a run that could not start leaves no empty directory behind
                     run.remove_if_empty()
                 raise
-            with recorded_exit(run), disk_errors(run, "training"):
+            with recorded_exit(run), disk_errors(run, "training"), shard.failures():
                 steps = make_steps(c, start)
                 try:
                     line = run_loop(c, run, start, echo, list(callbacks), stop, steps)

@@ -429,6 +429,9 @@ class TrainerConfig:
     ray_address: str = ""
     """`backend=ray`: the cluster to join (`auto` = the one `ray start --head` started here), empty = a local
     Ray started with `threads` CPUs."""
+    collective_timeout_s: float = 600.0
+    """Data-parallel learners (`torchrun --nproc_per_node N -m rlvr.cli train`): seconds a collective waits
+    for the other ranks before the run stops with an error (a rank that died or hangs)."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import torch
 from rlvr.config.registries import engine_kind
 from rlvr.errors import ConfigError
 from rlvr.runtime.allocator import keep_freed_memory
+from rlvr.runtime.distributed import ONE_PROCESS, Shard, init_learners, launched_world
 from rlvr.runtime.rows import RowPool, configure_threads, resolve_mode
 
 
@@ -26,12 +27,13 @@ class Runtime:
 
     rows: RowPool | None = None
     heap_kept: bool = False
+    shard: Shard = ONE_PROCESS  # this process's rank of the data-parallel learners (torchrun)
 
 
-def configure_process(*, threads: int, thread_mode: str, model_kind: str) -> Runtime:
+def configure_process(*, threads: int, thread_mode: str, model_kind: str, shard: Shard = ONE_PROCESS) -> Runtime:
     """Apply `trainer.threads` / `trainer.thread_mode` and the allocator setting to this process."""
     rows = configure_threads(threads, resolve_mode(thread_mode, model_kind))
-    return Runtime(rows=rows, heap_kept=keep_freed_memory())
+    return Runtime(rows=rows, heap_kept=keep_freed_memory(), shard=shard)
 
 
 def configure_for(config) -> Runtime:
@@ -42,7 +44,12 @@ def configure_for(config) -> Runtime:
         mode = "ops"  # row workers share out CPU work; a batch on a GPU runs whole
     if engine_kind(config).batches_itself and on_cpu:  # vLLM's threads share the cores: more of ours slow both
         mode, threads = "ops", 1
-    return configure_process(threads=threads, thread_mode=mode, model_kind=config.model.kind)
+    shard = ONE_PROCESS
+    if launched_world()[1] > 1:  # data-parallel learners under torchrun: torch's own threads, the rows whole
+        mode, threads = "ops", threads or torch.get_num_threads()
+        shard = init_learners(device=resolve_device(config.trainer.device, config.model.kind), threads=threads,
+                              cores=available_cores(), timeout_s=config.trainer.collective_timeout_s)
+    return configure_process(threads=threads, thread_mode=mode, model_kind=config.model.kind, shard=shard)
 
 
 def resolve_device(name: str, kind: str = "causal") -> torch.device:

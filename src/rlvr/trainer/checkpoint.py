@@ -49,14 +49,25 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save_checkpoint(directory: Path, step: int, model, tokenizer, state: dict, *, keep_last: int) -> Path:
+def save_checkpoint(directory: Path, step: int, model, tokenizer, state: dict, *, keep_last: int,
+                    shards=None, writer: bool = True) -> Path:
     """Write checkpoints/step_NNNNNN atomically and prune to the newest `keep_last`.
 
+    `shards` (a `runtime.distributed.ShardedState`, data-parallel learners): every rank writes its
+    optimizer shard into the temp folder first; the `writer` (rank 0) writes the rest and renames.
     A write that fails (a full disk, a second signal) removes the partial temp folder before the
     error goes on; a full disk becomes one `DiskFull` line."""
     final = directory / f"step_{step:06d}"
     tmp = directory / f".tmp_step_{step:06d}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    if writer:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    if shards is not None:
+        shards.barrier()  # the temp folder is there
+        shards.save_optimizer(tmp)
+    if not writer:
+        shards.barrier()  # rank 0 has renamed it
+        return final
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -75,6 +86,8 @@ def save_checkpoint(directory: Path, step: int, model, tokenizer, state: dict, *
     tmp.rename(final)
     for old in sorted(directory.glob("step_*"))[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
+    if shards is not None:
+        shards.barrier()
     return final
 
 

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from rlvr.kernels import native
 from rlvr.models.lora import load_adapter
+from rlvr.runtime.distributed import ShardedState, load_sharded_optimizer
 from rlvr.tracking.progress import Progress
 from rlvr.tracking.run_dir import RunDir, StopSignals, now
 from rlvr.tracking.tracker import make_trackers
@@ -59,15 +60,38 @@ def make_steps(c: Components, start: int) -> SyncSteps | AsyncSteps:
 
 
 def _checkpoint(c: Components, run: RunDir, step: int, rollout_state: dict) -> Path:
-    state = {"optimizer": c.optimizer.state_dict(), "scheduler": c.scheduler.state_dict(),
-             "rng": rng_state(), "task_rng": rollout_state["task_rng"], "kl_coef": c.loss.kl_coef}
+    state = {"scheduler": c.scheduler.state_dict(), "rng": rng_state(), "task_rng": rollout_state["task_rng"],
+             "kl_coef": c.loss.kl_coef}
+    if c.shards is None:  # sharded learners save the optimizer's shards beside (`ShardedState`)
+        state["optimizer"] = c.optimizer.state_dict()
     if c.critic is not None:
         state["critic"] = c.critic.state_dict()
         state["critic_optimizer"] = c.critic_optimizer.state_dict()
     state["sampler"] = rollout_state["sampler"]
     if c.replay is not None:
         state["replay"] = rollout_state["replay"]
-    return save_checkpoint(run.checkpoints, step, c.model, c.tokenizer, state, keep_last=c.loop.keep_last)
+    model = c.model if c.full_model is None else c.full_model
+    return save_checkpoint(run.checkpoints, step, model, c.tokenizer, state, keep_last=c.loop.keep_last,
+                           shards=c.shards, writer=c.loop.writer)
+
+
+def _load_model_and_optimizer(c: Components, checkpoint: Path, optimizer: dict | None) -> None:
+    """The checkpoint's weights and optimizer state into `c`, whichever number of learners saved
+    it: `optimizer` is the state one process saved, None where the learners saved its shards."""
+    full = c.model if c.full_model is None else c.full_model  # sharded learners: load their full copy first
+    if c.loop.adapter_checkpoints:  # the checkpoint holds the adapter; the base is rebuilt as loaded
+        load_adapter(full, checkpoint)
+    else:
+        full.load_state_dict(load_file(str(checkpoint / "model.safetensors")), strict=False)
+        if hasattr(full, "tie_weights"):  # HF drops tied copies on save; re-tie after loading
+            full.tie_weights()
+    if c.shards is not None:  # the full copy's trained weights into the shards; the optimizer resharded
+        c.shards.load(checkpoint, {n: p.detach() for n, p in full.named_parameters() if p.requires_grad}, optimizer)
+        return
+    if optimizer is not None:
+        c.optimizer.load_state_dict(optimizer)
+    else:  # saved by sharded learners, resumed by one process
+        load_sharded_optimizer(c.model, c.optimizer, checkpoint / ShardedState.FOLDER)
 
 
 def resume_run(c: Components, run: RunDir) -> int:
@@ -78,13 +102,7 @@ def resume_run(c: Components, run: RunDir) -> int:
         run.truncate_after(-1)
         return 0
     state = load_state(checkpoint)
-    if c.loop.adapter_checkpoints:  # the checkpoint holds the adapter; the base is rebuilt as loaded
-        load_adapter(c.model, checkpoint)
-    else:
-        c.model.load_state_dict(load_file(str(checkpoint / "model.safetensors")), strict=False)
-        if hasattr(c.model, "tie_weights"):  # HF drops tied copies on save; re-tie after loading
-            c.model.tie_weights()
-    c.optimizer.load_state_dict(state["optimizer"])
+    _load_model_and_optimizer(c, checkpoint, state.get("optimizer"))
     c.scheduler.load_state_dict(state["scheduler"])
     if c.critic is not None:
         c.critic.load_state_dict(state["critic"])
@@ -129,7 +147,7 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
     """Steps `start+1 .. loop.steps` of `steps` (a schedule of `make_steps`), with evaluation,
     trackers, samples, callbacks and checkpoints as `c.loop` says; returns the last metrics line."""
     t = c.loop
-    trackers = make_trackers(list(t.trackers), run.path, resume_step=start if start else None)
+    trackers = make_trackers(list(t.trackers), run.path, resume_step=start if start else None) if t.writer else []
     for tracker in trackers:
         tracker.log_config(t.config_tree)
     probe = c.task.sample(len(c.task.heldout()), random.Random(TRAIN_PROBE_SEED))
@@ -158,7 +176,7 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
             raise FloatingPointError(f"non-finite loss at step {step}; lower optim.lr or raise algo.adv_eps")
         for tracker in trackers:
             tracker.log_metrics(step, metrics)
-        for record in samples:
+        for record in samples if t.writer else ():
             run.append(run.samples_file, record)
         progress.update(step, metrics)
         line = {"step": step, **metrics}

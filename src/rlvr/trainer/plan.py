@@ -18,6 +18,7 @@ import torch
 from rlvr.models.value import ValueModel
 from rlvr.protocols import PolicyModel, RolloutEngine, Task
 from rlvr.rewards.runner import RewardRunner
+from rlvr.runtime.distributed import Shard, ShardedState
 from rlvr.runtime.rows import RowPool
 from rlvr.sampling.base import GroupFilter, Sampler
 from rlvr.sampling.replay import ReplayBuffer
@@ -81,6 +82,10 @@ class StepPlan:
     critic_warmup_steps: int  # steps that train only the critic (with a critic)
     kl_controller: Callable | None  # (coef, seq_kl, n) -> new coef: the adaptive KL; None = fixed
     expert: ExpertPlan | None
+    shard: Shard = Shard()  # this learner's rank of the data-parallel ranks: the update trains its share of the rows
+    # the engine loads the weights LoRA-merged under the base model's names (vLLM); False: the learner's own
+    # parameters, as named in its module (the data-parallel learners' full copy takes the trained ones)
+    push_merged: bool = True
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class LoopPlan:
     batch_numbers: dict  # the derived batch vocabulary, printed at the start
     config_tree: dict  # the resolved config, for the trackers
     upper_bounds: bool  # dynamic sampling: the batch numbers are upper bounds
+    writer: bool = True  # this process writes the run's metrics, samples and checkpoints (rank 0 of the learners)
 
 
 @dataclass(frozen=True)
@@ -154,3 +160,7 @@ class Components:
     asynchronous: AsyncPlan | None = None  # rollouts ahead of the learner; None = the synchronous loop
     # start version -> the rollout side, made by the builder (`components.rollout_side`)
     rollout_side: Callable[[int], RolloutSide] | None = None
+    # data-parallel learners (`runtime.distributed`): how the sharded model and optimizer are saved and
+    # loaded, and the plain full-weight copy (the engine's) that checkpoints save; None = one process
+    shards: ShardedState | None = None
+    full_model: torch.nn.Module | None = None

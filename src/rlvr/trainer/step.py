@@ -8,12 +8,13 @@ the whole optimizer step, computed before the first micro-batch, so gradients do
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from rlvr.algos.aggregate import global_counts
 from rlvr.batch import TrainBatch
+from rlvr.runtime.distributed import ONE_PROCESS, Shard, scalar
 from rlvr.trainer.expert import split_loss
 from rlvr.trainer.logit_stats import loss_outputs
 
@@ -89,49 +90,70 @@ def _drift_sums(logp, old, mask, sums: dict[str, float]) -> dict[str, float]:
 
 
 def optimizer_step(policy, optimizer, scheduler, batch: TrainBatch, spec: LossSpec, *,
-                   micro_batch_size: int, grad_clip: float, rows=None, keep: list | None = None) -> dict[str, float]:
+                   micro_batch_size: int, grad_clip: float, rows=None, keep: list | None = None,
+                   shard: Shard = ONE_PROCESS) -> dict[str, float]:
     """One optimizer step over `batch`, accumulated over micro-batches. Returns metrics.
 
     `rows` (a `runtime.rows.RowPool`, optional) splits each micro-batch over worker threads. `keep`
-    (a list) gets the detached log-probs of the step's forwards, in `batch`'s row order."""
-    chunks = [batch.select(slice(i, i + micro_batch_size)) for i in range(0, len(batch), micro_batch_size)]
-    counts = dict(zip(("num_tokens", "num_seqs"), global_counts(c.completion_mask for c in chunks)))
+    (a list) gets the detached log-probs of the step's forwards, in `batch`'s row order. `shard`:
+    this data-parallel rank trains its share of `batch`'s rows; the counts, the loss and the metric
+    sums are the whole batch's (summed over the ranks), so the update is the single process's."""
+    whole = batch.completion_mask
+    counts = dict(zip(("num_tokens", "num_seqs"), global_counts(
+        whole[i:i + micro_batch_size] for i in range(0, len(batch), micro_batch_size))))
     if counts["num_tokens"] == 0:
         return {}
+    mine = batch.select(shard.rows(len(batch)))
+    # as many micro-batches on every rank (FSDP's collectives pair up): the longest share's count;
+    # a shorter share's missing last one is a row with no tokens in the loss
+    longest = -(-len(batch) // shard.size)
+    chunks = [mine.select(slice(i, i + micro_batch_size)) if i < len(mine) else _no_tokens(batch)
+              for i in range(0, longest, micro_batch_size)]
     totals: dict[str, float] = {}
     loss_value = 0.0
     for mb in chunks:
-        for loss, sums in _backward(policy, mb, spec, counts, rows, keep):
+        for loss, sums in _backward(policy, mb, spec, counts, rows, keep, shard.size):
             loss_value += loss
             for key, value in sums.items():
                 totals[key] = totals.get(key, 0.0) + value
+    totals = shard.sum({**totals, "loss/policy": loss_value})
+    loss_value = totals.pop("loss/policy")
     params = [p for p in policy.parameters() if p.grad is not None]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     metrics = {f"actor/{k}": v / counts["num_tokens"] for k, v in totals.items()}
-    metrics.update({"loss/policy": loss_value, "actor/grad_norm": float(grad_norm),
+    metrics.update({"loss/policy": loss_value, "actor/grad_norm": scalar(grad_norm),
                     "actor/lr": scheduler.get_last_lr()[0]})
     return metrics
 
 
+def _no_tokens(batch: TrainBatch) -> TrainBatch:
+    """One row of `batch` with an all-zero completion mask: a forward and backward that add
+    nothing to the loss, its gradient or its metric sums."""
+    row = batch.select(slice(0, 1))
+    return replace(row, completion_mask=torch.zeros_like(row.completion_mask))
+
+
 def _backward(policy, mb: TrainBatch, spec: LossSpec, counts: dict, rows,
-              keep: list | None) -> list[tuple[float, dict]]:
+              keep: list | None, ranks: int = 1) -> list[tuple[float, dict]]:
     """Accumulate `mb`'s gradient into `.grad`; its (loss, metric sums), one per piece of rows.
 
+    FSDP averages the `ranks` ranks' gradients and the loss is already normalised by the global
+    counts, so each rank's backward is scaled by `ranks` (the sum the single process takes).
     With a row pool each worker takes `torch.autograd.grad` of its rows' loss, and the pieces
     are added in row order: the same sums as serial micro-batches of those rows."""
     if rows is None:
         loss, sums = micro_batch_loss(policy, mb, spec, **counts, keep=keep)
-        loss.backward()
+        (loss * ranks).backward()
         return [(float(loss.detach()), sums)]
     params = [p for p in policy.parameters() if p.requires_grad]
 
     def piece(part: slice):
         kept = [] if keep is not None else None  # per piece: the workers finish in any order
         loss, sums = micro_batch_loss(policy, mb.select(part), spec, **counts, keep=kept)
-        return float(loss.detach()), sums, torch.autograd.grad(loss, params, allow_unused=True), kept
+        return float(loss.detach()), sums, torch.autograd.grad(loss * ranks, params, allow_unused=True), kept
 
     results = rows.map(piece, len(mb))
     for _, _, grads, kept in results:

@@ -168,7 +168,7 @@ def _update(c: Components, step: int, batch: TrainBatch, old_values, returns, se
             if train_policy:
                 m.update(optimizer_step(c.policy, c.optimizer, c.scheduler, batch.select(rows), spec,
                                         micro_batch_size=plan.micro_batch_size, grad_clip=plan.grad_clip,
-                                        rows=c.rows, keep=None if fused is None else fused[0]))
+                                        rows=c.rows, keep=None if fused is None else fused[0], shard=plan.shard))
             updates.append(m)
     return Updates(updates, rows)
 
@@ -187,7 +187,8 @@ def push_weights(c: Components) -> float:
     the optimizer-step count; returns the seconds it took. Rollouts come only at the start of a step,
     so one push after a step's last optimizer step serves every rollout that follows it."""
     t0 = now()
-    c.engine.push_weights(merged_weights(c.model), version=c.scheduler.last_epoch)
+    weights = merged_weights(c.model) if c.plan.push_merged else list(c.model.named_parameters())
+    c.engine.push_weights(weights, version=c.scheduler.last_epoch)
     return now() - t0
 
 

@@ -1,0 +1,263 @@
+"""Data-parallel learners: N processes (torchrun) train one model with FSDP2.
+
+Each rank samples its share of every batch (`RankEngine`: the rows' seeds are the ones a single
+process gives them, so the union of the ranks' samples is the single process's batch) and the
+ranks exchange the samples, so every rank holds the whole batch: advantages, metrics and the
+no-grad passes are the single process's. The update splits each minibatch's rows over the ranks;
+the loss is normalised by the minibatch's global counts and FSDP2 reduce-scatters the gradients,
+so the update does not depend on the number of ranks. The rollout engine samples from a plain
+(unsharded) copy of the model, whose trained weights (under LoRA the adapters only) are gathered
+from the shards after every step.
+
+Deviations from a production FSDP trainer: the no-grad passes (old policy, reference) run the
+whole batch on every rank; every rank holds a full copy of the weights to sample with (and a
+full frozen KL reference, outside LoRA); the samples travel as pickled objects (`all_gather_object`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import re
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.batch import Rollouts, concat_rollouts
+from rlvr.errors import ConfigError, LearnerLost
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's place among the learners: `rank` of `size` (size 1 = a single process,
+    whose methods change nothing)."""
+
+    rank: int = 0
+    size: int = 1
+
+    def rows(self, count: int) -> slice:
+        """This rank's consecutive share of `count` rows (near-equal shares, in rank order)."""
+        return slice(count * self.rank // self.size, count * (self.rank + 1) // self.size)
+
+    def sum(self, values: dict[str, float]) -> dict[str, float]:
+        """`values` summed over the ranks (every rank passes the same keys)."""
+        if self.size == 1 or not values:
+            return values
+        keys = sorted(values)
+        total = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+        torch.distributed.all_reduce(total)
+        return dict(zip(keys, total.tolist()))
+
+    def broadcast(self, value):
+        """Rank 0's `value`, on every rank."""
+        if self.size == 1:
+            return value
+        box = [value]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    @contextlib.contextmanager
+    def failures(self):
+        """A collective that fails (a rank died: its peers' connections close; or one hangs past
+        `trainer.collective_timeout_s`) becomes one `LearnerLost` line naming the silent ranks."""
+        try:
+            yield
+        except RuntimeError as err:
+            if self.size == 1 or not _collective_error(err):
+                raise
+            silent = silent_ranks(self)
+            who = f"rank(s) {', '.join(map(str, silent))} stopped" if silent else "another rank stopped answering"
+            text = re.sub(r"^\[[^\]]*\]\s*", "", str(err).strip())  # gloo's source location
+            first = text.split(". ")[0].splitlines()[0][:160] if text else type(err).__name__
+            raise LearnerLost(f"learner rank {self.rank}: {who} (a collective failed: {first}); "
+                              "--resume RUN_DIR continues from the last checkpoint") from None
+
+    def gather(self, value) -> list:
+        """Every rank's `value`, in rank order (on every rank)."""
+        if self.size == 1:
+            return [value]
+        out = [None] * self.size
+        torch.distributed.all_gather_object(out, value)
+        return out
+
+
+ONE_PROCESS = Shard()  # a learner alone
+
+
+def scalar(value) -> float:
+    """A float from a tensor that may be a `DTensor` (the grad norm of sharded parameters)."""
+    return float(value.full_tensor() if hasattr(value, "full_tensor") else value)
+
+
+def launched_world() -> tuple[int, int, int]:
+    """(rank, world size, local world size) as torchrun sets them; (0, 1, 1) outside it."""
+    env = os.environ
+    return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_WORLD_SIZE", 1))
+
+
+def init_learners(*, device: torch.device, threads: int, cores: int, timeout_s: float) -> Shard:
+    """Join the process group torchrun started (gloo on CPU, NCCL on CUDA); a single process
+    joins nothing. Ranks × threads on one machine must fit its cores (one-line error)."""
+    rank, size, local = launched_world()
+    if size == 1:
+        return ONE_PROCESS
+    if device.type == "cpu" and local * threads > cores:
+        raise ConfigError(f"trainer.threads: {local} ranks x {threads} thread(s) exceed the {cores} cores of this "
+                          f"machine; set trainer.threads={max(1, cores // local)} or start fewer ranks")
+    if not torch.distributed.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    threading.Thread(target=_beat, args=(rank,), name="rlvr-heartbeat", daemon=True).start()
+    return Shard(rank, size)
+
+
+BEAT_S = 1.0  # each rank's heartbeat in the launcher's store, which outlives the ranks
+
+
+def _beat(rank: int) -> None:
+    store = torch.distributed.distributed_c10d._get_default_store()
+    while True:
+        store.set(f"rlvr/beat/{rank}", repr(time.time()))
+        time.sleep(BEAT_S)
+
+
+def silent_ranks(shard: Shard) -> list[int]:
+    """The other ranks whose heartbeat stopped (read after waiting out a few beats)."""
+    time.sleep(3 * BEAT_S)
+    store = torch.distributed.distributed_c10d._get_default_store()
+    now, silent = time.time(), []
+    for rank in range(shard.size):
+        key = f"rlvr/beat/{rank}"
+        if rank != shard.rank and (not store.check([key]) or now - float(store.get(key)) > 2.5 * BEAT_S):
+            silent.append(rank)
+    return silent
+
+
+def _collective_error(err: RuntimeError) -> bool:
+    """A failure of the process group's transport or a collective's timeout (gloo, NCCL)."""
+    text = str(err)
+    return isinstance(err, torch.distributed.DistError) or any(
+        marker in text for marker in ("gloo", "NCCL", "Connection closed by peer", "Timed out", "timed out"))
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a transformer (`model.layers`, GPT-2's `transformer.h`, ...): the
+    children of the largest `ModuleList`."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []
+
+
+def shard_model(model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2 full sharding: one group per decoder layer, then the root (embeddings, head, norm)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in decoder_layers(model):
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def full_weights(named) -> dict[str, torch.Tensor]:
+    """{name: full tensor} from (name, tensor) pairs whose tensors may be shards (`DTensor`):
+    a collective, every rank calls it with the same names."""
+    return {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach() for name, t in named}
+
+
+class RankEngine:
+    """A rollout engine over a plain copy of the weights (`model`), which samples this rank's
+    share of every batch's rows and gathers the others': each rank returns the whole batch.
+
+    `push_weights(named, version)` loads the learner's (sharded) weights into the copy."""
+
+    def __init__(self, engine, model: torch.nn.Module, shard: Shard, pad_id: int):
+        self.engine, self.model, self.shard, self.pad_id = engine, model, shard, pad_id
+        self.version = 0
+
+    def __call__(self, prompt_ids, prompt_mask, seeds, *, temperature, **kwargs) -> Rollouts:
+        rows = self.shard.rows(len(seeds))
+        mine = None
+        if rows.stop > rows.start:
+            t = temperature[rows] if isinstance(temperature, torch.Tensor) else temperature
+            mine = self.engine(prompt_ids[rows], prompt_mask[rows], seeds[rows], temperature=t, **kwargs)
+        parts = [p for p in self.shard.gather(mine) if p is not None]
+        return concat_rollouts(parts, self.pad_id)
+
+    def push_weights(self, named, version: int) -> None:
+        """The trained weights of `named` (the learner's own parameters, sharded) into the copy:
+        under LoRA only the adapters."""
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            full = full_weights((name, t) for name, t in named if t.requires_grad)
+            for name, tensor in full.items():
+                params[name].copy_(tensor)
+        self.version = version
+
+
+class ShardedState:
+    """How sharded learners save and load what a checkpoint holds of the model and optimizer:
+    the full weights in the Hugging Face files (gathered; what an export or a single process
+    loads) and the optimizer's shards with `torch.distributed.checkpoint` in `optimizer/`, which
+    any number of ranks (one process too) can load."""
+
+    FOLDER = "optimizer"
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: Shard):
+        self.model, self.optimizer, self.shard = model, optimizer, shard
+
+    def save_optimizer(self, folder) -> None:
+        """Every rank writes its optimizer shard under `folder` (a collective)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
+                 checkpoint_id=str(folder / self.FOLDER))
+
+    def load(self, checkpoint, weights: dict[str, torch.Tensor], optimizer: dict | None = None) -> None:
+        """The full `weights` into the shards, then the optimizer: its saved shards resharded to
+        this run's ranks, or `optimizer`, the full state one process saved, cut into this rank's shards."""
+        if optimizer is None:
+            load_sharded_optimizer(self.model, self.optimizer, checkpoint / self.FOLDER, weights)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.tensor import distribute_tensor
+
+        set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+
+        def cut(value, p):  # a full per-parameter tensor (Adam's moments) -> this rank's shard of it
+            if isinstance(value, torch.Tensor) and value.shape == p.shape and value.dim() > 0:
+                return distribute_tensor(value.to(p.device), p.device_mesh, p.placements)
+            return value
+
+        state = {i: {k: cut(v, params[i]) for k, v in moments.items()} for i, moments in optimizer["state"].items()}
+        self.optimizer.load_state_dict({"state": state, "param_groups": optimizer["param_groups"]})
+
+    def barrier(self) -> None:
+        torch.distributed.barrier()
+
+
+def load_sharded_optimizer(model, optimizer, folder, weights: dict[str, torch.Tensor] | None = None) -> None:
+    """Load `weights` (full tensors by name; None = keep the model's) and the optimizer state a
+    `ShardedState` saved in `folder`, into `model` and `optimizer` however they are sharded (a
+    plain model in a single process too)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    if weights is not None:
+        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+    with warnings.catch_warnings():  # one process loading shards: DCP warns that it assumes so
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(folder))
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])

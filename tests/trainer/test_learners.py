@@ -1,0 +1,212 @@
+"""Data-parallel learners: `torchrun --nproc_per_node 2 -m rlvr.cli train` (FSDP2 over gloo, one
+thread per rank) against one process on the same global batch.
+
+Each rank samples its share of the rows with the seeds the single process gives them and the
+update splits the rows with the global counts, so the two runs' metrics and weights agree to
+float rounding (the sharded run takes the plain `transformers` forward, the single process the
+fused fast path). Checkpoints hold the gathered weights and the optimizer's shards: one process
+resumes a 2-rank run, and 2 ranks resume their own and a 1-process run's, onto the same step as a
+1-process resume.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlvr.cli import main
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+WARM_START = SRC / "rlvr" / "assets" / "countdown-warmstart"
+SMALL = ["trainer.eval_every=0", "rollout.prompts_per_step=4", "rollout.group_size=4", "task.heldout_size=2",
+         "trainer.save_every=0", "rollout.max_new_tokens=12"]
+# A reward with variance in every group; with the file `armed` beside it, rank 1 kills itself (SIGKILL)
+# at its KILL_AT-th call (after the first step's checkpoint), disarming it first so that the resume runs through.
+REWARD = """
+import os, signal
+from pathlib import Path
+
+CALLS = [0]
+ARMED = Path(__file__).with_name("armed")
+
+
+def score(prompt, completion, **example):
+    CALLS[0] += 1
+    if os.environ.get("RANK") == "1" and CALLS[0] == {kill_at} and ARMED.exists():
+        ARMED.unlink()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return float(len(completion) % 3 == 0)
+"""
+KILL_AT = 40
+
+
+def _torchrun(*args: str, ranks: int = 2) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+                           "-m", "rlvr.cli", "train", *args],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "checkpoints" / f"step_{step:06d}" / "model.safetensors"))
+
+
+def _same_lines(a: list[dict], b: list[dict]) -> None:
+    """Equal step lines to float tolerance, timings and machine counters aside."""
+    assert [m["step"] for m in a] == [m["step"] for m in b]
+    for x, y in zip(a, b):
+        keys = {k for k in x.keys() & y.keys() if not k.startswith(("time/", "perf/"))}
+        assert "actor/grad_norm" in keys or x["step"] == 0
+        off = {k: (x[k], y[k]) for k in keys if not math.isclose(x[k], y[k], rel_tol=1e-5, abs_tol=1e-6)}
+        assert not off, (x["step"], off)
+
+
+def _same_weights(a: dict, b: dict, start: dict) -> None:
+    """Every tensor equal to 1e-5 relative (norm of the difference over the norm), where the steps
+    moved each tensor by far more than that."""
+    assert a.keys() == b.keys()
+    for name in a:
+        assert float((a[name] - b[name]).norm()) <= 1e-5 * float(b[name].norm()), name
+    moved = max(float((b[k] - start[k]).norm() / start[k].norm()) for k in start if k in b)
+    assert moved > 1e-4  # ten times the tolerance at least
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A 2-rank run and a 1-process run of 3 steps on the same global batches."""
+    root = tmp_path_factory.mktemp("learners")
+    (root / "reward.py").write_text(REWARD.format(kill_at=KILL_AT))
+    common = [f"reward.fn={root / 'reward.py'}:score", f"trainer.out_dir={root}", *SMALL]
+    done = _torchrun("trainer.steps=3", "trainer.name=two", *common)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["train", "trainer.steps=3", "trainer.name=one", "trainer.threads=1", *common]) == 0
+    return root / "two", root / "one", done
+
+
+def test_two_ranks_train_as_one_process_on_the_same_global_batch(runs):
+    two, one, done = runs
+    _same_lines(_metrics(two), _metrics(one))
+    assert len(_metrics(two)) == 4  # rank 0 alone wrote: one line per step, step 0's evaluation first
+    assert done.stdout.count("done: step 3") == 1  # one rank speaks for the run
+    assert json.loads((two / "run.json").read_text())["runtime"]["learners"] == 2
+    _same_weights(_weights(two, 3), _weights(one, 3), load_file(str(WARM_START / "model.safetensors")))
+
+
+@pytest.mark.slow
+def test_two_ranks_train_a_diffusion_model_as_one_process(tmp_path):
+    """The same for the masked-diffusion model: each row's masks are a function of its tokens and
+    the step's seed, so the ranks' shares of a batch draw the single process's masks."""
+    recipe = SRC.parent / "recipes" / "dllm_diffu_grpo_countdown.yaml"
+    common = [str(recipe), "trainer.steps=3", f"trainer.out_dir={tmp_path}", *SMALL[:-1]]  # its own lengths
+    done = _torchrun(*common, "trainer.name=two")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["train", *common, "trainer.name=one", "trainer.threads=1"]) == 0
+    _same_lines(_metrics(tmp_path / "two"), _metrics(tmp_path / "one"))
+    start = load_file(str(SRC / "rlvr" / "assets" / "countdown-dllm-warmstart" / "model.safetensors"))
+    _same_weights(_weights(tmp_path / "two", 3), _weights(tmp_path / "one", 3), start)
+
+
+def _resumed(run: Path, into: Path, ranks: int) -> Path:
+    """A copy of `run` resumed to step 4 by one process (in this one) or by `ranks` ranks."""
+    shutil.copytree(run, into)
+    if ranks == 1:
+        assert main(["train", "--resume", str(into), "trainer.steps=4"]) == 0
+    else:
+        done = _torchrun("--resume", str(into), "trainer.steps=4", ranks=ranks)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return into
+
+
+def _same_resume(resumed: Path, reference: Path, start: Path) -> None:
+    _same_lines(_metrics(resumed), _metrics(reference))
+    _same_weights(_weights(resumed, 4), _weights(reference, 4), _weights(start, 3))
+
+
+@pytest.mark.slow
+def test_two_ranks_train_lora_adapters_as_one_process_and_one_process_resumes_them(tmp_path):
+    """LoRA: only the adapters train and travel to the ranks' full copies; the checkpoints hold
+    the adapter, and one process resumes the 2-rank run onto the 1-process resume's step 4."""
+    common = [f"trainer.out_dir={tmp_path}", "model.lora.r=4", "optim.lr=1e-3", *SMALL]
+    done = _torchrun("trainer.steps=3", "trainer.name=two", *common)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["train", "trainer.steps=3", "trainer.name=one", "trainer.threads=1", *common]) == 0
+    runs = {name: tmp_path / name for name in ("two", "one")}
+    _same_lines(_metrics(runs["two"]), _metrics(runs["one"]))
+    for name, run in list(runs.items()):
+        runs[f"{name}_by_one"] = _resumed(run, tmp_path / f"{name}_by_one", 1)
+    _same_lines(_metrics(runs["two_by_one"]), _metrics(runs["one_by_one"]))
+    for step, (a, b) in ((3, ("two", "one")), (4, ("two_by_one", "one_by_one"))):
+        ours, theirs = (load_file(str(runs[n] / "checkpoints" / f"step_{step:06d}" / "adapter_model.safetensors"))
+                        for n in (a, b))
+        assert ours.keys() == theirs.keys() and any("lora_B" in k for k in ours)
+        for name in ours:
+            assert float((ours[name] - theirs[name]).norm()) <= 1e-5 * float(theirs[name].norm()), name
+        assert all(float(v.norm()) > 0 for k, v in ours.items() if "lora_B" in k)  # B starts at 0: it trained
+
+
+def test_a_two_rank_checkpoint_resumes_in_one_process(runs, tmp_path):
+    """Step 4 from the 2-rank run's step-3 checkpoint (gathered weights, optimizer shards) resumed
+    by one process equals step 4 of the 1-process run resumed from its own checkpoint."""
+    two, one, _ = runs
+    _same_resume(_resumed(two, tmp_path / "two_by_one", 1), _resumed(one, tmp_path / "one_by_one", 1), two)
+
+
+@pytest.mark.slow
+def test_two_ranks_resume_their_own_checkpoint_and_a_single_process_one(runs, tmp_path):
+    two, one, _ = runs
+    reference = _resumed(one, tmp_path / "one_by_one", 1)
+    assert (two / "checkpoints" / "step_000003" / "optimizer" / ".metadata").is_file()
+    for name, run in (("two_by_two", two), ("one_by_two", one)):
+        _same_resume(_resumed(run, tmp_path / name, 2), reference, two)
+
+
+def test_ranks_times_threads_beyond_the_cores_is_one_line(tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    done = _torchrun(f"trainer.threads={cores}", "trainer.steps=1", f"trainer.out_dir={tmp_path}", *SMALL)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert lines and lines[0].startswith("error: trainer.threads: 2 ranks x"), done.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_killed_rank_is_one_line_naming_it_and_the_resume_continues_the_run(runs):
+    """kill -9 of rank 1 mid-run: rank 0 stops with one line naming rank 1; resumed by 2 ranks
+    from its last checkpoint, the run's metrics and weights are the uninterrupted run's."""
+    two, _, _ = runs
+    root = two.parent
+    (root / "armed").touch()
+    killed = _torchrun("trainer.steps=3", "trainer.name=killed", f"reward.fn={root / 'reward.py'}:score",
+                       f"trainer.out_dir={root}", *SMALL, "trainer.save_every=1")
+    assert killed.returncode != 0 and not (root / "armed").exists()
+    ours = [line for line in killed.stderr.splitlines() if line.startswith("error:")]
+    assert len(ours) == 1 and ours[0].startswith("error: learner rank 0: rank(s) 1 stopped"), killed.stderr[-3000:]
+    run = root / "killed"
+    assert json.loads((run / "run.json").read_text())["status"] == "failed"
+    saved = [int(p.name.removeprefix("step_")) for p in sorted((run / "checkpoints").glob("step_*"))]
+    assert saved and saved[-1] < 3  # stopped mid-run, after a checkpoint
+    resumed = _torchrun("--resume", str(run), "trainer.steps=3")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _same_lines(_metrics(run), _metrics(two))
+    _same_weights(_weights(run, 3), _weights(two, 3), load_file(str(WARM_START / "model.safetensors")))
+
+
+def test_what_learners_do_not_support_yet_is_one_line(tmp_path):
+    done = _torchrun("trainer.max_staleness=1", "trainer.steps=1", f"trainer.out_dir={tmp_path}", *SMALL)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert lines and lines[0].startswith("error: trainer.max_staleness: not supported with 2 data-parallel"), \
+        done.stderr[-2000:]
