@@ -21,8 +21,8 @@ class RunLocked(ConfigError):
 
 
 class LearnerLost(ConfigError):
-    """A data-parallel learner died or stopped answering within `trainer.collective_timeout_s`;
-    the message names it. `--resume RUN_DIR` continues from the last checkpoint."""
+    """A data-parallel learner died (the message names it) or stopped answering within
+    `trainer.collective_timeout_s`. `--resume RUN_DIR` continues from the last checkpoint."""
 
 
 class RunInterrupted(KeyboardInterrupt):

@@ -63,7 +63,8 @@ class Shard:
     @contextlib.contextmanager
     def failures(self):
         """A collective that fails (a rank died: its peers' connections close; or one hangs past
-        `trainer.collective_timeout_s`) becomes one `LearnerLost` line naming the silent ranks."""
+        `trainer.collective_timeout_s`) becomes one `LearnerLost` line, naming the ranks whose
+        heartbeat stopped (a dead one; a hung rank still beats and is not named)."""
         try:
             yield
         except RuntimeError as err:
