@@ -20,7 +20,8 @@ settings and loop. Every bad argument raises `ConfigError` with one line naming 
   keyword argument. Held out: `eval_dataset` rows, else ``task.heldout_size`` rows (at most a fifth
   of the rows) chosen by a stable hash of the prompt, as the file tasks do. A ``DatasetDict`` trains
   on its ``train`` split and holds out its ``test`` (else ``validation``) split.
-- **reward_funcs**: a callable ``fn(prompt, completion, **columns) -> float | dict | None``, a
+- **reward_funcs**: a callable ``fn(prompt, completion, **columns) -> float | dict | None`` or, in
+  TRL's convention, ``fn(completions, **kwargs) -> list[float | None]`` (``rlvr.rewards.runner``), a
   ``"file.py:name"`` / ``"module:name"`` string, or a list of them, weighted by `reward_weights`
   (default 1 each); None = the config's ``reward.fn`` (``"a.py:f, 0.2*a.py:g"`` names several),
   else the task's own verifier. Several functions log ``reward/<name>/mean`` each and reward the
@@ -132,7 +133,7 @@ class Trainer:
 
     def _reward_arguments(self, reward_funcs, reward_weights) -> tuple[list[Callable], list[float]]:
         """The reward functions and weights: the arguments, else the config's `reward.fn`."""
-        from rlvr.rewards.runner import load_reward_fn, load_reward_spec
+        from rlvr.rewards.runner import load_reward_fn, load_reward_spec, reward_form
 
         if reward_funcs is None:
             if self.config.reward.fn:
@@ -158,6 +159,7 @@ class Trainer:
                         raise ConfigError(str(err).replace("reward.fn=", f"{where}=", 1)) from None
                 elif not callable(item):
                     raise ConfigError(f"{where}: expected a callable or 'file.py:name', got {type(item).__name__}")
+                reward_form(item, where)
                 fns.append(item)
             weights = [1.0] * len(fns)
         if reward_weights is not None:

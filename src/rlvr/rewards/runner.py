@@ -1,12 +1,19 @@
 """Load user reward functions by path and call them over a batch, capturing per-sample failures.
 
-A reward function has one of four forms:
+A reward function has one of five forms, told apart by its signature when it is loaded
+(``reward_form``; a signature that fits none is refused there, before any model loads):
 
 - per-sample: ``fn(prompt, completion, **example) -> float | dict | None``
 - batched: ``fn(prompts, completions, **columns) -> list[...]`` with ``fn.batched = True``
   (or decorated with ``@batched``); ``columns`` maps each example field to a list
+- TRL's: ``fn(completions, **kwargs) -> list[float | None]``, any function with a parameter named
+  ``completions`` and no ``batched`` mark. Everything comes as keywords, as TRL's ``GRPOTrainer``
+  passes it: ``completions``, ``prompts``, each dataset column as a list, and ``trainer_state``
+  (``global_step``, ``max_steps``). Rows whose prompt is a list of chat messages give ``prompts``
+  as those messages and each completion as ``[{"role": "assistant", "content": text}]``.
+  A function without ``**kwargs`` gets only the keywords it names.
 - async per-sample: ``async def fn(prompt, completion, **example)`` (all samples run concurrently)
-- async batched: ``async def`` with ``fn.batched = True``
+- async batched: ``async def`` with ``fn.batched = True`` (or TRL's form, ``async def``)
 
 Return values: a number is the reward; ``None`` means not scorable (excluded from the advantage,
 counted); a dict must hold ``"reward"`` (a number or None) and its other numeric keys become
@@ -51,7 +58,45 @@ from typing import Any
 from rlvr.errors import ConfigError, RewardError
 from rlvr.rewards.combine import weighted_sum
 
-__all__ = ["RewardBatch", "RewardRunner", "RewardSum", "batched", "load_reward_fn", "load_reward_spec"]
+__all__ = ["RewardBatch", "RewardRunner", "RewardSum", "TrainerState", "batched", "load_reward_fn",
+           "load_reward_spec", "reward_form"]
+
+SAMPLE_FORM = "fn(prompt, completion, **columns) -> float | None"
+TRL_FORM = "fn(completions, **kwargs) -> list[float | None] (prompts, columns, trainer_state as keywords)"
+
+
+@dataclass
+class TrainerState:
+    """What TRL-form reward functions get as ``trainer_state``: optimizer steps done, and the run's total."""
+
+    global_step: int = 0
+    max_steps: int = 0
+
+
+def reward_form(fn: Callable, where: str = "reward.fn") -> str:
+    """``"batched"``, ``"trl"`` or ``"sample"``: how `fn` is called, from its ``batched`` mark and
+    its signature; a signature that fits no form raises `ConfigError` naming both conventions.
+
+    >>> reward_form(lambda completions, **kwargs: [1.0] * len(completions))
+    'trl'
+    >>> reward_form(lambda prompt, completion, **columns: 1.0)
+    'sample'
+    """
+    if getattr(fn, "batched", False):
+        return "batched"
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or extension callable: cannot tell, called per sample
+        return "sample"
+    if "completions" in signature.parameters:
+        return "trl"
+    try:
+        signature.bind_partial("prompt", "completion")  # the rest may be columns, passed by name
+    except TypeError:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise ConfigError(f"{where}: {name}{signature} fits neither reward convention; write rlvr's "
+                          f"{SAMPLE_FORM} or TRL's {TRL_FORM}") from None
+    return "sample"
 
 
 def batched(fn: Callable) -> Callable:
@@ -116,7 +161,9 @@ def load_reward_spec(spec: str, *, base_dir: str | Path | None = None) -> list[t
         except ValueError:
             raise ConfigError(f"reward.fn={spec!r}: weight {weight.strip()!r} of {target.strip()!r} is not a number; "
                               f"write WEIGHT*FILE.py:NAME, e.g. 0.2*my_rewards.py:short") from None
-        out.append((load_reward_fn(target.strip(), base_dir=base_dir), value))
+        fn = load_reward_fn(target.strip(), base_dir=base_dir)
+        reward_form(fn, f"reward.fn={spec!r}")
+        out.append((fn, value))
     return out
 
 @dataclass
@@ -149,7 +196,8 @@ class RewardRunner:
         self.timeout_s = float(timeout_s)
         self._worker: _Worker | None = None
         self.name = name or getattr(fn, "__name__", "reward")
-        self.batched = bool(getattr(fn, "batched", False)) if batched is None else batched
+        self.form = reward_form(fn) if batched is None else ("batched" if batched else "sample")
+        self.state = TrainerState()  # `trainer_state` of TRL-form functions; `on_step_begin` moves it
         # The __call__ method itself is inspected (an object with an ``async def __call__``), not callability.
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None))  # noqa: B004
@@ -158,11 +206,21 @@ class RewardRunner:
         n = len(completions)
         if not (len(prompts) == len(examples) == n):
             raise ValueError(f"reward {self.name}: {len(prompts)} prompts, {n} completions, {len(examples)} examples")
+        # A row's chat messages ride as its "prompt" column (`DatasetTask`); TRL-form functions get them.
+        chats = [ex.get("prompt") if isinstance(ex.get("prompt"), list) else None for ex in examples]
         # ``dataclasses.asdict(example)`` carries "prompt" too; it is passed positionally already.
         examples = [{k: v for k, v in ex.items() if k not in ("prompt", "completion")} for ex in examples]
-        raw = (self._call_batched(prompts, completions, examples) if self.batched
-               else self._call_each(prompts, completions, examples))
+        if self.form == "trl":
+            raw = self._call_trl(prompts, completions, examples, chats)
+        elif self.form == "batched":
+            raw = self._call_batched(prompts, completions, examples)
+        else:
+            raw = self._call_each(prompts, completions, examples)
         return self._collect(raw)
+
+    def on_step_begin(self, step: int, steps: int) -> None:
+        """Step `step` of `steps` starts: ``step - 1`` optimizer steps are done (TRL's ``global_step``)."""
+        self.state.global_step, self.state.max_steps = step - 1, steps
 
     # Each call path returns a list of (value, error-string-or-None).
 
@@ -190,12 +248,27 @@ class RewardRunner:
             return _run_coroutine(gather())
         return [self._guarded(self.fn, (p, c), ex) for p, c, ex in zip(prompts, completions, examples)]
 
-    def _call_batched(self, prompts, completions, examples) -> list[tuple[Any, str | None]]:
+    def _call_trl(self, prompts, completions, examples, chats) -> list[tuple[Any, str | None]]:
+        """TRL's call: everything as keywords, the columns as lists (`GRPOTrainer._calculate_rewards`)."""
+        if all(chat is not None for chat in chats):
+            prompts, completions = chats, [[{"role": "assistant", "content": c}] for c in completions]
+        keys = sorted({k for ex in examples for k in ex} - {"completions"})
+        kwargs = {**{k: [ex.get(k) for ex in examples] for k in keys},
+                  "prompts": list(prompts), "trainer_state": self.state}
+        params = inspect.signature(self.fn).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            kwargs = {k: v for k, v in kwargs.items() if k in params}
+        fn = self.fn
+        return self._call_batched(prompts, completions, [],
+                                  call=lambda _prompts, completions: fn(completions=completions, **kwargs))
+
+    def _call_batched(self, prompts, completions, examples, call=None) -> list[tuple[Any, str | None]]:
         keys = sorted({k for ex in examples for k in ex})
         columns = {k: [ex.get(k) for ex in examples] for k in keys}
+        fn = call or self.fn
 
         def call(prompts, completions, **columns):
-            values = self.fn(prompts, completions, **columns)
+            values = fn(prompts, completions, **columns)
             if inspect.isawaitable(values):
                 values = _run_coroutine(_awaited(values, self.timeout_s))
             return list(values)
@@ -389,6 +462,10 @@ class RewardSum:
     @property
     def names(self) -> list[str]:
         return [r.name for r in self.runners]
+
+    def on_step_begin(self, step: int, steps: int) -> None:
+        for runner in self.runners:
+            runner.on_step_begin(step, steps)
 
     def __call__(self, prompts: list[str], completions: list[str], examples: list[dict[str, Any]]) -> RewardBatch:
         if self.columns:

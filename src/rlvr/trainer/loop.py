@@ -127,6 +127,8 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
     for tracker in trackers:
         tracker.log_config(t.config_tree)
     probe = c.task.sample(len(c.task.heldout()), random.Random(TRAIN_PROBE_SEED))
+    begin = getattr(c.reward, "on_step_begin", lambda step, steps: None)  # TRL-form rewards' `trainer_state`
+    begin(start + 1, t.steps)
     if start == 0:
         for key, value in t.batch_numbers.items():
             echo(f"  {key:<42} {value}")
@@ -144,6 +146,7 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
     for step in range(start + 1, t.steps + 1):
         if stop.received:  # came before the first step (while building or evaluating)
             break
+        begin(step, t.steps)
         metrics, samples = steps.step(step)
         evaluated = step == t.steps or (t.eval_every and step % t.eval_every == 0)
         if evaluated:
