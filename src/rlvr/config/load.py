@@ -17,6 +17,7 @@ import yaml
 
 from rlvr.config.registries import _get, engine_kind, resolve
 from rlvr.config.schema import Config, section_type
+from rlvr.config.trl_names import alias_hint, translate, trl_tree
 from rlvr.errors import ConfigError
 
 
@@ -99,6 +100,9 @@ def all_keys(cls: type | None = None, prefix: str = "") -> list[str]:
 
 
 def _suggest(full: str) -> str:
+    hint = alias_hint(full)  # a TRL name in a section (`algo.beta`): its meaning before any spelling
+    if hint:
+        return hint
     keys = all_keys()
     leaf = full.rsplit(".", 1)[-1]
     same_leaf = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
@@ -151,14 +155,18 @@ def read_recipe(path: str | Path) -> dict:
 
 
 def _recipe_tree(recipe: str | Path | dict | None) -> dict:
-    return copy.deepcopy(dict(recipe)) if isinstance(recipe, dict) else read_recipe(recipe) if recipe else {}
+    tree = copy.deepcopy(dict(recipe)) if isinstance(recipe, dict) else read_recipe(recipe) if recipe else {}
+    for key, value in trl_tree(tree):  # TRL's names at the top, as their rlvr fields
+        _set_dotted(tree, key, value)
+    return tree
 
 
 def load_config(recipe: str | Path | dict | None = None, overrides: list[str] = ()) -> Config:
     """`recipe`: a YAML file, or its content as a mapping (e.g. `to_dict(config)`, to override a `Config`)."""
     tree = _recipe_tree(recipe)
-    for key, value in parse_overrides(list(overrides)):
-        _set_dotted(tree, key, value)
+    for group in translate(parse_overrides(list(overrides))):
+        for key, value in group:
+            _set_dotted(tree, key, value)
     config = resolve(_build(Config, tree, ""))
     validate(config)
     return config
@@ -189,9 +197,10 @@ def load_with_sources(recipe: str | Path | dict | None = None,
     label = "recipe (mapping)" if isinstance(recipe, dict) else f"recipe {recipe}"
     defaults = schema_defaults()
     sources = {key: label for key in defaults if _lookup(tree, key)[0]}
-    for item, (key, value) in zip(overrides, parse_overrides(list(overrides))):
-        _set_dotted(tree, key, value)
-        sources.update({k: f"override {item}" for k in defaults if k == key or k.startswith(key + ".")})
+    for item, group in zip(overrides, translate(parse_overrides(list(overrides)))):
+        for key, value in group:
+            _set_dotted(tree, key, value)
+            sources.update({k: f"override {item}" for k in defaults if k == key or k.startswith(key + ".")})
     for key, default in defaults.items():
         found, value = _lookup(tree, key)
         if (value if found else default) is None and _get(config, key) is not None:

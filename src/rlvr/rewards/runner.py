@@ -57,53 +57,10 @@ from typing import Any
 
 from rlvr.errors import ConfigError, RewardError
 from rlvr.rewards.combine import weighted_sum
+from rlvr.rewards.forms import TrainerState, batched, reward_form
 
 __all__ = ["RewardBatch", "RewardRunner", "RewardSum", "TrainerState", "batched", "load_reward_fn",
            "load_reward_spec", "reward_form"]
-
-SAMPLE_FORM = "fn(prompt, completion, **columns) -> float | None"
-TRL_FORM = "fn(completions, **kwargs) -> list[float | None] (prompts, columns, trainer_state as keywords)"
-
-
-@dataclass
-class TrainerState:
-    """What TRL-form reward functions get as ``trainer_state``: optimizer steps done, and the run's total."""
-
-    global_step: int = 0
-    max_steps: int = 0
-
-
-def reward_form(fn: Callable, where: str = "reward.fn") -> str:
-    """``"batched"``, ``"trl"`` or ``"sample"``: how `fn` is called, from its ``batched`` mark and
-    its signature; a signature that fits no form raises `ConfigError` naming both conventions.
-
-    >>> reward_form(lambda completions, **kwargs: [1.0] * len(completions))
-    'trl'
-    >>> reward_form(lambda prompt, completion, **columns: 1.0)
-    'sample'
-    """
-    if getattr(fn, "batched", False):
-        return "batched"
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin or extension callable: cannot tell, called per sample
-        return "sample"
-    if "completions" in signature.parameters:
-        return "trl"
-    try:
-        signature.bind_partial("prompt", "completion")  # the rest may be columns, passed by name
-    except TypeError:
-        name = getattr(fn, "__name__", type(fn).__name__)
-        raise ConfigError(f"{where}: {name}{signature} fits neither reward convention; write rlvr's "
-                          f"{SAMPLE_FORM} or TRL's {TRL_FORM}") from None
-    return "sample"
-
-
-def batched(fn: Callable) -> Callable:
-    """Mark ``fn`` as taking lists: ``fn(prompts, completions, **columns) -> list``."""
-    fn.batched = True
-    return fn
-
 
 def load_reward_fn(spec: str, *, base_dir: str | Path | None = None) -> Callable:
     """``"path/to/file.py:name"`` or ``"package.module:name"`` -> the callable.
