@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from rlvr.config.recipes import packaged_recipe
 from rlvr.config.registries import _get, engine_kind, resolve
 from rlvr.config.schema import Config, section_type
 from rlvr.config.trl_names import alias_hint, translate, trl_tree
@@ -141,8 +142,11 @@ def read_recipe(path: str | Path) -> dict:
     if path.is_dir():
         raise ConfigError(f"recipe '{path}' is a directory; pass a YAML file in it, "
                           f"e.g. {path / 'grpo_countdown.yaml'}")
+    if not path.is_file() and packaged_recipe(path) is not None:  # a name (`grpo_countdown`) the package ships
+        path = packaged_recipe(path)
     if not path.is_file():
-        raise ConfigError(f"recipe '{path}' does not exist; pass a YAML file such as recipes/grpo_countdown.yaml")
+        raise ConfigError(f"recipe '{path}' does not exist; pass a YAML file or a packaged recipe's name, "
+                          f"e.g. grpo_countdown (`rlvr recipes` lists them)")
     try:
         tree = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
