@@ -19,6 +19,7 @@ from rlvr.kernels import native
 from rlvr.models.lora import load_adapter
 from rlvr.tracking.progress import Progress
 from rlvr.tracking.run_dir import RunDir, StopSignals, now
+from rlvr.tracking.signal import NO_SIGNAL_STEPS, NoSignal
 from rlvr.tracking.tracker import make_trackers
 from rlvr.trainer.async_loop import AsyncSteps
 from rlvr.trainer.checkpoint import (
@@ -142,6 +143,7 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
              f"train-probe accuracy {first['eval/train_accuracy']:.3f}"
              + (f", held-out sampled accuracy {sampled:.3f}" if sampled is not None else ""))
     progress = Progress(total=t.steps, initial=start, echo=echo)
+    no_signal = NoSignal(min(NO_SIGNAL_STEPS, t.steps - start))
     line = {}
     for step in range(start + 1, t.steps + 1):
         if stop.received:  # came before the first step (while building or evaluating)
@@ -158,6 +160,8 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
         for record in samples:
             run.append(run.samples_file, record)
         progress.update(step, metrics)
+        for warning in no_signal.check(metrics):
+            echo(f"warning: {warning}")
         line = {"step": step, **metrics}
         go_on = _notify(callbacks, "on_step_end", step, metrics)
         if evaluated:
