@@ -37,7 +37,8 @@ def test_a_random_model_with_dynamic_sampling_says_it_learns_nothing(tmp_path, c
 
 def test_a_run_whose_rewards_vary_does_not_warn_of_ties(tmp_path, capsys):
     vowels = tmp_path / "vowels.py"
-    vowels.write_text("def score(prompt, completion, **example):\n    return sum(c in 'aeiou' for c in completion) / 8\n")
+    vowels.write_text("def score(prompt, completion, **example):\n"
+                      "    return sum(c in 'aeiou' for c in completion) / 8\n")
     assert main(["train", *TINY, f"reward.fn={vowels}:score", f"trainer.out_dir={tmp_path}"]) == 0
     out = capsys.readouterr().out
     assert "no group with varying rewards" not in out and "gradient has been 0" not in out
