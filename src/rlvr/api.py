@@ -133,11 +133,15 @@ class Trainer:
 
     def _reward_arguments(self, reward_funcs, reward_weights) -> tuple[list[Callable], list[float]]:
         """The reward functions and weights: the arguments, else the config's `reward.fn`."""
+        from rlvr.rewards.forms import TASK_VERIFIER
         from rlvr.rewards.runner import load_reward_fn, load_reward_spec, reward_form
 
         if reward_funcs is None:
             if self.config.reward.fn:
                 fns, weights = (list(x) for x in zip(*load_reward_spec(self.config.reward.fn)))
+                if self.rows is not None and TASK_VERIFIER in fns:
+                    raise ConfigError(f"reward.fn={self.config.reward.fn!r}: 'task' names a task's own verifier, "
+                                      f"and rows passed as train_dataset have none; name reward functions only")
             elif self.rows is not None:
                 raise ConfigError("reward_funcs: rows need reward functions; pass a callable, 'file.py:name' or a "
                                   "list of them (or set reward.fn)")
@@ -220,6 +224,7 @@ class Trainer:
     def _objects(self) -> tuple[dict, dict]:
         """What `rlvr.trainer.sync.train` gets instead of building it from the config, and the
         run.json entries that describe it."""
+        from rlvr.rewards.forms import TASK_VERIFIER, with_task
         from rlvr.rewards.runner import RewardSum
 
         objects, provenance = {}, {}
@@ -230,14 +235,18 @@ class Trainer:
             model, tokenizer = base_model(self.config)  # build_components puts it on the device, adds adapters
         if model is not None:
             objects.update(model=model, tokenizer=tokenizer)
-        if self.reward_funcs:
-            reward = RewardSum(self.reward_funcs, self.reward_weights, columns=self.rows is not None,
+        fns = self.reward_funcs
+        if TASK_VERIFIER in fns and self.task is not None:
+            fns = with_task(fns, self.task)
+        if fns:
+            reward = RewardSum(fns, self.reward_weights, columns=self.rows is not None,
                                timeout_s=self.config.reward.timeout_s)
-            objects["reward"] = reward
+            if TASK_VERIFIER not in fns:  # else the builder binds the config's task, once it is built
+                objects["reward"] = reward
             provenance["reward_funcs"] = [
                 {"name": name, "weight": weight,
                  "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"}
-                for name, weight, fn in zip(reward.names, self.reward_weights, self.reward_funcs)]
+                for name, weight, fn in zip(reward.names, self.reward_weights, fns)]
         if self.rows is not None:
             from rlvr.tasks.dataset import DatasetTask
 

@@ -25,6 +25,7 @@ from rlvr.models.diffusion_lm import load_diffusion_lm
 from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.models.policy import CausalPolicy
 from rlvr.protocols import RolloutEngine
+from rlvr.rewards.forms import with_task
 from rlvr.rewards.runner import RewardRunner, RewardSum, load_reward_spec
 from rlvr.runtime.process import resolve_device
 from rlvr.tasks import make_task
@@ -144,11 +145,11 @@ def check_context(config: Config, model, tokenizer, task) -> None:
 
 
 def build_reward(config: Config, task) -> RewardRunner | RewardSum:
-    """The verifier: the user's `reward.fn` when set (one function or a weighted sum of several),
-    otherwise the task's own (batched if it has one)."""
+    """The verifier: the user's `reward.fn` when set (one function or a weighted sum of several, where
+    `task` names the task's own), otherwise the task's own (batched if it has one)."""
     if config.reward.fn:
         fns, weights = zip(*load_reward_spec(config.reward.fn))
-        return RewardSum(fns, weights, timeout_s=config.reward.timeout_s)
+        return RewardSum(with_task(fns, task), weights, timeout_s=config.reward.timeout_s)
     return RewardRunner(getattr(task, "reward_batch", task.reward), name="task", timeout_s=config.reward.timeout_s)
 
 

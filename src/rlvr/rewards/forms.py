@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from rlvr.errors import ConfigError
 
-__all__ = ["TrainerState", "batched", "reward_form"]
+__all__ = ["TASK_VERIFIER", "TrainerState", "batched", "reward_form", "with_task"]
 
 SAMPLE_FORM = "fn(prompt, completion, **columns) -> float | None"
 TRL_FORM = "fn(completions, **kwargs) -> list[float | None] (prompts, columns, trainer_state as keywords)"
@@ -57,3 +57,33 @@ def batched(fn: Callable) -> Callable:
     """Mark ``fn`` as taking lists: ``fn(prompts, completions, **columns) -> list``."""
     fn.batched = True
     return fn
+
+
+class _TaskVerifier:
+    """`task` in `reward.fn` ("my.py:shaping, task"): the task's own verifier, bound by `with_task`."""
+
+    __name__ = "task"
+
+    def __call__(self, prompt, completion, **example):
+        raise RuntimeError("reward.fn's 'task' is bound to a task by with_task before it is called")
+
+    def __repr__(self) -> str:
+        return "task"
+
+
+TASK_VERIFIER = _TaskVerifier()
+
+
+def with_task(fns, task) -> list[Callable]:
+    """`fns` with `TASK_VERIFIER` replaced by `task`'s verifier (its batched form when it has one),
+    named `task` (metrics `reward/task/...`)."""
+    batch = getattr(task, "reward_batch", None)
+    if batch is not None:
+        def verifier(prompts, completions, **columns):
+            return batch(prompts, completions, **columns)
+        verifier.batched = True
+    else:
+        def verifier(prompt, completion, **example):
+            return task.reward(prompt, completion, **example)
+    verifier.__name__ = verifier.__qualname__ = "task"
+    return [verifier if fn is TASK_VERIFIER else fn for fn in fns]

@@ -57,7 +57,7 @@ from typing import Any
 
 from rlvr.errors import ConfigError, RewardError
 from rlvr.rewards.combine import weighted_sum
-from rlvr.rewards.forms import TrainerState, batched, reward_form
+from rlvr.rewards.forms import TASK_VERIFIER, TrainerState, batched, reward_form
 
 __all__ = ["RewardBatch", "RewardRunner", "RewardSum", "TrainerState", "batched", "load_reward_fn",
            "load_reward_spec", "reward_form"]
@@ -105,7 +105,8 @@ def load_reward_fn(spec: str, *, base_dir: str | Path | None = None) -> Callable
 def load_reward_spec(spec: str, *, base_dir: str | Path | None = None) -> list[tuple[Callable, float]]:
     """``"a.py:right, 0.2*a.py:short"`` -> [(right, 1.0), (short, 0.2)]: the ``reward.fn`` form,
     one or several ``FILE.py:NAME`` / ``MODULE:NAME`` separated by commas, each optionally
-    prefixed by its weight and ``*``."""
+    prefixed by its weight and ``*``; ``task`` is the task's own verifier (``TASK_VERIFIER``, bound by
+    ``rlvr.rewards.forms.with_task``), so ``"0.1*my.py:shaping, task"`` adds a shaping term to it."""
     out = []
     for item in (part.strip() for part in spec.split(",")):
         if not item:
@@ -118,7 +119,7 @@ def load_reward_spec(spec: str, *, base_dir: str | Path | None = None) -> list[t
         except ValueError:
             raise ConfigError(f"reward.fn={spec!r}: weight {weight.strip()!r} of {target.strip()!r} is not a number; "
                               f"write WEIGHT*FILE.py:NAME, e.g. 0.2*my_rewards.py:short") from None
-        fn = load_reward_fn(target.strip(), base_dir=base_dir)
+        fn = TASK_VERIFIER if target.strip() == "task" else load_reward_fn(target.strip(), base_dir=base_dir)
         reward_form(fn, f"reward.fn={spec!r}")
         out.append((fn, value))
     return out
