@@ -5,6 +5,7 @@ conversational format, `trainer_state`, and the one-line refusal of a signature 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import subprocess
@@ -124,6 +125,12 @@ def test_trl_rewards_train_through_the_trainer(tmp_path):
                                                  + final["reward/reward_func/mean"])
     assert final["reward/reward_len/mean"] < 0 and final["reward/reward_len/errors"] == 0
     assert {s for s, _ in steps} == {0, 1} and {m for _, m in steps} == {2}
+    samples = [json.loads(line) for line in (tmp_path / "grpo_dataset_s0" / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(set(s["rewards"]) == {"reward_len", "reward_func", "at_step"} for s in samples)
+    for s in samples:  # each function's own score beside the weighted sum
+        parts = s["rewards"]
+        assert s["reward"] == pytest.approx(0.1 * parts["reward_len"] + parts["reward_func"] + parts["at_step"])
+        assert parts["reward_len"] == -abs(20 - len(s["completion"]))
 
 
 def test_a_signature_fitting_neither_form_is_refused_before_the_model_loads(tmp_path):

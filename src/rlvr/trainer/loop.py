@@ -138,10 +138,13 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
         first = evaluate(c, probe, steps.engine)
         for tracker in trackers:
             tracker.log_metrics(0, first)
+        go_on = _notify(callbacks, "on_evaluate", 0, {k: v for k, v in first.items() if k.startswith("eval/")})
         sampled = first.get("eval/heldout_sampled_accuracy")
         echo(f"warm start: held-out accuracy {first['eval/heldout_accuracy']:.3f}, "
              f"train-probe accuracy {first['eval/train_accuracy']:.3f}"
              + (f", held-out sampled accuracy {sampled:.3f}" if sampled is not None else ""))
+    else:
+        go_on = True
     progress = Progress(total=t.steps, initial=start, echo=echo)
     no_signal = NoSignal(min(NO_SIGNAL_STEPS, t.steps - start))
     line = {}
@@ -163,7 +166,7 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
         for warning in no_signal.check(metrics):
             echo(f"warning: {warning}")
         line = {"step": step, **metrics}
-        go_on = _notify(callbacks, "on_step_end", step, metrics)
+        go_on = _notify(callbacks, "on_step_end", step, metrics) and go_on  # and a stop asked at step 0
         if evaluated:
             go_on = _notify(callbacks, "on_evaluate", step,
                             {k: v for k, v in metrics.items() if k.startswith("eval/")}) and go_on
