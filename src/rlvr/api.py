@@ -397,6 +397,10 @@ def _dataset_arguments(train_dataset: Any, eval_dataset: Any, prompt_key: str):
     from rlvr.tasks.dataset import dataset_rows, dataset_splits
 
     train_dataset, eval_dataset, _ = dataset_splits(train_dataset, eval_dataset)
+    if all(callable(getattr(train_dataset, name, None)) for name in ("reset", "step")) and not _is_task(train_dataset):
+        raise ConfigError(f"train_dataset: {getattr(train_dataset, '__name__', type(train_dataset).__name__)} is an "
+                          f"environment (reset/step), not a task; wrap it: class MyTask(rlvr.agents.task.AgentTask): "
+                          f"env_class = YourEnv, then pass MyTask() (docs/custom-environment.md)")
     if train_dataset is None or _is_task(train_dataset):
         if eval_dataset is not None:
             raise ConfigError("eval_dataset: a task brings its own held-out set (heldout()); pass rows as "
