@@ -149,3 +149,23 @@ def test_a_signature_fitting_neither_form_is_refused_before_the_model_loads(tmp_
                           f"trainer.out_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "fits neither reward convention" in run.stderr
     assert "Traceback" not in run.stderr and not list(tmp_path.glob("grpo_*"))
+
+
+def test_chat_rows_reach_trl_functions_as_messages_through_the_dataset_task(tokenizer):
+    from rlvr.tasks.dataset import DatasetTask
+
+    tokenizer.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}>"
+    rows = [{"prompt": [{"role": "user", "content": f"q{i}"}], "level": i} for i in range(5)]
+    seen = []
+
+    def spy(prompts, completions, level, **kwargs):
+        seen.append((prompts, completions, level))
+        return [1.0] * len(completions)
+
+    reward = RewardSum([spy], columns=True)
+    task = DatasetTask(rows, reward=reward, tokenizer=tokenizer, correct_fn=lambda p, c, level: c == str(level))
+    example = next(e for e in task.sample(5) if e.meta["level"] == 3)
+    assert example.prompt == "<user>q3>" and example.meta["prompt"] == rows[3]["prompt"]
+    assert task.reward(example.prompt, "x", meta=example.meta) == 1.0
+    assert seen[-1] == ([rows[3]["prompt"]], [[{"role": "assistant", "content": "x"}]], [3])
+    assert task.is_correct("3", example) and not task.is_correct("4", example)  # correct_fn gets the columns only
