@@ -96,6 +96,7 @@ def test_callbacks_see_steps_evaluations_checkpoints_and_can_stop(tmp_path):
     assert final["step"] == 2 and calls == [1, 2]
     assert [e for e in events if e[0] == "step"] == [("step", 1), ("step", 2)]
     assert ("eval", 1, ["eval/heldout_accuracy", "eval/train_accuracy"]) in events
+    assert events[0] == ("eval", 0, ["eval/heldout_accuracy", "eval/train_accuracy"])  # the warm-start evaluation
     assert ("checkpoint", 2, "step_000002") in events  # the final checkpoint of a stopped run
     assert [m["step"] for m in _metrics(trainer.run_dir)] == [0, 1, 2]
     assert json.loads((trainer.run_dir / "run.json").read_text())["status"] == "finished"

@@ -221,7 +221,7 @@ def test_an_unknown_name_fails_at_rlvr_config(capsys, override, message):
      "task.countdown: knobs of task 'countdown', but task.name is 'sudoku4'; "
      "use task.sudoku4.* or set task.name=countdown"),
     (["task.name=math_file"], "task.math_file.path: math_file needs it; set task.math_file.path"),
-    (["model.kind=diffusion", "estimator.n=0"], "estimator.n: must be >= 1"),
+    (["model.kind=diffusion", "estimator.name=elbo_mc", "estimator.n=0"], "estimator.n: must be >= 1"),
 ])
 def test_bad_task_and_estimator_options_are_one_line_errors(capsys, overrides, message):
     assert message in _error(capsys, ["config", *overrides])

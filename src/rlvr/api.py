@@ -20,7 +20,8 @@ settings and loop. Every bad argument raises `ConfigError` with one line naming 
   keyword argument. Held out: `eval_dataset` rows, else ``task.heldout_size`` rows (at most a fifth
   of the rows) chosen by a stable hash of the prompt, as the file tasks do. A ``DatasetDict`` trains
   on its ``train`` split and holds out its ``test`` (else ``validation``) split.
-- **reward_funcs**: a callable ``fn(prompt, completion, **columns) -> float | dict | None``, a
+- **reward_funcs**: a callable ``fn(prompt, completion, **columns) -> float | dict | None`` or, in
+  TRL's convention, ``fn(completions, **kwargs) -> list[float | None]`` (``rlvr.rewards.runner``), a
   ``"file.py:name"`` / ``"module:name"`` string, or a list of them, weighted by `reward_weights`
   (default 1 each); None = the config's ``reward.fn`` (``"a.py:f, 0.2*a.py:g"`` names several),
   else the task's own verifier. Several functions log ``reward/<name>/mean`` each and reward the
@@ -132,7 +133,8 @@ class Trainer:
 
     def _reward_arguments(self, reward_funcs, reward_weights) -> tuple[list[Callable], list[float]]:
         """The reward functions and weights: the arguments, else the config's `reward.fn`."""
-        from rlvr.rewards.runner import load_reward_fn, load_reward_spec
+        from rlvr.rewards.forms import TASK_VERIFIER
+        from rlvr.rewards.runner import load_reward_fn, load_reward_spec, reward_form
 
         if reward_funcs is None:
             names_task = any((part.partition("*")[2] if "*" in part else part).strip() == "task"
@@ -142,6 +144,9 @@ class Trainer:
             if self.config.reward.fn:
                 fns, weights = (list(x) for x in zip(*load_reward_spec(self.config.reward.fn,
                                                                         model_options=self._model_options())))
+                if self.rows is not None and TASK_VERIFIER in fns:
+                    raise ConfigError(f"reward.fn={self.config.reward.fn!r}: 'task' names a task's own verifier, "
+                                      f"and rows passed as train_dataset have none; name reward functions only")
             elif self.rows is not None:
                 raise ConfigError("reward_funcs: rows need reward functions; pass a callable, 'file.py:name' or a "
                                   "list of them (or set reward.fn)")
@@ -167,6 +172,7 @@ class Trainer:
                     item = make_reward_model(item, **self._model_options())
                 elif not callable(item):
                     raise ConfigError(f"{where}: expected a callable or 'file.py:name', got {type(item).__name__}")
+                reward_form(item, where)
                 fns.append(item)
             weights = [1.0] * len(fns)
         if reward_weights is not None:
@@ -272,6 +278,7 @@ class Trainer:
     def _objects(self) -> tuple[dict, dict]:
         """What `rlvr.trainer.sync.train` gets instead of building it from the config, and the
         run.json entries that describe it."""
+        from rlvr.rewards.forms import TASK_VERIFIER, with_task
         from rlvr.rewards.runner import RewardSum
 
         objects, provenance = {}, {}
@@ -282,14 +289,18 @@ class Trainer:
             model, tokenizer = base_model(self.config)  # build_components puts it on the device, adds adapters
         if model is not None:
             objects.update(model=model, tokenizer=tokenizer)
-        if self.reward_funcs:
-            reward = RewardSum(self.reward_funcs, self.reward_weights, columns=self.rows is not None,
+        fns = self.reward_funcs
+        if TASK_VERIFIER in fns and self.task is not None:
+            fns = with_task(fns, self.task)
+        if fns:
+            reward = RewardSum(fns, self.reward_weights, columns=self.rows is not None,
                                timeout_s=self.config.reward.timeout_s)
-            objects["reward"] = reward
+            if TASK_VERIFIER not in fns:  # else the builder binds the config's task, once it is built
+                objects["reward"] = reward
             provenance["reward_funcs"] = [
                 {"name": name, "weight": weight,
                  "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"}
-                for name, weight, fn in zip(reward.names, self.reward_weights, self.reward_funcs)]
+                for name, weight, fn in zip(reward.names, self.reward_weights, fns)]
         if self.rows is not None:
             from rlvr.tasks.dataset import DatasetTask
 
@@ -444,6 +455,10 @@ def _dataset_arguments(train_dataset: Any, eval_dataset: Any, prompt_key: str):
     from rlvr.tasks.dataset import dataset_rows, dataset_splits
 
     train_dataset, eval_dataset, _ = dataset_splits(train_dataset, eval_dataset)
+    if all(callable(getattr(train_dataset, name, None)) for name in ("reset", "step")) and not _is_task(train_dataset):
+        raise ConfigError(f"train_dataset: {getattr(train_dataset, '__name__', type(train_dataset).__name__)} is an "
+                          f"environment (reset/step), not a task; wrap it: class MyTask(rlvr.agents.task.AgentTask): "
+                          f"env_class = YourEnv, then pass MyTask() (docs/custom-environment.md)")
     if train_dataset is None or _is_task(train_dataset):
         if eval_dataset is not None:
             raise ConfigError("eval_dataset: a task brings its own held-out set (heldout()); pass rows as "

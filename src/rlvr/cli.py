@@ -102,6 +102,16 @@ def cmd_config(args) -> int:
     return 0
 
 
+def cmd_recipes(args) -> int:
+    from rlvr.config.recipes import packaged_recipes, summary
+
+    recipes = packaged_recipes()
+    width = max(map(len, recipes), default=0)
+    for name, path in recipes.items():
+        print(f"{name:<{width}}  {summary(path)}")
+    return 0
+
+
 def _split(items: list[str]) -> tuple[str | None, list[str]]:
     """First positional may be a recipe file; the rest are KEY=VALUE overrides. A first item
     without `=` that is no file but reads as a config key is an override missing its value."""
@@ -121,7 +131,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlvr", description="RL with verifiable rewards, from a laptop CPU up.")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="RL-train a policy (default: tiny model on Countdown)")
-    t.add_argument("args", nargs="*", help="[RECIPE.yaml] [key.sub=value ...]")
+    t.add_argument("args", nargs="*", help="[RECIPE.yaml or packaged recipe name] [key.sub=value ...]")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")
     t.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: accept a config that differs from the run's (recorded in run.json)")
@@ -142,6 +152,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--explain", action="store_true",
                    help="instead: each chosen entry's keywords, the field that feeds each, its value and source")
     c.set_defaults(fn=cmd_config)
+    r = sub.add_parser("recipes", help="list the packaged recipes (`rlvr train NAME` runs one)")
+    r.set_defaults(fn=cmd_recipes)
     register_run_commands(sub)
     register_preference_commands(sub, _split)
     return p

@@ -100,9 +100,13 @@ def cmd_report(args) -> int:
 def cmd_export(args) -> int:
     from rlvr.tracking.export import export_run
 
-    result = export_run(args.run, args.dir, step=args.step, force=args.force)
-    print(f"exported {result.checkpoint} -> {result.path} (reload check: "
-          f"{'ok' if result.verified else 'skipped'})")
+    result = export_run(args.run, args.dir, step=args.step, force=args.force, adapter=args.adapter, dtype=args.dtype)
+    merge = result.merge
+    kept = (f"; merged in float32, cast to {merge['dtype']}: {merge['changed'] - merge['lost']} of the "
+            f"{merge['changed']} weights the adapter changes kept, update error {merge['update_error']:.3f}"
+            if merge else "")
+    print(f"exported {result.checkpoint} -> {result.path}{' (the adapter alone)' if args.adapter else ''} "
+          f"(reload check: {'ok' if result.verified else 'skipped'}{kept})")
     return 0
 
 
@@ -148,5 +152,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     export.add_argument("dir", help="output directory (must not exist, or be empty, unless --force)")
     export.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
     export.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    export.add_argument("--adapter", action="store_true",
+                        help="a LoRA run: write the adapter alone (PEFT format) instead of the merged model")
+    export.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="the merged model's dtype (auto: the run's); the merge itself runs in float32")
     export.set_defaults(fn=cmd_export)
 

@@ -137,9 +137,9 @@ class Callback(Protocol):
     """Hooks into a training run (all optional: define the ones you need).
 
     `on_step_end(step, metrics)` after each step's metrics are logged; `on_evaluate(step, metrics)`
-    after each held-out evaluation of a training step (the `eval/` keys; the evaluation before
-    the first step is line 0 of metrics.jsonl); `on_checkpoint(step, path)` after a checkpoint is
+    after each held-out evaluation (the `eval/` keys), step 0 included: the evaluation before the
+    first step, line 0 of metrics.jsonl; `on_checkpoint(step, path)` after a checkpoint is
     written.
     Any hook returning `False` stops the run cleanly after the current step (the final
-    checkpoint is still written)."""
+    checkpoint is still written); at step 0, after the first step."""
 

@@ -25,6 +25,7 @@ from rlvr.models.diffusion_lm import load_diffusion_lm
 from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.models.policy import CausalPolicy
 from rlvr.protocols import RolloutEngine
+from rlvr.rewards.forms import with_task
 from rlvr.rewards.runner import RewardRunner, RewardSum, load_reward_spec
 from rlvr.runtime.process import resolve_device
 from rlvr.tasks import make_task
@@ -83,7 +84,8 @@ def build_engine(config: Config, model, tokenizer) -> RolloutEngine:
         return build_vllm_engine(config, model, tokenizer)
     if config.model.kind != "diffusion":
         return functools.partial(generate, model, max_new_tokens=r.max_new_tokens, eos_id=tokenizer.eos_token_id,
-                                 pad_id=tokenizer.pad_token_id, top_p=r.top_p, engine=r.decode_engine)
+                                 pad_id=tokenizer.pad_token_id, top_p=r.top_p, engine=r.decode_engine,
+                                 top_k=r.top_k, min_p=r.min_p)
     settings = dict(gen_length=r.max_new_tokens, steps=r.diffusion_steps or r.max_new_tokens,
                     block_length=r.block_length or None, remasking=r.remasking, threshold=r.threshold,
                     suppress_eos=r.suppress_eos, mask_id=tokenizer.mask_token_id, eos_id=tokenizer.eos_token_id,
@@ -100,7 +102,8 @@ def build_vllm_engine(config: Config, model, tokenizer):
     base = model.get_base_model() if hasattr(model, "peft_config") else model
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return VLLMEngine(merged_weights(model), base.config, max_new_tokens=r.max_new_tokens,
-                      eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, top_p=r.top_p, dtype=dtype,
+                      eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, top_p=r.top_p, top_k=r.top_k,
+                      min_p=r.min_p, dtype=dtype,
                       kv_cache_mb=r.vllm_kv_cache_mb, block_size=r.vllm_block_size,
                       max_model_len=r.vllm_max_model_len, seed=config.seed)
 
@@ -146,14 +149,12 @@ def check_context(config: Config, model, tokenizer, task) -> None:
 
 
 def build_reward(config: Config, task) -> RewardRunner | RewardSum:
-    """The verifier: the user's `reward.fn` when set (one function or a weighted sum of several),
-    otherwise the task's own (batched if it has one)."""
-    verifier = None if task is None else getattr(task, "reward_batch", task.reward)
+    """The verifier: the user's `reward.fn` when set (one function or a weighted sum of several, where
+    `task` names the task's own), otherwise the task's own (batched if it has one)."""
     if config.reward.fn:
-        fns, weights = zip(*load_reward_spec(config.reward.fn, task_reward=verifier and _named(verifier, "task"),
-                                             model_options=reward_model_options(config)))
-        return RewardSum(fns, weights, timeout_s=config.reward.timeout_s)
-    return RewardRunner(verifier, name="task", timeout_s=config.reward.timeout_s)
+        fns, weights = zip(*load_reward_spec(config.reward.fn, model_options=reward_model_options(config)))
+        return RewardSum(with_task(fns, task), weights, timeout_s=config.reward.timeout_s)
+    return RewardRunner(getattr(task, "reward_batch", task.reward), name="task", timeout_s=config.reward.timeout_s)
 
 
 def reward_model_options(config: Config) -> dict:
@@ -164,16 +165,6 @@ def reward_model_options(config: Config) -> dict:
              "threshold": r.model_step_threshold} if r.model_steps else {}
     return {"batch_size": r.model_batch_size, "normalize": r.model_normalize, "clip": r.model_clip,
             "device": resolve_device(config.trainer.device), **steps}
-
-
-def _named(fn, name: str):
-    """`fn` under another `__name__` (the metric prefix of its component), its `batched` kept."""
-    def named(*args, **kwargs):
-        return fn(*args, **kwargs)
-
-    named.__name__ = name
-    named.batched = bool(getattr(fn, "batched", False))
-    return named
 
 
 def build_loss(config: Config) -> LossSpec:

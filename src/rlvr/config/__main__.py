@@ -1,4 +1,5 @@
-"""`python -m rlvr.config --markdown > docs/config.md`."""
+"""`python -m rlvr.config --markdown > docs/config.md`;
+`python -m rlvr.config --trl-page docs/migrating-from-trl.md` (its table, in place)."""
 
 import sys
 

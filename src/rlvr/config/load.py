@@ -15,8 +15,10 @@ from typing import Any
 
 import yaml
 
+from rlvr.config.recipes import packaged_recipe
 from rlvr.config.registries import _get, engine_kind, resolve
 from rlvr.config.schema import Config, section_type
+from rlvr.config.trl_names import alias_hint, translate, trl_tree
 from rlvr.errors import ConfigError
 
 
@@ -99,6 +101,9 @@ def all_keys(cls: type | None = None, prefix: str = "") -> list[str]:
 
 
 def _suggest(full: str) -> str:
+    hint = alias_hint(full)  # a TRL name in a section (`algo.beta`): its meaning before any spelling
+    if hint:
+        return hint
     keys = all_keys()
     leaf = full.rsplit(".", 1)[-1]
     same_leaf = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
@@ -137,8 +142,11 @@ def read_recipe(path: str | Path) -> dict:
     if path.is_dir():
         raise ConfigError(f"recipe '{path}' is a directory; pass a YAML file in it, "
                           f"e.g. {path / 'grpo_countdown.yaml'}")
+    if not path.is_file() and packaged_recipe(path) is not None:  # a name (`grpo_countdown`) the package ships
+        path = packaged_recipe(path)
     if not path.is_file():
-        raise ConfigError(f"recipe '{path}' does not exist; pass a YAML file such as recipes/grpo_countdown.yaml")
+        raise ConfigError(f"recipe '{path}' does not exist; pass a YAML file or a packaged recipe's name, "
+                          f"e.g. grpo_countdown (`rlvr recipes` lists them)")
     try:
         tree = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
@@ -151,14 +159,18 @@ def read_recipe(path: str | Path) -> dict:
 
 
 def _recipe_tree(recipe: str | Path | dict | None) -> dict:
-    return copy.deepcopy(dict(recipe)) if isinstance(recipe, dict) else read_recipe(recipe) if recipe else {}
+    tree = copy.deepcopy(dict(recipe)) if isinstance(recipe, dict) else read_recipe(recipe) if recipe else {}
+    for key, value in trl_tree(tree):  # TRL's names at the top, as their rlvr fields
+        _set_dotted(tree, key, value)
+    return tree
 
 
 def load_config(recipe: str | Path | dict | None = None, overrides: list[str] = ()) -> Config:
     """`recipe`: a YAML file, or its content as a mapping (e.g. `to_dict(config)`, to override a `Config`)."""
     tree = _recipe_tree(recipe)
-    for key, value in parse_overrides(list(overrides)):
-        _set_dotted(tree, key, value)
+    for group in translate(parse_overrides(list(overrides))):
+        for key, value in group:
+            _set_dotted(tree, key, value)
     config = resolve(_build(Config, tree, ""))
     validate(config)
     return config
@@ -189,9 +201,10 @@ def load_with_sources(recipe: str | Path | dict | None = None,
     label = "recipe (mapping)" if isinstance(recipe, dict) else f"recipe {recipe}"
     defaults = schema_defaults()
     sources = {key: label for key in defaults if _lookup(tree, key)[0]}
-    for item, (key, value) in zip(overrides, parse_overrides(list(overrides))):
-        _set_dotted(tree, key, value)
-        sources.update({k: f"override {item}" for k in defaults if k == key or k.startswith(key + ".")})
+    for item, group in zip(overrides, translate(parse_overrides(list(overrides)))):
+        for key, value in group:
+            _set_dotted(tree, key, value)
+            sources.update({k: f"override {item}" for k in defaults if k == key or k.startswith(key + ".")})
     for key, default in defaults.items():
         found, value = _lookup(tree, key)
         if (value if found else default) is None and _get(config, key) is not None:
@@ -219,6 +232,10 @@ def validate(config: Config) -> None:
         (config.rollout.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1"),
         (config.rollout.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)"),
         (0 < config.rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]"),
+        (config.rollout.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)"),
+        (0 <= config.rollout.min_p < 1, "rollout.min_p", "must be in [0, 1) (0 = off)"),
+        (config.model.kind == "causal" or not (config.rollout.top_k or config.rollout.min_p), "rollout.top_k",
+         "top_k and min_p truncate the causal samplers only (the diffusion sampler unmasks by confidence); set 0"),
         (config.trainer.steps >= 1, "trainer.steps", "must be >= 1"),
         (math.isfinite(config.reward.timeout_s) and config.reward.timeout_s >= 0, "reward.timeout_s",
          "must be a number of seconds >= 0, e.g. 10 (0 = no limit)"),

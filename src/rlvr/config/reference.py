@@ -9,13 +9,16 @@ import itertools
 import sys
 import textwrap
 import typing
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 import rlvr.config
-from rlvr.config.registries import ELSEWHERE, REGISTRY, Entry, all_entries, hyperparameters
+from rlvr.config.load import load_config
+from rlvr.config.registries import ELSEWHERE, REGISTRY, Entry, _get, all_entries, hyperparameters
 from rlvr.config.schema import Config, section_type
+from rlvr.config.trl_names import TRL_NAMES
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -91,9 +94,42 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
+def trl_markdown() -> str:
+    """The table of `docs/migrating-from-trl.md`: TRL name and default, rlvr field(s), note."""
+    config = load_config()  # the defaults, resolved: a null field shows what the default methods take
+    defaults = {key: _get(config, key) for t in TRL_NAMES.values() for key in t.fields()}
+    rows = ["| TRL `GRPOConfig` | TRL default | rlvr | rlvr default | note |", "|---|---|---|---|---|"]
+    for t in TRL_NAMES.values():
+        if t.key:
+            rlvr, rlvr_default = f"`{t.key}`", f"`{defaults[t.key]!r}`"
+        elif t.choices:
+            rlvr = "<br>".join(f"`{option!r}` → " + (", ".join(f"`{k}={v!r}`" for k, v in fields.items()) or "as is")
+                               for option, fields in t.choices.items())
+            rlvr_default = ", ".join(f"`{k}={defaults[k]!r}`" for k in t.fields())
+        else:
+            rlvr, rlvr_default = "—", "—"
+        rows.append(f"| `{t.trl}` | `{t.trl_default!r}` | {rlvr} | {rlvr_default} | {t.note} |")
+    return "\n".join(rows) + "\n"
+
+
+TRL_BEGIN, TRL_END = "<!-- trl-names: begin -->", "<!-- trl-names: end -->"
+
+
+def trl_page(page: str) -> str:
+    """`page` (docs/migrating-from-trl.md) with the table between its markers regenerated."""
+    head, _, rest = page.partition(TRL_BEGIN)
+    _, _, tail = rest.partition(TRL_END)
+    return f"{head}{TRL_BEGIN}\n{trl_markdown()}{TRL_END}{tail}"
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "--trl-page":  # regenerates the table in that page, in place
+        page = Path(argv[1])
+        page.write_text(trl_page(page.read_text()))
+        return 0
     if argv != ["--markdown"]:
-        print("usage: python -m rlvr.config --markdown > docs/config.md", file=sys.stderr)
+        print("usage: python -m rlvr.config --markdown > docs/config.md\n"
+              "       python -m rlvr.config --trl-page docs/migrating-from-trl.md", file=sys.stderr)
         return 2
     print(markdown(), end="")
     return 0

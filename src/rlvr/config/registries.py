@@ -224,6 +224,8 @@ def resolve(config: Config) -> Config:
         config = dataclasses.replace(config, algo=dataclasses.replace(
             config.algo, rollout_correction=rollout_correction_on(config)))
     used = chosen(config)
+    for section in used:
+        _check_read(config, section, used[section])
     algo = _fill(config.algo, "algo.", used["algo"])
     if algo.norm_length is None:
         algo = dataclasses.replace(algo, norm_length=float(config.rollout.max_new_tokens))
@@ -237,6 +239,49 @@ def resolve(config: Config) -> Config:
         if value is not None:
             reg.get(value)
     return config
+
+
+FILLED_ANYWAY = {"algo.norm_length"}
+"""Hyperparameter fields that `resolve` fills whatever is chosen (saved configs hold them)."""
+
+SECTION_RUNS = {"estimator": "likelihood estimators run with model.kind=diffusion only",
+                "expert": "the expert objective runs with expert.per_step > 0"}
+
+
+def _readers(section: str) -> dict[str, list[str]]:
+    """Field of `section` -> the choices whose entries read it (`algo.objective=sapo`)."""
+    readers: dict[str, list[str]] = {}
+    for reg in REGISTRIES:
+        if reg.section != section:
+            continue
+        for name, fn in reg.entries().items():
+            extra = COMPANIONS.get(reg.key, {}).get(name)
+            keys = {*hyperparameters(fn, reg), *(hyperparameters(_import(extra)) if extra else ())}
+            for key in keys:
+                readers.setdefault(key, []).append(f"{reg.key}={name}")
+    if section == "algo":
+        for key in hyperparameters(_import(CORRECTION)):
+            readers.setdefault(key, []).append("algo.rollout_correction=true")
+    return readers
+
+
+def _check_read(config: Config, section: str, used: list[Entry]) -> None:
+    """A hyperparameter set in `section` that none of the chosen entries reads is a ConfigError
+    naming the choices that read it (a value that would otherwise be kept and never used)."""
+    read = {key for _, fn, reg in used for key in hyperparameters(fn, reg)}
+    values = getattr(config, section)
+    defaults = {f.name: f.default for f in dataclasses.fields(values)}
+    for key, readers in _readers(section).items():
+        value = getattr(values, key, None)
+        if key in read or value is None or defaults.get(key) is not None or f"{section}.{key}" in FILLED_ANYWAY:
+            continue
+        if f"{section}.{key}" in REGISTRY:  # a misspelt name says so first
+            REGISTRY[f"{section}.{key}"].get(value)
+        now = sorted({r.split("=")[0] for r in readers})
+        current = ", ".join(f"{k} is {_get(config, k)!r}" for k in now)
+        why = f"; {SECTION_RUNS[section]}" if section in SECTION_RUNS and not used else ""
+        raise ConfigError(f"{section}.{key}={value!r}: read only by {', '.join(readers)} ({current}{why}); "
+                          f"choose one of those or remove {section}.{key}")
 
 
 def all_entries() -> dict[str, list[Entry]]:

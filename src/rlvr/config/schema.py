@@ -103,6 +103,10 @@ class RolloutConfig:
     """Sampling temperature (the trainer's log-probs use the same)."""
     top_p: float = 1.0
     """Nucleus sampling mass."""
+    top_k: int = 0
+    """Sample from the k most likely tokens only, 0 = off (causal models, both engines)."""
+    min_p: float = 0.0
+    """Drop tokens less likely than min_p times the most likely one, 0 = off (causal models, both engines)."""
     diffusion_steps: int = 0
     """Diffusion sampler: denoising steps N, 0 = one token per step (N = L)."""
     block_length: int = 0

@@ -5,8 +5,8 @@ behaviour log-probs and the finish reason. Sampling is Gumbel-max over per-sampl
 (`rlvr.noise`), so the same seed gives the same completion whatever else is in the batch.
 
 Log-prob semantics: behaviour log-probs are log-softmax(logits / temperature) of the sampled
-token *before* top-p truncation, the same quantity the trainer recomputes; with top_p < 1 the
-true sampling probability is higher than recorded (verl makes the same choice).
+token *before* top-p / top-k / min-p truncation, the same quantity the trainer recomputes; with a
+truncation on, the true sampling probability is higher than recorded (verl makes the same choice).
 """
 
 from __future__ import annotations
@@ -31,9 +31,31 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Set logits below the k-th largest of their row to -inf (ties with it stay); 0 = off. (B, V) -> (B, V)."""
+    if top_k <= 0 or top_k >= logits.shape[-1]:
+        return logits
+    kth = logits.topk(top_k, dim=-1).values[:, -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Set logits of tokens with probability < min_p x the row's largest to -inf; 0 = off. (B, V) -> (B, V)."""
+    if min_p <= 0:
+        return logits
+    # p_v < min_p * p_max  <=>  logit_v < logit_max + log(min_p): no softmax needed
+    threshold = logits.max(-1, keepdim=True).values + torch.log(torch.tensor(min_p, dtype=logits.dtype))
+    return logits.masked_fill(logits < threshold, float("-inf"))
+
+
+def truncated(logits: torch.Tensor, *, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0) -> torch.Tensor:
+    """The sampling truncations in `transformers`' order (after temperature): top-k, top-p, min-p."""
+    return min_p_filter(top_p_filter(top_k_filter(logits, top_k), top_p), min_p)
+
+
 def choose_tokens(logits: torch.Tensor, seeds: torch.Tensor, step: int, *,
-                  temperature: float, top_p: float, noise: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  temperature: float, top_p: float, noise: torch.Tensor | None = None, top_k: int = 0,
+                  min_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; returns (tokens (B,), behaviour log-probs (B,)).
 
     `noise` (B, V) float64, optional: this step's Gumbel noise if already computed
@@ -50,7 +72,7 @@ def choose_tokens(logits: torch.Tensor, seeds: torch.Tensor, step: int, *,
         noise = gumbel_noise(seeds, step, scaled.shape[-1])
     if noise.device != scaled.device:  # the noise is hashed from the seeds on the host
         noise = noise.to(scaled.device)
-    noisy = top_p_filter(scaled, top_p).double() + noise
+    noisy = truncated(scaled, top_p=top_p, top_k=top_k, min_p=min_p).double() + noise
     tokens = noisy.argmax(-1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
@@ -58,7 +80,8 @@ def choose_tokens(logits: torch.Tensor, seeds: torch.Tensor, step: int, *,
 @torch.no_grad()
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, *,
              max_new_tokens: int, eos_id: int, pad_id: int,
-             temperature: float = 1.0, top_p: float = 1.0, fast: bool = True, engine: str = "eager") -> Rollouts:
+             temperature: float = 1.0, top_p: float = 1.0, fast: bool = True, engine: str = "eager",
+             top_k: int = 0, min_p: float = 0.0) -> Rollouts:
     """Sample one completion per row. prompt_ids/prompt_mask (B, Tp), seeds (B,) int.
 
     Llama-family models take the fast path (`rlvr.kernels.decoder`: one prefill per distinct
@@ -74,17 +97,18 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: 
         if fast and prompt_ids.shape[0] and supports(model):
             return _generate_fast(model, prompt_ids, prompt_mask, seeds, max_new_tokens=max_new_tokens,
                                   eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p,
-                                  engine=engine)
+                                  engine=engine, top_k=top_k, min_p=min_p)
         device = model.get_input_embeddings().weight.device
         if prompt_ids.device != device:  # prompts come from the host; rollouts go back to it
             host = prompt_ids.device
             out = _generate_hf(model, prompt_ids.to(device), prompt_mask.to(device), seeds,
                                max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
-                               temperature=temperature, top_p=top_p)
+                               temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p)
             return Rollouts(*(x.to(host) for x in (out.prompt_ids, out.prompt_mask, out.completion_ids,
                                                    out.completion_mask, out.logprobs, out.truncated)))
         return _generate_hf(model, prompt_ids, prompt_mask, seeds, max_new_tokens=max_new_tokens,
-                            eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p)
+                            eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p, top_k=top_k,
+                            min_p=min_p)
     finally:
         model.train(was_training)
 
@@ -111,11 +135,11 @@ costs about one decode step, so compacting after every finished row would not pa
 
 
 def _generate_fast(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_id, pad_id,
-                   temperature, top_p, engine="eager") -> Rollouts:
+                   temperature, top_p, engine="eager", top_k=0, min_p=0.0) -> Rollouts:
     batch = prompt_ids.shape[0]
     decoder = Decoder(model, prompt_ids, prompt_mask, max_new_tokens, engine=engine)
     try:
-        if decoder.engine == "cpp" and top_p >= 1.0:
+        if decoder.engine == "cpp" and top_p >= 1.0 and top_k <= 0 and min_p <= 0:
             # The whole loop in C++ (no Python per token, the GIL released throughout).
             tokens, logprobs, done = decoder.sample_all(seeds, max_new_tokens, temperature=temperature,
                                                         eos_id=eos_id, pad_id=pad_id)
@@ -124,14 +148,14 @@ def _generate_fast(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos
             logprobs = torch.zeros((batch, max_new_tokens))
             done = torch.zeros(batch, dtype=torch.bool)
             _decode(decoder, decoder.logits, seeds, tokens, logprobs, done, max_new_tokens=max_new_tokens,
-                    eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p)
+                    eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p)
     finally:
         decoder.close()
     return _rollouts(prompt_ids, prompt_mask, tokens, logprobs, _lengths(tokens, done, eos_id, max_new_tokens), done)
 
 
 def _decode(decoder, logits, seeds, tokens, logprobs, done, *, max_new_tokens, eos_id, pad_id,
-            temperature, top_p) -> None:
+            temperature, top_p, top_k=0, min_p=0.0) -> None:
     """The sampling loop over decode slots; fills tokens/logprobs/done (B, ...) in place.
 
     Per step the slots' tokens and log-probs go into slot-ordered buffers (one column write each);
@@ -149,7 +173,8 @@ def _decode(decoder, logits, seeds, tokens, logprobs, done, *, max_new_tokens, e
         if temperature > 0 and step % NOISE_BLOCK == 0:
             block = gumbel_noise_block(slot_seeds, step, min(NOISE_BLOCK, max_new_tokens - step), logits.shape[-1])
         noise = block[:, step % NOISE_BLOCK] if temperature > 0 else None
-        tok, logp = choose_tokens(logits, slot_seeds, step, temperature=temperature, top_p=top_p, noise=noise)
+        tok, logp = choose_tokens(logits, slot_seeds, step, temperature=temperature, top_p=top_p, noise=noise,
+                                  top_k=top_k, min_p=min_p)
         tok = tok.masked_fill_(slot_done, pad_id)
         slot_tokens[:, step] = tok
         slot_logprobs[:, step] = logp.masked_fill_(slot_done, 0.0)
@@ -181,7 +206,7 @@ def _lengths(tokens, done, eos_id: int, max_new_tokens: int) -> torch.Tensor:
 
 
 def _generate_hf(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_id, pad_id,
-                 temperature, top_p) -> Rollouts:
+                 temperature, top_p, top_k=0, min_p=0.0) -> Rollouts:
     """The reference sampler: `transformers` forward with its own cache, full batch every step."""
     batch = prompt_ids.shape[0]
     attention = prompt_mask.clone()
@@ -196,7 +221,8 @@ def _generate_hf(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_i
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     length = torch.zeros(batch, dtype=torch.long, device=device)
     for step in range(max_new_tokens):
-        tok, logp = choose_tokens(last_logits, seeds, step, temperature=temperature, top_p=top_p)
+        tok, logp = choose_tokens(last_logits, seeds, step, temperature=temperature, top_p=top_p, top_k=top_k,
+                                  min_p=min_p)
         tok = tok.masked_fill(done, pad_id)
         tokens[:, step] = tok
         logprobs[:, step] = logp.masked_fill(done, 0.0)

@@ -109,11 +109,13 @@ class VLLMEngine:
     temperature) -> Rollouts`; `push_weights(named_tensors, version)` after each update."""
 
     def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]], hf_config, *, max_new_tokens: int,
-                 eos_id: int, pad_id: int, top_p: float = 1.0, dtype: str = "float32",
+                 eos_id: int, pad_id: int, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
+                 dtype: str = "float32",
                  kv_cache_mb: int = 64, block_size: int = 0, max_model_len: int = 0, seed: int = 0):
         vllm = _import_vllm()
         self._sampling_params = vllm.SamplingParams
         self.max_new_tokens, self.eos_id, self.pad_id, self.top_p = max_new_tokens, eos_id, pad_id, top_p
+        self.top_k, self.min_p = top_k, min_p  # vLLM's own: 0 = off for both
         self.policy_version = 0
         self._dir = tempfile.TemporaryDirectory(prefix="rlvr-vllm-")
         path = save_for_engine(named_tensors, hf_config, Path(self._dir.name))
@@ -152,7 +154,9 @@ class VLLMEngine:
 
     def _params(self, temperature: float, seed: int, n: int = 1):
         # stop_token_ids: without a tokenizer vLLM knows no EOS; the stop token stays in token_ids.
-        return self._sampling_params(n=n, temperature=temperature, top_p=self.top_p if temperature > 0 else 1.0,
+        sampled = temperature > 0
+        return self._sampling_params(n=n, temperature=temperature, top_p=self.top_p if sampled else 1.0,
+                                     top_k=self.top_k if sampled else 0, min_p=self.min_p if sampled else 0.0,
                                      max_tokens=self.max_new_tokens, seed=seed, logprobs=0,
                                      stop_token_ids=[self.eos_id], detokenize=False)
 

@@ -1,4 +1,4 @@
-"""Causal LMs: the tiny built-in Llama and any local Hugging Face checkpoint.
+"""Causal LMs: the tiny built-in Llama and any Hugging Face checkpoint (a local directory or a Hub id).
 
 `load_causal_lm` is the one place that turns a model config into (model, tokenizer). The
 trainer sees the result only through `CausalPolicy` (the PolicyModel seam).
@@ -6,6 +6,8 @@ trainer sees the result only through `CausalPolicy` (the PolicyModel seam).
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import torch
@@ -20,16 +22,48 @@ REQUIRED = "???"
 """`model.path` of a recipe that only makes sense with the user's model (a real-model recipe)."""
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
+"""`org/name` (optionally `@revision`): a Hugging Face Hub model id, when no local directory has that path."""
+
+
+def hub_snapshot(repo: str) -> Path:
+    """The snapshot directory of Hub model `org/name[@revision]`, downloaded into the Hugging Face
+    cache unless it is there; only the cache is read when `HF_HUB_OFFLINE` is set (read at the call,
+    not at import, so a process can set it late)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    repo_id, _, revision = repo.partition("@")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+    try:
+        return Path(snapshot_download(repo_id, revision=revision or None, local_files_only=offline))
+    except LocalEntryNotFoundError:
+        where = "with HF_HUB_OFFLINE set" if offline else "and the Hub cannot be reached"
+        raise ConfigError(f"model.path: '{repo}' is no local directory and not in the Hugging Face cache {where}; "
+                          f"download it once (huggingface-cli download {repo_id}) or pass a local directory") from None
+    except RepositoryNotFoundError:
+        raise ConfigError(f"model.path: '{repo}' is no local directory and no Hub model (or a gated one: log in "
+                          f"with huggingface-cli login); check the id") from None
+    except (HfHubHTTPError, OSError, ValueError) as err:
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(f"model.path: fetching '{repo}' from the Hub failed ({type(err).__name__}: {reason}); "
+                          f"pass a local directory or set HF_HUB_OFFLINE=1 to use the cache") from None
+
+
 def resolve_model_path(path: str) -> Path:
-    """`rlvr:NAME` names a checkpoint shipped inside the package; anything else is a directory."""
+    """`rlvr:NAME` names a checkpoint shipped inside the package; `org/name` that is no local
+    directory, a Hugging Face Hub model (through its cache: `hub_snapshot`); anything else a directory."""
     if path == REQUIRED:
         raise ConfigError("model.path: this recipe trains a model you supply; pass model.path=DIR "
-                          "(a local directory written by save_pretrained, e.g. a downloaded Hugging Face model)")
+                          "(a local directory written by save_pretrained, or a Hub id such as Qwen/Qwen2.5-0.5B)")
     resolved = ASSETS / path[len(BUILTIN_PREFIX):] if path.startswith(BUILTIN_PREFIX) else Path(path)
+    if not resolved.exists() and HUB_ID.fullmatch(path):
+        resolved = hub_snapshot(path)
     if not (resolved / "config.json").is_file():
         raise ConfigError(
             f"model.path: no Hugging Face model at '{path}' (missing config.json); "
-            "give a directory written by save_pretrained, or leave model.path empty to build a tiny model"
+            "give a directory written by save_pretrained, a Hub id (org/name), or leave model.path empty to build "
+            "a tiny model"
         )
     return resolved
 

@@ -122,6 +122,18 @@ def merged(base, directory: Path):
 
 
 
+def peft_loads(base, directory: Path, saved: Path) -> bool:
+    """PEFT itself loads the adapter in `directory` onto `base`, with the weights of `saved` (a safetensors file)."""
+    peft = _peft()
+    import torch
+    from safetensors.torch import load_file
+
+    model = peft.PeftModel.from_pretrained(base, str(directory))
+    expected, loaded = load_file(str(saved)), peft.get_peft_model_state_dict(model)
+    return expected.keys() == loaded.keys() and all(torch.equal(expected[k], loaded[k].to(expected[k].dtype))
+                                                    for k in expected)
+
+
 def merged_weights(model) -> list[tuple[str, object]]:
     """(name, tensor) of `model`'s weights under the base model's own names, with each active
     adapter folded in (W + scale·B·A), for an engine that holds a plain copy of the model (vLLM).

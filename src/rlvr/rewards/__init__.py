@@ -4,6 +4,7 @@ rewards are the one exception, imported only when named: ``reward_model``).
 - ``math``: final-answer extraction and equivalence (``math_reward``, ``math_equal``).
 - ``format``: tag-format and length rewards.
 - ``combine``: weighted sums and per-reward group ("decoupled") normalisation.
+- ``forms``: the call forms (per-sample, batched, TRL's ``fn(completions, **kwargs)``), by signature.
 - ``runner``: ``load_reward_fn("file.py:name")``, ``RewardRunner`` (per-sample error capture,
   batched and async forms, ``None``/dict rewards, non-finite rewards, ``SystemExit`` and calls past
   ``timeout_s`` counted as errors, ``RewardError`` when a whole step fails) and ``RewardSum``

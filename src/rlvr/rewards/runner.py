@@ -1,13 +1,20 @@
 """Load user reward functions by path and call them over a batch, capturing per-sample failures.
 
-A reward function has one of four forms:
+A reward function has one of five forms, told apart by its signature when it is loaded
+(``reward_form``; a signature that fits none is refused there, before any model loads):
 
 - per-sample: ``fn(prompt, completion, **example) -> float | dict | None``
 - batched: ``fn(prompts, completions, **columns) -> list[...]`` with ``fn.batched = True``
   (or decorated with ``@batched``); ``columns`` maps each example field to a list; an exception
   in a sample's place of the list is that sample's error
+- TRL's: ``fn(completions, **kwargs) -> list[float | None]``, any function with a parameter named
+  ``completions`` and no ``batched`` mark. Everything comes as keywords, as TRL's ``GRPOTrainer``
+  passes it: ``completions``, ``prompts``, each dataset column as a list, and ``trainer_state``
+  (``global_step``, ``max_steps``). Rows whose prompt is a list of chat messages give ``prompts``
+  as those messages and each completion as ``[{"role": "assistant", "content": text}]``.
+  A function without ``**kwargs`` gets only the keywords it names.
 - async per-sample: ``async def fn(prompt, completion, **example)`` (all samples run concurrently)
-- async batched: ``async def`` with ``fn.batched = True``
+- async batched: ``async def`` with ``fn.batched = True`` (or TRL's form, ``async def``)
 
 Return values: a number is the reward; ``None`` means not scorable (excluded from the advantage,
 counted); a dict must hold ``"reward"`` (a number or None) and its other numeric keys become
@@ -51,15 +58,10 @@ from typing import Any
 
 from rlvr.errors import ConfigError, RewardError
 from rlvr.rewards.combine import weighted_sum
+from rlvr.rewards.forms import TASK_VERIFIER, TrainerState, batched, reward_form
 
-__all__ = ["RewardBatch", "RewardRunner", "RewardSum", "batched", "load_reward_fn", "load_reward_spec"]
-
-
-def batched(fn: Callable) -> Callable:
-    """Mark ``fn`` as taking lists: ``fn(prompts, completions, **columns) -> list``."""
-    fn.batched = True
-    return fn
-
+__all__ = ["RewardBatch", "RewardRunner", "RewardSum", "TrainerState", "batched", "load_reward_fn",
+           "load_reward_spec", "reward_form"]
 
 def load_reward_fn(spec: str, *, base_dir: str | Path | None = None,
                    model_options: dict[str, Any] | None = None) -> Callable:
@@ -109,12 +111,13 @@ def load_reward_fn(spec: str, *, base_dir: str | Path | None = None,
 
 
 
-def load_reward_spec(spec: str, *, base_dir: str | Path | None = None, task_reward: Callable | None = None,
+def load_reward_spec(spec: str, *, base_dir: str | Path | None = None,
                      model_options: dict[str, Any] | None = None) -> list[tuple[Callable, float]]:
     """``"a.py:right, 0.2*a.py:short"`` -> [(right, 1.0), (short, 0.2)]: the ``reward.fn`` form,
     one or several ``FILE.py:NAME`` / ``MODULE:NAME`` / reward-model folders separated by commas,
-    each optionally prefixed by its weight and ``*``; ``task`` names the task's own verifier
-    (``task_reward``), so a learned reward can be weighted against it."""
+    each optionally prefixed by its weight and ``*``; ``task`` is the task's own verifier
+    (``TASK_VERIFIER``, bound by ``rlvr.rewards.forms.with_task``), so ``"0.1*my.py:shaping, task"``
+    adds a shaping term to it and ``"task, 0.5*RM_DIR"`` weighs a learned reward against it."""
     out = []
     for item in (part.strip() for part in spec.split(",")):
         if not item:
@@ -128,13 +131,10 @@ def load_reward_spec(spec: str, *, base_dir: str | Path | None = None, task_rewa
             raise ConfigError(f"reward.fn={spec!r}: weight {weight.strip()!r} of {target.strip()!r} is not a number; "
                               f"write WEIGHT*FILE.py:NAME, e.g. 0.2*my_rewards.py:short") from None
         target = target.strip()
-        if target == "task":
-            if task_reward is None:
-                raise ConfigError(f"reward.fn={spec!r}: 'task' names the task's verifier, and rows passed from Python "
-                                  f"have none; name the functions instead")
-            out.append((task_reward, value))
-            continue
-        out.append((load_reward_fn(target, base_dir=base_dir, model_options=model_options), value))
+        fn = TASK_VERIFIER if target == "task" else load_reward_fn(target, base_dir=base_dir,
+                                                                     model_options=model_options)
+        reward_form(fn, f"reward.fn={spec!r}")
+        out.append((fn, value))
     return out
 
 @dataclass
@@ -167,7 +167,8 @@ class RewardRunner:
         self.timeout_s = float(timeout_s)
         self._worker: _Worker | None = None
         self.name = name or getattr(fn, "__name__", "reward")
-        self.batched = bool(getattr(fn, "batched", False)) if batched is None else batched
+        self.form = reward_form(fn) if batched is None else ("batched" if batched else "sample")
+        self.state = TrainerState()  # `trainer_state` of TRL-form functions; `on_step_begin` moves it
         # The __call__ method itself is inspected (an object with an ``async def __call__``), not callability.
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None))  # noqa: B004
@@ -176,11 +177,21 @@ class RewardRunner:
         n = len(completions)
         if not (len(prompts) == len(examples) == n):
             raise ValueError(f"reward {self.name}: {len(prompts)} prompts, {n} completions, {len(examples)} examples")
+        # A row's chat messages ride as its "prompt" column (`DatasetTask`); TRL-form functions get them.
+        chats = [ex.get("prompt") if isinstance(ex.get("prompt"), list) else None for ex in examples]
         # ``dataclasses.asdict(example)`` carries "prompt" too; it is passed positionally already.
         examples = [{k: v for k, v in ex.items() if k not in ("prompt", "completion")} for ex in examples]
-        raw = (self._call_batched(prompts, completions, examples) if self.batched
-               else self._call_each(prompts, completions, examples))
+        if self.form == "trl":
+            raw = self._call_trl(prompts, completions, examples, chats)
+        elif self.form == "batched":
+            raw = self._call_batched(prompts, completions, examples)
+        else:
+            raw = self._call_each(prompts, completions, examples)
         return self._collect(raw)
+
+    def on_step_begin(self, step: int, steps: int) -> None:
+        """Step `step` of `steps` starts: ``step - 1`` optimizer steps are done (TRL's ``global_step``)."""
+        self.state.global_step, self.state.max_steps = step - 1, steps
 
     # Each call path returns a list of (value, error-string-or-None).
 
@@ -208,12 +219,27 @@ class RewardRunner:
             return _run_coroutine(gather())
         return [self._guarded(self.fn, (p, c), ex) for p, c, ex in zip(prompts, completions, examples)]
 
-    def _call_batched(self, prompts, completions, examples) -> list[tuple[Any, str | None]]:
+    def _call_trl(self, prompts, completions, examples, chats) -> list[tuple[Any, str | None]]:
+        """TRL's call: everything as keywords, the columns as lists (`GRPOTrainer._calculate_rewards`)."""
+        if all(chat is not None for chat in chats):
+            prompts, completions = chats, [[{"role": "assistant", "content": c}] for c in completions]
+        keys = sorted({k for ex in examples for k in ex} - {"completions"})
+        kwargs = {**{k: [ex.get(k) for ex in examples] for k in keys},
+                  "prompts": list(prompts), "trainer_state": self.state}
+        params = inspect.signature(self.fn).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            kwargs = {k: v for k, v in kwargs.items() if k in params}
+        fn = self.fn
+        return self._call_batched(prompts, completions, [],
+                                  call=lambda _prompts, completions: fn(completions=completions, **kwargs))
+
+    def _call_batched(self, prompts, completions, examples, call=None) -> list[tuple[Any, str | None]]:
         keys = sorted({k for ex in examples for k in ex})
         columns = {k: [ex.get(k) for ex in examples] for k in keys}
+        fn = call or self.fn
 
         def call(prompts, completions, **columns):
-            values = self.fn(prompts, completions, **columns)
+            values = fn(prompts, completions, **columns)
             if inspect.isawaitable(values):
                 values = _run_coroutine(_awaited(values, self.timeout_s))
             return list(values)
@@ -408,6 +434,10 @@ class RewardSum:
     @property
     def names(self) -> list[str]:
         return [r.name for r in self.runners]
+
+    def on_step_begin(self, step: int, steps: int) -> None:
+        for runner in self.runners:
+            runner.on_step_begin(step, steps)
 
     def __call__(self, prompts: list[str], completions: list[str], examples: list[dict[str, Any]]) -> RewardBatch:
         if self.columns:

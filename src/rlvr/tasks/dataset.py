@@ -10,7 +10,9 @@ handling (``rlvr.tasks.files.FileTask``):
   through the chat template, which the tokenizer then must have.
 - **Columns.** Every other column rides in ``Example.meta`` and reaches each reward function as a
   keyword argument: the row ``{"prompt": ..., "target": 7}`` is scored as
-  ``fn(prompt, completion, target=7)`` (``rlvr.rewards.runner.RewardSum(columns=True)``).
+  ``fn(prompt, completion, target=7)`` (``rlvr.rewards.runner.RewardSum(columns=True)``). A TRL-form
+  function (``fn(completions, **kwargs)``) gets the columns as lists, and a row's chat messages as
+  its ``prompts``.
 - **Split.** ``heldout_rows`` (an ``eval_dataset``) are the held-out set; without them the
   ``heldout_size`` rows whose prompts hash lowest are held out, as in the file tasks. A
   ``datasets.DatasetDict`` (or a dict of row lists) passed as the training data trains on its
@@ -107,6 +109,8 @@ class DatasetTask(FileTask):
     def _row_to_example(self, row: dict, where: str) -> Example:
         text = self._field(row, self.prompt_key, where, (str, list), "prompt_key")
         columns = {k: v for k, v in row.items() if k != self.prompt_key}
+        if isinstance(text, list):  # chat messages: TRL-form reward functions get them as `prompts`
+            columns["prompt"] = list(text)
         answer = columns.get("answer")
         return Example(self._prompt(text, where), "" if answer is None else str(answer), columns)
 
@@ -126,7 +130,8 @@ class DatasetTask(FileTask):
 
     def is_correct(self, completion: str, example: Example) -> bool:
         if self.correct_fn is not None:
-            return bool(self.correct_fn(example.prompt, completion, **example.meta))
+            columns = {k: v for k, v in example.meta.items() if k != "prompt"}
+            return bool(self.correct_fn(example.prompt, completion, **columns))
         value = self.reward_sum.score_one(example.prompt, completion, example.meta)
         return not math.isnan(value) and value >= self.correct_threshold
 
@@ -134,5 +139,8 @@ class DatasetTask(FileTask):
         """sha256 of the training and held-out rows (prompt and columns), for the run manifest."""
         import hashlib
 
-        rows = [[ex.prompt, ex.meta] for ex in self._train] + [None] + [[ex.prompt, ex.meta] for ex in self._heldout]
+        def row(ex: Example) -> list:  # the rendered prompt stands for its messages
+            return [ex.prompt, {k: v for k, v in ex.meta.items() if k != "prompt"}]
+
+        rows = [row(ex) for ex in self._train] + [None] + [row(ex) for ex in self._heldout]
         return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()

@@ -5,6 +5,14 @@ with `AutoModelForCausalLM` (a reward model from `rlvr rm`: `AutoModelForSequenc
 `AutoTokenizer` and nothing from rlvr; trainer state (optimizer,
 RNG) is left behind. It is written to a temp folder beside DIR, reloaded and checked (same
 weights), then renamed into place, so DIR only ever appears complete.
+
+A LoRA run's checkpoint holds the adapter. `--adapter` writes it as it is (PEFT's format:
+`adapter_config.json`, `adapter_model.safetensors`, with the tokenizer), for
+`PeftModel.from_pretrained(base, DIR)`. Without it the adapter is merged into the base in float32
+and the result cast to `--dtype` (`auto`: the run's own); a cast that rounds away the update
+(`update_error`: ||cast(W + dW) - cast(W) - dW|| / ||dW|| over the weights the merge changes,
+above `MAX_UPDATE_ERROR`) is refused, naming `--dtype float32` and `--adapter`: a short
+low-learning-rate LoRA run's update is mostly below bfloat16's resolution.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from rlvr.errors import ConfigError
 from rlvr.tracking.run_dir import check_output_path
 
 PROVENANCE_FILE = "rlvr_export.json"
+MAX_UPDATE_ERROR = 0.5  # a merged export whose cast changes the adapter's update by more is refused
+DTYPES = ("auto", "float32", "bfloat16")
 
 
 @dataclass
@@ -26,6 +36,31 @@ class Exported:
     path: Path
     checkpoint: Path
     verified: bool
+    merge: dict | None = None  # a merged adapter: {"dtype", "changed", "lost", "update_error"}
+
+
+def update_error(original: dict, merged: dict, dtype) -> dict:
+    """How much of the merge's update `merged - original` (float32 state dicts) survives a cast to
+    `dtype`: entries the merge changed, entries the cast returns to the original value, and the
+    relative L2 error of the cast update. Hand check: original 1.0, update 1e-3 in bfloat16 (spacing
+    2^-7 near 1): the cast update is 0, one entry lost, error 1.0; update 0.25 survives exactly."""
+    import torch
+
+    changed = lost = 0
+    err2 = norm2 = 0.0
+    for key, after in merged.items():
+        before = original.get(key)
+        if before is None or not after.is_floating_point():
+            continue
+        delta = after.float() - before.float()
+        cast = after.to(dtype).float() - before.to(dtype).float()
+        moved = delta != 0
+        changed += int(moved.sum())
+        lost += int((moved & (cast == 0)).sum())
+        err2 += float(torch.sum((cast - delta) ** 2))
+        norm2 += float(torch.sum(delta ** 2))
+    error = (err2 / norm2) ** 0.5 if norm2 else 0.0
+    return {"dtype": str(dtype).removeprefix("torch."), "changed": changed, "lost": lost, "update_error": error}
 
 
 def find_checkpoint(run: Path, step: int | None = None) -> Path:
@@ -52,19 +87,17 @@ def _same_weights(a, b) -> bool:
     return left.keys() == right.keys() and all(torch.equal(left[k], right[k]) for k in left)
 
 
-def _merged_adapter(run: Path, checkpoint: Path):
-    """A LoRA checkpoint as a plain model: the run's base, rebuilt as the run loaded it (`model.*`
-    of its config.yaml), with the checkpoint's adapter merged into its weights."""
+def _base(run: Path):
+    """The run's base model, rebuilt as the run loaded it (`model.*` of its config.yaml)."""
     from rlvr.config import load_config
     from rlvr.models.causal_lm import load_causal_lm
-    from rlvr.models.lora import merged
 
     config = load_config(run / "config.yaml")
     m = config.model
     base, _ = load_causal_lm(m.path, seed=config.seed, dtype=m.dtype,
                              hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                              intermediate_size=m.intermediate_size, max_seq_len=m.max_seq_len)
-    return merged(base, checkpoint)
+    return base
 
 
 def _auto_class(checkpoint: Path):
@@ -79,22 +112,64 @@ def _auto_class(checkpoint: Path):
     return AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
 
 
-def export_run(run: str | Path, out: str | Path, *, step: int | None = None, force: bool = False) -> Exported:
+def _merged_adapter(run: Path, checkpoint: Path, dtype: str):
+    """A LoRA checkpoint as a plain model: the base with the adapter merged in float32, cast to
+    `dtype` (auto: the base's own), refused when the cast loses the update; and the merge's record."""
+    import torch
+
+    from rlvr.models.lora import merged
+
+    base = _base(run)
+    target = getattr(torch, dtype) if dtype != "auto" else next(base.parameters()).dtype
+    base = base.to(torch.float32)  # exact for a bfloat16 base: every bfloat16 is a float32
+    original = {k: v.detach().clone() for k, v in base.state_dict().items()}
+    model = merged(base, checkpoint)
+    record = update_error(original, model.state_dict(), target)
+    if record["update_error"] > MAX_UPDATE_ERROR:
+        raise ConfigError(
+            f"export: casting the float32 merge to {record['dtype']} rounds away {record['lost']} of the "
+            f"{record['changed']} weights the adapter changes (update error {record['update_error']:.2f}); "
+            f"export with --dtype float32, or the adapter alone with --adapter")
+    return model.to(target), record
+
+
+def _copy_adapter(checkpoint: Path, tmp: Path) -> None:
+    from rlvr.models.lora import ADAPTER_WEIGHTS
+
+    for name in ("adapter_config.json", ADAPTER_WEIGHTS):
+        shutil.copyfile(checkpoint / name, tmp / name)
+
+
+def export_run(run: str | Path, out: str | Path, *, step: int | None = None, force: bool = False,
+               adapter: bool = False, dtype: str = "auto") -> Exported:
     from transformers import AutoTokenizer
+
+    from rlvr.models.lora import ADAPTER_WEIGHTS, peft_loads
 
     run, out = Path(run), Path(out)
     if not (run / "config.yaml").is_file():
         raise ConfigError(f"export: '{run}' is not a run directory (no config.yaml)")
+    if dtype not in DTYPES:
+        raise ConfigError(f"export: --dtype {dtype!r}; valid: {', '.join(DTYPES)}")
     check_output_path(out, "export", reads=[run], replaces=force)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise ConfigError(f"export: '{out}' exists and is not empty; choose a new directory or pass --force")
     checkpoint = find_checkpoint(run, step)
-    auto = _auto_class(checkpoint)
+    lora = (checkpoint / "adapter_config.json").is_file()
+    if adapter and not lora:
+        raise ConfigError(f"export --adapter: '{run}' trained no adapter (model.lora.r=0); export the whole "
+                          f"model without --adapter")
+    if adapter and dtype != "auto":
+        raise ConfigError("export: --dtype applies to the merged model; the adapter is written as it was saved")
+    record, auto = None, _auto_class(checkpoint)
     try:
-        # dtype "auto": the checkpoint's own (a bf16 run exports bf16 weights, not an fp32 upcast).
-        model = (_merged_adapter(run, checkpoint) if (checkpoint / "adapter_config.json").is_file()
-                 else auto.from_pretrained(checkpoint, dtype="auto"))
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        if adapter:
+            model = None
+        elif lora:
+            model, record = _merged_adapter(run, checkpoint, dtype)
+        else:  # dtype "auto": the checkpoint's own (a bf16 run exports bf16 weights, not an fp32 upcast)
+            model = auto.from_pretrained(checkpoint, dtype=dtype)
     except (OSError, ValueError) as err:
         raise ConfigError(f"export: checkpoint '{checkpoint}' is unreadable ({type(err).__name__}); "
                           "pass --step to export an earlier one") from None
@@ -102,19 +177,21 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None, for
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        model.save_pretrained(tmp)
+        _copy_adapter(checkpoint, tmp) if adapter else model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         manifest = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {}
         provenance = {"run": str(run.resolve()), "checkpoint": checkpoint.name, "git_sha": manifest.get("git_sha"),
-                      "seed": manifest.get("seed"), "rlvr": (manifest.get("packages") or {}).get("rlvr")}
+                      "seed": manifest.get("seed"), "rlvr": (manifest.get("packages") or {}).get("rlvr"),
+                      "form": "adapter" if adapter else "merged" if lora else "model", "merge": record}
         (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
-        reloaded = auto.from_pretrained(tmp, dtype="auto")
         AutoTokenizer.from_pretrained(tmp)
-        if not _same_weights(model, reloaded):
+        same = (peft_loads(_base(run), tmp, checkpoint / ADAPTER_WEIGHTS) if adapter
+                else _same_weights(model, auto.from_pretrained(tmp, dtype="auto")))
+        if not same:
             raise RuntimeError(f"export: reloaded weights in {tmp} differ from {checkpoint}")
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return Exported(path=out, checkpoint=checkpoint, verified=True)
+    return Exported(path=out, checkpoint=checkpoint, verified=True, merge=record)

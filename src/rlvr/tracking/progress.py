@@ -21,13 +21,16 @@ class Progress:
         self.window: list[dict] = []  # the steps since the last printed line
 
     def update(self, step: int, metrics: dict) -> None:
+        """The bar shows this step's own reward and accuracy; a plain line, their means over the
+        steps since the previous line (a step's reward, over a few prompts, is noisy), and says so."""
         if "eval/heldout_accuracy" in metrics:
             self.last_heldout = metrics["eval/heldout_accuracy"]
-        # Per-step reward is noisy (a few prompts); lines show the mean since the previous line.
         self.window = (self.window + [metrics])[-self.every:]
-        averaged = {k: sum(m.get(k, 0.0) for m in self.window) / len(self.window)
-                    for k in ("reward/mean", "reward/accuracy", "perf/rollout_tokens_per_s")}
-        shown = {**metrics, **averaged}
+        if self.bar is not None:
+            shown = dict(metrics)
+        else:
+            shown = {**metrics, **{k: sum(m.get(k, 0.0) for m in self.window) / len(self.window)
+                                   for k in ("reward/mean", "reward/accuracy", "perf/rollout_tokens_per_s")}}
         if self.last_heldout is not None:
             shown["eval/heldout_accuracy"] = self.last_heldout
         summary = _summary(shown)
@@ -35,7 +38,9 @@ class Progress:
             self.bar.set_postfix(summary, refresh=False)
             self.bar.update(1)
         elif step % self.every == 0 or step == self.total or "eval/heldout_accuracy" in metrics:
-            self.echo(f"step {step}/{self.total} " + " ".join(f"{k}={v}" for k, v in summary.items()))
+            first = step - len(self.window) + 1
+            span = f" (reward, acc, tok/s: mean of steps {first}-{step})" if first < step else ""
+            self.echo(f"step {step}/{self.total} " + " ".join(f"{k}={v}" for k, v in summary.items()) + span)
             self.window = []
 
     def close(self) -> None:

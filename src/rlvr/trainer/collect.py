@@ -43,6 +43,7 @@ class Collected:
     components: torch.Tensor | None = None  # (B, K) each reward function's score when there are several
     component_weights: torch.Tensor | None = None  # (K,) their weights in `rewards`
     oldest_version: int | None = None  # rollout replay: the policy version of its oldest replayed group
+    component_names: tuple[str, ...] = ()  # (K,) their names
 
     def component_inputs(self, needs: frozenset[str]) -> dict:
         """The `AdvantageInputs` fields of the reward components, for an estimator that declares
@@ -161,7 +162,7 @@ def _one_round(c, step: int, round_index: int, n_prompts: int) -> tuple[list[Req
     s = scored(c.reward, c.task, group, texts)
     return requests, Collected(group, rollouts, texts, s.rewards, s.correct,
                                {f"reward/{k}": v for k, v in s.metrics.items()},
-                               components=s.components, component_weights=s.weights)
+                               components=s.components, component_weights=s.weights, component_names=s.names)
 
 
 def greedy_baseline(c, group: list[Example]) -> torch.Tensor:
@@ -234,7 +235,7 @@ def _select(b: Collected, rows: torch.Tensor) -> Collected:
     return Collected([b.group[i] for i in idx], b.rollouts.select(rows), [b.texts[i] for i in idx],
                      b.rewards[rows], b.correct[rows], {}, turns=None if b.turns is None else b.turns.select(rows),
                      components=None if b.components is None else b.components[rows],
-                     component_weights=b.component_weights)
+                     component_weights=b.component_weights, component_names=b.component_names)
 
 
 def _merge(parts: list[Collected], pad_id: int, limit: int) -> Collected:
@@ -246,7 +247,7 @@ def _merge(parts: list[Collected], pad_id: int, limit: int) -> Collected:
         correct=torch.cat([p.correct for p in parts])[:limit],
         metrics={},
         components=None if parts[0].components is None else torch.cat([p.components for p in parts])[:limit],
-        component_weights=parts[0].component_weights,
+        component_weights=parts[0].component_weights, component_names=parts[0].component_names,
     )
     merged.rollouts = merged.rollouts.select(torch.arange(len(merged.group)))
     if parts[0].turns is not None:  # agent tasks: the per-turn tensors travel with their rows

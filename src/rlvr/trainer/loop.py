@@ -20,6 +20,7 @@ from rlvr.models.lora import load_adapter
 from rlvr.runtime.distributed import ShardedState, load_sharded_optimizer
 from rlvr.tracking.progress import Progress
 from rlvr.tracking.run_dir import RunDir, StopSignals, now
+from rlvr.tracking.signal import NO_SIGNAL_STEPS, NoSignal
 from rlvr.tracking.tracker import make_trackers
 from rlvr.trainer.async_loop import AsyncSteps
 from rlvr.trainer.checkpoint import (
@@ -151,6 +152,8 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
     for tracker in trackers:
         tracker.log_config(t.config_tree)
     probe = c.task.sample(len(c.task.heldout()), random.Random(TRAIN_PROBE_SEED))
+    begin = getattr(c.reward, "on_step_begin", lambda step, steps: None)  # TRL-form rewards' `trainer_state`
+    begin(start + 1, t.steps)
     if start == 0:
         for key, value in t.batch_numbers.items():
             echo(f"  {key:<42} {value}")
@@ -159,15 +162,20 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
         first = evaluate(c, probe, steps.engine)
         for tracker in trackers:
             tracker.log_metrics(0, first)
+        go_on = _notify(callbacks, "on_evaluate", 0, {k: v for k, v in first.items() if k.startswith("eval/")})
         sampled = first.get("eval/heldout_sampled_accuracy")
         echo(f"warm start: held-out accuracy {first['eval/heldout_accuracy']:.3f}, "
              f"train-probe accuracy {first['eval/train_accuracy']:.3f}"
              + (f", held-out sampled accuracy {sampled:.3f}" if sampled is not None else ""))
+    else:
+        go_on = True
     progress = Progress(total=t.steps, initial=start, echo=echo)
+    no_signal = NoSignal(min(NO_SIGNAL_STEPS, t.steps - start))
     line = {}
     for step in range(start + 1, t.steps + 1):
         if stop.received:  # came before the first step (while building or evaluating)
             break
+        begin(step, t.steps)
         metrics, samples = steps.step(step)
         evaluated = step == t.steps or (t.eval_every and step % t.eval_every == 0)
         if evaluated:
@@ -179,8 +187,10 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
         for record in samples if t.writer else ():
             run.append(run.samples_file, record)
         progress.update(step, metrics)
+        for warning in no_signal.check(metrics):
+            echo(f"warning: {warning}")
         line = {"step": step, **metrics}
-        go_on = _notify(callbacks, "on_step_end", step, metrics)
+        go_on = _notify(callbacks, "on_step_end", step, metrics) and go_on  # and a stop asked at step 0
         if evaluated:
             go_on = _notify(callbacks, "on_evaluate", step,
                             {k: v for k, v in metrics.items() if k.startswith("eval/")}) and go_on

@@ -17,6 +17,7 @@ class Scored(NamedTuple):
     metrics: dict[str, float]
     components: torch.Tensor | None = None  # (B, K) each reward function's own score (K >= 2 functions)
     weights: torch.Tensor | None = None  # (K,) their weights in the sum
+    names: tuple[str, ...] = ()  # (K,) their names (`reward/<name>/...`)
 
 
 def scored(reward, task, group: list[Example], texts: list[str]) -> Scored:
@@ -24,12 +25,13 @@ def scored(reward, task, group: list[Example], texts: list[str]) -> Scored:
     out = reward([ex.prompt for ex in group], texts, [dataclasses.asdict(ex) for ex in group])
     correct = [float(task.is_correct(text, ex)) for ex, text in zip(group, texts)]
     components = weights = None
+    names = ()
     if getattr(out, "components", None):  # a RewardSum of several functions
-        names = list(out.components)
+        names = tuple(out.components)
         components = torch.tensor([out.components[n] for n in names], dtype=torch.float32).T
         weights = torch.tensor([out.weights.get(n, 1.0) for n in names], dtype=torch.float32)
     return Scored(torch.tensor(out.rewards, dtype=torch.float32), torch.tensor(correct), out.metrics, components,
-                  weights)
+                  weights, names)
 
 
 def score(reward, task, group: list[Example], texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, dict]:

@@ -174,12 +174,21 @@ def _update(c: Components, step: int, batch: TrainBatch, old_values, returns, se
 
 
 def _samples(step: int, got, rewards: torch.Tensor, count: int) -> list[dict]:
-    """A few of the step's rollouts, evenly spaced. An unscorable or failed sample's reward is NaN
-    here; JSON has no NaN, so samples.jsonl says null."""
+    """A few of the step's rollouts, evenly spaced, with each reward function's own score when there
+    are several (`rewards`). An unscorable or failed sample's reward is NaN here; JSON has no NaN,
+    so samples.jsonl says null."""
+    def number(value) -> float | None:
+        return float(value) if math.isfinite(float(value)) else None
+
     stride = max(1, len(got.group) // max(count, 1))
-    return [{"step": step, "prompt": got.group[i].prompt, "completion": got.texts[i],
-             "reward": float(rewards[i]) if math.isfinite(float(rewards[i])) else None}
-            for i in range(0, len(got.group), stride)][:count]
+    records = []
+    for i in range(0, len(got.group), stride):
+        record = {"step": step, "prompt": got.group[i].prompt, "completion": got.texts[i],
+                  "reward": number(rewards[i])}
+        if got.component_names:
+            record["rewards"] = {name: number(v) for name, v in zip(got.component_names, got.components[i])}
+        records.append(record)
+    return records[:count]
 
 
 def push_weights(c: Components) -> float:

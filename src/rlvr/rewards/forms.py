@@ -1,0 +1,89 @@
+"""The call forms of a reward function, told apart by its signature (``rlvr.rewards.runner`` calls them).
+
+- per-sample (rlvr's): ``fn(prompt, completion, **columns) -> float | dict | None``
+- batched: ``fn(prompts, completions, **columns) -> list`` marked ``fn.batched = True`` (``@batched``)
+- TRL's: ``fn(completions, **kwargs) -> list[float | None]``, a ``completions`` parameter and no mark
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rlvr.errors import ConfigError
+
+__all__ = ["TASK_VERIFIER", "TrainerState", "batched", "reward_form", "with_task"]
+
+SAMPLE_FORM = "fn(prompt, completion, **columns) -> float | None"
+TRL_FORM = "fn(completions, **kwargs) -> list[float | None] (prompts, columns, trainer_state as keywords)"
+
+
+@dataclass
+class TrainerState:
+    """What TRL-form reward functions get as ``trainer_state``: optimizer steps done, and the run's total."""
+
+    global_step: int = 0
+    max_steps: int = 0
+
+
+def reward_form(fn: Callable, where: str = "reward.fn") -> str:
+    """``"batched"``, ``"trl"`` or ``"sample"``: how `fn` is called, from its ``batched`` mark and
+    its signature; a signature that fits no form raises `ConfigError` naming both conventions.
+
+    >>> reward_form(lambda completions, **kwargs: [1.0] * len(completions))
+    'trl'
+    >>> reward_form(lambda prompt, completion, **columns: 1.0)
+    'sample'
+    """
+    if getattr(fn, "batched", False):
+        return "batched"
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or extension callable: cannot tell, called per sample
+        return "sample"
+    if "completions" in signature.parameters:
+        return "trl"
+    try:
+        signature.bind_partial("prompt", "completion")  # the rest may be columns, passed by name
+    except TypeError:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise ConfigError(f"{where}: {name}{signature} fits neither reward convention; write rlvr's "
+                          f"{SAMPLE_FORM} or TRL's {TRL_FORM}") from None
+    return "sample"
+
+
+def batched(fn: Callable) -> Callable:
+    """Mark ``fn`` as taking lists: ``fn(prompts, completions, **columns) -> list``."""
+    fn.batched = True
+    return fn
+
+
+class _TaskVerifier:
+    """`task` in `reward.fn` ("my.py:shaping, task"): the task's own verifier, bound by `with_task`."""
+
+    __name__ = "task"
+
+    def __call__(self, prompt, completion, **example):
+        raise RuntimeError("reward.fn's 'task' is bound to a task by with_task before it is called")
+
+    def __repr__(self) -> str:
+        return "task"
+
+
+TASK_VERIFIER = _TaskVerifier()
+
+
+def with_task(fns, task) -> list[Callable]:
+    """`fns` with `TASK_VERIFIER` replaced by `task`'s verifier (its batched form when it has one),
+    named `task` (metrics `reward/task/...`)."""
+    batch = getattr(task, "reward_batch", None)
+    if batch is not None:
+        def verifier(prompts, completions, **columns):
+            return batch(prompts, completions, **columns)
+        verifier.batched = True
+    else:
+        def verifier(prompt, completion, **example):
+            return task.reward(prompt, completion, **example)
+    verifier.__name__ = verifier.__qualname__ = "task"
+    return [verifier if fn is TASK_VERIFIER else fn for fn in fns]

@@ -1,0 +1,94 @@
+"""`rlvr export` of a LoRA run: the adapter alone (PEFT's format) or merged in float32 then cast,
+refused where the cast rounds the update away."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlvr.cli import main
+from rlvr.config import load_config
+from rlvr.tracking.export import update_error
+
+peft = pytest.importorskip("peft")
+
+TINY = ["model.path=", "model.hidden_size=32", "model.num_layers=2", "model.num_heads=2",
+        "model.intermediate_size=64", "rollout.prompts_per_step=2", "rollout.group_size=4",
+        "rollout.max_new_tokens=8", "task.heldout_size=8", "trainer.eval_every=0", "trainer.thread_mode=ops",
+        "trainer.threads=1", "optim.warmup_steps=0", "model.lora.r=4", "model.lora.target_modules=[q_proj,v_proj]"]
+
+
+def test_update_error_by_hand():
+    original = {"w": torch.tensor([1.0, 1.0, 2.0]), "steps": torch.tensor([3])}
+    merged = {"w": torch.tensor([1.001, 1.25, 2.0]), "steps": torch.tensor([3])}
+    # bfloat16 spacing near 1 is 2^-7 = 0.0078: 1.001 casts to 1.0 (the update 0.001 lost), 1.25 exactly.
+    out = update_error(original, merged, torch.bfloat16)
+    assert (out["changed"], out["lost"], out["dtype"]) == (2, 1, "bfloat16")
+    assert out["update_error"] == pytest.approx(0.001 / (0.001 ** 2 + 0.25 ** 2) ** 0.5, rel=1e-3)  # 0.0040
+    assert update_error(original, merged, torch.float32)["update_error"] == 0.0
+    tiny = update_error({"w": torch.ones(4)}, {"w": torch.ones(4) + 1e-3}, torch.bfloat16)
+    assert (tiny["lost"], tiny["update_error"]) == (4, 1.0)
+
+
+@pytest.fixture
+def reward(tmp_path):
+    path = tmp_path / "vowels.py"  # varies within a group even when every completion runs to the length limit
+    path.write_text("def score(prompt, completion, **example):\n    return sum(c in 'aeiou' for c in completion) / 8\n")
+    return f"reward.fn={path}:score"
+
+
+def _lora_run(tmp_path, reward, *overrides):
+    assert main(["train", *TINY, reward, f"trainer.out_dir={tmp_path}", "trainer.name=lora", *overrides]) == 0
+    return tmp_path / "lora"
+
+
+def _logits(model, seed=0):
+    ids = torch.randint(3, 20, (2, 7), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float()
+
+
+def test_adapter_export_loads_with_peft_and_merged_float32_matches_it(tmp_path, reward, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.tracking.export import _base
+
+    run = _lora_run(tmp_path, reward, "trainer.steps=2", "optim.lr=1e-2")
+    assert main(["export", str(run), str(tmp_path / "adapter"), "--adapter"]) == 0
+    assert "(the adapter alone)" in capsys.readouterr().out
+    files = {p.name for p in (tmp_path / "adapter").iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= files
+    assert "model.safetensors" not in files
+    adapted = peft.PeftModel.from_pretrained(_base(run), str(tmp_path / "adapter"))
+
+    assert main(["export", str(run), str(tmp_path / "merged")]) == 0
+    out = capsys.readouterr().out
+    assert "merged in float32, cast to float32" in out and "update error 0.000" in out
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    torch.testing.assert_close(_logits(merged), _logits(adapted), rtol=0, atol=1e-5)
+    assert _logits(merged).sub(_logits(_base(run))).abs().max() > 1e-3  # the adapter did move the model
+    record = json.loads((tmp_path / "merged" / "rlvr_export.json").read_text())["merge"]
+    assert record["changed"] > 0 and record["lost"] == 0
+
+
+def test_a_bfloat16_cast_that_loses_the_update_is_refused(tmp_path, reward, capsys):
+    from transformers import AutoModelForCausalLM
+
+    run = _lora_run(tmp_path, reward, "trainer.steps=1", "optim.lr=1e-5", "model.dtype=bfloat16")
+    assert load_config(run / "config.yaml").model.dtype == "bfloat16"
+    assert main(["export", str(run), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "casting the float32 merge to bfloat16 rounds away" in err and "--dtype float32" in err
+    assert "\n" not in err.strip() and not (tmp_path / "hf").exists()
+    assert main(["export", str(run), str(tmp_path / "hf32"), "--dtype", "float32"]) == 0
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "hf32", dtype="auto").dtype == torch.float32
+    assert main(["export", str(run), str(tmp_path / "a"), "--adapter"]) == 0
+
+
+def test_adapter_export_of_a_run_without_adapters_is_refused(tmp_path, reward, capsys):
+    assert main(["train", *TINY[:-2], reward, f"trainer.out_dir={tmp_path}", "trainer.name=full",
+                 "trainer.steps=1"]) == 0
+    assert main(["export", str(tmp_path / "full"), str(tmp_path / "x"), "--adapter"]) == 2
+    assert "trained no adapter (model.lora.r=0)" in capsys.readouterr().err
