@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import ConfigError
+from rlvr.tracking.resumable import check_resumable, config_changes
 
 __all__ = ["Trainer", "train"]
 
@@ -101,8 +102,8 @@ class Trainer:
         self.reward_funcs, self.reward_weights = self._reward_arguments(reward_funcs, reward_weights)
         self.callbacks = _callbacks(callbacks)
         if self.resume:
-            _check_resumable(Path(run_dir), rows=self.rows is not None, task=self.task is not None)
-            self.config_changes = _config_changes(Path(run_dir), self.config, allowed=allow_config_change)
+            check_resumable(Path(run_dir), rows=self.rows is not None, task=self.task is not None)
+            self.config_changes = config_changes(Path(run_dir), self.config, allowed=allow_config_change)
         self.correct_fn, self.prompt_key, self.system_prompt = correct_fn, prompt_key, system_prompt
         positive = sum(w for w in self.reward_weights if w > 0) if self.reward_weights else 1.0
         self.correct_threshold = positive if correct_threshold is None else float(correct_threshold)
@@ -346,48 +347,6 @@ def _quiet_transformers():
     finally:
         if enabled:
             hf_logging.enable_progress_bar()
-
-
-def python_objects(run_dir: Path) -> str | None:
-    """What a run got from Python that its config cannot rebuild (`train_dataset` rows or a
-    `task` object, from run.json), or None."""
-    try:
-        info = json.loads((run_dir / "run.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return next((key for key in ("train_dataset", "task") if key in info), None)
-
-
-def _check_resumable(run_dir: Path, *, rows: bool, task: bool) -> None:
-    """A run trained on rows or a task object resumes only with them passed again."""
-    needed = python_objects(run_dir)
-    if needed == "train_dataset" and not rows or needed == "task" and not task:
-        raise ConfigError(f"resume: '{run_dir}' trained on a {needed.replace('_', ' ')} passed from Python, which its "
-                          f"config cannot rebuild; pass the same train_dataset to resume it")
-
-
-# Extending a run changes its length, not what it trains; its name and parent folder only say where a
-# run lives, and `--resume DIR` names the directory itself (a copied run resumes under its new name).
-RESUME_FREE_KEYS = ("trainer.steps", "trainer.name", "trainer.out_dir")
-
-
-def _config_changes(run_dir: Path, config, *, allowed: bool) -> dict[str, tuple[Any, Any]]:
-    """{key: (saved, new)} where `config` differs from the run's config.yaml (`RESUME_FREE_KEYS`
-    aside); a ConfigError naming them unless `allowed` (a changed config makes the resumed run a
-    different experiment from the one its first steps belong to)."""
-    from rlvr.config import load_config, to_dict
-    from rlvr.tracking.runs import flatten
-
-    saved = flatten(to_dict(load_config(run_dir / "config.yaml")))
-    new = flatten(to_dict(config))
-    changes = {key: (saved.get(key), new.get(key)) for key in sorted(saved.keys() | new.keys())
-               if saved.get(key) != new.get(key) and key not in RESUME_FREE_KEYS}
-    if changes and not allowed:
-        listed = ", ".join(f"{key} ({old!r} -> {value!r})" for key, (old, value) in changes.items())
-        raise ConfigError(f"resume: the config differs from '{run_dir / 'config.yaml'}' in {listed}; resume with the "
-                          f"run's config, or pass --allow-config-change (allow_config_change=True) to record and "
-                          f"keep the change")
-    return changes
 
 
 def _override_list(overrides: Any) -> list[str]:

@@ -53,9 +53,9 @@ def cmd_sft(args) -> int:
 def cmd_eval(args) -> int:
     import random
 
-    from rlvr.api import python_objects
     from rlvr.builder.build import build_engine, build_model, build_task
     from rlvr.config import load_config
+    from rlvr.tracking.resumable import python_objects
     from rlvr.trainer.checkpoint import latest_checkpoint
     from rlvr.trainer.evaluate import greedy_accuracy
 

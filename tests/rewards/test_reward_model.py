@@ -14,6 +14,7 @@ from transformers import AutoModelForSequenceClassification, LlamaConfig, LlamaF
 
 from rlvr.errors import ConfigError
 from rlvr.models.tokenizer import char_tokenizer
+from rlvr.rewards.forms import TASK_VERIFIER, with_task
 from rlvr.rewards.reward_model import ProcessRewardModel, RewardModel, render_pair
 from rlvr.rewards.runner import RewardSum, load_reward_fn, load_reward_spec
 
@@ -75,24 +76,19 @@ def test_batch_whitening_then_clipping_on_a_hand_vector():
 
 
 def test_weighted_against_the_verifier_with_each_component_logged(saved_rm):
-    def verifier(prompt, completion, **example):
-        return float(completion.startswith("7"))
+    class Task:
+        def reward(self, prompt, completion, **example):
+            return float(completion.startswith("7"))
 
-    spec = load_reward_spec(f"task, 0.5*{saved_rm}", task_reward=verifier)
-    out = RewardSum([fn for fn, _ in spec], [w for _, w in spec])(PROMPTS, COMPLETIONS, [{}] * 3)
+    spec = load_reward_spec(f"task, 0.5*{saved_rm}")
+    assert spec[0][0] is TASK_VERIFIER  # bound to the run's task by the builder
+    fns = with_task([fn for fn, _ in spec], Task())
+    out = RewardSum(fns, [w for _, w in spec])(PROMPTS, COMPLETIONS, [{}] * 3)
     scores = _direct(saved_rm, PROMPTS, COMPLETIONS)
     assert out.rewards == pytest.approx([0.5 * scores[0], 0.5 * scores[1], 1 + 0.5 * scores[2]], abs=1e-5)
     assert out.components["reward_model"] == pytest.approx(scores, abs=1e-5)
-    assert out.metrics["verifier/mean"] == pytest.approx(1 / 3)
+    assert out.metrics["task/mean"] == pytest.approx(1 / 3)
     assert out.metrics["reward_model/raw"] == pytest.approx(sum(scores) / 3, abs=1e-5)
-
-
-@pytest.mark.parametrize("spec, message", [
-    ("task", "'task' names the task's verifier"),
-])
-def test_task_needs_a_task(spec, message):
-    with pytest.raises(ConfigError, match=message):
-        load_reward_spec(spec)
 
 
 def test_a_causal_lm_folder_and_bad_options_are_one_line_errors(tmp_path):

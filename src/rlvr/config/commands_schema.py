@@ -1,0 +1,56 @@
+"""The sections of the training commands beside `rlvr train`: `rlvr sft` (`sft`), `rlvr rm` and
+`rlvr dpo` (`preference`); re-exported by `schema`, of which they are part."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    steps: int = 80
+    """Optimizer steps of supervised warm start."""
+    batch_size: int = 64
+    """Examples per step."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    warmup_steps: int = 20
+    """Linear LR warmup."""
+    schedule: str = "constant"
+    """LR after warmup: `constant` or `cosine` (decays to 0 at the last step)."""
+    data: str = ""
+    """Chat SFT: a data file of rows with `messages` (TRL's conversational format), rendered with the tokenizer's
+    chat template, the loss on assistant tokens only (causal models); empty = the task's procedural solutions."""
+
+
+@dataclass(frozen=True)
+class PreferenceConfig:
+    data: str = ""
+    """JSONL of preference pairs (`prompt`, `chosen`, `rejected`, optional `margin`) for `rlvr dpo` and `rlvr rm`;
+    empty = pairs made from the task's verifier (a correct solution over a completion it scores lower)."""
+    pairs: int = 512
+    """Pairs made from the verifier for training (when `data` is empty)."""
+    heldout_pairs: int = 64
+    """Pairs held out for pairwise accuracy (made from the task's held-out problems, or the last rows of `data`)."""
+    steps: int = 100
+    """Optimizer steps."""
+    batch_size: int = 16
+    """Pairs per step."""
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    beta: float = 0.1
+    """`rlvr dpo`: the temperature β on the log-ratio margin (IPO: its regulariser τ)."""
+    loss: str = "sigmoid"
+    """`rlvr dpo`: `sigmoid` (DPO) or `ipo` (IPO, on per-token mean log-ratios)."""
+    margin: float = 0.0
+    """`rlvr rm`: the Bradley–Terry margin m in −log σ(r_w − r_l − m) for pairs without their own `margin`."""
+    process: bool = False
+    """`rlvr rm`: train a process reward model from step labels (rows with `prompt`, `steps`, `labels` in `data`,
+    else Countdown's shown work with one step made wrong) by binary cross-entropy on every step prefix."""
+    step_separator: str = ","
+    """`rlvr rm` with `process`: the text between steps of a prefix (score with the same
+    `reward.model_step_separator`)."""
+    eval_every: int = 25
+    """Steps between held-out evaluations (0 = only at start and end)."""
+    save_every: int = 0
+    """Steps between checkpoints (0 = only at the end)."""

@@ -1,0 +1,52 @@
+"""Whether a run directory can be resumed as asked: what it got from Python that its config
+cannot rebuild, and how the config asked for differs from the one it saved."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rlvr.errors import ConfigError
+
+
+def python_objects(run_dir: Path) -> str | None:
+    """What a run got from Python that its config cannot rebuild (`train_dataset` rows or a
+    `task` object, from run.json), or None."""
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return next((key for key in ("train_dataset", "task") if key in info), None)
+
+
+def check_resumable(run_dir: Path, *, rows: bool, task: bool) -> None:
+    """A run trained on rows or a task object resumes only with them passed again."""
+    needed = python_objects(run_dir)
+    if needed == "train_dataset" and not rows or needed == "task" and not task:
+        raise ConfigError(f"resume: '{run_dir}' trained on a {needed.replace('_', ' ')} passed from Python, which its "
+                          f"config cannot rebuild; pass the same train_dataset to resume it")
+
+
+# Extending a run changes its length, not what it trains; its name and parent folder only say where a
+# run lives, and `--resume DIR` names the directory itself (a copied run resumes under its new name).
+RESUME_FREE_KEYS = ("trainer.steps", "trainer.name", "trainer.out_dir")
+
+
+def config_changes(run_dir: Path, config, *, allowed: bool) -> dict[str, tuple[Any, Any]]:
+    """{key: (saved, new)} where `config` differs from the run's config.yaml (`RESUME_FREE_KEYS`
+    aside); a ConfigError naming them unless `allowed` (a changed config makes the resumed run a
+    different experiment from the one its first steps belong to)."""
+    from rlvr.config import load_config, to_dict
+    from rlvr.tracking.runs import flatten
+
+    saved = flatten(to_dict(load_config(run_dir / "config.yaml")))
+    new = flatten(to_dict(config))
+    changes = {key: (saved.get(key), new.get(key)) for key in sorted(saved.keys() | new.keys())
+               if saved.get(key) != new.get(key) and key not in RESUME_FREE_KEYS}
+    if changes and not allowed:
+        listed = ", ".join(f"{key} ({old!r} -> {value!r})" for key, (old, value) in changes.items())
+        raise ConfigError(f"resume: the config differs from '{run_dir / 'config.yaml'}' in {listed}; resume with the "
+                          f"run's config, or pass --allow-config-change (allow_config_change=True) to record and "
+                          f"keep the change")
+    return changes
