@@ -608,3 +608,38 @@ def test_13b_network_with_inet_stays_in_its_own_namespace(sandbox, host):
     assert r.verdict is Verdict.OK, (r.detail, r.stderr[-300:])
     assert "CONNECTED" not in r.stdout and "DNS OK" not in r.stdout and "ConnectionRefusedError" in r.stdout
     assert_host_unaffected(host, [r])
+
+
+# ------------------------------------------------------------------------------------ OOM score
+
+OOM_LOWER = r'''
+import json, os
+out = {}
+for pid in ("self", "1"):
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "w") as f:
+            f.write("0")
+        out[pid + "_write"] = "written"
+    except OSError as e:
+        out[pid + "_write"] = type(e).__name__
+    with open(f"/proc/{pid}/oom_score_adj") as f:
+        out[pid] = int(f.read())
+if os.fork() == 0:  # a child starts from its parent's score
+    with open("/proc/self/oom_score_adj") as f:
+        print("CHILD", int(f.read()), flush=True)
+    os._exit(0)
+os.wait()
+print("OOM" + json.dumps(out))
+'''
+
+
+def test_oom_score_cannot_be_lowered(sandbox, host):
+    """The sample and the sandbox's pid 1 stay the OOM killer's first choice (1000): ``/proc`` is
+    read-only inside, so neither can lower its score below the trainer's."""
+    r = sandbox.run(OOM_LOWER)
+    assert r.verdict is Verdict.OK, (r.detail, r.stderr[-300:])
+    seen = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("OOM"))[3:])
+    assert seen["self"] == 1000 and seen["1"] == 1000, seen
+    assert seen["self_write"] != "written" and seen["1_write"] != "written", seen
+    assert "CHILD 1000" in r.stdout
+    assert_host_unaffected(host, [r])

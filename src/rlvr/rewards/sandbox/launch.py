@@ -58,6 +58,8 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHOND
 def bwrap_prefix(python: str, task_dir: str, limits: Limits, status_fd: int, block_fd: int,
                  seccomp_fd: int | None) -> list[str]:
     """New user (nested ones disabled), pid, net, ipc, uts, cgroup and mount namespaces; a
+    read-only ``/proc`` (the sample cannot lower the ``oom_score_adj`` it was admitted with: that
+    write has no floor without CAP_SYS_RESOURCE, which root in a container often lacks) and a
     read-only ``/dev`` with a sized ``/dev/shm``; the seccomp filter when there is one. The
     sandbox's pid 1 waits on ``block_fd`` (after the mounts, before it starts the program)."""
     args = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
@@ -72,7 +74,7 @@ def bwrap_prefix(python: str, task_dir: str, limits: Limits, status_fd: int, blo
     if not prefix.startswith("/usr"):
         args += ["--ro-bind", prefix, prefix]
     disk = str(limits.disk_mb << 20)
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.shm_mb << 20), "--tmpfs", "/dev/shm",
+    args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--size", str(limits.shm_mb << 20), "--tmpfs", "/dev/shm",
              "--remount-ro", "/dev", "--size", disk, "--tmpfs", "/tmp", "--size", disk, "--tmpfs", "/work",
              "--ro-bind", task_dir, "/task", "--chdir", "/work", "--json-status-fd", str(status_fd),
              "--block-fd", str(block_fd), "--clearenv", "--cap-drop", "ALL"]
