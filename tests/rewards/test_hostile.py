@@ -643,3 +643,44 @@ def test_oom_score_cannot_be_lowered(sandbox, host):
     assert seen["self_write"] != "written" and seen["1_write"] != "written", seen
     assert "CHILD 1000" in r.stdout
     assert_host_unaffected(host, [r])
+
+
+# --------------------------------------------------------------------------- page cache cleanup
+
+def _trainer_file_cache() -> int:
+    """Bytes of page cache charged to the trainer's group and below (its sample groups included)."""
+    found, _ = cgroup_host()
+    parent = found.parents.get("memory") or found.parents[""]
+    stat = dict(line.split() for line in Path(parent, "memory.stat").read_text().splitlines())
+    return int(stat["total_cache"] if found.version == 1 else stat["file"])
+
+
+def test_page_cache_of_removed_samples_is_not_left_on_the_trainer(sandbox, host, tmp_path):
+    """Twelve samples each read an 8 MB file nobody has cached (under /usr, which they see): the
+    pages are charged to each sample's group. Removing a group must reclaim them, not hand them to
+    the trainer's group, whose charge would otherwise grow with every sample graded."""
+    if cgroup_host()[0] is None:
+        pytest.skip(f"needs per-sample cgroups, unavailable here: {cgroup_host()[1]}")
+    blobs = Path(f"/usr/local/share/rlvr-cache-{TOKEN}")
+    try:
+        blobs.mkdir(parents=True)
+    except OSError as err:
+        pytest.skip(f"cannot write under /usr here ({err})")
+    try:
+        n, size = 12, 8 << 20
+        for i in range(n):
+            path = blobs / f"{i}.bin"
+            with open(path, "wb") as f:
+                f.write(os.urandom(size))
+                f.flush()
+                os.fsync(f.fileno())
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # nobody holds it cached
+        before = _trainer_file_cache()
+        reader = "import sys\nwith open(sys.argv[1], 'rb') as f:\n    print(len(f.read()))"
+        results = sandbox.run_many([dict(source=reader, argv=[str(blobs / f"{i}.bin")]) for i in range(n)])
+        grown = _trainer_file_cache() - before
+    finally:
+        shutil.rmtree(blobs, ignore_errors=True)
+    assert [r.stdout.strip() for r in results] == [str(size)] * n, [(r.verdict, r.detail) for r in results]
+    assert grown < n * size // 4, f"the trainer's page cache grew {grown >> 20} MB over {n} samples"
+    assert_host_unaffected(host, results)

@@ -31,10 +31,10 @@ sample ever runs outside it:
 
 After the run the group is emptied (``cgroup.kill``, else SIGKILL of every member, then its CPU
 quota lifted so the dying can free their memory at once), before the tree is waited for; its peak
-memory and limit events are read, and it is removed. A fresh group per sample, not a reused one:
-on cgroup v1 the page cache a sample faults in stays charged to its group after it exits, so a
-reused group would start the next sample with the last one's charges against its limit and peak;
-``rmdir`` hands them to the parent (measured: create plus remove is under 1 ms a sample here).
+memory and limit events are read, its page cache is reclaimed, and it is removed. A fresh group
+per sample, not a reused one: the page cache a sample faults in stays charged to its group after
+it exits, so a reused group would start the next sample with the last one's charges against its
+limit and peak; ``rmdir`` alone would hand them to the parent, the trainer's group.
 """
 
 from __future__ import annotations
@@ -206,7 +206,24 @@ class SampleCgroup:
             time.sleep(0.002)
         return killed
 
+    def reclaim(self) -> None:
+        """Drop the page cache still charged to the (empty) group: removing it would hand those
+        pages to the parent, the trainer's group, whose charge would then grow with every sample
+        graded (measured: 8 MB read per sample, 96 MB after 12). ``memory.force_empty`` on v1,
+        ``memory.reclaim`` of the whole charge on v2; best effort (a refusal leaves the pages to
+        the parent, as before)."""
+        try:
+            if self.version == 1:
+                _write(self._file("", "memory.force_empty"), "0")
+            else:
+                charged = int(_read(self._file("memory.current", "")))
+                if charged:
+                    _write(self._file("memory.reclaim", ""), str(charged))
+        except (OSError, ValueError):  # EAGAIN: not all of it could be reclaimed; EBUSY: a member left
+            pass
+
     def remove(self) -> None:
+        self.reclaim()
         for d in self.dirs:
             for _ in range(200):  # rmdir is EBUSY for a moment after the last member exits
                 try:

@@ -74,8 +74,9 @@ def bwrap_prefix(python: str, task_dir: str, limits: Limits, status_fd: int, blo
     if not prefix.startswith("/usr"):
         args += ["--ro-bind", prefix, prefix]
     disk = str(limits.disk_mb << 20)
-    args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--size", str(limits.shm_mb << 20), "--tmpfs", "/dev/shm",
-             "--remount-ro", "/dev", "--size", disk, "--tmpfs", "/tmp", "--size", disk, "--tmpfs", "/work",
+    args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--size", str(limits.shm_mb << 20),
+             "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--size", disk, "--tmpfs", "/tmp", "--size", disk,
+             "--tmpfs", "/work",
              "--ro-bind", task_dir, "/task", "--chdir", "/work", "--json-status-fd", str(status_fd),
              "--block-fd", str(block_fd), "--clearenv", "--cap-drop", "ALL"]
     if seccomp_fd is not None:
