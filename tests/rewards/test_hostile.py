@@ -684,3 +684,58 @@ def test_page_cache_of_removed_samples_is_not_left_on_the_trainer(sandbox, host,
     assert [r.stdout.strip() for r in results] == [str(size)] * n, [(r.verdict, r.detail) for r in results]
     assert grown < n * size // 4, f"the trainer's page cache grew {grown >> 20} MB over {n} samples"
     assert_host_unaffected(host, results)
+
+
+# ------------------------------------------------------------------------------- socket buffers
+
+UNREAD_BUFFERS = r'''
+import json, os, socket, time
+def fill(kind):
+    held, total, until = [], 0, time.monotonic() + 0.4  # a budget: the verdict must come in time
+    try:
+        while time.monotonic() < until:
+            if kind == "unix":
+                a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM if len(held) % 4 else socket.SOCK_STREAM)
+            elif kind == "tcp":
+                ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
+                a = socket.create_connection(ls.getsockname()); b, _ = ls.accept(); ls.close()
+            else:
+                b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); b.bind(("127.0.0.1", 0))
+                a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); a.connect(b.getsockname())
+            a.setblocking(False)
+            held += [a, b]
+            try:
+                while time.monotonic() < until:
+                    total += a.send(b"x" * 16384)
+            except OSError:  # full (nothing reads b), or refused
+                pass
+    except OSError:  # out of descriptors, or the family is refused
+        pass
+    return total, held
+queued = {}
+for kind in ("tcp", "udp", "unix"):
+    pipes = []
+    for i in range(7):  # 21 holders and this one under the 24 processes of LIMITS
+        r, w = os.pipe()
+        if os.fork() == 0:
+            total, held = fill(kind)
+            os.write(w, str(total).encode()); os.close(w)
+            time.sleep(30)  # holds every buffer unread until the sandbox ends
+        os.close(w); pipes.append(r)
+    queued[kind] = sum(int(os.read(r, 64) or b"0") for r in pipes)
+    print("QUEUED" + json.dumps(queued), flush=True)
+'''
+
+
+def test_unread_socket_buffers_stay_within_the_memory_limit(sandbox, host):
+    """21 processes fill every socket they can open and never read: socket buffers are kernel
+    memory outside RLIMIT_AS and (TCP on cgroup v1 without a ``kmem.tcp`` limit, UDP, AF_UNIX)
+    outside the cgroup's charge. TCP and UDP sockets are refused by default, so what a sample can
+    hold unread (AF_UNIX, bounded per socket) plus its charged peak stays under its memory limit."""
+    r = sandbox.run(UNREAD_BUFFERS)
+    assert r.verdict in (Verdict.TIMEOUT, Verdict.RESOURCE_LIMIT, Verdict.OK), (r.detail, r.stderr[-300:])
+    queued = json.loads([x for x in r.stdout.splitlines() if x.startswith("QUEUED")][-1][6:])
+    assert queued["tcp"] == 0 and queued.get("udp") == 0, queued
+    peak = r.extra.get("memory_peak_bytes") or 0
+    assert queued["unix"] + peak <= LIMITS.memory_mb << 20, f"{queued['unix'] >> 20} MB unread + {peak >> 20} MB"
+    assert_host_unaffected(host, [r])
