@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -739,3 +740,28 @@ def test_unread_socket_buffers_stay_within_the_memory_limit(sandbox, host):
     peak = r.extra.get("memory_peak_bytes") or 0
     assert queued["unix"] + peak <= LIMITS.memory_mb << 20, f"{queued['unix'] >> 20} MB unread + {peak >> 20} MB"
     assert_host_unaffected(host, [r])
+
+
+# ------------------------------------------------------------------------ time limit near the edge
+
+def test_time_limit_counts_from_the_programs_start(sandbox, host, monkeypatch):
+    """A sandbox start-up made 2.5 s slow (as a loaded host can make a cgroup move or bwrap's
+    mounts) is not charged to the program: a 1 s program stays OK under a 3 s limit, every time,
+    and a 4.5 s one is a TIMEOUT, every time. Charged from the launch, the first would run 3.5 s."""
+    from rlvr.rewards.sandbox import launch
+
+    admit = launch.admit
+
+    def slow_admit(pid):
+        admit(pid)
+        time.sleep(2.5)
+
+    monkeypatch.setattr(launch, "admit", slow_admit)
+    limits = Limits(**{**LIMITS.__dict__, "wall_s": 3.0})
+    program = "import time\ntime.sleep(%s)\nprint('done')"
+    results = sandbox.run_many([dict(source=program % 1.0, limits=limits)] * 4
+                               + [dict(source=program % 4.5, limits=limits)] * 4)
+    assert [r.verdict for r in results] == [Verdict.OK] * 4 + [Verdict.TIMEOUT] * 4, \
+        [(r.verdict, round(r.elapsed, 2)) for r in results]
+    assert all(r.stdout == "done\n" for r in results[:4])
+    assert_host_unaffected(host, results)
