@@ -26,6 +26,14 @@ TINY = ["model.path=", "model.hidden_size=16", "model.num_layers=1", "model.num_
         "rollout.max_new_tokens=4", "task.heldout_size=2", "trainer.threads=1", "trainer.steps=1",
         "trainer.eval_every=0", "trainer.save_every=1"]
 WALL_CLOCK = ("time/", "perf/")
+FIXTURE = Path(__file__).parents[1] / "data" / "gsm8k_fixture.jsonl"
+
+
+def tiny(*changes: str) -> list[str]:
+    """TINY with ``changes`` in place of its own KEY=VALUE items of the same keys (a key given twice
+    is refused)."""
+    keys = {c.partition("=")[0] for c in changes}
+    return [o for o in TINY if o.partition("=")[0] not in keys] + list(changes)
 
 
 def cli(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -100,12 +108,43 @@ CONFIG = [  # (override, the field the error must name)
     ("model.lora.r=-1", "model.lora.r"), ("model.lora.alpha=0", "model.lora.alpha"),
     ("model.lora.dropout=1", "model.lora.dropout"), ("model=3", "model"), ("seed=abc", "seed"),
     ("estimator.n=0", "estimator.n"),
+    # ranges declared on the schema's fields: > x, >= x and the intervals, on every section and task
+    ("algo.kl_horizon=0", "algo.kl_horizon"), ("algo.pass_k=0", "algo.pass_k"), ("algo.tau_pos=0", "algo.tau_pos"),
+    ("algo.tau_neg=-1", "algo.tau_neg"), ("algo.norm_length=0", "algo.norm_length"),
+    ("algo.adv_eps=-1e-6", "algo.adv_eps"), ("algo.gamma=-0.5", "algo.gamma"), ("algo.gamma=1.5", "algo.gamma"),
+    ("algo.lam=2", "algo.lam"), ("algo.log_ratio_clamp=-1", "algo.log_ratio_clamp"),
+    ("algo.correction_cap=-2", "algo.correction_cap"), ("algo.value_clip=-0.5", "algo.value_clip"),
+    ("model.hidden_size=0", "model.hidden_size"), ("model.num_heads=0", "model.num_heads"),
+    ("rollout.diffusion_steps=-1", "rollout.diffusion_steps"), ("rollout.block_length=-4", "rollout.block_length"),
+    ("rollout.threshold=2", "rollout.threshold"), ("rollout.threshold=0", "rollout.threshold"),
+    ("estimator.t_min=-0.1", "estimator.t_min"), ("estimator.t_max=1.5", "estimator.t_max"),
+    ("estimator.beta=0", "estimator.beta"), ("expert.rlplus_gamma=-1", "expert.rlplus_gamma"),
+    ("task.name=code_file task.code_file.path={FIXTURE} task.code_file.memory_mb=0",
+     "task.code_file.memory_mb"),
+    ("task.name=code_file task.code_file.path={FIXTURE} task.code_file.wall_s=-1",
+     "task.code_file.wall_s"),
+    ("task.name=math_file task.math_file.path={FIXTURE} task.math_file.math_timeout_s=-1",
+     "task.math_file.math_timeout_s"),
+    ("task.name=agent_calculator task.agent_calculator.tool_timeout_s=-1", "task.agent_calculator.tool_timeout_s"),
+    ("task.name=agent_calculator task.agent_calculator.max_total_tokens=0",
+     "task.agent_calculator.max_total_tokens"),
+    # ranges that depend on another field
+    ("algo.advantage=passk algo.pass_k=99", "algo.pass_k"),
+    ("estimator.t_min=0.9 estimator.t_max=0.5", "estimator.t_min"),
+    ("model.kind=diffusion rollout.block_length=5", "rollout.block_length"),
+    ("model.kind=diffusion rollout.block_length=4 rollout.diffusion_steps=6", "rollout.diffusion_steps"),
+    ("model.path= model.num_heads=3", "model.num_heads"),
+    # a key given twice (the last would silently win)
+    ("seed=1 seed=2", "override 'seed': given twice"), ("algo.kl_coef=0.1 algo.kl_coef=0.2", "given twice"),
+    # options of a backend that is not chosen
+    ("trainer.rollout_workers=2", "trainer.rollout_workers"), ("trainer.ray_address=auto", "trainer.ray_address"),
+    ("rollout.vllm_kv_cache_mb=128", "rollout.vllm_kv_cache_mb"),
 ]
 
 
 @pytest.mark.parametrize(("override", "field"), CONFIG, ids=[o for o, _ in CONFIG])
 def test_config_value(override, field, capsys):
-    assert_one_line_error(*cli(["config", override], capsys), field)
+    assert_one_line_error(*cli(["config", *override.format(FIXTURE=FIXTURE).split()], capsys), field)
 
 
 # ---------------------------------------------------------------------------------- recipes
@@ -119,6 +158,10 @@ RECIPES = {  # name: (recipe text or None for a directory, extra argv, field)
     "section_not_mapping": ("algo: 3\n", [], "algo: expected a section"),
     "bad_value": ("optim:\n  lr: .inf\n", [], "optim.lr"),
     "override_without_value_after_recipe": ("seed: 1\n", ["seed"], "override 'seed': expected KEY=VALUE, e.g. seed="),
+    "duplicate_key": ("seed: 1\nseed: 2\n", [], "key 'seed' given twice (line 2)"),
+    "duplicate_key_in_a_section": ("algo:\n  kl_coef: 0.1\n  kl_coef: 0.2\n", [], "key 'kl_coef' given twice"),
+    "not_utf8": (b"seed: 1  # \xff\xfe\n", [], "is not UTF-8 text"),
+    "range_in_a_recipe": ("algo:\n  gamma: 1.5\n", [], "algo.gamma: must be in [0, 1]"),
 }
 
 
@@ -126,7 +169,7 @@ RECIPES = {  # name: (recipe text or None for a directory, extra argv, field)
 def test_recipe(name, tmp_path, capsys):
     text, extra, field = RECIPES[name]
     recipe = tmp_path / "recipes" if text is None else tmp_path / "recipe.yaml"
-    recipe.mkdir() if text is None else recipe.write_text(text)
+    recipe.mkdir() if text is None else recipe.write_bytes(text if isinstance(text, bytes) else text.encode())
     assert_one_line_error(*cli(["config", str(recipe), *extra], capsys), field)
 
 
@@ -212,7 +255,7 @@ DATA = ["missing_path", "missing_heldout_path", "not_utf8", "invalid_json", "not
 def test_data(name, tmp_path, capsys):
     overrides, field = _data_case(name, tmp_path)
     out_dir = tmp_path / "runs"
-    assert_one_line_error(*cli(["train", *TINY, f"trainer.out_dir={out_dir}", *overrides], capsys), field)
+    assert_one_line_error(*cli(["train", *tiny(*overrides), f"trainer.out_dir={out_dir}"], capsys), field)
     assert not out_dir.exists() or not any(out_dir.iterdir())  # no failed run left behind
 
 
@@ -307,7 +350,7 @@ def test_a_reward_that_never_scores_stops_the_run_naming_it(fn, first_error, rew
 
 
 def test_a_reward_that_is_sometimes_nan_is_counted(rewards, tmp_path, capsys):
-    argv = ["train", *TINY, "trainer.steps=2", f"trainer.out_dir={tmp_path}", "trainer.name=r",
+    argv = ["train", *tiny("trainer.steps=2"), f"trainer.out_dir={tmp_path}", "trainer.name=r",
             f"reward.fn={rewards}:nan_sometimes"]
     code, _, err = cli(argv, capsys)
     assert code == 0 and err == ""
@@ -345,7 +388,7 @@ def test_a_callable_in_the_config_says_where_it_goes():
 ])
 def test_model(overrides, field, tmp_path, capsys):
     out_dir = tmp_path / "runs"
-    assert_one_line_error(*cli(["train", *TINY, f"trainer.out_dir={out_dir}", *overrides], capsys), field)
+    assert_one_line_error(*cli(["train", *tiny(*overrides), f"trainer.out_dir={out_dir}"], capsys), field)
     assert not out_dir.exists() or not any(out_dir.iterdir())
 
 
@@ -376,7 +419,7 @@ def test_sft_out(case, tmp_path, capsys):
         out.write_text("mine")
         argv, field = ["--out", str(out)], "is a file"
     before = snapshot(tmp_path)
-    assert_one_line_error(*cli(["sft", *TINY, *argv], capsys), field)
+    assert_one_line_error(*cli(["sft", *tiny(*argv)], capsys), field)
     assert snapshot(tmp_path) == before
 
 
@@ -386,7 +429,7 @@ def test_sft_out(case, tmp_path, capsys):
 def finished_run(tmp_path_factory) -> Path:
     """A 2-step run with a checkpoint per step (trained once, copied per test)."""
     root = tmp_path_factory.mktemp("finished")
-    assert main(["train", *TINY, "trainer.steps=2", f"trainer.out_dir={root}", "trainer.name=r"]) == 0
+    assert main(["train", *tiny("trainer.steps=2"), f"trainer.out_dir={root}", "trainer.name=r"]) == 0
     return root / "r"
 
 
@@ -461,7 +504,7 @@ def small_disk(tmpfs) -> Path:
 def _train(out_dir: Path, name: str, *, steps: int = 4, callbacks=(), extra=()) -> dict:
     from rlvr import Trainer
 
-    overrides = [*TINY, f"trainer.steps={steps}", f"trainer.out_dir={out_dir}", f"trainer.name={name}", *extra]
+    overrides = [*tiny(f"trainer.steps={steps}"), f"trainer.out_dir={out_dir}", f"trainer.name={name}", *extra]
     return Trainer(overrides=overrides, callbacks=list(callbacks), echo=lambda *a: None).train()
 
 
@@ -545,8 +588,9 @@ def test_a_signal_stops_after_the_step_and_resume_continues(signal_name, code, r
     # A suite started in the background gets SIGINT ignored, which a run keeps: give it a terminal's.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
-    base = ["train", *TINY, f"trainer.out_dir={tmp_path}", "trainer.name=r", f"reward.fn={rewards}:term_once"]
-    got, out, err = cli([*base, "trainer.steps=3"], capsys)
+    base = ["train", *tiny("trainer.steps=3"), f"trainer.out_dir={tmp_path}", "trainer.name=r",
+            f"reward.fn={rewards}:term_once"]
+    got, out, err = cli(base, capsys)
     assert got == code and err == f"interrupted: {signal_name}: run interrupted after step 1\n", (out, err)
     info = json.loads((tmp_path / "r" / "run.json").read_text())
     assert info["status"] == "interrupted" and info["signal"] == signal_name and info["final"]["step"] == 1
@@ -556,7 +600,7 @@ def test_a_signal_stops_after_the_step_and_resume_continues(signal_name, code, r
 
 
 def test_a_second_signal_stops_at_once_and_leaves_no_partial_write(rewards, tmp_path, capsys):
-    argv = ["train", *TINY, "trainer.steps=3", f"trainer.out_dir={tmp_path}", "trainer.name=r",
+    argv = ["train", *tiny("trainer.steps=3"), f"trainer.out_dir={tmp_path}", "trainer.name=r",
             f"reward.fn={rewards}:term_twice"]
     got, out, err = cli(argv, capsys)
     assert got == 143 and err.count("\n") == 1 and err.startswith("interrupted: SIGTERM"), (out, err)
@@ -593,7 +637,7 @@ def test_a_long_legend_leaves_the_panels_their_width(tmp_path, capsys):
 def test_a_resumed_runs_record_keeps_the_earlier_end_apart(rewards, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("RLVR_TEST_MARKER", str(tmp_path / "sent"))
     monkeypatch.setenv("RLVR_TEST_SIGNAL", "SIGTERM")
-    argv = ["train", *TINY, "trainer.steps=2", f"trainer.out_dir={tmp_path}", "trainer.name=r",
+    argv = ["train", *tiny("trainer.steps=2"), f"trainer.out_dir={tmp_path}", "trainer.name=r",
             f"reward.fn={rewards}:term_once"]
     assert cli(argv, capsys)[0] == 143
     assert cli(["train", "--resume", str(tmp_path / "r")], capsys)[0] == 0
