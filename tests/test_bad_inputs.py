@@ -305,6 +305,7 @@ def term_twice(p, c, **k):
     os.kill(os.getpid(), signal.SIGTERM)
     return 0.0
 not_callable = 3
+def none_always(p, c, **k): return None
 '''
 
 
@@ -347,6 +348,15 @@ def test_a_reward_that_never_scores_stops_the_run_naming_it(fn, first_error, rew
     info = json.loads((tmp_path / "r" / "run.json").read_text())
     assert info["status"] == "failed" and info["exit_status"] == 1 and first_error in info["error"]
     assert [m["step"] for m in metrics(tmp_path / "r")] == [0]  # nothing trained, nothing claimed
+
+
+def test_a_reward_that_never_scores_anything_says_so_once(rewards, tmp_path, capsys):
+    argv = ["train", *tiny("trainer.steps=2"), f"trainer.out_dir={tmp_path}", "trainer.name=r",
+            f"reward.fn={rewards}:none_always"]
+    code, _, err = cli(argv, capsys)
+    assert code == 0 and err.count("\n") == 1, err
+    assert err.startswith("warning: reward user (rewards.py:none_always) returned None (not scorable) for all 4 ")
+    assert [m["reward/user/unscorable"] for m in metrics(tmp_path / "r")[1:]] == [4.0, 4.0]
 
 
 def test_a_reward_that_is_sometimes_nan_is_counted(rewards, tmp_path, capsys):
