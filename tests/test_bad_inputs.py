@@ -108,38 +108,29 @@ CONFIG = [  # (override, the field the error must name)
     ("model.lora.r=-1", "model.lora.r"), ("model.lora.alpha=0", "model.lora.alpha"),
     ("model.lora.dropout=1", "model.lora.dropout"), ("model=3", "model"), ("seed=abc", "seed"),
     ("estimator.n=0", "estimator.n"),
-    # ranges declared on the schema's fields: > x, >= x and the intervals, on every section and task
-    ("algo.kl_horizon=0", "algo.kl_horizon"), ("algo.pass_k=0", "algo.pass_k"), ("algo.tau_pos=0", "algo.tau_pos"),
-    ("algo.tau_neg=-1", "algo.tau_neg"), ("algo.norm_length=0", "algo.norm_length"),
-    ("algo.adv_eps=-1e-6", "algo.adv_eps"), ("algo.gamma=-0.5", "algo.gamma"), ("algo.gamma=1.5", "algo.gamma"),
-    ("algo.lam=2", "algo.lam"), ("algo.log_ratio_clamp=-1", "algo.log_ratio_clamp"),
-    ("algo.correction_cap=-2", "algo.correction_cap"), ("algo.value_clip=-0.5", "algo.value_clip"),
-    ("model.hidden_size=0", "model.hidden_size"), ("model.num_heads=0", "model.num_heads"),
-    ("rollout.diffusion_steps=-1", "rollout.diffusion_steps"), ("rollout.block_length=-4", "rollout.block_length"),
-    ("rollout.threshold=2", "rollout.threshold"), ("rollout.threshold=0", "rollout.threshold"),
-    ("estimator.t_min=-0.1", "estimator.t_min"), ("estimator.t_max=1.5", "estimator.t_max"),
-    ("estimator.beta=0", "estimator.beta"), ("expert.rlplus_gamma=-1", "expert.rlplus_gamma"),
-    ("task.name=code_file task.code_file.path={FIXTURE} task.code_file.memory_mb=0",
-     "task.code_file.memory_mb"),
-    ("task.name=code_file task.code_file.path={FIXTURE} task.code_file.wall_s=-1",
-     "task.code_file.wall_s"),
-    ("task.name=math_file task.math_file.path={FIXTURE} task.math_file.math_timeout_s=-1",
-     "task.math_file.math_timeout_s"),
-    ("task.name=agent_calculator task.agent_calculator.tool_timeout_s=-1", "task.agent_calculator.tool_timeout_s"),
-    ("task.name=agent_calculator task.agent_calculator.max_total_tokens=0",
-     "task.agent_calculator.max_total_tokens"),
-    # ranges that depend on another field
-    ("algo.advantage=passk algo.pass_k=99", "algo.pass_k"),
-    ("estimator.t_min=0.9 estimator.t_max=0.5", "estimator.t_min"),
-    ("model.kind=diffusion rollout.block_length=5", "rollout.block_length"),
-    ("model.kind=diffusion rollout.block_length=4 rollout.diffusion_steps=6", "rollout.diffusion_steps"),
-    ("model.path= model.num_heads=3", "model.num_heads"),
-    # a key given twice (the last would silently win)
-    ("seed=1 seed=2", "override 'seed': given twice"), ("algo.kl_coef=0.1 algo.kl_coef=0.2", "given twice"),
-    # options of a backend that is not chosen
-    ("trainer.rollout_workers=2", "trainer.rollout_workers"), ("trainer.ray_address=auto", "trainer.ray_address"),
-    ("rollout.vllm_kv_cache_mb=128", "rollout.vllm_kv_cache_mb"),
 ]
+
+# Each names the field the error must name last: ranges declared on the schema's fields (> x, >= x and
+# intervals, in every section and task), ranges that depend on another field, a key given twice (the last
+# would silently win) and options of a backend that is not chosen.
+RANGES = [
+    "algo.kl_horizon=0", "algo.pass_k=0", "algo.tau_pos=0", "algo.tau_neg=-1", "algo.norm_length=0",
+    "algo.adv_eps=-1e-6", "algo.gamma=-0.5", "algo.gamma=1.5", "algo.lam=2", "algo.log_ratio_clamp=-1",
+    "algo.correction_cap=-2", "algo.value_clip=-0.5", "model.hidden_size=0", "model.num_heads=0",
+    "rollout.diffusion_steps=-1", "rollout.block_length=-4", "rollout.threshold=2", "rollout.threshold=0",
+    "estimator.t_min=-0.1", "estimator.t_max=1.5", "estimator.beta=0", "expert.rlplus_gamma=-1",
+    "task.name=code_file task.code_file.path={FIXTURE} task.code_file.memory_mb=0",
+    "task.name=code_file task.code_file.path={FIXTURE} task.code_file.wall_s=-1",
+    "task.name=math_file task.math_file.path={FIXTURE} task.math_file.math_timeout_s=-1",
+    "task.name=agent_calculator task.agent_calculator.tool_timeout_s=-1",
+    "task.name=agent_calculator task.agent_calculator.max_total_tokens=0",
+    "algo.advantage=passk algo.pass_k=99", "estimator.t_max=0.5 estimator.t_min=0.9",
+    "model.kind=diffusion rollout.block_length=5",
+    "model.kind=diffusion rollout.block_length=4 rollout.diffusion_steps=6",
+    "model.path= model.num_heads=3", "seed=1 seed=2", "algo.kl_coef=0.1 algo.kl_coef=0.2",
+    "trainer.rollout_workers=2", "trainer.ray_address=auto", "rollout.vllm_kv_cache_mb=128",
+]
+CONFIG += [(o, o.split()[-1].partition("=")[0]) for o in RANGES]
 
 
 @pytest.mark.parametrize(("override", "field"), CONFIG, ids=[o for o, _ in CONFIG])
@@ -179,6 +170,7 @@ def test_recipe(name, tmp_path, capsys):
     (["config", "algo.clip_high"], "override 'algo.clip_high': expected KEY=VALUE"),
     (["config", "seed=1", "=3"], "override '=3': expected KEY=VALUE"),
     (["train", "trainer.steps"], "override 'trainer.steps'"),
+    (["config", "seed=1", "trainer.steps=2", "seed=2"], "override 'seed': given twice ('seed=1' and 'seed=2')"),
 ])
 def test_command_line(argv, field, capsys):
     assert_one_line_error(*cli(argv, capsys), field)
