@@ -394,6 +394,22 @@ def test_model(overrides, field, tmp_path, capsys):
     assert not out_dir.exists() or not any(out_dir.iterdir())
 
 
+@pytest.mark.parametrize("how", ["truncated_weights", "vocab_below_the_weights"])
+def test_a_broken_model_folder(how, tmp_path, capsys):
+    model = tmp_path / "model"
+    shutil.copytree(Path(__file__).parents[1] / "src/rlvr/assets/countdown-warmstart", model)
+    if how == "truncated_weights":
+        weights = model / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] // 2}))
+    out_dir = tmp_path / "runs"
+    argv = ["train", *tiny(f"model.path={model}"), f"trainer.out_dir={out_dir}"]
+    assert_one_line_error(*cli(argv, capsys), "is not a loadable Hugging Face causal LM")
+    assert not out_dir.exists() or not any(out_dir.iterdir())
+
+
 # ---------------------------------------------------------------------------------- sft
 
 def test_sft_on_a_file_task_without_solutions(tmp_path, capsys):
