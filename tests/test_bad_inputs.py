@@ -387,6 +387,7 @@ def test_a_callable_in_the_config_says_where_it_goes():
     (["model.kind=diffusion", "model.lora.r=4"], "model.lora.r"), (["model.lora.r=4", "algo.advantage=gae"],
                                                                     "model.lora.r"),
     (["model.lora.target_modules=[]"], "model.lora.target_modules"), (["trainer.device=cuda:7"], "trainer.device"),
+    (["model.kind=diffusion", "model.path=rlvr:countdown-warmstart"], "is not a loadable masked-diffusion LM"),
 ])
 def test_model(overrides, field, tmp_path, capsys):
     out_dir = tmp_path / "runs"
