@@ -211,6 +211,9 @@ def _data_case(name: str, tmp: Path) -> tuple[list[str], str]:
     if name == "missing_answer_field":
         return math + [f"task.math_file.path={_jsonl(tmp / 'a.jsonl', [{'question': 'x'}])}"], \
             "task.math_file.answer_key"
+    if name == "empty_prompt":
+        return math + [f"task.math_file.path={_jsonl(tmp / 'ep.jsonl', [*GOOD, {'question': '  ', 'answer': '1'}])}"], \
+            "ep.jsonl:9: field 'question' is empty"
     if name == "empty_answer":
         return math + [f"task.math_file.path={_jsonl(tmp / 'e.jsonl', [{'question': 'x', 'answer': ' '}])}"], \
             "field 'answer' is empty"
@@ -239,8 +242,9 @@ def _data_case(name: str, tmp: Path) -> tuple[list[str], str]:
 
 
 DATA = ["missing_path", "missing_heldout_path", "not_utf8", "invalid_json", "not_an_object", "missing_prompt_field",
-        "missing_answer_field", "empty_answer", "wrong_suffix", "empty_heldout_file", "heldout_split_of_a_file",
-        "template_without_prompt", "everything_held_out", "code_tests_empty", "code_test_malformed"]
+        "empty_prompt", "missing_answer_field", "empty_answer", "wrong_suffix", "empty_heldout_file",
+        "heldout_split_of_a_file", "template_without_prompt", "everything_held_out", "code_tests_empty",
+        "code_test_malformed"]
 
 
 @pytest.mark.parametrize("name", DATA)
