@@ -548,7 +548,7 @@ def small_disk(tmpfs) -> Path:
 def _train(out_dir: Path, name: str, *, steps: int = 4, callbacks=(), extra=()) -> dict:
     from rlvr import Trainer
 
-    overrides = [*tiny(f"trainer.steps={steps}"), f"trainer.out_dir={out_dir}", f"trainer.name={name}", *extra]
+    overrides = [*tiny(f"trainer.steps={steps}", *extra), f"trainer.out_dir={out_dir}", f"trainer.name={name}"]
     return Trainer(overrides=overrides, callbacks=list(callbacks), echo=lambda *a: None).train()
 
 
