@@ -33,8 +33,15 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
             try:
                 return _coerce(value, option, name)
             except ConfigError as err:
-                errors.append(err)
+                # for a list, the list option's error (which element is wrong) says more than "expected str"
+                first = isinstance(value, list) and typing.get_origin(option) is list
+                errors.insert(0 if first else len(errors), err)
         raise errors[0]
+    if origin is list:  # list[str]: every element checked too (a list of numbers is not a list of names)
+        if not isinstance(value, list):
+            raise ConfigError(f"{name}: expected a list, got {value!r}; fix the value in the recipe or override")
+        (inner,) = typing.get_args(annotation)
+        return [_coerce(item, inner, f"{name}[{i}]") for i, item in enumerate(value)]
     if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return _finite(float(value), name)
     if annotation is float and isinstance(value, str):  # YAML 1.1 reads `5e-5` (no dot) as a string

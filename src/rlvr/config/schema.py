@@ -36,7 +36,7 @@ class LoraConfig:
     """Scaling numerator: the update is (alpha / r)·BA."""
     dropout: float = 0.0
     """Dropout on the adapter's input."""
-    target_modules: str | list = "all-linear"
+    target_modules: str | list[str] = "all-linear"
     """Modules that get adapters: a list of module-name suffixes (`[q_proj, v_proj]`) or a peft
     shorthand such as `all-linear` (every linear layer but the LM head)."""
 
