@@ -200,6 +200,7 @@ def test_config_object_dict_and_list_overrides(tmp_path):
     ({"overrides": {"algo.clip_hihg": 0.3}}, "did you mean 'algo.clip_high'"),
     ({"config": 3}, "config: expected a Config"),
     ({"callbacks": [3]}, "callbacks[0]: int has none of"),
+    ({"callbacks": [type("Flat", (), {"on_step_end": 3})()]}, "callbacks[0]: Flat.on_step_end is not callable (int)"),
     ({"resume": True}, "resume=True: no run to continue"),
     ({"correct_fn": "yes"}, "correct_fn: expected a callable"),
 ])

@@ -26,6 +26,14 @@ TINY = ["model.path=", "model.hidden_size=16", "model.num_layers=1", "model.num_
         "rollout.max_new_tokens=4", "task.heldout_size=2", "trainer.threads=1", "trainer.steps=1",
         "trainer.eval_every=0", "trainer.save_every=1"]
 WALL_CLOCK = ("time/", "perf/")
+FIXTURE = Path(__file__).parents[1] / "data" / "gsm8k_fixture.jsonl"
+
+
+def tiny(*changes: str) -> list[str]:
+    """TINY with ``changes`` in place of its own KEY=VALUE items of the same keys (a key given twice
+    is refused)."""
+    keys = {c.partition("=")[0] for c in changes}
+    return [o for o in TINY if o.partition("=")[0] not in keys] + list(changes)
 
 
 def cli(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -102,10 +110,32 @@ CONFIG = [  # (override, the field the error must name)
     ("estimator.n=0", "estimator.n"),
 ]
 
+# Each names the field the error must name last: ranges declared on the schema's fields (> x, >= x and
+# intervals, in every section and task), ranges that depend on another field, a key given twice (the last
+# would silently win) and options of a backend that is not chosen.
+RANGES = [
+    "algo.kl_horizon=0", "algo.pass_k=0", "algo.tau_pos=0", "algo.tau_neg=-1", "algo.norm_length=0",
+    "algo.adv_eps=-1e-6", "algo.gamma=-0.5", "algo.gamma=1.5", "algo.lam=2", "algo.log_ratio_clamp=-1",
+    "algo.correction_cap=-2", "algo.value_clip=-0.5", "model.hidden_size=0", "model.num_heads=0",
+    "rollout.diffusion_steps=-1", "rollout.block_length=-4", "rollout.threshold=2", "rollout.threshold=0",
+    "estimator.t_min=-0.1", "estimator.t_max=1.5", "estimator.beta=0", "expert.rlplus_gamma=-1",
+    "task.name=code_file task.code_file.path={FIXTURE} task.code_file.memory_mb=0",
+    "task.name=code_file task.code_file.path={FIXTURE} task.code_file.wall_s=-1",
+    "task.name=math_file task.math_file.path={FIXTURE} task.math_file.math_timeout_s=-1",
+    "task.name=agent_calculator task.agent_calculator.tool_timeout_s=-1",
+    "task.name=agent_calculator task.agent_calculator.max_total_tokens=0",
+    "algo.advantage=passk algo.pass_k=99", "estimator.t_max=0.5 estimator.t_min=0.9",
+    "model.kind=diffusion rollout.block_length=5",
+    "model.kind=diffusion rollout.block_length=4 rollout.diffusion_steps=6",
+    "model.path= model.num_heads=3", "seed=1 seed=2", "algo.kl_coef=0.1 algo.kl_coef=0.2",
+    "trainer.rollout_workers=2", "trainer.ray_address=auto", "rollout.vllm_kv_cache_mb=128",
+]
+CONFIG += [(o, o.split()[-1].partition("=")[0]) for o in RANGES]
+
 
 @pytest.mark.parametrize(("override", "field"), CONFIG, ids=[o for o, _ in CONFIG])
 def test_config_value(override, field, capsys):
-    assert_one_line_error(*cli(["config", override], capsys), field)
+    assert_one_line_error(*cli(["config", *override.format(FIXTURE=FIXTURE).split()], capsys), field)
 
 
 # ---------------------------------------------------------------------------------- recipes
@@ -119,6 +149,12 @@ RECIPES = {  # name: (recipe text or None for a directory, extra argv, field)
     "section_not_mapping": ("algo: 3\n", [], "algo: expected a section"),
     "bad_value": ("optim:\n  lr: .inf\n", [], "optim.lr"),
     "override_without_value_after_recipe": ("seed: 1\n", ["seed"], "override 'seed': expected KEY=VALUE, e.g. seed="),
+    "duplicate_key": ("seed: 1\nseed: 2\n", [], "key 'seed' given twice (line 2)"),
+    "duplicate_key_in_a_section": ("algo:\n  kl_coef: 0.1\n  kl_coef: 0.2\n", [], "key 'kl_coef' given twice"),
+    "not_utf8": (b"seed: 1  # \xff\xfe\n", [], "is not UTF-8 text"),
+    "range_in_a_recipe": ("algo:\n  gamma: 1.5\n", [], "algo.gamma: must be in [0, 1]"),
+    "list_of_the_wrong_type": ("model:\n  lora:\n    target_modules: [1, 2]\n", [],
+                               "model.lora.target_modules[0]: expected str, got 1"),
 }
 
 
@@ -126,7 +162,7 @@ RECIPES = {  # name: (recipe text or None for a directory, extra argv, field)
 def test_recipe(name, tmp_path, capsys):
     text, extra, field = RECIPES[name]
     recipe = tmp_path / "recipes" if text is None else tmp_path / "recipe.yaml"
-    recipe.mkdir() if text is None else recipe.write_text(text)
+    recipe.mkdir() if text is None else recipe.write_bytes(text if isinstance(text, bytes) else text.encode())
     assert_one_line_error(*cli(["config", str(recipe), *extra], capsys), field)
 
 
@@ -136,6 +172,7 @@ def test_recipe(name, tmp_path, capsys):
     (["config", "algo.clip_high"], "override 'algo.clip_high': expected KEY=VALUE"),
     (["config", "seed=1", "=3"], "override '=3': expected KEY=VALUE"),
     (["train", "trainer.steps"], "override 'trainer.steps'"),
+    (["config", "seed=1", "trainer.steps=2", "seed=2"], "override 'seed': given twice ('seed=1' and 'seed=2')"),
 ])
 def test_command_line(argv, field, capsys):
     assert_one_line_error(*cli(argv, capsys), field)
@@ -176,6 +213,9 @@ def _data_case(name: str, tmp: Path) -> tuple[list[str], str]:
     if name == "missing_answer_field":
         return math + [f"task.math_file.path={_jsonl(tmp / 'a.jsonl', [{'question': 'x'}])}"], \
             "task.math_file.answer_key"
+    if name == "empty_prompt":
+        return math + [f"task.math_file.path={_jsonl(tmp / 'ep.jsonl', [*GOOD, {'question': '  ', 'answer': '1'}])}"], \
+            "ep.jsonl:9: field 'question' is empty"
     if name == "empty_answer":
         return math + [f"task.math_file.path={_jsonl(tmp / 'e.jsonl', [{'question': 'x', 'answer': ' '}])}"], \
             "field 'answer' is empty"
@@ -204,15 +244,16 @@ def _data_case(name: str, tmp: Path) -> tuple[list[str], str]:
 
 
 DATA = ["missing_path", "missing_heldout_path", "not_utf8", "invalid_json", "not_an_object", "missing_prompt_field",
-        "missing_answer_field", "empty_answer", "wrong_suffix", "empty_heldout_file", "heldout_split_of_a_file",
-        "template_without_prompt", "everything_held_out", "code_tests_empty", "code_test_malformed"]
+        "empty_prompt", "missing_answer_field", "empty_answer", "wrong_suffix", "empty_heldout_file",
+        "heldout_split_of_a_file", "template_without_prompt", "everything_held_out", "code_tests_empty",
+        "code_test_malformed"]
 
 
 @pytest.mark.parametrize("name", DATA)
 def test_data(name, tmp_path, capsys):
     overrides, field = _data_case(name, tmp_path)
     out_dir = tmp_path / "runs"
-    assert_one_line_error(*cli(["train", *TINY, f"trainer.out_dir={out_dir}", *overrides], capsys), field)
+    assert_one_line_error(*cli(["train", *tiny(*overrides), f"trainer.out_dir={out_dir}"], capsys), field)
     assert not out_dir.exists() or not any(out_dir.iterdir())  # no failed run left behind
 
 
@@ -262,6 +303,7 @@ def term_twice(p, c, **k):
     os.kill(os.getpid(), signal.SIGTERM)
     return 0.0
 not_callable = 3
+def none_always(p, c, **k): return None
 '''
 
 
@@ -306,8 +348,17 @@ def test_a_reward_that_never_scores_stops_the_run_naming_it(fn, first_error, rew
     assert [m["step"] for m in metrics(tmp_path / "r")] == [0]  # nothing trained, nothing claimed
 
 
+def test_a_reward_that_never_scores_anything_says_so_once(rewards, tmp_path, capsys):
+    argv = ["train", *tiny("trainer.steps=2"), f"trainer.out_dir={tmp_path}", "trainer.name=r",
+            f"reward.fn={rewards}:none_always"]
+    code, _, err = cli(argv, capsys)
+    assert code == 0 and err.count("\n") == 1, err
+    assert err.startswith("warning: reward user (rewards.py:none_always) returned None (not scorable) for all 4 ")
+    assert [m["reward/user/unscorable"] for m in metrics(tmp_path / "r")[1:]] == [4.0, 4.0]
+
+
 def test_a_reward_that_is_sometimes_nan_is_counted(rewards, tmp_path, capsys):
-    argv = ["train", *TINY, "trainer.steps=2", f"trainer.out_dir={tmp_path}", "trainer.name=r",
+    argv = ["train", *tiny("trainer.steps=2"), f"trainer.out_dir={tmp_path}", "trainer.name=r",
             f"reward.fn={rewards}:nan_sometimes"]
     code, _, err = cli(argv, capsys)
     assert code == 0 and err == ""
@@ -342,10 +393,27 @@ def test_a_callable_in_the_config_says_where_it_goes():
     (["model.kind=diffusion", "model.lora.r=4"], "model.lora.r"), (["model.lora.r=4", "algo.advantage=gae"],
                                                                     "model.lora.r"),
     (["model.lora.target_modules=[]"], "model.lora.target_modules"), (["trainer.device=cuda:7"], "trainer.device"),
+    (["model.kind=diffusion", "model.path=rlvr:countdown-warmstart"], "is not a loadable masked-diffusion LM"),
 ])
 def test_model(overrides, field, tmp_path, capsys):
     out_dir = tmp_path / "runs"
-    assert_one_line_error(*cli(["train", *TINY, f"trainer.out_dir={out_dir}", *overrides], capsys), field)
+    assert_one_line_error(*cli(["train", *tiny(*overrides), f"trainer.out_dir={out_dir}"], capsys), field)
+    assert not out_dir.exists() or not any(out_dir.iterdir())
+
+
+@pytest.mark.parametrize("how", ["truncated_weights", "vocab_below_the_weights"])
+def test_a_broken_model_folder(how, tmp_path, capsys):
+    model = tmp_path / "model"
+    shutil.copytree(Path(__file__).parents[1] / "src/rlvr/assets/countdown-warmstart", model)
+    if how == "truncated_weights":
+        weights = model / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] // 2}))
+    out_dir = tmp_path / "runs"
+    argv = ["train", *tiny(f"model.path={model}"), f"trainer.out_dir={out_dir}"]
+    assert_one_line_error(*cli(argv, capsys), "is not a loadable Hugging Face causal LM")
     assert not out_dir.exists() or not any(out_dir.iterdir())
 
 
@@ -376,7 +444,7 @@ def test_sft_out(case, tmp_path, capsys):
         out.write_text("mine")
         argv, field = ["--out", str(out)], "is a file"
     before = snapshot(tmp_path)
-    assert_one_line_error(*cli(["sft", *TINY, *argv], capsys), field)
+    assert_one_line_error(*cli(["sft", *tiny(*argv)], capsys), field)
     assert snapshot(tmp_path) == before
 
 
@@ -386,7 +454,7 @@ def test_sft_out(case, tmp_path, capsys):
 def finished_run(tmp_path_factory) -> Path:
     """A 2-step run with a checkpoint per step (trained once, copied per test)."""
     root = tmp_path_factory.mktemp("finished")
-    assert main(["train", *TINY, "trainer.steps=2", f"trainer.out_dir={root}", "trainer.name=r"]) == 0
+    assert main(["train", *tiny("trainer.steps=2"), f"trainer.out_dir={root}", "trainer.name=r"]) == 0
     return root / "r"
 
 
@@ -435,6 +503,27 @@ def test_not_a_run(argv, field, tmp_path, capsys):
     assert_one_line_error(*cli(argv, capsys), field.format(tmp=tmp_path))
 
 
+RUN_TOOLS = [  # (what is wrong, argv with {run} and {tmp}, field)
+    ("negative_count", ["eval", "{run}", "--n", "-5"], "--n: must be >= 0"),
+    ("plot_onto_a_directory", ["runs", "plot", "{run}", "--out", "{tmp}"], "is a directory; pass a PNG path"),
+    ("corrupt_metrics_line", ["runs", "compare", "{run}", "--out", "{tmp}/c"],
+     "metrics.jsonl' line 2 is not valid JSON"),
+    ("report_onto_its_metrics", ["report", "{run}", "--out", "{run}/metrics.jsonl"], "inside the run directory"),
+    ("export_onto_itself", ["export", "{run}", "{run}", "--force"], "inside the run directory"),
+]
+
+
+@pytest.mark.parametrize("case", [c[0] for c in RUN_TOOLS])
+def test_run_tools(case, run_copy, tmp_path, capsys):
+    _, argv, field = next(c for c in RUN_TOOLS if c[0] == case)
+    if case == "corrupt_metrics_line":  # a torn middle line (not a last line being written): its step would vanish
+        lines = (run_copy / "metrics.jsonl").read_text().splitlines()
+        (run_copy / "metrics.jsonl").write_text("\n".join([lines[0], lines[1][:20], *lines[2:]]) + "\n")
+    before = snapshot(run_copy)
+    assert_one_line_error(*cli([a.format(run=run_copy, tmp=tmp_path) for a in argv], capsys), field)
+    assert snapshot(run_copy) == before
+
+
 def test_resume_of_a_finished_run_says_nothing_is_left(run_copy, capsys):
     before = snapshot(run_copy)
     code, out, err = cli(["train", "--resume", str(run_copy)], capsys)
@@ -461,7 +550,7 @@ def small_disk(tmpfs) -> Path:
 def _train(out_dir: Path, name: str, *, steps: int = 4, callbacks=(), extra=()) -> dict:
     from rlvr import Trainer
 
-    overrides = [*TINY, f"trainer.steps={steps}", f"trainer.out_dir={out_dir}", f"trainer.name={name}", *extra]
+    overrides = [*tiny(f"trainer.steps={steps}", *extra), f"trainer.out_dir={out_dir}", f"trainer.name={name}"]
     return Trainer(overrides=overrides, callbacks=list(callbacks), echo=lambda *a: None).train()
 
 
@@ -545,8 +634,9 @@ def test_a_signal_stops_after_the_step_and_resume_continues(signal_name, code, r
     # A suite started in the background gets SIGINT ignored, which a run keeps: give it a terminal's.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
-    base = ["train", *TINY, f"trainer.out_dir={tmp_path}", "trainer.name=r", f"reward.fn={rewards}:term_once"]
-    got, out, err = cli([*base, "trainer.steps=3"], capsys)
+    base = ["train", *tiny("trainer.steps=3"), f"trainer.out_dir={tmp_path}", "trainer.name=r",
+            f"reward.fn={rewards}:term_once"]
+    got, out, err = cli(base, capsys)
     assert got == code and err == f"interrupted: {signal_name}: run interrupted after step 1\n", (out, err)
     info = json.loads((tmp_path / "r" / "run.json").read_text())
     assert info["status"] == "interrupted" and info["signal"] == signal_name and info["final"]["step"] == 1
@@ -556,7 +646,7 @@ def test_a_signal_stops_after_the_step_and_resume_continues(signal_name, code, r
 
 
 def test_a_second_signal_stops_at_once_and_leaves_no_partial_write(rewards, tmp_path, capsys):
-    argv = ["train", *TINY, "trainer.steps=3", f"trainer.out_dir={tmp_path}", "trainer.name=r",
+    argv = ["train", *tiny("trainer.steps=3"), f"trainer.out_dir={tmp_path}", "trainer.name=r",
             f"reward.fn={rewards}:term_twice"]
     got, out, err = cli(argv, capsys)
     assert got == 143 and err.count("\n") == 1 and err.startswith("interrupted: SIGTERM"), (out, err)
@@ -593,7 +683,7 @@ def test_a_long_legend_leaves_the_panels_their_width(tmp_path, capsys):
 def test_a_resumed_runs_record_keeps_the_earlier_end_apart(rewards, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("RLVR_TEST_MARKER", str(tmp_path / "sent"))
     monkeypatch.setenv("RLVR_TEST_SIGNAL", "SIGTERM")
-    argv = ["train", *TINY, "trainer.steps=2", f"trainer.out_dir={tmp_path}", "trainer.name=r",
+    argv = ["train", *tiny("trainer.steps=2"), f"trainer.out_dir={tmp_path}", "trainer.name=r",
             f"reward.fn={rewards}:term_once"]
     assert cli(argv, capsys)[0] == 143
     assert cli(["train", "--resume", str(tmp_path / "r")], capsys)[0] == 0

@@ -41,7 +41,7 @@ NOT_RUN = {  # command prefix -> why the test does not run it
     "pytest": "the test suite itself",
     "ruff check": "the linter; the same README line runs it before these tests",
 }
-SHORTEN = {  # appended to a command by its subcommand; later overrides win
+SHORTEN = {  # appended to a command by its subcommand, in place of the same keys of the command
     "train": ["trainer.steps=2", "trainer.eval_every=0", "task.heldout_size=8", "rollout.prompts_per_step=2",
               "rollout.group_size=2", "trainer.threads=1"],
     "sft": ["sft.steps=2", "sft.batch_size=4"],
@@ -77,7 +77,8 @@ def _argv(command: str) -> list[str]:
     extra = SHORTEN.get(argv[0], [])
     if argv[0] == "train" and "--resume" in argv:
         extra = [RESUMED_STEPS]
-    return argv + extra
+    shortened = {item.partition("=")[0] for item in extra}  # replace the command's own: a key twice is refused
+    return [a for a in argv if "=" not in a or a.partition("=")[0] not in shortened] + extra
 
 
 def _shown_commands() -> list[str]:
@@ -148,8 +149,7 @@ def test_readme_script_runs_and_the_reward_rises(tmp_path):
 
 @pytest.mark.parametrize("line, expected", [
     ("rlvr train --resume runs/x seed=3   # note", ["train", "--resume", "runs/x", "seed=3", RESUMED_STEPS]),
-    ("rlvr sft model.path= --out w sft.steps=300", ["sft", "model.path=", "--out", "w", "sft.steps=300",
-                                                     *SHORTEN["sft"]]),
+    ("rlvr sft model.path= --out w sft.steps=300", ["sft", "model.path=", "--out", "w", *SHORTEN["sft"]]),
 ])
 def test_command_lines_are_parsed_and_shortened(line, expected):
     (command,) = readme_commands(f"```bash\n{line}\n```")

@@ -451,6 +451,10 @@ def _callbacks(callbacks: Any) -> list:
     items = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
     out = []
     for i, cb in enumerate(items):
+        flat = [hook for hook in HOOKS if hasattr(cb, hook) and not callable(getattr(cb, hook))]
+        if flat:  # would fail at its first call, in the middle of the run
+            raise ConfigError(f"callbacks[{i}]: {type(cb).__name__}.{flat[0]} is not callable "
+                              f"({type(getattr(cb, flat[0])).__name__}); make it a method")
         if any(hasattr(cb, hook) for hook in HOOKS):
             out.append(cb)
         elif callable(cb):

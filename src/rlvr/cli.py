@@ -53,6 +53,8 @@ def cmd_sft(args) -> int:
 def cmd_eval(args) -> int:
     import random
 
+    if args.n < 0:
+        raise ConfigError(f"--n: must be >= 0 (0 = the whole held-out set, or 200 train problems), got {args.n}")
     from rlvr.builder.build import build_engine, build_model, build_task
     from rlvr.config import load_config
     from rlvr.tracking.resumable import python_objects

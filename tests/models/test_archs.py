@@ -77,7 +77,8 @@ def test_model_dtype_auto_keeps_the_checkpoint_dtype(tmp_path, dtype):
 def test_prompt_plus_completion_longer_than_the_context_is_a_config_error(tmp_path, arch, field):
     positions = {"n_positions": 48} if arch == "gpt2" else {"max_position_embeddings": 48}
     source = build_model_dir(tmp_path / "model", arch, **positions)
-    config = load_config(None, [*RUN, f"model.path={source}", "rollout.max_new_tokens=32"])
+    run = [o for o in RUN if not o.startswith("rollout.max_new_tokens=")]
+    config = load_config(None, [*run, f"model.path={source}", "rollout.max_new_tokens=32"])
     with pytest.raises(ConfigError, match=f"rollout.max_new_tokens.*48 positions.*{field}") as err:
         build_components(config)
     message = str(err.value)
@@ -85,7 +86,7 @@ def test_prompt_plus_completion_longer_than_the_context_is_a_config_error(tmp_pa
     with pytest.raises(ConfigError, match=r"model's context of 64 positions \(model.max_seq_len\); lower"):
         build_components(load_config(None, ["model.path=", "model.max_seq_len=64", "rollout.max_new_tokens=60"]))
     # The same run with prompts that fit is accepted.
-    build_components(load_config(None, [*RUN, f"model.path={source}", "rollout.max_new_tokens=4",
+    build_components(load_config(None, [*run, f"model.path={source}", "rollout.max_new_tokens=4",
                                         "task.math_file.max_prompt_length=40"]))
 
 

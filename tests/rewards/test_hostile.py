@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -171,9 +172,9 @@ NET = """
 import socket
 res = []
 for target in [("1.1.1.1", 53), ("127.0.0.1", %(port)d), ("10.0.0.1", 80)]:
-    s = socket.socket()
-    s.settimeout(0.5)
     try:
+        s = socket.socket()
+        s.settimeout(0.5)
         s.connect(target); res.append(("CONNECTED", target))
     except OSError as e:
         res.append((type(e).__name__, target))
@@ -538,3 +539,229 @@ def test_all_at_once_16_wide(sandbox, host):
         assert result.verdict is Verdict.OK and result.stdout == "45\n"
     assert_host_unaffected(host, results)
     assert sandbox.counters["sandbox_errors"] == 0
+
+
+# ------------------------------------------------------------------------------ socket families
+
+FAMILIES = r'''
+import ctypes, errno, json, platform, socket
+libc = ctypes.CDLL(None, use_errno=True)
+SOCKET, SOCKETPAIR = (198, 199) if platform.machine() == "aarch64" else (41, 53)
+L = ctypes.c_long
+out = {}
+for family in range(64):
+    for high in (0, 1 << 32):  # high bits the kernel drops (it reads an int) must not pass the filter
+        found = None
+        for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_SEQPACKET, socket.SOCK_RAW):
+            ctypes.set_errno(0)
+            fd = libc.syscall(L(SOCKET), L(family | high), L(kind), L(0))
+            if fd >= 0:
+                libc.close(fd); found = "ALLOWED"; break
+            found = found or errno.errorcode.get(ctypes.get_errno(), "?")
+        out[f"{family}/{high >> 32}"] = found
+pair = (ctypes.c_int * 2)()
+out["socketpair_vsock"] = "ALLOWED" if libc.syscall(L(SOCKETPAIR), L(40), L(1), L(0), pair) >= 0 else "refused"
+print("FAMILIES" + json.dumps(out))
+'''
+NAMED_FAMILIES = {n: int(getattr(socket, n)) for n in dir(socket) if n.startswith("AF_") and n != "AF_ROUTE"}
+
+
+@pytest.fixture(scope="module")
+def families(sandbox, host):
+    """What socket() answers inside the sandbox for every family, by default and with ``inet``."""
+    seen = {}
+    for inet in (False, True):
+        r = sandbox.run(FAMILIES, limits=Limits(**{**LIMITS.__dict__, "inet": inet}))
+        assert r.verdict is Verdict.OK, (r.detail, r.stderr[-500:])
+        seen[inet] = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("FAMILIES"))[8:])
+    assert_host_unaffected(host, [])
+    return seen
+
+
+@pytest.mark.parametrize("name", sorted(NAMED_FAMILIES))
+def test_socket_family_allow_list(name, families):
+    """AF_UNIX opens; AF_INET and AF_INET6 only with ``Limits.inet``; every other family (AF_VSOCK,
+    whose ports the network namespace does not cover, included) is refused, also with high bits
+    set in the register the kernel truncates."""
+    family = NAMED_FAMILIES[name]
+    for inet, seen in families.items():
+        opened = name == "AF_UNIX" or (inet and name in ("AF_INET", "AF_INET6"))
+        for high in (0, 1):
+            answer = seen[f"{family}/{high}"]
+            if opened and high == 0:
+                assert answer == "ALLOWED", f"{name} (inet={inet}): {answer}"
+            elif not opened:
+                assert answer != "ALLOWED", f"{name} (inet={inet}, high bits {high}) opened"
+
+
+def test_socket_families_unnamed_and_socketpair_refused(families):
+    for seen in families.values():
+        opened = [k for k, v in seen.items() if v == "ALLOWED"]
+        assert {k.split("/")[0] for k in opened} <= {"1", "2", "10"}, opened
+        assert seen["socketpair_vsock"] == "refused"
+    assert {k for k, v in families[False].items() if v == "ALLOWED"} == {"1/0", "1/1"}
+
+
+def test_13b_network_with_inet_stays_in_its_own_namespace(sandbox, host):
+    """With ``inet`` the sample can make AF_INET sockets, but its network namespace holds only its
+    own loopback: the harness's listener on the host's 127.0.0.1 hears nothing."""
+    r = sandbox.run(_source("13_network", host), limits=Limits(**{**LIMITS.__dict__, "inet": True}))
+    assert r.verdict is Verdict.OK, (r.detail, r.stderr[-300:])
+    assert "CONNECTED" not in r.stdout and "DNS OK" not in r.stdout and "ConnectionRefusedError" in r.stdout
+    assert_host_unaffected(host, [r])
+
+
+# ------------------------------------------------------------------------------------ OOM score
+
+OOM_LOWER = r'''
+import json, os
+out = {}
+for pid in ("self", "1"):
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "w") as f:
+            f.write("0")
+        out[pid + "_write"] = "written"
+    except OSError as e:
+        out[pid + "_write"] = type(e).__name__
+    with open(f"/proc/{pid}/oom_score_adj") as f:
+        out[pid] = int(f.read())
+if os.fork() == 0:  # a child starts from its parent's score
+    with open("/proc/self/oom_score_adj") as f:
+        print("CHILD", int(f.read()), flush=True)
+    os._exit(0)
+os.wait()
+print("OOM" + json.dumps(out))
+'''
+
+
+def test_oom_score_cannot_be_lowered(sandbox, host):
+    """The sample and the sandbox's pid 1 stay the OOM killer's first choice (1000): ``/proc`` is
+    read-only inside, so neither can lower its score below the trainer's."""
+    r = sandbox.run(OOM_LOWER)
+    assert r.verdict is Verdict.OK, (r.detail, r.stderr[-300:])
+    seen = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("OOM"))[3:])
+    assert seen["self"] == 1000 and seen["1"] == 1000, seen
+    assert seen["self_write"] != "written" and seen["1_write"] != "written", seen
+    assert "CHILD 1000" in r.stdout
+    assert_host_unaffected(host, [r])
+
+
+# --------------------------------------------------------------------------- page cache cleanup
+
+def _trainer_file_cache() -> int:
+    """Bytes of page cache charged to the trainer's group and below (its sample groups included)."""
+    found, _ = cgroup_host()
+    parent = found.parents.get("memory") or found.parents[""]
+    stat = dict(line.split() for line in Path(parent, "memory.stat").read_text().splitlines())
+    return int(stat["total_cache"] if found.version == 1 else stat["file"])
+
+
+def test_page_cache_of_removed_samples_is_not_left_on_the_trainer(sandbox, host, tmp_path):
+    """Twelve samples each read an 8 MB file nobody has cached (under /usr, which they see): the
+    pages are charged to each sample's group. Removing a group must reclaim them, not hand them to
+    the trainer's group, whose charge would otherwise grow with every sample graded."""
+    if cgroup_host()[0] is None:
+        pytest.skip(f"needs per-sample cgroups, unavailable here: {cgroup_host()[1]}")
+    blobs = Path(f"/usr/local/share/rlvr-cache-{TOKEN}")
+    try:
+        blobs.mkdir(parents=True)
+    except OSError as err:
+        pytest.skip(f"cannot write under /usr here ({err})")
+    try:
+        n, size = 12, 8 << 20
+        for i in range(n):
+            path = blobs / f"{i}.bin"
+            with open(path, "wb") as f:
+                f.write(os.urandom(size))
+                f.flush()
+                os.fsync(f.fileno())
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # nobody holds it cached
+        before = _trainer_file_cache()
+        reader = "import sys\nwith open(sys.argv[1], 'rb') as f:\n    print(len(f.read()))"
+        results = sandbox.run_many([dict(source=reader, argv=[str(blobs / f"{i}.bin")]) for i in range(n)])
+        grown = _trainer_file_cache() - before
+    finally:
+        shutil.rmtree(blobs, ignore_errors=True)
+    assert [r.stdout.strip() for r in results] == [str(size)] * n, [(r.verdict, r.detail) for r in results]
+    assert grown < n * size // 4, f"the trainer's page cache grew {grown >> 20} MB over {n} samples"
+    assert_host_unaffected(host, results)
+
+
+# ------------------------------------------------------------------------------- socket buffers
+
+UNREAD_BUFFERS = r'''
+import json, os, socket, time
+def fill(kind):
+    held, total, until = [], 0, time.monotonic() + 0.4  # a budget: the verdict must come in time
+    try:
+        while time.monotonic() < until:
+            if kind == "unix":
+                a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM if len(held) % 4 else socket.SOCK_STREAM)
+            elif kind == "tcp":
+                ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
+                a = socket.create_connection(ls.getsockname()); b, _ = ls.accept(); ls.close()
+            else:
+                b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); b.bind(("127.0.0.1", 0))
+                a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); a.connect(b.getsockname())
+            a.setblocking(False)
+            held += [a, b]
+            try:
+                while time.monotonic() < until:
+                    total += a.send(b"x" * 16384)
+            except OSError:  # full (nothing reads b), or refused
+                pass
+    except OSError:  # out of descriptors, or the family is refused
+        pass
+    return total, held
+queued = {}
+for kind in ("tcp", "udp", "unix"):
+    pipes = []
+    for i in range(7):  # 21 holders and this one under the 24 processes of LIMITS
+        r, w = os.pipe()
+        if os.fork() == 0:
+            total, held = fill(kind)
+            os.write(w, str(total).encode()); os.close(w)
+            time.sleep(30)  # holds every buffer unread until the sandbox ends
+        os.close(w); pipes.append(r)
+    queued[kind] = sum(int(os.read(r, 64) or b"0") for r in pipes)
+    print("QUEUED" + json.dumps(queued), flush=True)
+'''
+
+
+def test_unread_socket_buffers_stay_within_the_memory_limit(sandbox, host):
+    """21 processes fill every socket they can open and never read: socket buffers are kernel
+    memory outside RLIMIT_AS and (TCP on cgroup v1 without a ``kmem.tcp`` limit, UDP, AF_UNIX)
+    outside the cgroup's charge. TCP and UDP sockets are refused by default, so what a sample can
+    hold unread (AF_UNIX, bounded per socket) plus its charged peak stays under its memory limit."""
+    r = sandbox.run(UNREAD_BUFFERS)
+    assert r.verdict in (Verdict.TIMEOUT, Verdict.RESOURCE_LIMIT, Verdict.OK), (r.detail, r.stderr[-300:])
+    queued = json.loads([x for x in r.stdout.splitlines() if x.startswith("QUEUED")][-1][6:])
+    assert queued["tcp"] == 0 and queued.get("udp") == 0, queued
+    peak = r.extra.get("memory_peak_bytes") or 0
+    assert queued["unix"] + peak <= LIMITS.memory_mb << 20, f"{queued['unix'] >> 20} MB unread + {peak >> 20} MB"
+    assert_host_unaffected(host, [r])
+
+
+# ------------------------------------------------------------------------ time limit near the edge
+
+def test_time_limit_counts_from_the_programs_start(sandbox, host, monkeypatch):
+    """A sandbox start-up made 2.5 s slow (as a loaded host can make a cgroup move or bwrap's
+    mounts) is not charged to the program: a 1 s program stays OK under a 3 s limit, every time,
+    and a 4.5 s one is a TIMEOUT, every time. Charged from the launch, the first would run 3.5 s."""
+    from rlvr.rewards.sandbox import launch
+
+    admit = launch.admit
+
+    def slow_admit(pid):
+        admit(pid)
+        time.sleep(2.5)
+
+    monkeypatch.setattr(launch, "admit", slow_admit)
+    limits = Limits(**{**LIMITS.__dict__, "wall_s": 3.0})
+    program = "import time\ntime.sleep(%s)\nprint('done')"
+    results = sandbox.run_many([dict(source=program % 1.0, limits=limits)] * 4
+                               + [dict(source=program % 4.5, limits=limits)] * 4)
+    assert [r.verdict for r in results] == [Verdict.OK] * 4 + [Verdict.TIMEOUT] * 4, \
+        [(r.verdict, round(r.elapsed, 2)) for r in results]
+    assert all(r.stdout == "done\n" for r in results[:4])
+    assert_host_unaffected(host, results)

@@ -14,7 +14,7 @@ import torch
 from rlvr.cli import main
 
 TINY = ["model.path=", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4",
-        "task.heldout_size=4", "trainer.threads=1", "trainer.eval_every=0"]
+        "task.heldout_size=4", "trainer.eval_every=0"]  # with trainer.threads (1 unless a test needs 2)
 # Keys that measure wall-clock or memory (the async side holds a second copy of the weights).
 CLOCK = ("time/", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/peak_rss_mb")
 
@@ -71,7 +71,7 @@ def _plus_reward(tmp_path) -> str:
 
 def test_staleness_zero_resume_continues_as_an_uninterrupted_run(tmp_path, capsys):
     """The checkpoint records the rollout side's prompt RNG as of its step, not the live one."""
-    args = [*TINY, _plus_reward(tmp_path), "optim.lr=1e-2", "trainer.max_staleness=0"]
+    args = [*TINY, "trainer.threads=1", _plus_reward(tmp_path), "optim.lr=1e-2", "trainer.max_staleness=0"]
     whole = _run(tmp_path, capsys, "whole", *args, "trainer.steps=4")
     part = _run(tmp_path, capsys, "part", *args, "trainer.steps=2")
     assert main(["train", "--resume", str(part), "trainer.steps=4"]) == 0, capsys.readouterr().err
@@ -125,7 +125,7 @@ def test_stale_batch_is_weighted_by_proximal_over_behaviour(monkeypatch):
         extra = [] if cap is None else ["algo.rollout_correction=true", f"algo.correction_cap={cap}"]
         results = {}
         for fused in (True, False):
-            c = build_components(load_config(None, [*TINY, *extra]))
+            c = build_components(load_config(None, [*TINY, "trainer.threads=1", *extra]))
             if not fused:  # the plan of a run that cannot fuse: the same batch through a separate pass
                 c.plan = dataclasses.replace(c.plan, stale=dataclasses.replace(c.plan.stale, source="pass"))
             stale = produce(c, 1)  # sampled by version 0

@@ -21,7 +21,7 @@ VLLM = ["model.path=", "model.hidden_size=64", "model.num_layers=2", "model.num_
         "model.intermediate_size=64", "rollout.prompts_per_step=2", "rollout.group_size=4",
         "rollout.max_new_tokens=6", "task.heldout_size=8", "rollout.engine=vllm", "rollout.vllm_kv_cache_mb=16",
         "rollout.vllm_block_size=32", "rollout.vllm_max_model_len=64", "algo.dynamic_sampling=false",
-        "optim.lr=3e-2", "optim.warmup_steps=1", "trainer.threads=1"]
+        "optim.lr=3e-2", "optim.warmup_steps=1"]
 # Evaluations at 0, 2 and 3 interleave with rollouts; LoRA: the pushes carry the merged weights.
 EQUAL = ["trainer.steps=3", "trainer.eval_every=2", "model.lora.r=4", "model.lora.target_modules=all-linear"]
 CLOCK = ("time/", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/peak_rss_mb", "async/")
@@ -43,7 +43,9 @@ def _trained(run) -> list[dict]:
 
 
 def _run(folder, name: str, *args: str):
-    assert main(["train", *args, f"trainer.out_dir={folder}", f"trainer.name={name}", "trainer.save_every=0"]) == 0
+    argv = ["train", *args, "trainer.threads=1", f"trainer.out_dir={folder}", f"trainer.name={name}",
+            "trainer.save_every=0"]
+    assert main(argv) == 0
     return folder / name
 
 

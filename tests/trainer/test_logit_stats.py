@@ -150,7 +150,8 @@ def test_otb_reads_the_trainers_sum_pi_squared(monkeypatch):
     from rlvr.trainer import sync
 
     # The shipped warm start (not a random model): some completions earn a reward, so advantages are not all 0.
-    config = load_config(None, [*FAST[1:], "algo.advantage=optimal_token_baseline", "rollout.prompts_per_step=4",
+    fast = [o for o in FAST[1:] if not o.startswith("rollout.prompts_per_step=")]
+    config = load_config(None, [*fast, "algo.advantage=optimal_token_baseline", "rollout.prompts_per_step=4",
                                 f"rollout.temperature={TEMPERATURE}", "algo.dynamic_sampling=false"])
     c = build_components(config)
     seen = {}

@@ -18,7 +18,7 @@ from rlvr.cli import main
 pytestmark = pytest.mark.ray
 
 TINY = ["model.path=", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4",
-        "task.heldout_size=4", "trainer.threads=2", "trainer.eval_every=2", "trainer.steps=4", "optim.lr=1e-2"]
+        "task.heldout_size=4", "trainer.threads=2", "optim.lr=1e-2"]
 DIFFUSION = ["model.kind=diffusion", "rollout.diffusion_steps=4", "model.hidden_size=32", "model.num_layers=2"]
 CLOCK = ("time/", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/peak_rss_mb", "async/")
 
@@ -39,7 +39,7 @@ def _trained(run) -> list[dict]:
 
 
 def _cli_run(tmp_path, capsys, name, *args):
-    code = main(["train", *args, f"trainer.out_dir={tmp_path}", f"trainer.name={name}", "trainer.save_every=0"])
+    code = main(["train", *args, f"trainer.out_dir={tmp_path}", f"trainer.name={name}"])
     assert code == 0, capsys.readouterr().err
     capsys.readouterr()
     return tmp_path / name
@@ -47,7 +47,7 @@ def _cli_run(tmp_path, capsys, name, *args):
 
 @pytest.mark.parametrize("kind", [pytest.param([], id="causal"), pytest.param(DIFFUSION, id="diffusion")])
 def test_ray_staleness_zero_reproduces_the_synchronous_loop(ray_local, tmp_path, capsys, kind):
-    args = [*TINY, *kind, _plus_reward(tmp_path)]
+    args = [*TINY, *kind, _plus_reward(tmp_path), "trainer.steps=4", "trainer.eval_every=2", "trainer.save_every=0"]
     sync_run = _cli_run(tmp_path, capsys, "sync", *args)
     ray_run = _cli_run(tmp_path, capsys, "ray", *args, "trainer.backend=ray", "trainer.max_staleness=0")
     assert _trained(sync_run) == _trained(ray_run)
@@ -82,7 +82,7 @@ def test_a_killed_rollout_worker_is_restarted_and_no_rollout_is_lost_or_repeated
     from rlvr.runtime.process import configure_for
     from rlvr.tracking.run_dir import RunDir
 
-    args = [*TINY, _plus_reward(tmp_path), "trainer.steps=5", "trainer.save_every=0"]
+    args = [*TINY, _plus_reward(tmp_path), "trainer.steps=5", "trainer.eval_every=2", "trainer.save_every=0"]
     sync_run = _cli_run(tmp_path, capsys, "sync", *args)
     killed = []
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from rlvr.config.ranges import in_range, range_of
 from rlvr.config.recipes import packaged_recipe
 from rlvr.config.registries import _get, engine_kind, resolve
 from rlvr.config.schema import Config, section_type
@@ -34,8 +35,15 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
             try:
                 return _coerce(value, option, name)
             except ConfigError as err:
-                errors.append(err)
+                # for a list, the list option's error (which element is wrong) says more than "expected str"
+                first = isinstance(value, list) and typing.get_origin(option) is list
+                errors.insert(0 if first else len(errors), err)
         raise errors[0]
+    if origin is list:  # list[str]: every element checked too (a list of numbers is not a list of names)
+        if not isinstance(value, list):
+            raise ConfigError(f"{name}: expected a list, got {value!r}; fix the value in the recipe or override")
+        (inner,) = typing.get_args(annotation)
+        return [_coerce(item, inner, f"{name}[{i}]") for i, item in enumerate(value)]
     if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return _finite(float(value), name)
     if annotation is float and isinstance(value, str):  # YAML 1.1 reads `5e-5` (no dot) as a string
@@ -123,18 +131,39 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
 
 
 def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
-    """`key.sub=value` strings -> (key, YAML-parsed value) pairs."""
-    pairs = []
+    """`key.sub=value` strings -> (key, YAML-parsed value) pairs; a key given twice is refused
+    (the last one would silently win)."""
+    pairs, seen = [], {}
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             example = f"{item.strip()}=VALUE" if not sep and item.strip() else "algo.clip_high=0.28"
             raise ConfigError(f"override '{item}': expected KEY=VALUE, e.g. {example}")
+        if key.strip() in seen:
+            raise ConfigError(f"override '{key.strip()}': given twice ('{seen[key.strip()]}' and '{item}'); keep one")
+        seen[key.strip()] = item
         try:
             pairs.append((key.strip(), yaml.safe_load(raw) if raw else ""))
         except yaml.YAMLError:
             pairs.append((key.strip(), raw))
     return pairs
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, refusing a key given twice in one mapping (the last would silently win)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _DuplicateKey(f"key '{key}' given twice (line {key_node.start_mark.line + 1}); keep one")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def read_recipe(path: str | Path) -> dict:
@@ -148,7 +177,11 @@ def read_recipe(path: str | Path) -> dict:
         raise ConfigError(f"recipe '{path}' does not exist; pass a YAML file or a packaged recipe's name, "
                           f"e.g. grpo_countdown (`rlvr recipes` lists them)")
     try:
-        tree = yaml.safe_load(path.read_text()) or {}
+        tree = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"recipe '{path}' is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+    except _DuplicateKey as err:
+        raise ConfigError(f"recipe '{path}': {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -221,8 +254,64 @@ def _unset_or(value: Any, ok) -> bool:
     return value is None or ok(value)
 
 
+def _range_errors(node: Any, prefix: str = "") -> list[str]:
+    """Every field given a range in the schema (``ranged``) whose value, when not null, is outside it."""
+    errors = []
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            errors += _range_errors(value, f"{prefix}{f.name}.")
+        elif (rule := range_of(f)) is not None and value is not None and not in_range(value, f.metadata["range"]):
+            inside = "in " if rule[0] in "[(" else ""
+            errors.append(f"{prefix}{f.name}: must be {inside}{rule}, got {value}; "
+                          "fix the value in the recipe or override")
+    return errors
+
+
+BACKEND_OPTIONS = {  # option -> (the field choosing its backend, the value that uses it)
+    "trainer.rollout_workers": ("trainer.backend", "ray"), "trainer.reward_workers": ("trainer.backend", "ray"),
+    "trainer.ray_address": ("trainer.backend", "ray"), "rollout.vllm_kv_cache_mb": ("rollout.engine", "vllm"),
+    "rollout.vllm_block_size": ("rollout.engine", "vllm"), "rollout.vllm_max_model_len": ("rollout.engine", "vllm"),
+}
+"""Options read only by one backend: set to anything but their default under another, they would be ignored."""
+
+
+def _backend_checks(config: Config) -> list[tuple[bool, str, str]]:
+    defaults = schema_defaults()
+    checks = []
+    for key, (chooser, backend) in BACKEND_OPTIONS.items():
+        chosen = _get(config, chooser)
+        checks.append((chosen == backend or _get(config, key) == defaults[key], key,
+                       f"only read with {chooser}={backend} ({chooser} is '{chosen}'); set {chooser}={backend} "
+                       f"or remove it"))
+    return checks
+
+
+def _cross_checks(config: Config) -> list[tuple[bool, str, str]]:
+    """Ranges that depend on another field (the single-field ones are declared in the schema)."""
+    a, r, e, m = config.algo, config.rollout, config.estimator, config.model
+    diffusion = m.kind == "diffusion"
+    blocks = r.max_new_tokens // r.block_length if r.block_length and r.max_new_tokens % r.block_length == 0 else 1
+    steps = r.diffusion_steps or r.max_new_tokens
+    return [
+        (a.pass_k is None or a.pass_k <= r.group_size, "algo.pass_k",
+         f"must be at most rollout.group_size ({r.group_size}): pass@k draws k of a group's completions"),
+        (e.t_min is None or e.t_max is None or e.t_min < e.t_max, "estimator.t_min",
+         f"must be below estimator.t_max ({e.t_max})"),
+        (not diffusion or not r.block_length or r.max_new_tokens % r.block_length == 0, "rollout.block_length",
+         f"must divide rollout.max_new_tokens ({r.max_new_tokens}), or be 0 (the whole window)"),
+        (not diffusion or r.threshold is not None or steps % blocks == 0 and steps >= blocks, "rollout.diffusion_steps",
+         f"must be a multiple of the number of blocks ({blocks} = max_new_tokens / block_length), or 0"),
+        (bool(m.path) or m.hidden_size % m.num_heads == 0, "model.num_heads",
+         f"must divide model.hidden_size ({m.hidden_size}) for a fresh tiny model"),
+    ]
+
+
 def validate(config: Config) -> None:
     """Range checks that types alone cannot express."""
+    errors = _range_errors(config)
+    if errors:
+        raise ConfigError(errors[0])
     sm = config.sampler
     checks = [
         (config.optim.lr > 0, "optim.lr", "must be > 0, e.g. 5e-5"),
@@ -323,7 +412,7 @@ def validate(config: Config) -> None:
         (config.trainer.rollout_workers >= 1, "trainer.rollout_workers", "must be >= 1"),
         (config.trainer.reward_workers >= 1, "trainer.reward_workers", "must be >= 1"),
     ]
-    for ok, name, fix in checks + _input_checks(config):
+    for ok, name, fix in checks + _input_checks(config) + _cross_checks(config) + _backend_checks(config):
         if not ok:
             raise ConfigError(f"{name}: {fix}")
 

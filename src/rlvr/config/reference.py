@@ -16,6 +16,7 @@ import yaml
 
 import rlvr.config
 from rlvr.config.load import load_config
+from rlvr.config.ranges import range_of
 from rlvr.config.registries import ELSEWHERE, REGISTRY, Entry, _get, all_entries, hyperparameters
 from rlvr.config.schema import Config, section_type
 from rlvr.config.trl_names import TRL_NAMES
@@ -60,6 +61,8 @@ def _section_rows(cls: type, path: str, entries: list[Entry]) -> list[str]:
         else:
             default_text = f"`{_yaml(default)}`"
         meaning = docs.get(f.name, "")
+        if (rule := range_of(f)) is not None:
+            meaning += f" Range: {rule}."
         if key in REGISTRY:
             meaning += f" One of: {', '.join(f'`{n}`' for n in sorted(REGISTRY[key].entries()))}."
         cells = [f"`{key}`", f"`{f.type}`", default_text, meaning]

@@ -9,7 +9,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlvr.config.commands_schema import PreferenceConfig, SFTConfig  # noqa: F401  re-exported, as above
+from rlvr.config.commands_schema import PreferenceConfig, SFTConfig  # noqa: F401  re-exported, as below
+from rlvr.config.ranges import ranged
 from rlvr.config.task_schema import (  # noqa: F401  re-exported: the schema is one namespace
     AgentTaskConfig,
     ArithmeticTaskConfig,
@@ -37,7 +38,7 @@ class LoraConfig:
     """Scaling numerator: the update is (alpha / r)·BA."""
     dropout: float = 0.0
     """Dropout on the adapter's input."""
-    target_modules: str | list = "all-linear"
+    target_modules: str | list[str] = "all-linear"
     """Modules that get adapters: a list of module-name suffixes (`[q_proj, v_proj]`) or a peft
     shorthand such as `all-linear` (every linear layer but the LM head)."""
 
@@ -51,15 +52,15 @@ class ModelConfig:
     recipe = the user must pass one."""
     shift_logits: bool = False
     """Diffusion: Dream-style shifted logits (position i predicts token i+1)."""
-    hidden_size: int = 128
+    hidden_size: int = ranged(128, ">= 1")
     """Tiny model: width."""
-    num_layers: int = 4
+    num_layers: int = ranged(4, ">= 1")
     """Tiny model: transformer blocks."""
-    num_heads: int = 4
+    num_heads: int = ranged(4, ">= 1")
     """Tiny model: attention heads."""
-    intermediate_size: int = 512
+    intermediate_size: int = ranged(512, ">= 1")
     """Tiny model: MLP width."""
-    max_seq_len: int = 64
+    max_seq_len: int = ranged(64, ">= 2")
     """Tiny model: longest prompt + completion."""
     dtype: str = "float32"
     """Weight dtype: `float32`, `bfloat16` or `auto` (the checkpoint's own; float32 for a fresh tiny
@@ -108,13 +109,13 @@ class RolloutConfig:
     """Sample from the k most likely tokens only, 0 = off (causal models, both engines)."""
     min_p: float = 0.0
     """Drop tokens less likely than min_p times the most likely one, 0 = off (causal models, both engines)."""
-    diffusion_steps: int = 0
+    diffusion_steps: int = ranged(0, ">= 0", "0 = one token per step")
     """Diffusion sampler: denoising steps N, 0 = one token per step (N = L)."""
-    block_length: int = 0
+    block_length: int = ranged(0, ">= 0", "0 = the whole window")
     """Diffusion sampler: semi-autoregressive block length B, 0 = the whole window."""
     remasking: str = "low_confidence"
     """Diffusion sampler: low_confidence | random | entropy | margin."""
-    threshold: float | None = None
+    threshold: float | None = ranged(None, "(0, 1]", "a confidence; null = off")
     """Diffusion sampler: commit every token above this confidence (dynamic)."""
     suppress_eos: bool = False
     """Diffusion sampler: lower EOS confidence so content is committed first."""
@@ -144,7 +145,7 @@ class RolloutConfig:
     """vLLM engine: KV-cache size in MiB (vLLM's own default takes most of the machine's memory)."""
     vllm_block_size: int = 0
     """vLLM engine: KV-cache block size in tokens (a multiple of 32 on CPU), 0 = vLLM's default."""
-    vllm_max_model_len: int = 0
+    vllm_max_model_len: int = ranged(0, ">= 0", "0 = the model config's")
     """vLLM engine: longest prompt + completion it accepts, 0 = the model config's `max_position_embeddings`."""
 
 
@@ -174,15 +175,15 @@ class AlgoConfig:
     std_normalize: bool | None = None
     """Divide the centred score by a standard deviation (grpo: the group std; passk: the
     subset-reward std; grpo_passk: the best row's gap, by the group std)."""
-    adv_eps: float | None = None
+    adv_eps: float | None = ranged(None, ">= 0")
     """Added to a standard deviation before dividing by it."""
-    pass_k: int | None = None
+    pass_k: int | None = ranged(None, ">= 1")
     """k of the pass@k objective."""
-    gamma: float | None = None
+    gamma: float | None = ranged(None, "[0, 1]")
     """Discount of token-level returns (`reinforce_pp`, `gae`) or of turn-level ones (`gigpo`, `turn_return`)."""
     omega: float | None = None
     """GiGPO: weight of the anchor-state step advantage added to the episode advantage."""
-    lam: float | None = None
+    lam: float | None = ranged(None, "[0, 1]")
     """GAE lambda."""
     clip_low: float | None = None
     """ε_low: ratio floor 1-ε_low (gspo: of the sequence ratio; cispo: of the detached weight; gmpo: log-ratio
@@ -191,15 +192,15 @@ class AlgoConfig:
     """ε_high: ratio ceiling 1+ε_high (gmpo: log-ratio ceiling; dppo_*: divergence threshold of A > 0 tokens)."""
     dual_clip: float | None = None
     """Dual-clip constant c > 1 for A<0, null = off."""
-    log_ratio_clamp: float | None = None
+    log_ratio_clamp: float | None = ranged(None, "> 0")
     """Clamp |log ratio| to this before exp (overflow guard)."""
-    tau_pos: float | None = None
+    tau_pos: float | None = ranged(None, "> 0")
     """Gate temperature for A > 0."""
-    tau_neg: float | None = None
+    tau_neg: float | None = ranged(None, "> 0")
     """Gate temperature for A <= 0."""
     wd1_psi: float | None = None
     """Inverse temperature ψ of the group softmax over advantages."""
-    ratio_cap: float | None = None
+    ratio_cap: float | None = ranged(None, "> 0")
     """DPPO: cap of the detached importance weight min(ρ, cap); verl runs with 3.0 (objectives_zoo deviation 5)."""
     dro_beta: float | None = None
     """DRO: weight of the quadratic log-ratio penalty (required by `dro`)."""
@@ -213,15 +214,15 @@ class AlgoConfig:
     """Clip-Cov: upper end of that window."""
     zero_tail: bool | None = None
     """Optimal token baseline: no baseline past the second-longest row of a group."""
-    f_norm: float | None = None
+    f_norm: float | None = ranged(None, "> 0")
     """GPG: constant divisor of the advantage (verl's `f_norm`; 1 = none)."""
     shiq_beta: float | None = None
     """ShiQ: KL strength β of its Bellman residual (logits read as Q-values q = β(ℓ − ℓ_ref))."""
-    norm_length: float | None = None
+    norm_length: float | None = ranged(None, "> 0", "null = rollout.max_new_tokens")
     """Constant length normaliser of Dr.GRPO's aggregation; null = `rollout.max_new_tokens`."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (0 = entropy only logged)."""
-    value_clip: float | None = 0.5
+    value_clip: float | None = ranged(0.5, "> 0", "null = off")
     """GAE critic: clip of the value update around the old value, null = off."""
     critic_lr: float = 1e-4
     """GAE critic: AdamW learning rate of the value model."""
@@ -229,7 +230,7 @@ class AlgoConfig:
     """GAE critic: steps that train only the critic."""
     kl_target: float | None = None
     """Adaptive KL: target per-sequence KL, null = fixed kl_coef."""
-    kl_horizon: float = 10000.0
+    kl_horizon: float = ranged(10000.0, "> 0", "in samples, e.g. 10000")
     """Adaptive KL: horizon (in samples) of the controller."""
     overlong_buffer: int = 0
     """DAPO soft overlong punishment: buffer in tokens below max_new_tokens, 0 = off."""
@@ -247,7 +248,7 @@ class AlgoConfig:
     """Rollout correction: `token` or `sequence` weights."""
     correction_mode: str | None = None
     """Rollout correction: `truncate` (TIS) or `mask` (MIS)."""
-    correction_cap: float | None = None
+    correction_cap: float | None = ranged(None, "> 0")
     """Rollout correction: cap C on the weight."""
     nft_eps: float | None = None
     """NFT: floor ε of the implicit negative policy's likelihood ratio (its log is clipped there)."""
@@ -279,7 +280,7 @@ class ExpertConfig:
     """Steps over which μ goes from `weight` to `weight_final`."""
     keep_onpolicy: bool = False
     """True: the on-policy loss keeps weight 1 (L_on + μ L_expert, RL-PLUS); False: 1 − μ (CHORD)."""
-    rlplus_gamma: float | None = None
+    rlplus_gamma: float | None = ranged(None, ">= 0")
     """RL-PLUS: γ of the exploration weight (1 − π_θ(token))^γ on the expert rows' advantage."""
 
 
@@ -296,23 +297,23 @@ class EstimatorConfig:
     """Monte-Carlo mask draws."""
     antithetic: bool | None = None
     """Complementary (antithetic) mask pairs."""
-    p_mask_prompt: float | None = None
+    p_mask_prompt: float | None = ranged(None, "[0, 1]")
     """Prompt-token masking probability."""
-    t_min: float | None = None
+    t_min: float | None = ranged(None, "[0, 1]")
     """Lowest mask ratio."""
-    t_max: float | None = None
+    t_max: float | None = ranged(None, "[0, 1]")
     """Highest mask ratio."""
     include_full: bool | None = None
     """Add the all-masked pass as the released code does."""
-    beta: float | None = None
+    beta: float | None = ranged(None, "> 0")
     """EUBO exponent β."""
-    omega: float | None = None
+    omega: float | None = ranged(None, "[0, 1]")
     """Weight of the EUBO in the ω-mixture for A < 0."""
     bound: str | None = None
     """Bound for negative advantages: `elbo`, `eubo` or `mixture`."""
-    block_length: int | None = None
+    block_length: int | None = ranged(None, ">= 1", "null = the whole window")
     """Block-wise masking block, null = the whole window."""
-    shrink: int | None = None
+    shrink: int | None = ranged(None, ">= 1")
     """Merge this many sampler steps into one (σ)."""
 
 

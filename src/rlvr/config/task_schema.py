@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlvr.config.ranges import ranged
+
 
 @dataclass(frozen=True)
 class CountdownTaskConfig:
@@ -66,7 +68,7 @@ class FileTaskConfig:
     """System message (chat templates) or prefix."""
     prompt_template: str | None = None
     """Format string with {prompt}."""
-    max_prompt_length: int | None = None
+    max_prompt_length: int | None = ranged(None, ">= 0", "0 = keep all")
     """Drop longer prompts (tokens), 0 = keep all."""
     heldout_path: str | None = None
     """Separate evaluation file, empty = hash split of `path`."""
@@ -81,7 +83,7 @@ class FileTaskConfig:
 class MathFileTaskConfig(FileTaskConfig):
     """Knobs of `rlvr.tasks.files.MathFileTask` (null = the class's own default)."""
 
-    math_timeout_s: float | None = None
+    math_timeout_s: float | None = ranged(None, "> 0", "seconds")
     """Time limit of one equivalence check."""
     solution_key: str | None = None
     """Field holding a worked solution (for SFT), empty = none."""
@@ -96,11 +98,11 @@ class CodeFileTaskConfig(FileTaskConfig):
 
     all_or_nothing: bool | None = None
     """Reward 1 only if every test passes (otherwise the fraction passed)."""
-    sandbox_workers: int | None = None
+    sandbox_workers: int | None = ranged(None, ">= 1")
     """Programs run at once."""
-    wall_s: float | None = None
+    wall_s: float | None = ranged(None, "> 0", "seconds")
     """Wall-clock limit per program."""
-    memory_mb: int | None = None
+    memory_mb: int | None = ranged(None, ">= 16", "MiB")
     """Address-space limit per program."""
     isolation: str | None = None
     """Sandbox isolation: auto | bwrap | unshare | none."""
@@ -110,19 +112,19 @@ class CodeFileTaskConfig(FileTaskConfig):
 class AgentTaskConfig:
     """Knobs every agent task has (`rlvr.agents.task.AgentTask`; null = the class's own default)."""
 
-    max_turns: int | None = None
+    max_turns: int | None = ranged(None, ">= 1")
     """Most actions per episode (the single-turn ablation `tools: false` forces 1)."""
-    max_total_tokens: int | None = None
+    max_total_tokens: int | None = ranged(None, ">= 1")
     """Longest kept sequence, prompt + actions + observations; an observation that would overflow
     is not appended (finish `token_budget`)."""
-    tool_timeout_s: float | None = None
+    tool_timeout_s: float | None = ranged(None, "> 0", "seconds")
     """Wall-clock limit of one tool call; past it the call is an error observation (`agent/tool_timeouts`)."""
     tools: bool | None = None
     """False: no tool, the model must answer in its first action (the ablation)."""
     train_drifted: bool | None = None
     """Train on trajectories whose kept ids differ from a re-render of the conversation (`agent/drifted`);
     default False: they stay out of the loss."""
-    demo_tool_rate: float | None = None
+    demo_tool_rate: float | None = ranged(None, "[0, 1]")
     """Share of scripted demonstrations (the SFT warm start) that use the tool; the others answer at once."""
 
 

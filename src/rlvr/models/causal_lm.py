@@ -116,11 +116,15 @@ def load_causal_lm(path: str | None, *, seed: int, dtype: str = "float32", **siz
         model = tiny_llama(len(tokenizer), seed=seed, **size)
         # Initialised in float32 and cast, so a bf16 tiny model is the fp32 one rounded.
         return (model if weights == torch.float32 else model.to(weights)), tokenizer
+    from safetensors import SafetensorError
+
     directory = resolve_model_path(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=weights)
         tokenizer = AutoTokenizer.from_pretrained(directory)
-    except (OSError, ValueError, KeyError, TypeError) as err:  # json.JSONDecodeError is a ValueError
+    # json.JSONDecodeError is a ValueError; a truncated weights file a SafetensorError; weights of another
+    # shape than config.json says (a smaller vocab_size) a RuntimeError "size mismatch"
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError, RuntimeError) as err:
         reason = (str(err).strip().splitlines() or [""])[0][:200]
         raise ConfigError(f"model.path: '{path}' is not a loadable Hugging Face causal LM "
                           f"({type(err).__name__}: {reason}); check its config.json and tokenizer files") from None

@@ -406,13 +406,20 @@ def load_diffusion_lm(path: str | None, *, seed: int, hidden_size: int = 128, nu
             num_heads=num_heads, intermediate_size=intermediate_size, max_seq_len=max_seq_len,
             shift_logits=shift_logits)
         return tiny_diffusion_lm(config, seed=seed), tokenizer
+    from safetensors import SafetensorError
     from transformers import AutoTokenizer
 
+    from rlvr.errors import ConfigError
     from rlvr.models.causal_lm import resolve_model_path
 
-    path = resolve_model_path(path)  # `rlvr:NAME` = a checkpoint shipped in the package
-    model = load_diffusion_model(path)
-    tokenizer = _quiet_auto_tokenizer(AutoTokenizer, path)
+    shown, path = path, resolve_model_path(path)  # `rlvr:NAME` = a checkpoint shipped in the package
+    try:
+        model = load_diffusion_model(path)
+        tokenizer = _quiet_auto_tokenizer(AutoTokenizer, path)
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as err:  # a causal checkpoint: ValueError
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(f"model.path: '{shown}' is not a loadable masked-diffusion LM ({type(err).__name__}: "
+                          f"{reason}); for a causal checkpoint set model.kind=causal") from None
     tokenizer.padding_side = "left"
     if tokenizer.mask_token_id is None or tokenizer.mask_token_id != model.mask_token_id:
         tokenizer.add_special_tokens({"mask_token": tokenizer.convert_ids_to_tokens(model.mask_token_id)})

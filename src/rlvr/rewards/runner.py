@@ -165,6 +165,7 @@ class RewardRunner:
             raise ConfigError(f"reward.timeout_s: must be a number >= 0 (0 = no limit), got {timeout_s!r}")
         self.fn = fn
         self.timeout_s = float(timeout_s)
+        self._warned_unscorable = False
         self._worker: _Worker | None = None
         self.name = name or getattr(fn, "__name__", "reward")
         self.form = reward_form(fn) if batched is None else ("batched" if batched else "sample")
@@ -313,10 +314,14 @@ class RewardRunner:
             rewards.append(math.nan if reward is None else float(reward))
             errors.append(error)
         n_err = sum(e is not None for e in errors)
+        where = _where(self.fn)
+        named = self.name if where in (self.name, "") else f"{self.name} ({where})"
+        if raw and unscorable == len(raw) and not self._warned_unscorable:
+            self._warned_unscorable = True  # once: a step of nothing scorable can be legitimate, a run of them not
+            print(f"warning: reward {named} returned None (not scorable) for all {len(raw)} samples of a step: "
+                  f"they do not train; return a number where the completion can be scored", file=sys.stderr)
         if raw and n_err == len(raw):
             first = next(e for e in errors if e)
-            where = _where(self.fn)
-            named = self.name if where in (self.name, "") else f"{self.name} ({where})"
             raise RewardError(f"reward {named} failed on all {len(raw)} samples of this step; first error: {first}; "
                               f"fix the function so it returns a finite number (None = unscorable)")
         metrics = {f"{self.name}/errors": float(n_err), f"{self.name}/unscorable": float(unscorable)}

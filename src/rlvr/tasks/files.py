@@ -159,6 +159,13 @@ class FileTask:
             raise ConfigError(f"{where}: field {key!r} must be {wanted}, got {type(value).__name__}")
         return value
 
+    def _prompt(self, row: dict, where: str) -> str:
+        """The row's prompt text; an empty one is refused (it would train on the template alone)."""
+        text = self._field(row, self.prompt_key, where, (str,), f"task.{self.name}.prompt_key")
+        if not text.strip():
+            raise ConfigError(f"{where}: field {self.prompt_key!r} is empty; give every row a prompt or drop the row")
+        return text
+
     def _row_to_example(self, row: dict, where: str) -> Example:  # overridden
         raise NotImplementedError
 
@@ -238,7 +245,7 @@ class MathFileTask(FileTask):
         super().__init__(path=path, **kwargs)
 
     def _row_to_example(self, row: dict, where: str) -> Example:
-        text = self._field(row, self.prompt_key, where, (str,), f"task.{self.name}.prompt_key")
+        text = self._prompt(row, where)
         answer = self._field(row, self.answer_key, where, (str, int, float), f"task.{self.name}.answer_key")
         if not str(answer).strip():
             raise ConfigError(f"{where}: field {self.answer_key!r} is empty")
@@ -280,7 +287,7 @@ class CodeFileTask(FileTask):
         self._cache: dict[str, Any] = {}
 
     def _row_to_example(self, row: dict, where: str) -> Example:
-        text = self._field(row, self.prompt_key, where, (str,), f"task.{self.name}.prompt_key")
+        text = self._prompt(row, where)
         tests = self._field(row, self.tests_key, where, (list, str), f"task.{self.name}.tests_key")
         if isinstance(tests, str):  # a JSON-encoded list (common in Parquet exports)
             try:

@@ -52,16 +52,19 @@ class Run:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """JSON lines, skipping a torn last line (a run killed mid-write)."""
+    """JSON lines, skipping a torn last line (a run killed mid-write, or one being written); a
+    corrupt line before it is an error naming it (skipped, its step would vanish from every table)."""
     if not path.exists():
         return []
     records = []
-    for line in path.read_text().splitlines():
+    lines = path.read_text(errors="replace").splitlines()
+    for number, line in enumerate(lines, 1):
         if line.strip():
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
-                continue
+                if any(rest.strip() for rest in lines[number:]):
+                    raise ConfigError(f"'{path}' line {number} is not valid JSON; repair or remove that line") from None
     return records
 
 

@@ -25,7 +25,8 @@ Design. Every program runs in its own process tree:
    size-capped ``/tmp``; the program's files read-only at ``/task``; a fresh size-capped tmpfs as
    its working directory ``/work``; ``--die-with-parent`` so killing our ``bwrap`` tears the pid
    namespace down; a seccomp filter (``seccomp``) against namespace, mount, tracing, BPF,
-   io_uring, keyring and module syscalls. Without bwrap, as root: ``unshare`` of net/pid/ipc/uts
+   io_uring, keyring and module syscalls, with an allow-list of socket families (``AF_UNIX``;
+   ``AF_INET``/``AF_INET6`` only with ``Limits.inet``). Without bwrap, as root: ``unshare`` of net/pid/ipc/uts
    with a shell as pid 1 (the program must not be pid 1: pid 1 ignores SIGXCPU). Neither: rlimits
    only. Anything short of the full stack prints one loud warning per process, never a silent
    downgrade.
@@ -272,7 +273,8 @@ class Sandbox:
             if self.isolation == "bwrap":
                 status_r, status_w = os.pipe()
                 block_r, block_w = os.pipe()
-                seccomp_r = seccomp.seccomp_fd(self.seccomp) if self.seccomp is not None else None
+                program = seccomp.bpf_program(limits.inet)[0] if self.seccomp is not None else None
+                seccomp_r = seccomp.seccomp_fd(program) if program is not None else None
             cmd, cwd, env = self._command(uid, host_dir, argv, limits, status_w, block_r, seccomp_r)
             fds = (status_w, block_r, seccomp_r, block_w)  # execute owns (and closes) them from here
             status_w = block_r = seccomp_r = block_w = None

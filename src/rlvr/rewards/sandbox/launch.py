@@ -32,7 +32,7 @@ import time
 
 from rlvr.rewards.sandbox.results import Limits
 
-__all__ = ["ENV", "gate", "bwrap_prefix", "admit", "setpriv_prefix", "shquote", "execute", "Ended"]
+__all__ = ["ENV", "SETUP_S", "gate", "bwrap_prefix", "admit", "setpriv_prefix", "shquote", "execute", "Ended"]
 
 # RLIMIT_NPROC is -p in dash and busybox, -u in bash (whose -p is the read-only pipe size).
 _LIMITS = ('ulimit -t "$1" && ulimit -S -t "$2" && ulimit -v "$3" && ulimit -f "$4" && ulimit -n "$5" && ulimit -c 0 '
@@ -51,6 +51,10 @@ def gate(limits: Limits, wait: bool = True) -> list[str]:
             str(limits.nproc)]  # -v in KiB, -f in 512-byte blocks
 
 
+SETUP_S = 10.0
+"""How long the sandbox may take to start a program (cgroup, uid drop, bwrap's mounts) before the
+run is a SANDBOX_ERROR; the wall clock of ``Limits.wall_s`` starts only when the program does."""
+
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
        "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
 
@@ -58,6 +62,8 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHOND
 def bwrap_prefix(python: str, task_dir: str, limits: Limits, status_fd: int, block_fd: int,
                  seccomp_fd: int | None) -> list[str]:
     """New user (nested ones disabled), pid, net, ipc, uts, cgroup and mount namespaces; a
+    read-only ``/proc`` (the sample cannot lower the ``oom_score_adj`` it was admitted with: that
+    write has no floor without CAP_SYS_RESOURCE, which root in a container often lacks) and a
     read-only ``/dev`` with a sized ``/dev/shm``; the seccomp filter when there is one. The
     sandbox's pid 1 waits on ``block_fd`` (after the mounts, before it starts the program)."""
     args = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
@@ -72,8 +78,9 @@ def bwrap_prefix(python: str, task_dir: str, limits: Limits, status_fd: int, blo
     if not prefix.startswith("/usr"):
         args += ["--ro-bind", prefix, prefix]
     disk = str(limits.disk_mb << 20)
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.shm_mb << 20), "--tmpfs", "/dev/shm",
-             "--remount-ro", "/dev", "--size", disk, "--tmpfs", "/tmp", "--size", disk, "--tmpfs", "/work",
+    args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--size", str(limits.shm_mb << 20),
+             "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--size", disk, "--tmpfs", "/tmp", "--size", disk,
+             "--tmpfs", "/work",
              "--ro-bind", task_dir, "/task", "--chdir", "/work", "--json-status-fd", str(status_fd),
              "--block-fd", str(block_fd), "--clearenv", "--cap-drop", "ALL"]
     if seccomp_fd is not None:
@@ -147,7 +154,12 @@ def execute(cmd, cwd, env, stdin: bytes | None, status_r, status_w, extra_fds, l
     stdin after ``on_start`` returns. An exception in ``on_start`` kills the tree (before the
     block is released) and propagates. ``around_spawn`` (a context manager factory) is entered
     around the fork, by the thread that forks. ``on_stop`` (no arguments) is called when the run
-    ends, before the tree is killed and waited for: the sandbox kills the sample's cgroup there."""
+    ends, before the tree is killed and waited for: the sandbox kills the sample's cgroup there.
+
+    The wall clock (and ``Ended.elapsed``) starts when the program is let go, after ``on_start``:
+    the sandbox's own start-up (a cgroup move, bwrap's namespaces) is not charged to it, so a
+    verdict near the limit does not flip with the host's load. Before that, ``SETUP_S`` bounds
+    the start-up; a sandbox that never lets the program go is reported as not started."""
     start = time.monotonic()
     pass_fds = tuple(fd for fd in (status_w, *extra_fds) if fd is not None)
     try:
@@ -158,7 +170,7 @@ def execute(cmd, cwd, env, stdin: bytes | None, status_r, status_w, extra_fds, l
     finally:
         for fd in pass_fds:
             os.close(fd)
-    deadline = start + limits.wall_s
+    deadline = start + limits.wall_s + SETUP_S  # until the program starts; then its own wall clock
     out_fd, err_fd, in_fd = proc.stdout.fileno(), proc.stderr.fileno(), proc.stdin.fileno()
     bufs = {out_fd: bytearray(), err_fd: bytearray()}
     status = bytearray()
@@ -171,10 +183,11 @@ def execute(cmd, cwd, env, stdin: bytes | None, status_r, status_w, extra_fds, l
     admitted = False
 
     def admit(pid: int) -> None:
-        nonlocal admitted, block_w
-        admitted = True
+        nonlocal admitted, block_w, start, deadline
         if on_start is not None:
             on_start(pid)
+        admitted, start = True, time.monotonic()  # the program starts now: its clock, not the sandbox's
+        deadline = start + limits.wall_s
         if block_w is not None:
             os.write(block_w, b"x")
             os.close(block_w)
@@ -189,7 +202,7 @@ def execute(cmd, cwd, env, stdin: bytes | None, status_r, status_w, extra_fds, l
         while len(sel.get_map()) > (admitted and in_fd in sel.get_map()):
             now = time.monotonic()
             if now >= deadline:
-                timed_out = True
+                timed_out = admitted  # never started in time: the sandbox's failure, not a TIMEOUT
                 break
             if exited_at is None and proc.poll() is not None:
                 exited_at = now

@@ -40,6 +40,7 @@ class Limits:
     nproc: int = 32  # RLIMIT_NPROC for the slot's uid (effective only when not root), and cgroup pids.max
     cpus: float = 1.0  # cgroup cpu.max: CPUs' worth of time the sample may use, however many processes it runs
     output_bytes: int = 1 << 20  # stdout and stderr caps, each; more = OUTPUT_LIMIT
+    inet: bool = False  # AF_INET/AF_INET6 sockets (bwrap's seccomp filter; the sample's own netns: loopback only)
 
 
 @dataclass

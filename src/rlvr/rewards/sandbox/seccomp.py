@@ -8,6 +8,15 @@ reaches kernel subsystems a grader never needs. ``clone3`` gets ``ENOSYS`` becau
 in a struct a filter cannot read; glibc then falls back to ``clone``, whose flags it can.
 Syscalls of a foreign architecture (the i386 or x32 entry points on x86_64) are killed, which is
 libseccomp's default for an architecture not in the filter.
+
+Sockets: an allow-list of address families. ``socket`` and ``socketpair`` get ``EAFNOSUPPORT``
+for every family but ``AF_UNIX`` (pipes of ``multiprocessing``, ``asyncio``'s self-pipe), and
+``AF_INET``/``AF_INET6`` only in the program built with ``inet`` (a sample's own network
+namespace: loopback only). The network namespace does not cover every family (``AF_VSOCK``
+shares the machine's port space), hence a list of what is open, not of what is closed. The
+family is compared on its low 32 bits, as the kernel reads it (an ``int``): high bits set in the
+register do not slip a family past the filter. Families at or above the kernel's ``AF_MAX`` are
+refused by the kernel itself.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ import errno
 import os
 import threading
 
-__all__ = ["DENIED", "CLONE_NAMESPACE_FLAGS", "bpf_program", "seccomp_fd"]
+__all__ = ["DENIED", "CLONE_NAMESPACE_FLAGS", "SOCKET_FAMILIES", "INET_FAMILIES", "bpf_program", "seccomp_fd"]
 
 DENIED = (
     # namespaces, mounts, root changes
@@ -39,14 +48,18 @@ CLONE_NAMESPACE_FLAGS = {"CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x0200000
                          "CLONE_NEWNET": 0x40000000, "CLONE_NEWTIME": 0x00000080}
 """``clone`` flags that make a namespace: a ``clone`` with any of them set is denied."""
 
-_DENIED_SOCKET_FAMILIES = {"AF_NETLINK": 16, "AF_PACKET": 17}  # kernel configuration and raw frames
+SOCKET_FAMILIES = {"AF_UNIX": 1}
+"""Address families every sample may open."""
+INET_FAMILIES = {"AF_INET": 2, "AF_INET6": 10}
+"""Families opened only where the limits say ``inet``."""
+_FAMILY_SPAN = 64  # above the kernel's AF_MAX (46 in 6.x); the kernel refuses higher ones itself
 
 _lock = threading.Lock()
-_program: bytes | None = None
+_programs: dict[bool, bytes] = {}
 _error: str | None = None
 
 
-def _build() -> bytes:
+def _build(inet: bool) -> bytes:
     import pyseccomp as seccomp  # lazily: needs libseccomp.so at import
 
     f = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
@@ -59,24 +72,29 @@ def _build() -> bytes:
     for flag in CLONE_NAMESPACE_FLAGS.values():  # the rules OR together: any one flag denies
         f.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     f.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
-    for family in _DENIED_SOCKET_FAMILIES.values():
-        f.add_rule(deny, "socket", seccomp.Arg(0, seccomp.EQ, family))
+    allowed = set(SOCKET_FAMILIES.values()) | (set(INET_FAMILIES.values()) if inet else set())
+    refuse = seccomp.ERRNO(errno.EAFNOSUPPORT)
+    for family in range(_FAMILY_SPAN):
+        if family not in allowed:
+            for call in ("socket", "socketpair"):
+                f.add_rule(refuse, call, seccomp.Arg(0, seccomp.MASKED_EQ, 0xFFFFFFFF, family))
     with os.fdopen(os.memfd_create("rlvr-seccomp"), "w+b") as out:
         f.export_bpf(out)
         out.seek(0)
         return out.read()
 
 
-def bpf_program() -> tuple[bytes | None, str | None]:
-    """(the filter as BPF bytes, None) or (None, why it cannot be built here); built once."""
-    global _program, _error
+def bpf_program(inet: bool = False) -> tuple[bytes | None, str | None]:
+    """(the filter as BPF bytes, None) or (None, why it cannot be built here); built once for
+    each ``inet`` (whether AF_INET and AF_INET6 sockets are allowed)."""
+    global _error
     with _lock:
-        if _program is None and _error is None:
+        if inet not in _programs and _error is None:
             try:
-                _program = _build()
+                _programs[inet] = _build(inet)
             except (ImportError, OSError, RuntimeError, ValueError, AttributeError) as err:
                 _error = f"{type(err).__name__}: {err}"
-        return _program, _error
+        return _programs.get(inet), _error
 
 
 def seccomp_fd(program: bytes) -> int:
