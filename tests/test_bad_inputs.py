@@ -152,7 +152,7 @@ RECIPES = {  # name: (recipe text or None for a directory, extra argv, field)
     "duplicate_key": ("seed: 1\nseed: 2\n", [], "key 'seed' given twice (line 2)"),
     "duplicate_key_in_a_section": ("algo:\n  kl_coef: 0.1\n  kl_coef: 0.2\n", [], "key 'kl_coef' given twice"),
     "not_utf8": (b"seed: 1  # \xff\xfe\n", [], "is not UTF-8 text"),
-    "range_in_a_recipe": ("algo:\n  gamma: 1.5\n", [], "algo.gamma: must be in [0, 1]"),
+    "range_in_a_recipe": ("algo:\n  advantage: gae\n  gamma: 1.5\n", [], "algo.gamma: must be in [0, 1]"),
     "list_of_the_wrong_type": ("model:\n  lora:\n    target_modules: [1, 2]\n", [],
                                "model.lora.target_modules[0]: expected str, got 1"),
 }

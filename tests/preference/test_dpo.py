@@ -100,7 +100,8 @@ def test_rlvr_dpo_on_a_diffusion_model_is_vrpo_with_shared_masks(tmp_path):
 
     from rlvr.cli import main
 
-    args = ["dpo", *TINY, "model.kind=diffusion", "model.path=", "rollout.max_new_tokens=16",
+    tiny = [a for a in TINY if not a.startswith(("preference.steps=", "preference.eval_every="))]
+    args = ["dpo", *tiny, "model.kind=diffusion", "model.path=", "rollout.max_new_tokens=16",
             "rollout.diffusion_steps=4", "rollout.block_length=8", "estimator.name=elbo_mc", "estimator.n=2",
             "preference.steps=2", "preference.eval_every=0", f"trainer.out_dir={tmp_path}"]
     assert main(args) == 0

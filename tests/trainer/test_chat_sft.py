@@ -82,7 +82,8 @@ def test_rlvr_sft_on_chat_rows(tmp_path, capsys):
     tokenizer.save_pretrained(base)
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps({"messages": CHAT[1:3 + 2 * (i % 2)]}) + "\n" for i in range(6)))
-    args = ["sft", f"model.path={base}", f"sft.data={data}", "sft.steps=3", "sft.batch_size=2", "trainer.threads=1"]
+    common = [f"sft.data={data}", "sft.steps=3", "sft.batch_size=2", "trainer.threads=1"]
+    args = ["sft", f"model.path={base}", *common]
     assert main([*args, "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "config.json").is_file() and "sft step 3/3" in capsys.readouterr().out
 
@@ -94,5 +95,5 @@ def test_rlvr_sft_on_chat_rows(tmp_path, capsys):
                seed=0).save_pretrained(plain)
     char_tokenizer().save_pretrained(plain)
     data.write_text(json.dumps({"messages": CHAT}) + "\n")
-    assert main([*args, f"model.path={plain}", "--out", str(tmp_path / "out3")]) == 2
+    assert main(["sft", f"model.path={plain}", *common, "--out", str(tmp_path / "out3")]) == 2
     assert "sft.data: the model's tokenizer has no chat template" in capsys.readouterr().err

@@ -62,7 +62,8 @@ def test_ray_exact_staleness_equals_the_local_backend(ray_local, tmp_path, capsy
     """`trainer.staleness=exact` at η=2: the same versions, so the same samples and the same run, on Ray
     as in a thread here; the floats agree to rounding (the worker's sampler splits its rows over other
     threads than the local rollout side, which shares the process's two cores with the learner)."""
-    args = [*TINY, _plus_reward(tmp_path), "trainer.max_staleness=2", "trainer.staleness=exact"]
+    args = [*TINY, _plus_reward(tmp_path), "trainer.steps=4", "trainer.eval_every=2", "trainer.save_every=0",
+            "trainer.max_staleness=2", "trainer.staleness=exact"]
     local_run = _cli_run(tmp_path, capsys, "local", *args)
     ray_run = _cli_run(tmp_path, capsys, "ray", *args, "trainer.backend=ray")
     assert (local_run / "samples.jsonl").read_text() == (ray_run / "samples.jsonl").read_text()
