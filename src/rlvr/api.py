@@ -135,11 +135,11 @@ class Trainer:
     def _reward_arguments(self, reward_funcs, reward_weights) -> tuple[list[Callable], list[float]]:
         """The reward functions and weights: the arguments, else the config's `reward.fn`."""
         from rlvr.rewards.forms import TASK_VERIFIER
-        from rlvr.rewards.runner import load_reward_fn, load_reward_spec, reward_form
+        from rlvr.rewards.runner import load_reward_fn, load_reward_spec, reward_form, spec_entries
 
         if reward_funcs is None:
-            names_task = any((part.partition("*")[2] if "*" in part else part).strip() == "task"
-                             for part in self.config.reward.fn.split(","))
+            names_task = self.config.reward.fn and any(target == "task" for _, target in
+                                                       spec_entries(self.config.reward.fn))
             if names_task and self.rows is None:  # the builder weighs the task's verifier in (it builds the task)
                 return [], []
             if self.config.reward.fn:

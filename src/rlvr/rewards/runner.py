@@ -119,6 +119,17 @@ def load_reward_spec(spec: str, *, base_dir: str | Path | None = None,
     (``TASK_VERIFIER``, bound by ``rlvr.rewards.forms.with_task``), so ``"0.1*my.py:shaping, task"``
     adds a shaping term to it and ``"task, 0.5*RM_DIR"`` weighs a learned reward against it."""
     out = []
+    for value, target in spec_entries(spec):
+        fn = TASK_VERIFIER if target == "task" else load_reward_fn(target, base_dir=base_dir,
+                                                                     model_options=model_options)
+        reward_form(fn, f"reward.fn={spec!r}")
+        out.append((fn, value))
+    return out
+
+
+def spec_entries(spec: str) -> list[tuple[float, str]]:
+    """The ``reward.fn`` form's (weight, target) pairs, nothing loaded (one-line errors for bad entries)."""
+    out = []
     for item in (part.strip() for part in spec.split(",")):
         if not item:
             raise ConfigError(f"reward.fn={spec!r}: empty entry; separate functions by single commas")
@@ -130,12 +141,9 @@ def load_reward_spec(spec: str, *, base_dir: str | Path | None = None,
         except ValueError:
             raise ConfigError(f"reward.fn={spec!r}: weight {weight.strip()!r} of {target.strip()!r} is not a number; "
                               f"write WEIGHT*FILE.py:NAME, e.g. 0.2*my_rewards.py:short") from None
-        target = target.strip()
-        fn = TASK_VERIFIER if target == "task" else load_reward_fn(target, base_dir=base_dir,
-                                                                     model_options=model_options)
-        reward_form(fn, f"reward.fn={spec!r}")
-        out.append((fn, value))
+        out.append((value, target.strip()))
     return out
+
 
 @dataclass
 class RewardBatch:
