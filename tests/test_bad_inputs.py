@@ -124,7 +124,7 @@ RANGES = [
     "task.name=math_file task.math_file.path={FIXTURE} task.math_file.math_timeout_s=-1",
     "task.name=agent_calculator task.agent_calculator.tool_timeout_s=-1",
     "task.name=agent_calculator task.agent_calculator.max_total_tokens=0",
-    "algo.advantage=passk algo.pass_k=99", "estimator.t_max=0.5 estimator.t_min=0.9",
+    "algo.advantage=passk algo.pass_k=99", "model.kind=diffusion estimator.name=coupled estimator.t_max=0.5 estimator.t_min=0.9",
     "model.kind=diffusion rollout.block_length=5",
     "model.kind=diffusion rollout.block_length=4 rollout.diffusion_steps=6",
     "model.path= model.num_heads=3", "seed=1 seed=2", "algo.kl_coef=0.1 algo.kl_coef=0.2",

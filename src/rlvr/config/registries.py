@@ -271,7 +271,9 @@ def _check_read(config: Config, section: str, used: list[Entry]) -> None:
     read = {key for _, fn, reg in used for key in hyperparameters(fn, reg)}
     values = getattr(config, section)
     defaults = {f.name: f.default for f in dataclasses.fields(values)}
-    for key, readers in _readers(section).items():
+    # in the schema's field order: which unread field is named first must not vary with the hash seed
+    order = {f.name: i for i, f in enumerate(dataclasses.fields(values))}
+    for key, readers in sorted(_readers(section).items(), key=lambda kv: order.get(kv[0], len(order))):
         value = getattr(values, key, None)
         if key in read or value is None or defaults.get(key) is not None or f"{section}.{key}" in FILLED_ANYWAY:
             continue
