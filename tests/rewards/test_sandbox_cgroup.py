@@ -12,6 +12,7 @@ import pytest
 
 from rlvr.rewards import sandbox as sbx
 from rlvr.rewards.sandbox import Limits, Sandbox, Verdict, cgroup
+from rlvr.rewards.sandbox.results import classify
 
 
 def _fake_v2(tmp_path, monkeypatch, own="/", controllers="cpu memory pids"):
@@ -34,10 +35,25 @@ def test_v2_moves_this_process_into_a_leaf_then_delegates(tmp_path, monkeypatch)
                                                                                      "50000 100000"]
     group.join(4242)
     assert (d / "cgroup.procs").read_text() == "4242" and group.procs == [str(d / "cgroup.procs")]
-    assert group.events() == {"oom_kill": 0, "pids_max": 0}
+    assert group.events() == {"oom_kill": 0, "memory_max": 0, "pids_max": 0}
     (d / "memory.events").write_text("low 0\nhigh 0\nmax 9\noom 2\noom_kill 2\n")
     (d / "memory.peak").write_text("123456\n")
-    assert group.events()["oom_kill"] == 2 and group.peak_bytes() == 123456
+    assert group.events() == {"oom_kill": 2, "memory_max": 9, "pids_max": 0} and group.peak_bytes() == 123456
+
+
+@pytest.mark.parametrize(("events", "verdict", "detail"), [
+    ({}, Verdict.TIMEOUT, "wall clock"),
+    ({"oom_kill": 0, "memory_max": 0, "pids_max": 0}, Verdict.TIMEOUT, "wall clock"),
+    # held at its limit, the kernel reclaiming and no process killed, until the clock ran out
+    ({"oom_kill": 0, "memory_max": 3, "pids_max": 0}, Verdict.MEMORY_LIMIT,
+     "cgroup memory limit reached, then the wall clock"),
+    ({"oom_kill": 0, "memory_max": 0, "pids_max": 5}, Verdict.RESOURCE_LIMIT,
+     "cgroup process limit, then the wall clock"),
+    ({"oom_kill": 1, "memory_max": 3, "pids_max": 0}, Verdict.MEMORY_LIMIT,
+     "cgroup memory limit (1 processes killed)"),
+])
+def test_a_timed_out_run_names_the_limit_its_cgroup_reached(events, verdict, detail):
+    assert classify(-9, "", True, False, True, "bwrap", events) == (verdict, detail)
 
 
 def test_v2_a_child_of_a_trainer_uses_the_delegated_parent(tmp_path, monkeypatch):

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlvr.config.ranges import choice, ranged
+
 
 @dataclass(frozen=True)
 class SFTConfig:
-    steps: int = 80
+    steps: int = ranged(80, ">= 1")
     """Optimizer steps of supervised warm start."""
     batch_size: int = 64
     """Examples per step."""
-    lr: float = 1e-3
+    lr: float = ranged(1e-3, "> 0", "e.g. 1e-3")
     """AdamW learning rate."""
     warmup_steps: int = 20
     """Linear LR warmup."""
-    schedule: str = "constant"
+    schedule: str = choice("constant", ("constant", "cosine"))
     """LR after warmup: `constant` or `cosine` (decays to 0 at the last step)."""
     data: str = ""
     """Chat SFT: a data file of rows with `messages` (TRL's conversational format), rendered with the tokenizer's
@@ -32,11 +34,11 @@ class PreferenceConfig:
     """Pairs made from the verifier for training (when `data` is empty)."""
     heldout_pairs: int = 64
     """Pairs held out for pairwise accuracy (made from the task's held-out problems, or the last rows of `data`)."""
-    steps: int = 100
+    steps: int = ranged(100, ">= 1")
     """Optimizer steps."""
     batch_size: int = 16
     """Pairs per step."""
-    lr: float = 1e-4
+    lr: float = ranged(1e-4, "> 0")
     """AdamW learning rate."""
     beta: float = 0.1
     """`rlvr dpo`: the temperature β on the log-ratio margin (IPO: its regulariser τ)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from rlvr.config.ranges import in_range, range_of
+from rlvr.config.ranges import allowed, range_of
 from rlvr.config.recipes import packaged_recipe
 from rlvr.config.registries import _get, engine_kind, resolve
 from rlvr.config.schema import Config, section_type
@@ -249,11 +249,6 @@ def load_with_sources(recipe: str | Path | dict | None = None,
     return config, sources
 
 
-def _unset_or(value: Any, ok) -> bool:
-    """A sampler option: null (another sampler's, or the chosen one's default) or `ok(value)`."""
-    return value is None or ok(value)
-
-
 def _range_errors(node: Any, prefix: str = "") -> list[str]:
     """Every field given a range in the schema (``ranged``) whose value, when not null, is outside it."""
     errors = []
@@ -261,9 +256,9 @@ def _range_errors(node: Any, prefix: str = "") -> list[str]:
         value = getattr(node, f.name)
         if dataclasses.is_dataclass(value):
             errors += _range_errors(value, f"{prefix}{f.name}.")
-        elif (rule := range_of(f)) is not None and value is not None and not in_range(value, f.metadata["range"]):
+        elif (rule := range_of(f)) is not None and value is not None and not allowed(f, value):
             inside = "in " if rule[0] in "[(" else ""
-            errors.append(f"{prefix}{f.name}: must be {inside}{rule}, got {value}; "
+            errors.append(f"{prefix}{f.name}: must be {inside}{rule}, got {value!r}; "
                           "fix the value in the recipe or override")
     return errors
 
@@ -308,92 +303,41 @@ def _cross_checks(config: Config) -> list[tuple[bool, str, str]]:
 
 
 def validate(config: Config) -> None:
-    """Range checks that types alone cannot express."""
+    """The schema's declared ranges and choices (``ranged``, ``choice``), then the checks that
+    span fields or read more than a value's range."""
     errors = _range_errors(config)
     if errors:
         raise ConfigError(errors[0])
-    sm = config.sampler
     checks = [
-        (config.optim.lr > 0, "optim.lr", "must be > 0, e.g. 5e-5"),
-        (config.sft.lr > 0, "sft.lr", "must be > 0, e.g. 1e-3"),
-        (config.rollout.group_size >= 2, "rollout.group_size", "must be >= 2 (group baselines need siblings)"),
-        (config.rollout.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1"),
-        (config.rollout.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1"),
-        (config.rollout.temperature >= 0, "rollout.temperature", "must be >= 0 (0 = greedy)"),
-        (0 < config.rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]"),
-        (config.rollout.top_k >= 0, "rollout.top_k", "must be >= 0 (0 = off)"),
-        (0 <= config.rollout.min_p < 1, "rollout.min_p", "must be in [0, 1) (0 = off)"),
         (config.model.kind == "causal" or not (config.rollout.top_k or config.rollout.min_p), "rollout.top_k",
          "top_k and min_p truncate the causal samplers only (the diffusion sampler unmasks by confidence); set 0"),
-        (config.trainer.steps >= 1, "trainer.steps", "must be >= 1"),
         (math.isfinite(config.reward.timeout_s) and config.reward.timeout_s >= 0, "reward.timeout_s",
          "must be a number of seconds >= 0, e.g. 10 (0 = no limit)"),
-        (config.trainer.minibatches >= 1, "trainer.minibatches", "must be >= 1"),
-        (config.trainer.ppo_epochs >= 1, "trainer.ppo_epochs", "must be >= 1"),
-        (config.trainer.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1"),
-        # max(.., 1): minibatches=0 is refused by the check above, not a ZeroDivisionError here
-        (config.rollout.prompts_per_step % max(config.trainer.minibatches, 1) == 0, "trainer.minibatches",
+        (config.rollout.prompts_per_step % config.trainer.minibatches == 0, "trainer.minibatches",
          f"must divide rollout.prompts_per_step ({config.rollout.prompts_per_step}) so groups stay whole"),
-        (config.algo.kl_coef >= 0, "algo.kl_coef", "must be >= 0"),
-        (config.algo.kl_placement in ("loss", "reward"), "algo.kl_placement", "must be 'loss' or 'reward'"),
-        (config.algo.dual_clip is None or config.algo.dual_clip > 1, "algo.dual_clip", "must be > 1 or null"),
         (config.model.kind == "causal" or not config.algo.advantage.startswith("optimal_token_baseline"),
          "algo.advantage", "the optimal token baseline reads sum_v pi_v^2 of the logits, which a diffusion "
          "likelihood estimator does not have; use model.kind=causal or another estimator"),
         (config.model.kind == "causal" or config.algo.objective != "shiq", "algo.objective",
          "shiq reads the logits' logsumexp, which a diffusion likelihood estimator does not have; "
          "use model.kind=causal or another objective"),
-        (config.algo.shiq_beta is None or config.algo.shiq_beta > 0, "algo.shiq_beta", "must be > 0, e.g. 0.1"),
-        (config.algo.dro_beta is None or config.algo.dro_beta > 0, "algo.dro_beta", "must be > 0"),
-        (config.trainer.keep_last >= 1, "trainer.keep_last", "must be >= 1"),
         (0 <= config.algo.overlong_buffer <= config.rollout.max_new_tokens, "algo.overlong_buffer",
          "must be between 0 (off) and rollout.max_new_tokens"),
-        (config.algo.max_sampling_rounds >= 1, "algo.max_sampling_rounds", "must be >= 1"),
-        (config.algo.kl_target is None or config.algo.kl_target > 0, "algo.kl_target", "must be > 0 or null"),
-        (config.algo.critic_lr > 0, "algo.critic_lr", "must be > 0"),
-        (config.optim.schedule in ("constant", "cosine"), "optim.schedule", "must be 'constant' or 'cosine'"),
-        (config.sft.schedule in ("constant", "cosine"), "sft.schedule", "must be 'constant' or 'cosine'"),
         (config.model.kind in ("causal", "diffusion"), "model.kind", "must be 'causal' or 'diffusion'"),
-        (config.estimator.n is None or config.estimator.n >= 1, "estimator.n", "must be >= 1"),
-        (_unset_or(sm.candidates, lambda v: v >= 1), "sampler.candidates", "must be >= 1 (1 = no choice)"),
-        (_unset_or(sm.target, lambda v: 0 <= v <= 1), "sampler.target", "must be in [0, 1]"),
-        (_unset_or(sm.decay, lambda v: 0 <= v <= 1), "sampler.decay", "must be in [0, 1] (1 = never forget)"),
-        (_unset_or(sm.time_decay, lambda v: 0 < v <= 1), "sampler.time_decay", "must be in (0, 1] (1 = never forget)"),
-        (_unset_or(sm.temperature, lambda v: v > 0), "sampler.temperature", "must be > 0"),
-        (_unset_or(sm.window, lambda v: v >= 1), "sampler.window", "must be >= 1"),
-        (_unset_or(sm.max_groups, lambda v: v >= 1), "sampler.max_groups", "must be >= 1"),
-        (_unset_or(sm.reference, lambda v: v >= 1), "sampler.reference", "must be >= 1"),
-        (_unset_or(sm.dims, lambda v: v >= 1), "sampler.dims", "must be >= 1"),
-        (_unset_or(sm.ema, lambda v: 0 <= v < 1), "sampler.ema", "must be in [0, 1)"),
-        (0 <= config.rollout.replay_fraction < 1, "rollout.replay_fraction", "must be in [0, 1) (0 = off)"),
-        (config.rollout.replay_capacity >= 1, "rollout.replay_capacity", "must be >= 1"),
         (config.rollout.micro_group_size >= 0 and (config.rollout.micro_group_size == 0
                                                    or config.rollout.group_size % config.rollout.micro_group_size == 0),
          "rollout.micro_group_size", "must be 0 (one pass) or divide rollout.group_size"),
-        (config.rollout.decode_engine in ("eager", "cpp"), "rollout.decode_engine",
-         "must be 'eager' or 'cpp'"),
         (not engine_kind(config).causal_only or config.model.kind == "causal", "rollout.engine",
          f"{config.rollout.engine} samples causal models only (the diffusion sampler is rlvr's own); "
          "use rollout.engine=torch"),
-        (config.rollout.vllm_kv_cache_mb >= 1, "rollout.vllm_kv_cache_mb", "must be >= 1, e.g. 64"),
         (config.rollout.vllm_block_size >= 0 and config.rollout.vllm_block_size % 16 == 0, "rollout.vllm_block_size",
          "must be 0 (vLLM's default) or a multiple of 16 (32 on CPU)"),
-        (config.trainer.eval_samples >= 0, "trainer.eval_samples", "must be >= 0 (0 = greedy evaluation only)"),
-        (config.trainer.threads >= 0, "trainer.threads", "must be >= 0 (0 = torch's default)"),
-        (config.trainer.thread_mode in ("auto", "ops", "rows"), "trainer.thread_mode",
-         "must be 'auto', 'ops' or 'rows'"),
-        (config.trainer.kernels in ("eager", "cpp"), "trainer.kernels", "must be 'eager' or 'cpp'"),
-        (config.model.dtype in ("float32", "bfloat16", "auto"), "model.dtype",
-         "must be 'float32', 'bfloat16' or 'auto'"),
         (re.fullmatch(r"auto|cpu|cuda(:\d+)?", config.trainer.device) is not None, "trainer.device",
          "must be 'auto', 'cpu', 'cuda' or 'cuda:N'"),
         (config.model.dtype == "float32" or config.model.kind == "causal", "model.dtype",
          f"{config.model.dtype} is implemented for model.kind=causal only; use float32"),
         (config.trainer.device in ("auto", "cpu") or config.model.kind == "causal", "trainer.device",
          "diffusion models run on the CPU only; use auto or cpu"),
-        (config.model.lora.r >= 0, "model.lora.r", "must be >= 0 (0 = no adapters)"),
-        (config.model.lora.alpha > 0, "model.lora.alpha", "must be > 0, e.g. 16"),
-        (0 <= config.model.lora.dropout < 1, "model.lora.dropout", "must be in [0, 1)"),
         (bool(config.model.lora.target_modules), "model.lora.target_modules",
          "must name modules, e.g. [q_proj, v_proj] or all-linear"),
         (not config.model.lora.r or config.model.kind == "causal", "model.lora.r",
@@ -405,12 +349,6 @@ def validate(config: Config) -> None:
         (config.trainer.thread_mode != "rows" or config.model.kind == "causal", "trainer.thread_mode",
          "'rows' splits causal-model batches only; use 'ops' with model.kind=diffusion"),
         *_expert_checks(config),
-        (config.trainer.max_staleness is None or config.trainer.max_staleness >= 0, "trainer.max_staleness",
-         "must be >= 0 (0 = none ahead) or null (the synchronous loop)"),
-        (config.trainer.backend in ("local", "ray"), "trainer.backend", "must be 'local' or 'ray'"),
-        (config.trainer.staleness in ("bounded", "exact"), "trainer.staleness", "must be 'bounded' or 'exact'"),
-        (config.trainer.rollout_workers >= 1, "trainer.rollout_workers", "must be >= 1"),
-        (config.trainer.reward_workers >= 1, "trainer.reward_workers", "must be >= 1"),
     ]
     for ok, name, fix in checks + _input_checks(config) + _cross_checks(config) + _backend_checks(config):
         if not ok:

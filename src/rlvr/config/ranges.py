@@ -2,6 +2,8 @@
 
 >>> in_range(0.5, "(0, 1]"), in_range(0, "> 0"), in_range(3, ">= 1")
 (True, False, True)
+>>> range_of(dataclasses.fields(dataclasses.make_dataclass("C", [("s", str, choice("a", ("a", "b")))]))[0])
+"one of 'a', 'b'"
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import dataclasses
 import re
 from typing import Any
 
-__all__ = ["ranged", "range_of", "in_range"]
+__all__ = ["ranged", "choice", "range_of", "in_range", "allowed"]
 
 _INTERVAL = re.compile(r"([\[(])\s*(-?[\d.e+-]+)\s*,\s*(-?[\d.e+-]+)\s*([\])])")
 _BOUND = re.compile(r"(>=|>|<=|<)\s*(-?[\d.e+-]+)")
@@ -24,10 +26,28 @@ def ranged(default: Any, rule: str, note: str = "") -> Any:
     return dataclasses.field(default=default, metadata={"range": rule, "note": note})
 
 
+def choice(default: str, options: tuple[str, ...], note: str = "") -> Any:
+    """A dataclass field whose value must be one of ``options`` (a fixed set; a set that grows with
+    the code is a registry instead)."""
+    if default not in options:
+        raise ValueError(f"default {default!r} is not one of {options}")
+    return dataclasses.field(default=default, metadata={"choices": tuple(options), "note": note})
+
+
 def range_of(f: dataclasses.Field) -> str | None:
-    """The field's rule with its note, e.g. ``>= 0 (0 = off)``, or None."""
-    rule = f.metadata.get("range")
+    """The field's rule with its note, e.g. ``>= 0 (0 = off)`` or ``one of 'eager', 'cpp'``, or None."""
+    if "choices" in f.metadata:
+        rule = "one of " + ", ".join(repr(c) for c in f.metadata["choices"])
+    else:
+        rule = f.metadata.get("range")
     return None if rule is None else f"{rule} ({f.metadata['note']})" if f.metadata.get("note") else rule
+
+
+def allowed(f: dataclasses.Field, value: Any) -> bool:
+    """Whether ``value`` (not null) satisfies the field's declared range or choices."""
+    if "choices" in f.metadata:
+        return value in f.metadata["choices"]
+    return "range" not in f.metadata or in_range(value, f.metadata["range"])
 
 
 def in_range(value: float, rule: str) -> bool:

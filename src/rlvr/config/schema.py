@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.config.commands_schema import PreferenceConfig, SFTConfig  # noqa: F401  re-exported, as below
-from rlvr.config.ranges import ranged
+from rlvr.config.ranges import choice, ranged
 from rlvr.config.task_schema import (  # noqa: F401  re-exported: the schema is one namespace
     AgentTaskConfig,
     ArithmeticTaskConfig,
@@ -32,11 +32,11 @@ class LoraConfig:
     """LoRA adapters through `peft` (the `lora` extra): only the adapters train, the base stays
     as loaded, and the KL reference is the base (the adapter disabled)."""
 
-    r: int = 0
+    r: int = ranged(0, ">= 0", "0 = no adapters")
     """Adapter rank, 0 = off (full fine-tuning)."""
-    alpha: float = 16.0
+    alpha: float = ranged(16.0, "> 0", "e.g. 16")
     """Scaling numerator: the update is (alpha / r)·BA."""
-    dropout: float = 0.0
+    dropout: float = ranged(0.0, "[0, 1)")
     """Dropout on the adapter's input."""
     target_modules: str | list[str] = "all-linear"
     """Modules that get adapters: a list of module-name suffixes (`[q_proj, v_proj]`) or a peft
@@ -62,7 +62,7 @@ class ModelConfig:
     """Tiny model: MLP width."""
     max_seq_len: int = ranged(64, ">= 2")
     """Tiny model: longest prompt + completion."""
-    dtype: str = "float32"
+    dtype: str = choice("float32", ("float32", "bfloat16", "auto"))
     """Weight dtype: `float32`, `bfloat16` or `auto` (the checkpoint's own; float32 for a fresh tiny
     model) (causal models; log-probs are computed in float32 from the logits
     either way; the fused fast path and C++ kernels take float32 only, bf16 runs the plain
@@ -95,19 +95,19 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    prompts_per_step: int = 8
+    prompts_per_step: int = ranged(8, ">= 1")
     """P: fresh prompts per step."""
-    group_size: int = 16
+    group_size: int = ranged(16, ">= 2", "group baselines need siblings")
     """G: completions per prompt (B = P·G)."""
-    max_new_tokens: int = 16
+    max_new_tokens: int = ranged(16, ">= 1")
     """Completion length cap (longer samples are truncated)."""
-    temperature: float = 1.0
+    temperature: float = ranged(1.0, ">= 0", "0 = greedy")
     """Sampling temperature (the trainer's log-probs use the same)."""
-    top_p: float = 1.0
+    top_p: float = ranged(1.0, "(0, 1]")
     """Nucleus sampling mass."""
-    top_k: int = 0
+    top_k: int = ranged(0, ">= 0", "0 = off")
     """Sample from the k most likely tokens only, 0 = off (causal models, both engines)."""
-    min_p: float = 0.0
+    min_p: float = ranged(0.0, "[0, 1)", "0 = off")
     """Drop tokens less likely than min_p times the most likely one, 0 = off (causal models, both engines)."""
     diffusion_steps: int = ranged(0, ">= 0", "0 = one token per step")
     """Diffusion sampler: denoising steps N, 0 = one token per step (N = L)."""
@@ -124,16 +124,16 @@ class RolloutConfig:
     siblings, so the advantage sees whether the greedy answer (what evaluation scores) beats the samples."""
     window: str = "eos"
     """Diffusion: which window tokens are the completion: `eos` (up to EOS) or `full`."""
-    replay_fraction: float = 0.0
+    replay_fraction: float = ranged(0.0, "[0, 1)", "0 = off")
     """Rollout replay (DOTS): share of each step's prompt slots filled with recent groups from a
     buffer instead of fresh generations, trained with importance weights; 0 = off."""
-    replay_capacity: int = 256
+    replay_capacity: int = ranged(256, ">= 1")
     """Rollout replay: groups the buffer keeps (the most recent)."""
     micro_group_size: int = 0
     """Single-turn tasks: generate each group of G in passes of this many completions per prompt
     (Infinite Sampling's micro-groups: less memory per pass, the same completions); 0 = the whole
     group in one pass."""
-    decode_engine: str = "cpp"
+    decode_engine: str = choice("cpp", ("eager", "cpp"))
     """Llama/Qwen2 sampler's decode step: `cpp` fused C++ kernel (built once per machine, ~30 s; falls back
     to `eager` with one line if it cannot be built), `eager` ATen ops."""
     engine: str = "torch"
@@ -141,7 +141,7 @@ class RolloutConfig:
     (the `vllm` extra: vLLM in the trainer's process with its own copy of the weights, pushed after every
     update, and with `trainer.backend=ray` one more in each rollout worker; turns on
     `algo.rollout_correction` unless set)."""
-    vllm_kv_cache_mb: int = 64
+    vllm_kv_cache_mb: int = ranged(64, ">= 1", "e.g. 64")
     """vLLM engine: KV-cache size in MiB (vLLM's own default takes most of the machine's memory)."""
     vllm_block_size: int = 0
     """vLLM engine: KV-cache block size in tokens (a multiple of 32 on CPU), 0 = vLLM's default."""
@@ -168,9 +168,9 @@ class AlgoConfig:
     """Loss aggregation (`rlvr.algos.aggregate.AGGREGATIONS`)."""
     kl_estimator: str = "k3"
     """KL estimator (`rlvr.algos.kl.KL_ESTIMATORS`)."""
-    kl_coef: float = 0.0
+    kl_coef: float = ranged(0.0, ">= 0")
     """KL weight β against the frozen initial policy; 0 = no reference model."""
-    kl_placement: str = "loss"
+    kl_placement: str = choice("loss", ("loss", "reward"))
     """Where the KL goes: `loss` or `reward`."""
     std_normalize: bool | None = None
     """Divide the centred score by a standard deviation (grpo: the group std; passk: the
@@ -190,7 +190,7 @@ class AlgoConfig:
     floor -ε_low; dppo_*: divergence threshold of A <= 0 tokens)."""
     clip_high: float | None = None
     """ε_high: ratio ceiling 1+ε_high (gmpo: log-ratio ceiling; dppo_*: divergence threshold of A > 0 tokens)."""
-    dual_clip: float | None = None
+    dual_clip: float | None = ranged(None, "> 1", "null = off")
     """Dual-clip constant c > 1 for A<0, null = off."""
     log_ratio_clamp: float | None = ranged(None, "> 0")
     """Clamp |log ratio| to this before exp (overflow guard)."""
@@ -202,7 +202,7 @@ class AlgoConfig:
     """Inverse temperature ψ of the group softmax over advantages."""
     ratio_cap: float | None = ranged(None, "> 0")
     """DPPO: cap of the detached importance weight min(ρ, cap); verl runs with 3.0 (objectives_zoo deviation 5)."""
-    dro_beta: float | None = None
+    dro_beta: float | None = ranged(None, "> 0")
     """DRO: weight of the quadratic log-ratio penalty (required by `dro`)."""
     cov_ratio: float | None = None
     """KL-Cov / Clip-Cov: fraction of the micro-batch's valid tokens the covariance rule acts on."""
@@ -216,7 +216,7 @@ class AlgoConfig:
     """Optimal token baseline: no baseline past the second-longest row of a group."""
     f_norm: float | None = ranged(None, "> 0")
     """GPG: constant divisor of the advantage (verl's `f_norm`; 1 = none)."""
-    shiq_beta: float | None = None
+    shiq_beta: float | None = ranged(None, "> 0", "e.g. 0.1")
     """ShiQ: KL strength β of its Bellman residual (logits read as Q-values q = β(ℓ − ℓ_ref))."""
     norm_length: float | None = ranged(None, "> 0", "null = rollout.max_new_tokens")
     """Constant length normaliser of Dr.GRPO's aggregation; null = `rollout.max_new_tokens`."""
@@ -224,11 +224,11 @@ class AlgoConfig:
     """Entropy bonus weight (0 = entropy only logged)."""
     value_clip: float | None = ranged(0.5, "> 0", "null = off")
     """GAE critic: clip of the value update around the old value, null = off."""
-    critic_lr: float = 1e-4
+    critic_lr: float = ranged(1e-4, "> 0")
     """GAE critic: AdamW learning rate of the value model."""
     critic_warmup_steps: int = 0
     """GAE critic: steps that train only the critic."""
-    kl_target: float | None = None
+    kl_target: float | None = ranged(None, "> 0", "null = a fixed coefficient")
     """Adaptive KL: target per-sequence KL, null = fixed kl_coef."""
     kl_horizon: float = ranged(10000.0, "> 0", "in samples, e.g. 10000")
     """Adaptive KL: horizon (in samples) of the controller."""
@@ -240,7 +240,7 @@ class AlgoConfig:
     """DAPO overlong filtering: truncated completions get no loss."""
     dynamic_sampling: bool = True
     """DAPO: drop zero-variance groups (backfilled while rounds remain)."""
-    max_sampling_rounds: int = 1
+    max_sampling_rounds: int = ranged(1, ">= 1")
     """Dynamic sampling: rollout rounds per step; 1 = filter, no backfill."""
     rollout_correction: bool | None = None
     """Weight the loss by pi_old / pi_rollout (TIS / MIS); null = on with `rollout.engine=vllm`, off with torch."""
@@ -293,7 +293,7 @@ class EstimatorConfig:
 
     name: str = "mean_field"
     """Likelihood estimator (`rlvr.models.likelihood.ESTIMATORS`)."""
-    n: int | None = None
+    n: int | None = ranged(None, ">= 1")
     """Monte-Carlo mask draws."""
     antithetic: bool | None = None
     """Complementary (antithetic) mask pairs."""
@@ -325,35 +325,35 @@ class SamplerConfig:
 
     name: str = "uniform"
     """Sampler (`rlvr.sampling.SAMPLERS`): `uniform`, `mopps`, `vade`, `dump`, `gvm`, `coba`, `dots`."""
-    candidates: float | None = None
+    candidates: float | None = ranged(None, ">= 1", "1 = no choice")
     """Candidates drawn per prompt slot (1/κ); the sampler picks among them."""
-    target: float | None = None
+    target: float | None = ranged(None, "[0, 1]")
     """Mopps: success rate the selection aims at."""
-    decay: float | None = None
+    decay: float | None = ranged(None, "[0, 1]", "1 = never forget")
     """λ, weight kept by a prompt's old evidence at each new observation of it."""
-    time_decay: float | None = None
+    time_decay: float | None = ranged(None, "(0, 1]", "1 = never forget")
     """Vade: weight kept by a prompt's evidence per step since it was last observed."""
     ucb_c: float | None = None
     """Dump: exploration bonus c of the UCB score."""
-    temperature: float | None = None
+    temperature: float | None = ranged(None, "> 0")
     """Dump: softmax temperature τ of the source mix; dots: of the attention over measured prompts."""
-    window: int | None = None
+    window: int | None = ranged(None, ">= 1")
     """Dump: groups per source in the learnability window; dots: measured groups kept."""
-    reference: int | None = None
+    reference: int | None = ranged(None, ">= 1")
     """Dots: random candidates rolled out each step beside the predicted ones (the reference set)."""
-    dims: int | None = None
+    dims: int | None = ranged(None, ">= 1")
     """Dots: hash buckets of the prompts' character-bigram embedding."""
-    max_groups: int | None = None
+    max_groups: int | None = ranged(None, ">= 1")
     """Gvm, coba: most groups of G one prompt may get in a step."""
     concentration: float | None = None
     """Coba: concentration κ of the value curve around its mode (the failure rate)."""
-    ema: float | None = None
+    ema: float | None = ranged(None, "[0, 1)")
     """Coba: weight kept by the failure-rate average at each step."""
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 1e-4
+    lr: float = ranged(1e-4, "> 0", "e.g. 5e-5")
     """AdamW learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
@@ -365,7 +365,7 @@ class OptimConfig:
     """Max global grad norm, 0 = off."""
     warmup_steps: int = 10
     """Linear LR warmup, in optimizer steps."""
-    schedule: str = "cosine"
+    schedule: str = choice("cosine", ("constant", "cosine"))
     """After warmup: `constant` or `cosine` (decays to min_lr_ratio·lr at the last step)."""
     min_lr_ratio: float = 0.0
     """Cosine schedule: final LR as a fraction of optim.lr."""
@@ -373,35 +373,35 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    steps: int = 3000
+    steps: int = ranged(3000, ">= 1")
     """Rollout steps."""
-    minibatches: int = 1
+    minibatches: int = ranged(1, ">= 1")
     """Optimizer steps per rollout batch."""
-    ppo_epochs: int = 1
+    ppo_epochs: int = ranged(1, ">= 1")
     """Passes over each rollout batch."""
-    micro_batch_size: int = 64
+    micro_batch_size: int = ranged(64, ">= 1")
     """Completions per forward; memory only, never changes results."""
     eval_every: int = 250
     """Steps between greedy held-out evaluations (0 = only at start and end)."""
-    eval_samples: int = 0
+    eval_samples: int = ranged(0, ">= 0", "0 = greedy evaluation only")
     """Also score k samples per held-out problem at the rollout temperature
     (eval/heldout_sampled_accuracy = avg@k, eval/heldout_pass_at_k); 0 = greedy only."""
     samples_per_step: int = 4
     """Rollouts written to samples.jsonl each step."""
     save_every: int = 500
     """Steps between checkpoints (0 = only at the end)."""
-    keep_last: int = 2
+    keep_last: int = ranged(2, ">= 1")
     """Checkpoints kept on disk."""
     out_dir: str = "runs"
     """Parent of run directories."""
     name: str = ""
     """Run directory name, empty = recipe name + seed."""
-    threads: int = 0
+    threads: int = ranged(0, ">= 0", "0 = torch's default")
     """Torch threads, 0 = torch's default."""
-    kernels: str = "cpp"
+    kernels: str = choice("cpp", ("eager", "cpp"))
     """Training forward+backward of Llama-family models: `cpp` = each layer one C++ call each way (built once
     per machine; eager if it cannot be built), `eager` = ATen ops; same math to float rounding."""
-    thread_mode: str = "auto"
+    thread_mode: str = choice("auto", ("auto", "ops", "rows"))
     """How threads are used: `ops` = torch's intra-op threads; `rows` = each thread takes a share of every
     batch's rows with single-threaded ops (faster, and no collapse when another process holds a core; causal
     models); `auto` = rows for causal models, ops for diffusion ones."""
@@ -414,23 +414,23 @@ class TrainerConfig:
     `transformers` forward; the fused fast path already keeps only what its backward needs."""
     trackers: str = ""
     """Extra metric sinks beside metrics.jsonl, comma-separated: tensorboard,wandb,mlflow."""
-    max_staleness: int | None = None
+    max_staleness: int | None = ranged(None, ">= 0", "0 = none ahead; null = the synchronous loop")
     """Asynchronous rollouts: null = the synchronous loop; η >= 0 = a rollout side generates ahead of the
     learner from a copy of the weights pushed after every update, and a batch may come from any policy
     version >= current - η (0: none ahead, the synchronous loop's metrics bit for bit; 1: one-step-off
     overlap). Stale batches train with the decoupled PPO objective (`algo.rollout_correction` caps
     its weights)."""
-    staleness: str = "bounded"
+    staleness: str = choice("bounded", ("bounded", "exact"))
     """With `max_staleness` η: `bounded` = each batch from the newest version the rollout side has when it
     starts it (at most η old; which versions depends on the two sides' pace), `exact` = the batch of step k
     always from version max(0, k-1-η) (the rollout side waits for it; up to η+1 published copies of the
     weights are kept), so the run's metrics do not depend on timing or backend."""
-    backend: str = "local"
+    backend: str = choice("local", ("local", "ray"))
     """Where the rollout side runs: `local` (a thread of this process) or `ray` (Ray actors: rollout
     workers, reward scorers; `ray.init(address=...)` joins a running cluster, see `ray_address`)."""
-    rollout_workers: int = 1
+    rollout_workers: int = ranged(1, ">= 1")
     """Rollout worker actors (`backend=ray`); each generates whole batches from its own copy of the weights."""
-    reward_workers: int = 1
+    reward_workers: int = ranged(1, ">= 1")
     """Reward-scoring actors (`backend=ray`), fed with back-pressure (at most two calls in flight each)."""
     ray_address: str = ""
     """`backend=ray`: the cluster to join (`auto` = the one `ray start --head` started here), empty = a local

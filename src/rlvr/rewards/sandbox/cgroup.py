@@ -166,10 +166,18 @@ class SampleCgroup:
             return None
 
     def events(self) -> dict[str, int]:
-        """``oom_kill`` (processes killed at the memory limit), ``pids_max`` (forks refused)."""
+        """``oom_kill`` (processes killed at the memory limit), ``memory_max`` (times the group's
+        memory reached its limit and the kernel had to reclaim), ``pids_max`` (forks refused)."""
         mem = _keyed(self._file("memory.events", "memory.oom_control"))
-        return {"oom_kill": mem.get("oom_kill", 0), "pids_max": _keyed(self._file("pids.events", "pids.events"))
-                .get("max", 0)}
+        if self.version == 2:
+            at_limit = mem.get("max", 0)
+        else:
+            try:
+                at_limit = int(_read(self._file("memory.failcnt", "memory.failcnt")))
+            except (OSError, ValueError):
+                at_limit = 0
+        return {"oom_kill": mem.get("oom_kill", 0), "memory_max": at_limit,
+                "pids_max": _keyed(self._file("pids.events", "pids.events")).get("max", 0)}
 
     def kill(self) -> list[int]:
         """SIGKILL every member at once (``cgroup.kill``, else one by one), never this process,

@@ -52,7 +52,7 @@ class RunResult:
     elapsed: float
     isolation: str
     detail: str = ""  # why, for SANDBOX_ERROR and limit verdicts
-    extra: dict = field(default_factory=dict)  # memory_peak_bytes, oom_kill, pids_max when a cgroup was used
+    extra: dict = field(default_factory=dict)  # memory_peak_bytes, oom_kill, memory_max, pids_max with a cgroup
 
 
 _MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory")  # RLIMIT_AS; ENOMEM at the cgroup's memory.max
@@ -78,6 +78,8 @@ def classify(rc, stderr, timed_out, overflow, started, isolation, events=None) -
     if timed_out:  # a program that hit a limit and then hung (e.g. live threads) names the limit
         if any(m in tail for m in _MEMORY_MARKERS):
             return Verdict.MEMORY_LIMIT, "MemoryError, then the wall clock"
+        if events.get("memory_max"):  # held at its limit (the kernel reclaiming) until the clock ran out
+            return Verdict.MEMORY_LIMIT, "cgroup memory limit reached, then the wall clock"
         if events.get("pids_max"):
             return Verdict.RESOURCE_LIMIT, "cgroup process limit, then the wall clock"
         marker = next((m for m in _RESOURCE_MARKERS if m in tail), None)
