@@ -2,6 +2,8 @@
 
     pip install -e ".[bench]"
     python bench/vs_trl.py --seeds 0 1 2 --steps 30 --threads 2
+    python bench/vs_trl.py --model DIR --lora 8 --dtype bfloat16 --reward length ...
+
 
 Same model (the packaged Countdown warm start, a 1.06M-parameter Llama), same character
 tokenizer, same Countdown prompts in the same order, P prompts x G completions, max new tokens,
@@ -30,6 +32,13 @@ memory view, which sees only tensors allocated through torch while profiling and
 `--memory-vocab V` instead measures one rlvr training forward + backward (log-probs and entropy
 of B completions) for a tiny-hidden Llama with a V-token vocabulary, with the LM head unchunked
 (full (tokens, V) logits, log-softmax and entropy tensors) and chunked (policy.CHUNK_ELEMENTS).
+
+`--model DIR` puts any local Hugging Face causal LM in place of the warm start (both trainers load
+it the same way, in `--dtype`), `--lora R` trains rank-R adapters on every linear layer in both
+(peft's LoraConfig, alpha 16, no dropout; TRL through `peft_config`, rlvr through `model.lora`),
+and `--reward length` scores both with `bench/length_reward.py` (an untrained model's groups then
+differ, so every group trains in both). With bf16 weights both run without autocast (TRL
+`bf16=False` on a bf16 model): the same arithmetic the checkpoint's dtype implies.
 
 TRL is imported here only; the library never needs it.
 """
@@ -60,6 +69,7 @@ from rlvr.runtime.process import configure_for  # noqa: E402
 from rlvr.trainer.sync import rl_step  # noqa: E402
 
 WARM_START = "rlvr:countdown-warmstart"
+LENGTH_REWARD = Path(__file__).resolve().parent / "length_reward.py"
 
 
 def _proc_status_mb(field: str) -> float:
@@ -97,7 +107,10 @@ def _peak_and_rise(rss0: float) -> tuple[float, float]:
 def rlvr_config(args, seed: int, engine: str = "torch"):
     """rlvr's side; `engine` is rollout.engine (vllm: its threads share the cores, so the trainer runs one)."""
     decode = args.engine if args.engine != "vllm" else "cpp"
-    return load_config(None, [f"rollout.engine={engine}",
+    model = [f"model.dtype={args.dtype}", f"model.lora.r={args.lora}"]
+    if args.reward == "length":
+        model.append(f"reward.fn={LENGTH_REWARD}:length_reward")
+    return load_config(None, [*model, f"rollout.engine={engine}",
         f"seed={seed}", f"model.path={args.model_path}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.temperature=1.0",
@@ -210,7 +223,7 @@ def run_trl(args, seed: int, examples) -> dict:
 
     c = build_components(rlvr_config(args, seed))  # task, reward runner and evaluator only
     torch.set_num_threads(args.threads)  # rlvr's rows mode made ops single-threaded; TRL uses intra-op threads
-    model, tokenizer = load_causal_lm(args.model_path, seed=0)
+    model, tokenizer = load_causal_lm(args.model_path, seed=0, dtype=args.dtype)
     bos = tokenizer.bos_token
     data = datasets.Dataset.from_dict({"prompt": [bos + ex.prompt for ex in examples],
                                        "idx": list(range(len(examples)))})
@@ -219,6 +232,16 @@ def run_trl(args, seed: int, examples) -> dict:
         group = [examples[i] for i in idx]
         out = c.reward([ex.prompt for ex in group], completions, [dataclasses.asdict(ex) for ex in group])
         return out.rewards
+
+    if args.reward == "length":
+        sys.path.insert(0, str(LENGTH_REWARD.parent))
+        from length_reward import length_reward as countdown_reward  # noqa: F811  the same function rlvr calls
+    peft_config = None
+    if args.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=args.lora, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear",
+                                 task_type="CAUSAL_LM")
 
     steps, cpu, tokens, memory, rollout = [], [], [], [], []
     generation: dict[str, float] = {}
@@ -248,7 +271,7 @@ def run_trl(args, seed: int, examples) -> dict:
             scale_rewards="group", epsilon=0.2, num_iterations=1, dataloader_num_workers=0,
         )
         trainer = GRPOTrainer(model=model, reward_funcs=countdown_reward, args=config, train_dataset=data,
-                              processing_class=tokenizer, callbacks=[StepTimes()])
+                              processing_class=tokenizer, callbacks=[StepTimes()], peft_config=peft_config)
         trainer.train()
         for record in trainer.state.log_history:
             if "completions/mean_length" in record:
@@ -302,6 +325,11 @@ def main(argv=None) -> None:
                    help="only measure peak memory of one rlvr training forward+backward at this vocabulary size, "
                         "LM head unchunked vs chunked (no TRL)")
     p.add_argument("--memory-batch", type=int, default=32, help="completions in the --memory-vocab step")
+    p.add_argument("--model", default="", help="a local HF causal-LM directory in place of the warm start")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights of both trainers")
+    p.add_argument("--lora", type=int, default=0, help="LoRA rank on every linear layer in both (0 = full)")
+    p.add_argument("--reward", default="task", choices=["task", "length"],
+                   help="task: the Countdown verifier; length: bench/length_reward.py (for untrained models)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"# load before: {os.getloadavg()}  threads={args.threads}  torch {torch.__version__}")
@@ -309,7 +337,7 @@ def main(argv=None) -> None:
         memory_probe(args)
         return
     with tempfile.TemporaryDirectory() as scratch:
-        args.model_path = WARM_START if args.scale == 1 else large_model(scratch)
+        args.model_path = args.model or (WARM_START if args.scale == 1 else large_model(scratch))
         (_compare_engines if args.engine == "vllm" else _compare)(args)
 
 
@@ -379,13 +407,14 @@ def _rooflines(cfg, batch: int, prompt_len: float, ours: dict) -> dict[str, floa
 
 def _compare(args) -> None:
     model, tokenizer = load_causal_lm(args.model_path, seed=0)
-    n_params = param_count(model)
+    n_params = param_count(model)  # all of them: LoRA's adapters train, but every weight computes
     batch = args.prompts * args.group
     results, rates = [], []
     for seed in args.seeds:
         c = build_components(rlvr_config(args, seed))
         examples = prompt_stream(c, args.steps, args.prompts)
-        prompt_len = sum(len(ex.prompt) + 1 for ex in examples) / len(examples)  # + BOS
+        prompt_len = sum(len(tokenizer(ex.prompt, add_special_tokens=False)["input_ids"]) + 1
+                         for ex in examples) / len(examples)  # + BOS
         trl = in_fresh_process(run_trl, args, seed, examples)
         ours = in_fresh_process(run_rlvr, args, seed)
         torch.set_num_threads(args.threads)  # the roofline is measured with intra-op threads
@@ -412,7 +441,9 @@ def _compare(args) -> None:
     print(f"model: {n_params:,} parameters; P={args.prompts} G={args.group} B={batch} max_new_tokens="
           f"{args.max_new_tokens} lr={args.lr} steps={args.steps} seeds={args.seeds} threads={args.threads}"
           f" rlvr thread_mode={args.thread_mode} engine={args.engine} kernels={args.kernels}"
-          f" completion_mask passed to token_logprobs={args.pass_mask}")
+          f" completion_mask passed to token_logprobs={args.pass_mask} dtype={args.dtype} lora={args.lora}"
+          f" reward={args.reward}" + (" (roofline: float32 matmuls, 6N a token as for full training)"
+                                      if args.dtype != "float32" or args.lora else ""))
     print("\n| | TRL 1.16 GRPOTrainer | rlvr |\n|---|---|---|")
     trl_cpu = median([s for _, _, t, _ in results for s in t["cpu"][k:]])
     our_cpu = median([s for _, _, _, o in results for s in o["cpu"][k:]])
