@@ -343,6 +343,9 @@ def validate(config: Config) -> None:
         (config.model.kind == "causal" or config.algo.objective != "shiq", "algo.objective",
          "shiq reads the logits' logsumexp, which a diffusion likelihood estimator does not have; "
          "use model.kind=causal or another objective"),
+        (config.algo.objective != "bgpo" or config.model.kind == "diffusion" and config.estimator.name == "bgpo",
+         "algo.objective", "bgpo reads the per-draw ELBO estimates of estimator.name=bgpo; set model.kind=diffusion "
+         "and estimator.name=bgpo, or use ppo_clip"),
         (config.algo.shiq_beta is None or config.algo.shiq_beta > 0, "algo.shiq_beta", "must be > 0, e.g. 0.1"),
         (config.algo.dro_beta is None or config.algo.dro_beta > 0, "algo.dro_beta", "must be > 0"),
         (config.trainer.keep_last >= 1, "trainer.keep_last", "must be >= 1"),
