@@ -346,6 +346,10 @@ def validate(config: Config) -> None:
         (config.algo.objective != "bgpo" or config.model.kind == "diffusion" and config.estimator.name == "bgpo",
          "algo.objective", "bgpo reads the per-draw ELBO estimates of estimator.name=bgpo; set model.kind=diffusion "
          "and estimator.name=bgpo, or use ppo_clip"),
+        (not config.rollout.igpo or config.model.kind == "diffusion" and config.rollout.engine == "torch",
+         "rollout.igpo", "inpaints the diffusion sampler's window; set model.kind=diffusion (torch engine) or false"),
+        (config.rollout.igpo_hint_low <= config.rollout.igpo_hint_high, "rollout.igpo_hint_low",
+         "must be <= rollout.igpo_hint_high"),
         (config.algo.shiq_beta is None or config.algo.shiq_beta > 0, "algo.shiq_beta", "must be > 0, e.g. 0.1"),
         (config.algo.dro_beta is None or config.algo.dro_beta > 0, "algo.dro_beta", "must be > 0"),
         (config.trainer.keep_last >= 1, "trainer.keep_last", "must be >= 1"),

@@ -107,7 +107,8 @@ def loss_outputs(policy: PolicyModel, mb: TrainBatch, objective):
     logp, entropy, extra = _policy_outputs(policy, mb, tuple(s for s in LOSS_STATS if s in declared),
                                            with_entropy=True)
     # on-policy (no old pass) the old draws are this forward's, detached: ρ ≡ 1 per draw, as old_logp
-    old_draws = mb.old_draws if mb.old_draws is not None or "draws" not in extra else extra["draws"].detach()
+    draws = extra.get("draws")
+    old_draws = mb.old_draws if mb.old_draws is not None or draws is None else draws.detach()
     fields = {"ref_logp": mb.ref_logp, "ref_logsumexp": mb.ref_logsumexp, "token_rewards": mb.token_rewards,
               "old_draws": old_draws}
     data = {}
