@@ -61,6 +61,24 @@ def bgpo(logp, old_logp, advantages, mask, *, draws: Tensor, old_draws: Tensor, 
     return torch.where(keep, -value[:, None], torch.zeros_like(mask)), spread
 
 
+def block_product_ppo(logp, old_logp, advantages, mask, *, block_length: int, clip_low: float = 0.2,
+                      clip_high: float = 0.2) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO-clip with one ratio per block, the product of its tokens' ratios, exp(Σ_{k∈b} d_k), on
+    every token of the block (loss (B, T)): the block-product weighting PBPO compares its
+    token-local one (`ppo_clip` on `prefix_block` values) against. Shapes (B, T)."""
+    keep = mask > 0
+    d = torch.where(keep, logp - old_logp.detach(), torch.zeros_like(logp))
+    width = d.shape[1]
+    block_of = torch.arange(width, device=d.device) // block_length  # (T,)
+    one_hot = torch.nn.functional.one_hot(block_of).to(d.dtype)  # (T, blocks)
+    per_block = (d @ one_hot) @ one_hot.T  # (B, T): the block's summed log-ratio on each of its tokens
+    ratio = torch.exp(per_block.clamp(-20, 20))
+    adv = advantages.detach()
+    loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high))
+    return torch.where(keep, loss, torch.zeros_like(loss)), {"ratio": torch.where(keep, ratio.detach(),
+                                                                                   torch.zeros_like(loss))}
+
+
 def bgpo_objective(draw_logp: Tensor, draw_old: Tensor, advantages: Tensor, *, clip_low: float = 0.2,
                    clip_high: float = 0.2) -> Tensor:
     """The scalar BGPO loss −(1/B) Σ_i R_i; draws (n, B) as the paper indexes them, advantages (B,)."""
@@ -68,4 +86,4 @@ def bgpo_objective(draw_logp: Tensor, draw_old: Tensor, advantages: Tensor, *, c
     return -value.mean()
 
 
-__all__ = ["bgpo", "bgpo_objective", "bgpo_surrogate"]
+__all__ = ["bgpo", "bgpo_objective", "bgpo_surrogate", "block_product_ppo"]

@@ -15,6 +15,7 @@ B̂_i SPREAD over the row's valid tokens (B̂_i / L_i on each, so the row sum is
 | `spg` | ELBO if A >= 0, EUBO or ω-mixture if A < 0; random or block-wise masks | seq | 2n |
 | `trace` | TraceRL/CJ-GRPO: log p(y_k | the sampler's state before its (merged) step) | token | ⌈steps/σ⌉ |
 | `ar_order` | JustGRPO: log p(y_k | y_<k visible, rest masked), exact AR factorisation | token | L, one at a time |
+| `prefix_block` | PBPO: log p(y_k | earlier blocks shown, k's block and later masked) | token | blocks |
 
 How spread values meet the trainer's objectives: with `ppo_clip` the per-token ratio is
 exp((B̂θ − B̂old)/L_i), the same on every token of a row: ESPO's length-normalised sequence
@@ -65,6 +66,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlvr.models.prefix_block import prefix_block
 from rlvr.noise import mix32, uniform_noise
 
 WINDOWS = ("eos", "full")
@@ -437,7 +439,7 @@ def ar_order(ctx: Corruptor, *, with_entropy: bool = False):
 
 ESTIMATORS: dict[str, Callable] = {
     "mean_field": mean_field, "coupled": coupled, "elbo_mc": elbo_mc, "bgpo": bgpo, "spg": spg,
-    "trace": trace, "ar_order": ar_order,
+    "trace": trace, "ar_order": ar_order, "prefix_block": prefix_block,
 }
 SEQUENCE_LEVEL = frozenset({"elbo_mc", "bgpo", "spg"})
 
