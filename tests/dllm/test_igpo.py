@@ -70,5 +70,5 @@ def test_igpo_recipe_rescues_groups_with_no_correct_completion(tmp_path, capsys)
         assert s["igpo/signal_groups_after"] >= s["igpo/signal_groups_before"]
         assert s["igpo/replaced_rows"] <= 4 * s["igpo/zero_signal_groups"]  # ⌊λG⌋ = 4 per such group
     assert sum(s["igpo/signal_groups_after"] - s["igpo/signal_groups_before"] for s in steps) > 0
-    assert main([*args, "trainer.name=off", "rollout.igpo=false"]) == 0, capsys.readouterr().err
-    assert not any(k.startswith("igpo/") for k in _steps(tmp_path / "off")[0])
+    assert main([*args, "trainer.name=plain", "rollout.igpo=false"]) == 0, capsys.readouterr().err
+    assert not any(k.startswith("igpo/") for k in _steps(tmp_path / "plain")[0])

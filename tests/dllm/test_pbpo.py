@@ -37,13 +37,29 @@ def test_corrupted_views_mask_only_the_prompt_and_the_revealed_prefix():
     assert not torch.allclose(clean, corrupt)
 
 
+def test_block_product_on_policy_gradient_is_token_locals():
+    theta = torch.tensor([0.3, -0.2], requires_grad=True)
+    feats = torch.tensor([[[1.0, 0.0], [0.5, 1.0], [0.0, 2.0], [1.0, 1.0]]])  # (B, T, dim)
+    adv, mask = torch.tensor([[1.5] * 4]), torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    grads = []
+    for use_blocks in (False, True):
+        logp = (feats * theta).sum(-1)
+        old = logp.detach()
+        if use_blocks:
+            loss, _ = block_product_ppo(logp, old, adv, mask, block_length=2)
+        else:
+            loss = torch.where(mask > 0, -adv * torch.exp(logp - old), torch.zeros_like(logp))
+        grads.append(torch.autograd.grad(loss.sum(), theta)[0])
+    assert torch.allclose(grads[0], grads[1])
+
+
 def test_block_product_ratio_hand_vector():
     logp = torch.tensor([[-1.0, -2.0, -0.5, -0.3]])
     old = torch.tensor([[-1.1, -2.1, -0.5, -0.2]])
     adv = torch.full((1, 4), 2.0)
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     loss, metrics = block_product_ppo(logp, old, adv, mask, block_length=2, clip_low=0.2, clip_high=0.2)
-    # block 0: d = 0.1 + 0.1 -> ratio e^0.2 = 1.2214, clipped at 1.2 for A > 0: loss -2·1.2 = -2.4 on both tokens;
-    # block 1: only token 2 is valid, d = 0 -> ratio 1, loss -2; token 3 is masked out
-    assert torch.allclose(loss, torch.tensor([[-2.4, -2.4, -2.0, 0.0]]), atol=1e-6)
+    # block 0: d = 0.1 + 0.1 -> ratio e^0.2 = 1.2214, clipped at 1.2 for A > 0: block loss -2·1.2 = -2.4, spread
+    # over its 2 tokens -> -1.2 each; block 1: only token 2 is valid, d = 0 -> ratio 1, loss -2; token 3 masked out
+    assert torch.allclose(loss, torch.tensor([[-1.2, -1.2, -2.0, 0.0]]), atol=1e-6)
     assert torch.allclose(metrics["ratio"], torch.tensor([[math.exp(0.2), math.exp(0.2), 1.0, 0.0]]), atol=1e-6)

@@ -63,18 +63,21 @@ def bgpo(logp, old_logp, advantages, mask, *, draws: Tensor, old_draws: Tensor, 
 
 def block_product_ppo(logp, old_logp, advantages, mask, *, block_length: int, clip_low: float = 0.2,
                       clip_high: float = 0.2) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO-clip with one ratio per block, the product of its tokens' ratios, exp(Σ_{k∈b} d_k), on
-    every token of the block (loss (B, T)): the block-product weighting PBPO compares its
-    token-local one (`ppo_clip` on `prefix_block` values) against. Shapes (B, T)."""
+    """PPO-clip with one ratio per block, the product of its tokens' ratios, exp(Σ_{k∈b} d_k): the
+    block-product weighting PBPO compares its token-local one (`ppo_clip` on `prefix_block`
+    values) against. The block's clipped loss is spread over its n_b valid tokens (−A·r_b / n_b
+    on each), so on-policy (r = 1) its gradient is token-local's, Σ_k −A ∇d_k; off-policy every
+    token of a block is weighted by the whole block's ratio. Shapes (B, T)."""
     keep = mask > 0
     d = torch.where(keep, logp - old_logp.detach(), torch.zeros_like(logp))
     width = d.shape[1]
     block_of = torch.arange(width, device=d.device) // block_length  # (T,)
     one_hot = torch.nn.functional.one_hot(block_of).to(d.dtype)  # (T, blocks)
     per_block = (d @ one_hot) @ one_hot.T  # (B, T): the block's summed log-ratio on each of its tokens
+    size = (keep.to(d.dtype) @ one_hot) @ one_hot.T  # (B, T): the block's valid tokens n_b
     ratio = torch.exp(per_block.clamp(-20, 20))
     adv = advantages.detach()
-    loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high))
+    loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high)) / size.clamp(min=1)
     return torch.where(keep, loss, torch.zeros_like(loss)), {"ratio": torch.where(keep, ratio.detach(),
                                                                                    torch.zeros_like(loss))}
 
