@@ -52,6 +52,9 @@ class ModelConfig:
     recipe = the user must pass one."""
     shift_logits: bool = False
     """Diffusion: Dream-style shifted logits (position i predicts token i+1)."""
+    teacher_path: str = ""
+    """On-policy distillation: a checkpoint (as `path`) that the reference is loaded from instead of a copy
+    of the starting weights; the objective `reverse_kl_distill` trains toward it. Empty = off."""
     hidden_size: int = ranged(128, ">= 1")
     """Tiny model: width."""
     num_layers: int = ranged(4, ">= 1")
