@@ -95,6 +95,7 @@ class TrainBatch:
     sample_weight: torch.Tensor | None = None  # (B,) detached per-row loss weights (the on-policy/expert mix)
     ref_logsumexp: torch.Tensor | None = None  # (B, Tc) the reference's logsumexp of its logits (ShiQ)
     token_rewards: torch.Tensor | None = None  # (B, Tc) each row's reward on its last token, NaN = unscorable (ShiQ)
+    old_draws: torch.Tensor | None = None  # (B, n) the old policy's per-draw likelihood estimates (BGPO)
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -127,7 +128,7 @@ def concat_train_batches(parts: list[TrainBatch], pad_id: int) -> TrainBatch:
             continue
         if any(g is None for g in got):
             raise ValueError(f"concat_train_batches: field {f.name!r} is set in some parts only")
-        if got[0].dim() == 1:
+        if got[0].dim() == 1 or f.name == "old_draws":  # per row, or per row and draw: no token axis
             values[f.name] = torch.cat(got)
         elif f.name in _PROMPT_FIELDS:
             pad = pad_id if f.name == "prompt_ids" else 0

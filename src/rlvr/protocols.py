@@ -120,6 +120,16 @@ class LogitStatsPolicy(PolicyModel, Protocol):
 
 
 @runtime_checkable
+class DrawsPolicy(PolicyModel, Protocol):
+    """A PolicyModel whose log-probs are the mean of n Monte-Carlo draws (a masked-diffusion LM's
+    `bgpo` estimator), which it can hand over one by one for an objective that reads them (BGPO)."""
+
+    def batch_draws(self, batch: TrainBatch, *, with_entropy: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+        """(log-probs (B, Tc), entropy (B, Tc) or None, {"draws": (B, n)}), from the same forwards."""
+
+
+@runtime_checkable
 class Tracker(Protocol):
     """A metric sink beside `metrics.jsonl`. `metrics` maps `area/name` to a float; `step` is the x-axis."""
 

@@ -13,10 +13,11 @@ from _tiny import (
     order_logps,
 )
 
+from rlvr.algos.dllm_objectives import bgpo_objective
 from rlvr.algos.objectives import wd1
 from rlvr.algos.preference import vrpo_loss
 from rlvr.models.diffusion_policy import DiffusionPolicy
-from rlvr.models.likelihood import ar_order, bgpo, bgpo_objective, elbo_mc, mean_field, spg
+from rlvr.models.likelihood import ar_order, bgpo, elbo_mc, mean_field, spg
 
 SEQS = torch.tensor([[0, 1, 2], [1, 1, 3], [2, 0, 1], [3, 3, 3]])
 

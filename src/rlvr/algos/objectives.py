@@ -17,6 +17,10 @@ Papers (arXiv ids and links in docs/papers.md):
   likelihood estimates but model-agnostic.
 - `nft`: negative-aware fine-tuning (Chen et al. 2025), defined, with its hyperparameters and
   deviations, in `rlvr.algos.hybrid` and registered here.
+- `bgpo`: BGPO (Lin et al. 2025), the per-draw linear bound on the ELBO ratio of a masked-diffusion
+  LM, defined in `rlvr.algos.dllm_objectives`; it reads the estimator's draws (`needs`).
+- `reverse_kl_distill`: on-policy distillation, token-level reverse KL to a teacher (`model.teacher_path`),
+  defined in `rlvr.algos.distill`; it reads the reference's log-probs (`needs`).
 - `shiq`: ShiQ (Clavier et al. 2025), token-wise off-policy Bellman loss on logits read as
   Q-values, defined in `rlvr.algos.offpolicy`; it also takes data keywords (`needs`).
 
@@ -64,6 +68,8 @@ import torch
 from torch import Tensor
 
 from rlvr.algos._registry import lookup
+from rlvr.algos.distill import reverse_kl_distill
+from rlvr.algos.dllm_objectives import bgpo
 from rlvr.algos.hybrid import nft
 from rlvr.algos.objectives_zoo import clip_cov, dppo_kl, dppo_tv, dro, gmpo, kl_cov
 from rlvr.algos.offpolicy import shiq
@@ -268,6 +274,8 @@ OBJECTIVES: dict[str, Callable[..., tuple[Tensor, Metrics]]] = {
 }
 OBJECTIVES["nft"] = nft  # negative-aware fine-tuning (rlvr.algos.hybrid)
 OBJECTIVES["shiq"] = shiq  # token-wise off-policy Bellman loss (rlvr.algos.offpolicy)
+OBJECTIVES["reverse_kl_distill"] = reverse_kl_distill  # on-policy distillation (rlvr.algos.distill)
+OBJECTIVES["bgpo"] = bgpo  # BGPO's per-draw linearised ELBO bound (rlvr.algos.dllm_objectives)
 
 
 def get_objective(name: str) -> Callable[..., tuple[Tensor, Metrics]]:

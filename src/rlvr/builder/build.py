@@ -7,7 +7,7 @@ import math
 import random
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -40,6 +40,13 @@ def base_model(config: Config):
     if m.kind == "diffusion":  # float32 only (config validation)
         return load_diffusion_lm(m.path or None, seed=config.seed, shift_logits=m.shift_logits, **size)
     return load_causal_lm(m.path, seed=config.seed, dtype=m.dtype, **size)
+
+
+def teacher_model(config: Config):
+    """The model at `model.teacher_path` (same kind, tokenizer and device as the student)."""
+    teacher = replace(config, model=replace(config.model, path=config.model.teacher_path, lora=replace(
+        config.model.lora, r=0)))
+    return build_model(teacher)[0]
 
 
 def build_model(config: Config):

@@ -43,6 +43,7 @@ from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode, split_engine
 from rlvr.sampling.base import ZeroVariance
 from rlvr.sampling.replay import ReplayBuffer
 from rlvr.trainer.expert import ExpertSource
+from rlvr.trainer.inpaint import InpaintPlan
 from rlvr.trainer.logit_stats import needs_reference
 from rlvr.trainer.plan import AsyncPlan, Components, ExpertPlan, LoopPlan, Proximal, RolloutPlan, RolloutSide, StepPlan
 from rlvr.trainer.step import LossSpec
@@ -76,6 +77,8 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     # adapter switched off), else a frozen copy taken before a policy hooks `model`.
     with_reference = a.kl_coef > 0 or needs_reference(loss.objective)
     frozen = copy.deepcopy(plain).requires_grad_(False) if with_reference and not lora else None
+    if config.model.teacher_path:  # on-policy distillation: the reference is the teacher checkpoint
+        frozen = build.teacher_model(config).requires_grad_(False)
     policy = build.build_policy(config, model, sharded=shard.size > 1)
     reference = build.build_policy(config, frozen) if frozen is not None else None
     if with_reference and lora:
@@ -175,7 +178,9 @@ def step_plan(config: Config, loss: LossSpec, advantage, *, fused: bool, shard: 
                           temperature=r.temperature, greedy_in_group=r.greedy_in_group,
                           group_filter=ZeroVariance(a.max_sampling_rounds) if a.dynamic_sampling else None,
                           micro_group_size=r.micro_group_size or r.group_size,
-                          greedy_baseline="baseline_rewards" in advantage.needs)
+                          greedy_baseline="baseline_rewards" in advantage.needs,
+                          inpaint=InpaintPlan(r.igpo_hint_low, r.igpo_hint_high, int(r.igpo_replace * r.group_size),
+                                              r.max_new_tokens) if r.igpo else None)
     return StepPlan(
         rollout=rollout, micro_batch_size=t.micro_batch_size, ppo_epochs=t.ppo_epochs, minibatches=t.minibatches,
         grad_clip=config.optim.grad_clip, samples_per_step=t.samples_per_step,

@@ -321,6 +321,17 @@ def validate(config: Config) -> None:
         (config.model.kind == "causal" or config.algo.objective != "shiq", "algo.objective",
          "shiq reads the logits' logsumexp, which a diffusion likelihood estimator does not have; "
          "use model.kind=causal or another objective"),
+        (config.algo.objective != "bgpo" or config.model.kind == "diffusion" and config.estimator.name == "bgpo",
+         "algo.objective", "bgpo reads the per-draw ELBO estimates of estimator.name=bgpo; set model.kind=diffusion "
+         "and estimator.name=bgpo, or use ppo_clip"),
+        (not config.rollout.igpo or config.model.kind == "diffusion" and config.rollout.engine == "torch",
+         "rollout.igpo", "inpaints the diffusion sampler's window; set model.kind=diffusion (torch engine) or false"),
+        (config.rollout.igpo_hint_low <= config.rollout.igpo_hint_high, "rollout.igpo_hint_low",
+         "must be <= rollout.igpo_hint_high"),
+        (config.algo.objective != "reverse_kl_distill" or bool(config.model.teacher_path), "model.teacher_path",
+         "reverse_kl_distill trains toward a teacher; set model.teacher_path to its checkpoint"),
+        (not config.model.teacher_path or config.model.lora.r == 0, "model.teacher_path",
+         "a teacher replaces the LoRA base as the reference; set model.lora.r=0 or drop the teacher"),
         (0 <= config.algo.overlong_buffer <= config.rollout.max_new_tokens, "algo.overlong_buffer",
          "must be between 0 (off) and rollout.max_new_tokens"),
         (config.model.kind in ("causal", "diffusion"), "model.kind", "must be 'causal' or 'diffusion'"),

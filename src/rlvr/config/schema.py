@@ -52,6 +52,9 @@ class ModelConfig:
     recipe = the user must pass one."""
     shift_logits: bool = False
     """Diffusion: Dream-style shifted logits (position i predicts token i+1)."""
+    teacher_path: str = ""
+    """On-policy distillation: a checkpoint (as `path`) that the reference is loaded from instead of a copy
+    of the starting weights; the objective `reverse_kl_distill` trains toward it. Empty = off."""
     hidden_size: int = ranged(128, ">= 1")
     """Tiny model: width."""
     num_layers: int = ranged(4, ">= 1")
@@ -124,6 +127,15 @@ class RolloutConfig:
     siblings, so the advantage sees whether the greedy answer (what evaluation scores) beats the samples."""
     window: str = "eos"
     """Diffusion: which window tokens are the completion: `eos` (up to EOS) or `full`."""
+    igpo: bool = False
+    """IGPO (diffusion): a group with no correct completion gets hinted ones (a prefix of the task's reference
+    inpainted into the window); up to igpo_replace·G of its rows are replaced by the correct hinted ones."""
+    igpo_hint_low: float = ranged(0.2, "[0, 1]")
+    """IGPO: smallest share of the reference's tokens injected as the hint (drawn uniform per group)."""
+    igpo_hint_high: float = ranged(0.6, "[0, 1]")
+    """IGPO: largest share of the reference's tokens injected as the hint."""
+    igpo_replace: float = ranged(0.5, "[0, 1]")
+    """IGPO: λ, hinted completions per such group and most rows replaced, as a share of group_size."""
     replay_fraction: float = ranged(0.0, "[0, 1)", "0 = off")
     """Rollout replay (DOTS): share of each step's prompt slots filled with recent groups from a
     buffer instead of fresh generations, trained with importance weights; 0 = off."""

@@ -26,6 +26,10 @@ behaviour log-prob; the position choice is not a probability). `completion_mask`
 window (ESPO, JustGRPO). Completion ids are the raw window, post-EOS tokens included, so the
 trace replays exactly.
 
+Inpainting (IGPO): `fixed` (B, gen_length) long puts a token at every position where it is >= 0
+before the first step; those positions are never masked, so the model decodes the rest around
+them. Their `trace` is -1 and their `logprobs` 0 (nothing was sampled there).
+
 Deviations: `suppress_eos` moves EOS candidates to the end of the ranking (they are committed
 only when nothing else is left in the block), applied to EOS itself (LLaDA's
 `confidence_eos_eot_inf` line only ends up suppressing EOT). No CFG (every RL repo
@@ -88,10 +92,10 @@ def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                        temperature: float | torch.Tensor = 1.0,
                        remasking: str = "low_confidence", threshold: float | None = None,
                        suppress_eos: bool = False, mask_id: int, eos_id: int,
-                       window: str = "eos") -> Rollouts:
+                       window: str = "eos", fixed: torch.Tensor | None = None) -> Rollouts:
     """Sample one window per row. prompt_ids/prompt_mask (B, Tp) left-padded, seeds (B,) int.
     `temperature`: one for all rows, or one per row (B,) where 0 decodes that row greedily
-    (`rollout.greedy_in_group`)."""
+    (`rollout.greedy_in_group`). `fixed` (B, gen_length): tokens given in advance, -1 = free."""
     block = block_length or gen_length
     if gen_length % block:
         raise ValueError(f"gen_length={gen_length} must be a multiple of block_length={block}")
@@ -103,7 +107,10 @@ def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     was_training = model.training
     model.eval()
     batch, tp = prompt_ids.shape
-    x = torch.cat([prompt_ids, torch.full((batch, gen_length), mask_id, dtype=torch.long)], dim=1)
+    window_in = torch.full((batch, gen_length), mask_id, dtype=torch.long)
+    if fixed is not None:
+        window_in = torch.where(fixed >= 0, fixed.to(torch.long), window_in)
+    x = torch.cat([prompt_ids, window_in], dim=1)
     attention = torch.cat([prompt_mask, torch.ones((batch, gen_length), dtype=prompt_mask.dtype)], dim=1)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     trace = torch.full((batch, gen_length), -1, dtype=torch.long)

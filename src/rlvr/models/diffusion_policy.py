@@ -15,13 +15,17 @@ micro-batches and row orders.
 (the sign selects ELBO or EUBO in `spg`) and `batch.trace` (the sampler's commit steps, which
 the diffusion engine puts on its `Rollouts`, for `trace`). `token_logprobs` takes them as
 keywords for direct use.
+
+`batch_draws(batch)` (estimator `bgpo` only, `rlvr.protocols.DrawsPolicy`) also returns the n per-draw
+estimates (B, n) that BGPO's own objective reads (`rlvr.algos.dllm_objectives.bgpo`); the
+log-probs are then their mean spread over the row, from the same forwards.
 """
 
 from __future__ import annotations
 
 import torch
 
-from rlvr.models.likelihood import Corruptor, get_estimator, row_hash, window_mask
+from rlvr.models.likelihood import Corruptor, bgpo_draws, get_estimator, row_hash, window_mask
 
 
 class DiffusionPolicy:
@@ -61,17 +65,34 @@ class DiffusionPolicy:
         return self.token_logprobs(batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
                                    with_entropy=with_entropy, advantages=batch.advantages, trace=batch.trace)
 
+    def batch_draws(self, batch, *, with_entropy: bool = False):
+        """(log-probs (B, Tc), entropy, {"draws": (B, n)}): BGPO's per-draw estimates, each
+        recomputed alone in the backward; the log-probs are `bgpo`'s values built from them."""
+        if self.estimator_name != "bgpo":
+            raise ValueError(f"per-draw estimates need estimator.name=bgpo, not {self.estimator_name!r}")
+        ctx = self._context(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, None)
+        kwargs = {k: v for k, v in self.estimator_kwargs.items() if k in ("n", "antithetic")}
+        draws, entropy = bgpo_draws(ctx, with_entropy=with_entropy, **kwargs)  # (B, n)
+        logp = torch.where(ctx.valid, draws.mean(-1)[:, None], torch.zeros_like(ctx.valid, dtype=draws.dtype))
+        if entropy is not None:
+            entropy = torch.where(ctx.valid, entropy, torch.zeros_like(entropy))
+        return logp, entropy, {"draws": draws}
+
+    def _context(self, prompt_ids, prompt_mask, completion_ids, mask_seed):
+        valid = window_mask(completion_ids, self.eos_id, self.window) > 0
+        seed = self.mask_seed if mask_seed is None else mask_seed
+        return Corruptor(model=self.model, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+                         completion_ids=completion_ids, valid=valid,
+                         keys=row_hash(prompt_ids, prompt_mask, completion_ids, seed),
+                         mask_id=self.mask_id, temperature=self.temperature)
+
     def token_logprobs(self, prompt_ids, prompt_mask, completion_ids, *, with_entropy: bool = False,
                        advantages: torch.Tensor | None = None, trace: torch.Tensor | None = None,
                        mask_seed: int | None = None):
         """Estimator values (B, Tc) and entropy (B, Tc) or None; see the module doc. The window
         (`self.window`) decides which tokens are scored."""
-        valid = window_mask(completion_ids, self.eos_id, self.window) > 0
-        seed = self.mask_seed if mask_seed is None else mask_seed
-        ctx = Corruptor(model=self.model, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-                        completion_ids=completion_ids, valid=valid,
-                        keys=row_hash(prompt_ids, prompt_mask, completion_ids, seed),
-                        mask_id=self.mask_id, temperature=self.temperature)
+        ctx = self._context(prompt_ids, prompt_mask, completion_ids, mask_seed)
+        valid = ctx.valid
         kwargs = dict(self.estimator_kwargs)
         if self.estimator_name == "spg":
             kwargs["advantages"] = advantages

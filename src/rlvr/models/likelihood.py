@@ -15,6 +15,7 @@ B̂_i SPREAD over the row's valid tokens (B̂_i / L_i on each, so the row sum is
 | `spg` | ELBO if A >= 0, EUBO or ω-mixture if A < 0; random or block-wise masks | seq | 2n |
 | `trace` | TraceRL/CJ-GRPO: log p(y_k | the sampler's state before its (merged) step) | token | ⌈steps/σ⌉ |
 | `ar_order` | JustGRPO: log p(y_k | y_<k visible, rest masked), exact AR factorisation | token | L, one at a time |
+| `prefix_block` | PBPO: log p(y_k | earlier blocks shown, k's block and later masked) | token | blocks |
 
 How spread values meet the trainer's objectives: with `ppo_clip` the per-token ratio is
 exp((B̂θ − B̂old)/L_i), the same on every token of a row: ESPO's length-normalised sequence
@@ -48,8 +49,8 @@ Deviations from the released code (see docs/papers.md rows):
    Block-wise masking picks the block stratified over draws with weight K (number of blocks),
    i.e. the semi-autoregressive ELBO; EUBO terms use complementary pairs so every token of the
    chosen block is masked in exactly one pass; a token never masked falls back to its ELBO term.
-2. `bgpo` is the ELBO with constant memory; off-policy, BGPO's per-draw linearised bound is
-   `bgpo_objective` below (a pure function) rather than the trainer's ratio objective.
+2. `bgpo` is the ELBO with constant memory; BGPO's per-draw linearised bound is the objective
+   `rlvr.algos.dllm_objectives.bgpo`, which reads the draws one by one (`bgpo_draws`).
 3. `elbo_mc(antithetic=True)` is not ESPO's `reduce_var` pair (mask count c ~ U{0..L} and its
    exact complement, weights (L+1)/c and (L+1)/(L−c)): that pair is unbiased too, but at small L
    the c ∈ {0, L} draws halve the estimate's scale and it had MORE variance than two plain draws
@@ -65,6 +66,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlvr.models.prefix_block import prefix_block
 from rlvr.noise import mix32, uniform_noise
 
 WINDOWS = ("eos", "full")
@@ -281,17 +283,55 @@ def sum_of_recomputed(piece: Callable[[int], torch.Tensor], count: int) -> torch
     return _SumOfRecomputed.apply(anchor, piece, count)
 
 
+class _StackOfRecomputed(torch.autograd.Function):
+    """out[j] = piece(j), computed without graph; backward recomputes each piece with graph and
+    back-propagates grad[j] into it at once, so memory holds one piece's graph whatever the loss
+    does with the stack (BGPO's per-draw exp and clip)."""
+
+    @staticmethod
+    def forward(fctx, anchor, piece, count):
+        fctx.piece, fctx.count = piece, count
+        with torch.no_grad():
+            return torch.stack([piece(j) for j in range(count)])
+
+    @staticmethod
+    def backward(fctx, grad):
+        with torch.enable_grad():
+            for j in range(fctx.count):
+                torch.autograd.backward(fctx.piece(j), grad[j])
+        return None, None, None
+
+
+def stack_of_recomputed(piece: Callable[[int], torch.Tensor], count: int) -> torch.Tensor:
+    """torch.stack([piece(j) for j < count]) with O(1) graph memory in `count`."""
+    anchor = torch.zeros((), requires_grad=torch.is_grad_enabled())
+    if not torch.is_grad_enabled():
+        return torch.stack([piece(j) for j in range(count)])
+    return _StackOfRecomputed.apply(anchor, piece, count)
+
+
+def bgpo_draws(ctx: Corruptor, *, n: int = 16, antithetic: bool = False, with_entropy: bool = False):
+    """((B, n), entropy (B, Tc) | None): draw j's sequence ELBO estimate over the row's length,
+    e_j / L (the masks of `bgpo` and `elbo_mc` for the same n), each recomputed alone in the
+    backward. Their mean, spread over the row, is `bgpo`'s value; the entropy is `bgpo`'s."""
+    def piece(j):
+        return _elbo_draw_value(ctx, j, n, antithetic, False)[0] / ctx.lengths.clamp(min=1)
+
+    return stack_of_recomputed(piece, n).T, (_bgpo_entropy(ctx, n) if with_entropy else None)
+
+
+@torch.no_grad()
+def _bgpo_entropy(ctx: Corruptor, n: int) -> torch.Tensor:
+    # one antithetic pair (2 forwards) masks every valid token at least once
+    return _entropy_mean(*_elbo_draw_value(ctx, 0, n, True, True)[1:])
+
+
 def bgpo(ctx: Corruptor, *, n: int = 16, antithetic: bool = False, with_entropy: bool = False):
     """BGPO: the `elbo_mc` estimate (same masks for the same n), each draw back-propagated alone."""
     def piece(j):
         return ctx.spread(_elbo_draw_value(ctx, j, n, antithetic, False)[0] / n)
 
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            # one antithetic pair (2 forwards) masks every valid token at least once
-            entropy = _entropy_mean(*_elbo_draw_value(ctx, 0, n, True, True)[1:])
-    return sum_of_recomputed(piece, n), entropy
+    return sum_of_recomputed(piece, n), (_bgpo_entropy(ctx, n) if with_entropy else None)
 
 
 def _block_draw(ctx: Corruptor, j: int, n: int, block_length: int):
@@ -399,7 +439,7 @@ def ar_order(ctx: Corruptor, *, with_entropy: bool = False):
 
 ESTIMATORS: dict[str, Callable] = {
     "mean_field": mean_field, "coupled": coupled, "elbo_mc": elbo_mc, "bgpo": bgpo, "spg": spg,
-    "trace": trace, "ar_order": ar_order,
+    "trace": trace, "ar_order": ar_order, "prefix_block": prefix_block,
 }
 SEQUENCE_LEVEL = frozenset({"elbo_mc", "bgpo", "spg"})
 
@@ -410,23 +450,6 @@ def get_estimator(name: str) -> Callable:
     return ESTIMATORS[name]
 
 
-# ---------------------------------------------------------------------------- objectives
-
-
-def bgpo_objective(draw_logp, draw_old, advantages, *, clip_low: float = 0.2, clip_high: float = 0.2):
-    """BGPO's linearised bound on per-draw ELBO terms. draw_logp/draw_old (n, B) per-draw sequence
-    estimates (already /L if desired), advantages (B,). Returns the loss (scalar, mean over B):
-    −(1/n) Σ_j A · r_j, r_j = 1 + d_j for A >= 0 (e^x >= 1 + x), e^{d_j} for A < 0 (Jensen),
-    d_j = draw_logp − draw_old, each r_j PPO-clipped. Linear in the draws, so each draw's
-    gradient can be taken alone; on-policy (d = 0) value and gradient equal those of the ELBO
-    objective −A · exp(mean_j d_j)."""
-    d = draw_logp - draw_old.detach()
-    ratio = torch.where(advantages[None, :] >= 0, 1 + d, torch.exp(d))
-    clipped = ratio.clamp(1 - clip_low, 1 + clip_high)
-    surrogate = torch.minimum(ratio * advantages, clipped * advantages)
-    return -surrogate.mean(0).mean()
-
-
-__all__ = ["ESTIMATORS", "SEQUENCE_LEVEL", "SPG_BOUNDS", "WINDOWS", "Corruptor", "ar_order", "bgpo", "bgpo_objective",
+__all__ = ["ESTIMATORS", "SEQUENCE_LEVEL", "SPG_BOUNDS", "WINDOWS", "Corruptor", "ar_order", "bgpo", "bgpo_draws",
            "coupled", "distinct_forward", "elbo_draw", "elbo_mc", "get_estimator", "mean_field", "row_hash", "spg",
-           "sum_of_recomputed", "trace", "window_mask"]
+           "stack_of_recomputed", "sum_of_recomputed", "trace", "window_mask"]

@@ -23,6 +23,7 @@ from rlvr.agents.collect import is_agent_task, rollout_batch
 from rlvr.batch import Rollouts, concat_rollouts
 from rlvr.codec import decode_completions, encode_prompts
 from rlvr.sampling.base import GroupFeedback, Request
+from rlvr.trainer.inpaint import inpaint_round
 from rlvr.trainer.plan import RolloutPlan
 from rlvr.trainer.scoring import score, scored
 from rlvr.types import Example
@@ -160,9 +161,12 @@ def _one_round(c, step: int, round_index: int, n_prompts: int) -> tuple[list[Req
                         group_size=r.group_size, micro_group_size=r.micro_group_size, pad_id=c.tokenizer.pad_token_id)
     texts = decode_completions(c.tokenizer, rollouts)
     s = scored(c.reward, c.task, group, texts)
-    return requests, Collected(group, rollouts, texts, s.rewards, s.correct,
-                               {f"reward/{k}": v for k, v in s.metrics.items()},
-                               components=s.components, component_weights=s.weights, component_names=s.names)
+    got = Collected(group, rollouts, texts, s.rewards, s.correct, {f"reward/{k}": v for k, v in s.metrics.items()},
+                    components=s.components, component_weights=s.weights, component_names=s.names)
+    if r.inpaint is not None:  # IGPO: groups with no correct completion get hinted ones (trainer/inpaint.py)
+        got = inpaint_round(c, r.inpaint, got, prompt_ids, prompt_mask, seeds, row_temperatures(r, len(group)),
+                            r.group_size)
+    return requests, got
 
 
 def greedy_baseline(c, group: list[Example]) -> torch.Tensor:

@@ -15,16 +15,23 @@ import torch
 from rlvr.algos._advantage_core import AdvantageInputs, token_level_rewards
 from rlvr.algos._registry import BEHAVIOUR_NEEDS, needs_of
 from rlvr.batch import TrainBatch
-from rlvr.protocols import LogitStatsPolicy, PolicyModel
+from rlvr.protocols import DrawsPolicy, LogitStatsPolicy, PolicyModel
 
-LOSS_STATS = ("logsumexp", "logit")
+LOSS_STATS = ("logsumexp", "logit", "draws")
 """Objective needs that the update step's own forward provides (with gradients)."""
+ROW_STATS = frozenset({"draws"})
+"""Statistics per row (B, n), not per token: no completion mask applies."""
 
 
 def _policy_outputs(policy: PolicyModel, mb: TrainBatch, stats: tuple[str, ...], with_entropy: bool = False):
     """(log-probs, entropy, {stat: (B, Tc)}): `batch_logprobs` when no stat is asked."""
     if not stats:
         return (*policy.batch_logprobs(mb, with_entropy=with_entropy), {})
+    if stats == ("draws",):  # per-draw likelihood estimates (BGPO), a masked-diffusion policy's
+        if not isinstance(policy, DrawsPolicy):
+            raise TypeError(f"{type(policy).__name__} has no per-draw estimates: the objective needs "
+                            "model.kind=diffusion with estimator.name=bgpo")
+        return policy.batch_draws(mb, with_entropy=with_entropy)
     if not isinstance(policy, LogitStatsPolicy):
         raise TypeError(f"{type(policy).__name__} returns no logit statistics ({', '.join(stats)}): "
                         "the chosen objective or advantage estimator needs a causal LM policy")
@@ -45,7 +52,8 @@ def no_grad_outputs(policy: PolicyModel, batch: TrainBatch, micro_batch_size: in
         mb = batch.select(slice(i, i + micro_batch_size))
         parts.extend([run(mb)] if rows is None else rows.map(lambda part, mb=mb: run(mb.select(part)), len(mb)))
     mask = batch.completion_mask
-    return {key: torch.cat([p[key] for p in parts]).to(mask.device) * mask for key in parts[0]}
+    return {key: torch.cat([p[key] for p in parts]).to(mask.device) * (1 if key in ROW_STATS else mask)
+            for key in parts[0]}
 
 
 def advantage_stats(advantage) -> tuple[str, ...]:
@@ -55,16 +63,19 @@ def advantage_stats(advantage) -> tuple[str, ...]:
 
 
 def old_pass(policy: PolicyModel, batch: TrainBatch, advantage, micro_batch_size: int, rows,
-             needed: bool) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+             needed: bool, objective=None) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
     """(old log-probs or None, the `AdvantageInputs` keywords the estimator declared). The pass
     runs when the loop needs old log-probs (`needed`) or the estimator declared anything (the
     optimal token baseline reads the behaviour policy's log-probs and Σπ², as verl computes them in
     its old-log-prob pass); the log-probs are returned only when `needed`, so the on-policy
-    shortcut (ρ ≡ 1) stays as it is."""
+    shortcut (ρ ≡ 1) stays as it is. When the log-probs are needed and `objective` declared
+    `old_draws` (BGPO), the same forwards also set `batch.old_draws`."""
     declared = needs_of(advantage) & BEHAVIOUR_NEEDS
     if not needed and not declared:
         return None, {}
-    out = no_grad_outputs(policy, batch, micro_batch_size, rows, advantage_stats(advantage))
+    draws = ("draws",) if needed and "old_draws" in needs_of(objective) else ()
+    out = no_grad_outputs(policy, batch, micro_batch_size, rows, advantage_stats(advantage) + draws)
+    batch.old_draws = out.get("draws")
     inputs = {"old_logp": out["logp"]} if "old_logp" in declared else {}
     inputs.update({k: out[k] for k in declared if k in out})
     return (out["logp"] if needed else None), inputs
@@ -95,7 +106,11 @@ def loss_outputs(policy: PolicyModel, mb: TrainBatch, objective):
     declared = needs_of(objective)
     logp, entropy, extra = _policy_outputs(policy, mb, tuple(s for s in LOSS_STATS if s in declared),
                                            with_entropy=True)
-    fields = {"ref_logp": mb.ref_logp, "ref_logsumexp": mb.ref_logsumexp, "token_rewards": mb.token_rewards}
+    # on-policy (no old pass) the old draws are this forward's, detached: ρ ≡ 1 per draw, as old_logp
+    draws = extra.get("draws")
+    old_draws = mb.old_draws if mb.old_draws is not None or draws is None else draws.detach()
+    fields = {"ref_logp": mb.ref_logp, "ref_logsumexp": mb.ref_logsumexp, "token_rewards": mb.token_rewards,
+              "old_draws": old_draws}
     data = {}
     for name in sorted(declared):
         value = extra.get(name, fields.get(name))

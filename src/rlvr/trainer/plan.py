@@ -23,6 +23,7 @@ from rlvr.runtime.rows import RowPool
 from rlvr.sampling.base import GroupFilter, Sampler
 from rlvr.sampling.replay import ReplayBuffer
 from rlvr.trainer.expert import ExpertSource
+from rlvr.trainer.inpaint import InpaintPlan
 from rlvr.trainer.step import LossSpec
 
 
@@ -51,6 +52,7 @@ class RolloutPlan:
     group_filter: GroupFilter | None  # which generated groups train, and refills (DAPO); None = all of them
     micro_group_size: int  # completions per prompt in one engine pass (G = one pass)
     greedy_baseline: bool  # one greedy completion per prompt scored for the advantage (ReMax)
+    inpaint: InpaintPlan | None = None  # IGPO: hinted completions for groups with no correct one; None = off
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,92 @@
+"""Objectives written for masked-diffusion LMs that read each Monte-Carlo draw of the likelihood.
+
+Paper: BGPO, "Boundary-Guided Policy Optimization for Memory-efficient RL of Diffusion Large
+Language Models" (Lin et al. 2025, arXiv:2510.11683). With per-draw ELBO terms e_j (j = 1..n,
+each length-normalised, e_j / L) and d_j = e_j^θ − e_j^old, the ELBO ratio exp(mean_j d_j)
+couples the n draws, so every draw's graph must stay alive. BGPO replaces it by a lower bound
+that is a sum of single-draw terms:
+    A >= 0:  R = A · (1/n) Σ_j (1 + d_j)       (e^x >= 1 + x)
+    A <  0:  R = A · (1/n) Σ_j e^{d_j}         (Jensen: exp(mean d) <= mean exp(d))
+each per-draw ratio r_j PPO-clipped; loss −(1/G) Σ_i R_i. On-policy (d = 0) value and gradient
+equal those of the ELBO objective −A · exp(mean_j d_j); off-policy it is a lower bound. Linear in
+the draws, so each draw's gradient can be taken alone and memory stays flat in n (the policy's
+`draws` come from `likelihood.stack_of_recomputed`, which recomputes each draw in the backward).
+
+`bgpo` is the `OBJECTIVES` entry. It declares (`needs`) `draws` (B, n), the current policy's
+per-draw estimates from the update's forward (with their recomputing graph), and `old_draws`
+(B, n), the same draws (same masks: common random numbers) under the policy before the update,
+from the old-policy pass; on-policy (no old pass) they are `draws` detached. Its loss is the row's
+R_i on each of its valid tokens, so `seq_mean_token_mean` aggregates it to −(1/B) Σ_i R_i.
+
+Deliberate deviations:
+1. The "ratio" 1 + d_j for A >= 0 is used as is (DARE's port goes through a log/exp round trip,
+   which is NaN for d_j < −1); its clip range is the same [1 − clip_low, 1 + clip_high].
+2. No dual clip (the port applies c = 3); `clip_low` / `clip_high` are the trainer's fields.
+3. The advantage of a row is its masked mean over tokens (the trainer's advantages are (B, T),
+   constant along a row for the outcome-reward estimators).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rlvr.algos._registry import needs
+
+
+def bgpo_surrogate(draws: Tensor, old_draws: Tensor, advantages: Tensor, *, clip_low: float = 0.2,
+                   clip_high: float = 0.2) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-row BGPO bound R_i (B,) from per-draw estimates (B, n) and row advantages (B,);
+    metrics (B,): the mean per-draw ratio and the fraction of draws whose clip removes the gradient."""
+    d = draws - old_draws.detach()
+    adv = advantages.detach()[:, None]  # (B, 1)
+    ratio = torch.where(adv >= 0, 1 + d, torch.exp(d))  # (B, n)
+    clipped = ratio.clamp(1 - clip_low, 1 + clip_high)
+    surrogate = torch.minimum(ratio * adv, clipped * adv)
+    r = ratio.detach()
+    low, high = (adv < 0) & (r < 1 - clip_low), (adv > 0) & (r > 1 + clip_high)
+    return surrogate.mean(-1), {"ratio": r.mean(-1), "clip_frac_low": low.float().mean(-1),
+                                "clip_frac_high": high.float().mean(-1)}
+
+
+@needs("draws", "old_draws")
+def bgpo(logp, old_logp, advantages, mask, *, draws: Tensor, old_draws: Tensor, clip_low: float = 0.2,
+         clip_high: float = 0.2) -> tuple[Tensor, dict[str, Tensor]]:
+    """BGPO's bound as a per-token loss (B, T): −R_i on each valid token of row i. `logp` and
+    `old_logp` (the draws' mean, spread) are not read: the draws carry the same numbers."""
+    keep = mask > 0
+    row_adv = (advantages.detach() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    value, metrics = bgpo_surrogate(draws, old_draws, row_adv, clip_low=clip_low, clip_high=clip_high)
+    spread = {k: torch.where(keep, v[:, None], torch.zeros_like(mask)) for k, v in metrics.items()}
+    return torch.where(keep, -value[:, None], torch.zeros_like(mask)), spread
+
+
+def block_product_ppo(logp, old_logp, advantages, mask, *, block_length: int, clip_low: float = 0.2,
+                      clip_high: float = 0.2) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO-clip with one ratio per block, the product of its tokens' ratios, exp(Σ_{k∈b} d_k): the
+    block-product weighting PBPO compares its token-local one (`ppo_clip` on `prefix_block`
+    values) against. The block's clipped loss is spread over its n_b valid tokens (−A·r_b / n_b
+    on each), so on-policy (r = 1) its gradient is token-local's, Σ_k −A ∇d_k; off-policy every
+    token of a block is weighted by the whole block's ratio. Shapes (B, T)."""
+    keep = mask > 0
+    d = torch.where(keep, logp - old_logp.detach(), torch.zeros_like(logp))
+    width = d.shape[1]
+    block_of = torch.arange(width, device=d.device) // block_length  # (T,)
+    one_hot = torch.nn.functional.one_hot(block_of).to(d.dtype)  # (T, blocks)
+    per_block = (d @ one_hot) @ one_hot.T  # (B, T): the block's summed log-ratio on each of its tokens
+    size = (keep.to(d.dtype) @ one_hot) @ one_hot.T  # (B, T): the block's valid tokens n_b
+    ratio = torch.exp(per_block.clamp(-20, 20))
+    adv = advantages.detach()
+    loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high)) / size.clamp(min=1)
+    return torch.where(keep, loss, torch.zeros_like(loss)), {"ratio": torch.where(keep, ratio.detach(),
+                                                                                   torch.zeros_like(loss))}
+
+
+def bgpo_objective(draw_logp: Tensor, draw_old: Tensor, advantages: Tensor, *, clip_low: float = 0.2,
+                   clip_high: float = 0.2) -> Tensor:
+    """The scalar BGPO loss −(1/B) Σ_i R_i; draws (n, B) as the paper indexes them, advantages (B,)."""
+    value, _ = bgpo_surrogate(draw_logp.T, draw_old.T, advantages, clip_low=clip_low, clip_high=clip_high)
+    return -value.mean()
+
+
+__all__ = ["bgpo", "bgpo_objective", "bgpo_surrogate", "block_product_ppo"]
