@@ -52,6 +52,9 @@ class ModelConfig:
     recipe = the user must pass one."""
     shift_logits: bool = False
     """Diffusion: Dream-style shifted logits (position i predicts token i+1)."""
+    block_size: int = ranged(0, ">= 0", "0 = bidirectional")
+    """Diffusion: 0 = fully bidirectional; > 0 = block diffusion (full attention inside blocks of this many window
+    tokens, causal across blocks, sampled block by block with a KV cache); a block checkpoint sets its own."""
     hidden_size: int = ranged(128, ">= 1")
     """Tiny model: width."""
     num_layers: int = ranged(4, ">= 1")

@@ -30,6 +30,7 @@ class DiffusionPolicy:
     remaining keywords are that estimator's options (e.g. n=4, antithetic=True)."""
 
     exact_logprobs = False  # each forward is an estimator's sample of the log-likelihood, not the log-probs
+    corruptor = Corruptor  # how a corrupted row is denoised (block models: `BlockCorruptor`)
 
     def __init__(self, model, estimator: str = "mean_field", *, window: str = "eos", temperature: float = 1.0,
                  mask_id: int | None = None, eos_id: int | None = None, **estimator_kwargs):
@@ -68,7 +69,7 @@ class DiffusionPolicy:
         (`self.window`) decides which tokens are scored."""
         valid = window_mask(completion_ids, self.eos_id, self.window) > 0
         seed = self.mask_seed if mask_seed is None else mask_seed
-        ctx = Corruptor(model=self.model, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+        ctx = self.corruptor(model=self.model, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
                         completion_ids=completion_ids, valid=valid,
                         keys=row_hash(prompt_ids, prompt_mask, completion_ids, seed),
                         mask_id=self.mask_id, temperature=self.temperature)

@@ -1,0 +1,129 @@
+"""Block-diffusion sampler with a KV cache over finished blocks (SDAR / Fast-dLLM v2 / BD3-LM).
+
+For a `BlockDiffusionLM`: the prompt is run once and its keys and values cached; each block of
+`model.config.block_size` window tokens is denoised by forwards of that block only, reading the
+cache; when the block is done, one forward of its committed tokens appends its keys and values
+(none after the last block). The commit rule of every step is `generate_diffusion`'s (Gumbel-max
+candidates at `temperature`, `remasking` scores, LLaDA's per-block schedule or a `threshold`,
+`suppress_eos`, the same hashed per-row noise), so a completion depends on its row's seed only.
+
+`use_cache=False` runs each step as one forward of [prompt; finished blocks; current block]
+under the block-causal mask instead: the same logits up to float rounding, hence the same
+tokens (tests/dllm/test_block_diffusion.py); it exists to measure what the cache saves.
+`Rollouts.forwards` counts model calls: cached, the denoising steps plus the prompt's and each
+finished block's append (none after the last block), each over one block's columns; uncached, the
+steps, each over the whole prefix (bench/dllm_block.py measures both).
+
+Deviations: no sub-block cache and no greedy decoding of a block's first token (Fast-dLLM v2),
+block boundaries aligned to the window (see `rlvr.models.block_diffusion`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlvr.batch import Rollouts
+from rlvr.engines.torch_diffusion import _EOS_PENALTY, REMASKING, _candidates, _row_keys, _scores, transfer_schedule
+from rlvr.models.likelihood import window_mask
+
+
+def _commit(logits, block_ids, seeds, row_steps, *, temperature, remasking, threshold, quota, suppress_eos,
+            mask_id: int, eos_id: int):
+    """One denoising step of a block, as in `generate_diffusion`. logits (B, b, V) float64 of the block,
+    block_ids (B, b); returns (new block ids, commit (B, b) bool, log-probs (B, b), remaining (B,))."""
+    masked = block_ids == mask_id
+    logits[..., mask_id] = float("-inf")  # the mask token is never a candidate
+    tempered, candidates = _candidates(logits, temperature, seeds, row_steps)
+    logp = tempered.log_softmax(-1).gather(-1, candidates[..., None]).squeeze(-1)
+    score = _scores(logits, candidates, remasking, _row_keys(seeds, row_steps, 0x77))
+    if suppress_eos:
+        score = torch.where(candidates == eos_id, score - _EOS_PENALTY, score)
+    score = torch.where(masked, score, torch.full_like(score, float("-inf")))
+    remaining = masked.sum(-1)  # (B,)
+    if threshold is None:
+        count = torch.clamp(remaining, max=quota)
+    else:
+        count = torch.minimum(torch.clamp((score >= threshold).sum(-1), min=1), remaining)
+    rank = score.argsort(dim=-1, descending=True, stable=True).argsort(dim=-1)
+    commit = (rank < count[:, None]) & masked
+    return torch.where(commit, candidates, block_ids), commit, logp, remaining
+
+
+def _block_logits(model, x, attention, positions, lo, hi, tp, cache, carry):
+    """Logits (B, b, V) of columns lo:hi given everything before them: from the cache, or one
+    block-causal forward of x[:, :hi]. `carry` (B, V): the raw logit before lo (shift_logits)."""
+    if cache is None:
+        return model(x[:, :hi], attention[:, :hi], positions[:, :hi], prefix_len=tp)[:, lo:hi]
+    raw, _ = model.forward_cached(x[:, lo:hi], positions[:, lo:hi], cache, attention[:, :hi])
+    if model.config.shift_logits:  # position i predicts token i+1: the first column reads the carried one
+        raw = torch.cat([carry[:, None], raw[:, :-1]], dim=1)
+    return raw
+
+
+def _append(model, x, positions, lo, hi, cache, attention):
+    """Run columns lo:hi (finished) against the cache; return (cache with their k/v, their last raw logit)."""
+    raw, fresh = model.forward_cached(x[:, lo:hi], positions[:, lo:hi], cache, attention[:, :hi])
+    if cache is None:
+        return fresh, raw[:, -1]
+    return [(torch.cat([k0, k1], 2), torch.cat([v0, v1], 2)) for (k0, v0), (k1, v1) in zip(cache, fresh)], raw[:, -1]
+
+
+@torch.no_grad()
+def generate_block_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, *,
+                             gen_length: int, steps: int, temperature: float | torch.Tensor = 1.0,
+                             remasking: str = "low_confidence", threshold: float | None = None,
+                             suppress_eos: bool = False, mask_id: int, eos_id: int, window: str = "eos",
+                             use_cache: bool = True, block_length: int | None = None) -> Rollouts:
+    """Sample one window per row, block by block (see the module doc). prompt_ids/prompt_mask (B, Tp)
+    left-padded, seeds (B,). `block_length` must be None or the model's block size."""
+    block = model.config.block_size
+    if block_length not in (None, block):
+        raise ValueError(f"block_length={block_length}: a block model samples blocks of its own size {block}")
+    if gen_length % block:
+        raise ValueError(f"gen_length={gen_length} must be a multiple of the model's block_size={block}")
+    num_blocks = gen_length // block
+    if threshold is None and (steps % num_blocks or steps < num_blocks):
+        raise ValueError(f"steps={steps} must be a positive multiple of the number of blocks {num_blocks}")
+    if remasking not in REMASKING:
+        raise ValueError(f"unknown remasking {remasking!r}; valid: {', '.join(REMASKING)}")
+    was_training = model.training
+    model.eval()
+    batch, tp = prompt_ids.shape
+    x = torch.cat([prompt_ids, torch.full((batch, gen_length), mask_id, dtype=torch.long)], dim=1)
+    attention = torch.cat([prompt_mask, torch.ones((batch, gen_length), dtype=prompt_mask.dtype)], dim=1)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    trace = torch.full((batch, gen_length), -1, dtype=torch.long)
+    logprobs = torch.zeros((batch, gen_length))
+    row_steps = torch.zeros(batch, dtype=torch.long)
+    schedule = transfer_schedule(block, steps // num_blocks) if threshold is None else None
+    cache, carry, forwards = None, None, 0
+    if use_cache:  # the prompt sees itself only: its keys and values are final
+        cache, carry = _append(model, x, positions, 0, tp, None, attention)
+        forwards += 1
+    for b in range(num_blocks):
+        lo, hi = tp + b * block, tp + (b + 1) * block
+        s = 0
+        while bool((x[:, lo:hi] == mask_id).any()):
+            logits = _block_logits(model, x, attention, positions, lo, hi, tp, cache, carry).double()
+            forwards += 1
+            quota = schedule[min(s, len(schedule) - 1)] if schedule is not None else None
+            ids, commit, logp, remaining = _commit(
+                logits, x[:, lo:hi], seeds, row_steps, temperature=temperature, remasking=remasking,
+                threshold=threshold, quota=quota, suppress_eos=suppress_eos, mask_id=mask_id, eos_id=eos_id)
+            x[:, lo:hi] = ids
+            trace[:, lo - tp:hi - tp] = torch.where(commit, row_steps[:, None], trace[:, lo - tp:hi - tp])
+            logprobs[:, lo - tp:hi - tp] = torch.where(commit, logp.float(), logprobs[:, lo - tp:hi - tp])
+            row_steps += (remaining > 0).long()
+            s += 1
+        if use_cache and b + 1 < num_blocks:
+            cache, carry = _append(model, x, positions, lo, hi, cache, attention)
+            forwards += 1
+    model.train(was_training)
+    completion = x[:, tp:]
+    mask = window_mask(completion, eos_id, window)
+    return Rollouts(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion, completion_mask=mask,
+        logprobs=logprobs * mask, truncated=~(completion == eos_id).any(-1), trace=trace, forwards=forwards)
+
+
+__all__ = ["generate_block_diffusion"]
