@@ -265,3 +265,24 @@ def test_our_block_checkpoint_round_trips_with_its_block_size(tmp_path):
 def test_block_size_config_errors_name_the_field(overrides, field):
     with pytest.raises(ConfigError, match=field):
         load_config(None, overrides)
+
+
+@pytest.mark.slow
+def test_block_recipe_runs_one_step_off_under_the_async_loop(tmp_path, capsys):
+    # Staleness 0 reproducing the synchronous run is tests/trainer/test_async.py (block_diffusion case);
+    # here η = 1: the recipe trains batches one policy version old, bounded and finite.
+    from pathlib import Path
+
+    from rlvr.cli import main
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes/dllm_block_countdown.yaml"
+    code = main(["train", str(recipe), "trainer.steps=4", "trainer.max_staleness=1", "trainer.eval_every=0",
+                 "trainer.threads=2", "rollout.prompts_per_step=2", "rollout.group_size=4", "trainer.save_every=0",
+                 f"trainer.out_dir={tmp_path}", "trainer.name=eta1"])
+    assert code == 0, capsys.readouterr().err
+    lines = [json.loads(line) for line in (tmp_path / "eta1" / "metrics.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if line["step"] > 0]
+    assert len(steps) == 4 and all(line["async/staleness"] in (0, 1) for line in steps)
+    assert any(line["async/staleness"] == 1 for line in steps)
+    assert all(torch.isfinite(torch.tensor(line["loss/policy"])) for line in steps)
+    assert json.loads((tmp_path / "eta1" / "run.json").read_text())["status"] == "finished"

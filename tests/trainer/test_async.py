@@ -47,6 +47,8 @@ def _assert_same_run(sync_run, async_run):
     pytest.param(["trainer.threads=2"], id="causal"),  # the default tiny model, rows split over 2 workers
     pytest.param(["recipes/dllm_diffu_grpo_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
                   "trainer.threads=2"], id="diffusion"),
+    pytest.param(["recipes/dllm_block_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
+                  "trainer.threads=2"], id="block_diffusion"),
 ])
 def test_staleness_zero_reproduces_the_synchronous_loop_bit_for_bit(tmp_path, capsys, model):
     common = [*model, "trainer.steps=4", "trainer.eval_every=2"]
