@@ -39,7 +39,8 @@ def cache_table(overrides: list[str]) -> str:
     columns = []
     model.embed_tokens.register_forward_hook(lambda m, args, out: columns.append(args[0].numel()))
     r = config.rollout
-    rows = ["| steps | threshold | cache | same tokens | held-out acc | forwards | columns | s |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| steps | threshold | cache | same tokens | held-out acc | forwards | columns | s |",
+            "|---|---|---|---|---|---|---|---|"]
     for steps, threshold in ((r.max_new_tokens, None), (r.max_new_tokens // 2, None), (r.max_new_tokens, 0.9)):
         outs = {}
         for cache in (True, False):

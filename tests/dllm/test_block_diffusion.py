@@ -21,7 +21,13 @@ from rlvr.models.block_diffusion import (
     checkpoint_block_size,
     load_diffusion_or_block_lm,
 )
-from rlvr.models.diffusion_lm import DiffusionConfig, diffusion_tokenizer, dream_key, load_diffusion_model, tiny_diffusion_lm
+from rlvr.models.diffusion_lm import (
+    DiffusionConfig,
+    diffusion_tokenizer,
+    dream_key,
+    load_diffusion_model,
+    tiny_diffusion_lm,
+)
 from rlvr.models.likelihood import ar_order, bgpo, elbo_mc, mean_field, row_hash, spg, trace
 
 CONFIG = DiffusionConfig(vocab_size=12, mask_token_id=11, eos_token_id=10, pad_token_id=0, hidden_size=32,

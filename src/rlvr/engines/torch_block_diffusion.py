@@ -23,30 +23,8 @@ from __future__ import annotations
 import torch
 
 from rlvr.batch import Rollouts
-from rlvr.engines.torch_diffusion import _EOS_PENALTY, REMASKING, _candidates, _row_keys, _scores, transfer_schedule
+from rlvr.engines.torch_diffusion import check_schedule, commit_step, transfer_schedule, window_state
 from rlvr.models.likelihood import window_mask
-
-
-def _commit(logits, block_ids, seeds, row_steps, *, temperature, remasking, threshold, quota, suppress_eos,
-            mask_id: int, eos_id: int):
-    """One denoising step of a block, as in `generate_diffusion`. logits (B, b, V) float64 of the block,
-    block_ids (B, b); returns (new block ids, commit (B, b) bool, log-probs (B, b), remaining (B,))."""
-    masked = block_ids == mask_id
-    logits[..., mask_id] = float("-inf")  # the mask token is never a candidate
-    tempered, candidates = _candidates(logits, temperature, seeds, row_steps)
-    logp = tempered.log_softmax(-1).gather(-1, candidates[..., None]).squeeze(-1)
-    score = _scores(logits, candidates, remasking, _row_keys(seeds, row_steps, 0x77))
-    if suppress_eos:
-        score = torch.where(candidates == eos_id, score - _EOS_PENALTY, score)
-    score = torch.where(masked, score, torch.full_like(score, float("-inf")))
-    remaining = masked.sum(-1)  # (B,)
-    if threshold is None:
-        count = torch.clamp(remaining, max=quota)
-    else:
-        count = torch.minimum(torch.clamp((score >= threshold).sum(-1), min=1), remaining)
-    rank = score.argsort(dim=-1, descending=True, stable=True).argsort(dim=-1)
-    commit = (rank < count[:, None]) & masked
-    return torch.where(commit, candidates, block_ids), commit, logp, remaining
 
 
 def _block_logits(model, x, attention, positions, lo, hi, tp, cache, carry):
@@ -79,22 +57,11 @@ def generate_block_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch
     block = model.config.block_size
     if block_length not in (None, block):
         raise ValueError(f"block_length={block_length}: a block model samples blocks of its own size {block}")
-    if gen_length % block:
-        raise ValueError(f"gen_length={gen_length} must be a multiple of the model's block_size={block}")
-    num_blocks = gen_length // block
-    if threshold is None and (steps % num_blocks or steps < num_blocks):
-        raise ValueError(f"steps={steps} must be a positive multiple of the number of blocks {num_blocks}")
-    if remasking not in REMASKING:
-        raise ValueError(f"unknown remasking {remasking!r}; valid: {', '.join(REMASKING)}")
+    num_blocks = check_schedule(gen_length, block, steps, threshold, remasking, what="the model's block_size")
     was_training = model.training
     model.eval()
-    batch, tp = prompt_ids.shape
-    x = torch.cat([prompt_ids, torch.full((batch, gen_length), mask_id, dtype=torch.long)], dim=1)
-    attention = torch.cat([prompt_mask, torch.ones((batch, gen_length), dtype=prompt_mask.dtype)], dim=1)
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    trace = torch.full((batch, gen_length), -1, dtype=torch.long)
-    logprobs = torch.zeros((batch, gen_length))
-    row_steps = torch.zeros(batch, dtype=torch.long)
+    tp = prompt_ids.shape[1]
+    x, attention, positions, trace, logprobs, row_steps = window_state(prompt_ids, prompt_mask, gen_length, mask_id)
     schedule = transfer_schedule(block, steps // num_blocks) if threshold is None else None
     cache, carry, forwards = None, None, 0
     if use_cache:  # the prompt sees itself only: its keys and values are final
@@ -107,7 +74,7 @@ def generate_block_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch
             logits = _block_logits(model, x, attention, positions, lo, hi, tp, cache, carry).double()
             forwards += 1
             quota = schedule[min(s, len(schedule) - 1)] if schedule is not None else None
-            ids, commit, logp, remaining = _commit(
+            ids, commit, logp, remaining = commit_step(
                 logits, x[:, lo:hi], seeds, row_steps, temperature=temperature, remasking=remasking,
                 threshold=threshold, quota=quota, suppress_eos=suppress_eos, mask_id=mask_id, eos_id=eos_id)
             x[:, lo:hi] = ids
