@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from rlvr.config.block_checks import block_checks
 from rlvr.config.ranges import in_range, range_of
 from rlvr.config.recipes import packaged_recipe
 from rlvr.config.registries import _get, engine_kind, resolve
@@ -291,8 +292,7 @@ def _cross_checks(config: Config) -> list[tuple[bool, str, str]]:
     """Ranges that depend on another field (the single-field ones are declared in the schema)."""
     a, r, e, m = config.algo, config.rollout, config.estimator, config.model
     diffusion = m.kind == "diffusion"
-    length = r.block_length or m.block_size
-    blocks = r.max_new_tokens // length if length and r.max_new_tokens % length == 0 else 1
+    blocks = r.max_new_tokens // n if (n := r.block_length or m.block_size) and r.max_new_tokens % n == 0 else 1
     steps = r.diffusion_steps or r.max_new_tokens
     return [
         (a.pass_k is None or a.pass_k <= r.group_size, "algo.pass_k",
@@ -303,11 +303,6 @@ def _cross_checks(config: Config) -> list[tuple[bool, str, str]]:
          f"must divide rollout.max_new_tokens ({r.max_new_tokens}), or be 0 (the whole window)"),
         (not diffusion or r.threshold is not None or steps % blocks == 0 and steps >= blocks, "rollout.diffusion_steps",
          f"must be a multiple of the number of blocks ({blocks} = max_new_tokens / block_length), or 0"),
-        (not m.block_size or diffusion, "model.block_size", "block diffusion needs model.kind=diffusion; or set 0"),
-        (not m.block_size or r.max_new_tokens % m.block_size == 0, "model.block_size",
-         f"must divide rollout.max_new_tokens ({r.max_new_tokens}): the window is whole blocks"),
-        (not m.block_size or r.block_length in (0, m.block_size), "rollout.block_length",
-         f"a block model samples blocks of model.block_size ({m.block_size}); set 0 or {m.block_size}"),
         (bool(m.path) or m.hidden_size % m.num_heads == 0, "model.num_heads",
          f"must divide model.hidden_size ({m.hidden_size}) for a fresh tiny model"),
     ]
@@ -410,7 +405,7 @@ def validate(config: Config) -> None:
          "is implemented for model.kind=diffusion only; set it to false"),
         (config.trainer.thread_mode != "rows" or config.model.kind == "causal", "trainer.thread_mode",
          "'rows' splits causal-model batches only; use 'ops' with model.kind=diffusion"),
-        *_expert_checks(config),
+        *_expert_checks(config), *block_checks(config),
         (config.trainer.max_staleness is None or config.trainer.max_staleness >= 0, "trainer.max_staleness",
          "must be >= 0 (0 = none ahead) or null (the synchronous loop)"),
         (config.trainer.backend in ("local", "ray"), "trainer.backend", "must be 'local' or 'ray'"),
