@@ -56,6 +56,8 @@ def _assert_same_run(sync_run, async_run):
                   "trainer.threads=2"], id="diffusion-pbpo", marks=pytest.mark.slow),
     pytest.param(["recipes/dllm_topd_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
                   "trainer.threads=2"], id="diffusion-topd", marks=pytest.mark.slow),
+    pytest.param(["recipes/dllm_block_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
+                  "trainer.threads=2"], id="block_diffusion"),
 ])
 def test_staleness_zero_reproduces_the_synchronous_loop_bit_for_bit(tmp_path, capsys, model):
     common = [*model, "trainer.steps=4", "trainer.eval_every=2"]

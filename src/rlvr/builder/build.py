@@ -18,10 +18,11 @@ from rlvr.config import REGISTRY, Config, keywords, task_sections
 from rlvr.config.binding import bind, bind_named
 from rlvr.config.registries import companion, rollout_correction_on
 from rlvr.engines.torch_ar import generate
+from rlvr.engines.torch_block_diffusion import generate_block_diffusion
 from rlvr.engines.torch_diffusion import generate_diffusion
 from rlvr.errors import ConfigError
+from rlvr.models.block_diffusion import BlockCorruptor, BlockDiffusionLM, load_diffusion_or_block_lm
 from rlvr.models.causal_lm import context_length, enable_checkpointing, load_causal_lm
-from rlvr.models.diffusion_lm import load_diffusion_lm
 from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.models.policy import CausalPolicy
 from rlvr.protocols import RolloutEngine
@@ -38,7 +39,8 @@ def base_model(config: Config):
     size = dict(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                 intermediate_size=m.intermediate_size, max_seq_len=m.max_seq_len)
     if m.kind == "diffusion":  # float32 only (config validation)
-        return load_diffusion_lm(m.path or None, seed=config.seed, shift_logits=m.shift_logits, **size)
+        return load_diffusion_or_block_lm(m.path or None, seed=config.seed, block_size=m.block_size,
+                                          shift_logits=m.shift_logits, **size)
     return load_causal_lm(m.path, seed=config.seed, dtype=m.dtype, **size)
 
 
@@ -80,8 +82,11 @@ def build_policy(config: Config, model, *, sharded: bool = False):
         return CausalPolicy(model, temperature=temperature, kernels=config.trainer.kernels, fast=not sharded,
                             checkpointing=config.trainer.gradient_checkpointing)
     options = bind_named(config, "estimator.name").keywords
-    return DiffusionPolicy(model, config.estimator.name, window=config.rollout.window, temperature=temperature,
-                           **options)
+    policy = DiffusionPolicy(model, config.estimator.name, window=config.rollout.window, temperature=temperature,
+                             **options)
+    if isinstance(model, BlockDiffusionLM):  # decided once: block models denoise with clean earlier blocks
+        policy.corruptor = BlockCorruptor
+    return policy
 
 
 def build_engine(config: Config, model, tokenizer) -> RolloutEngine:
@@ -97,6 +102,8 @@ def build_engine(config: Config, model, tokenizer) -> RolloutEngine:
                     block_length=r.block_length or None, remasking=r.remasking, threshold=r.threshold,
                     suppress_eos=r.suppress_eos, mask_id=tokenizer.mask_token_id, eos_id=tokenizer.eos_token_id,
                     window=r.window)
+    if isinstance(model, BlockDiffusionLM):  # block by block over a KV cache, blocks of the model's size
+        return functools.partial(generate_block_diffusion, model, **settings)
     return functools.partial(generate_diffusion, model, **settings)
 
 

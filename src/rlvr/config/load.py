@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from rlvr.config.block_checks import block_checks
 from rlvr.config.ranges import allowed, range_of
 from rlvr.config.recipes import packaged_recipe
 from rlvr.config.registries import _get, engine_kind, resolve
@@ -286,7 +287,7 @@ def _cross_checks(config: Config) -> list[tuple[bool, str, str]]:
     """Ranges that depend on another field (the single-field ones are declared in the schema)."""
     a, r, e, m = config.algo, config.rollout, config.estimator, config.model
     diffusion = m.kind == "diffusion"
-    blocks = r.max_new_tokens // r.block_length if r.block_length and r.max_new_tokens % r.block_length == 0 else 1
+    blocks = r.max_new_tokens // n if (n := r.block_length or m.block_size) and r.max_new_tokens % n == 0 else 1
     steps = r.diffusion_steps or r.max_new_tokens
     return [
         (a.pass_k is None or a.pass_k <= r.group_size, "algo.pass_k",
@@ -359,7 +360,7 @@ def validate(config: Config) -> None:
          "is implemented for model.kind=diffusion only; set it to false"),
         (config.trainer.thread_mode != "rows" or config.model.kind == "causal", "trainer.thread_mode",
          "'rows' splits causal-model batches only; use 'ops' with model.kind=diffusion"),
-        *_expert_checks(config),
+        *_expert_checks(config), *block_checks(config),
     ]
     for ok, name, fix in checks + _input_checks(config) + _cross_checks(config) + _backend_checks(config):
         if not ok:

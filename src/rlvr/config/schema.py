@@ -55,6 +55,9 @@ class ModelConfig:
     teacher_path: str = ""
     """On-policy distillation: a checkpoint (as `path`) that the reference is loaded from instead of a copy
     of the starting weights; the objective `reverse_kl_distill` trains toward it. Empty = off."""
+    block_size: int = ranged(0, ">= 0", "0 = bidirectional")
+    """Diffusion: 0 = fully bidirectional; > 0 = block diffusion (full attention inside blocks of this many window
+    tokens, causal across blocks, sampled block by block with a KV cache); a block checkpoint sets its own."""
     hidden_size: int = ranged(128, ">= 1")
     """Tiny model: width."""
     num_layers: int = ranged(4, ">= 1")

@@ -4,6 +4,8 @@
   models take the CPU fast path of `rlvr.kernels`).
 - `torch_diffusion.generate_diffusion`: the masked-diffusion denoising sampler (semi-autoregressive
   blocks, remasking rules, confidence threshold); puts each token's commit step on `Rollouts.trace`.
+- `torch_block_diffusion.generate_block_diffusion`: the same commit rule for block diffusion models,
+  block by block over a KV cache of the prompt and the finished blocks.
 
 Engines may import `rlvr.models` and `rlvr.kernels`, never the trainer.
 """

@@ -86,6 +86,51 @@ def _candidates(logits: torch.Tensor, temperature, seeds, row_steps) -> tuple[to
     return tempered, torch.where(sampled[:, None], candidates, logits.argmax(-1))
 
 
+def check_schedule(gen_length: int, block: int, steps: int, threshold, remasking: str, *, what: str) -> int:
+    """The number of blocks, or a ValueError naming the setting that does not fit (`what`: the block's name)."""
+    if gen_length % block:
+        raise ValueError(f"gen_length={gen_length} must be a multiple of {what}={block}")
+    num_blocks = gen_length // block
+    if threshold is None and (steps % num_blocks or steps < num_blocks):
+        raise ValueError(f"steps={steps} must be a positive multiple of the number of blocks {num_blocks}")
+    if remasking not in REMASKING:
+        raise ValueError(f"unknown remasking {remasking!r}; valid: {', '.join(REMASKING)}")
+    return num_blocks
+
+
+def window_state(prompt_ids, prompt_mask, gen_length: int, mask_id: int):
+    """(ids with a masked window (B, Tp + L), attention, positions, trace (B, L) of -1, log-probs (B, L) of 0,
+    per-row step counters (B,)): a sampler's state before its first step."""
+    batch = prompt_ids.shape[0]
+    x = torch.cat([prompt_ids, torch.full((batch, gen_length), mask_id, dtype=torch.long)], dim=1)
+    attention = torch.cat([prompt_mask, torch.ones((batch, gen_length), dtype=prompt_mask.dtype)], dim=1)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    trace = torch.full((batch, gen_length), -1, dtype=torch.long)
+    return x, attention, positions, trace, torch.zeros((batch, gen_length)), torch.zeros(batch, dtype=torch.long)
+
+
+def commit_step(logits, block_ids, seeds, row_steps, *, temperature, remasking, threshold, quota, suppress_eos,
+                mask_id: int, eos_id: int):
+    """One denoising step of the current block. logits (B, b, V) float64 of the block,
+    block_ids (B, b); returns (new block ids, commit (B, b) bool, log-probs (B, b), remaining (B,))."""
+    masked = block_ids == mask_id
+    logits[..., mask_id] = float("-inf")  # the mask token is never a candidate
+    tempered, candidates = _candidates(logits, temperature, seeds, row_steps)
+    logp = tempered.log_softmax(-1).gather(-1, candidates[..., None]).squeeze(-1)
+    score = _scores(logits, candidates, remasking, _row_keys(seeds, row_steps, 0x77))
+    if suppress_eos:
+        score = torch.where(candidates == eos_id, score - _EOS_PENALTY, score)
+    score = torch.where(masked, score, torch.full_like(score, float("-inf")))
+    remaining = masked.sum(-1)  # (B,)
+    if threshold is None:
+        count = torch.clamp(remaining, max=quota)
+    else:
+        count = torch.minimum(torch.clamp((score >= threshold).sum(-1), min=1), remaining)
+    rank = score.argsort(dim=-1, descending=True, stable=True).argsort(dim=-1)
+    commit = (rank < count[:, None]) & masked
+    return torch.where(commit, candidates, block_ids), commit, logp, remaining
+
+
 @torch.no_grad()
 def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, *,
                        gen_length: int, steps: int, block_length: int | None = None,
@@ -97,25 +142,13 @@ def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     `temperature`: one for all rows, or one per row (B,) where 0 decodes that row greedily
     (`rollout.greedy_in_group`). `fixed` (B, gen_length): tokens given in advance, -1 = free."""
     block = block_length or gen_length
-    if gen_length % block:
-        raise ValueError(f"gen_length={gen_length} must be a multiple of block_length={block}")
-    num_blocks = gen_length // block
-    if threshold is None and (steps % num_blocks or steps < num_blocks):
-        raise ValueError(f"steps={steps} must be a positive multiple of the number of blocks {num_blocks}")
-    if remasking not in REMASKING:
-        raise ValueError(f"unknown remasking {remasking!r}; valid: {', '.join(REMASKING)}")
+    num_blocks = check_schedule(gen_length, block, steps, threshold, remasking, what="block_length")
     was_training = model.training
     model.eval()
     batch, tp = prompt_ids.shape
-    window_in = torch.full((batch, gen_length), mask_id, dtype=torch.long)
+    x, attention, positions, trace, logprobs, row_steps = window_state(prompt_ids, prompt_mask, gen_length, mask_id)
     if fixed is not None:
-        window_in = torch.where(fixed >= 0, fixed.to(torch.long), window_in)
-    x = torch.cat([prompt_ids, window_in], dim=1)
-    attention = torch.cat([prompt_mask, torch.ones((batch, gen_length), dtype=prompt_mask.dtype)], dim=1)
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    trace = torch.full((batch, gen_length), -1, dtype=torch.long)
-    logprobs = torch.zeros((batch, gen_length))
-    row_steps = torch.zeros(batch, dtype=torch.long)
+        x[:, tp:] = torch.where(fixed >= 0, fixed.to(torch.long), x[:, tp:])
     forwards = 0
     schedule = transfer_schedule(block, steps // num_blocks) if threshold is None else None
     for b in range(num_blocks):
@@ -126,22 +159,10 @@ def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             # rows whose block is done skip the forward; rows with identical inputs share one
             logits = distinct_forward(model, x, attention, positions, rows=masked.any(-1))[:, lo:hi].double()
             forwards += 1
-            logits[..., mask_id] = float("-inf")  # the mask token is never a candidate
-            tempered, candidates = _candidates(logits, temperature, seeds, row_steps)
-            logp = tempered.log_softmax(-1).gather(-1, candidates[..., None]).squeeze(-1)
-            score = _scores(logits, candidates, remasking, _row_keys(seeds, row_steps, 0x77))
-            if suppress_eos:
-                score = torch.where(candidates == eos_id, score - _EOS_PENALTY, score)
-            score = torch.where(masked, score, torch.full_like(score, float("-inf")))
-            remaining = masked.sum(-1)  # (B,)
-            if schedule is not None:
-                count = torch.clamp(remaining, max=schedule[min(s, len(schedule) - 1)])
-            else:
-                count = torch.minimum(torch.clamp((score >= threshold).sum(-1), min=1), remaining)
-            order = score.argsort(dim=-1, descending=True, stable=True)
-            rank = order.argsort(dim=-1)
-            commit = (rank < count[:, None]) & masked
-            x[:, lo:hi] = torch.where(commit, candidates, x[:, lo:hi])
+            quota = schedule[min(s, len(schedule) - 1)] if schedule is not None else None
+            x[:, lo:hi], commit, logp, remaining = commit_step(
+                logits, x[:, lo:hi], seeds, row_steps, temperature=temperature, remasking=remasking,
+                threshold=threshold, quota=quota, suppress_eos=suppress_eos, mask_id=mask_id, eos_id=eos_id)
             trace[:, lo - tp:hi - tp] = torch.where(commit, row_steps[:, None], trace[:, lo - tp:hi - tp])
             logprobs[:, lo - tp:hi - tp] = torch.where(commit, logp.float(), logprobs[:, lo - tp:hi - tp])
             row_steps += (remaining > 0).long()
@@ -154,4 +175,4 @@ def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
         logprobs=logprobs * mask, truncated=~(completion == eos_id).any(-1), trace=trace, forwards=forwards)
 
 
-__all__ = ["REMASKING", "generate_diffusion", "transfer_schedule"]
+__all__ = ["REMASKING", "check_schedule", "commit_step", "generate_diffusion", "transfer_schedule", "window_state"]

@@ -20,7 +20,8 @@ Formats:
   ff_proj (gate), up_proj, ff_out (down)}, ln_f, ff_out}`) and Dream (`"model_type": "Dream"`,
   Qwen2 keys `model.{embed_tokens, layers.i.{input_layernorm, self_attn.{q,k,v,o}_proj,
   post_attention_layernorm, mlp.{gate,up,down}_proj}, norm}`, `lm_head`, q/k/v biases, shifted
-  logits) checkpoints on disk, single-file or sharded safetensors.
+  logits) checkpoints on disk, single-file or sharded safetensors; Fast-dLLM v2 (`"model_type":
+  "Fast_dLLM_Qwen"`, Dream's keys; its `bd_size` is read by `rlvr.models.block_diffusion`).
 
 Speed (same math, float rounding apart; tests/dllm/test_forward_fast.py checks it against the plain
 formulas): RoPE is one complex multiply on q/k rows reordered at run time (`pair_adjacent`), its
@@ -111,10 +112,12 @@ _EXPLICIT_ATTENTION_MAX_KEYS = 48
 
 def attention(q, k, v, additive_mask):
     """softmax(q k^T / sqrt(D) + mask) v. q (B, H, S, D); k, v (B, KV, S, D) with H a multiple of
-    KV (query head h reads kv head h // (H / KV)); additive_mask (B, 1, 1, S) of 0 / -inf, or None."""
+    KV (query head h reads kv head h // (H / KV)); k, v may have more rows than q (a cache);
+    additive_mask (B, 1, 1, S) or per query (B, 1, Sq, S) of 0 / -inf, or None."""
     b, h, s, d = q.shape
     kv = k.shape[1]
-    if s > _EXPLICIT_ATTENTION_MAX_KEYS:
+    if s > _EXPLICIT_ATTENTION_MAX_KEYS or (additive_mask is not None and additive_mask.shape[-2] > 1 and kv != h):
+        # long rows, or a per-query mask (block models) with grouped heads, which the fold below cannot broadcast
         return F.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask, enable_gqa=kv != h)
     # Query heads of one kv group are adjacent: fold them into the query rows, so k/v are not repeated.
     scores = q.reshape(b, kv, (h // kv) * s, d) @ k.transpose(-1, -2)  # (B, KV, G*S, S)
@@ -336,12 +339,23 @@ def _dream_config(raw: dict) -> DiffusionConfig:
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), qkv_bias=True, shift_logits=True)
 
 
+FAST_DLLM_MASK_ID = 151665  # Fast-dLLM v2's mask id: the released generate()'s default (its config has none)
+
+
+def _fast_dllm_config(raw: dict) -> DiffusionConfig:
+    """Fast-dLLM v2 (`"model_type": "Fast_dLLM_Qwen"`): Qwen2 with q/k/v biases and token shift, as
+    Dream; its `bd_size` makes the model a block model (`rlvr.models.block_diffusion`)."""
+    if raw.get("use_sliding_window"):
+        raise ValueError("Fast-dLLM config: use_sliding_window=true is not supported by rlvr's DiffusionLM")
+    return _dream_config({**raw, "mask_token_id": raw.get("mask_token_id", FAST_DLLM_MASK_ID)})
+
+
 def dream_key(ours: str) -> str:
     return "lm_head.weight" if ours == "lm_head.weight" else f"model.{ours}"
 
 
 def load_diffusion_model(directory: str | Path) -> DiffusionLM:
-    """Our format, LLaDA or Dream, from `config.json` + safetensors in `directory`."""
+    """Our format, LLaDA, Dream or Fast-dLLM v2, from `config.json` + safetensors in `directory`."""
     directory = Path(directory)
     raw = json.loads((directory / "config.json").read_text())
     kind = str(raw.get("model_type", "")).lower()
@@ -352,9 +366,11 @@ def load_diffusion_model(directory: str | Path) -> DiffusionLM:
         config, to_theirs = _llada_config(raw), llada_key
     elif kind == "dream":
         config, to_theirs = _dream_config(raw), dream_key
+    elif kind == "fast_dllm_qwen":  # same keys as Dream (Qwen2)
+        config, to_theirs = _fast_dllm_config(raw), dream_key
     else:
         raise ValueError(f"{directory}/config.json: model_type {raw.get('model_type')!r} is not a masked-diffusion "
-                         f"LM rlvr can read (valid: {MODEL_TYPE}, llada, Dream)")
+                         f"LM rlvr can read (valid: {MODEL_TYPE}, llada, Dream, Fast_dLLM_Qwen)")
     weights = _read_weights(directory)
     model = DiffusionLM(config)
     state = {}

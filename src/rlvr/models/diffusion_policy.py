@@ -34,6 +34,7 @@ class DiffusionPolicy:
     remaining keywords are that estimator's options (e.g. n=4, antithetic=True)."""
 
     exact_logprobs = False  # each forward is an estimator's sample of the log-likelihood, not the log-probs
+    corruptor = Corruptor  # how a corrupted row is denoised (block models: `BlockCorruptor`)
 
     def __init__(self, model, estimator: str = "mean_field", *, window: str = "eos", temperature: float = 1.0,
                  mask_id: int | None = None, eos_id: int | None = None, **estimator_kwargs):
@@ -81,10 +82,10 @@ class DiffusionPolicy:
     def _context(self, prompt_ids, prompt_mask, completion_ids, mask_seed):
         valid = window_mask(completion_ids, self.eos_id, self.window) > 0
         seed = self.mask_seed if mask_seed is None else mask_seed
-        return Corruptor(model=self.model, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-                         completion_ids=completion_ids, valid=valid,
-                         keys=row_hash(prompt_ids, prompt_mask, completion_ids, seed),
-                         mask_id=self.mask_id, temperature=self.temperature)
+        return self.corruptor(model=self.model, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+                              completion_ids=completion_ids, valid=valid,
+                              keys=row_hash(prompt_ids, prompt_mask, completion_ids, seed),
+                              mask_id=self.mask_id, temperature=self.temperature)
 
     def token_logprobs(self, prompt_ids, prompt_mask, completion_ids, *, with_entropy: bool = False,
                        advantages: torch.Tensor | None = None, trace: torch.Tensor | None = None,

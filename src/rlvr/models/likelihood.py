@@ -165,7 +165,7 @@ class Corruptor:
         ids = torch.cat([prompt_in, completion_in], dim=1)
         attention = torch.cat([self.prompt_mask, torch.ones_like(self.completion_ids)], dim=1)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        logits = distinct_forward(self.model, ids, attention, positions)[:, self.prompt_ids.shape[1]:].float()
+        logits = self.logits(ids, attention, positions).float()
         if self.temperature != 1.0:
             logits = logits / self.temperature
         logits[..., self.mask_id] = float("-inf")  # the mask token is never a target (as in the sampler)
@@ -174,6 +174,10 @@ class Corruptor:
         # entr(p) = -p log p with entr(0) = 0: the mask id's -inf logit must not give 0 * -inf = NaN
         entropy = torch.special.entr(logp_all.detach().exp()).sum(-1) if with_entropy else None
         return ell, entropy
+
+    def logits(self, ids, attention, positions) -> torch.Tensor:
+        """(B, Tc, V) denoiser logits of the completion columns of [prompt; corrupted completion]."""
+        return distinct_forward(self.model, ids, attention, positions)[:, self.prompt_ids.shape[1]:]
 
     def spread(self, per_row: torch.Tensor) -> torch.Tensor:
         """Sequence estimate (B,) -> B̂_i / L_i on each valid token (B, Tc)."""

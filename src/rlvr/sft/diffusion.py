@@ -48,9 +48,11 @@ def masked_diffusion_loss(model, prompt_ids, prompt_mask, window_ids, *, mask_id
 
 
 def diffusion_sft(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, gen_length: int,
-                  seed: int = 0, warmup_steps: int = 20, schedule: str = "constant", echo=print) -> list[float]:
+                  seed: int = 0, warmup_steps: int = 20, schedule: str = "constant", echo=print,
+                  loss_fn=masked_diffusion_loss) -> list[float]:
     """Train `model` on `task.solution` windows; returns the loss per step. Plain arguments, no
-    config: the trainer's builder reads the config and calls this."""
+    config: the trainer's builder reads the config and calls this. `loss_fn`: the ELBO loss with
+    `masked_diffusion_loss`'s signature (block models: `block_diffusion.block_diffusion_loss`)."""
     from rlvr.builder.build import build_optimizer
     from rlvr.codec import encode_prompts
 
@@ -64,7 +66,7 @@ def diffusion_sft(model, tokenizer, task, *, steps: int, batch_size: int, lr: fl
         examples = task.sample(batch_size, rng)
         prompt_ids, prompt_mask = encode_prompts(tokenizer, [e.prompt for e in examples])
         windows = encode_windows(tokenizer, [task.solution(e) for e in examples], gen_length)
-        loss = masked_diffusion_loss(model, prompt_ids, prompt_mask, windows, mask_id=model.config.mask_token_id,
+        loss = loss_fn(model, prompt_ids, prompt_mask, windows, mask_id=model.config.mask_token_id,
                                      generator=generator)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

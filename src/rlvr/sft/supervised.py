@@ -24,10 +24,11 @@ from rlvr.builder import build
 from rlvr.codec import completion_batch, encode_prompts
 from rlvr.config import Config, dump_yaml
 from rlvr.errors import ConfigError, DiskFull
+from rlvr.models.block_diffusion import BlockDiffusionLM, block_diffusion_loss
 from rlvr.models.causal_lm import resolve_model_path
 from rlvr.models.policy import CausalPolicy
 from rlvr.sft.chat import chat_rollouts, load_conversations, sample_conversations
-from rlvr.sft.diffusion import diffusion_sft
+from rlvr.sft.diffusion import diffusion_sft, masked_diffusion_loss
 from rlvr.tracking.run_dir import disk_full
 from rlvr.trainer.evaluate import greedy_accuracy
 
@@ -115,7 +116,8 @@ def sft(config: Config, out_dir: str | Path, *, overwrite: bool = False, echo=pr
     if config.model.kind == "diffusion":
         diffusion_sft(model, tokenizer, task, steps=s.steps, batch_size=s.batch_size, lr=s.lr,
                       gen_length=config.rollout.max_new_tokens, seed=config.seed, warmup_steps=s.warmup_steps,
-                      schedule=s.schedule, echo=echo)
+                      schedule=s.schedule, echo=echo,
+                      loss_fn=block_diffusion_loss if isinstance(model, BlockDiffusionLM) else masked_diffusion_loss)
     else:
         _causal_sft(model, tokenizer, task, config, echo)
     accuracy = math.nan  # chat rows: no task to be accurate on
