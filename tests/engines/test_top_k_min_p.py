@@ -68,6 +68,7 @@ def test_vllm_gets_top_k_and_min_p():
     engine = VLLMEngine.__new__(VLLMEngine)  # the sampling parameters only: no vLLM started
     engine._sampling_params = dict
     engine.top_p, engine.top_k, engine.min_p, engine.max_new_tokens, engine.eos_id = 0.9, 5, 0.05, 8, 2
+    engine.repetition_penalty = 1.0
     sampled, greedy = engine._params(1.0, seed=3), engine._params(0.0, seed=3)
     assert (sampled["top_k"], sampled["min_p"], sampled["top_p"]) == (5, 0.05, 0.9)
     assert (greedy["top_k"], greedy["min_p"], greedy["top_p"]) == (0, 0.0, 1.0)

@@ -325,6 +325,8 @@ def validate(config: Config) -> None:
         (0 <= config.rollout.min_p < 1, "rollout.min_p", "must be in [0, 1) (0 = off)"),
         (config.model.kind == "causal" or not (config.rollout.top_k or config.rollout.min_p), "rollout.top_k",
          "top_k and min_p truncate the causal samplers only (the diffusion sampler unmasks by confidence); set 0"),
+        (config.model.kind == "causal" or config.rollout.repetition_penalty == 1.0, "rollout.repetition_penalty",
+         "the causal samplers only (the diffusion sampler unmasks by confidence); set 1"),
         (config.trainer.steps >= 1, "trainer.steps", "must be >= 1"),
         (math.isfinite(config.reward.timeout_s) and config.reward.timeout_s >= 0, "reward.timeout_s",
          "must be a number of seconds >= 0, e.g. 10 (0 = no limit)"),
