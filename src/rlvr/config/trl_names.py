@@ -80,6 +80,7 @@ TRL_NAMES: dict[str, TrlName] = {t.trl: t for t in (
     TrlName("max_steps", -1, "trainer.steps", note="rlvr counts rollout batches; each is `trainer.minibatches` "
                                                    "optimizer steps"),
     TrlName("warmup_steps", 0, "optim.warmup_steps"),
+    TrlName("seed", 42, "seed"),
     TrlName("weight_decay", 0.0, "optim.weight_decay"),
     TrlName("adam_beta1", 0.9, "optim.beta1"),
     TrlName("adam_beta2", 0.999, "optim.beta2"),
