@@ -10,8 +10,6 @@ import torch
 from rlvr.config import load_config
 from rlvr.engines.torch_ar import generate, repetition_penalized, seen_tokens
 from rlvr.errors import ConfigError
-from rlvr.models.causal_lm import tiny_llama
-from rlvr.models.tokenizer import char_tokenizer
 from rlvr.noise import gumbel_noise
 
 
@@ -45,15 +43,11 @@ def test_matches_transformers_processor(penalty):
 
 
 @pytest.fixture(scope="module")
-def model_and_prompts():
-    tokenizer = char_tokenizer()
-    model = tiny_llama(len(tokenizer), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                       max_seq_len=64, seed=0)
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(3, len(tokenizer), (4, 6), generator=generator)
-    mask = torch.ones_like(prompt)
+def padded(model_and_prompts):
+    model, tokenizer, prompt, mask, seeds = model_and_prompts
+    mask = mask.clone()
     mask[0, :2] = 0  # one left-padded row: its pads are not seen
-    return model, tokenizer, prompt, mask, torch.arange(4)
+    return model, tokenizer, prompt, mask, seeds
 
 
 def _sample(model, tok, prompt, mask, seeds, **options):
@@ -61,8 +55,8 @@ def _sample(model, tok, prompt, mask, seeds, **options):
                     pad_id=tok.pad_token_id, **options)
 
 
-def test_each_token_is_the_penalised_choice_and_logprobs_are_unpenalised(model_and_prompts):
-    model, tok, prompt, mask, seeds = model_and_prompts
+def test_each_token_is_the_penalised_choice_and_logprobs_are_unpenalised(padded):
+    model, tok, prompt, mask, seeds = padded
     penalty, temperature = 1.8, 1.2
     out = _sample(model, tok, prompt, mask, seeds, temperature=temperature, repetition_penalty=penalty, fast=False)
     plain = _sample(model, tok, prompt, mask, seeds, temperature=temperature, fast=False)
@@ -84,8 +78,8 @@ def test_each_token_is_the_penalised_choice_and_logprobs_are_unpenalised(model_a
 
 
 @pytest.mark.parametrize("path", [dict(engine="eager"), dict(engine="cpp")])
-def test_every_path_samples_the_same(model_and_prompts, path):
-    model, tok, prompt, mask, seeds = model_and_prompts
+def test_every_path_samples_the_same(padded, path):
+    model, tok, prompt, mask, seeds = padded
     options = dict(temperature=1.0, repetition_penalty=1.5, top_k=20)
     reference = _sample(model, tok, prompt, mask, seeds, fast=False, **options)
     fast = _sample(model, tok, prompt, mask, seeds, **path, **options)

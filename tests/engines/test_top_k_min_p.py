@@ -9,8 +9,6 @@ import torch
 from rlvr.config import load_config
 from rlvr.engines.torch_ar import generate, min_p_filter, top_k_filter
 from rlvr.errors import ConfigError
-from rlvr.models.causal_lm import tiny_llama
-from rlvr.models.tokenizer import char_tokenizer
 
 INF = float("-inf")
 
@@ -24,16 +22,6 @@ def test_filters_by_hand():
     kept = min_p_filter(probs.log(), 0.4).exp()
     assert torch.allclose(kept, torch.tensor([[0.5, 0.3, 0.0, 0.0]]))
     assert torch.equal(min_p_filter(probs.log(), 0.0), probs.log())
-
-
-@pytest.fixture(scope="module")
-def model_and_prompts():
-    tokenizer = char_tokenizer()
-    model = tiny_llama(len(tokenizer), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                       max_seq_len=64, seed=0)
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(3, len(tokenizer), (4, 6), generator=generator)
-    return model, tokenizer, prompt, torch.ones_like(prompt), torch.arange(4)
 
 
 @pytest.mark.parametrize("path", [dict(fast=False), dict(engine="eager"), dict(engine="cpp")])

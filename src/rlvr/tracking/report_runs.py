@@ -14,27 +14,12 @@ from pathlib import Path
 from rlvr.tracking.plots import report_metrics, runs_curves_png
 from rlvr.tracking.report import STYLE, _fmt
 from rlvr.tracking.run_dir import atomic_write_text
-from rlvr.tracking.runs import Run, load_run
-
-
-def flat(tree: dict, prefix: str = "") -> dict[str, object]:
-    """A nested config as dotted keys.
-
-    >>> flat({"algo": {"clip_low": 0.2}, "seed": 1})
-    {'algo.clip_low': 0.2, 'seed': 1}
-    """
-    out: dict[str, object] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+from rlvr.tracking.runs import Run, flatten, load_run
 
 
 def config_differences(runs: list[Run]) -> dict[str, list[object]]:
     """{dotted key: each run's value} for the keys whose values are not all the same (absent = None)."""
-    trees = [flat(run.config) for run in runs]
+    trees = [flatten(run.config) for run in runs]
     keys = sorted({k for tree in trees for k in tree})
     return {k: [tree.get(k) for tree in trees] for k in keys if len({repr(tree.get(k)) for tree in trees}) > 1}
 
