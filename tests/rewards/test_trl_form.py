@@ -195,6 +195,10 @@ def test_completion_ids_reach_trl_functions_only():
     out = RewardSum([lengths, exact], columns=True)(["p", "p"], ["7", "8"], rows)
     assert out.components == {"lengths": [3.0, 1.0], "exact": [1.0, 0.0]} and out.errors == [None, None]
     assert got["ids"] == [[5, 9, 2], [4]] and COMPLETION_IDS not in got["columns"]
+    plain = RewardSum([lengths])
+    plain(["p"], ["7"], [{"answer": "7", COMPLETION_IDS: [1, 2]}])
+    got.clear()  # the per-sample question right after the batch is answered from it, without the ids
+    assert plain.score_one("p", "7", {"answer": "7"}) == 2.0 and not got
     # without ids (a caller that has only text) the keyword is absent, as a function reading it finds
     out = RewardRunner(lambda completions, **kw: [float(COMPLETION_IDS in kw)] * len(completions))(
         ["p"], ["7"], [{"ground_truth": "7"}])

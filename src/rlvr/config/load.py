@@ -302,6 +302,7 @@ def _cross_checks(config: Config) -> list[tuple[bool, str, str]]:
          f"must divide rollout.max_new_tokens ({r.max_new_tokens}), or be 0 (the whole window)"),
         (not diffusion or r.threshold is not None or steps % blocks == 0 and steps >= blocks, "rollout.diffusion_steps",
          f"must be a multiple of the number of blocks ({blocks} = max_new_tokens / block_length), or 0"),
+        (not diffusion or r.repetition_penalty == 1, "rollout.repetition_penalty", "the causal samplers only; set 1"),
         (bool(m.path) or m.hidden_size % m.num_heads == 0, "model.num_heads",
          f"must divide model.hidden_size ({m.hidden_size}) for a fresh tiny model"),
     ]
@@ -325,8 +326,6 @@ def validate(config: Config) -> None:
         (0 <= config.rollout.min_p < 1, "rollout.min_p", "must be in [0, 1) (0 = off)"),
         (config.model.kind == "causal" or not (config.rollout.top_k or config.rollout.min_p), "rollout.top_k",
          "top_k and min_p truncate the causal samplers only (the diffusion sampler unmasks by confidence); set 0"),
-        (config.model.kind == "causal" or config.rollout.repetition_penalty == 1.0, "rollout.repetition_penalty",
-         "the causal samplers only (the diffusion sampler unmasks by confidence); set 1"),
         (config.trainer.steps >= 1, "trainer.steps", "must be >= 1"),
         (math.isfinite(config.reward.timeout_s) and config.reward.timeout_s >= 0, "reward.timeout_s",
          "must be a number of seconds >= 0, e.g. 10 (0 = no limit)"),

@@ -9,12 +9,11 @@ A reward function has one of five forms, told apart by its signature when it is 
   in a sample's place of the list is that sample's error
 - TRL's: ``fn(completions, **kwargs) -> list[float | None]``, any function with a parameter named
   ``completions`` and no ``batched`` mark. Everything comes as keywords, as TRL's ``GRPOTrainer``
-  passes it: ``completions``, ``prompts``, ``completion_ids`` (each completion's token ids up to
-  and including its EOS, when the caller gave them: the training loop always does), each dataset
-  column as a list, and ``trainer_state`` (``global_step``, ``max_steps``). Rows whose prompt is
-  a list of chat messages give ``prompts`` as those messages and each completion as
-  ``[{"role": "assistant", "content": text}]``.
-  A function without ``**kwargs`` gets only the keywords it names.
+  passes it: ``completions``, ``prompts``, ``completion_ids`` (token ids through EOS; the loop
+  gives them), each dataset column as a list, and ``trainer_state`` (``global_step``,
+  ``max_steps``). Rows whose prompt is a list of chat messages give ``prompts`` as those messages
+  and each completion as ``[{"role": "assistant", "content": text}]``. A function without
+  ``**kwargs`` gets only the keywords it names.
 - async per-sample: ``async def fn(prompt, completion, **example)`` (all samples run concurrently)
 - async batched: ``async def`` with ``fn.batched = True`` (or TRL's form, ``async def``)
 
@@ -195,8 +194,7 @@ class RewardRunner:
         examples = [{k: v for k, v in ex.items() if k not in ("prompt", "completion", COMPLETION_IDS)}
                     for ex in examples]
         if self.form == "trl":
-            raw = self._call_trl(prompts, completions, examples, chats,
-                                 ids if all(i is not None for i in ids) else None)
+            raw = self._call_trl(prompts, completions, examples, chats, None if None in ids else ids)
         elif self.form == "batched":
             raw = self._call_batched(prompts, completions, examples)
         else:
@@ -238,10 +236,8 @@ class RewardRunner:
         if all(chat is not None for chat in chats):
             prompts, completions = chats, [[{"role": "assistant", "content": c}] for c in completions]
         keys = sorted({k for ex in examples for k in ex} - {"completions"})
-        kwargs = {**{k: [ex.get(k) for ex in examples] for k in keys},
-                  "prompts": list(prompts), "trainer_state": self.state}
-        if ids is not None:
-            kwargs[COMPLETION_IDS] = [list(i) for i in ids]
+        kwargs = {**{k: [ex.get(k) for ex in examples] for k in keys}, "prompts": list(prompts),
+                  "trainer_state": self.state, **({COMPLETION_IDS: [list(i) for i in ids]} if ids else {})}
         params = inspect.signature(self.fn).parameters
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             kwargs = {k: v for k, v in kwargs.items() if k in params}
@@ -460,12 +456,10 @@ class RewardSum:
             runner.on_step_begin(step, steps)
 
     def __call__(self, prompts: list[str], completions: list[str], examples: list[dict[str, Any]]) -> RewardBatch:
-        ids = [ex.get(COMPLETION_IDS) for ex in examples]
-        examples = [{k: v for k, v in ex.items() if k != COMPLETION_IDS} for ex in examples]
-        if self.columns:
-            examples = [ex.get("meta") or {} for ex in examples]
-        # The token ids ride beside each example to the runners (only TRL-form functions read them).
-        given = examples if ids[0] is None else [{**ex, COMPLETION_IDS: i} for ex, i in zip(examples, ids)]
+        ids = [ex.get(COMPLETION_IDS) for ex in examples]  # beside the columns, for TRL-form runners
+        examples = [ex.get("meta") or {} for ex in examples] if self.columns else [
+            {k: v for k, v in ex.items() if k != COMPLETION_IDS} for ex in examples]  # (and `_recent`'s keys)
+        given = [{**ex, COMPLETION_IDS: i} if i is not None else ex for ex, i in zip(examples, ids)]
         parts = [runner(prompts, completions, given) for runner in self.runners]
         rewards = weighted_sum({r.name: b.rewards for r, b in zip(self.runners, parts)}, self.weights)
         metrics = {k: v for b in parts for k, v in b.metrics.items()}
