@@ -93,6 +93,13 @@ def cmd_eval(args) -> int:
 def cmd_config(args) -> int:
     from rlvr.config import dump_yaml, load_config, load_with_sources
 
+    if args.from_trl:
+        from rlvr.config.from_trl import recipe_from_trl
+
+        if args.args or args.explain:
+            raise ConfigError("--from-trl: takes the TRL file alone; apply overrides to the recipe it prints")
+        print(recipe_from_trl(args.from_trl), end="")
+        return 0
     recipe, overrides = _split(args.args)
     if args.explain:
         from rlvr.config.binding import explain, table
@@ -151,6 +158,8 @@ def parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_eval)
     c = sub.add_parser("config", help="print the resolved config")
     c.add_argument("args", nargs="*", help="[RECIPE.yaml] [key.sub=value ...]")
+    c.add_argument("--from-trl", metavar="FILE",
+                   help="print an rlvr recipe for TRL's GRPOConfig arguments (JSON/YAML, or '--flag value' text)")
     c.add_argument("--explain", action="store_true",
                    help="instead: each chosen entry's keywords, the field that feeds each, its value and source")
     c.set_defaults(fn=cmd_config)

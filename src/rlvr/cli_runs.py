@@ -1,4 +1,4 @@
-"""`rlvr runs list|compare|plot`, `rlvr report RUN`, `rlvr export RUN DIR`.
+"""`rlvr runs list|compare|plot`, `rlvr report RUN [RUN ...]`, `rlvr export RUN DIR`.
 
 `cli.py` calls `register(sub)` once; each handler takes the parsed args and returns an exit code,
 raising `ConfigError` for user mistakes (printed as one line, exit 2).
@@ -91,10 +91,16 @@ def cmd_runs_plot(args) -> int:
 
 def cmd_report(args) -> int:
     from rlvr.tracking.report import write_report
+    from rlvr.tracking.report_runs import write_runs_report
 
+    runs = list(dict.fromkeys(args.run))
     if args.out:
-        check_output_path(args.out, "--out", reads=[args.run], allowed=[Path(args.run) / "report.html"])
-    path = write_report(args.run, args.out, max_sample_steps=args.sample_steps)
+        own = [Path(runs[0]) / "report.html"] if len(runs) == 1 else []
+        check_output_path(args.out, "--out", reads=runs, allowed=own)
+    if len(runs) == 1:
+        path = write_report(runs[0], args.out, max_sample_steps=args.sample_steps)
+    else:  # the default path, beside the first run, is in no run directory
+        path = write_runs_report(runs, args.out)
     print(f"wrote {path}")
     return 0
 
@@ -143,9 +149,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     plot.add_argument("--smooth", type=_positive, default=1, help="moving-average window")
     plot.set_defaults(fn=cmd_runs_plot)
 
-    report = sub.add_parser("report", help="one self-contained HTML page: curves, config, manifest, rollouts")
-    report.add_argument("run", help="run directory")
-    report.add_argument("--out", help="HTML path (default: RUN/report.html)")
+    report = sub.add_parser("report", help="one self-contained HTML page: curves, config, manifest, rollouts; "
+                                           "several runs: side by side, curves overlaid")
+    report.add_argument("run", nargs="+", help="run directory (several: one page comparing them)")
+    report.add_argument("--out", help="HTML path (default: RUN/report.html; several runs: report.html beside the "
+                                      "first)")
     report.add_argument("--sample-steps", type=_positive, default=40, help="most steps whose rollouts are shown")
     report.set_defaults(fn=cmd_report)
 

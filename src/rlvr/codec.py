@@ -46,3 +46,14 @@ def completion_batch(tokenizer, completions: list[str]) -> tuple[torch.Tensor, t
     encoded = [tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for text in completions]
     ids, mask = left_pad([seq[::-1] for seq in encoded], tokenizer.pad_token_id)  # pad left, then flip = pad right
     return ids.flip(-1), mask.flip(-1).float()
+
+
+def completion_token_ids(tokenizer, rollouts: Rollouts) -> list[list[int]]:
+    """Each row's completion token ids up to and including its first EOS (TRL's `completion_ids`:
+    the tokens the loss sees; a row without EOS keeps its whole length)."""
+    eos = tokenizer.eos_token_id
+    rows = []
+    for ids, n in zip(rollouts.completion_ids.tolist(), rollouts.lengths.long().tolist()):
+        ids = ids[:n]
+        rows.append(ids[:ids.index(eos) + 1] if eos is not None and eos in ids else ids)
+    return rows

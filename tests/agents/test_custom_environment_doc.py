@@ -46,3 +46,39 @@ def test_an_environment_without_its_task_is_refused():
     assert "docs/custom-environment.md" in str(err.value) and "\n" not in str(err.value)
     task = namespace["ReverseTask"](heldout_size=4)
     assert len(task.heldout()) == 4 and task.heldout()[0].prompt.startswith("reverse ")
+
+
+def test_the_pages_environment_warm_starts_by_sft_on_its_demonstrations(tmp_path):
+    """`sft(config, out, task=ReverseTask(...))`: the page's scripted demonstrator plays the episodes
+    and a fresh tiny model learns its actions (the loss on held-out demonstrations falls), saved as a
+    model directory that loads."""
+    import random
+
+    import torch
+
+    from rlvr.agents.batch import to_rollouts
+    from rlvr.agents.collect import demonstrations
+    from rlvr.builder.build import build_model
+    from rlvr.config import load_config
+    from rlvr.models.causal_lm import load_causal_lm
+    from rlvr.models.policy import CausalPolicy
+    from rlvr.sft.supervised import masked_sft_loss, sft
+
+    scope: dict = {"__name__": "page"}
+    exec(_script(), scope)  # the page's classes, without its __main__ block
+    task = scope["ReverseTask"](heldout_size=8, max_turns=2, max_total_tokens=48)
+    config = load_config(None, ["model.path=", "model.max_seq_len=64", "sft.steps=60", "sft.batch_size=8",
+                                "rollout.max_new_tokens=12", "seed=0"])
+
+    def loss_of(model, tokenizer) -> float:  # on the held-out episodes, as the demonstrator plays them
+        episodes = demonstrations(task, tokenizer, task.heldout(), random.Random(1))
+        with torch.no_grad():
+            return float(masked_sft_loss(CausalPolicy(model), to_rollouts(episodes, tokenizer.pad_token_id)))
+
+    torch.manual_seed(0)
+    before = loss_of(*build_model(config))
+    lines: list[str] = []
+    sft(config, tmp_path / "warm", task=task, echo=lines.append)
+    after = loss_of(*load_causal_lm(str(tmp_path / "warm"), seed=0))
+    assert after < 0.6 * before, (before, after)
+    assert any(line.startswith("sft done: greedy held-out accuracy") for line in lines)

@@ -1,5 +1,6 @@
 """The multi-turn rollout: exact ids and masks, limits, failures counted, drift caught."""
 
+import dataclasses
 import random
 import threading
 
@@ -72,6 +73,8 @@ def test_sampled_ids_are_kept_not_reencoded_and_drift_is_flagged(tokenizer, scri
     assert r.completion_mask.sum() == 0  # left out of the loss by default
     assert to_rollouts([t], tokenizer.pad_token_id, train_drifted=True).completion_mask.sum() == sum(t.mask)
     assert agent_metrics([t])["agent/drifted"] == 1.0
+    clean = dataclasses.replace(t, drifted=False)
+    assert agent_metrics([t, clean, clean, clean])["agent/drifted"] == 0.25  # the share of trajectories
 
 
 @pytest.mark.parametrize("name", sorted(CHAT_TEMPLATES))

@@ -72,6 +72,6 @@ def test_sft_then_train_on_an_agent_task(tmp_path, capsys):
                      f"algo.advantage={advantage}", f"trainer.out_dir={tmp_path}", f"trainer.name={advantage}"])
         assert code == 0, capsys.readouterr().err
         last = json.loads((tmp_path / advantage / "metrics.jsonl").read_text().splitlines()[-1])
-        assert last["agent/turns_mean"] >= 1 and 0 <= last["agent/drifted"] <= 8  # an untrained model samples specials
+        assert last["agent/turns_mean"] >= 1 and 0 <= last["agent/drifted"] <= 1  # an untrained model samples specials
         assert 0 <= last["eval/heldout_accuracy"] <= 1
         assert last["agent/trained_tokens"] <= last["agent/action_tokens_mean"] * 8

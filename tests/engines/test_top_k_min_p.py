@@ -9,8 +9,6 @@ import torch
 from rlvr.config import load_config
 from rlvr.engines.torch_ar import generate, min_p_filter, top_k_filter
 from rlvr.errors import ConfigError
-from rlvr.models.causal_lm import tiny_llama
-from rlvr.models.tokenizer import char_tokenizer
 
 INF = float("-inf")
 
@@ -24,16 +22,6 @@ def test_filters_by_hand():
     kept = min_p_filter(probs.log(), 0.4).exp()
     assert torch.allclose(kept, torch.tensor([[0.5, 0.3, 0.0, 0.0]]))
     assert torch.equal(min_p_filter(probs.log(), 0.0), probs.log())
-
-
-@pytest.fixture(scope="module")
-def model_and_prompts():
-    tokenizer = char_tokenizer()
-    model = tiny_llama(len(tokenizer), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                       max_seq_len=64, seed=0)
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(3, len(tokenizer), (4, 6), generator=generator)
-    return model, tokenizer, prompt, torch.ones_like(prompt), torch.arange(4)
 
 
 @pytest.mark.parametrize("path", [dict(fast=False), dict(engine="eager"), dict(engine="cpp")])
@@ -68,6 +56,7 @@ def test_vllm_gets_top_k_and_min_p():
     engine = VLLMEngine.__new__(VLLMEngine)  # the sampling parameters only: no vLLM started
     engine._sampling_params = dict
     engine.top_p, engine.top_k, engine.min_p, engine.max_new_tokens, engine.eos_id = 0.9, 5, 0.05, 8, 2
+    engine.repetition_penalty = 1.0
     sampled, greedy = engine._params(1.0, seed=3), engine._params(0.0, seed=3)
     assert (sampled["top_k"], sampled["min_p"], sampled["top_p"]) == (5, 0.05, 0.9)
     assert (greedy["top_k"], greedy["min_p"], greedy["top_p"]) == (0, 0.0, 1.0)

@@ -112,10 +112,11 @@ def test_trl_rewards_train_through_the_trainer(tmp_path):
     overrides = {"trainer.steps": 2, "trainer.eval_every": 0, "trainer.save_every": 0, "trainer.threads": 1,
                  "rollout.prompts_per_step": 2, "rollout.group_size": 2, "rollout.max_new_tokens": 8,
                  "algo.dynamic_sampling": False, "trainer.out_dir": str(tmp_path)}
-    steps = []
+    steps, pairs = [], []
 
-    def at_step(completions, trainer_state, **kwargs):
+    def at_step(completions, trainer_state, completion_ids, **kwargs):
         steps.append((trainer_state.global_step, trainer_state.max_steps))
+        pairs.extend(zip(completions, completion_ids))
         return [0.0] * len(completions)
 
     final = Trainer("rlvr:countdown-warmstart", [reward_len, reward_func, at_step], _rows(),
@@ -125,6 +126,12 @@ def test_trl_rewards_train_through_the_trainer(tmp_path):
                                                  + final["reward/reward_func/mean"])
     assert final["reward/reward_len/mean"] < 0 and final["reward/reward_len/errors"] == 0
     assert {s for s, _ in steps} == {0, 1} and {m for _, m in steps} == {2}
+    from rlvr.models.causal_lm import load_causal_lm
+    _, tok = load_causal_lm("rlvr:countdown-warmstart", seed=0)
+    assert len(pairs) == 8 and all(ids and len(ids) <= 8 for _, ids in pairs)
+    for text, ids in pairs:  # the tokens the completion was decoded from, its EOS included when it stopped
+        assert tok.decode(ids, skip_special_tokens=True) == text
+        assert tok.eos_token_id not in ids[:-1]
     samples = [json.loads(line) for line in (tmp_path / "grpo_dataset_s0" / "samples.jsonl").read_text().splitlines()]
     assert samples and all(set(s["rewards"]) == {"reward_len", "reward_func", "at_step"} for s in samples)
     for s in samples:  # each function's own score beside the weighted sum
@@ -169,3 +176,45 @@ def test_chat_rows_reach_trl_functions_as_messages_through_the_dataset_task(toke
     assert task.reward(example.prompt, "x", meta=example.meta) == 1.0
     assert seen[-1] == ([rows[3]["prompt"]], [[{"role": "assistant", "content": "x"}]], [3])
     assert task.is_correct("3", example) and not task.is_correct("4", example)  # correct_fn gets the columns only
+
+
+def test_completion_ids_reach_trl_functions_only():
+    from rlvr.rewards.forms import COMPLETION_IDS
+
+    got = {}
+
+    def lengths(completions, completion_ids, **kwargs):  # TRL's keyword: each completion's token ids
+        got.update(ids=completion_ids, columns=kwargs)
+        return [float(len(ids)) for ids in completion_ids]
+
+    def exact(prompt, completion, ground_truth):  # per-sample, no **kwargs: must not get the ids
+        return float(completion == ground_truth)
+
+    rows = [{"meta": {"ground_truth": "7"}, COMPLETION_IDS: [5, 9, 2]},
+            {"meta": {"ground_truth": "7"}, COMPLETION_IDS: [4]}]
+    out = RewardSum([lengths, exact], columns=True)(["p", "p"], ["7", "8"], rows)
+    assert out.components == {"lengths": [3.0, 1.0], "exact": [1.0, 0.0]} and out.errors == [None, None]
+    assert got["ids"] == [[5, 9, 2], [4]] and COMPLETION_IDS not in got["columns"]
+    plain = RewardSum([lengths])
+    plain(["p"], ["7"], [{"answer": "7", COMPLETION_IDS: [1, 2]}])
+    got.clear()  # the per-sample question right after the batch is answered from it, without the ids
+    assert plain.score_one("p", "7", {"answer": "7"}) == 2.0 and not got
+    # without ids (a caller that has only text) the keyword is absent, as a function reading it finds
+    out = RewardRunner(lambda completions, **kw: [float(COMPLETION_IDS in kw)] * len(completions))(
+        ["p"], ["7"], [{"ground_truth": "7"}])
+    assert out.rewards == [0.0]
+
+
+def test_completion_token_ids_stop_at_the_first_eos():
+    import torch
+
+    from rlvr.batch import Rollouts
+    from rlvr.codec import completion_token_ids
+    from rlvr.models.tokenizer import char_tokenizer
+
+    tok = char_tokenizer()
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    ids = torch.tensor([[7, 8, eos, pad], [7, eos, 9, eos], [5, 6, 7, 8]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]]).float()  # row 1: a full diffusion window
+    rollouts = Rollouts(ids[:, :1], torch.ones(3, 1), ids, mask, torch.zeros(3, 4), torch.tensor([False, False, True]))
+    assert completion_token_ids(tok, rollouts) == [[7, 8, eos], [7, eos], [5, 6, 7, 8]]

@@ -32,3 +32,19 @@ def test_normalized_auc_uneven_steps():
     # trapezoids: [0,10] avg 0.5 -> 5; [10,40] avg 1.0 -> 30; total 35 over 40 steps
     assert normalized_auc([0, 10, 40], [0.0, 1.0, 1.0]) == pytest.approx(35 / 40)
     assert normalized_auc([5], [0.25]) == 0.25
+
+
+def test_accuracy_intervals_are_clipped_to_the_unit_interval():
+    from rlvr.tracking.runs import Cell
+    from rlvr.tracking.stats import clipped_interval, mean_ci, metric_bounds
+
+    # two seeds at 0.0 and 0.1: 0.05 ± t(0.975, 1) · 0.0707 / √2 = 0.05 ± 12.706 · 0.05 = 0.05 ± 0.635
+    mean, half = mean_ci([0.0, 0.1])
+    assert round(half, 3) == 0.635
+    assert clipped_interval(mean, half, metric_bounds("eval/heldout_accuracy")) == (0.0, pytest.approx(0.685, abs=1e-3))
+    assert clipped_interval(0.98, 0.1, (0.0, 1.0)) == (pytest.approx(0.88), 1.0)
+    assert clipped_interval(mean, half, metric_bounds("reward/mean"))[0] == pytest.approx(-0.585, abs=1e-3)  # unbounded
+    assert [metric_bounds(m) for m in ("reward/accuracy", "response/truncation_rate", "actor/clip_frac_low",
+                                       "agent/success", "loss/policy")] == [(0.0, 1.0)] * 4 + [None]
+    assert Cell([0.0, 0.1], mean, half, (0.0, 1.0)).text() == "0.050 [0.000, 0.685]"
+    assert Cell([0.0, 0.1], mean, half).text() == "0.050 ± 0.635"

@@ -94,7 +94,7 @@ def agent_metrics(trajs: list[Trajectory]) -> dict[str, float]:
             counts[key] = counts.get(key, 0) + v
     out = {f"agent/{key}": counts.get(key, 0) / n
            for key in ("tool_calls", "tool_errors", "tool_timeouts", "malformed", "env_errors")}
-    out["agent/drifted"] = float(sum(t.drifted for t in trajs))
+    out["agent/drifted"] = sum(t.drifted for t in trajs) / n  # a share, as its neighbours are
     out["agent/turns_mean"] = sum(len(t.turns) for t in trajs) / n
     out["agent/success"] = sum(t.success for t in trajs) / n
     out["agent/action_tokens_mean"] = sum(sum(t.mask) for t in trajs) / n

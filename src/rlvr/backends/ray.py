@@ -109,7 +109,11 @@ class _RewardWorker:
     def __init__(self, make_reward, tokenizer):
         self.reward = make_reward(tokenizer)
 
-    def score(self, prompts, texts, examples) -> RewardBatch:
+    def score(self, prompts, texts, examples, progress: tuple[int, int] | None = None) -> RewardBatch:
+        """`progress` (step, steps): the step whose batch this is, for TRL-form rewards' `trainer_state`."""
+        begin = getattr(self.reward, "on_step_begin", None)
+        if progress is not None and begin is not None:
+            begin(*progress)
         return self.reward(prompts, texts, examples)
 
 
@@ -211,11 +215,13 @@ class RayReward:
 
     One worker scores a batch in one call (the same numbers as in-process); several split it into
     contiguous chunks, at most two in flight per worker, and average each metric over the chunks by
-    their sizes (exact for metrics every sample reports)."""
+    their sizes (exact for metrics every sample reports). `on_step_begin(step, steps)` is sent
+    with every later call, so each worker's verifier (a restarted one too) knows the step it scores."""
 
     def __init__(self, make_reward, tokenizer, *, workers: int):
         ray = _ray()
         self.ray = ray
+        self.progress: tuple[int, int] | None = None
         actor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(_RewardWorker)  # pure: retry is safe
         self.workers = [actor.remote(make_reward, tokenizer) for _ in range(workers)]
 
@@ -227,7 +233,7 @@ class RayReward:
             while queue and free:
                 index, s = queue.pop(0)
                 worker = free.pop(0)
-                pending[worker.score.remote(prompts[s], texts[s], examples[s])] = (index, worker)
+                pending[worker.score.remote(prompts[s], texts[s], examples[s], self.progress)] = (index, worker)
             ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=TIMEOUT_S)
             if not ready:
                 raise TimeoutError(f"reward workers gave no result in {TIMEOUT_S:.0f} s")
@@ -235,6 +241,9 @@ class RayReward:
             done[index] = self.ray.get(ready[0], timeout=TIMEOUT_S)
             free.append(worker)
         return _merge_rewards([done[i] for i in range(len(chunks))], [s.stop - s.start for s in chunks])
+
+    def on_step_begin(self, step: int, steps: int) -> None:
+        self.progress = (step, steps)
 
     def close(self) -> None:
         for worker in self.workers:

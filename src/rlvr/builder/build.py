@@ -97,7 +97,7 @@ def build_engine(config: Config, model, tokenizer) -> RolloutEngine:
     if config.model.kind != "diffusion":
         return functools.partial(generate, model, max_new_tokens=r.max_new_tokens, eos_id=tokenizer.eos_token_id,
                                  pad_id=tokenizer.pad_token_id, top_p=r.top_p, engine=r.decode_engine,
-                                 top_k=r.top_k, min_p=r.min_p)
+                                 top_k=r.top_k, min_p=r.min_p, repetition_penalty=r.repetition_penalty)
     settings = dict(gen_length=r.max_new_tokens, steps=r.diffusion_steps or r.max_new_tokens,
                     block_length=r.block_length or None, remasking=r.remasking, threshold=r.threshold,
                     suppress_eos=r.suppress_eos, mask_id=tokenizer.mask_token_id, eos_id=tokenizer.eos_token_id,
@@ -117,7 +117,7 @@ def build_vllm_engine(config: Config, model, tokenizer):
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return VLLMEngine(merged_weights(model), base.config, max_new_tokens=r.max_new_tokens,
                       eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, top_p=r.top_p, top_k=r.top_k,
-                      min_p=r.min_p, dtype=dtype,
+                      min_p=r.min_p, repetition_penalty=r.repetition_penalty, dtype=dtype,
                       kv_cache_mb=r.vllm_kv_cache_mb, block_size=r.vllm_block_size,
                       max_model_len=r.vllm_max_model_len, seed=config.seed)
 

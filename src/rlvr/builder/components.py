@@ -315,4 +315,5 @@ def _scoring_without_core(reward, lease: CoreLease):
         with lease.released():
             return reward(prompts, texts, examples)
 
+    score.on_step_begin = getattr(reward, "on_step_begin", lambda step, steps: None)
     return score

@@ -298,6 +298,7 @@ def _cross_checks(config: Config) -> list[tuple[bool, str, str]]:
          f"must divide rollout.max_new_tokens ({r.max_new_tokens}), or be 0 (the whole window)"),
         (not diffusion or r.threshold is not None or steps % blocks == 0 and steps >= blocks, "rollout.diffusion_steps",
          f"must be a multiple of the number of blocks ({blocks} = max_new_tokens / block_length), or 0"),
+        (not diffusion or r.repetition_penalty == 1, "rollout.repetition_penalty", "the causal samplers only; set 1"),
         (bool(m.path) or m.hidden_size % m.num_heads == 0, "model.num_heads",
          f"must divide model.hidden_size ({m.hidden_size}) for a fresh tiny model"),
     ]

@@ -115,6 +115,8 @@ class RolloutConfig:
     """Sample from the k most likely tokens only, 0 = off (causal models, both engines)."""
     min_p: float = ranged(0.0, "[0, 1)", "0 = off")
     """Drop tokens less likely than min_p times the most likely one, 0 = off (causal models, both engines)."""
+    repetition_penalty: float = ranged(1.0, "> 0", "1 = off")
+    """Seen tokens' logits divided (if > 0) or multiplied by this in sampling, 1 = off (causal models, both engines)."""
     diffusion_steps: int = ranged(0, ">= 0", "0 = one token per step")
     """Diffusion sampler: denoising steps N, 0 = one token per step (N = L)."""
     block_length: int = ranged(0, ">= 0", "0 = the whole window")

@@ -43,9 +43,9 @@ TRL_NAMES: dict[str, TrlName] = {t.trl: t for t in (
     TrlName("top_p", 1.0, "rollout.top_p"),
     TrlName("top_k", 0, "rollout.top_k"),
     TrlName("min_p", None, "rollout.min_p", note="TRL's None is rlvr's 0 (off)"),
-    TrlName("repetition_penalty", 1.0, note=(
-        "not implemented: it samples from another distribution than the policy the trainer scores; "
-        "use rollout.top_k, rollout.top_p or rollout.min_p")),
+    TrlName("repetition_penalty", 1.0, "rollout.repetition_penalty", note=(
+        "the torch sampler records log-probs before the penalty, so its samples train as on-policy (TRL "
+        "without vLLM); vLLM's are after it, reweighted by rollout correction (TRL with vLLM)")),
     TrlName("learning_rate", 1e-6, "optim.lr"),
     TrlName("beta", 0.0, "algo.kl_coef", note="the k3 estimator in the loss, as TRL (`algo.kl_estimator`, "
                                               "`algo.kl_placement` choose others)"),
@@ -80,6 +80,7 @@ TRL_NAMES: dict[str, TrlName] = {t.trl: t for t in (
     TrlName("max_steps", -1, "trainer.steps", note="rlvr counts rollout batches; each is `trainer.minibatches` "
                                                    "optimizer steps"),
     TrlName("warmup_steps", 0, "optim.warmup_steps"),
+    TrlName("seed", 42, "seed"),
     TrlName("weight_decay", 0.0, "optim.weight_decay"),
     TrlName("adam_beta1", 0.9, "optim.beta1"),
     TrlName("adam_beta2", 0.999, "optim.beta2"),

@@ -5,8 +5,12 @@ behaviour log-probs and the finish reason. Sampling is Gumbel-max over per-sampl
 (`rlvr.noise`), so the same seed gives the same completion whatever else is in the batch.
 
 Log-prob semantics: behaviour log-probs are log-softmax(logits / temperature) of the sampled
-token *before* top-p / top-k / min-p truncation, the same quantity the trainer recomputes; with a
-truncation on, the true sampling probability is higher than recorded (verl makes the same choice).
+token *before* the repetition penalty and the top-p / top-k / min-p truncation, the same quantity
+the trainer recomputes; with either on, the distribution sampled is not the one recorded (verl
+records before truncation; TRL's `transformers` path trains on the model's own log-probs whatever
+`repetition_penalty` sampled from). The samples are then treated as on-policy: the recorded and
+recomputed log-probs agree, so no importance weight corrects for the penalty. The vLLM engine
+records the processed distribution instead and corrects by rollout correction (`engines.vllm`).
 """
 
 from __future__ import annotations
@@ -48,6 +52,23 @@ def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     return logits.masked_fill(logits < threshold, float("-inf"))
 
 
+def repetition_penalized(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """`transformers`' RepetitionPenaltyLogitsProcessor and vLLM's repetition penalty: the logits of
+    tokens in `seen` (B, V) bool are divided by `penalty` when positive and multiplied by it
+    otherwise (so > 1 makes a seen token less likely whatever its sign); 1 = off. (B, V) -> (B, V)."""
+    if penalty == 1.0:
+        return logits
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits)
+
+
+def seen_tokens(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(B, V) bool: the tokens each prompt holds under its mask (padding counts as unseen, as in vLLM,
+    which never sees the pads; `transformers` counts a left pad token as seen)."""
+    counts = torch.zeros((prompt_ids.shape[0], vocab_size), device=prompt_ids.device)
+    return counts.scatter_add_(1, prompt_ids, prompt_mask.to(counts.dtype)) > 0
+
+
 def truncated(logits: torch.Tensor, *, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0) -> torch.Tensor:
     """The sampling truncations in `transformers`' order (after temperature): top-k, top-p, min-p."""
     return min_p_filter(top_p_filter(top_k_filter(logits, top_k), top_p), min_p)
@@ -55,24 +76,32 @@ def truncated(logits: torch.Tensor, *, top_p: float = 1.0, top_k: int = 0, min_p
 
 def choose_tokens(logits: torch.Tensor, seeds: torch.Tensor, step: int, *,
                   temperature: float, top_p: float, noise: torch.Tensor | None = None, top_k: int = 0,
-                  min_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                  min_p: float = 0.0, repetition_penalty: float = 1.0,
+                  seen: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; returns (tokens (B,), behaviour log-probs (B,)).
 
     `noise` (B, V) float64, optional: this step's Gumbel noise if already computed
-    (`gumbel_noise_block`); it must equal `gumbel_noise(seeds, step, V)`."""
+    (`gumbel_noise_block`); it must equal `gumbel_noise(seeds, step, V)`. `seen` (B, V) bool: the
+    tokens the repetition penalty applies to (prompt and completion so far); needed when it is on.
+    Greedy (temperature 0) is the model's own argmax: like the truncations, the penalty shapes
+    sampling only, so evaluation scores the policy itself."""
     if temperature <= 0:  # greedy
         logp = logits.float().log_softmax(-1)
         tokens = logits.argmax(-1)
         return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
-    scaled = logits.float()
+    raw = logits.float()
+    # transformers' order: the penalty on the raw logits, then temperature (the two scalings commute
+    # up to rounding; this order matches its samples bit for bit)
+    sampled = repetition_penalized(raw, seen, repetition_penalty)
+    scaled = raw
     if temperature != 1.0:  # x / 1 is x exactly: skip the op
-        scaled = scaled / temperature
+        scaled, sampled = raw / temperature, sampled / temperature
     logp = scaled.log_softmax(-1)
     if noise is None:
         noise = gumbel_noise(seeds, step, scaled.shape[-1])
     if noise.device != scaled.device:  # the noise is hashed from the seeds on the host
         noise = noise.to(scaled.device)
-    noisy = truncated(scaled, top_p=top_p, top_k=top_k, min_p=min_p).double() + noise
+    noisy = truncated(sampled, top_p=top_p, top_k=top_k, min_p=min_p).double() + noise
     tokens = noisy.argmax(-1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
@@ -81,7 +110,7 @@ def choose_tokens(logits: torch.Tensor, seeds: torch.Tensor, step: int, *,
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, *,
              max_new_tokens: int, eos_id: int, pad_id: int,
              temperature: float = 1.0, top_p: float = 1.0, fast: bool = True, engine: str = "eager",
-             top_k: int = 0, min_p: float = 0.0) -> Rollouts:
+             top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0) -> Rollouts:
     """Sample one completion per row. prompt_ids/prompt_mask (B, Tp), seeds (B,) int.
 
     Llama-family models take the fast path (`rlvr.kernels.decoder`: one prefill per distinct
@@ -89,7 +118,8 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: 
     plain `transformers` forward with its dynamic cache. Both give the same samples (tests/perf).
     `engine` picks how the fast path runs a decode step (`kernels.decoder.ENGINES`: `eager`, or
     `cpp` the fused C++ engine, which pays a one-off build per machine, cached on disk); both give
-    the same samples.
+    the same samples. `repetition_penalty` counts the prompt's tokens (under its mask) and the
+    completion's so far, as `transformers` and vLLM do.
     """
     was_training = model.training
     model.eval()
@@ -97,18 +127,20 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: 
         if fast and prompt_ids.shape[0] and supports(model):
             return _generate_fast(model, prompt_ids, prompt_mask, seeds, max_new_tokens=max_new_tokens,
                                   eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p,
-                                  engine=engine, top_k=top_k, min_p=min_p)
+                                  engine=engine, top_k=top_k, min_p=min_p,
+                                  repetition_penalty=repetition_penalty)
         device = model.get_input_embeddings().weight.device
         if prompt_ids.device != device:  # prompts come from the host; rollouts go back to it
             host = prompt_ids.device
             out = _generate_hf(model, prompt_ids.to(device), prompt_mask.to(device), seeds,
                                max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
-                               temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p)
+                               temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                               repetition_penalty=repetition_penalty)
             return Rollouts(*(x.to(host) for x in (out.prompt_ids, out.prompt_mask, out.completion_ids,
                                                    out.completion_mask, out.logprobs, out.truncated)))
         return _generate_hf(model, prompt_ids, prompt_mask, seeds, max_new_tokens=max_new_tokens,
                             eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p, top_k=top_k,
-                            min_p=min_p)
+                            min_p=min_p, repetition_penalty=repetition_penalty)
     finally:
         model.train(was_training)
 
@@ -135,11 +167,12 @@ costs about one decode step, so compacting after every finished row would not pa
 
 
 def _generate_fast(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_id, pad_id,
-                   temperature, top_p, engine="eager", top_k=0, min_p=0.0) -> Rollouts:
+                   temperature, top_p, engine="eager", top_k=0, min_p=0.0, repetition_penalty=1.0) -> Rollouts:
     batch = prompt_ids.shape[0]
     decoder = Decoder(model, prompt_ids, prompt_mask, max_new_tokens, engine=engine)
     try:
-        if decoder.engine == "cpp" and top_p >= 1.0 and top_k <= 0 and min_p <= 0:
+        plain = top_p >= 1.0 and top_k <= 0 and min_p <= 0 and repetition_penalty == 1.0
+        if decoder.engine == "cpp" and plain:
             # The whole loop in C++ (no Python per token, the GIL released throughout).
             tokens, logprobs, done = decoder.sample_all(seeds, max_new_tokens, temperature=temperature,
                                                         eos_id=eos_id, pad_id=pad_id)
@@ -147,21 +180,25 @@ def _generate_fast(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos
             tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)
             logprobs = torch.zeros((batch, max_new_tokens))
             done = torch.zeros(batch, dtype=torch.bool)
+            seen = (seen_tokens(prompt_ids, prompt_mask, decoder.logits.shape[-1])
+                    if repetition_penalty != 1.0 and temperature > 0 else None)
             _decode(decoder, decoder.logits, seeds, tokens, logprobs, done, max_new_tokens=max_new_tokens,
-                    eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p)
+                    eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                    repetition_penalty=repetition_penalty, seen=seen)
     finally:
         decoder.close()
     return _rollouts(prompt_ids, prompt_mask, tokens, logprobs, _lengths(tokens, done, eos_id, max_new_tokens), done)
 
 
 def _decode(decoder, logits, seeds, tokens, logprobs, done, *, max_new_tokens, eos_id, pad_id,
-            temperature, top_p, top_k=0, min_p=0.0) -> None:
+            temperature, top_p, top_k=0, min_p=0.0, repetition_penalty=1.0, seen=None) -> None:
     """The sampling loop over decode slots; fills tokens/logprobs/done (B, ...) in place.
 
     Per step the slots' tokens and log-probs go into slot-ordered buffers (one column write each);
     they are written back to their original rows only when finished slots are dropped and at the
     end, and lengths are derived once at the end (first EOS + 1, or every step), rather than a
-    handful of row-indexed updates per token."""
+    handful of row-indexed updates per token. `seen` (B, V) bool, with the repetition penalty on:
+    the prompts' tokens, updated in place with each slot's sampled token."""
     batch = tokens.shape[0]
     rows = torch.arange(batch)                 # original row of each decode slot
     slot_seeds = seeds
@@ -174,8 +211,10 @@ def _decode(decoder, logits, seeds, tokens, logprobs, done, *, max_new_tokens, e
             block = gumbel_noise_block(slot_seeds, step, min(NOISE_BLOCK, max_new_tokens - step), logits.shape[-1])
         noise = block[:, step % NOISE_BLOCK] if temperature > 0 else None
         tok, logp = choose_tokens(logits, slot_seeds, step, temperature=temperature, top_p=top_p, noise=noise,
-                                  top_k=top_k, min_p=min_p)
+                                  top_k=top_k, min_p=min_p, repetition_penalty=repetition_penalty, seen=seen)
         tok = tok.masked_fill_(slot_done, pad_id)
+        if seen is not None:  # a finished slot's pad marks nothing it will be scored on
+            seen[torch.arange(len(tok)), tok] |= ~slot_done
         slot_tokens[:, step] = tok
         slot_logprobs[:, step] = logp.masked_fill_(slot_done, 0.0)
         slot_done |= tok == eos_id
@@ -191,6 +230,7 @@ def _decode(decoder, logits, seeds, tokens, logprobs, done, *, max_new_tokens, e
             rows, slot_seeds, tok = rows[live], slot_seeds[live], tok[live]
             slot_tokens, slot_logprobs = slot_tokens[live], slot_logprobs[live]
             block = block[live] if block is not None else None
+            seen = seen[live] if seen is not None else None
             slot_done = slot_done[live]
         logits = decoder.step(tok)
     tokens[rows], logprobs[rows], done[rows] = slot_tokens, slot_logprobs, slot_done
@@ -206,7 +246,7 @@ def _lengths(tokens, done, eos_id: int, max_new_tokens: int) -> torch.Tensor:
 
 
 def _generate_hf(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_id, pad_id,
-                 temperature, top_p, top_k=0, min_p=0.0) -> Rollouts:
+                 temperature, top_p, top_k=0, min_p=0.0, repetition_penalty=1.0) -> Rollouts:
     """The reference sampler: `transformers` forward with its own cache, full batch every step."""
     batch = prompt_ids.shape[0]
     attention = prompt_mask.clone()
@@ -220,10 +260,14 @@ def _generate_hf(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_i
     logprobs = torch.zeros((batch, max_new_tokens), device=device)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     length = torch.zeros(batch, dtype=torch.long, device=device)
+    seen = (seen_tokens(prompt_ids, prompt_mask, last_logits.shape[-1])
+            if repetition_penalty != 1.0 and temperature > 0 else None)
     for step in range(max_new_tokens):
         tok, logp = choose_tokens(last_logits, seeds, step, temperature=temperature, top_p=top_p, top_k=top_k,
-                                  min_p=min_p)
+                                  min_p=min_p, repetition_penalty=repetition_penalty, seen=seen)
         tok = tok.masked_fill(done, pad_id)
+        if seen is not None:
+            seen[torch.arange(batch, device=device), tok] |= ~done
         tokens[:, step] = tok
         logprobs[:, step] = logp.masked_fill(done, 0.0)
         length += (~done).long()

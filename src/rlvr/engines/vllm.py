@@ -15,9 +15,10 @@ What differs from the torch sampler, by design of vLLM:
 - Samples: vLLM's own seeded sampler, so the same seed gives another completion than rlvr's
   Gumbel-max sampler (the same one every time for a given seed).
 - Log-probs: `logprobs_mode="processed_logprobs"`, i.e. of the distribution sampled from
-  (after temperature; with top_p < 1 after the nucleus cut, where the torch sampler records
-  the pre-cut value). The trainer's recomputed log-probs differ by float rounding; the rollout
-  correction (on by default for this engine) reweights what is left and the loop logs the gap.
+  (after the repetition penalty and temperature; with top_p < 1 after the nucleus cut, where the
+  torch sampler records the values before both), as TRL does with vLLM. Without a penalty or a
+  cut the trainer's recomputed log-probs differ by float rounding; the rollout correction (on by
+  default for this engine) reweights what is left and the loop logs the gap.
 """
 
 from __future__ import annotations
@@ -110,12 +111,14 @@ class VLLMEngine:
 
     def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]], hf_config, *, max_new_tokens: int,
                  eos_id: int, pad_id: int, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
-                 dtype: str = "float32",
+                 repetition_penalty: float = 1.0, dtype: str = "float32",
                  kv_cache_mb: int = 64, block_size: int = 0, max_model_len: int = 0, seed: int = 0):
         vllm = _import_vllm()
         self._sampling_params = vllm.SamplingParams
         self.max_new_tokens, self.eos_id, self.pad_id, self.top_p = max_new_tokens, eos_id, pad_id, top_p
         self.top_k, self.min_p = top_k, min_p  # vLLM's own: 0 = off for both
+        # vLLM's counts the prompt's tokens and the output's, as the torch sampler's does; 1 = off
+        self.repetition_penalty = repetition_penalty
         self.policy_version = 0
         self._dir = tempfile.TemporaryDirectory(prefix="rlvr-vllm-")
         path = save_for_engine(named_tensors, hf_config, Path(self._dir.name))
@@ -154,9 +157,11 @@ class VLLMEngine:
 
     def _params(self, temperature: float, seed: int, n: int = 1):
         # stop_token_ids: without a tokenizer vLLM knows no EOS; the stop token stays in token_ids.
+        # Greedy is the model's own argmax, as in the torch sampler: no truncation, no penalty.
         sampled = temperature > 0
         return self._sampling_params(n=n, temperature=temperature, top_p=self.top_p if sampled else 1.0,
                                      top_k=self.top_k if sampled else 0, min_p=self.min_p if sampled else 0.0,
+                                     repetition_penalty=self.repetition_penalty if sampled else 1.0,
                                      max_tokens=self.max_new_tokens, seed=seed, logprobs=0,
                                      stop_token_ids=[self.eos_id], detokenize=False)
 

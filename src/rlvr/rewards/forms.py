@@ -13,10 +13,16 @@ from dataclasses import dataclass
 
 from rlvr.errors import ConfigError
 
-__all__ = ["TASK_VERIFIER", "TrainerState", "batched", "reward_form", "with_task"]
+__all__ = ["COMPLETION_IDS", "TASK_VERIFIER", "TrainerState", "batched", "reward_form", "with_task"]
 
 SAMPLE_FORM = "fn(prompt, completion, **columns) -> float | None"
-TRL_FORM = "fn(completions, **kwargs) -> list[float | None] (prompts, columns, trainer_state as keywords)"
+TRL_FORM = ("fn(completions, **kwargs) -> list[float | None] (prompts, completion_ids, columns, trainer_state "
+            "as keywords)")
+
+COMPLETION_IDS = "completion_ids"
+"""The example key under which the scorer hands each completion's token ids to the reward runner; only
+TRL-form functions get it (as ``completion_ids``), so it is never taken for a dataset column (TRL too
+keeps a ``completion_ids`` column out of the keywords)."""
 
 
 @dataclass

@@ -9,10 +9,11 @@ A reward function has one of five forms, told apart by its signature when it is 
   in a sample's place of the list is that sample's error
 - TRL's: ``fn(completions, **kwargs) -> list[float | None]``, any function with a parameter named
   ``completions`` and no ``batched`` mark. Everything comes as keywords, as TRL's ``GRPOTrainer``
-  passes it: ``completions``, ``prompts``, each dataset column as a list, and ``trainer_state``
-  (``global_step``, ``max_steps``). Rows whose prompt is a list of chat messages give ``prompts``
-  as those messages and each completion as ``[{"role": "assistant", "content": text}]``.
-  A function without ``**kwargs`` gets only the keywords it names.
+  passes it: ``completions``, ``prompts``, ``completion_ids`` (token ids through EOS; the loop
+  gives them), each dataset column as a list, and ``trainer_state`` (``global_step``,
+  ``max_steps``). Rows whose prompt is a list of chat messages give ``prompts`` as those messages
+  and each completion as ``[{"role": "assistant", "content": text}]``. A function without
+  ``**kwargs`` gets only the keywords it names.
 - async per-sample: ``async def fn(prompt, completion, **example)`` (all samples run concurrently)
 - async batched: ``async def`` with ``fn.batched = True`` (or TRL's form, ``async def``)
 
@@ -58,7 +59,7 @@ from typing import Any
 
 from rlvr.errors import ConfigError, RewardError
 from rlvr.rewards.combine import weighted_sum
-from rlvr.rewards.forms import TASK_VERIFIER, TrainerState, batched, reward_form
+from rlvr.rewards.forms import COMPLETION_IDS, TASK_VERIFIER, TrainerState, batched, reward_form
 
 __all__ = ["RewardBatch", "RewardRunner", "RewardSum", "TrainerState", "batched", "load_reward_fn",
            "load_reward_spec", "reward_form"]
@@ -188,10 +189,12 @@ class RewardRunner:
             raise ValueError(f"reward {self.name}: {len(prompts)} prompts, {n} completions, {len(examples)} examples")
         # A row's chat messages ride as its "prompt" column (`DatasetTask`); TRL-form functions get them.
         chats = [ex.get("prompt") if isinstance(ex.get("prompt"), list) else None for ex in examples]
+        ids = [ex.get(COMPLETION_IDS) for ex in examples]
         # ``dataclasses.asdict(example)`` carries "prompt" too; it is passed positionally already.
-        examples = [{k: v for k, v in ex.items() if k not in ("prompt", "completion")} for ex in examples]
+        examples = [{k: v for k, v in ex.items() if k not in ("prompt", "completion", COMPLETION_IDS)}
+                    for ex in examples]
         if self.form == "trl":
-            raw = self._call_trl(prompts, completions, examples, chats)
+            raw = self._call_trl(prompts, completions, examples, chats, None if None in ids else ids)
         elif self.form == "batched":
             raw = self._call_batched(prompts, completions, examples)
         else:
@@ -228,13 +231,13 @@ class RewardRunner:
             return _run_coroutine(gather())
         return [self._guarded(self.fn, (p, c), ex) for p, c, ex in zip(prompts, completions, examples)]
 
-    def _call_trl(self, prompts, completions, examples, chats) -> list[tuple[Any, str | None]]:
+    def _call_trl(self, prompts, completions, examples, chats, ids) -> list[tuple[Any, str | None]]:
         """TRL's call: everything as keywords, the columns as lists (`GRPOTrainer._calculate_rewards`)."""
         if all(chat is not None for chat in chats):
             prompts, completions = chats, [[{"role": "assistant", "content": c}] for c in completions]
         keys = sorted({k for ex in examples for k in ex} - {"completions"})
-        kwargs = {**{k: [ex.get(k) for ex in examples] for k in keys},
-                  "prompts": list(prompts), "trainer_state": self.state}
+        kwargs = {**{k: [ex.get(k) for ex in examples] for k in keys}, "prompts": list(prompts),
+                  "trainer_state": self.state, **({COMPLETION_IDS: [list(i) for i in ids]} if ids else {})}
         params = inspect.signature(self.fn).parameters
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             kwargs = {k: v for k, v in kwargs.items() if k in params}
@@ -453,9 +456,11 @@ class RewardSum:
             runner.on_step_begin(step, steps)
 
     def __call__(self, prompts: list[str], completions: list[str], examples: list[dict[str, Any]]) -> RewardBatch:
-        if self.columns:
-            examples = [ex.get("meta") or {} for ex in examples]
-        parts = [runner(prompts, completions, examples) for runner in self.runners]
+        ids = [ex.get(COMPLETION_IDS) for ex in examples]  # beside the columns, for TRL-form runners
+        examples = [ex.get("meta") or {} for ex in examples] if self.columns else [
+            {k: v for k, v in ex.items() if k != COMPLETION_IDS} for ex in examples]  # (and `_recent`'s keys)
+        given = [{**ex, COMPLETION_IDS: i} if i is not None else ex for ex, i in zip(examples, ids)]
+        parts = [runner(prompts, completions, given) for runner in self.runners]
         rewards = weighted_sum({r.name: b.rewards for r, b in zip(self.runners, parts)}, self.weights)
         metrics = {k: v for b in parts for k, v in b.metrics.items()}
         errors = [next((e for e in sample if e), None) for sample in zip(*(b.errors for b in parts))]

@@ -90,9 +90,11 @@ def check_output_dir(out_dir: str | Path, model_path: str, *, overwrite: bool) -
         raise ConfigError(f"--out: '{out_dir}' is not empty; choose a new folder or pass --overwrite to replace it")
 
 
-def sft(config: Config, out_dir: str | Path, *, overwrite: bool = False, echo=print) -> dict:
+def sft(config: Config, out_dir: str | Path, *, overwrite: bool = False, echo=print, task=None) -> dict:
     """Train from `config.model` on task solutions; save a HF directory to `out_dir` atomically.
 
+    `task`: a task object to warm start on instead of `config.task` (a user's `AgentTask`: its
+    environment's scripted demonstrator plays the episodes, as for the shipped agent tasks).
     An existing non-empty `out_dir` is replaced only with `overwrite`; the base model's own
     folder never is (`check_output_dir`)."""
     check_output_dir(out_dir, config.model.path, overwrite=overwrite)
@@ -105,7 +107,7 @@ def sft(config: Config, out_dir: str | Path, *, overwrite: bool = False, echo=pr
                           "field that holds one, e.g. task.math_file.solution_key=solution")
     torch.manual_seed(config.seed)
     model, tokenizer = build.build_model(config)
-    task = build.build_task(config, tokenizer)
+    task = build.build_task(config, tokenizer) if task is None else task
     if config.sft.data and config.model.kind == "diffusion":
         raise ConfigError("sft.data: chat SFT trains causal models; set model.kind=causal or drop sft.data")
     if config.sft.data:

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 from rlvr.tracking.runs import Group, Run, aligned_curves
-from rlvr.tracking.stats import mean_ci
+from rlvr.tracking.stats import clipped_interval, mean_ci, metric_bounds
 
 WALL_CLOCK_PREFIXES = ("time/", "perf/")
 LEGEND_WIDTH = 90  # characters per legend line before a label wraps
@@ -66,8 +66,8 @@ def plot_groups(groups: list[Group], metrics: list[str], path: str | Path, *, wi
             mean = [m for m, _ in stats]
             (handles[index],) = ax.plot(steps, mean, color=color, lw=1.8)
             if len(per_run) > 1:
-                ax.fill_between(steps, [m - h for m, h in stats], [m + h for m, h in stats], color=color, alpha=0.2,
-                                lw=0)
+                low, high = zip(*(clipped_interval(m, h, metric_bounds(metric)) for m, h in stats))
+                ax.fill_between(steps, low, high, color=color, alpha=0.2, lw=0)
         smoothed = window > 1 and any(len(aligned_curves(g, metric)[0]) >= 10 * window for g in groups)
         ax.set_title(metric + (f" (moving avg {window})" if smoothed else ""), fontsize=10)
         ax.set_xlabel("step")
@@ -109,6 +109,31 @@ def run_curves_png(run: Run, metrics: list[str], *, window: int = 1) -> bytes:
         ax.set_title(metric, fontsize=9)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def runs_curves_png(runs: list[Run], metrics: list[str], *, window: int = 1) -> bytes:
+    """PNG bytes: one panel per metric with every run's curve overlaid, one colour per run, one legend."""
+    fig, axes = _figure(max(len(metrics), 1), columns=3, extra_height=0.25 * math.ceil(len(runs) / 3) + 0.2)
+    handles = {}
+    for ax, metric in zip(axes, metrics):
+        for index, run in enumerate(runs):
+            steps, values = run.series(metric)
+            if steps:
+                (handles[index],) = ax.plot(steps, smooth(values, window) if window > 1 else values,
+                                            color=f"C{index % 10}", lw=1.5, marker="o" if len(steps) < 30 else None,
+                                            ms=3)
+        ax.set_title(metric, fontsize=9)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+        if not ax.has_data():
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+    if handles:
+        shown = sorted(handles)
+        fig.legend([handles[i] for i in shown], [textwrap.shorten(runs[i].name, LEGEND_WIDTH // 3) for i in shown],
+                   loc="outside lower center", ncols=min(3, len(shown)), fontsize=8, frameon=False)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     return buffer.getvalue()

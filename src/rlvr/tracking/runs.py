@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from rlvr.errors import ConfigError
-from rlvr.tracking.stats import mean_ci, normalized_auc
+from rlvr.tracking.stats import clipped_interval, mean_ci, metric_bounds, normalized_auc
 
 # Config keys that do not change what a run computes, so runs differing only here are seeds of
 # one recipe. `trainer.trackers` only chooses where metrics are mirrored.
@@ -188,12 +188,20 @@ class Cell:
     values: list[float]
     mean: float
     half_width: float
+    bounds: tuple[float, float] | None = None  # (0, 1) for an accuracy: the interval is clipped to it
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return clipped_interval(self.mean, self.half_width, self.bounds)
 
     def text(self, digits: int = 3) -> str:
         if math.isnan(self.mean):
             return "n/a"
         if math.isnan(self.half_width):
             return f"{self.mean:.{digits}f}"
+        low, high = self.interval
+        if (low, high) != (self.mean - self.half_width, self.mean + self.half_width):  # clipped: not symmetric
+            return f"{self.mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
         return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f}"
 
 
@@ -211,7 +219,7 @@ def summarize(groups: list[Group], metrics: list[str], confidence: float = 0.95)
         for metric in metrics:
             for stat in ("final", "auc"):
                 values = [v for v in (run_stat(r, metric, stat) for r in group.runs) if not math.isnan(v)]
-                table[(group.label, metric, stat)] = Cell(values, *mean_ci(values, confidence))
+                table[(group.label, metric, stat)] = Cell(values, *mean_ci(values, confidence), metric_bounds(metric))
     return table
 
 
@@ -239,7 +247,7 @@ def csv_table(groups: list[Group], metrics: list[str], table: dict, confidence: 
             for s in ("final", "auc"):
                 cell = table[(g.label, m, s)]
                 writer.writerow([g.label, m, s, len(cell.values), _num(cell.mean),
-                                 _num(cell.mean - cell.half_width), _num(cell.mean + cell.half_width),
+                                 *(_num(end) for end in cell.interval),
                                  " ".join(_num(v) for v in cell.values), " ".join(map(str, g.seeds)),
                                  " ".join(str(r.path) for r in g.runs)])
     return out.getvalue()

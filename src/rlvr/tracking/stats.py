@@ -7,7 +7,11 @@ incomplete beta function (continued fraction, Numerical Recipes §6.4). Accurate
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
+
+# Metrics that are shares of something (accuracies, rates, fractions): their values lie in [0, 1].
+_UNIT_METRIC = re.compile(r"(accuracy|_rate|_frac|success|pass@\d+)(_|$)")
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -79,6 +83,30 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, f
         return mean, math.nan
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     return mean, t_quantile(0.5 + confidence / 2.0, n - 1) * std / math.sqrt(n)
+
+
+def metric_bounds(metric: str) -> tuple[float, float] | None:
+    """(0, 1) for a metric that is a share (an accuracy, a rate, a fraction), else None.
+
+    >>> metric_bounds("eval/heldout_accuracy"), metric_bounds("reward/mean")
+    ((0.0, 1.0), None)
+    """
+    return (0.0, 1.0) if _UNIT_METRIC.search(metric) else None
+
+
+def clipped_interval(mean: float, half_width: float, bounds: tuple[float, float] | None) -> tuple[float, float]:
+    """(low, high) of mean ± half_width, clipped to the metric's `bounds`: with two or three seeds the
+    Student-t interval of an accuracy near 0 or 1 reaches past it, where no accuracy can be.
+    Clipping keeps the interval's coverage (the values it drops are impossible); it is not a
+    Wilson interval, which would need the per-question counts the runs do not log.
+
+    >>> clipped_interval(0.05, 0.2, (0.0, 1.0)), clipped_interval(0.05, 0.2, None)
+    ((0.0, 0.25), (-0.15000000000000002, 0.25))
+    """
+    low, high = mean - half_width, mean + half_width
+    if bounds is None or math.isnan(half_width):
+        return low, high
+    return max(low, bounds[0]), min(high, bounds[1])
 
 
 def normalized_auc(steps: Sequence[float], values: Sequence[float]) -> float:

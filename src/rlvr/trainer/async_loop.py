@@ -122,6 +122,8 @@ class LocalRollouts:
 
     def _run(self, start: int, last: int) -> None:
         torch.set_num_threads(self.threads)  # this thread's intra-op share (threads are per-thread in torch)
+        # TRL-form rewards' `trainer_state`: the step whose batch is scored, as in the synchronous loop
+        begin = getattr(self.c.reward, "on_step_begin", lambda step, steps: None)
         idle = 0.0
         try:
             for step in range(start + 1, last + 1):
@@ -136,6 +138,7 @@ class LocalRollouts:
                         if tensors is not None:
                             self.engine.push_weights(tensors, version)
                         sync_s = now() - t0
+                        begin(step, last)
                         produced = produce(self.c, step, self.engine.policy_version)
                 produced.facts = rollout_facts(idle, sync_s, produced.rollout_s)
                 if hasattr(self.engine, "restarts"):  # a backend that restarts dead workers counts them

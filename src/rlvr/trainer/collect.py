@@ -21,7 +21,7 @@ import torch
 from rlvr.agents.batch import TurnTensors
 from rlvr.agents.collect import is_agent_task, rollout_batch
 from rlvr.batch import Rollouts, concat_rollouts
-from rlvr.codec import decode_completions, encode_prompts
+from rlvr.codec import completion_token_ids, decode_completions, encode_prompts
 from rlvr.sampling.base import GroupFeedback, Request
 from rlvr.trainer.inpaint import inpaint_round
 from rlvr.trainer.plan import RolloutPlan
@@ -160,7 +160,7 @@ def _one_round(c, step: int, round_index: int, n_prompts: int) -> tuple[list[Req
     rollouts = generate(c.engine, prompt_ids, prompt_mask, seeds, row_temperatures(r, len(group)),
                         group_size=r.group_size, micro_group_size=r.micro_group_size, pad_id=c.tokenizer.pad_token_id)
     texts = decode_completions(c.tokenizer, rollouts)
-    s = scored(c.reward, c.task, group, texts)
+    s = scored(c.reward, c.task, group, texts, completion_token_ids(c.tokenizer, rollouts))
     got = Collected(group, rollouts, texts, s.rewards, s.correct, {f"reward/{k}": v for k, v in s.metrics.items()},
                     components=s.components, component_weights=s.weights, component_names=s.names)
     if r.inpaint is not None:  # IGPO: groups with no correct completion get hinted ones (trainer/inpaint.py)

@@ -16,7 +16,7 @@ import torch
 
 from rlvr.algos.igpo import hint_windows, replacements, signal_groups, zero_signal_groups
 from rlvr.batch import concat_rollouts
-from rlvr.codec import decode_completions
+from rlvr.codec import completion_token_ids, decode_completions
 from rlvr.trainer.scoring import scored
 
 
@@ -50,7 +50,7 @@ def inpaint_round(c, plan: InpaintPlan, got, prompt_ids, prompt_mask, seeds, tem
     free = (fixed[:, :hinted.completion_mask.shape[1]] < 0).float()
     hinted = replace(hinted, completion_mask=hinted.completion_mask * free, logprobs=hinted.logprobs * free)
     texts = decode_completions(c.tokenizer, hinted)
-    s = scored(c.reward, c.task, examples, texts)
+    s = scored(c.reward, c.task, examples, texts, completion_token_ids(c.tokenizer, hinted))
     verdicts = torch.zeros(len(empty), k)
     verdicts[groups] = s.correct.view(-1, k).float()
     pairs = replacements(got.correct, verdicts, group_size, k)

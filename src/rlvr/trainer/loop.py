@@ -153,7 +153,7 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
         tracker.log_config(t.config_tree)
     probe = c.task.sample(len(c.task.heldout()), random.Random(TRAIN_PROBE_SEED))
     begin = getattr(c.reward, "on_step_begin", lambda step, steps: None)  # TRL-form rewards' `trainer_state`
-    begin(start + 1, t.steps)
+    begin(start + 1, t.steps)  # for what runs before the first step (its evaluation); each step then by its schedule
     if start == 0:
         for key, value in t.batch_numbers.items():
             echo(f"  {key:<42} {value}")
@@ -175,8 +175,7 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
     for step in range(start + 1, t.steps + 1):
         if stop.received:  # came before the first step (while building or evaluating)
             break
-        begin(step, t.steps)
-        metrics, samples = steps.step(step)
+        metrics, samples = steps.step(step)  # it tells the verifier the step it scores (`trainer_state`)
         evaluated = step == t.steps or (t.eval_every and step % t.eval_every == 0)
         if evaluated:
             metrics.update(evaluate(c, probe, steps.engine))

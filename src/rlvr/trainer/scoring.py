@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import torch
 
+from rlvr.rewards.forms import COMPLETION_IDS
 from rlvr.types import Example
 
 
@@ -20,9 +21,13 @@ class Scored(NamedTuple):
     names: tuple[str, ...] = ()  # (K,) their names (`reward/<name>/...`)
 
 
-def scored(reward, task, group: list[Example], texts: list[str]) -> Scored:
-    """The verifier's scores of `texts`, with the per-function components when it has several."""
-    out = reward([ex.prompt for ex in group], texts, [dataclasses.asdict(ex) for ex in group])
+def scored(reward, task, group: list[Example], texts: list[str], token_ids: list[list[int]] | None = None) -> Scored:
+    """The verifier's scores of `texts`, with the per-function components when it has several.
+    `token_ids`: each completion's token ids, handed to TRL-form reward functions (`completion_ids`)."""
+    examples = [dataclasses.asdict(ex) for ex in group]
+    if token_ids is not None:
+        examples = [{**ex, COMPLETION_IDS: ids} for ex, ids in zip(examples, token_ids)]
+    out = reward([ex.prompt for ex in group], texts, examples)
     correct = [float(task.is_correct(text, ex)) for ex, text in zip(group, texts)]
     components = weights = None
     names = ()

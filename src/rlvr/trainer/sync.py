@@ -251,8 +251,10 @@ class SyncSteps:
     def __init__(self, c: Components):
         self.c = c
         self.engine = c.engine  # what evaluation samples with
+        self._begin = getattr(c.reward, "on_step_begin", lambda step, steps: None)  # TRL's `trainer_state`
 
     def step(self, step: int) -> tuple[dict[str, float], list[dict]]:
+        self._begin(step, self.c.loop.steps)  # the schedule that scores a step says which it is
         return rl_step(self.c, step)
 
     def rollout_state(self) -> dict:

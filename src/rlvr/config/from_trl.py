@@ -1,0 +1,141 @@
+"""`rlvr config --from-trl FILE`: a TRL `GRPOConfig` (its JSON or YAML, as `GRPOConfig.to_json_string()`
+or a TRL `--config` file writes it, or the `--flag value` arguments of a TRL launch command) as
+an rlvr recipe.
+
+Every name in `trl_names.TRL_NAMES` becomes the rlvr field(s) it means (`trl_names.translate`,
+the same rewriting the command line does); what cannot be converted is kept as a comment at the
+top of the recipe, never dropped silently: a TRL name rlvr has no field for (with the reason and
+what to set instead), a value without an rlvr equivalent, and names the map does not know. A
+TRL default that rlvr cannot take (`gradient_accumulation_steps: 1`) is no loss and stays quiet,
+so a full `GRPOConfig` dump converts to the recipe of what it changes. The recipe is loaded
+before it is printed, so what comes out is a recipe `rlvr train` accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlvr.config.trl_names import TRL_NAMES, translate
+from rlvr.errors import ConfigError
+
+# TRL scripts' own arguments (`ModelConfig`, not `GRPOConfig`) that a launch command carries.
+SCRIPT_NAMES = {"model_name_or_path": "model.path"}
+# Fields one objective alone reads: a GRPOConfig dump carries their defaults whatever the loss, and
+# rlvr refuses a field the chosen methods do not read, so they convert only when changed.
+READ_BY_ONE_METHOD = {"sapo_temperature_pos", "sapo_temperature_neg"}
+UNSET = {"max_steps": -1}  # TRL's "not set" values other than None (max_steps: train num_train_epochs)
+
+
+def _scalar(text: str) -> Any:
+    """A command-line value as TRL's argument parser reads it: numbers, booleans, None."""
+    if text == "None":
+        return None
+    value = yaml.safe_load(text)
+    return value if isinstance(value, (int, float, bool)) else text
+
+
+def parse_flags(text: str) -> dict[str, Any]:
+    """``--num_generations 8 --use_vllm --beta=0.04`` -> {"num_generations": 8, "use_vllm": True, "beta": 0.04}.
+
+    >>> parse_flags("--num-generations 8 --use_vllm --beta=0.04 --report_to none")
+    {'num_generations': 8, 'use_vllm': True, 'beta': 0.04, 'report_to': 'none'}
+    """
+    words = shlex.split(text.replace("\\\n", " "), comments=True)  # a line continued with a backslash
+    values: dict[str, Any] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if not word.startswith("--"):
+            raise ConfigError(f"--from-trl: expected a --flag, got {word!r}; write TRL's arguments as "
+                              f"'--name value' (or give a JSON/YAML file)")
+        name, eq, value = word[2:].partition("=")
+        name = name.replace("-", "_")
+        if eq:
+            values[name] = _scalar(value)
+        elif i + 1 < len(words) and not words[i + 1].startswith("--"):
+            values[name] = _scalar(words[i + 1])
+            i += 1
+        else:  # a bare flag is a boolean switched on
+            values[name] = True
+        i += 1
+    return values
+
+
+def read_trl_args(path: str | Path) -> dict[str, Any]:
+    """The TRL arguments in `path`: a JSON or YAML mapping, or a text of `--flag value` arguments."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--from-trl: '{path}' is not a file; give a GRPOConfig as JSON/YAML or a file of "
+                          f"'--flag value' arguments")
+    text = path.read_text()
+    if text.lstrip().startswith("--") or path.suffix in (".sh", ".txt", ".args"):
+        return parse_flags(text)
+    try:
+        tree = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(f"--from-trl: '{path}' is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                          f"{str(err).splitlines()[0]}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"--from-trl: '{path}' holds a {type(tree).__name__}, not a mapping of GRPOConfig fields")
+    return tree
+
+
+def convert(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(rlvr recipe tree, notes on what was not converted) for TRL's `values`.
+
+    >>> tree, notes = convert({"num_generations": 4, "beta": 0.04, "gradient_accumulation_steps": 1,
+    ...                        "logging_steps": 5})
+    >>> tree, notes[0].endswith(": logging_steps")
+    ({'rollout': {'group_size': 4}, 'algo': {'kl_coef': 0.04}}, True)
+    """
+    tree: dict[str, Any] = {}
+    notes, unknown, convertible = [], [], []
+    for name, value in values.items():
+        if value is None or UNSET.get(name, object()) == value or (
+                name in READ_BY_ONE_METHOD and value == TRL_NAMES[name].trl_default):
+            continue  # TRL's None is "unset": its own default
+        if name == "report_to" and isinstance(value, list):  # a dump holds TRL's resolved list
+            value = value[0] if len(value) == 1 else "none" if not value else value
+        if name in SCRIPT_NAMES:
+            _set(tree, SCRIPT_NAMES[name], value)
+        elif name not in TRL_NAMES:
+            unknown.append(name)
+        else:
+            try:
+                translate([(name, value)])  # this name and value alone: refused or not
+                convertible.append((name, value))
+            except ConfigError as err:
+                if value != TRL_NAMES[name].trl_default:
+                    notes.append(f"{name}={value!r}: {str(err).split(': ', 1)[-1]}")
+    for group in translate(convertible):  # together: a name that reads another (epsilon, epsilon_high)
+        for key, item in group:
+            _set(tree, key, item)
+    if unknown:
+        notes.append("not in rlvr's map of TRL names (see docs/migrating-from-trl.md): " + ", ".join(unknown))
+    return tree, notes
+
+
+def _set(tree: dict, key: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    for part in parents:
+        tree = tree.setdefault(part, {})
+    tree[last] = value
+
+
+def recipe_from_trl(path: str | Path) -> str:
+    """The recipe YAML for the TRL arguments in `path`, its notes as comments; checked by loading it."""
+    from rlvr.config.load import load_config
+
+    tree, notes = convert(read_trl_args(path))
+    load_config(json.loads(json.dumps(tree)))  # a copy: loading may take keys out of the tree
+    header = [f"# converted from TRL's GRPOConfig arguments in {Path(path).name} (rlvr config --from-trl)"]
+    for note in notes:
+        header += textwrap.wrap(note, 96, initial_indent="# not converted: ", subsequent_indent="#   ")
+    body = yaml.safe_dump(tree, sort_keys=False) if tree else "{}\n"
+    return "\n".join(header) + "\n" + body

@@ -1,0 +1,66 @@
+"""`rlvr config --from-trl FILE`: TRL's GRPOConfig (a full JSON dump from the installed TRL, a YAML
+file, or launch-command flags) as an rlvr recipe that loads, with what was not converted as comments."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from rlvr.cli import main
+from rlvr.config import load_config
+from rlvr.config.from_trl import convert, parse_flags, recipe_from_trl
+
+
+def test_flags_parse_as_trls_argument_parser_reads_them():
+    assert parse_flags("--num_generations 8 \\\n --use-vllm --beta=0.04 --epsilon_high None --lr_scheduler_type cosine"
+                       ) == {"num_generations": 8, "use_vllm": True, "beta": 0.04, "epsilon_high": None,
+                             "lr_scheduler_type": "cosine"}
+
+
+def test_a_full_grpo_config_dump_converts_to_what_it_sets(tmp_path):
+    trl = pytest.importorskip("trl")
+    args = trl.GRPOConfig(output_dir=str(tmp_path / "trl"), num_generations=4, beta=0.04, epsilon=0.3,
+                          loss_type="dr_grpo", max_completion_length=12, learning_rate=2e-5, repetition_penalty=1.1,
+                          logging_steps=3, report_to="none", bf16=False)
+    path = tmp_path / "grpo.json"
+    path.write_text(args.to_json_string())
+    text = recipe_from_trl(path)
+    tree = yaml.safe_load(text)
+    config = load_config(tree)
+    assert (config.rollout.group_size, config.algo.kl_coef, config.algo.clip_low, config.algo.clip_high) == (
+        4, 0.04, 0.3, 0.3)  # epsilon sets both ends, as TRL does when epsilon_high is unset
+    assert config.algo.aggregation == "seq_mean_token_sum_norm" and config.rollout.max_new_tokens == 12
+    assert config.optim.lr == 2e-5 and config.rollout.repetition_penalty == 1.1 and config.seed == 42
+    comments = [line for line in text.splitlines() if line.startswith("#")]
+    assert any("logging_steps" in line for line in comments)  # kept as a note, not dropped
+    # TRL's defaults rlvr cannot take (gradient_accumulation_steps=1, a linear schedule) are no loss: no note
+    assert not any("gradient_accumulation_steps=" in line or "lr_scheduler_type=" in line for line in comments)
+
+
+def test_a_changed_value_without_an_rlvr_field_is_noted():
+    tree, notes = convert({"gradient_accumulation_steps": 4, "lr_scheduler_type": "linear", "epsilon": 0.2,
+                           "epsilon_high": 0.28, "model_name_or_path": "Qwen/Qwen2.5-0.5B"})
+    assert tree == {"algo": {"clip_low": 0.2, "clip_high": 0.28}, "model": {"path": "Qwen/Qwen2.5-0.5B"}}
+    assert len(notes) == 1 and notes[0].startswith("gradient_accumulation_steps=4: rlvr accumulates by itself")
+
+
+def test_the_cli_prints_a_recipe_train_accepts(tmp_path, capsys):
+    flags = tmp_path / "launch.txt"
+    flags.write_text("--num_generations 2 --max_completion_length 4 --temperature 0.7 --max_steps 1 --use_vllm false\n")
+    assert main(["config", "--from-trl", str(flags)]) == 0
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(capsys.readouterr().out)
+    config = load_config(str(recipe))
+    assert (config.rollout.group_size, config.rollout.temperature, config.trainer.steps) == (2, 0.7, 1)
+    assert config.rollout.engine == "torch"
+    for bad, message in ((tmp_path / "missing.json", "is not a file"), (tmp_path / "list.yaml", "not a mapping")):
+        if bad.name == "list.yaml":
+            bad.write_text("- 1\n")
+        assert main(["config", "--from-trl", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+    (tmp_path / "bad.json").write_text(json.dumps({"num_generations": 0}))
+    assert main(["config", "--from-trl", str(tmp_path / "bad.json")]) == 2  # loaded: rlvr's own check names it
+    assert "rollout.group_size" in capsys.readouterr().err
