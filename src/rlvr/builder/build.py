@@ -152,7 +152,8 @@ def build_reward(config: Config, task) -> RewardRunner | RewardSum:
     """The verifier: the user's `reward.fn` when set (one function or a weighted sum of several, where
     `task` names the task's own), otherwise the task's own (batched if it has one)."""
     if config.reward.fn:
-        fns, weights = zip(*load_reward_spec(config.reward.fn, model_options=reward_model_options(config)))
+        fns, weights = zip(*load_reward_spec(config.reward.fn, model_options=reward_model_options(config),
+                                             judge_options=judge_options(config)))
         return RewardSum(with_task(fns, task), weights, timeout_s=config.reward.timeout_s)
     return RewardRunner(getattr(task, "reward_batch", task.reward), name="task", timeout_s=config.reward.timeout_s)
 
@@ -165,6 +166,21 @@ def reward_model_options(config: Config) -> dict:
              "threshold": r.model_step_threshold} if r.model_steps else {}
     return {"batch_size": r.model_batch_size, "normalize": r.model_normalize, "clip": r.model_clip,
             "device": resolve_device(config.trainer.device), **steps}
+
+
+def judge_options(config: Config) -> dict:
+    """The keywords of a generative judge named in `reward.fn` (``judge:DIR``): its rubric, verdict mode and
+    verdicts, on the trainer's device; the ``score`` mode writes its verdict greedily with the torch sampler."""
+    r = config.reward
+
+    def make_engine(model, tokenizer):
+        return functools.partial(generate, model, max_new_tokens=r.judge_max_new_tokens, eos_id=tokenizer.eos_token_id,
+                                 pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                                 else tokenizer.eos_token_id)
+
+    return {"rubric": r.judge_rubric, "mode": r.judge_mode, "verdicts": r.judge_verdicts, "high": r.judge_score_max,
+            "batch_size": r.model_batch_size, "device": resolve_device(config.trainer.device),
+            "make_engine": make_engine}
 
 
 def build_loss(config: Config) -> LossSpec:

@@ -91,6 +91,16 @@ class RewardConfig:
     """Process reward models: the text between steps."""
     model_step_threshold: float = 0.0
     """Process reward models, `clipped`: the threshold η."""
+    judge_rubric: str = "Question: {prompt}\nAnswer: {completion}\nIs the answer correct?"
+    """Generative judges named in `fn` (`judge:DIR`, a causal LM): the prompt, with `{prompt}` and `{completion}` slots."""
+    judge_mode: str = "verdict"
+    """Judges: `verdict` (p(first verdict) / p(both) at the next token) or `score` (a greedy verdict's `Score: N`)."""
+    judge_verdicts: str = "Yes,No"
+    """Judges, `verdict`: the good and the bad verdict, one token each of the judge's tokenizer."""
+    judge_score_max: float = 10.0
+    """Judges, `score`: the top of the score scale (scores in [0, max] map to [0, 1])."""
+    judge_max_new_tokens: int = ranged(32, ">= 1")
+    """Judges, `score`: the verdict's length cap."""
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,8 @@ class RewardModel:
         heads = json.loads((Path(path) / "config.json").read_text()).get("architectures") or []
         if heads and not any(h.endswith("ForSequenceClassification") for h in heads):
             raise ConfigError(f"reward model: '{path}' holds a {heads[0]}, whose score head would be random; "
-                              f"name a sequence classifier (train one with `rlvr rm`)")
+                              f"name a sequence classifier (train one with `rlvr rm`), or judge:{path} to "
+                              f"prompt it as a generative judge")
         try:
             model = AutoModelForSequenceClassification.from_pretrained(
                 str(path), num_labels=1, dtype=getattr(torch, dtype), local_files_only=True)
