@@ -170,3 +170,16 @@ def test_reward_model_steps_make_the_named_model_a_prm(saved_rm):
     assert out.metrics["user/steps"] == 2.0
     with pytest.raises(ConfigError, match="reward.model_steps: unknown aggregation 'max'"):
         build_reward(load_config(None, [f"reward.fn={saved_rm}", "reward.model_steps=max"]), task=None)
+
+
+def test_batch_whitening_over_several_reward_workers_is_a_one_line_error(saved_rm):
+    from rlvr.builder.build import build_reward
+    from rlvr.config import load_config
+
+    config = load_config(None, [f"reward.fn={saved_rm}", "reward.model_normalize=batch", "trainer.backend=ray",
+                                "trainer.reward_workers=2"])
+    with pytest.raises(ConfigError, match=r"reward.model_normalize=batch: each of trainer.reward_workers=2 would "
+                                          r"whiten its own share"):
+        build_reward(config, task=None)
+    one = load_config(None, [f"reward.fn={saved_rm}", "reward.model_normalize=batch", "trainer.backend=ray"])
+    assert build_reward(one, task=None).runners[0].fn.normalize == "batch"  # one worker whitens the whole batch

@@ -152,6 +152,11 @@ def build_reward(config: Config, task) -> RewardRunner | RewardSum:
     """The verifier: the user's `reward.fn` when set (one function or a weighted sum of several, where
     `task` names the task's own), otherwise the task's own (batched if it has one)."""
     if config.reward.fn:
+        t = config.trainer
+        if t.backend == "ray" and t.reward_workers > 1 and config.reward.model_normalize == "batch":
+            raise ConfigError(f"reward.model_normalize=batch: each of trainer.reward_workers={t.reward_workers} would "
+                              f"whiten its own share of the batch; set trainer.reward_workers=1 or "
+                              f"reward.model_normalize=none")
         fns, weights = zip(*load_reward_spec(config.reward.fn, model_options=reward_model_options(config),
                                              judge_options=judge_options(config)))
         return RewardSum(with_task(fns, task), weights, timeout_s=config.reward.timeout_s)
