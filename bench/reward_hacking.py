@@ -41,8 +41,8 @@ def _rlvr(*args: str) -> None:
     done = subprocess.run([sys.executable, "-m", "rlvr.cli", *args], capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"rlvr {' '.join(args)} failed:\n{done.stderr[-2000:]}")
-    print(f"  {time.perf_counter() - t0:6.1f}s  rlvr {' '.join(args[:1])} {' '.join(a for a in args[1:] if 'seed' in a)}",
-          flush=True)
+    seed = " ".join(a for a in args[1:] if "seed" in a)
+    print(f"  {time.perf_counter() - t0:6.1f}s  rlvr {args[0]} {seed}", flush=True)
 
 
 def train_reward_model(out: Path) -> Path:

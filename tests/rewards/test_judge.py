@@ -147,8 +147,8 @@ def test_a_score_judge_from_the_config_writes_its_verdict_greedily_and_errs_per_
     model, tokenizer = AutoModelForCausalLM.from_pretrained(saved_judge).eval(), char_tokenizer()
     for value, (p, c) in zip(got, [("1 2>3:", "1+2"), ("4>4:", "9")]):
         ids = [tokenizer.bos_token_id] + tokenizer(f"Q:{p} A:{c} Right?", add_special_tokens=False)["input_ids"]
-        out = model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, eos_token_id=tokenizer.eos_token_id,
-                             pad_token_id=tokenizer.pad_token_id)
+        out = model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
         verdict = tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
         assert isinstance(value, JudgeParseError) and str(value) == f"no score in verdict {verdict[:60]!r}"
 

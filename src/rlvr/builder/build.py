@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlvr.agents.collect import TurnProcessReward, is_agent_task
 from rlvr.algos._registry import needs_of
 from rlvr.algos.correction import importance_correction
 from rlvr.codec import prompt_lengths
@@ -26,6 +27,7 @@ from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.models.policy import CausalPolicy
 from rlvr.protocols import RolloutEngine
 from rlvr.rewards.forms import with_task
+from rlvr.rewards.process import DENSE
 from rlvr.rewards.runner import RewardRunner, RewardSum, load_reward_spec
 from rlvr.runtime.process import resolve_device
 from rlvr.tasks import make_task
@@ -167,10 +169,31 @@ def reward_model_options(config: Config) -> dict:
     """The keywords of a `RewardModel` named in `reward.fn`: batching, normalisation, the trainer's device,
     and the step aggregation that makes it a `ProcessRewardModel`."""
     r = config.reward
-    steps = {"aggregate": r.model_steps, "separator": r.model_step_separator,
-             "threshold": r.model_step_threshold} if r.model_steps else {}
+    # dense per-turn rewards read a process reward model's prefix scores: the named model is one
+    steps = {"aggregate": r.model_steps or "min", "separator": r.model_step_separator,
+             "threshold": r.model_step_threshold} if r.model_steps or r.model_turns else {}
     return {"batch_size": r.model_batch_size, "normalize": r.model_normalize, "clip": r.model_clip,
             "device": resolve_device(config.trainer.device), **steps}
+
+
+def build_turn_reward(config: Config, task, reward) -> TurnProcessReward | None:
+    """Agent tasks with `reward.model_turns`: the process reward model named in `reward.fn` (one, with its
+    weight) as dense per-turn rewards; None when off."""
+    r = config.reward
+    if not r.model_turns:
+        return None
+    if not is_agent_task(task):
+        raise ConfigError(f"reward.model_turns={r.model_turns}: applies to agent tasks (task.name=agent_*), whose "
+                          f"actions are the steps; for single-turn tasks use reward.model_steps")
+    if r.model_turns not in DENSE:
+        raise ConfigError(f"reward.model_turns: unknown {r.model_turns!r}; choose one of {', '.join(DENSE)}")
+    models = [(run.fn, reward.weights[run.name]) for run in getattr(reward, "runners", [])
+              if hasattr(run.fn, "prefix_scores")]
+    if len(models) != 1:
+        raise ConfigError(f"reward.model_turns: reward.fn names {len(models)} reward model folders; name one "
+                          f"(e.g. reward.fn=runs/prm/export)")
+    (model, weight), = models
+    return TurnProcessReward(model, how=r.model_turns, threshold=r.model_step_threshold, weight=weight)
 
 
 def judge_options(config: Config) -> dict:

@@ -91,8 +91,11 @@ class RewardConfig:
     """Process reward models: the text between steps."""
     model_step_threshold: float = 0.0
     """Process reward models, `clipped`: the threshold η."""
+    model_turns: str = ""
+    """Agent tasks: the process reward model in `fn` scores each turn's prefix of actions, and turn k gets its weight
+    × the `raw`, `clipped` or `delta` step reward k on top of the environment's (gigpo, turn_return); empty = off."""
     judge_rubric: str = "Question: {prompt}\nAnswer: {completion}\nIs the answer correct?"
-    """Generative judges named in `fn` (`judge:DIR`, a causal LM): the prompt, with `{prompt}` and `{completion}` slots."""
+    """Generative judges named in `fn` (`judge:DIR`, a causal LM): their prompt, with `{prompt}` and `{completion}`."""
     judge_mode: str = "verdict"
     """Judges: `verdict` (p(first verdict) / p(both) at the next token) or `score` (a greedy verdict's `Score: N`)."""
     judge_verdicts: str = "Yes,No"

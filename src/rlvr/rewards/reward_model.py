@@ -185,7 +185,12 @@ class ProcessRewardModel(RewardModel):
 
     def step_scores(self, prompts: list[str], completions: list[str]) -> list[list[float]]:
         """Each completion's K step scores: the classifier on prompt + its first k steps, k = 1..K."""
-        steps = [split_steps(c, separator=self.separator, tag=self.tag) for c in completions]
+        return self.prefix_scores(prompts, [split_steps(c, separator=self.separator, tag=self.tag)
+                                            for c in completions])
+
+    def prefix_scores(self, prompts: list[str], steps: list[list[str]]) -> list[list[float]]:
+        """The K_i scores of each row's given steps (an agent's actions, one per turn): the classifier on
+        prompt + its first k steps joined as a completion, k = 1..K_i."""
         flat = [(p, self._prefix(s, k)) for p, s in zip(prompts, steps) for k in range(1, len(s) + 1)]
         scores = self.scores([p for p, _ in flat], [c for _, c in flat]).tolist()
         out, start = [], 0

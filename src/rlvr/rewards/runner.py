@@ -63,12 +63,11 @@ from rlvr.rewards.forms import TASK_VERIFIER, TrainerState, batched, reward_form
 __all__ = ["RewardBatch", "RewardRunner", "RewardSum", "TrainerState", "batched", "load_reward_fn",
            "load_reward_spec", "reward_form"]
 
-def load_reward_fn(spec: str, *, base_dir: str | Path | None = None,
-                   model_options: dict[str, Any] | None = None, judge_options: dict[str, Any] | None = None) -> Callable:
-    """``"path/to/file.py:name"`` or ``"package.module:name"`` -> the callable; a saved model
-    folder (holding config.json) -> a ``RewardModel`` built with ``model_options`` (a
-    ``ProcessRewardModel`` when they name a step ``aggregate``); ``"judge:DIR"`` -> a
-    ``GenerativeJudge`` over the causal LM in DIR, built with ``judge_options``.
+def load_reward_fn(spec: str, *, base_dir: str | Path | None = None, model_options: dict[str, Any] | None = None,
+                   judge_options: dict[str, Any] | None = None) -> Callable:
+    """``"path/to/file.py:name"`` or ``"package.module:name"`` -> the callable; a saved model folder (holding
+    config.json) -> a ``RewardModel`` built with ``model_options`` (a ``ProcessRewardModel`` when they name a
+    step ``aggregate``); ``"judge:DIR"`` -> a ``GenerativeJudge`` built with ``judge_options``.
 
     Relative paths resolve against ``base_dir`` (default: the current directory).
     """
@@ -116,7 +115,6 @@ def load_reward_fn(spec: str, *, base_dir: str | Path | None = None,
     return fn
 
 
-
 def load_reward_spec(spec: str, *, base_dir: str | Path | None = None, model_options: dict[str, Any] | None = None,
                      judge_options: dict[str, Any] | None = None) -> list[tuple[Callable, float]]:
     """``"a.py:right, 0.2*a.py:short"`` -> [(right, 1.0), (short, 0.2)]: the ``reward.fn`` form,
@@ -127,9 +125,8 @@ def load_reward_spec(spec: str, *, base_dir: str | Path | None = None, model_opt
     ``"task, 0.5*judge:LM_DIR"`` a generative judge."""
     out = []
     for value, target in spec_entries(spec):
-        fn = TASK_VERIFIER if target == "task" else load_reward_fn(target, base_dir=base_dir,
-                                                                     model_options=model_options,
-                                                                     judge_options=judge_options)
+        fn = TASK_VERIFIER if target == "task" else load_reward_fn(
+            target, base_dir=base_dir, model_options=model_options, judge_options=judge_options)
         reward_form(fn, f"reward.fn={spec!r}")
         out.append((fn, value))
     return out
