@@ -16,6 +16,7 @@ from rlvr.algos._advantage_core import AdvantageInputs
 from rlvr.algos.turn_advantages import turn_return
 from rlvr.errors import ConfigError
 from rlvr.models.tokenizer import char_tokenizer
+from tests.rewards.test_reward_model import save_tiny_reward_model
 
 
 class _Scores:
@@ -88,36 +89,31 @@ def test_a_prm_scores_the_prefixes_of_given_steps():
 
 
 @pytest.fixture
-def saved_prm(tmp_path):
-    from tests.rewards.test_reward_model import tiny_reward_model
-
-    model, tokenizer = tiny_reward_model()
-    model.save_pretrained(tmp_path / "prm")
-    tokenizer.save_pretrained(tmp_path / "prm")
-    return tmp_path / "prm"
+def saved_rm(tmp_path):
+    return save_tiny_reward_model(tmp_path / "prm")
 
 
 @pytest.mark.parametrize("overrides, message", [
     (["reward.model_turns=delta"], "reward.model_turns=delta: applies to agent tasks"),
     (["task.name=agent_guess", "reward.model_turns=sum"], "reward.model_turns: unknown 'sum'; choose one of raw"),
 ])
-def test_bad_model_turns_are_one_line_errors(saved_prm, overrides, message):
+def test_bad_model_turns_are_one_line_errors(saved_rm, overrides, message):
     from rlvr.builder.build import build_reward, build_task, build_turn_reward
     from rlvr.config import load_config
 
-    config = load_config(None, [f"reward.fn={saved_prm}", *overrides])
+    config = load_config(None, [f"reward.fn={saved_rm}", *overrides])
     task = build_task(config, char_tokenizer())
     with pytest.raises(ConfigError, match=message):
         build_turn_reward(config, task, build_reward(config, task))
 
 
-def test_an_agent_run_trains_on_dense_process_rewards(tmp_path, saved_prm, capsys):
+def test_an_agent_run_trains_on_dense_process_rewards(tmp_path, saved_rm, capsys):
     from rlvr.cli import main
 
     code = main(["train", "recipes/agent_guess.yaml", "model.path=", "task.heldout_size=4", "trainer.threads=1",
                  "trainer.kernels=eager", "trainer.eval_samples=0", "trainer.steps=1", "trainer.eval_every=0",
                  "rollout.prompts_per_step=2", "rollout.group_size=2", "algo.advantage=turn_return",
-                 f"reward.fn={saved_prm}", "reward.model_turns=delta", f"trainer.out_dir={tmp_path}",
+                 f"reward.fn={saved_rm}", "reward.model_turns=delta", f"trainer.out_dir={tmp_path}",
                  "trainer.name=run", "algo.dynamic_sampling=false"])
     assert code == 0, capsys.readouterr().err
     last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])

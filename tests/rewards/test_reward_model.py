@@ -34,12 +34,17 @@ def tiny_reward_model(seed: int = 0):
     return LlamaForSequenceClassification(config).eval(), tokenizer
 
 
+def save_tiny_reward_model(path):
+    """`tiny_reward_model()` and its tokenizer saved in `path` (a folder `reward.fn` can name)."""
+    model, tokenizer = tiny_reward_model()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 @pytest.fixture
 def saved_rm(tmp_path):
-    model, tokenizer = tiny_reward_model()
-    model.save_pretrained(tmp_path / "rm")
-    tokenizer.save_pretrained(tmp_path / "rm")
-    return tmp_path / "rm"
+    return save_tiny_reward_model(tmp_path / "rm")
 
 
 def _direct(path, prompts, completions) -> list[float]:

@@ -136,12 +136,9 @@ def test_ray_run_resumes_after_kill_9(tmp_path):
 
 
 def _saved_reward_model(tmp_path):
-    from tests.rewards.test_reward_model import tiny_reward_model
+    from tests.rewards.test_reward_model import save_tiny_reward_model
 
-    model, tokenizer = tiny_reward_model()
-    model.save_pretrained(tmp_path / "rm")
-    tokenizer.save_pretrained(tmp_path / "rm")
-    return tmp_path / "rm"
+    return save_tiny_reward_model(tmp_path / "rm")
 
 
 @pytest.mark.parametrize("workers", [1, 2])
