@@ -144,7 +144,7 @@ class Trainer:
                 return [], []
             if self.config.reward.fn:
                 fns, weights = (list(x) for x in zip(*load_reward_spec(self.config.reward.fn,
-                                                                        model_options=self._model_options())))
+                                                                        **self._model_options())))
                 if self.rows is not None and TASK_VERIFIER in fns:
                     raise ConfigError(f"reward.fn={self.config.reward.fn!r}: 'task' names a task's own verifier, "
                                       f"and rows passed as train_dataset have none; name reward functions only")
@@ -164,13 +164,13 @@ class Trainer:
                 where = "reward_funcs" if len(items) == 1 else f"reward_funcs[{i}]"
                 if isinstance(item, (str, Path)):
                     try:
-                        item = load_reward_fn(str(item), model_options=self._model_options())
+                        item = load_reward_fn(str(item), **self._model_options())
                     except ConfigError as err:
                         raise ConfigError(str(err).replace("reward.fn=", f"{where}=", 1)) from None
                 elif _is_sequence_classifier(item):  # an in-memory reward model, as TRL takes one
                     from rlvr.rewards.reward_model import make_reward_model
 
-                    item = make_reward_model(item, **self._model_options())
+                    item = make_reward_model(item, **self._model_options()["model_options"])
                 elif not callable(item):
                     raise ConfigError(f"{where}: expected a callable or 'file.py:name', got {type(item).__name__}")
                 reward_form(item, where)
@@ -184,9 +184,10 @@ class Trainer:
         return fns, weights
 
     def _model_options(self) -> dict:
-        from rlvr.builder.build import reward_model_options
+        """The keywords of `load_reward_fn` for learned rewards: reward models' and judges' options."""
+        from rlvr.builder.build import judge_options, reward_model_options
 
-        return reward_model_options(self.config)
+        return {"model_options": reward_model_options(self.config), "judge_options": judge_options(self.config)}
 
     def _stem(self, recipe: str | None) -> str:
         if recipe:

@@ -34,12 +34,17 @@ def tiny_reward_model(seed: int = 0):
     return LlamaForSequenceClassification(config).eval(), tokenizer
 
 
+def save_tiny_reward_model(path):
+    """`tiny_reward_model()` and its tokenizer saved in `path` (a folder `reward.fn` can name)."""
+    model, tokenizer = tiny_reward_model()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 @pytest.fixture
 def saved_rm(tmp_path):
-    model, tokenizer = tiny_reward_model()
-    model.save_pretrained(tmp_path / "rm")
-    tokenizer.save_pretrained(tmp_path / "rm")
-    return tmp_path / "rm"
+    return save_tiny_reward_model(tmp_path / "rm")
 
 
 def _direct(path, prompts, completions) -> list[float]:
@@ -170,3 +175,16 @@ def test_reward_model_steps_make_the_named_model_a_prm(saved_rm):
     assert out.metrics["user/steps"] == 2.0
     with pytest.raises(ConfigError, match="reward.model_steps: unknown aggregation 'max'"):
         build_reward(load_config(None, [f"reward.fn={saved_rm}", "reward.model_steps=max"]), task=None)
+
+
+def test_batch_whitening_over_several_reward_workers_is_a_one_line_error(saved_rm):
+    from rlvr.builder.build import build_reward
+    from rlvr.config import load_config
+
+    config = load_config(None, [f"reward.fn={saved_rm}", "reward.model_normalize=batch", "trainer.backend=ray",
+                                "trainer.reward_workers=2"])
+    with pytest.raises(ConfigError, match=r"reward.model_normalize=batch: each of trainer.reward_workers=2 would "
+                                          r"whiten its own share"):
+        build_reward(config, task=None)
+    one = load_config(None, [f"reward.fn={saved_rm}", "reward.model_normalize=batch", "trainer.backend=ray"])
+    assert build_reward(one, task=None).runners[0].fn.normalize == "batch"  # one worker whitens the whole batch

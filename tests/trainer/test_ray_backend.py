@@ -4,6 +4,7 @@ RLVR_REQUIRE_EXTRAS=1 (CI)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -132,3 +133,37 @@ def test_ray_run_resumes_after_kill_9(tmp_path):
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "finished" and info["final"]["step"] == done + 2
     assert [line["step"] for line in _lines(run)] == list(range(done + 3))  # none lost, none twice
+
+
+def _saved_reward_model(tmp_path):
+    from tests.rewards.test_reward_model import save_tiny_reward_model
+
+    return save_tiny_reward_model(tmp_path / "rm")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ray_reward_workers_score_a_reward_model_as_the_trainer_does(ray_local, tmp_path, workers):
+    """A reward model named in `reward.fn`, loaded in each reward worker from the config: the scores that come
+    back (split over two workers in chunks, or whole on one) are the in-process ones."""
+    from rlvr.backends.ray import RayReward
+    from rlvr.builder import build
+    from rlvr.config import load_config
+    from rlvr.models.tokenizer import char_tokenizer
+
+    config = load_config(None, [*TINY, f"reward.fn=task, 0.5*{_saved_reward_model(tmp_path)}",
+                                "reward.model_batch_size=3"])
+    tokenizer = char_tokenizer()
+    prompts = [f"{a} {a + 1}>{2 * a + 1}:" for a in range(1, 9)]
+    texts = [f"{a}+{a + 1}" if a % 2 else f"{a}*{a}" for a in range(1, 9)]
+    examples = [{"answer": f"{a}+{a + 1}", "meta": {}} for a in range(1, 9)]
+    here = build.build_verifier(config, tokenizer)(prompts, texts, examples)
+    remote = RayReward(functools.partial(build.build_verifier, config), tokenizer, workers=workers)
+    try:
+        there = remote(prompts, texts, examples)
+    finally:
+        remote.close()
+    assert there.rewards == pytest.approx(here.rewards, abs=1e-6)
+    assert there.components["reward_model"] == pytest.approx(here.components["reward_model"], abs=1e-6)
+    assert there.metrics["reward_model/raw"] == pytest.approx(here.metrics["reward_model/raw"], abs=1e-6)
+    assert len(set(here.components["reward_model"])) == len(texts)  # distinct texts, distinct scores
+

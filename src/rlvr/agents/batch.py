@@ -81,6 +81,22 @@ def turn_tensors(trajs: list[Trajectory]) -> TurnTensors:
     return TurnTensors(index, rewards, states, states >= 0)
 
 
+def action_texts(t: Trajectory, tokenizer) -> list[str]:
+    """The text of each action of `t`, one per turn (observations left out)."""
+    return [tokenizer.decode(t.ids[turn.start:turn.end], skip_special_tokens=True) for turn in t.turns]
+
+
+def add_turn_rewards(turns: TurnTensors, dense: list[list[float]], *, weight: float = 1.0) -> TurnTensors:
+    """`turns` with weight · dense[b][k] added to the reward of row b's turn k (K_b values a row, its
+    valid turns); the environment's rewards stay, the process rewards come on top."""
+    extra = torch.zeros_like(turns.rewards)
+    for b, row in enumerate(dense):
+        if len(row) != int(turns.valid[b].sum()):
+            raise ValueError(f"row {b}: {len(row)} process rewards for {int(turns.valid[b].sum())} turns")
+        extra[b, :len(row)] = torch.tensor(row, dtype=extra.dtype)
+    return TurnTensors(turns.turn_index, turns.rewards + weight * extra, turns.states, turns.valid)
+
+
 def state_id(key) -> int:
     """A stable non-negative integer id of a state key (the same across batches and rounds)."""
     return int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:7], "big")

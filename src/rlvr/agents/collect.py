@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
 import torch
 
-from rlvr.agents.batch import TurnTensors, agent_metrics, to_rollouts, transcript, turn_tensors
+from rlvr.agents.batch import (
+    TurnTensors,
+    action_texts,
+    add_turn_rewards,
+    agent_metrics,
+    to_rollouts,
+    transcript,
+    turn_tensors,
+)
 from rlvr.agents.render import make_renderer
 from rlvr.agents.rollout import Limits, Trajectory, run_episodes, scripted_episode
 from rlvr.batch import Rollouts
+from rlvr.rewards.process import step_rewards
 from rlvr.types import Example
 
 
@@ -47,6 +57,27 @@ def rollout_batch(engine, tokenizer, task, examples: list[Example], seeds: torch
     return AgentBatch(trajs, to_rollouts(trajs, tokenizer.pad_token_id, train_drifted=task.settings.train_drifted),
                       [transcript(t, tokenizer) for t in trajs], torch.tensor([t.reward for t in trajs]),
                       torch.tensor([float(t.success) for t in trajs]), turn_tensors(trajs), agent_metrics(trajs))
+
+
+@dataclass(frozen=True)
+class TurnProcessReward:
+    """Dense per-turn rewards from a process reward model (each action a step): turn k of an episode gets
+    weight · step_rewards(s)_k, s_k the model's score of the prompt and the episode's first k actions, and
+    `how` = ``raw`` | ``clipped`` | ``delta`` (`rlvr.rewards.process.step_rewards`), on top of the
+    environment's turn rewards that the turn-level advantages (`gigpo`, `turn_return`) read."""
+
+    model: object  # a `ProcessRewardModel`: prefix_scores(prompts, steps) -> per-row step scores
+    how: str = "raw"
+    threshold: float = 0.0
+    weight: float = 1.0
+
+    def __call__(self, got: AgentBatch, tokenizer, prompts: list[str]) -> AgentBatch:
+        steps = [action_texts(t, tokenizer) for t in got.trajectories]
+        scores = self.model.prefix_scores(prompts, steps)
+        dense = [step_rewards(s, self.how, threshold=self.threshold) for s in scores]
+        flat = [v for row in dense for v in row]
+        metrics = {**got.metrics, "agent/process_reward_mean": sum(flat) / len(flat) if flat else 0.0}
+        return dataclasses.replace(got, turns=add_turn_rewards(got.turns, dense, weight=self.weight), metrics=metrics)
 
 
 def correctness(engine, tokenizer, task, rows: list[Example], *, temperature: float, first_seed: int | None,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from rlvr.agents.collect import TurnProcessReward, is_agent_task
 from rlvr.algos._registry import needs_of
 from rlvr.algos.correction import importance_correction
 from rlvr.codec import prompt_lengths
@@ -27,6 +28,7 @@ from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.models.policy import CausalPolicy
 from rlvr.protocols import RolloutEngine
 from rlvr.rewards.forms import with_task
+from rlvr.rewards.process import DENSE
 from rlvr.rewards.runner import RewardRunner, RewardSum, load_reward_spec
 from rlvr.runtime.process import resolve_device
 from rlvr.tasks import make_task
@@ -166,7 +168,13 @@ def build_reward(config: Config, task) -> RewardRunner | RewardSum:
     """The verifier: the user's `reward.fn` when set (one function or a weighted sum of several, where
     `task` names the task's own), otherwise the task's own (batched if it has one)."""
     if config.reward.fn:
-        fns, weights = zip(*load_reward_spec(config.reward.fn, model_options=reward_model_options(config)))
+        t = config.trainer
+        if t.backend == "ray" and t.reward_workers > 1 and config.reward.model_normalize == "batch":
+            raise ConfigError(f"reward.model_normalize=batch: each of trainer.reward_workers={t.reward_workers} would "
+                              f"whiten its own share of the batch; set trainer.reward_workers=1 or "
+                              f"reward.model_normalize=none")
+        fns, weights = zip(*load_reward_spec(config.reward.fn, model_options=reward_model_options(config),
+                                             judge_options=judge_options(config)))
         return RewardSum(with_task(fns, task), weights, timeout_s=config.reward.timeout_s)
     return RewardRunner(getattr(task, "reward_batch", task.reward), name="task", timeout_s=config.reward.timeout_s)
 
@@ -175,10 +183,46 @@ def reward_model_options(config: Config) -> dict:
     """The keywords of a `RewardModel` named in `reward.fn`: batching, normalisation, the trainer's device,
     and the step aggregation that makes it a `ProcessRewardModel`."""
     r = config.reward
-    steps = {"aggregate": r.model_steps, "separator": r.model_step_separator,
-             "threshold": r.model_step_threshold} if r.model_steps else {}
+    # dense per-turn rewards read a process reward model's prefix scores: the named model is one
+    steps = {"aggregate": r.model_steps or "min", "separator": r.model_step_separator,
+             "threshold": r.model_step_threshold} if r.model_steps or r.model_turns else {}
     return {"batch_size": r.model_batch_size, "normalize": r.model_normalize, "clip": r.model_clip,
             "device": resolve_device(config.trainer.device), **steps}
+
+
+def build_turn_reward(config: Config, task, reward) -> TurnProcessReward | None:
+    """Agent tasks with `reward.model_turns`: the process reward model named in `reward.fn` (one, with its
+    weight) as dense per-turn rewards; None when off."""
+    r = config.reward
+    if not r.model_turns:
+        return None
+    if not is_agent_task(task):
+        raise ConfigError(f"reward.model_turns={r.model_turns}: applies to agent tasks (task.name=agent_*), whose "
+                          f"actions are the steps; for single-turn tasks use reward.model_steps")
+    if r.model_turns not in DENSE:
+        raise ConfigError(f"reward.model_turns: unknown {r.model_turns!r}; choose one of {', '.join(DENSE)}")
+    models = [(run.fn, reward.weights[run.name]) for run in getattr(reward, "runners", [])
+              if hasattr(run.fn, "prefix_scores")]
+    if len(models) != 1:
+        raise ConfigError(f"reward.model_turns: reward.fn names {len(models)} reward model folders; name one "
+                          f"(e.g. reward.fn=runs/prm/export)")
+    (model, weight), = models
+    return TurnProcessReward(model, how=r.model_turns, threshold=r.model_step_threshold, weight=weight)
+
+
+def judge_options(config: Config) -> dict:
+    """The keywords of a generative judge named in `reward.fn` (``judge:DIR``): its rubric, verdict mode and
+    verdicts, on the trainer's device; the ``score`` mode writes its verdict greedily with the torch sampler."""
+    r = config.reward
+
+    def make_engine(model, tokenizer):
+        return functools.partial(generate, model, max_new_tokens=r.judge_max_new_tokens, eos_id=tokenizer.eos_token_id,
+                                 pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                                 else tokenizer.eos_token_id)
+
+    return {"rubric": r.judge_rubric, "mode": r.judge_mode, "verdicts": r.judge_verdicts, "high": r.judge_score_max,
+            "batch_size": r.model_batch_size, "device": resolve_device(config.trainer.device),
+            "make_engine": make_engine}
 
 
 def build_loss(config: Config) -> LossSpec:

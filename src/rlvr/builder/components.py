@@ -111,6 +111,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
         replay=ReplayBuffer(capacity=config.rollout.replay_capacity, fraction=config.rollout.replay_fraction,
                             seed=config.seed) if config.rollout.replay_fraction > 0 else None,
         rows=layout.learner_rows, heap_kept=runtime.heap_kept, expert=expert, asynchronous=layout.plan,
+        turn_reward=build.build_turn_reward(config, task, reward),
         shards=ShardedState(model, optimizer, shard) if shard.size > 1 else None,
         full_model=plain if shard.size > 1 else None,
     )

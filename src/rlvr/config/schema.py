@@ -97,6 +97,19 @@ class RewardConfig:
     """Process reward models: the text between steps."""
     model_step_threshold: float = 0.0
     """Process reward models, `clipped`: the threshold η."""
+    model_turns: str = ""
+    """Agent tasks: the process reward model in `fn` scores each turn's prefix of actions, and turn k gets its weight
+    × the `raw`, `clipped` or `delta` step reward k on top of the environment's (gigpo, turn_return); empty = off."""
+    judge_rubric: str = "Question: {prompt}\nAnswer: {completion}\nIs the answer correct?"
+    """Generative judges named in `fn` (`judge:DIR`, a causal LM): their prompt, with `{prompt}` and `{completion}`."""
+    judge_mode: str = "verdict"
+    """Judges: `verdict` (p(first verdict) / p(both) at the next token) or `score` (a greedy verdict's `Score: N`)."""
+    judge_verdicts: str = "Yes,No"
+    """Judges, `verdict`: the good and the bad verdict, one token each of the judge's tokenizer."""
+    judge_score_max: float = 10.0
+    """Judges, `score`: the top of the score scale (scores in [0, max] map to [0, 1])."""
+    judge_max_new_tokens: int = ranged(32, ">= 1")
+    """Judges, `score`: the verdict's length cap."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,12 @@ The rubric is a text with ``{prompt}`` and ``{completion}`` slots. Two ways to s
 Each (prompt, completion) is judged once: the result is cached, so a completion scored again
 (correctness after the batch, a repeated sample) costs no judge call.
 
+In a config, ``reward.fn`` names a saved causal LM as a judge by ``judge:`` and its folder
+(``reward.fn="task, 0.5*judge:JUDGE_DIR"``), with ``reward.judge_rubric``, ``reward.judge_mode``,
+``reward.judge_verdicts`` and ``reward.judge_score_max``; `load_judge` builds it. The engine of
+the ``score`` mode comes from the caller (``make_engine(model, tokenizer)``: the builder passes
+the torch sampler), so this module never imports an engine.
+
 >>> parse_score("Reasoning... Score: 7", low=0, high=10)
 0.7
 >>> parse_score("8/10 overall")
@@ -22,13 +28,17 @@ Each (prompt, completion) is judged once: the result is cached, so a completion 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from rlvr.codec import decode_completions, encode_prompts
 from rlvr.errors import ConfigError
 
-__all__ = ["GenerativeJudge", "JudgeParseError", "parse_score"]
+__all__ = ["JUDGE_PREFIX", "GenerativeJudge", "JudgeParseError", "load_judge", "parse_score"]
+
+JUDGE_PREFIX = "judge:"
 
 MODES = ("verdict", "score")
 _SCORE = re.compile(r"score\s*[:=]?\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
@@ -68,12 +78,17 @@ class GenerativeJudge:
                  verdicts: tuple[str, str] = ("Yes", "No"), engine=None, low: float = 0.0, high: float = 10.0,
                  batch_size: int = 16, name: str = "judge"):
         if mode not in MODES:
-            raise ConfigError(f"judge mode: unknown {mode!r}; choose one of {', '.join(MODES)}")
+            raise ConfigError(f"reward.judge_mode: unknown {mode!r}; choose one of {', '.join(MODES)}")
         if "{completion}" not in rubric:
-            raise ConfigError("judge rubric: it has no {completion} slot; write the rubric around {prompt} and "
-                              "{completion}")
+            raise ConfigError("reward.judge_rubric: it has no {completion} slot; write the rubric around {prompt} "
+                              "and {completion}")
         if mode == "score" and engine is None:
-            raise ConfigError("judge mode 'score': pass engine= (a RolloutEngine over the judge model)")
+            raise ConfigError("reward.judge_mode=score: pass engine= (a RolloutEngine over the judge model)")
+        if not high > low:
+            raise ConfigError(f"reward.judge_score_max: must be above the lowest score {low:g}, got {high!r}")
+        if len(verdicts) != 2 or not all(isinstance(v, str) and v for v in verdicts):
+            raise ConfigError(f"reward.judge_verdicts: two verdicts, the good one first (e.g. Yes,No), "
+                              f"got {verdicts!r}")
         self.model, self.tokenizer, self.rubric, self.mode, self.engine = model, tokenizer, rubric, mode, engine
         self.low, self.high, self.batch_size, self.__name__ = low, high, batch_size, name
         self.verdict_ids = [self._one_token(v) for v in verdicts] if mode == "verdict" else []
@@ -82,7 +97,7 @@ class GenerativeJudge:
     def _one_token(self, verdict: str) -> int:
         ids = self.tokenizer(verdict, add_special_tokens=False)["input_ids"]
         if len(ids) != 1:
-            raise ConfigError(f"judge verdicts: {verdict!r} is {len(ids)} tokens of the judge's tokenizer; "
+            raise ConfigError(f"reward.judge_verdicts: {verdict!r} is {len(ids)} tokens of the judge's tokenizer; "
                               f"choose verdicts of one token each")
         return ids[0]
 
@@ -118,3 +133,28 @@ class GenerativeJudge:
             for key, value in zip(chunk, judge([self.render(p, c) for p, c in chunk])):
                 self.cache[key] = value
         return [self.cache[(p, c)] for p, c in zip(prompts, completions)]
+
+
+def load_judge(path: str | Path, *, rubric: str, mode: str = "verdict", verdicts: str | tuple[str, str] = "Yes,No",
+               low: float = 0.0, high: float = 10.0, batch_size: int = 16, device: str | torch.device | None = None,
+               make_engine: Callable | None = None) -> GenerativeJudge:
+    """A `GenerativeJudge` over the causal LM saved in `path` (its own tokenizer, no hub access);
+    `verdicts` as ``"Yes,No"`` or a pair; `make_engine(model, tokenizer)` gives the ``score`` mode's
+    rollout engine."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"reward.fn: judge '{path}' is not a saved model folder (no config.json); "
+                          f"write {JUDGE_PREFIX}DIR with DIR a causal LM saved by save_pretrained or `rlvr export`")
+    if isinstance(verdicts, str):
+        verdicts = tuple(v.strip() for v in verdicts.split(","))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"reward.fn: cannot load judge '{path}' as a causal LM: {str(err).splitlines()[0]}") from None
+    model = (model.to(device) if device is not None else model).eval()
+    engine = make_engine(model, tokenizer) if mode == "score" and make_engine is not None else None
+    return GenerativeJudge(model, tokenizer, rubric, mode=mode, verdicts=verdicts, engine=engine, low=low, high=high,
+                           batch_size=batch_size)

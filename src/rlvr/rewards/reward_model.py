@@ -126,7 +126,8 @@ class RewardModel:
         heads = json.loads((Path(path) / "config.json").read_text()).get("architectures") or []
         if heads and not any(h.endswith("ForSequenceClassification") for h in heads):
             raise ConfigError(f"reward model: '{path}' holds a {heads[0]}, whose score head would be random; "
-                              f"name a sequence classifier (train one with `rlvr rm`)")
+                              f"name a sequence classifier (train one with `rlvr rm`), or judge:{path} to "
+                              f"prompt it as a generative judge")
         try:
             model = AutoModelForSequenceClassification.from_pretrained(
                 str(path), num_labels=1, dtype=getattr(torch, dtype), local_files_only=True)
@@ -184,7 +185,12 @@ class ProcessRewardModel(RewardModel):
 
     def step_scores(self, prompts: list[str], completions: list[str]) -> list[list[float]]:
         """Each completion's K step scores: the classifier on prompt + its first k steps, k = 1..K."""
-        steps = [split_steps(c, separator=self.separator, tag=self.tag) for c in completions]
+        return self.prefix_scores(prompts, [split_steps(c, separator=self.separator, tag=self.tag)
+                                            for c in completions])
+
+    def prefix_scores(self, prompts: list[str], steps: list[list[str]]) -> list[list[float]]:
+        """The K_i scores of each row's given steps (an agent's actions, one per turn): the classifier on
+        prompt + its first k steps joined as a completion, k = 1..K_i."""
         flat = [(p, self._prefix(s, k)) for p, s in zip(prompts, steps) for k in range(1, len(s) + 1)]
         scores = self.scores([p for p, _ in flat], [c for _, c in flat]).tolist()
         out, start = [], 0

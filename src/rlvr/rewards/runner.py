@@ -64,14 +64,19 @@ from rlvr.rewards.forms import COMPLETION_IDS, TASK_VERIFIER, TrainerState, batc
 __all__ = ["RewardBatch", "RewardRunner", "RewardSum", "TrainerState", "batched", "load_reward_fn",
            "load_reward_spec", "reward_form"]
 
-def load_reward_fn(spec: str, *, base_dir: str | Path | None = None,
-                   model_options: dict[str, Any] | None = None) -> Callable:
-    """``"path/to/file.py:name"`` or ``"package.module:name"`` -> the callable; a saved model
-    folder (holding config.json) -> a ``RewardModel`` built with ``model_options`` (a
-    ``ProcessRewardModel`` when they name a step ``aggregate``).
+def load_reward_fn(spec: str, *, base_dir: str | Path | None = None, model_options: dict[str, Any] | None = None,
+                   judge_options: dict[str, Any] | None = None) -> Callable:
+    """``"path/to/file.py:name"`` or ``"package.module:name"`` -> the callable; a saved model folder (holding
+    config.json) -> a ``RewardModel`` built with ``model_options`` (a ``ProcessRewardModel`` when they name a
+    step ``aggregate``); ``"judge:DIR"`` -> a ``GenerativeJudge`` built with ``judge_options``.
 
     Relative paths resolve against ``base_dir`` (default: the current directory).
     """
+    if spec.startswith("judge:"):  # a generative judge: torch is loaded only now
+        from rlvr.rewards.judge import JUDGE_PREFIX, load_judge
+
+        target = Path(spec.removeprefix(JUDGE_PREFIX))
+        return load_judge(target if target.is_absolute() else Path(base_dir or ".") / target, **(judge_options or {}))
     folder = Path(spec) if Path(spec).is_absolute() else Path(base_dir or ".") / spec
     if (folder / "config.json").is_file():  # a reward model: torch is loaded only now
         from rlvr.rewards.reward_model import load_reward_model
@@ -111,18 +116,18 @@ def load_reward_fn(spec: str, *, base_dir: str | Path | None = None,
     return fn
 
 
-
-def load_reward_spec(spec: str, *, base_dir: str | Path | None = None,
-                     model_options: dict[str, Any] | None = None) -> list[tuple[Callable, float]]:
+def load_reward_spec(spec: str, *, base_dir: str | Path | None = None, model_options: dict[str, Any] | None = None,
+                     judge_options: dict[str, Any] | None = None) -> list[tuple[Callable, float]]:
     """``"a.py:right, 0.2*a.py:short"`` -> [(right, 1.0), (short, 0.2)]: the ``reward.fn`` form,
     one or several ``FILE.py:NAME`` / ``MODULE:NAME`` / reward-model folders separated by commas,
     each optionally prefixed by its weight and ``*``; ``task`` is the task's own verifier
     (``TASK_VERIFIER``, bound by ``rlvr.rewards.forms.with_task``), so ``"0.1*my.py:shaping, task"``
-    adds a shaping term to it and ``"task, 0.5*RM_DIR"`` weighs a learned reward against it."""
+    adds a shaping term to it, ``"task, 0.5*RM_DIR"`` weighs a learned reward against it and
+    ``"task, 0.5*judge:LM_DIR"`` a generative judge."""
     out = []
     for value, target in spec_entries(spec):
-        fn = TASK_VERIFIER if target == "task" else load_reward_fn(target, base_dir=base_dir,
-                                                                     model_options=model_options)
+        fn = TASK_VERIFIER if target == "task" else load_reward_fn(
+            target, base_dir=base_dir, model_options=model_options, judge_options=judge_options)
         reward_form(fn, f"reward.fn={spec!r}")
         out.append((fn, value))
     return out

@@ -155,6 +155,8 @@ def _one_round(c, step: int, round_index: int, n_prompts: int) -> tuple[list[Req
     seeds = sample_seeds(r.seed, step, len(group), offset=round_index * len(group))
     if is_agent_task(c.task):  # multi-turn episodes: the environment scores them
         got = rollout_batch(c.engine, c.tokenizer, c.task, group, seeds, temperature=row_temperatures(r, len(group)))
+        if c.turn_reward is not None:
+            got = c.turn_reward(got, c.tokenizer, [ex.prompt for ex in group])
         return requests, Collected(group, got.rollouts, got.texts, got.rewards, got.correct, got.metrics,
                                    turns=got.turns)
     rollouts = generate(c.engine, prompt_ids, prompt_mask, seeds, row_temperatures(r, len(group)),

@@ -159,6 +159,8 @@ class Components:
     rows: RowPool | None = None  # batches split over worker threads (None = torch's own threads)
     heap_kept: bool = False  # glibc keeps freed memory mapped (runtime/allocator.py)
     expert: ExpertSource | None = None  # off-policy expert rows (config section `expert`); None = off
+    # agent tasks: (batch, tokenizer, prompts) -> the batch with a process reward model's dense turn rewards added
+    turn_reward: Callable | None = None
     asynchronous: AsyncPlan | None = None  # rollouts ahead of the learner; None = the synchronous loop
     # start version -> the rollout side, made by the builder (`components.rollout_side`)
     rollout_side: Callable[[int], RolloutSide] | None = None

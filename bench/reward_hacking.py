@@ -1,0 +1,112 @@
+"""Reward hacking at tiny scale: GRPO on Countdown against a learned reward model, with and without the clip.
+
+    python bench/reward_hacking.py                      # RM training + 2 conditions × 3 seeds, then the table
+    python bench/reward_hacking.py --seeds 0 --steps 24
+
+1. `rlvr rm` trains a Bradley–Terry reward model on Countdown pairs made from the verifier (a
+   solution over a wrong expression of the same numbers) and `rlvr export` saves it.
+2. `rlvr train` runs GRPO from the packaged warm start with the reward model as the only reward
+   (``reward.fn="RM, 0*task"``: the verifier weighs nothing and is only logged, as the true
+   reward), under each condition:
+   - ``raw``: the reward model's score;
+   - ``clipped``: the clip refinement, min(s − η, 0) with η = 0 (``reward.model_steps=clipped``;
+     a bare expression is one step, so this is the score clipped from above at η).
+3. The table: the learned reward (the model's raw score of the samples) and the true verifier
+   accuracy of the same samples, averaged over the first and the last quarter of the steps, and
+   the greedy held-out accuracy at the end; mean ± 95% CI over seeds. Hacking is the learned
+   reward rising while the true accuracy falls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rlvr.tracking.stats import mean_ci
+
+CONDITIONS = {
+    "raw": ("reward_model/raw", []),
+    "clipped": ("process_reward/min_step", ["reward.model_steps=clipped", "reward.model_step_threshold=0",
+                                            "reward.model_step_separator=,"]),
+}
+COMMON = ["trainer.threads=1", "trainer.eval_every=0", "trainer.save_every=0"]
+
+
+def _rlvr(*args: str) -> None:
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "rlvr.cli", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"rlvr {' '.join(args)} failed:\n{done.stderr[-2000:]}")
+    seed = " ".join(a for a in args[1:] if "seed" in a)
+    print(f"  {time.perf_counter() - t0:6.1f}s  rlvr {args[0]} {seed}", flush=True)
+
+
+def train_reward_model(out: Path) -> Path:
+    """The reward model (the measured `rlvr rm` command of docs/usage.md), exported to out/rm_export."""
+    export = out / "rm_export"
+    if not (export / "config.json").is_file():
+        _rlvr("rm", "preference.steps=60", "preference.lr=1e-3", "preference.eval_every=30", "trainer.threads=1",
+              f"trainer.out_dir={out}", "trainer.name=rm")
+        _rlvr("export", str(out / "rm"), str(export))
+    return export
+
+
+def run(out: Path, rm: Path, condition: str, seed: int, steps: int) -> Path:
+    path = out / condition / f"s{seed}"
+    if (path / "run.json").is_file() and '"finished"' in (path / "run.json").read_text():
+        return path
+    _rlvr("train", f"reward.fn={rm}, 0*task", f"seed={seed}", f"trainer.steps={steps}",
+          f"trainer.out_dir={path.parent}", f"trainer.name={path.name}", *COMMON, *CONDITIONS[condition][1])
+    return path
+
+
+def summary(path: Path, learned: str) -> dict[str, float]:
+    lines = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if f"reward/{learned}" in m]
+    quarter = max(1, len(steps) // 4)
+
+    def mean(rows, key):
+        return sum(m[key] for m in rows) / len(rows)
+
+    return {"learned_first": mean(steps[:quarter], f"reward/{learned}"),
+            "learned_last": mean(steps[-quarter:], f"reward/{learned}"),
+            "true_first": mean(steps[:quarter], "reward/task/mean"),
+            "true_last": mean(steps[-quarter:], "reward/task/mean"),
+            "heldout_start": lines[0]["eval/heldout_accuracy"],
+            "heldout_end": [m for m in lines if "eval/heldout_accuracy" in m][-1]["eval/heldout_accuracy"]}
+
+
+def table(rows: dict[str, list[dict[str, float]]]) -> str:
+    keys = ["learned_first", "learned_last", "true_first", "true_last", "heldout_start", "heldout_end"]
+    out = ["| condition | seeds | " + " | ".join(k.replace("_", " ") for k in keys) + " |",
+           "|---|---|" + "---|" * len(keys)]
+    for name, runs in rows.items():
+        cells = []
+        for k in keys:
+            m, half = mean_ci([r[k] for r in runs])
+            cells.append(f"{m:.3f} ± {half:.3f}" if half == half else f"{m:.3f}")
+        out.append(f"| {name} | {len(runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=Path("runs/bench_reward_hacking"))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--conditions", nargs="+", default=list(CONDITIONS), choices=list(CONDITIONS))
+    args = p.parse_args(argv)
+    rm = train_reward_model(args.out)
+    rows = {}
+    for condition in args.conditions:  # one run at a time, each its own process
+        rows[condition] = [summary(run(args.out, rm, condition, s, args.steps), CONDITIONS[condition][0])
+                           for s in args.seeds]
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
