@@ -6,8 +6,10 @@
 #   2. checks CPU-vs-CUDA log-prob agreement on a tiny Qwen2 (fp32);
 #   3. builds a random Qwen2-0.5B-shaped model and a local BPE tokenizer, runs GRPO steps on
 #      CUDA in bf16, full fine-tuning and LoRA, printing s/step, tokens/s and peak GPU memory;
-#   4. runs TRL's GRPOTrainer on the same work when trl (and datasets) import.
-# Each part has its own time limit so the whole fits in 8 minutes; output is JSON lines.
+#   4. runs the same full fine-tuning through the FSDP2 learner at world size 1
+#      (trainer.learners=fsdp: NCCL on CUDA, gloo on a CPU);
+#   5. runs TRL's GRPOTrainer on the same work when trl (and datasets) import.
+# Each part has its own time limit so the whole fits in 10 minutes; output is JSON lines.
 #
 #   bash bench/gpu_check.sh                      # on the GPU machine
 #   bash bench/gpu_check.sh --device cpu --tiny  # dry run of the same code paths on a CPU
@@ -61,6 +63,7 @@ part() {  # part LIMIT_S NAME ARGS...: one measurement in its own process, kille
 part 60 agree --only agree
 part 200 full --only full     # includes building the 0.5B model (reused by the parts after it)
 part 120 lora --only lora
+part 90 fsdp --only fsdp
 part 90 trl --only trl
 say "done in $((SECONDS - START))s"
 rm -rf "$WORK"

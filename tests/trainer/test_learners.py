@@ -120,6 +120,31 @@ def test_two_ranks_train_a_diffusion_model_as_one_process(tmp_path):
     _same_weights(_weights(tmp_path / "two", 3), _weights(tmp_path / "one", 3), start)
 
 
+def _plain(*args: str) -> subprocess.CompletedProcess:
+    """`python -m rlvr.cli train` in a process of its own (no torchrun), one thread."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "rlvr.cli", "train", *args], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.slow
+def test_one_forced_fsdp_process_trains_as_the_plain_process(runs):
+    """`trainer.learners=fsdp` without torchrun: a process group of one (gloo), the model's
+    layers FSDP2-sharded over it, sampling from its plain copy; the same metrics and weights as
+    the plain process (the path the GPU check runs on one device)."""
+    _, one, _ = runs
+    root = one.parent
+    done = _plain("trainer.steps=3", "trainer.name=forced", "trainer.learners=fsdp", "trainer.threads=1",
+                  f"reward.fn={root / 'reward.py'}:score", f"trainer.out_dir={root}", *SMALL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    forced = root / "forced"
+    assert json.loads((forced / "run.json").read_text())["runtime"]["fsdp"] is True
+    assert (forced / "checkpoints" / "step_000003" / "optimizer" / ".metadata").is_file()  # the sharded save
+    _same_lines(_metrics(forced), _metrics(one))
+    _same_weights(_weights(forced, 3), _weights(one, 3), load_file(str(WARM_START / "model.safetensors")))
+
+
 def _resumed(run: Path, into: Path, ranks: int) -> Path:
     """A copy of `run` resumed to step 4 by one process (in this one) or by `ranks` ranks."""
     shutil.copytree(run, into)

@@ -60,7 +60,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     model, tokenizer = build.build_model(config) if model is None else (build.prepare_model(config, model), tokenizer)
     shard = runtime.shard
     plain = model  # what the engine samples with and the reference copies: the full weights
-    if shard.size > 1:  # data-parallel learners: the engine keeps a plain copy, the learner trains shards
+    if shard.fsdp:  # FSDP2 learners: the engine keeps a plain copy, the learner trains shards
         check_learners(config, shard)
         plain = copy.deepcopy(model)
         shard_model(model)
@@ -76,7 +76,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     # adapter switched off), else a frozen copy taken before a policy hooks `model`.
     with_reference = a.kl_coef > 0 or needs_reference(loss.objective)
     frozen = copy.deepcopy(plain).requires_grad_(False) if with_reference and not lora else None
-    policy = build.build_policy(config, model, sharded=shard.size > 1)
+    policy = build.build_policy(config, model, sharded=shard.fsdp)
     reference = build.build_policy(config, frozen) if frozen is not None else None
     if with_reference and lora:
         reference = AdapterDisabled(policy)
@@ -91,7 +91,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     engine = build.build_engine(config, plain, tokenizer)
     if layout.learner_rows is not None and not engine_kind(config).batches_itself:
         engine = split_engine(engine, layout.learner_rows, tokenizer.pad_token_id, model)
-    if shard.size > 1:
+    if shard.fsdp:
         engine = RankEngine(engine, plain, shard, tokenizer.pad_token_id)
     reward = reward if reward is not None else build.build_reward(config, task)
     build.check_reward_components(config, reward)
@@ -101,15 +101,15 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     c = Components(
         model=model, tokenizer=tokenizer, policy=policy, reference=reference, engine=engine,
         task=task, reward=reward, optimizer=optimizer, scheduler=scheduler, loss=loss, advantage=advantage,
-        plan=step_plan(config, loss, advantage, fused=fusable(config, policy, loss, advantage) and shard.size == 1,
+        plan=step_plan(config, loss, advantage, fused=fusable(config, policy, loss, advantage) and not shard.fsdp,
                        shard=shard),
         loop=loop_plan(config, shard),
         rng=rng, critic=critic, critic_optimizer=critic_optimizer, sampler=build_sampler(config, task, rng),
         replay=ReplayBuffer(capacity=config.rollout.replay_capacity, fraction=config.rollout.replay_fraction,
                             seed=config.seed) if config.rollout.replay_fraction > 0 else None,
         rows=layout.learner_rows, heap_kept=runtime.heap_kept, expert=expert, asynchronous=layout.plan,
-        shards=ShardedState(model, optimizer, shard) if shard.size > 1 else None,
-        full_model=plain if shard.size > 1 else None,
+        shards=ShardedState(model, optimizer, shard) if shard.fsdp else None,
+        full_model=plain if shard.fsdp else None,
     )
     if layout.plan is not None:
         c.rollout_side = functools.partial(rollout_side, config, c, layout)
@@ -143,7 +143,7 @@ def check_learners(config: Config, shard: Shard) -> None:
                "expert.per_step": bool(config.expert.per_step)}
     for field, bad in refused.items():
         if bad:
-            raise ConfigError(f"{field}: not supported with {shard.size} data-parallel learners yet (torchrun); "
+            raise ConfigError(f"{field}: not supported with {shard.size} data-parallel learner(s) yet (FSDP2); "
                               "run it as one process, or use the synchronous loop with the torch engine")
 
 
@@ -181,10 +181,10 @@ def step_plan(config: Config, loss: LossSpec, advantage, *, fused: bool, shard: 
         grad_clip=config.optim.grad_clip, samples_per_step=t.samples_per_step,
         fresh=Proximal("none" if on_policy else proximal, behaviour if correcting else None),
         stale=Proximal(proximal, behaviour),
-        push_weights=(kind.own_weights and not shares_engine(config)) or shard.size > 1,
+        push_weights=(kind.own_weights and not shares_engine(config)) or shard.fsdp,
         overlong_filter=a.overlong_filter, shaping=shaping, token_rewards="token_rewards" in needs_of(loss.objective),
         value_clip=a.value_clip, critic_warmup_steps=a.critic_warmup_steps, kl_controller=kl_controller,
-        expert=expert, shard=shard, push_merged=shard.size == 1)
+        expert=expert, shard=shard, push_merged=not shard.fsdp)
 
 
 def loop_plan(config: Config, shard: Shard = ONE_PROCESS) -> LoopPlan:
@@ -196,8 +196,8 @@ def loop_plan(config: Config, shard: Shard = ONE_PROCESS) -> LoopPlan:
                     eval_samples=t.eval_samples, eval_temperature=r.temperature,
                     trackers=tracker_names(config),
                     adapter_checkpoints=config.model.lora.r > 0,
-                    push_on_resume=engine_kind(config).own_weights or shard.size > 1,
-                    facts={**facts, "learners": shard.size} if shard.size > 1 else facts,
+                    push_on_resume=engine_kind(config).own_weights or shard.fsdp,
+                    facts={**facts, "learners": shard.size, "fsdp": True} if shard.fsdp else facts,
                     batch_numbers=derived_batch_numbers(config), config_tree=to_dict(config),
                     upper_bounds=config.algo.dynamic_sampling, writer=shard.rank == 0)
 

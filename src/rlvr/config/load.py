@@ -408,6 +408,7 @@ def validate(config: Config) -> None:
         (config.trainer.max_staleness is None or config.trainer.max_staleness >= 0, "trainer.max_staleness",
          "must be >= 0 (0 = none ahead) or null (the synchronous loop)"),
         (config.trainer.backend in ("local", "ray"), "trainer.backend", "must be 'local' or 'ray'"),
+        (config.trainer.learners in ("auto", "fsdp"), "trainer.learners", "must be 'auto' or 'fsdp'"),
         (config.trainer.staleness in ("bounded", "exact"), "trainer.staleness", "must be 'bounded' or 'exact'"),
         (config.trainer.rollout_workers >= 1, "trainer.rollout_workers", "must be >= 1"),
         (config.trainer.reward_workers >= 1, "trainer.reward_workers", "must be >= 1"),

@@ -438,6 +438,10 @@ class TrainerConfig:
     collective_timeout_s: float = 600.0
     """Data-parallel learners (`torchrun --nproc_per_node N -m rlvr.cli train`): seconds a collective waits
     for the other ranks before the run stops with an error (a rank that died or hangs)."""
+    learners: str = "auto"
+    """How the learner trains: `auto` = FSDP2 shards when torchrun starts more than one process, else one
+    plain process; `fsdp` = FSDP2 at any world size, a single process too (a group of one: the sharded
+    path on one GPU or CPU, same updates as the plain process)."""
 
 
 @dataclass(frozen=True)

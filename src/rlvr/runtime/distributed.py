@@ -34,10 +34,12 @@ from rlvr.errors import ConfigError, LearnerLost
 @dataclass(frozen=True)
 class Shard:
     """This process's place among the learners: `rank` of `size` (size 1 = a single process,
-    whose methods change nothing)."""
+    whose methods change nothing); `fsdp`: the model trains FSDP2 shards (any size, one process
+    too with `trainer.learners=fsdp`), else it is a plain module."""
 
     rank: int = 0
     size: int = 1
+    fsdp: bool = False
 
     def rows(self, count: int) -> slice:
         """This rank's consecutive share of `count` rows (near-equal shares, in rank order)."""
@@ -100,11 +102,13 @@ def launched_world() -> tuple[int, int, int]:
     return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_WORLD_SIZE", 1))
 
 
-def init_learners(*, device: torch.device, threads: int, cores: int, timeout_s: float) -> Shard:
+def init_learners(*, device: torch.device, threads: int, cores: int, timeout_s: float, fsdp: bool = False) -> Shard:
     """Join the process group torchrun started (gloo on CPU, NCCL on CUDA); a single process
-    joins nothing. Ranks × threads on one machine must fit its cores (one-line error)."""
+    joins nothing unless `fsdp` (`trainer.learners=fsdp`): then it is a group of one, on an
+    in-memory store when torchrun did not start it, so the sharded path runs on one device.
+    Ranks × threads on one machine must fit its cores (one-line error)."""
     rank, size, local = launched_world()
-    if size == 1:
+    if size == 1 and not fsdp:
         return ONE_PROCESS
     if device.type == "cpu" and local * threads > cores:
         raise ConfigError(f"trainer.threads: {local} ranks x {threads} thread(s) exceed the {cores} cores of this "
@@ -112,10 +116,17 @@ def init_learners(*, device: torch.device, threads: int, cores: int, timeout_s: 
     if not torch.distributed.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
-    threading.Thread(target=_beat, args=(rank,), name="rlvr-heartbeat", daemon=True).start()
-    return Shard(rank, size)
+            torch.cuda.set_device(device.index if size == 1 and device.index is not None
+                                  else int(os.environ.get("LOCAL_RANK", 0)))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if size == 1 and "MASTER_ADDR" not in os.environ:  # no torchrun: nobody else to find
+            torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1,
+                                                 timeout=timeout)
+        else:
+            torch.distributed.init_process_group(backend, timeout=timeout)
+    if size > 1:
+        threading.Thread(target=_beat, args=(rank,), name="rlvr-heartbeat", daemon=True).start()
+    return Shard(rank, size, fsdp=True)
 
 
 BEAT_S = 1.0  # each rank's heartbeat in the launcher's store, which outlives the ranks
