@@ -229,6 +229,36 @@ def test_a_killed_rank_is_one_line_naming_it_and_the_resume_continues_the_run(ru
     _same_weights(_weights(run, 3), _weights(two, 3), load_file(str(WARM_START / "model.safetensors")))
 
 
+HANG = """
+import os, time
+
+CALLS = [0]
+
+
+def score(prompt, completion, **example):
+    CALLS[0] += 1
+    if os.environ.get("RANK") == "1" and CALLS[0] == 20:  # step 2's batch (16 rows a step): rank 1 hangs
+        time.sleep(600)
+    return float(len(completion) % 3 == 0)
+"""
+
+
+@pytest.mark.slow
+def test_a_hung_rank_is_one_line_naming_it_after_the_collective_timeout(tmp_path):
+    """Rank 1 sleeps while scoring step 2 (its heartbeat still beats): rank 0 waits in the
+    update's collective for `trainer.collective_timeout_s`, then stops with one line naming
+    rank 1 by its progress (still at step 2's rollout, rank 0 at its update)."""
+    (tmp_path / "hang.py").write_text(HANG)
+    done = _torchrun("trainer.steps=3", "trainer.collective_timeout_s=10", "reward.timeout_s=0",
+                     f"reward.fn={tmp_path / 'hang.py'}:score",
+                     f"trainer.out_dir={tmp_path}", *SMALL)
+    assert done.returncode != 0
+    ours = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(ours) == 1, done.stderr[-3000:]
+    assert ours[0].startswith("error: learner rank 0: rank(s) 1 hung (rank 1 at step 2 rollout, rank 0 at step 2 "), \
+        ours[0]
+
+
 def test_what_learners_do_not_support_yet_is_one_line(tmp_path):
     done = _torchrun("trainer.max_staleness=1", "trainer.steps=1", f"trainer.out_dir={tmp_path}", *SMALL)
     assert done.returncode != 0

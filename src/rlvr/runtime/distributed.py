@@ -62,18 +62,31 @@ class Shard:
         torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
 
+    def mark(self, step: int, phase: str) -> None:
+        """Publish where this rank is (`step`, one of `PHASES`) in the launcher's store: what names
+        a hung rank when a collective times out."""
+        if self.size > 1:
+            _store().set(f"rlvr/progress/{self.rank}", f"{step} {phase}")
+
     @contextlib.contextmanager
     def failures(self):
         """A collective that fails (a rank died: its peers' connections close; or one hangs past
         `trainer.collective_timeout_s`) becomes one `LearnerLost` line, naming the ranks whose
-        heartbeat stopped (a dead one; a hung rank still beats and is not named)."""
+        heartbeat stopped (a dead one) or, when every rank still beats, those whose published
+        progress (`mark`) is behind the others' (a hung one, with where each rank is)."""
         try:
             yield
         except RuntimeError as err:
             if self.size == 1 or not _collective_error(err):
                 raise
             silent = silent_ranks(self)
-            who = f"rank(s) {', '.join(map(str, silent))} stopped" if silent else "another rank stopped answering"
+            behind, where = behind_ranks(self)
+            if silent:
+                who = f"rank(s) {', '.join(map(str, silent))} stopped"
+            elif behind:
+                who = f"rank(s) {', '.join(map(str, behind))} hung ({where})"
+            else:
+                who = "another rank stopped answering"
             text = re.sub(r"^\[[^\]]*\]\s*", "", str(err).strip())  # gloo's source location
             first = text.split(". ")[0].splitlines()[0][:160] if text else type(err).__name__
             raise LearnerLost(f"learner rank {self.rank}: {who} (a collective failed: {first}); "
@@ -130,10 +143,15 @@ def init_learners(*, device: torch.device, threads: int, cores: int, timeout_s: 
 
 
 BEAT_S = 1.0  # each rank's heartbeat in the launcher's store, which outlives the ranks
+PHASES = ("rollout", "logprob", "update", "weight_sync")  # a step's phases in order (`Shard.mark`)
+
+
+def _store():
+    return torch.distributed.distributed_c10d._get_default_store()
 
 
 def _beat(rank: int) -> None:
-    store = torch.distributed.distributed_c10d._get_default_store()
+    store = _store()
     while True:
         store.set(f"rlvr/beat/{rank}", repr(time.time()))
         time.sleep(BEAT_S)
@@ -142,13 +160,33 @@ def _beat(rank: int) -> None:
 def silent_ranks(shard: Shard) -> list[int]:
     """The other ranks whose heartbeat stopped (read after waiting out a few beats)."""
     time.sleep(3 * BEAT_S)
-    store = torch.distributed.distributed_c10d._get_default_store()
+    store = _store()
     now, silent = time.time(), []
     for rank in range(shard.size):
         key = f"rlvr/beat/{rank}"
         if rank != shard.rank and (not store.check([key]) or now - float(store.get(key)) > 2.5 * BEAT_S):
             silent.append(rank)
     return silent
+
+
+def behind_ranks(shard: Shard) -> tuple[list[int], str]:
+    """(the ranks whose published (step, phase) is behind the furthest rank's, where every rank
+    is: "rank 1 at step 2 rollout, rank 0 at step 2 update"); a rank that published nothing yet
+    is behind any that did."""
+    store, at = _store(), {}
+    for rank in range(shard.size):
+        key = f"rlvr/progress/{rank}"
+        if store.check([key]):
+            step, phase = store.get(key).decode().split()
+            at[rank] = (int(step), PHASES.index(phase), phase)
+        else:
+            at[rank] = (-1, -1, "start")
+    front = max(p[:2] for p in at.values())
+    behind = [rank for rank, p in at.items() if p[:2] < front]
+    order = behind + [rank for rank in at if rank not in behind]
+    where = ", ".join(f"rank {r} at step {at[r][0]} {at[r][2]}" if at[r][0] >= 0 else f"rank {r} before step 1"
+                      for r in order)
+    return behind, where
 
 
 def _collective_error(err: RuntimeError) -> bool:

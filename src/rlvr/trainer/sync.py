@@ -66,6 +66,7 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     group_size, micro = plan.rollout.group_size, plan.micro_batch_size
     PEAKS.begin()
     peaks = {}
+    plan.shard.mark(step, "rollout")  # where this rank is, for naming a hung one (data-parallel learners)
     if produced is None:
         produced = produce(c, step)
         peaks["rollout"] = PEAKS.end()
@@ -74,6 +75,7 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     timings, t0 = {"rollout": produced.rollout_s}, now()
     forwards_before = c.policy.forwards
     proximal = plan.stale if produced.staleness > 0 else plan.fresh
+    plan.shard.mark(step, "logprob")
 
     mask = rollouts.completion_mask
     if plan.overlong_filter:  # DAPO: a truncated completion has no verdict on its ending; drop it from the loss
@@ -107,6 +109,7 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     timings["logprob"], t0 = now() - t0, now()
     peaks["logprob"] = PEAKS.end()
 
+    plan.shard.mark(step, "update")
     updates = _update(c, step, batch, old_values, returns, produced.minibatch_seed, len(rewards),
                       None if kept is None else (kept, proximal.weights))
     timings["update"] = now() - t0
@@ -116,6 +119,7 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     old_logp = None if batch.old_logp is None else batch.old_logp[:len(mask)]  # the engine's rows (not expert)
     gap, behaviour = gap_metrics(old_logp, rollouts.logprobs, mask, proximal.weights)
     if plan.push_weights:
+        plan.shard.mark(step, "weight_sync")
         timings["weight_sync"] = push_weights(c)
     forwards = c.policy.forwards - forwards_before
 
