@@ -211,6 +211,12 @@ def main(argv=None) -> None:
             grpo(args, model_dir, reward, lora=mode == "lora")
     if "fsdp" in args.only:  # the sharded learner alone on the device: NCCL (gloo on a CPU), world size 1
         grpo(args, model_dir, reward, lora=False, fsdp=("trainer.collective_timeout_s=120",), mode="fsdp")
+        # fp32 shards and AdamW, bf16 compute, fp32 reduce; on CUDA the shards offloaded to CPU memory too
+        mixed = argparse.Namespace(**{**vars(args), "dtype": "float32"})
+        cuda = args.device.startswith("cuda")
+        grpo(mixed, model_dir, reward, lora=False, mode="fsdp_mixed" + ("_offload" if cuda else ""),
+             fsdp=("trainer.fsdp_param_dtype=bfloat16", "trainer.fsdp_reduce_dtype=float32",
+                   f"trainer.fsdp_cpu_offload={str(cuda).lower()}"))
     if "trl" in args.only:
         trl_side_by_side(args, model_dir, reward)
 

@@ -38,7 +38,7 @@ from rlvr.models.value import ValueModel
 from rlvr.protocols import PolicyModel, Task
 from rlvr.rewards.runner import RewardRunner
 from rlvr.runtime.distributed import ONE_PROCESS, RankEngine, Shard, ShardedState, shard_model
-from rlvr.runtime.process import Runtime, available_cores, thread_budget
+from rlvr.runtime.process import Runtime, available_cores, resolve_device, thread_budget
 from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode, split_engine
 from rlvr.sampling.base import ZeroVariance
 from rlvr.sampling.replay import ReplayBuffer
@@ -60,10 +60,13 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     model, tokenizer = build.build_model(config) if model is None else (build.prepare_model(config, model), tokenizer)
     shard = runtime.shard
     plain = model  # what the engine samples with and the reference copies: the full weights
+    check_fsdp_options(config, shard)
     if shard.fsdp:  # FSDP2 learners: the engine keeps a plain copy, the learner trains shards
         check_learners(config, shard)
         plain = copy.deepcopy(model)
-        shard_model(model)
+        t = config.trainer
+        shard_model(model, param_dtype=DTYPES[t.fsdp_param_dtype], reduce_dtype=DTYPES[t.fsdp_reduce_dtype],
+                    offload=t.fsdp_cpu_offload)
     o, a = config.optim, config.algo
     total = config.trainer.steps * config.trainer.minibatches * config.trainer.ppo_epochs  # optimizer steps
     trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
@@ -145,6 +148,23 @@ def check_learners(config: Config, shard: Shard) -> None:
         if bad:
             raise ConfigError(f"{field}: not supported with {shard.size} data-parallel learner(s) yet (FSDP2); "
                               "run it as one process, or use the synchronous loop with the torch engine")
+
+
+DTYPES = {"": None, "float32": torch.float32, "bfloat16": torch.bfloat16}  # trainer.fsdp_*_dtype
+
+
+def check_fsdp_options(config: Config, shard: Shard) -> None:
+    """The FSDP2 options name a sharded learner, and CPU offload a model on a GPU (FSDP2's
+    offload copies the shards to an accelerator for each use: on a CPU there is none)."""
+    t = config.trainer
+    given = [name for name, value in (("fsdp_param_dtype", t.fsdp_param_dtype), ("fsdp_reduce_dtype",
+             t.fsdp_reduce_dtype), ("fsdp_cpu_offload", t.fsdp_cpu_offload)) if value]
+    if given and not shard.fsdp:
+        raise ConfigError(f"trainer.{given[0]}: applies to FSDP2 learners only; set trainer.learners=fsdp "
+                          "or start the run with torchrun --nproc_per_node N")
+    if t.fsdp_cpu_offload and resolve_device(t.device, config.model.kind).type == "cpu":
+        raise ConfigError("trainer.fsdp_cpu_offload: needs a CUDA device (the model already lives in CPU memory "
+                          "on a CPU run); set it to false")
 
 
 def step_plan(config: Config, loss: LossSpec, advantage, *, fused: bool, shard: Shard = ONE_PROCESS) -> StepPlan:

@@ -203,13 +203,20 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(max(lists, key=len)) if lists else []
 
 
-def shard_model(model: torch.nn.Module) -> torch.nn.Module:
-    """FSDP2 full sharding: one group per decoder layer, then the root (embeddings, head, norm)."""
-    from torch.distributed.fsdp import fully_shard
+def shard_model(model: torch.nn.Module, *, param_dtype: torch.dtype | None = None,
+                reduce_dtype: torch.dtype | None = None, offload: bool = False) -> torch.nn.Module:
+    """FSDP2 full sharding: one group per decoder layer, then the root (embeddings, head, norm).
+    `param_dtype` / `reduce_dtype` (None = the parameters' own): the dtype each layer is gathered
+    and computed in and the one its gradients are reduce-scattered in (`MixedPrecisionPolicy`;
+    the shards and the optimizer keep the model's dtype). `offload`: the shards, their gradients
+    and the optimizer's states live in CPU memory between uses (`CPUOffloadPolicy`, a GPU run)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+    policies = {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+                "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
     for layer in decoder_layers(model):
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, **policies)
+    fully_shard(model, **policies)
     return model
 
 
