@@ -146,6 +146,26 @@ def test_one_forced_fsdp_process_trains_as_the_plain_process(runs):
 
 
 @pytest.mark.slow
+def test_two_ranks_share_the_no_grad_passes_and_train_as_one_process(tmp_path):
+    """Two minibatches a step (the old-policy pass runs) and a KL penalty (the reference pass runs):
+    each rank computes its rows' log-probs and the shares are all-gathered; the metrics and weights
+    are the single process's, which computes the whole batch."""
+    (tmp_path / "reward.py").write_text(REWARD.format(kill_at=KILL_AT))
+    common = ["trainer.steps=3", "trainer.minibatches=2", "algo.kl_coef=0.05", f"trainer.out_dir={tmp_path}",
+              f"reward.fn={tmp_path / 'reward.py'}:score", *SMALL]
+    done = _torchrun(*common, "trainer.name=two")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["train", *common, "trainer.name=one", "trainer.threads=1"]) == 0
+    two, one = _metrics(tmp_path / "two"), _metrics(tmp_path / "one")
+    assert all(m["actor/kl"] > 0 for m in two[1:])  # the reference's log-probs reached the loss
+    # abs 1e-5: rollout/mismatch_max_abs, the sampler's log-probs against the old pass's, is rounding
+    # itself (3e-6 through the sharded plain forward, 9e-7 through the single process's fused one)
+    _same_lines(two, one, abs_tol=1e-5)
+    _same_weights(_weights(tmp_path / "two", 3), _weights(tmp_path / "one", 3),
+                  load_file(str(WARM_START / "model.safetensors")))
+
+
+@pytest.mark.slow
 def test_two_bf16_ranks_reducing_in_fp32_train_as_one_bf16_process(tmp_path):
     """bf16 weights on 2 ranks, gradients reduce-scattered in fp32 (`MixedPrecisionPolicy`), against
     one bf16 process: step 1 equal to 1e-5, every step's metrics to 2e-2 relative (bf16 carries 8

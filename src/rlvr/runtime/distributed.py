@@ -2,16 +2,17 @@
 
 Each rank samples its share of every batch (`RankEngine`: the rows' seeds are the ones a single
 process gives them, so the union of the ranks' samples is the single process's batch) and the
-ranks exchange the samples, so every rank holds the whole batch: advantages, metrics and the
-no-grad passes are the single process's. The update splits each minibatch's rows over the ranks;
+ranks exchange the samples, so every rank holds the whole batch: advantages and metrics are the
+single process's. The no-grad passes (old policy, reference) and the update split the rows over
+the ranks, and the passes' log-probs are all-gathered back into the whole batch;
 the loss is normalised by the minibatch's global counts and FSDP2 reduce-scatters the gradients,
 so the update does not depend on the number of ranks. The rollout engine samples from a plain
 (unsharded) copy of the model, whose trained weights (under LoRA the adapters only) are gathered
 from the shards after every step.
 
-Deviations from a production FSDP trainer: the no-grad passes (old policy, reference) run the
-whole batch on every rank; every rank holds a full copy of the weights to sample with (and a
-full frozen KL reference, outside LoRA); the samples travel as pickled objects (`all_gather_object`).
+Deviations from a production FSDP trainer: every rank holds a full copy of the weights to sample
+with (and a full frozen KL reference, outside LoRA); the samples travel as pickled objects
+(`all_gather_object`).
 """
 
 from __future__ import annotations
@@ -91,6 +92,26 @@ class Shard:
             first = text.split(". ")[0].splitlines()[0][:160] if text else type(err).__name__
             raise LearnerLost(f"learner rank {self.rank}: {who} (a collective failed: {first}); "
                               "--resume RUN_DIR continues from the last checkpoint") from None
+
+    def share(self, rank: int, count: int) -> int:
+        """How many of `count` rows `rank` holds (`rows`)."""
+        return count * (rank + 1) // self.size - count * rank // self.size
+
+    def cat_rows(self, parts: dict[str, torch.Tensor], count: int) -> dict[str, torch.Tensor]:
+        """{key: (count, ...)}: this rank's share of `count` rows (`parts`, `rows(count)`, every
+        rank the same keys and trailing shapes) joined with the other ranks' shares in rank order,
+        on every rank (a collective: each share padded to the longest for `all_gather`)."""
+        if self.size == 1:
+            return parts
+        longest, out = -(-count // self.size), {}
+        for key in sorted(parts):
+            mine = parts[key]
+            padded = mine.new_zeros((longest, *mine.shape[1:]))
+            padded[:len(mine)] = mine
+            gathered = [torch.empty_like(padded) for _ in range(self.size)]
+            torch.distributed.all_gather(gathered, padded)
+            out[key] = torch.cat([g[:self.share(r, count)] for r, g in enumerate(gathered)])
+        return out
 
     def gather(self, value) -> list:
         """Every rank's `value`, in rank order (on every rank)."""

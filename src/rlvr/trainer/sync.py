@@ -88,11 +88,11 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     kept = [] if proximal.source == "fused" else None  # pi_prox from the update's own forward (proximal.py)
     # The old-policy pass, with what the advantage estimator declared (the optimal token baseline's Σπ²).
     batch.old_logp, behaviour_inputs = old_pass(c.policy, batch, c.advantage.estimate, micro, c.rows,
-                                                needed=proximal.source == "pass")
+                                                needed=proximal.source == "pass", shard=plan.shard)
     if batch.old_logp is not None and proximal.weights is not None:
         batch.loss_weights = proximal.weights(batch.old_logp, rollouts.logprobs, mask)[0]
     if c.reference is not None:  # its log-probs, and its logsumexp when the objective declared it (ShiQ)
-        reference_pass(c.reference, batch, c.loss.objective, micro, c.rows)
+        reference_pass(c.reference, batch, c.loss.objective, micro, c.rows, plan.shard)
     old_values = critic_values(c.critic, batch, micro) if c.critic is not None else None
     shaped = _shaped_rewards(c, rewards, batch, rollouts.lengths)
     if plan.token_rewards:  # an objective that learns from rewards, not advantages
