@@ -186,10 +186,14 @@ def test_two_bf16_ranks_reducing_in_fp32_train_as_one_bf16_process(tmp_path):
     _same_weights(weights, _weights(tmp_path / "one", 3), load_file(str(WARM_START / "model.safetensors")), rel=2e-4)
 
 
-def test_cpu_offload_on_a_cpu_run_is_one_line(tmp_path, capsys):
-    assert main(["train", "trainer.steps=1", "trainer.fsdp_cpu_offload=true", f"trainer.out_dir={tmp_path}",
-                 *SMALL]) != 0
-    assert capsys.readouterr().err.startswith("error: trainer.fsdp_cpu_offload: applies to FSDP2 learners only")
+@pytest.mark.parametrize("override, says", [
+    ("trainer.fsdp_cpu_offload=true", "trainer.fsdp_cpu_offload: applies to FSDP2 learners only"),
+    ("trainer.fsdp_param_dtype=float16", "trainer.fsdp_param_dtype: must be empty"),
+    ("trainer.fsdp_reduce_dtype=fp32", "trainer.fsdp_reduce_dtype: must be empty"),
+])
+def test_fsdp_options_out_of_place_are_one_line(override, says, tmp_path, capsys):
+    assert main(["train", "trainer.steps=1", override, f"trainer.out_dir={tmp_path}", *SMALL]) != 0
+    assert capsys.readouterr().err.startswith(f"error: {says}")
 
 
 def _resumed(run: Path, into: Path, ranks: int) -> Path:

@@ -157,6 +157,9 @@ def check_fsdp_options(config: Config, shard: Shard) -> None:
     """The FSDP2 options name a sharded learner, and CPU offload a model on a GPU (FSDP2's
     offload copies the shards to an accelerator for each use: on a CPU there is none)."""
     t = config.trainer
+    for name in ("fsdp_param_dtype", "fsdp_reduce_dtype"):
+        if getattr(t, name) not in DTYPES:
+            raise ConfigError(f"trainer.{name}: must be empty (the parameters' own dtype), 'float32' or 'bfloat16'")
     given = [name for name, value in (("fsdp_param_dtype", t.fsdp_param_dtype), ("fsdp_reduce_dtype",
              t.fsdp_reduce_dtype), ("fsdp_cpu_offload", t.fsdp_cpu_offload)) if value]
     if given and not shard.fsdp:
