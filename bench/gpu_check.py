@@ -1,6 +1,8 @@
 """The GPU check's work (run by bench/gpu_check.sh): GRPO on a random Qwen2-0.5B-shaped model in
-bf16 on CUDA, full fine-tuning and LoRA, CPU-vs-CUDA log-prob agreement on a tiny model, and
-TRL's GRPOTrainer on the same work when `trl` (and `datasets`) import.
+bf16 on CUDA, full fine-tuning, LoRA and the FSDP2 learner at world size 1 (`trainer.learners=fsdp`:
+NCCL on CUDA, gloo on a CPU), CPU-vs-CUDA log-prob agreement on a tiny model, and TRL's
+GRPOTrainer on the same work when `trl` (and `datasets`) import. The full and FSDP runs print
+their first step's loss and grad norm: the same seed and weights, so they should agree.
 
     python bench/gpu_check.py --device cuda            # what the lent machine runs
     python bench/gpu_check.py --device cpu --tiny      # dry run: the same code paths at toy size
@@ -51,31 +53,36 @@ def reward_file(directory: Path) -> str:
     return f"{path}:score"
 
 
-def overrides(args, model_dir: Path, reward: str, lora: bool) -> list[str]:
+def overrides(args, model_dir: Path, reward: str, lora: bool, fsdp: tuple[str, ...] = ()) -> list[str]:
     return [f"model.path={model_dir}", f"model.dtype={args.dtype}", f"trainer.device={args.device}",
             "task.name=math_file", f"task.math_file.path={ROOT / 'data' / 'gsm8k_fixture.jsonl'}",
             "task.heldout_size=4", f"reward.fn={reward}", f"rollout.prompts_per_step={args.prompts}",
             f"rollout.group_size={args.group}", f"rollout.max_new_tokens={args.max_new_tokens}",
             f"trainer.micro_batch_size={args.prompts * args.group}", "trainer.thread_mode=ops",
             "trainer.eval_every=0", "optim.lr=1e-5", "optim.warmup_steps=1", f"trainer.steps={args.steps}",
-            f"trainer.gradient_checkpointing={str(lora).lower()}", f"model.lora.r={16 if lora else 0}"]
+            f"trainer.gradient_checkpointing={str(lora).lower()}", f"model.lora.r={16 if lora else 0}",
+            *(("trainer.learners=fsdp", *fsdp) if fsdp else ())]
 
 
-def grpo(args, model_dir: Path, reward: str, lora: bool) -> None:
-    """`args.steps` GRPO steps through the library's own step function; the first is warm-up."""
+def grpo(args, model_dir: Path, reward: str, lora: bool, fsdp: tuple[str, ...] = (), mode: str = "") -> None:
+    """`args.steps` GRPO steps through the library's own step function; the first is warm-up.
+    `fsdp`: the FSDP2 learner at world size 1 with these extra overrides (a process group of one)."""
     from rlvr.builder.components import build_components
     from rlvr.config import load_config
+    from rlvr.runtime.process import Runtime, configure_for
     from rlvr.trainer.sync import rl_step
 
     cuda = args.device.startswith("cuda")
-    c = build_components(load_config(None, overrides(args, model_dir, reward, lora)))
+    config = load_config(None, overrides(args, model_dir, reward, lora, fsdp))
+    c = build_components(config, runtime=configure_for(config) if fsdp else Runtime())
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    times, tokens, parts = [], [], []
+    times, tokens, parts, first = [], [], [], {}
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
         metrics, _ = rl_step(c, step)
+        first = first or {k: metrics.get(k) for k in ("loss/policy", "actor/grad_norm", "reward/mean")}
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
@@ -83,11 +90,11 @@ def grpo(args, model_dir: Path, reward: str, lora: bool) -> None:
         parts.append({k: metrics[k] for k in ("time/rollout_s", "time/logprob_s", "time/update_s") if k in metrics})
     timed = slice(1, None) if len(times) > 1 else slice(None)
     seconds = sum(times[timed]) / len(times[timed])
-    emit(check="grpo", mode="lora" if lora else "full", device=args.device, dtype=args.dtype,
+    emit(check="grpo", mode=mode or ("lora" if lora else "full"), device=args.device, dtype=args.dtype,
          params_m=round(parameter_count(model_dir) / 1e6, 1), s_per_step=round(seconds, 3),
          completion_tokens_per_s=round(sum(tokens[timed]) / sum(times[timed]), 1),
          peak_gpu_mem_gb=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
-         breakdown=parts[-1], steps=args.steps)
+         breakdown=parts[-1], steps=args.steps, first_step=first)
     del c
     if cuda:
         torch.cuda.empty_cache()
@@ -174,8 +181,8 @@ def main(argv=None) -> None:
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--vocab", type=int, default=151_936, help="tokenizer padded to this many ids (Qwen2's)")
-    p.add_argument("--only", nargs="+", default=["agree", "full", "lora", "trl"],
-                   choices=["agree", "full", "lora", "trl"])
+    p.add_argument("--only", nargs="+", default=["agree", "full", "lora", "fsdp", "trl"],
+                   choices=["agree", "full", "lora", "fsdp", "trl"])
     p.add_argument("--work", default="", help="scratch directory (default: a temporary one)")
     args = p.parse_args(argv)
     if args.tiny:
@@ -190,7 +197,7 @@ def main(argv=None) -> None:
          cuda=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, work=str(work))
     if "agree" in args.only:
         agreement(args, work)
-    if not {"full", "lora", "trl"} & set(args.only):
+    if not {"full", "lora", "fsdp", "trl"} & set(args.only):
         return
     model_dir, reward = work / "model", reward_file(work)
     if not (model_dir / "config.json").is_file():  # built once per --work directory, then reused
@@ -202,6 +209,14 @@ def main(argv=None) -> None:
     for mode in ("full", "lora"):
         if mode in args.only:
             grpo(args, model_dir, reward, lora=mode == "lora")
+    if "fsdp" in args.only:  # the sharded learner alone on the device: NCCL (gloo on a CPU), world size 1
+        grpo(args, model_dir, reward, lora=False, fsdp=("trainer.collective_timeout_s=120",), mode="fsdp")
+        # fp32 shards and AdamW, bf16 compute, fp32 reduce; on CUDA the shards offloaded to CPU memory too
+        mixed = argparse.Namespace(**{**vars(args), "dtype": "float32"})
+        cuda = args.device.startswith("cuda")
+        grpo(mixed, model_dir, reward, lora=False, mode="fsdp_mixed" + ("_offload" if cuda else ""),
+             fsdp=("trainer.fsdp_param_dtype=bfloat16", "trainer.fsdp_reduce_dtype=float32",
+                   f"trainer.fsdp_cpu_offload={str(cuda).lower()}"))
     if "trl" in args.only:
         trl_side_by_side(args, model_dir, reward)
 

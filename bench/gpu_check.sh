@@ -6,11 +6,15 @@
 #   2. checks CPU-vs-CUDA log-prob agreement on a tiny Qwen2 (fp32);
 #   3. builds a random Qwen2-0.5B-shaped model and a local BPE tokenizer, runs GRPO steps on
 #      CUDA in bf16, full fine-tuning and LoRA, printing s/step, tokens/s and peak GPU memory;
-#   4. runs TRL's GRPOTrainer on the same work when trl (and datasets) import.
-# Each part has its own time limit so the whole fits in 8 minutes; output is JSON lines.
+#   4. runs the same full fine-tuning through the FSDP2 learner at world size 1
+#      (trainer.learners=fsdp: NCCL on CUDA, gloo on a CPU), in bf16, then with fp32 shards,
+#      bf16 compute, fp32 reduce and (CUDA) the shards offloaded to CPU memory;
+#   5. runs TRL's GRPOTrainer on the same work when trl (and datasets) import.
+# Each part has its own time limit so the whole fits in 11 minutes (PARTS runs fewer); output is JSON lines.
 #
 #   bash bench/gpu_check.sh                      # on the GPU machine
 #   bash bench/gpu_check.sh --device cpu --tiny  # dry run of the same code paths on a CPU
+#   PARTS="agree fsdp" bash bench/gpu_check.sh    # only these parts (agree full lora fsdp trl)
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -52,6 +56,7 @@ EOF
 part() {  # part LIMIT_S NAME ARGS...: one measurement in its own process, killed past its limit
   local limit=$1 name=$2
   shift 2
+  [[ " ${PARTS:-agree full lora fsdp trl} " == *" $name "* ]] || return 0
   say "$name (limit ${limit}s)"
   timeout --signal=TERM --kill-after=10 "$limit" "$PY" "$ROOT/bench/gpu_check.py" --work "$WORK" "$@" "${ARGS[@]}"
   local rc=$?
@@ -61,6 +66,7 @@ part() {  # part LIMIT_S NAME ARGS...: one measurement in its own process, kille
 part 60 agree --only agree
 part 200 full --only full     # includes building the 0.5B model (reused by the parts after it)
 part 120 lora --only lora
+part 150 fsdp --only fsdp
 part 90 trl --only trl
 say "done in $((SECONDS - START))s"
 rm -rf "$WORK"

@@ -10,10 +10,12 @@ in every rank). The run's own samples and gathers (`all_gather_object`) are not 
 Then a projection, labelled as one: a step at N devices taking T1 / N + (AG + RS) · (N - 1) / N / BW,
 T1 the one-process step time measured here, AG and RS the per-step buffer bytes measured at 2 ranks
 (the same at any N: the whole model is gathered and reduced each step) and BW a stated
-per-device interconnect bandwidth (ring collectives). It assumes perfect compute scaling, which the
-rollout and the update have but the no-grad passes (every rank runs the whole batch) do not.
+per-device interconnect bandwidth (ring collectives). It assumes perfect compute scaling (the
+rollout, the no-grad passes and the update each split the rows over the ranks); the counted bytes
+grow with the passes that run (`trainer.minibatches=2` adds the old-policy pass's gathers).
 
     python bench/scaling.py --steps 8 --learners 1 2
+    python bench/scaling.py trainer.minibatches=2 algo.kl_coef=0.05 --steps 6 --learners 1 2  # both passes
 """
 
 from __future__ import annotations

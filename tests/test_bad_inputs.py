@@ -102,6 +102,7 @@ CONFIG = [  # (override, the field the error must name)
     ("trainer.samples_per_step=-1", "trainer.samples_per_step"), ("trainer.eval_samples=-1", "trainer.eval_samples"),
     ("trainer.threads=-1", "trainer.threads"), ("trainer.thread_mode=processes", "trainer.thread_mode"),
     ("trainer.kernels=triton", "trainer.kernels"), ("trainer.device=tpu", "trainer.device"),
+    ("trainer.learners=ddp", "trainer.learners"),
     ("trainer.trackers=wandbb", "trainer.trackers"), ("trainer.trackers=tensorboard,comet", "trainer.trackers"),
     ("reward.timeout_s=-1", "reward.timeout_s"), ("reward.timeout_s=inf", "reward.timeout_s"),
     ("model.kind=seq2seq", "model.kind"), ("model.dtype=float16", "model.dtype"),

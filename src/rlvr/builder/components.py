@@ -38,7 +38,7 @@ from rlvr.models.value import ValueModel
 from rlvr.protocols import PolicyModel, Task
 from rlvr.rewards.runner import RewardRunner
 from rlvr.runtime.distributed import ONE_PROCESS, RankEngine, Shard, ShardedState, shard_model
-from rlvr.runtime.process import Runtime, available_cores, thread_budget
+from rlvr.runtime.process import Runtime, available_cores, resolve_device, thread_budget
 from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode, split_engine
 from rlvr.sampling.base import ZeroVariance
 from rlvr.sampling.replay import ReplayBuffer
@@ -61,10 +61,13 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     model, tokenizer = build.build_model(config) if model is None else (build.prepare_model(config, model), tokenizer)
     shard = runtime.shard
     plain = model  # what the engine samples with and the reference copies: the full weights
-    if shard.size > 1:  # data-parallel learners: the engine keeps a plain copy, the learner trains shards
+    check_fsdp_options(config, shard)
+    if shard.fsdp:  # FSDP2 learners: the engine keeps a plain copy, the learner trains shards
         check_learners(config, shard)
         plain = copy.deepcopy(model)
-        shard_model(model)
+        t = config.trainer
+        shard_model(model, param_dtype=DTYPES[t.fsdp_param_dtype], reduce_dtype=DTYPES[t.fsdp_reduce_dtype],
+                    offload=t.fsdp_cpu_offload)
     o, a = config.optim, config.algo
     total = config.trainer.steps * config.trainer.minibatches * config.trainer.ppo_epochs  # optimizer steps
     trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
@@ -79,7 +82,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     frozen = copy.deepcopy(plain).requires_grad_(False) if with_reference and not lora else None
     if config.model.teacher_path:  # on-policy distillation: the reference is the teacher checkpoint
         frozen = build.teacher_model(config).requires_grad_(False)
-    policy = build.build_policy(config, model, sharded=shard.size > 1)
+    policy = build.build_policy(config, model, sharded=shard.fsdp)
     reference = build.build_policy(config, frozen) if frozen is not None else None
     if with_reference and lora:
         reference = AdapterDisabled(policy)
@@ -94,7 +97,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     engine = build.build_engine(config, plain, tokenizer)
     if layout.learner_rows is not None and not engine_kind(config).batches_itself:
         engine = split_engine(engine, layout.learner_rows, tokenizer.pad_token_id, model)
-    if shard.size > 1:
+    if shard.fsdp:
         engine = RankEngine(engine, plain, shard, tokenizer.pad_token_id)
     reward = reward if reward is not None else build.build_reward(config, task)
     build.check_reward_components(config, reward)
@@ -104,7 +107,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     c = Components(
         model=model, tokenizer=tokenizer, policy=policy, reference=reference, engine=engine,
         task=task, reward=reward, optimizer=optimizer, scheduler=scheduler, loss=loss, advantage=advantage,
-        plan=step_plan(config, loss, advantage, fused=fusable(config, policy, loss, advantage) and shard.size == 1,
+        plan=step_plan(config, loss, advantage, fused=fusable(config, policy, loss, advantage) and not shard.fsdp,
                        shard=shard),
         loop=loop_plan(config, shard),
         rng=rng, critic=critic, critic_optimizer=critic_optimizer, sampler=build_sampler(config, task, rng),
@@ -112,8 +115,8 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
                             seed=config.seed) if config.rollout.replay_fraction > 0 else None,
         rows=layout.learner_rows, heap_kept=runtime.heap_kept, expert=expert, asynchronous=layout.plan,
         turn_reward=build.build_turn_reward(config, task, reward),
-        shards=ShardedState(model, optimizer, shard) if shard.size > 1 else None,
-        full_model=plain if shard.size > 1 else None,
+        shards=ShardedState(model, optimizer, shard) if shard.fsdp else None,
+        full_model=plain if shard.fsdp else None,
     )
     if layout.plan is not None:
         c.rollout_side = functools.partial(rollout_side, config, c, layout)
@@ -147,8 +150,28 @@ def check_learners(config: Config, shard: Shard) -> None:
                "expert.per_step": bool(config.expert.per_step)}
     for field, bad in refused.items():
         if bad:
-            raise ConfigError(f"{field}: not supported with {shard.size} data-parallel learners yet (torchrun); "
+            raise ConfigError(f"{field}: not supported with {shard.size} data-parallel learner(s) yet (FSDP2); "
                               "run it as one process, or use the synchronous loop with the torch engine")
+
+
+DTYPES = {"": None, "float32": torch.float32, "bfloat16": torch.bfloat16}  # trainer.fsdp_*_dtype
+
+
+def check_fsdp_options(config: Config, shard: Shard) -> None:
+    """The FSDP2 options name a sharded learner, and CPU offload a model on a GPU (FSDP2's
+    offload copies the shards to an accelerator for each use: on a CPU there is none)."""
+    t = config.trainer
+    for name in ("fsdp_param_dtype", "fsdp_reduce_dtype"):
+        if getattr(t, name) not in DTYPES:
+            raise ConfigError(f"trainer.{name}: must be empty (the parameters' own dtype), 'float32' or 'bfloat16'")
+    given = [name for name, value in (("fsdp_param_dtype", t.fsdp_param_dtype), ("fsdp_reduce_dtype",
+             t.fsdp_reduce_dtype), ("fsdp_cpu_offload", t.fsdp_cpu_offload)) if value]
+    if given and not shard.fsdp:
+        raise ConfigError(f"trainer.{given[0]}: applies to FSDP2 learners only; set trainer.learners=fsdp "
+                          "or start the run with torchrun --nproc_per_node N")
+    if t.fsdp_cpu_offload and resolve_device(t.device, config.model.kind).type == "cpu":
+        raise ConfigError("trainer.fsdp_cpu_offload: needs a CUDA device (the model already lives in CPU memory "
+                          "on a CPU run); set it to false")
 
 
 def step_plan(config: Config, loss: LossSpec, advantage, *, fused: bool, shard: Shard = ONE_PROCESS) -> StepPlan:
@@ -187,10 +210,10 @@ def step_plan(config: Config, loss: LossSpec, advantage, *, fused: bool, shard: 
         grad_clip=config.optim.grad_clip, samples_per_step=t.samples_per_step,
         fresh=Proximal("none" if on_policy else proximal, behaviour if correcting else None),
         stale=Proximal(proximal, behaviour),
-        push_weights=(kind.own_weights and not shares_engine(config)) or shard.size > 1,
+        push_weights=(kind.own_weights and not shares_engine(config)) or shard.fsdp,
         overlong_filter=a.overlong_filter, shaping=shaping, token_rewards="token_rewards" in needs_of(loss.objective),
         value_clip=a.value_clip, critic_warmup_steps=a.critic_warmup_steps, kl_controller=kl_controller,
-        expert=expert, shard=shard, push_merged=shard.size == 1)
+        expert=expert, shard=shard, push_merged=not shard.fsdp)
 
 
 def loop_plan(config: Config, shard: Shard = ONE_PROCESS) -> LoopPlan:
@@ -202,8 +225,8 @@ def loop_plan(config: Config, shard: Shard = ONE_PROCESS) -> LoopPlan:
                     eval_samples=t.eval_samples, eval_temperature=r.temperature,
                     trackers=tracker_names(config),
                     adapter_checkpoints=config.model.lora.r > 0,
-                    push_on_resume=engine_kind(config).own_weights or shard.size > 1,
-                    facts={**facts, "learners": shard.size} if shard.size > 1 else facts,
+                    push_on_resume=engine_kind(config).own_weights or shard.fsdp,
+                    facts={**facts, "learners": shard.size, "fsdp": True} if shard.fsdp else facts,
                     batch_numbers=derived_batch_numbers(config), config_tree=to_dict(config),
                     upper_bounds=config.algo.dynamic_sampling, writer=shard.rank == 0)
 

@@ -468,6 +468,19 @@ class TrainerConfig:
     collective_timeout_s: float = 600.0
     """Data-parallel learners (`torchrun --nproc_per_node N -m rlvr.cli train`): seconds a collective waits
     for the other ranks before the run stops with an error (a rank that died or hangs)."""
+    learners: str = choice("auto", ("auto", "fsdp"))
+    """How the learner trains: `auto` = FSDP2 shards when torchrun starts more than one process, else one
+    plain process; `fsdp` = FSDP2 at any world size, a single process too (a group of one: the sharded
+    path on one GPU or CPU, same updates as the plain process)."""
+    fsdp_param_dtype: str = ""
+    """FSDP2 learners: the dtype each layer is gathered and computed in (`bfloat16`, `float32`; empty = the
+    model's, `model.dtype`); the shards and AdamW keep the model's dtype (`MixedPrecisionPolicy`)."""
+    fsdp_reduce_dtype: str = ""
+    """FSDP2 learners: the dtype gradients are reduce-scattered in (`float32` with bf16 compute; empty =
+    the compute dtype)."""
+    fsdp_cpu_offload: bool = False
+    """FSDP2 learners on CUDA: shards, gradients and optimizer states in CPU memory between uses
+    (`CPUOffloadPolicy`: less GPU memory, a host-device copy per use)."""
 
 
 @dataclass(frozen=True)

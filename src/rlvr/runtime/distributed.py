@@ -2,16 +2,17 @@
 
 Each rank samples its share of every batch (`RankEngine`: the rows' seeds are the ones a single
 process gives them, so the union of the ranks' samples is the single process's batch) and the
-ranks exchange the samples, so every rank holds the whole batch: advantages, metrics and the
-no-grad passes are the single process's. The update splits each minibatch's rows over the ranks;
+ranks exchange the samples, so every rank holds the whole batch: advantages and metrics are the
+single process's. The no-grad passes (old policy, reference) and the update split the rows over
+the ranks, and the passes' log-probs are all-gathered back into the whole batch;
 the loss is normalised by the minibatch's global counts and FSDP2 reduce-scatters the gradients,
 so the update does not depend on the number of ranks. The rollout engine samples from a plain
 (unsharded) copy of the model, whose trained weights (under LoRA the adapters only) are gathered
 from the shards after every step.
 
-Deviations from a production FSDP trainer: the no-grad passes (old policy, reference) run the
-whole batch on every rank; every rank holds a full copy of the weights to sample with (and a
-full frozen KL reference, outside LoRA); the samples travel as pickled objects (`all_gather_object`).
+Deviations from a production FSDP trainer: every rank holds a full copy of the weights to sample
+with (and a full frozen KL reference, outside LoRA); the samples travel as pickled objects
+(`all_gather_object`).
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ from rlvr.errors import ConfigError, LearnerLost
 @dataclass(frozen=True)
 class Shard:
     """This process's place among the learners: `rank` of `size` (size 1 = a single process,
-    whose methods change nothing)."""
+    whose methods change nothing); `fsdp`: the model trains FSDP2 shards (any size, one process
+    too with `trainer.learners=fsdp`), else it is a plain module."""
 
     rank: int = 0
     size: int = 1
+    fsdp: bool = False
 
     def rows(self, count: int) -> slice:
         """This rank's consecutive share of `count` rows (near-equal shares, in rank order)."""
@@ -60,22 +63,55 @@ class Shard:
         torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
 
+    def mark(self, step: int, phase: str) -> None:
+        """Publish where this rank is (`step`, one of `PHASES`) in the launcher's store: what names
+        a hung rank when a collective times out."""
+        if self.size > 1:
+            _store().set(f"rlvr/progress/{self.rank}", f"{step} {phase}")
+
     @contextlib.contextmanager
     def failures(self):
         """A collective that fails (a rank died: its peers' connections close; or one hangs past
         `trainer.collective_timeout_s`) becomes one `LearnerLost` line, naming the ranks whose
-        heartbeat stopped (a dead one; a hung rank still beats and is not named)."""
+        heartbeat stopped (a dead one) or, when every rank still beats, those whose published
+        progress (`mark`) is behind the others' (a hung one, with where each rank is)."""
         try:
             yield
         except RuntimeError as err:
             if self.size == 1 or not _collective_error(err):
                 raise
             silent = silent_ranks(self)
-            who = f"rank(s) {', '.join(map(str, silent))} stopped" if silent else "another rank stopped answering"
+            behind, where = behind_ranks(self)
+            if silent:
+                who = f"rank(s) {', '.join(map(str, silent))} stopped"
+            elif behind:
+                who = f"rank(s) {', '.join(map(str, behind))} hung ({where})"
+            else:
+                who = "another rank stopped answering"
             text = re.sub(r"^\[[^\]]*\]\s*", "", str(err).strip())  # gloo's source location
             first = text.split(". ")[0].splitlines()[0][:160] if text else type(err).__name__
             raise LearnerLost(f"learner rank {self.rank}: {who} (a collective failed: {first}); "
                               "--resume RUN_DIR continues from the last checkpoint") from None
+
+    def share(self, rank: int, count: int) -> int:
+        """How many of `count` rows `rank` holds (`rows`)."""
+        return count * (rank + 1) // self.size - count * rank // self.size
+
+    def cat_rows(self, parts: dict[str, torch.Tensor], count: int) -> dict[str, torch.Tensor]:
+        """{key: (count, ...)}: this rank's share of `count` rows (`parts`, `rows(count)`, every
+        rank the same keys and trailing shapes) joined with the other ranks' shares in rank order,
+        on every rank (a collective: each share padded to the longest for `all_gather`)."""
+        if self.size == 1:
+            return parts
+        longest, out = -(-count // self.size), {}
+        for key in sorted(parts):
+            mine = parts[key]
+            padded = mine.new_zeros((longest, *mine.shape[1:]))
+            padded[:len(mine)] = mine
+            gathered = [torch.empty_like(padded) for _ in range(self.size)]
+            torch.distributed.all_gather(gathered, padded)
+            out[key] = torch.cat([g[:self.share(r, count)] for r, g in enumerate(gathered)])
+        return out
 
     def gather(self, value) -> list:
         """Every rank's `value`, in rank order (on every rank)."""
@@ -100,11 +136,13 @@ def launched_world() -> tuple[int, int, int]:
     return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_WORLD_SIZE", 1))
 
 
-def init_learners(*, device: torch.device, threads: int, cores: int, timeout_s: float) -> Shard:
+def init_learners(*, device: torch.device, threads: int, cores: int, timeout_s: float, fsdp: bool = False) -> Shard:
     """Join the process group torchrun started (gloo on CPU, NCCL on CUDA); a single process
-    joins nothing. Ranks × threads on one machine must fit its cores (one-line error)."""
+    joins nothing unless `fsdp` (`trainer.learners=fsdp`): then it is a group of one, on an
+    in-memory store when torchrun did not start it, so the sharded path runs on one device.
+    Ranks × threads on one machine must fit its cores (one-line error)."""
     rank, size, local = launched_world()
-    if size == 1:
+    if size == 1 and not fsdp:
         return ONE_PROCESS
     if device.type == "cpu" and local * threads > cores:
         raise ConfigError(f"trainer.threads: {local} ranks x {threads} thread(s) exceed the {cores} cores of this "
@@ -112,17 +150,29 @@ def init_learners(*, device: torch.device, threads: int, cores: int, timeout_s: 
     if not torch.distributed.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
-    threading.Thread(target=_beat, args=(rank,), name="rlvr-heartbeat", daemon=True).start()
-    return Shard(rank, size)
+            torch.cuda.set_device(device.index if size == 1 and device.index is not None
+                                  else int(os.environ.get("LOCAL_RANK", 0)))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if size == 1 and "MASTER_ADDR" not in os.environ:  # no torchrun: nobody else to find
+            torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1,
+                                                 timeout=timeout)
+        else:
+            torch.distributed.init_process_group(backend, timeout=timeout)
+    if size > 1:
+        threading.Thread(target=_beat, args=(rank,), name="rlvr-heartbeat", daemon=True).start()
+    return Shard(rank, size, fsdp=True)
 
 
 BEAT_S = 1.0  # each rank's heartbeat in the launcher's store, which outlives the ranks
+PHASES = ("rollout", "logprob", "update", "weight_sync")  # a step's phases in order (`Shard.mark`)
+
+
+def _store():
+    return torch.distributed.distributed_c10d._get_default_store()
 
 
 def _beat(rank: int) -> None:
-    store = torch.distributed.distributed_c10d._get_default_store()
+    store = _store()
     while True:
         store.set(f"rlvr/beat/{rank}", repr(time.time()))
         time.sleep(BEAT_S)
@@ -131,13 +181,33 @@ def _beat(rank: int) -> None:
 def silent_ranks(shard: Shard) -> list[int]:
     """The other ranks whose heartbeat stopped (read after waiting out a few beats)."""
     time.sleep(3 * BEAT_S)
-    store = torch.distributed.distributed_c10d._get_default_store()
+    store = _store()
     now, silent = time.time(), []
     for rank in range(shard.size):
         key = f"rlvr/beat/{rank}"
         if rank != shard.rank and (not store.check([key]) or now - float(store.get(key)) > 2.5 * BEAT_S):
             silent.append(rank)
     return silent
+
+
+def behind_ranks(shard: Shard) -> tuple[list[int], str]:
+    """(the ranks whose published (step, phase) is behind the furthest rank's, where every rank
+    is: "rank 1 at step 2 rollout, rank 0 at step 2 update"); a rank that published nothing yet
+    is behind any that did."""
+    store, at = _store(), {}
+    for rank in range(shard.size):
+        key = f"rlvr/progress/{rank}"
+        if store.check([key]):
+            step, phase = store.get(key).decode().split()
+            at[rank] = (int(step), PHASES.index(phase), phase)
+        else:
+            at[rank] = (-1, -1, "start")
+    front = max(p[:2] for p in at.values())
+    behind = [rank for rank, p in at.items() if p[:2] < front]
+    order = behind + [rank for rank in at if rank not in behind]
+    where = ", ".join(f"rank {r} at step {at[r][0]} {at[r][2]}" if at[r][0] >= 0 else f"rank {r} before step 1"
+                      for r in order)
+    return behind, where
 
 
 def _collective_error(err: RuntimeError) -> bool:
@@ -154,13 +224,20 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(max(lists, key=len)) if lists else []
 
 
-def shard_model(model: torch.nn.Module) -> torch.nn.Module:
-    """FSDP2 full sharding: one group per decoder layer, then the root (embeddings, head, norm)."""
-    from torch.distributed.fsdp import fully_shard
+def shard_model(model: torch.nn.Module, *, param_dtype: torch.dtype | None = None,
+                reduce_dtype: torch.dtype | None = None, offload: bool = False) -> torch.nn.Module:
+    """FSDP2 full sharding: one group per decoder layer, then the root (embeddings, head, norm).
+    `param_dtype` / `reduce_dtype` (None = the parameters' own): the dtype each layer is gathered
+    and computed in and the one its gradients are reduce-scattered in (`MixedPrecisionPolicy`;
+    the shards and the optimizer keep the model's dtype). `offload`: the shards, their gradients
+    and the optimizer's states live in CPU memory between uses (`CPUOffloadPolicy`, a GPU run)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+    policies = {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+                "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
     for layer in decoder_layers(model):
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, **policies)
+    fully_shard(model, **policies)
     return model
 
 

@@ -45,10 +45,11 @@ def configure_for(config) -> Runtime:
     if engine_kind(config).batches_itself and on_cpu:  # vLLM's threads share the cores: more of ours slow both
         mode, threads = "ops", 1
     shard = ONE_PROCESS
-    if launched_world()[1] > 1:  # data-parallel learners under torchrun: torch's own threads, the rows whole
+    fsdp = config.trainer.learners == "fsdp"
+    if launched_world()[1] > 1 or fsdp:  # FSDP2 learners (torchrun, or one forced): torch's threads, rows whole
         mode, threads = "ops", threads or torch.get_num_threads()
         shard = init_learners(device=resolve_device(config.trainer.device, config.model.kind), threads=threads,
-                              cores=available_cores(), timeout_s=config.trainer.collective_timeout_s)
+                              cores=available_cores(), timeout_s=config.trainer.collective_timeout_s, fsdp=fsdp)
     return configure_process(threads=threads, thread_mode=mode, model_kind=config.model.kind, shard=shard)
 
 

@@ -16,6 +16,7 @@ from rlvr.algos._advantage_core import AdvantageInputs, token_level_rewards
 from rlvr.algos._registry import BEHAVIOUR_NEEDS, needs_of
 from rlvr.batch import TrainBatch
 from rlvr.protocols import DrawsPolicy, LogitStatsPolicy, PolicyModel
+from rlvr.runtime.distributed import ONE_PROCESS, Shard
 
 LOSS_STATS = ("logsumexp", "logit", "draws")
 """Objective needs that the update step's own forward provides (with gradients)."""
@@ -40,20 +41,25 @@ def _policy_outputs(policy: PolicyModel, mb: TrainBatch, stats: tuple[str, ...],
 
 @torch.no_grad()
 def no_grad_outputs(policy: PolicyModel, batch: TrainBatch, micro_batch_size: int, rows=None,
-                    stats: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+                    stats: tuple[str, ...] = (), shard: Shard = ONE_PROCESS) -> dict[str, torch.Tensor]:
     """{"logp": (B, Tc), stat: (B, Tc) for each of `stats`} of `batch` under `policy`, without
-    gradients, in micro-batches (split over `rows`, a RowPool, when given); 0 outside the mask."""
+    gradients, in micro-batches (split over `rows`, a RowPool, when given); 0 outside the mask.
+    `shard`: this data-parallel rank computes its share of the rows and the shares are gathered."""
     def run(mb: TrainBatch) -> dict[str, torch.Tensor]:
         logp, _, extra = _policy_outputs(policy, mb, stats)
         return {"logp": logp, **extra}
 
+    mine = batch.select(shard.rows(len(batch)))
+    # as many forwards on every rank (a sharded policy's gathers pair up): a shorter share's
+    # missing last one runs a row of the batch whose outputs are dropped
+    longest = -(-len(batch) // shard.size)
     parts: list[dict[str, torch.Tensor]] = []
-    for i in range(0, len(batch), micro_batch_size):
-        mb = batch.select(slice(i, i + micro_batch_size))
+    for i in range(0, longest, micro_batch_size):
+        mb = mine.select(slice(i, i + micro_batch_size)) if i < len(mine) else batch.select(slice(0, 1))
         parts.extend([run(mb)] if rows is None else rows.map(lambda part, mb=mb: run(mb.select(part)), len(mb)))
+    out = shard.cat_rows({key: torch.cat([p[key] for p in parts])[:len(mine)] for key in parts[0]}, len(batch))
     mask = batch.completion_mask
-    return {key: torch.cat([p[key] for p in parts]).to(mask.device) * (1 if key in ROW_STATS else mask)
-            for key in parts[0]}
+    return {key: value.to(mask.device) * (1 if key in ROW_STATS else mask) for key, value in out.items()}
 
 
 def advantage_stats(advantage) -> tuple[str, ...]:
@@ -63,7 +69,8 @@ def advantage_stats(advantage) -> tuple[str, ...]:
 
 
 def old_pass(policy: PolicyModel, batch: TrainBatch, advantage, micro_batch_size: int, rows,
-             needed: bool, objective=None) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+             needed: bool, objective=None,
+             shard: Shard = ONE_PROCESS) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
     """(old log-probs or None, the `AdvantageInputs` keywords the estimator declared). The pass
     runs when the loop needs old log-probs (`needed`) or the estimator declared anything (the
     optimal token baseline reads the behaviour policy's log-probs and Σπ², as verl computes them in
@@ -74,17 +81,18 @@ def old_pass(policy: PolicyModel, batch: TrainBatch, advantage, micro_batch_size
     if not needed and not declared:
         return None, {}
     draws = ("draws",) if needed and "old_draws" in needs_of(objective) else ()
-    out = no_grad_outputs(policy, batch, micro_batch_size, rows, advantage_stats(advantage) + draws)
+    out = no_grad_outputs(policy, batch, micro_batch_size, rows, advantage_stats(advantage) + draws, shard)
     batch.old_draws = out.get("draws")
     inputs = {"old_logp": out["logp"]} if "old_logp" in declared else {}
     inputs.update({k: out[k] for k in declared if k in out})
     return (out["logp"] if needed else None), inputs
 
 
-def reference_pass(reference: PolicyModel, batch: TrainBatch, objective, micro_batch_size: int, rows) -> None:
+def reference_pass(reference: PolicyModel, batch: TrainBatch, objective, micro_batch_size: int, rows,
+                   shard: Shard = ONE_PROCESS) -> None:
     """Set `batch.ref_logp` (and `batch.ref_logsumexp` when the objective declared it)."""
     stats = ("logsumexp",) if "ref_logsumexp" in needs_of(objective) else ()
-    out = no_grad_outputs(reference, batch, micro_batch_size, rows, stats)
+    out = no_grad_outputs(reference, batch, micro_batch_size, rows, stats, shard)
     batch.ref_logp = out["logp"]
     batch.ref_logsumexp = out.get("logsumexp")
 

@@ -66,6 +66,7 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     group_size, micro = plan.rollout.group_size, plan.micro_batch_size
     PEAKS.begin()
     peaks = {}
+    plan.shard.mark(step, "rollout")  # where this rank is, for naming a hung one (data-parallel learners)
     if produced is None:
         produced = produce(c, step)
         peaks["rollout"] = PEAKS.end()
@@ -74,6 +75,7 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     timings, t0 = {"rollout": produced.rollout_s}, now()
     forwards_before = c.policy.forwards
     proximal = plan.stale if produced.staleness > 0 else plan.fresh
+    plan.shard.mark(step, "logprob")
 
     mask = rollouts.completion_mask
     if plan.overlong_filter:  # DAPO: a truncated completion has no verdict on its ending; drop it from the loss
@@ -86,11 +88,12 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     kept = [] if proximal.source == "fused" else None  # pi_prox from the update's own forward (proximal.py)
     # The old-policy pass, with what the advantage estimator declared (the optimal token baseline's Σπ²).
     batch.old_logp, behaviour_inputs = old_pass(c.policy, batch, c.advantage.estimate, micro, c.rows,
-                                                needed=proximal.source == "pass", objective=c.loss.objective)
+                                                needed=proximal.source == "pass", objective=c.loss.objective,
+                                                shard=plan.shard)
     if batch.old_logp is not None and proximal.weights is not None:
         batch.loss_weights = proximal.weights(batch.old_logp, rollouts.logprobs, mask)[0]
     if c.reference is not None:  # its log-probs, and its logsumexp when the objective declared it (ShiQ)
-        reference_pass(c.reference, batch, c.loss.objective, micro, c.rows)
+        reference_pass(c.reference, batch, c.loss.objective, micro, c.rows, plan.shard)
     old_values = critic_values(c.critic, batch, micro) if c.critic is not None else None
     shaped = _shaped_rewards(c, rewards, batch, rollouts.lengths)
     if plan.token_rewards:  # an objective that learns from rewards, not advantages
@@ -107,6 +110,7 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     timings["logprob"], t0 = now() - t0, now()
     peaks["logprob"] = PEAKS.end()
 
+    plan.shard.mark(step, "update")
     updates = _update(c, step, batch, old_values, returns, produced.minibatch_seed, len(rewards),
                       None if kept is None else (kept, proximal.weights))
     timings["update"] = now() - t0
@@ -116,6 +120,7 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     old_logp = None if batch.old_logp is None else batch.old_logp[:len(mask)]  # the engine's rows (not expert)
     gap, behaviour = gap_metrics(old_logp, rollouts.logprobs, mask, proximal.weights)
     if plan.push_weights:
+        plan.shard.mark(step, "weight_sync")
         timings["weight_sync"] = push_weights(c)
     forwards = c.policy.forwards - forwards_before
 
