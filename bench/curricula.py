@@ -54,9 +54,8 @@ def curve(run: Path) -> tuple[list[float], list[dict], list[float], list[float]]
     tokens, at, accuracy, dead, per_step = 0.0, [], [], [], []
     for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()):
         tokens += m.get("batch/generated_tokens", 0.0)
-        if m["step"] > 0:  # the filter's kept rate counts every generated group; without it, the batch's
-            dead.append(1 - m["batch/kept_group_rate"] if "batch/kept_group_rate" in m
-                        else m["batch/zero_variance_group_frac"])
+        if m["step"] > 0:  # every generated group, a filter's dropped ones included
+            dead.append(m["batch/solve_tie_group_frac"])
             per_step.append(m["batch/generated_tokens"])
         if "eval/heldout_accuracy" in m:
             at.append(tokens)

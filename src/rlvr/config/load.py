@@ -307,6 +307,11 @@ def _cross_checks(config: Config) -> list[tuple[bool, str, str]]:
     ]
 
 
+def _or(value, default):
+    """`value`, or `default` where it is null (a 0 stays 0)."""
+    return default if value is None else value
+
+
 def validate(config: Config) -> None:
     """Range checks that types alone cannot express."""
     errors = _range_errors(config)
@@ -349,6 +354,8 @@ def validate(config: Config) -> None:
         (0 <= config.algo.overlong_buffer <= config.rollout.max_new_tokens, "algo.overlong_buffer",
          "must be between 0 (off) and rollout.max_new_tokens"),
         (config.algo.max_sampling_rounds >= 1, "algo.max_sampling_rounds", "must be >= 1"),
+        ((config.algo.pass_rate_low or 0.0) < _or(config.algo.pass_rate_high, 1.0),
+         "algo.pass_rate_high", "must be above algo.pass_rate_low (the band keeps low < p < high)"),
         (config.algo.kl_target is None or config.algo.kl_target > 0, "algo.kl_target", "must be > 0 or null"),
         (config.algo.critic_lr > 0, "algo.critic_lr", "must be > 0"),
         (config.optim.schedule in ("constant", "cosine"), "optim.schedule", "must be 'constant' or 'cosine'"),
