@@ -10,8 +10,10 @@ recent groups. Every run logs the completion tokens it generated per step
 (`batch/generated_tokens`, dropped groups included), so runs are compared at the same token
 budget, the smallest total any run generated, not at the same optimiser step: held-out accuracy
 at that budget (the last evaluation at or before it), overall and per bucket, the dead-group
-fraction (groups whose rewards all tie, before any filter) and tokens per step, mean ± 95% CI
-over seeds.
+fraction (groups whose verdicts all agree, all solved or none, counted before any filter), tokens
+per step and the summed step seconds (load-dependent on a shared machine), mean ± 95% CI over
+seeds; then DUMP's source mix early and late and the posterior samplers' step-level calibration,
+and `curves.png` (held-out accuracy against generated tokens).
 """
 
 from __future__ import annotations
@@ -48,21 +50,27 @@ def train(name: str, seed: int, overrides: list[str], out: Path) -> float:
 PREFIX = "eval/heldout_accuracy/"  # one key per bucket
 
 
-def curve(run: Path) -> tuple[list[float], list[dict], list[float], list[float]]:
-    """(cumulative generated tokens at each evaluation, held-out accuracy there, overall under ""
-    and per bucket, dead-group fraction per step, tokens per step) of one run."""
-    tokens, at, accuracy, dead, per_step = 0.0, [], [], [], []
+def curve(run: Path) -> dict:
+    """One run's series: cumulative generated tokens at each evaluation (`at`), the held-out
+    accuracies there (`accuracy`, overall under "" and per bucket), and per step the dead-group
+    fraction, tokens, step seconds and the rest of its metrics (`steps`)."""
+    tokens, out = 0.0, {"at": [], "accuracy": [], "dead": [], "tokens": [], "step_s": [], "steps": []}
     for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()):
         tokens += m.get("batch/generated_tokens", 0.0)
-        if m["step"] > 0:  # the filter's kept rate counts every generated group; without it, the batch's
-            dead.append(1 - m["batch/kept_group_rate"] if "batch/kept_group_rate" in m
-                        else m["batch/zero_variance_group_frac"])
-            per_step.append(m["batch/generated_tokens"])
+        if m["step"] > 0:  # every generated group, a filter's dropped ones included
+            out["dead"].append(m["batch/solve_tie_group_frac"])
+            out["tokens"].append(m["batch/generated_tokens"])
+            out["step_s"].append(m["time/step_s"])
+            out["steps"].append(m)
         if "eval/heldout_accuracy" in m:
-            at.append(tokens)
-            accuracy.append({"": m["eval/heldout_accuracy"],
-                             **{k[len(PREFIX):]: v for k, v in m.items() if k.startswith(PREFIX)}})
-    return at, accuracy, dead, per_step
+            out["at"].append(tokens)
+            out["accuracy"].append({"": m["eval/heldout_accuracy"],
+                                    **{k[len(PREFIX):]: v for k, v in m.items() if k.startswith(PREFIX)}})
+    return out
+
+
+def mean_of(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
 
 
 def at_budget(at: list[float], accuracy: list[dict], budget: float) -> dict:
@@ -77,18 +85,62 @@ def cell(values: list[float], digits: int = 3) -> str:
 
 def table(out: Path, names: list[str], seeds: list[int]) -> str:
     curves = {(n, s): curve(out / n / f"s{s}") for n in names for s in seeds}
-    budget = min(c[0][-1] for c in curves.values())
-    buckets = [k for k in curves[names[0], seeds[0]][1][-1] if k]
-    columns = ["sampler", "held-out accuracy at the budget", *buckets, "dead-group fraction", "tokens / step"]
+    budget = min(c["at"][-1] for c in curves.values())
+    buckets = [k for k in curves[names[0], seeds[0]]["accuracy"][-1] if k]
+    columns = ["sampler", "held-out accuracy at the budget", *buckets, "dead-group fraction", "tokens / step",
+               "step seconds / run"]
     lines = [f"token budget: {budget:.0f} generated completion tokens per run (the smallest total)", "",
              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for n in names:
-        acc = [at_budget(*curves[n, s][:2], budget) for s in seeds]
-        dead = [sum(curves[n, s][2]) / len(curves[n, s][2]) for s in seeds]
-        per_step = [sum(curves[n, s][3]) / len(curves[n, s][3]) for s in seeds]
+        acc = [at_budget(curves[n, s]["at"], curves[n, s]["accuracy"], budget) for s in seeds]
         cells = [cell([a[k] for a in acc]) for k in ["", *buckets]]
-        lines.append(f"| {n} | " + " | ".join(cells) + f" | {cell(dead)} | {cell(per_step, 0)} |")
-    return "\n".join(lines)
+        dead = [mean_of(curves[n, s]["dead"]) for s in seeds]
+        per_step = [mean_of(curves[n, s]["tokens"]) for s in seeds]
+        wall = [sum(curves[n, s]["step_s"]) for s in seeds]
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {cell(dead)} | {cell(per_step, 0)} | {cell(wall, 1)} |")
+    return "\n".join(lines + [""] + sampler_lines(curves, names, seeds))
+
+
+def sampler_lines(curves: dict, names: list[str], seeds: list[int]) -> list[str]:
+    """What the samplers say about themselves: DUMP's source mix in the first and last fifth of the
+    run, and the posterior samplers' step-level calibration, mean ± 95% CI over seeds."""
+    lines = []
+    for n in names:
+        steps = [curves[n, s]["steps"] for s in seeds]
+        fifth = max(len(steps[0]) // 5, 1)
+        shares = sorted({k for m in steps[0] for k in m if k.startswith("sampler/source_share/")})
+        for k in shares:
+            first = [mean_of([m.get(k, 0.0) for m in run[:fifth]]) for run in steps]
+            last = [mean_of([m.get(k, 0.0) for m in run[-fifth:]]) for run in steps]
+            lines.append(f"- {n} {k.rsplit('/', 1)[1]}: share {cell(first)} in the first {fifth} steps, "
+                         f"{cell(last)} in the last {fifth}")
+        rho = [mean_of([m["sampler/calibration_spearman"] for m in run if "sampler/calibration_spearman" in m])
+               for run in steps]
+        if all(r == r for r in rho):
+            lines.append(f"- {n} sampler/calibration_spearman (predicted vs the step's G verdicts): {cell(rho)}")
+    return lines
+
+
+def plot(out: Path, names: list[str], seeds: list[int]) -> Path:
+    """curves.png: held-out accuracy against cumulative generated tokens, mean over seeds (each
+    evaluation placed at the seeds' mean token count)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for n in names:
+        runs = [curve(out / n / f"s{s}") for s in seeds]
+        k = min(len(r["at"]) for r in runs)
+        x = [mean_of([r["at"][i] for r in runs]) for i in range(k)]
+        y = [mean_of([r["accuracy"][i][""] for r in runs]) for i in range(k)]
+        ax.plot(x, y, marker="o", ms=3, lw=1.5, label=n)
+    ax.set_xlabel("generated completion tokens")
+    ax.set_ylabel(f"held-out accuracy (mean of {len(seeds)} seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=3)
+    fig.tight_layout()
+    fig.savefig(out / "curves.png", dpi=110)
+    return out / "curves.png"
 
 
 def main() -> None:
@@ -106,6 +158,7 @@ def main() -> None:
         for seed in args.seeds:
             print(f"{name:<12} seed {seed}  {train(name, seed, overrides, args.out):6.1f}s", flush=True)
     print(table(args.out, args.samplers, args.seeds))
+    print(f"curves: {plot(args.out, args.samplers, args.seeds)}")
 
 
 if __name__ == "__main__":

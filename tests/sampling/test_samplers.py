@@ -169,7 +169,7 @@ def test_coba_failure_average_moves_the_peak():
 def test_zero_variance_filter_keeps_varied_groups_and_refills_to_its_cap():
     f = ZeroVariance(max_rounds=3)
     rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
-    assert f.keep(rewards, 4).tolist() == [False, True, False]
+    assert f.keep(rewards, rewards, 4).tolist() == [False, True, False]
     assert f.refill(kept_groups=1, wanted_groups=3, rounds_done=1)
     assert not f.refill(kept_groups=3, wanted_groups=3, rounds_done=1)
     assert not f.refill(kept_groups=1, wanted_groups=3, rounds_done=3)

@@ -28,7 +28,7 @@ from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.shaping import overlong_penalty
 from rlvr.backends.ray import RayEngine, RayReward, ensure_ray
 from rlvr.builder import build
-from rlvr.config import Config, derived_batch_numbers, to_dict
+from rlvr.config import AlgoConfig, Config, SamplerConfig, derived_batch_numbers, to_dict
 from rlvr.config.binding import bind_named
 from rlvr.config.registries import engine_kind, rollout_correction_on
 from rlvr.engines.snapshot import SharedEngine, SnapshotEngine
@@ -40,7 +40,8 @@ from rlvr.rewards.runner import RewardRunner
 from rlvr.runtime.distributed import ONE_PROCESS, RankEngine, Shard, ShardedState, shard_model
 from rlvr.runtime.process import Runtime, available_cores, resolve_device, thread_budget
 from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode, split_engine
-from rlvr.sampling.base import ZeroVariance
+from rlvr.sampling.base import GroupFilter, PassRateBand, ZeroVariance
+from rlvr.sampling.calibration import Calibration
 from rlvr.sampling.replay import ReplayBuffer
 from rlvr.trainer.expert import ExpertSource
 from rlvr.trainer.inpaint import InpaintPlan
@@ -126,7 +127,11 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
 def build_sampler(config: Config, task: Task, rng: random.Random):
     """The `sampler.name` sampler over `task`, drawing prompts with the run's prompt RNG `rng`."""
     make = bind_named(config, "sampler.name", group_size=config.rollout.group_size, seed=config.seed)
-    return make(task=task, rng=rng)
+    sampler = make(task=task, rng=rng)
+    if config.sampler.calibration_every and not hasattr(sampler, "predict"):
+        raise ConfigError(f"sampler.calibration_every: sampler {config.sampler.name!r} predicts no pass rates; "
+                          "use sampler.name=mopps, vade or dots, or set sampler.calibration_every=0")
+    return sampler
 
 
 def fusable(config: Config, policy: PolicyModel, loss: LossSpec, advantage) -> bool:
@@ -174,6 +179,22 @@ def check_fsdp_options(config: Config, shard: Shard) -> None:
                           "on a CPU run); set it to false")
 
 
+def calibration(sm: SamplerConfig) -> Calibration | None:
+    """The Monte-Carlo probe of the sampler's predicted pass rates, or None (`sampler.calibration_every=0`)."""
+    if sm.calibration_every == 0:
+        return None
+    return Calibration(every=sm.calibration_every, prompts=sm.calibration_prompts, rollouts=sm.calibration_rollouts)
+
+
+def group_filter(a: AlgoConfig) -> GroupFilter | None:
+    """The post-generation filter of `algo` (its section): TraceRL's pass-rate band when either
+    edge is set, else DAPO's zero-variance filter when dynamic sampling is on, else none."""
+    if a.pass_rate_low is not None or a.pass_rate_high is not None:
+        low, high = a.pass_rate_low or 0.0, 1.0 if a.pass_rate_high is None else a.pass_rate_high
+        return PassRateBand(max_rounds=a.max_sampling_rounds, low=low, high=high)
+    return ZeroVariance(a.max_sampling_rounds) if a.dynamic_sampling else None
+
+
 def step_plan(config: Config, loss: LossSpec, advantage, *, fused: bool, shard: Shard = ONE_PROCESS) -> StepPlan:
     """What every step of this run does (`trainer.plan.StepPlan`), resolved from the config and the
     declarations of the engine and the bound registry entries. `shard`: this process's rank of
@@ -200,11 +221,12 @@ def step_plan(config: Config, loss: LossSpec, advantage, *, fused: bool, shard: 
         kl_controller = functools.partial(adaptive_kl_coef, kl_target=a.kl_target, kl_horizon=a.kl_horizon)
     rollout = RolloutPlan(seed=config.seed, prompts_per_step=r.prompts_per_step, group_size=r.group_size,
                           temperature=r.temperature, greedy_in_group=r.greedy_in_group,
-                          group_filter=ZeroVariance(a.max_sampling_rounds) if a.dynamic_sampling else None,
+                          group_filter=group_filter(a),
                           micro_group_size=r.micro_group_size or r.group_size,
                           greedy_baseline="baseline_rewards" in advantage.needs,
                           inpaint=InpaintPlan(r.igpo_hint_low, r.igpo_hint_high, int(r.igpo_replace * r.group_size),
-                                              r.max_new_tokens) if r.igpo else None)
+                                              r.max_new_tokens) if r.igpo else None,
+                          calibration=calibration(config.sampler))
     return StepPlan(
         rollout=rollout, micro_batch_size=t.micro_batch_size, ppo_epochs=t.ppo_epochs, minibatches=t.minibatches,
         grad_clip=config.optim.grad_clip, samples_per_step=t.samples_per_step,

@@ -272,6 +272,11 @@ class AlgoConfig:
     """DAPO: drop zero-variance groups (backfilled while rounds remain)."""
     max_sampling_rounds: int = ranged(1, ">= 1")
     """Dynamic sampling: rollout rounds per step; 1 = filter, no backfill."""
+    pass_rate_low: float | None = ranged(None, "[0, 1]", "null = 0 when pass_rate_high is set, else off")
+    """TraceRL band filter: train only groups whose solved fraction p has low < p < high (refilled as
+    dynamic sampling refills), replacing DAPO's reward-variance filter; both null = off."""
+    pass_rate_high: float | None = ranged(None, "[0, 1]", "null = 1 when pass_rate_low is set, else off")
+    """TraceRL band filter: the band's upper edge (exclusive)."""
     rollout_correction: bool | None = None
     """Weight the loss by pi_old / pi_rollout (TIS / MIS); null = on with `rollout.engine=vllm`, off with torch."""
     correction_level: str | None = None
@@ -379,6 +384,14 @@ class SamplerConfig:
     """Coba: concentration κ of the value curve around its mode (the failure rate)."""
     ema: float | None = ranged(None, "[0, 1)")
     """Coba: weight kept by the failure-rate average at each step."""
+    calibration_every: int = ranged(0, ">= 0", "0 = off")
+    """Samplers that predict pass rates (mopps, vade, dots): every this many steps, roll the step's prompts
+    out `calibration_rollouts` more times (trained on by nothing, shown to nobody) and log the predictions
+    against those Monte-Carlo rates (`sampler/calibration_*`)."""
+    calibration_prompts: int = ranged(8, ">= 1")
+    """Calibration: most distinct prompts of the step probed."""
+    calibration_rollouts: int = ranged(32, ">= 1")
+    """Calibration: Monte-Carlo completions per probed prompt."""
 
 
 @dataclass(frozen=True)

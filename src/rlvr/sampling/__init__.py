@@ -2,7 +2,8 @@
 generated groups train (`base.GroupFilter`): uniform draws, per-prompt posteriors (`selection`:
 MoPPS, VADE), source curricula (`sources`: DUMP), budget reallocation (`budgets`: GVM-RAFT,
 CoBA-RL) and difficulty predicted from similar measured prompts (`predictive`: DOTS).
-`SAMPLERS` is what `sampler.name` picks from."""
+`SAMPLERS` is what `sampler.name` picks from. Beside them: TraceRL's pass-rate band (`base.PassRateBand`),
+the Monte-Carlo calibration metric (`calibration`) and SPEC-RL's verification rule (`speculative`)."""
 
 from rlvr.sampling.base import Uniform
 from rlvr.sampling.budgets import GVM, CoBA

@@ -114,8 +114,8 @@ class Uniform:
 class GroupFilter(Protocol):
     """Decides after generation which groups train, and whether to ask the sampler for more."""
 
-    def keep(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-        """(groups,) bool: which groups of G rows of `rewards` (B,) train."""
+    def keep(self, rewards: torch.Tensor, correct: torch.Tensor, group_size: int) -> torch.Tensor:
+        """(groups,) bool: which groups of G rows of `rewards` (B,) and verdicts `correct` (B,) train."""
 
     def refill(self, kept_groups: int, wanted_groups: int, rounds_done: int) -> bool:
         """Whether to generate another round of requests."""
@@ -129,8 +129,39 @@ class ZeroVariance:
 
     max_rounds: int
 
-    def keep(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    def keep(self, rewards: torch.Tensor, correct: torch.Tensor, group_size: int) -> torch.Tensor:
         return ~zero_variance_groups(rewards, group_size)
 
     def refill(self, kept_groups: int, wanted_groups: int, rounds_done: int) -> bool:
         return kept_groups < wanted_groups and rounds_done < self.max_rounds
+
+
+def in_pass_band(rewards: torch.Tensor, correct: torch.Tensor, group_size: int, *, low: float,
+                 high: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """(P,) bool, True where a group's pass rate p lies strictly inside (low, high), and the mean p.
+
+    p is the solved fraction of the group's scorable completions (`rewards` (B,) NaN = not
+    scorable, `correct` (B,) 1.0 = solved); a group with none scorable has no rate and is dropped.
+    The band is open so that (0, 1) drops exactly the all-solved and none-solved groups: the
+    verdicts' own zero-variance filter, whatever shaped credit the rewards add."""
+    scorable = ~torch.isnan(rewards).view(-1, group_size)                 # (P, G)
+    solved = (correct.view(-1, group_size) * scorable).sum(-1)            # (P,)
+    count = scorable.sum(-1)                                              # (P,)
+    rate = solved / count.clamp(min=1)
+    keep = (count > 0) & (rate > low) & (rate < high)
+    return keep, {"batch/group_pass_rate": float(rate[count > 0].mean()) if bool((count > 0).any()) else 0.0}
+
+
+@dataclass(frozen=True)
+class PassRateBand(ZeroVariance):
+    """TraceRL's pass-rate filter (arXiv:2509.06949): train only groups whose pass rate lies in
+    (`low`, `high`), refilled as DAPO's filter refills until `wanted_groups` are kept or `max_rounds` are spent.
+    Deviation: the paper's thresholds and whether it refills are not stated in the material
+    available; here both are the user's (`algo.pass_rate_low` / `algo.pass_rate_high`,
+    `algo.max_sampling_rounds`)."""
+
+    low: float = 0.0
+    high: float = 1.0
+
+    def keep(self, rewards: torch.Tensor, correct: torch.Tensor, group_size: int) -> torch.Tensor:
+        return in_pass_band(rewards, correct, group_size, low=self.low, high=self.high)[0]

@@ -58,12 +58,18 @@ class DOTS:
         rest = [i for i in range(len(cands)) if i not in set(refs)]
         chosen = refs
         if n_prompts > k:
-            keys = torch.stack([embed(p, self.dims) for p, _ in self.measured])
-            rates = torch.tensor([r for _, r in self.measured], dtype=torch.float64)
-            queries = torch.stack([embed(cands[i].prompt, self.dims) for i in rest])
-            guess = predicted_rates(queries, keys, rates, self.temperature).tolist()
+            guess = self.predict(step, [cands[i] for i in rest])
             chosen = sorted(refs + [rest[j] for j in closest_to_target(guess, n_prompts - k, 0.5)])
         return spread([cands[i] for i in chosen], self.group_size)
+
+    def predict(self, step: int, examples: list) -> list[float]:
+        """Each example's success rate predicted from the measured groups (0.5 before any)."""
+        if not self.measured:
+            return [0.5] * len(examples)
+        keys = torch.stack([embed(p, self.dims) for p, _ in self.measured])
+        rates = torch.tensor([r for _, r in self.measured], dtype=torch.float64)
+        queries = torch.stack([embed(ex.prompt, self.dims) for ex in examples])
+        return predicted_rates(queries, keys, rates, self.temperature).tolist()
 
     def observe(self, step: int, feedback: list[GroupFeedback]) -> None:
         for f in feedback:

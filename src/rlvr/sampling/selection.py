@@ -137,6 +137,10 @@ class PosteriorSampler:
         self.calibrate(step, feedback)
         self.table.observe(feedback)
 
+    def predict(self, step: int, examples: list) -> list[float]:
+        """The posterior-mean success rate of each example as of `step` (what calibration scores)."""
+        return [self.table.mean(ex.prompt) for ex in examples]
+
     def calibrate(self, step: int, feedback: list[GroupFeedback]) -> None:
         """Keep this step's posterior means, before its verdicts, beside the success rates observed."""
         if self.predictions[0] != step:
@@ -196,3 +200,10 @@ class VADE(PosteriorSampler):
     def observe(self, step: int, feedback: list[GroupFeedback]) -> None:
         self.calibrate(step, feedback)
         self.table.observe(feedback, prior=self.current)
+
+    def predict(self, step: int, examples: list) -> list[float]:
+        out = []
+        for ex in examples:
+            alpha, beta = self.current(ex.prompt, step)
+            out.append(alpha / (alpha + beta))
+        return out

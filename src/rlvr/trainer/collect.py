@@ -23,6 +23,7 @@ from rlvr.agents.collect import is_agent_task, rollout_batch
 from rlvr.batch import Rollouts, concat_rollouts
 from rlvr.codec import completion_token_ids, decode_completions, encode_prompts
 from rlvr.sampling.base import GroupFeedback, Request
+from rlvr.sampling.calibration import Calibration, calibration_metrics, mc_pass_rates
 from rlvr.trainer.inpaint import inpaint_round
 from rlvr.trainer.plan import RolloutPlan
 from rlvr.trainer.scoring import score, scored
@@ -81,10 +82,34 @@ def produce(c, step: int, version: int | None = None) -> Produced:
     got = collect(c, step, version)
     rollout_s = time.perf_counter() - t0
     seed = c.rng.getrandbits(62)
-    produced = Produced(got, rollout_s, seed, c.sampler.metrics(), c.rng.getstate(), c.sampler.state_dict(),
+    sampler_metrics = c.sampler.metrics()
+    probe = c.plan.rollout.calibration
+    if probe is not None and step % probe.every == 0:
+        sampler_metrics.update(calibrate(c, step, got.group[::c.plan.rollout.group_size], probe))
+    produced = Produced(got, rollout_s, seed, sampler_metrics, c.rng.getstate(), c.sampler.state_dict(),
                         c.replay.state_dict() if c.replay is not None else None, version=version)
     produced.staleness = stale_by(produced, step)
     return produced
+
+
+CALIBRATION_OFFSET = 1 << 15
+"""Seed offset of the calibration probe's completions: past any step's training rows (fewer than
+2^15 per step), so the probe never reuses a training completion's seed."""
+
+
+def calibrate(c, step: int, examples: list[Example], probe: Calibration) -> dict[str, float]:
+    """Roll the first `probe.prompts` distinct prompts of `examples` out `probe.rollouts` times with
+    the current engine and seeds of their own, and score the sampler's predicted pass rates for
+    them against the solved fractions (`sampling.calibration`). The completions go nowhere else."""
+    unique = list({ex.prompt: ex for ex in examples}.values())[:probe.prompts]
+    group = [ex for ex in unique for _ in range(probe.rollouts)]
+    ids, mask = encode_prompts(c.tokenizer, [ex.prompt for ex in group])
+    seeds = sample_seeds(c.plan.rollout.seed, step, len(group), offset=CALIBRATION_OFFSET)
+    out = c.engine(ids, mask, seeds, temperature=c.plan.rollout.temperature)
+    rewards, correct, _ = score(c.reward, c.task, group, decode_completions(c.tokenizer, out))
+    estimated = mc_pass_rates(correct.tolist(), (~torch.isnan(rewards)).tolist(), probe.rollouts)
+    _, metrics = calibration_metrics(c.sampler.predict(step, unique), estimated, rollouts=probe.rollouts)
+    return {**metrics, "sampler/calibration_tokens": float(out.lengths.sum())}
 
 
 def stale_by(produced: Produced, step: int) -> int:
@@ -210,18 +235,18 @@ def _collect_rounds(c, step: int, version: int, n_prompts: int) -> Collected:
     if flt is None:
         records = feedback(requests, first, None, step=step, version=version, group_size=r.group_size)
         c.sampler.observe(step, records)
-        first.metrics["batch/generated_tokens"] = float(sum(f.gen_tokens for f in records))
+        first.metrics.update(_cost(records))
         return first
-    kept, generated, kept_groups, batch, rounds, tokens = [], 0, 0, first, 0, 0
+    kept, generated, kept_groups, batch, rounds, every = [], 0, 0, first, 0, []
     while True:
         if rounds:
             requests, batch = _one_round(c, step, rounds, n_prompts)
         rounds += 1
         generated += n_prompts
-        keep = flt.keep(batch.rewards, r.group_size)
+        keep = flt.keep(batch.rewards, batch.correct, r.group_size)
         records = feedback(requests, batch, keep, step=step, version=version, group_size=r.group_size)
         c.sampler.observe(step, records)  # every generated group informs the sampler, kept or not
-        tokens += sum(f.gen_tokens for f in records)
+        every += records
         rows = keep.repeat_interleave(r.group_size).nonzero().squeeze(-1)
         if len(rows):
             kept.append(_select(batch, rows))
@@ -232,8 +257,17 @@ def _collect_rounds(c, step: int, version: int, n_prompts: int) -> Collected:
         kept = [first]
     merged = _merge(kept, c.tokenizer.pad_token_id, n_prompts * r.group_size)
     merged.metrics = {**first.metrics, "batch/kept_group_rate": kept_groups / generated,
-                      "batch/sampling_rounds": float(rounds), "batch/generated_tokens": float(tokens)}
+                      "batch/sampling_rounds": float(rounds), **_cost(every)}
     return merged
+
+
+def _cost(records: list[GroupFeedback]) -> dict[str, float]:
+    """What the step's generations cost and how many taught nothing about correctness: completion
+    tokens of every generated request, and the fraction of requests whose verdicts all agree (all
+    solved or none; shaped rewards such as a format credit can still vary inside such a group)."""
+    ties = sum(len(set(f.correct)) <= 1 for f in records)
+    return {"batch/generated_tokens": float(sum(f.gen_tokens for f in records)),
+            "batch/solve_tie_group_frac": ties / max(len(records), 1)}
 
 
 def _select(b: Collected, rows: torch.Tensor) -> Collected:

@@ -21,6 +21,7 @@ from rlvr.rewards.runner import RewardRunner
 from rlvr.runtime.distributed import Shard, ShardedState
 from rlvr.runtime.rows import RowPool
 from rlvr.sampling.base import GroupFilter, Sampler
+from rlvr.sampling.calibration import Calibration
 from rlvr.sampling.replay import ReplayBuffer
 from rlvr.trainer.expert import ExpertSource
 from rlvr.trainer.inpaint import InpaintPlan
@@ -53,6 +54,7 @@ class RolloutPlan:
     micro_group_size: int  # completions per prompt in one engine pass (G = one pass)
     greedy_baseline: bool  # one greedy completion per prompt scored for the advantage (ReMax)
     inpaint: InpaintPlan | None = None  # IGPO: hinted completions for groups with no correct one; None = off
+    calibration: Calibration | None = None  # the Monte-Carlo probe of the sampler's predictions; None = off
 
 
 @dataclass(frozen=True)
