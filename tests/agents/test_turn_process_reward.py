@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from _reward_models import save_tiny_reward_model
 
 from rlvr.agents.batch import turn_tensors
 from rlvr.agents.collect import AgentBatch, TurnProcessReward
@@ -16,7 +17,6 @@ from rlvr.algos._advantage_core import AdvantageInputs
 from rlvr.algos.turn_advantages import turn_return
 from rlvr.errors import ConfigError
 from rlvr.models.tokenizer import char_tokenizer
-from tests.rewards.test_reward_model import save_tiny_reward_model
 
 
 class _Scores:
@@ -78,8 +78,9 @@ def test_clipped_process_rewards_never_exceed_zero_and_a_row_must_match_its_turn
 
 
 def test_a_prm_scores_the_prefixes_of_given_steps():
+    from _reward_models import tiny_reward_model
+
     from rlvr.rewards.reward_model import ProcessRewardModel
-    from tests.rewards.test_reward_model import tiny_reward_model
 
     model, tokenizer = tiny_reward_model()
     prm = ProcessRewardModel(model, tokenizer, separator="\n", batch_size=2)

@@ -10,7 +10,8 @@ import math
 
 import pytest
 import torch
-from transformers import AutoModelForSequenceClassification, LlamaConfig, LlamaForSequenceClassification
+from _reward_models import save_tiny_reward_model, tiny_reward_model
+from transformers import AutoModelForSequenceClassification
 
 from rlvr.errors import ConfigError
 from rlvr.models.tokenizer import char_tokenizer
@@ -18,28 +19,9 @@ from rlvr.rewards.forms import TASK_VERIFIER, with_task
 from rlvr.rewards.reward_model import ProcessRewardModel, RewardModel, render_pair
 from rlvr.rewards.runner import RewardSum, load_reward_fn, load_reward_spec
 
-TEMPLATE = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
 PROMPTS = ["1 2 3>6:", "4 5>9:", "7 8 9 1>23:"]
 COMPLETIONS = ["1+2+3", "4+5 and more text", "7"]
 
-
-def tiny_reward_model(seed: int = 0):
-    torch.manual_seed(seed)
-    tokenizer = char_tokenizer()
-    tokenizer.chat_template = TEMPLATE  # the reward model's own, not the policy's
-    # Llama, not Qwen2: a Qwen2 config.json makes AutoTokenizer load a Qwen2Tokenizer over the character vocabulary
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128, num_labels=1,
-                         pad_token_id=tokenizer.pad_token_id)
-    return LlamaForSequenceClassification(config).eval(), tokenizer
-
-
-def save_tiny_reward_model(path):
-    """`tiny_reward_model()` and its tokenizer saved in `path` (a folder `reward.fn` can name)."""
-    model, tokenizer = tiny_reward_model()
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture

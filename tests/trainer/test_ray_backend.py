@@ -136,7 +136,7 @@ def test_ray_run_resumes_after_kill_9(tmp_path):
 
 
 def _saved_reward_model(tmp_path):
-    from tests.rewards.test_reward_model import save_tiny_reward_model
+    from _reward_models import save_tiny_reward_model
 
     return save_tiny_reward_model(tmp_path / "rm")
 
