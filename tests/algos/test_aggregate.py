@@ -81,6 +81,10 @@ def _declared(objective, logits, tokens, adv):
               "ref_logsumexp": ref_logits.logsumexp(-1),
               "ref_logp": torch.log_softmax(ref_logits, -1).gather(-1, tokens[..., None]).squeeze(-1),
               "token_rewards": adv.detach().abs()}
+    if {"draws", "old_draws"} & wanted:  # BGPO: two per-row "ELBO draws" (B, 2) from the same logits
+        logp = torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
+        draws = torch.stack([logp.sum(-1), 0.5 * logp.sum(-1)], dim=-1)
+        values.update(draws=draws, old_draws=draws.detach() + 0.1)
     return {k: values[k] for k in wanted}
 
 

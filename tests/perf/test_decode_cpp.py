@@ -182,5 +182,6 @@ def test_engine_names_are_checked(tiny_model, tokenizer):
         Decoder(tiny_model, ids, mask, 4, engine="fast")
     assert load_config(None, ["rollout.decode_engine=cpp"]).rollout.decode_engine == "cpp"
     for name in ("fast", "compile"):
-        with pytest.raises(ConfigError, match=r"^rollout\.decode_engine: must be 'eager' or 'cpp'$"):
+        expected = rf"^rollout\.decode_engine: must be one of 'eager', 'cpp', got '{name}'; "
+        with pytest.raises(ConfigError, match=expected):
             load_config(None, [f"rollout.decode_engine={name}"])

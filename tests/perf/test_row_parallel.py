@@ -212,7 +212,7 @@ def test_auto_thread_mode_splits_rows_of_causal_models_only():
 
 
 def test_thread_mode_config_errors():
-    with pytest.raises(ConfigError, match="trainer.thread_mode: must be 'auto', 'ops' or 'rows'"):
+    with pytest.raises(ConfigError, match="trainer.thread_mode: must be one of 'auto', 'ops', 'rows', got 'cores'"):
         load_config(None, ["trainer.thread_mode=cores"])
     with pytest.raises(ConfigError, match="trainer.thread_mode: 'rows' splits causal-model batches only"):
         load_config(None, ["trainer.thread_mode=rows", "model.kind=diffusion"])

@@ -147,5 +147,5 @@ def test_non_float32_model_falls_back_with_one_line(kernels, tokenizer, capsys):
 
 
 def test_kernels_config_error():
-    with pytest.raises(ConfigError, match="trainer.kernels: must be 'eager' or 'cpp'"):
+    with pytest.raises(ConfigError, match="trainer.kernels: must be one of 'eager', 'cpp', got 'fast'"):
         load_config(None, ["trainer.kernels=fast"])

@@ -16,7 +16,8 @@ masked-diffusion LM both log-probs are the estimator's per-token proxies under t
 Deliberate deviations:
 1. The task advantages are not read (pure distillation); mix in the task reward with a second
    run stage or a KL-regularised objective instead.
-2. No clip on ρ (the surrogate's advantage is bounded by the teacher gap, not by a reward scale).
+2. No clip on ρ (the surrogate's advantage is bounded by the teacher gap, not by a reward scale);
+   `log_ratio_clamp` only bounds |log ρ| before the exp, as an overflow guard.
 """
 
 from __future__ import annotations

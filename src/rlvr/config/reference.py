@@ -74,9 +74,9 @@ def markdown() -> str:
     """docs/config.md: every section and field, its type, default and docstring, with the
     registries' allowed names and each entry's own default for its hyperparameters."""
     entries = all_entries()
-    generated = ("Generated from the field docstrings of `src/rlvr/config/schema.py`, `task_schema.py` and "
-                 "`commands_schema.py` by `python -m rlvr.config --markdown > docs/config.md` "
-                 "(a test checks that this file is current).")
+    generated = ("Generated from the field docstrings of `src/rlvr/config/schema.py`, `task_schema.py`, "
+                 "`method_schema.py` and `commands_schema.py` by "
+                 "`python -m rlvr.config --markdown > docs/config.md` (a test checks that this file is current).")
     lines = ["# Configuration reference", "", generated, ""]
     lines += [" ".join(part.split()) + "\n" for part in rlvr.config.__doc__.split("\n\n")[1:]]
     lines += ["A default `null → v (entries)` is what a null field resolves to when one of those entries "

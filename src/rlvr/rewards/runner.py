@@ -48,16 +48,14 @@ import inspect
 import json
 import math
 import numbers
-import queue
 import sys
-import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlvr.errors import ConfigError, RewardError
+from rlvr.rewards.calls import CallThread, Deadline, awaited, describe, run_coroutine, where
 from rlvr.rewards.combine import weighted_sum
 from rlvr.rewards.forms import COMPLETION_IDS, TASK_VERIFIER, TrainerState, batched, reward_form
 
@@ -180,7 +178,7 @@ class RewardRunner:
         self.fn = fn
         self.timeout_s = float(timeout_s)
         self._warned_unscorable = False
-        self._worker: _Worker | None = None
+        self._worker: CallThread | None = None
         self.name = name or getattr(fn, "__name__", "reward")
         self.form = reward_form(fn) if batched is None else ("batched" if batched else "sample")
         self.state = TrainerState()  # `trainer_state` of TRL-form functions; `on_step_begin` moves it
@@ -221,19 +219,19 @@ class RewardRunner:
                 except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C; wait_for's timeout
                     raise
                 except BaseException as err:  # noqa: BLE001 - SystemExit included: one sample, not the run
-                    return None, _describe(err)
+                    return None, describe(err)
 
             async def one(p, c, ex):
                 try:
-                    return await _awaited(contained(p, c, ex), self.timeout_s)
-                except _Timeout:
+                    return await awaited(contained(p, c, ex), self.timeout_s)
+                except Deadline:
                     return None, self._timeout_error()
                 except asyncio.CancelledError as err:  # the function's own, not a timeout
-                    return None, _describe(err)
+                    return None, describe(err)
 
             async def gather():
                 return await asyncio.gather(*(one(p, c, ex) for p, c, ex in zip(prompts, completions, examples)))
-            return _run_coroutine(gather())
+            return run_coroutine(gather())
         return [self._guarded(self.fn, (p, c), ex) for p, c, ex in zip(prompts, completions, examples)]
 
     def _call_trl(self, prompts, completions, examples, chats, ids) -> list[tuple[Any, str | None]]:
@@ -258,7 +256,7 @@ class RewardRunner:
         def call(prompts, completions, **columns):
             values = fn(prompts, completions, **columns)
             if inspect.isawaitable(values):
-                values = _run_coroutine(_awaited(values, self.timeout_s))
+                values = run_coroutine(awaited(values, self.timeout_s))
             return list(values)
 
         values, error = self._guarded(call, (list(prompts), list(completions)), columns)
@@ -267,7 +265,7 @@ class RewardRunner:
         if error is not None:
             return [(None, error)] * len(completions)
         # An exception in a sample's place is that sample's error (a judge's unparsable verdict).
-        return [(None, _describe(v)) if isinstance(v, BaseException) else (v, None) for v in values]
+        return [(None, describe(v)) if isinstance(v, BaseException) else (v, None) for v in values]
 
     def _guarded(self, fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, str | None]:
         """(value, None) or (None, error) for one call: any exception but KeyboardInterrupt is an
@@ -278,23 +276,23 @@ class RewardRunner:
             except KeyboardInterrupt:
                 raise
             except BaseException as err:  # noqa: BLE001 - one bad sample must not stop the run
-                return None, _describe(err)
+                return None, describe(err)
         if self._worker is None or self._worker.stuck:
-            self._worker = _Worker(self.name)
+            self._worker = CallThread(self.name)
         future = self._worker.submit(fn, args, kwargs)
         try:
             return future.result(timeout=self.timeout_s), None
         except KeyboardInterrupt:
             raise
-        except _Timeout:
+        except Deadline:
             return None, self._timeout_error()
         except TimeoutError:
             if not future.done():  # else the function itself raised TimeoutError: an ordinary error
                 self._worker.stuck = True
                 return None, self._timeout_error()
-            return None, _describe(future.exception())
+            return None, describe(future.exception())
         except BaseException as err:  # noqa: BLE001
-            return None, _describe(err)
+            return None, describe(err)
 
     def _timeout_error(self) -> str:
         return f"{TIMEOUT_ERROR}: took longer than reward.timeout_s={self.timeout_s:g}s"
@@ -330,8 +328,8 @@ class RewardRunner:
             rewards.append(math.nan if reward is None else float(reward))
             errors.append(error)
         n_err = sum(e is not None for e in errors)
-        where = _where(self.fn)
-        named = self.name if where in (self.name, "") else f"{self.name} ({where})"
+        source = where(self.fn)
+        named = self.name if source in (self.name, "") else f"{self.name} ({source})"
         if raw and unscorable == len(raw) and not self._warned_unscorable:
             self._warned_unscorable = True  # once: a step of nothing scorable can be legitimate, a run of them not
             print(f"warning: reward {named} returned None (not scorable) for all {len(raw)} samples of a step: "
@@ -355,70 +353,6 @@ class RewardRunner:
 
 NONFINITE_ERROR = "NonFiniteReward"
 TIMEOUT_ERROR = "RewardTimeout"
-
-
-class _Worker:
-    """One daemon thread running reward calls in order. Daemon: a call that never returns must not
-    keep the process alive at exit (a ThreadPoolExecutor's threads are joined at exit)."""
-
-    def __init__(self, name: str):
-        self.stuck = False  # a call ran past its deadline: later calls go to a fresh worker
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name=f"rlvr-reward-{name}", daemon=True).start()
-
-    def submit(self, fn: Callable, args: tuple, kwargs: dict) -> Future:
-        future: Future = Future()
-        self._jobs.put((future, fn, args, kwargs))
-        return future
-
-    def _serve(self) -> None:
-        while True:
-            future, fn, args, kwargs = self._jobs.get()
-            try:
-                future.set_result(fn(*args, **kwargs))
-            except BaseException as err:  # noqa: BLE001 - handed to the waiting caller
-                future.set_exception(err)
-            if self.stuck:  # abandoned: its caller has moved on to a fresh worker
-                return
-
-
-class _Timeout(Exception):  # noqa: N818 - internal marker, never escapes the runner
-    """An awaited batched call ran past its deadline (told apart from a TimeoutError the function raises)."""
-
-
-async def _awaited(awaitable, timeout_s: float):
-    if not timeout_s:
-        return await awaitable
-    try:
-        return await asyncio.wait_for(awaitable, timeout_s)
-    except TimeoutError:  # asyncio's is this builtin since 3.11
-        raise _Timeout from None
-
-
-def _where(fn: Callable) -> str:
-    """`file.py:name` of a function (what `reward.fn` would name it), else its qualified name."""
-    name = getattr(fn, "__qualname__", None) or getattr(type(fn), "__qualname__", "")
-    try:
-        source = inspect.getsourcefile(fn)
-    except TypeError:
-        source = None
-    return f"{Path(source).name}:{name}" if source else name
-
-
-def _describe(err: BaseException) -> str:
-    text = str(err).splitlines()[0] if str(err) else ""
-    return f"{type(err).__name__}: {text[:200]}"
-
-
-def _run_coroutine(coro):
-    """Run a coroutine to completion, also from inside a running event loop (in a thread)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    import concurrent.futures
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
 
 
 class RewardSum:
