@@ -199,7 +199,24 @@ class Trainer:
     # ------------------------------------------------------------------------------ the run
 
     def train(self) -> dict:
-        """Apply the process settings, run (or resume) the loop, return the final metrics line."""
+        """Apply the process settings, run (or resume) the loop, return the final metrics line;
+        with `trainer.ray_learners` on Ray actors, each one rank (`train_here`)."""
+        t = self.config.trainer
+        if t.ray_learners:
+            from rlvr.backends.ray_learners import launch
+            from rlvr.runtime.process import available_cores, resolve_device
+
+            gpus = resolve_device(t.device, self.config.model.kind).type == "cuda"
+            threads = t.threads or max(1, available_cores() // t.ray_learners)  # each rank's CPU bundle
+            _, final, run_dir = launch(Trainer.train_here, self, learners=t.ray_learners, threads=threads, gpus=gpus,
+                                       address=t.ray_address)
+            self.run_dir = Path(run_dir)
+            self.echo(_done(final, self.run_dir))
+            return final
+        return self.train_here()
+
+    def train_here(self) -> dict:
+        """`train` in this process (one rank of data-parallel learners under torchrun or Ray)."""
         from rlvr.builder.run import train
         from rlvr.runtime.process import configure_for
         from rlvr.tracking.run_dir import RunDir, disk_errors
@@ -231,8 +248,7 @@ class Trainer:
             raise
         finally:
             run.release()
-        self.echo(f"done: step {final.get('step')} held-out accuracy "
-                  f"{final.get('eval/heldout_accuracy', float('nan')):.3f} -> {run.path}")
+        self.echo(_done(final, run.path))
         return final
 
     def _finished(self, run) -> dict | None:
@@ -321,6 +337,12 @@ class Trainer:
             objects["task"] = self.task
             provenance["task"] = {"class": f"{type(self.task).__module__}.{type(self.task).__qualname__}"}
         return objects, provenance
+
+
+def _done(final: dict, path) -> str:
+    """The line a finished run ends with."""
+    accuracy = final.get("eval/heldout_accuracy", float("nan"))
+    return f"done: step {final.get('step')} held-out accuracy {accuracy:.3f} -> {path}"
 
 
 def _silent(*args, **kwargs) -> None:

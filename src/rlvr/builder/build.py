@@ -14,6 +14,7 @@ import torch
 from rlvr.agents.collect import TurnProcessReward, is_agent_task
 from rlvr.algos._registry import needs_of
 from rlvr.algos.correction import importance_correction
+from rlvr.backends import ray_rollouts
 from rlvr.codec import prompt_lengths
 from rlvr.config import REGISTRY, Config, keywords, task_sections
 from rlvr.config.binding import bind, bind_named
@@ -169,7 +170,8 @@ def build_reward(config: Config, task) -> RewardRunner | RewardSum:
     `task` names the task's own), otherwise the task's own (batched if it has one)."""
     if config.reward.fn:
         t = config.trainer
-        if t.backend == "ray" and t.reward_workers > 1 and config.reward.model_normalize == "batch":
+        on_ray = ray_rollouts(t.backend, t.ray_learners)
+        if on_ray and t.reward_workers > 1 and config.reward.model_normalize == "batch":
             raise ConfigError(f"reward.model_normalize=batch: each of trainer.reward_workers={t.reward_workers} would "
                               f"whiten its own share of the batch; set trainer.reward_workers=1 or "
                               f"reward.model_normalize=none")

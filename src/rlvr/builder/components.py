@@ -26,6 +26,7 @@ from rlvr.algos.correction import importance_correction
 from rlvr.algos.hybrid import chord_mu
 from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.shaping import overlong_penalty
+from rlvr.backends import ray_rollouts
 from rlvr.backends.ray import RayEngine, RayReward, ensure_ray
 from rlvr.builder import build
 from rlvr.config import AlgoConfig, Config, SamplerConfig, derived_batch_numbers, to_dict
@@ -150,7 +151,11 @@ def check_learners(config: Config, shard: Shard) -> None:
     """What data-parallel learners support so far: the synchronous loop with the torch engine,
     without a critic or expert rows, and minibatches of whole groups that split over the ranks."""
     t = config.trainer
-    refused = {"trainer.max_staleness": t.max_staleness is not None, "trainer.backend": t.backend != "local",
+    if _on_ray(config):
+        raise ConfigError(f"trainer.backend: Ray runs the rollout side of one learner process; for {shard.size} "
+                          "FSDP2 learner(s) on Ray set trainer.ray_learners=N (Ray starts the ranks) and run "
+                          "without torchrun, or use trainer.backend=local")
+    refused = {"trainer.max_staleness": t.max_staleness is not None,
                "rollout.engine": engine_kind(config).own_weights, "algo.advantage": config.algo.advantage == "gae",
                "expert.per_step": bool(config.expert.per_step)}
     for field, bad in refused.items():
@@ -260,13 +265,18 @@ def tracker_names(config: Config) -> tuple[str, ...]:
 
 def asynchronous(config: Config) -> bool:
     """Rollouts run ahead of the learner: `trainer.max_staleness` set, or the Ray backend."""
-    return config.trainer.max_staleness is not None or config.trainer.backend == "ray"
+    return config.trainer.max_staleness is not None or _on_ray(config)
+
+
+def _on_ray(config: Config) -> bool:
+    """The rollout side on Ray actors (not Ray-started learners, which sample as torchrun's do)."""
+    return ray_rollouts(config.trainer.backend, config.trainer.ray_learners)
 
 
 def shares_engine(config: Config) -> bool:
     """An engine with its own weights under local asynchronous rollouts: the rollout side and the
     learner's evaluation share the run's one engine (`snapshot.SharedEngine`); the rollout side pushes."""
-    return asynchronous(config) and config.trainer.backend == "local" and engine_kind(config).own_weights
+    return asynchronous(config) and not _on_ray(config) and engine_kind(config).own_weights
 
 
 @dataclass(frozen=True)
@@ -296,7 +306,7 @@ def thread_layout(config: Config, runtime: Runtime) -> ThreadLayout:
     max_staleness = t.max_staleness or 0
     exact = t.staleness == "exact"
     overlap = max_staleness > 0
-    workers = t.rollout_workers if t.backend == "ray" else 1
+    workers = t.rollout_workers if _on_ray(config) else 1
     cores = available_cores(t.threads)
     budget = thread_budget(cores, overlap=overlap, rollout_workers=workers)
     kind = engine_kind(config)
@@ -306,7 +316,7 @@ def thread_layout(config: Config, runtime: Runtime) -> ThreadLayout:
     facts = {"learner": budget["learner"], "rollout_worker": budget["rollout_worker"],
              "concurrent": budget["concurrent"], "rows_mode": rows_mode}
     torch_threads = torch.get_num_threads()
-    if overlap and rows_mode and t.backend == "local" and cores > 1:  # either side on every core, never more in all
+    if overlap and rows_mode and not _on_ray(config) and cores > 1:  # either side on every core, never more in all
         lease = CoreLease(cores)
         plan = AsyncPlan(max_staleness, exact, learner_threads=1, rollout_threads=1, publish_merged=own,
                          facts={"learner": cores, "rollout_worker": cores, "concurrent": cores, "rows_mode": True,
@@ -328,7 +338,7 @@ def rollout_side(config: Config, c: Components, layout: ThreadLayout, start: int
     """The asynchronous rollout side, starting at policy version `start`: the sampler and the
     verifier on Ray actors, the run's own engine shared with evaluation (an engine with its own
     weights), or a snapshot of the weights sampled in a thread of this process."""
-    if config.trainer.backend == "ray":
+    if _on_ray(config):
         t = config.trainer
         ensure_ray(t.ray_address, available_cores(t.threads))
         engine = RayEngine(functools.partial(build.build_engine, config), c.model, c.tokenizer,

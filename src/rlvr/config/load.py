@@ -266,7 +266,8 @@ def _range_errors(node: Any, prefix: str = "") -> list[str]:
 
 BACKEND_OPTIONS = {  # option -> (the field choosing its backend, the value that uses it)
     "trainer.rollout_workers": ("trainer.backend", "ray"), "trainer.reward_workers": ("trainer.backend", "ray"),
-    "trainer.ray_address": ("trainer.backend", "ray"), "rollout.vllm_kv_cache_mb": ("rollout.engine", "vllm"),
+    "trainer.ray_address": ("trainer.backend", "ray"), "trainer.ray_learners": ("trainer.backend", "ray"),
+    "rollout.vllm_kv_cache_mb": ("rollout.engine", "vllm"),
     "rollout.vllm_block_size": ("rollout.engine", "vllm"), "rollout.vllm_max_model_len": ("rollout.engine", "vllm"),
 }
 """Options read only by one backend: set to anything but their default under another, they would be ignored."""
@@ -301,6 +302,11 @@ def _cross_checks(config: Config) -> list[tuple[bool, str, str]]:
         (not diffusion or r.repetition_penalty == 1, "rollout.repetition_penalty", "the causal samplers only; set 1"),
         (bool(m.path) or m.hidden_size % m.num_heads == 0, "model.num_heads",
          f"must divide model.hidden_size ({m.hidden_size}) for a fresh tiny model"),
+        (not config.trainer.ray_learners or config.trainer.learners == "fsdp", "trainer.ray_learners",
+         "starts FSDP2 learners; set trainer.learners=fsdp as well (or trainer.ray_learners=0)"),
+        (not config.trainer.ray_learners or (config.trainer.rollout_workers, config.trainer.reward_workers) == (1, 1),
+         "trainer.ray_learners", "each learner rank samples and scores its own rows (no rollout or reward actors); "
+         "leave trainer.rollout_workers and trainer.reward_workers at 1"),
     ]
 
 

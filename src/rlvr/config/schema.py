@@ -376,6 +376,9 @@ class TrainerConfig:
     ray_address: str = ""
     """`backend=ray`: the cluster to join (`auto` = the one `ray start --head` started here), empty = a local
     Ray started with `threads` CPUs."""
+    ray_learners: int = ranged(0, ">= 0")
+    """`backend=ray` with `learners=fsdp`: FSDP2 learner ranks Ray starts as actors instead of torchrun (one
+    `threads`-CPU bundle each), each sampling its share of the batch itself; 0 = Ray runs the rollout side."""
     collective_timeout_s: float = 600.0
     """Data-parallel learners (`torchrun --nproc_per_node N -m rlvr.cli train`): seconds a collective waits
     for the other ranks before the run stops with an error (a rank that died or hangs)."""

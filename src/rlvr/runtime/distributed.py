@@ -150,8 +150,9 @@ def init_learners(*, device: torch.device, threads: int, cores: int, timeout_s: 
     if not torch.distributed.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
+            # a Ray learner sees only the GPU Ray gave it (device 0); torchrun's see every GPU of the node
             torch.cuda.set_device(device.index if size == 1 and device.index is not None
-                                  else int(os.environ.get("LOCAL_RANK", 0)))
+                                  else int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
         timeout = datetime.timedelta(seconds=timeout_s)
         if size == 1 and "MASTER_ADDR" not in os.environ:  # no torchrun: nobody else to find
             torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1,
