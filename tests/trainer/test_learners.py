@@ -316,3 +316,34 @@ def test_what_learners_do_not_support_yet_is_one_line(tmp_path):
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert lines and lines[0].startswith("error: trainer.max_staleness: not supported with 2 data-parallel"), \
         done.stderr[-2000:]
+
+
+RAY_LEARNERS = ["trainer.backend=ray", "trainer.learners=fsdp", "trainer.ray_learners=2", "trainer.threads=1"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_two_ray_learner_actors_train_as_one_process(runs):
+    """`trainer.backend=ray trainer.ray_learners=2`: Ray starts the two ranks as actors in a placement
+    group (1 CPU each, a local Ray on 2 CPUs) with torchrun's environment; rank 0 writes the run,
+    whose metrics and weights are the single process's."""
+    _, one, _ = runs
+    root = one.parent
+    done = _plain("trainer.steps=3", "trainer.name=ray", *RAY_LEARNERS, f"reward.fn={root / 'reward.py'}:score",
+                  f"trainer.out_dir={root}", *SMALL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("done: step 3") == 1
+    ray_run = root / "ray"
+    assert json.loads((ray_run / "run.json").read_text())["runtime"]["learners"] == 2
+    assert len(_metrics(ray_run)) == 4
+    _same_lines(_metrics(ray_run), _metrics(one))
+    _same_weights(_weights(ray_run, 3), _weights(one, 3), load_file(str(WARM_START / "model.safetensors")))
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_ray_learner_rank_s_error_is_the_driver_s_one_line(tmp_path):
+    done = _plain("algo.advantage=gae", "trainer.steps=1", *RAY_LEARNERS, f"trainer.out_dir={tmp_path}", *SMALL)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "error: algo.advantage: not supported with 2 data-parallel learner(s)"), done.stderr[-2000:]

@@ -5,8 +5,8 @@ The driver (the `rlvr train` process) reserves N bundles of `threads` CPUs (and 
 CUDA) in a placement group (PACK: one machine fills first), starts one actor per bundle, and
 gives each the torch.distributed environment torchrun would: MASTER_ADDR / MASTER_PORT (rank 0's
 node and a port free there), RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (the ranks on the
-same node). Each actor then runs the run as that rank (`run_rank(trainer)`, what torchrun's
-process runs), so rank 0 alone writes run.json, the metrics and the checkpoints and the others
+same node). Each actor then runs the run as that rank (`run_rank()`, what torchrun's process
+runs), so rank 0 alone writes run.json, the metrics and the checkpoints and the others
 follow it, exactly as under torchrun. The driver waits for every rank; a failed run is one line:
 the first rank's own error that is not a lost peer (`LearnerLost`, what the other ranks say when
 one stops), else the first lost peer; an actor that died names its rank.
@@ -44,16 +44,16 @@ class _LearnerRank:
             s.bind(("", 0))
             return s.getsockname()[1]
 
-    def run(self, run_rank, trainer, env: dict[str, str], cwd: str, threads: int):
+    def run(self, run_rank, env: dict[str, str], cwd: str, threads: int):
         """Train as the rank `env` names: ("ok", final line, run directory) or (error class, line)."""
         os.environ.update(env)
         os.chdir(cwd)  # relative paths (trainer.out_dir, reward files) as the driver meant them
         torch.set_num_threads(threads)
         try:
-            final = run_rank(trainer)
+            final, run_dir = run_rank()
         except ConfigError as err:
             return type(err).__name__, str(err)
-        return "ok", final, str(trainer.run_dir)
+        return "ok", final, run_dir
 
 
 def rank_envs(where: list[tuple[str, str]], port: int) -> list[dict[str, str]]:
@@ -76,8 +76,8 @@ def outcome(results: list[tuple]) -> tuple:
     raise (ConfigError if own else LearnerLost)(line)
 
 
-def launch(run_rank, trainer, *, learners: int, threads: int, gpus: bool, address: str) -> tuple:
-    """Run `run_rank(trainer)` on `learners` Ray actors as the ranks of one process group and
+def launch(run_rank, *, learners: int, threads: int, gpus: bool, address: str) -> tuple:
+    """Run `run_rank()` -> (final line, run directory) on `learners` Ray actors as the ranks of one process group and
     return rank 0's ("ok", final line, run directory); a failure is one line (`outcome`)."""
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
         raise ConfigError("trainer.ray_learners: Ray starts the learner ranks itself; run `rlvr train` without "
@@ -100,7 +100,7 @@ def launch(run_rank, trainer, *, learners: int, threads: int, gpus: bool, addres
                  for i in range(learners)]
         where = ray.get([r.where.remote() for r in ranks], timeout=START_TIMEOUT_S)
         port = ray.get(ranks[0].free_port.remote(), timeout=START_TIMEOUT_S)
-        calls = [r.run.remote(run_rank, trainer, env, os.getcwd(), threads)
+        calls = [r.run.remote(run_rank, env, os.getcwd(), threads)
                  for r, env in zip(ranks, rank_envs(where, port))]
         return outcome([_result(ray, rank, call) for rank, call in enumerate(calls)])
     finally:
