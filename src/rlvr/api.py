@@ -51,13 +51,13 @@ run.json also records the rows' fingerprint and the reward functions' names and 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rlvr.api_ray import done_line
 from rlvr.errors import ConfigError
 from rlvr.tracking.resumable import check_resumable, config_changes
 
@@ -78,11 +78,10 @@ class Trainer:
                  resume: bool | str | Path = False, allow_config_change: bool = False,
                  command: list[str] | None = None, echo: Callable = print):
         self.echo, self.command = echo, list(sys.argv if command is None else command)
-        self._allow_change = allow_config_change
-        self._objects_passed = [name for name, value in (("model", model), ("reward_funcs", reward_funcs),
-                                                          ("train_dataset", train_dataset),
-                                                          ("eval_dataset", eval_dataset))
-                                if value is not None and not (name == "model" and isinstance(value, (str, Path)))]
+        self._allow_change = allow_config_change  # what a Ray learner rank rebuilds this trainer with (`api_ray`)
+        self._objects = [name for name, value in (("model", model), ("reward_funcs", reward_funcs), ("train_dataset",
+                         train_dataset), ("eval_dataset", eval_dataset)) if value is not None and not (
+                         name == "model" and isinstance(value, (str, Path)))]
         self.config_changes: dict[str, tuple[Any, Any]] = {}
         self.resume = bool(resume)
         if resume and not isinstance(resume, bool):
@@ -207,30 +206,11 @@ class Trainer:
     def train(self) -> dict:
         """Apply the process settings, run (or resume) the loop, return the final metrics line;
         with `trainer.ray_learners` on Ray actors, each one rank (`train_here`)."""
-        t = self.config.trainer
-        if t.ray_learners:
-            from rlvr.backends.ray_learners import launch
-            from rlvr.runtime.process import available_cores, resolve_device
+        if self.config.trainer.ray_learners:
+            from rlvr.api_ray import train_on_ray
 
-            gpus = resolve_device(t.device, self.config.model.kind).type == "cuda"
-            threads = t.threads or max(1, available_cores() // t.ray_learners)  # each rank's CPU bundle
-            _, final, run_dir = launch(functools.partial(_train_rank, self._rank_trainer()), learners=t.ray_learners,
-                                       threads=threads, gpus=gpus, address=t.ray_address)
-            self.run_dir = Path(run_dir)
-            self.echo(_done(final, self.run_dir))
-            return final
+            return train_on_ray(self)
         return self.train_here()
-
-    def _rank_trainer(self) -> Callable[[], Trainer]:
-        """What builds this trainer again in a Ray learner's process: from its config alone (the
-        objects a file defines, such as reward functions loaded from one, do not travel to Ray)."""
-        if self._objects_passed:
-            raise ConfigError(f"{self._objects_passed[0]}: trainer.ray_learners builds each rank from the config "
-                              "alone; name it in the config (model.path, reward.fn, task) or start the ranks "
-                              "with torchrun")
-        return functools.partial(Trainer, config=self.config, run_dir=self.run_dir, resume=self.resume,
-                                 allow_config_change=self._allow_change, command=self.command,
-                                 callbacks=self.callbacks)
 
     def train_here(self) -> dict:
         """`train` in this process (one rank of data-parallel learners under torchrun or Ray)."""
@@ -265,7 +245,7 @@ class Trainer:
             raise
         finally:
             run.release()
-        self.echo(_done(final, run.path))
+        self.echo(done_line(final, run.path))
         return final
 
     def _finished(self, run) -> dict | None:
@@ -354,18 +334,6 @@ class Trainer:
             objects["task"] = self.task
             provenance["task"] = {"class": f"{type(self.task).__module__}.{type(self.task).__qualname__}"}
         return objects, provenance
-
-
-def _train_rank(make_trainer: Callable[[], Trainer]) -> tuple[dict, str]:
-    """One Ray learner rank's run: (its final line, the run directory)."""
-    trainer = make_trainer()
-    return trainer.train_here(), str(trainer.run_dir)
-
-
-def _done(final: dict, path) -> str:
-    """The line a finished run ends with."""
-    accuracy = final.get("eval/heldout_accuracy", float("nan"))
-    return f"done: step {final.get('step')} held-out accuracy {accuracy:.3f} -> {path}"
 
 
 def _silent(*args, **kwargs) -> None:

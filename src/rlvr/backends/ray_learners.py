@@ -22,7 +22,7 @@ import socket
 
 import torch
 
-from rlvr.backends.ray import ensure_ray
+from rlvr.backends.ray import _ray, ensure_ray  # Ray is imported in that one module
 from rlvr.errors import ConfigError, LearnerLost
 
 PLACEMENT_TIMEOUT_S = 60.0  # the bundles fit the cluster now, or the run says they do not
@@ -34,8 +34,7 @@ class _LearnerRank:
 
     def where(self) -> tuple[str, str]:
         """(this node's address, its Ray node id)."""
-        import ray
-
+        ray = _ray()
         return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
 
     def free_port(self) -> int:
@@ -83,8 +82,8 @@ def launch(run_rank, *, learners: int, threads: int, gpus: bool, address: str) -
         raise ConfigError("trainer.ray_learners: Ray starts the learner ranks itself; run `rlvr train` without "
                           "torchrun, or set trainer.ray_learners=0")
     ray = ensure_ray(address, learners * threads)
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    placement_group, remove_placement_group = ray.util.placement_group, ray.util.remove_placement_group
+    PlacementGroupSchedulingStrategy = ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy  # noqa: N806
 
     bundle = {"CPU": threads, **({"GPU": 1} if gpus else {})}
     group = placement_group([bundle] * learners, strategy="PACK")
