@@ -79,7 +79,7 @@ class Trainer:
                  command: list[str] | None = None, echo: Callable = print):
         self.echo, self.command = echo, list(sys.argv if command is None else command)
         self._allow_change = allow_config_change  # what a Ray learner rank rebuilds this trainer with (`api_ray`)
-        self._objects = [name for name, value in (("model", model), ("reward_funcs", reward_funcs), ("train_dataset",
+        self._passed = [name for name, value in (("model", model), ("reward_funcs", reward_funcs), ("train_dataset",
                          train_dataset), ("eval_dataset", eval_dataset)) if value is not None and not (
                          name == "model" and isinstance(value, (str, Path)))]
         self.config_changes: dict[str, tuple[Any, Any]] = {}

@@ -16,8 +16,8 @@ def train_on_ray(trainer) -> dict:
     from rlvr.backends.ray_learners import launch
     from rlvr.runtime.process import available_cores, resolve_device
 
-    if trainer._objects:  # objects a file or this process defines do not travel to Ray's processes
-        raise ConfigError(f"{trainer._objects[0]}: trainer.ray_learners builds each rank from the config alone; "
+    if trainer._passed:  # objects a file or this process defines do not travel to Ray's processes
+        raise ConfigError(f"{trainer._passed[0]}: trainer.ray_learners builds each rank from the config alone; "
                           "name it in the config (model.path, reward.fn, task) or start the ranks with torchrun")
     t = trainer.config.trainer
     rebuild = functools.partial(type(trainer), config=trainer.config, run_dir=trainer.run_dir, resume=trainer.resume,
