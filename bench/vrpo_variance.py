@@ -1,7 +1,7 @@
 """VRPO's variance reduction, measured: the DPO margin, loss and gradient of ELBO estimates under
 VRPO's sampling against a plain ELBO estimate, at the same number of forwards.
 
-    python bench/vrpo_variance.py                          # n ∈ {1, 2, 4}, 200 seeds, 16 pairs (a few minutes)
+    python bench/vrpo_variance.py                  # n ∈ {1, 2, 4}, 200 seeds, 16 pairs (about 20 min, one thread)
     python bench/vrpo_variance.py --ns 2 --seeds 50
 
 Setting: the packaged Countdown dLLM warm start (`rlvr:countdown-dllm-warmstart`) is the reference;

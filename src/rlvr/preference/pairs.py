@@ -5,8 +5,8 @@ a task's verifier.
 `rejected` a completion the verifier scores strictly lower: a random arithmetic expression over
 the problem's numbers (Countdown-style tasks; a well-formed wrong answer, the verifier's 0.1), else
 another problem's solution; with ``rejected="near_miss"``, the solution with one operator changed
-(the pair then differs in one token, the choice a greedy decoder gets wrong). A pair whose chosen completion the verifier does not score highest is
-dropped, so every pair is ranked by the true reward.
+(the pair then differs in one token). A pair whose chosen completion the verifier does not score
+highest is dropped, so every pair is ranked by the true reward.
 """
 
 from __future__ import annotations
