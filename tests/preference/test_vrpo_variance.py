@@ -5,20 +5,18 @@ bench/vrpo_variance.py's estimators on a fixed small case."""
 
 from __future__ import annotations
 
-import importlib.util
+import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "vrpo_variance.py"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("vrpo_variance", ROOT / "bench" / "vrpo_variance.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return SimpleNamespace(**runpy.run_path(str(BENCH)))  # its functions, without running main()
 
 
 @pytest.fixture(scope="module")
