@@ -61,3 +61,18 @@ def test_rlvr_rm_learns_and_its_export_is_a_reward_function(tmp_path, capsys):
     assert got == pytest.approx(direct, abs=1e-5)
     assert sequence_scores(fn.model, ids, mask).shape == (2,)
     assert "done: step 60" in capsys.readouterr().out
+
+
+def test_near_miss_pairs_differ_from_the_solution_in_one_operator():
+    task = Countdown(heldout_size=10)
+    examples = task.sample(30, random.Random(0))
+    pairs = verifier_pairs(task, examples, random.Random(1), rejected="near_miss")
+    assert len(pairs) >= 25  # a problem whose every one-operator edit keeps the value gives no pair
+    for pair in pairs:
+        ex = next(e for e in examples if e.prompt == pair.prompt)
+        fields = {"answer": ex.answer, "meta": ex.meta}
+        assert task.reward(ex.prompt, pair.chosen, **fields) == 1.0
+        assert task.reward(ex.prompt, pair.rejected, **fields) == 0.1  # well-formed, wrong
+        diff = [(a, b) for a, b in zip(pair.chosen, pair.rejected) if a != b]
+        assert len(pair.chosen) == len(pair.rejected) and len(diff) == 1
+        assert diff[0][0] in "+-*" and diff[0][1] in "+-*"

@@ -32,6 +32,9 @@ class PreferenceConfig:
     empty = pairs made from the task's verifier (a correct solution over a completion it scores lower)."""
     pairs: int = 512
     """Pairs made from the verifier for training (when `data` is empty)."""
+    rejected: str = choice("random", ("random", "near_miss"))
+    """Rejected completions of verifier pairs: `random` (a random expression over the problem's numbers) or
+    `near_miss` (the solution with one operator changed: the pair differs in one token)."""
     heldout_pairs: int = 64
     """Pairs held out for pairwise accuracy (made from the task's held-out problems, or the last rows of `data`)."""
     steps: int = ranged(100, ">= 1")

@@ -4,8 +4,9 @@ a task's verifier.
 `verifier_pairs(task, examples, rng)`: for each problem, `chosen` is the task's own solution and
 `rejected` a completion the verifier scores strictly lower: a random arithmetic expression over
 the problem's numbers (Countdown-style tasks; a well-formed wrong answer, the verifier's 0.1), else
-another problem's solution. A pair whose chosen completion the verifier does not score highest is
-dropped, so every pair is ranked by the true reward.
+another problem's solution; with ``rejected="near_miss"``, the solution with one operator changed
+(the pair then differs in one token). A pair whose chosen completion the verifier does not score
+highest is dropped, so every pair is ranked by the true reward.
 """
 
 from __future__ import annotations
@@ -53,8 +54,22 @@ def _wrong_expression(numbers: list[int], rng: random.Random) -> str:
     return text
 
 
-def verifier_pairs(task, examples, rng: random.Random, *, tries: int = 8) -> list[Pair]:
-    """One pair per example the verifier can rank (see the module doc)."""
+def _near_miss(solution: str, rng: random.Random) -> str:
+    """`solution` with one of its operators replaced by another (unchanged if it has none).
+
+    >>> _near_miss("5*9+3", random.Random(0)) in {"5+9+3", "5-9+3", "5*9-3", "5*9*3"}
+    True
+    """
+    spots = [i for i, c in enumerate(solution) if c in "+-*"]
+    if not spots:
+        return solution
+    i = rng.choice(spots)
+    return solution[:i] + rng.choice([o for o in "+-*" if o != solution[i]]) + solution[i + 1:]
+
+
+def verifier_pairs(task, examples, rng: random.Random, *, tries: int = 8, rejected: str = "random") -> list[Pair]:
+    """One pair per example the verifier can rank (see the module doc); `rejected`: ``random`` or
+    ``near_miss``."""
     solutions = [task.solution(ex) for ex in examples]
     out = []
     for ex, chosen in zip(examples, solutions):
@@ -62,11 +77,13 @@ def verifier_pairs(task, examples, rng: random.Random, *, tries: int = 8) -> lis
         best = task.reward(ex.prompt, chosen, **fields)
         numbers = (ex.meta or {}).get("numbers")
         for _ in range(tries):
-            if numbers:
-                rejected = _wrong_expression(numbers, rng)
+            if rejected == "near_miss":
+                wrong = _near_miss(chosen, rng)
+            elif numbers:
+                wrong = _wrong_expression(numbers, rng)
             else:
-                rejected = solutions[rng.randrange(len(solutions))] if len(solutions) > 1 else ""
-            if task.reward(ex.prompt, rejected, **fields) < best:
-                out.append(Pair(ex.prompt, chosen, rejected))
+                wrong = solutions[rng.randrange(len(solutions))] if len(solutions) > 1 else ""
+            if task.reward(ex.prompt, wrong, **fields) < best:
+                out.append(Pair(ex.prompt, chosen, wrong))
                 break
     return out

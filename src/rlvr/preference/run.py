@@ -32,8 +32,8 @@ def split_pairs(config: Config, task) -> tuple[list[Pair], list[Pair]]:
         raise ConfigError(f"preference.data: the task '{config.task.name}' has no solutions to make pairs from; "
                           f"pass a JSONL of pairs, e.g. preference.data=pairs.jsonl")
     rng = random.Random(config.seed)
-    train = verifier_pairs(task, task.sample(p.pairs, rng), rng)
-    heldout = verifier_pairs(task, task.heldout()[:p.heldout_pairs], rng)
+    train = verifier_pairs(task, task.sample(p.pairs, rng), rng, rejected=p.rejected)
+    heldout = verifier_pairs(task, task.heldout()[:p.heldout_pairs], rng, rejected=p.rejected)
     if not train:
         raise ConfigError("preference.pairs: the verifier ranked no pair; raise preference.pairs")
     return train, heldout
