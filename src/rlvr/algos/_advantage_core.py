@@ -37,6 +37,7 @@ class AdvantageInputs:
     turn_rewards: Tensor | None = None  # (B, K) float: the environment's reward of each turn
     turn_states: Tensor | None = None  # (B, K) long: id of the state each turn's action was taken in
     turn_valid: Tensor | None = None  # (B, K) bool: real turns (False = padding)
+    trace: Tensor | None = None  # (B, T) long: masked-diffusion step that committed each token (lightning)
 
 
 def wide(x: Tensor, *others: Tensor | None) -> torch.dtype:

@@ -100,7 +100,8 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
         batch.token_rewards = reward_tokens(shaped, mask)
     inputs = AdvantageInputs(rewards=shaped, group_size=group_size, response_mask=mask, values=old_values,
                              baseline_rewards=got.baseline_rewards, **_turn_inputs(got.turns), **behaviour_inputs,
-                             **got.component_inputs(c.advantage.needs))
+                             **got.component_inputs(c.advantage.needs),
+                             **({"trace": rollouts.trace} if "trace" in c.advantage.needs else {}))
     batch.advantages, adv_metrics = c.advantage.estimate(inputs)
     returns = c.advantage.returns(inputs) if c.critic is not None else None
     expert_metrics = {}
