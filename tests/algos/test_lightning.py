@@ -1,11 +1,16 @@
 """LightningRL's advantage (rlvr.algos.lightning): hand-computed values, the filter and the NLL bonus."""
 
+import json
+
 import pytest
 import torch
 
 from rlvr.algos._advantage_core import AdvantageInputs
 from rlvr.algos.advantages import get_advantage
 from rlvr.algos.lightning import lightning, tokens_per_forward
+from rlvr.cli import main
+from rlvr.config import load_config
+from rlvr.errors import ConfigError
 
 # Window L = 4. Group 0: rows committing in 4, 2, 1 and 4 steps (1, 2, 4 and 1 tokens per forward).
 # Group 1: four correct rows, each in 2 steps (no spread in either reward).
@@ -54,3 +59,21 @@ def test_registered_and_needs_the_trace():
     assert get_advantage("lightning") is lightning
     with pytest.raises(ValueError, match="trace"):
         lightning(AdvantageInputs(rewards=REWARDS, group_size=4, response_mask=torch.ones(8, 4)))
+
+
+def test_config_needs_a_diffusion_model():
+    with pytest.raises(ConfigError, match="algo.advantage"):
+        load_config(None, ["algo.advantage=lightning"])
+
+
+@pytest.mark.slow
+def test_recipe_trains_and_logs_tokens_per_forward(tmp_path, capsys):
+    args = ["train", "recipes/dllm_lightning_countdown.yaml", "trainer.steps=3", "trainer.threads=1",
+            "trainer.save_every=0", "trainer.eval_samples=0", "trainer.eval_every=0", f"trainer.out_dir={tmp_path}",
+            "trainer.name=run"]
+    assert main(args) == 0, capsys.readouterr().err
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][1:]
+    assert len(steps) == 3
+    for s in steps:  # threshold decoding of a 16-token window: between 1 and 16 tokens per forward, never exactly 1
+        assert 1.0 < s["adv/lightning/tpf_mean"] <= 16.0
+        assert 0.0 <= s["adv/lightning/kept_groups"] <= 1.0
