@@ -16,7 +16,10 @@ GRPO(x) = (x − mean_g) / (std_g + eps) within the group (0 for a constant grou
 (`tpf_filter`) when r or s varies within it: all-wrong groups and all-correct groups whose rows
 were equally fast carry no signal in either reward and get advantage 0 (apart from β).
 
-Deviations:
+Hyperparameters (`algo.*`): `speed_weight` λ (default 1.0), `nll_coef` β (0.0), `correct_at` (1.0),
+`tpf_filter` (true), `adv_eps` added to every std (1e-6).
+
+Deliberate deviations:
 1. The NLL term enters as an advantage offset β on correct rows: its gradient −β∇log π(y) equals the
    policy-gradient term of advantage β at ratio 1 (the on-policy first update); later PPO epochs clip it
    as any advantage, where the paper adds it to the loss unclipped.
