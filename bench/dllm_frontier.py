@@ -33,7 +33,7 @@ def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     """(low, high) of the Wilson score interval of a binomial proportion.
 
     >>> [round(v, 4) for v in wilson(40, 200)]
-    [0.1508, 0.2603]
+    [0.1505, 0.2609]
     """
     if n == 0:
         return math.nan, math.nan
