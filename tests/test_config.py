@@ -49,6 +49,8 @@ def test_every_entry_resolves_every_hyperparameter_to_its_own_default():
             overrides = [f"{reg_key}={name}"] + (["model.kind=diffusion"] if section == "estimator" else [])
             if (reg_key, name) == ("algo.objective", "bgpo"):  # reads the bgpo estimator's draws
                 overrides += ["model.kind=diffusion", "estimator.name=bgpo"]
+            if (reg_key, name) == ("algo.advantage", "lightning"):  # reads the diffusion sampler's steps
+                overrides += ["model.kind=diffusion"]
             if (reg_key, name) == ("algo.objective", "reverse_kl_distill"):  # trains toward a teacher
                 overrides += ["model.teacher_path=rlvr:countdown-warmstart"]
             required = [k for k, v in cfg.hyperparameters(fn, reg).items() if v is inspect.Parameter.empty]

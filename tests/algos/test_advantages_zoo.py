@@ -43,7 +43,7 @@ def test_registry_has_the_zoo():
     assert set(ADVANTAGES) == {
         "grpo", "dr_grpo", "rloo", "opo", "lite_ppo", "maxrl", "passk",
         "reinforce_pp", "reinforce_pp_baseline", "remax", "gae",
-        "gpg", "grpo_passk", "gdpo", "optimal_token_baseline", "optimal_token_baseline_multi_turn",
+        "gpg", "grpo_passk", "gdpo", "optimal_token_baseline", "optimal_token_baseline_multi_turn", "lightning",
         *TURN_LEVEL,
     }
 
@@ -53,7 +53,8 @@ def test_every_estimator_masks_and_never_returns_nan(name):
     mask = [[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]]
     kw = {"values": torch.full((4, 3), 0.5, dtype=torch.float64), "baseline_rewards": torch.tensor([0.5, 1.0]),
           "old_logp": torch.full((4, 3), -0.7, dtype=torch.float64),
-          "sum_pi_squared": torch.full((4, 3), 0.4, dtype=torch.float64)}
+          "sum_pi_squared": torch.full((4, 3), 0.4, dtype=torch.float64),
+          "trace": torch.tensor([[0, 1, 2], [0, 0, 1], [0, 0, 0], [1, 0, 0]])}
     adv, metrics = ADVANTAGES[name](_inp([1, nan, 0, 1], 2, mask=mask, **kw))
     assert adv.shape == (4, 3) and not torch.isnan(adv).any()
     assert torch.all(adv[torch.tensor(mask) == 0] == 0)

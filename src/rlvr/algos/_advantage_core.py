@@ -37,6 +37,13 @@ class AdvantageInputs:
     turn_rewards: Tensor | None = None  # (B, K) float: the environment's reward of each turn
     turn_states: Tensor | None = None  # (B, K) long: id of the state each turn's action was taken in
     turn_valid: Tensor | None = None  # (B, K) bool: real turns (False = padding)
+    trace: Tensor | None = None  # (B, T) long: masked-diffusion step that committed each token (lightning)
+
+
+def rollout_inputs(needs: frozenset[str], trace: Tensor | None) -> dict:
+    """The `AdvantageInputs` fields read off the rollouts, for an estimator that declared them
+    (`needs`): the diffusion sampler's per-token commit steps (LightningRL's tokens per forward)."""
+    return {"trace": trace} if "trace" in needs else {}
 
 
 def wide(x: Tensor, *others: Tensor | None) -> torch.dtype:

@@ -41,11 +41,12 @@ on every token of an unscorable row). `draws` and `old_draws` are (B, n): a mask
 likelihood estimator's n Monte-Carlo draws per row under the current policy (with gradients) and
 under the policy before the update (BGPO's per-draw bound)."""
 
-ADVANTAGE_NEEDS = ("old_logp", "sum_pi_squared", "reward_components", "reward_weights", "baseline_rewards")
+ADVANTAGE_NEEDS = ("old_logp", "sum_pi_squared", "reward_components", "reward_weights", "baseline_rewards", "trace")
 """`AdvantageInputs` fields an estimator may declare: the behaviour policy's log-probs of the
 sampled tokens and its Σ_v π_v² per position, from the trainer's old-policy pass (`BEHAVIOUR_NEEDS`);
 each reward function's own score and its weight, from the verifier (GDPO); the reward of one
-greedy completion per prompt, which the rollout phase then scores (ReMax)."""
+greedy completion per prompt, which the rollout phase then scores (ReMax); the masked-diffusion
+rollouts' per-token commit step (LightningRL's tokens per forward)."""
 
 BEHAVIOUR_NEEDS = frozenset({"old_logp", "sum_pi_squared"})
 """The advantage needs that the old-policy pass computes."""

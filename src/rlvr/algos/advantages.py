@@ -9,6 +9,7 @@ Papers (arXiv ids and links in docs/papers.md):
   literature/000_*.txt line 27), group mean with batch std.
 - `maxrl`, `passk` (binary rewards): see `binary_advantages.py`.
 - `reinforce_pp`, `reinforce_pp_baseline`, `remax`, `gae` (token-level): see `returns.py`.
+- `lightning` (LightningRL's tokens-per-forward reward): see `lightning.py`.
 - `gpg`, `grpo_passk`, `gdpo`, `optimal_token_baseline`, `optimal_token_baseline_multi_turn`:
   see `advantages_zoo.py`.
 - `gigpo`, `turn_return` (turn-level, multi-turn agents): see `turn_advantages.py`.
@@ -71,6 +72,7 @@ from rlvr.algos.advantages_zoo import (
     optimal_token_baseline_multi_turn,
 )
 from rlvr.algos.binary_advantages import maxrl, passk
+from rlvr.algos.lightning import lightning
 from rlvr.algos.returns import gae, gae_returns, reinforce_pp, reinforce_pp_baseline, remax
 from rlvr.algos.turn_advantages import gigpo, turn_return
 
@@ -183,6 +185,7 @@ ADVANTAGES: dict[str, Estimator] = {
     "gpg": gpg,
     "grpo_passk": grpo_passk,
     "gdpo": gdpo,
+    "lightning": lightning,
     "optimal_token_baseline": optimal_token_baseline,
     "optimal_token_baseline_multi_turn": optimal_token_baseline_multi_turn,
     "gigpo": gigpo,

@@ -337,6 +337,8 @@ def validate(config: Config) -> None:
         (config.algo.objective != "bgpo" or config.model.kind == "diffusion" and config.estimator.name == "bgpo",
          "algo.objective", "bgpo reads the per-draw ELBO estimates of estimator.name=bgpo; set model.kind=diffusion "
          "and estimator.name=bgpo, or use ppo_clip"),
+        (config.algo.advantage != "lightning" or config.model.kind == "diffusion", "algo.advantage",
+         "lightning reads each row's denoising steps from the diffusion sampler; set model.kind=diffusion or use grpo"),
         (not config.rollout.igpo or config.model.kind == "diffusion" and config.rollout.engine == "torch",
          "rollout.igpo", "inpaints the diffusion sampler's window; set model.kind=diffusion (torch engine) or false"),
         (config.rollout.igpo_hint_low <= config.rollout.igpo_hint_high, "rollout.igpo_hint_low",

@@ -210,6 +210,14 @@ class AlgoConfig:
     """Added to a standard deviation before dividing by it."""
     pass_k: int | None = ranged(None, ">= 1")
     """k of the pass@k objective."""
+    speed_weight: float | None = ranged(None, ">= 0")
+    """lightning: weight λ of the tokens-per-forward reward's group advantage beside the task reward's."""
+    nll_coef: float | None = ranged(None, ">= 0")
+    """lightning: advantage bonus β of correct rows (the NLL regulariser on correct trajectories)."""
+    correct_at: float | None = None
+    """lightning: the task reward at and above which a row counts as correct."""
+    tpf_filter: bool | None = None
+    """lightning: drop (advantage 0) groups where neither the task reward nor the speed reward varies."""
     gamma: float | None = ranged(None, "[0, 1]")
     """Discount of token-level returns (`reinforce_pp`, `gae`) or of turn-level ones (`gigpo`, `turn_return`)."""
     omega: float | None = None

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import torch
 
+from rlvr.algos._advantage_core import rollout_inputs
 from rlvr.algos.advantages import AdvantageInputs
 from rlvr.batch import TrainBatch
 from rlvr.models.lora import merged_weights
@@ -100,7 +101,8 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
         batch.token_rewards = reward_tokens(shaped, mask)
     inputs = AdvantageInputs(rewards=shaped, group_size=group_size, response_mask=mask, values=old_values,
                              baseline_rewards=got.baseline_rewards, **_turn_inputs(got.turns), **behaviour_inputs,
-                             **got.component_inputs(c.advantage.needs))
+                             **got.component_inputs(c.advantage.needs),
+                             **rollout_inputs(c.advantage.needs, rollouts.trace))
     batch.advantages, adv_metrics = c.advantage.estimate(inputs)
     returns = c.advantage.returns(inputs) if c.critic is not None else None
     expert_metrics = {}
