@@ -97,8 +97,10 @@ def test_advantage_estimators_make_no_host_tensor():
     for name in sorted(REGISTRY["algo.advantage"].entries()):
         if name == "gae":
             continue  # gae needs values (the critic test covers it)
-        config = load_config(None, ["model.path=", f"algo.advantage={name}", "rollout.group_size=4"])
-        behaviour = {"old_logp": torch.full((8, 3), -0.5), "sum_pi_squared": torch.full((8, 3), 0.4)}
+        kind = ["model.kind=diffusion"] if name == "lightning" else []  # it reads the diffusion sampler's trace
+        config = load_config(None, ["model.path=", f"algo.advantage={name}", "rollout.group_size=4", *kind])
+        behaviour = {"old_logp": torch.full((8, 3), -0.5), "sum_pi_squared": torch.full((8, 3), 0.4),
+                     "trace": torch.tensor([[0, 1, 2], [0, 0, 1]] * 4)}
         with HostFactories() as mode:
             build.build_advantage(config).estimate(AdvantageInputs(rewards=rewards, group_size=4, response_mask=mask,
                                                                    baseline_rewards=torch.tensor([0.0, 1.0]), **turns,
