@@ -23,8 +23,7 @@ from __future__ import annotations
 import torch
 
 from rlvr.batch import Rollouts
-from rlvr.engines.torch_diffusion import check_schedule, commit_step, transfer_schedule, window_state
-from rlvr.models.likelihood import window_mask
+from rlvr.engines.torch_diffusion import check_schedule, commit_step, transfer_schedule, window_rollouts, window_state
 
 
 def _block_logits(model, x, attention, positions, lo, hi, tp, cache, carry):
@@ -86,11 +85,7 @@ def generate_block_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch
             cache, carry = _append(model, x, positions, lo, hi, cache, attention)
             forwards += 1
     model.train(was_training)
-    completion = x[:, tp:]
-    mask = window_mask(completion, eos_id, window)
-    return Rollouts(
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion, completion_mask=mask,
-        logprobs=logprobs * mask, truncated=~(completion == eos_id).any(-1), trace=trace, forwards=forwards)
+    return window_rollouts(prompt_ids, prompt_mask, x[:, tp:], logprobs, trace, forwards, eos_id=eos_id, window=window)
 
 
 __all__ = ["generate_block_diffusion"]

@@ -109,6 +109,16 @@ def window_state(prompt_ids, prompt_mask, gen_length: int, mask_id: int):
     return x, attention, positions, trace, torch.zeros((batch, gen_length)), torch.zeros(batch, dtype=torch.long)
 
 
+def window_rollouts(prompt_ids, prompt_mask, completion, logprobs, trace, forwards: int, *, eos_id: int,
+                    window: str) -> Rollouts:
+    """A finished window as `Rollouts`: the completion up to EOS (or the full window) scored, the
+    rest of the log-probs zeroed, rows without an EOS marked truncated."""
+    mask = window_mask(completion, eos_id, window)
+    return Rollouts(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion, completion_mask=mask,
+        logprobs=logprobs * mask, truncated=~(completion == eos_id).any(-1), trace=trace, forwards=forwards)
+
+
 def commit_step(logits, block_ids, seeds, row_steps, *, temperature, remasking, threshold, quota, suppress_eos,
                 mask_id: int, eos_id: int):
     """One denoising step of the current block. logits (B, b, V) float64 of the block,
@@ -168,11 +178,7 @@ def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             row_steps += (remaining > 0).long()
             s += 1
     model.train(was_training)
-    completion = x[:, tp:]
-    mask = window_mask(completion, eos_id, window)
-    return Rollouts(
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion, completion_mask=mask,
-        logprobs=logprobs * mask, truncated=~(completion == eos_id).any(-1), trace=trace, forwards=forwards)
+    return window_rollouts(prompt_ids, prompt_mask, x[:, tp:], logprobs, trace, forwards, eos_id=eos_id, window=window)
 
 
 __all__ = ["REMASKING", "check_schedule", "commit_step", "generate_diffusion", "transfer_schedule", "window_state"]
