@@ -349,7 +349,7 @@ def validate(config: Config) -> None:
          "a teacher replaces the LoRA base as the reference; set model.lora.r=0 or drop the teacher"),
         (0 <= config.algo.overlong_buffer <= config.rollout.max_new_tokens, "algo.overlong_buffer",
          "must be between 0 (off) and rollout.max_new_tokens"),
-        ((config.algo.pass_rate_low or 0.0) < _or(config.algo.pass_rate_high, 1.0),
+        (_or(config.algo.pass_rate_low, 0.0) < _or(config.algo.pass_rate_high, 1.0),
          "algo.pass_rate_high", "must be above algo.pass_rate_low (the band keeps low < p < high)"),
         (config.model.kind in ("causal", "diffusion"), "model.kind", "must be 'causal' or 'diffusion'"),
         (config.rollout.micro_group_size >= 0 and (config.rollout.micro_group_size == 0

@@ -173,7 +173,7 @@ class SampleCgroup:
             at_limit = mem.get("max", 0)
         else:
             try:
-                at_limit = int(_read(self._file("memory.failcnt", "memory.failcnt")))
+                at_limit = int(_read(self._file("", "memory.failcnt")))
             except (OSError, ValueError):
                 at_limit = 0
         return {"oom_kill": mem.get("oom_kill", 0), "memory_max": at_limit,
