@@ -42,3 +42,15 @@ def test_a_run_whose_rewards_vary_does_not_warn_of_ties(tmp_path, capsys):
     assert main(["train", *TINY, f"reward.fn={vowels}:score", f"trainer.out_dir={tmp_path}"]) == 0
     out = capsys.readouterr().out
     assert "no group with varying rewards" not in out and "gradient has been 0" not in out
+
+
+def test_an_objective_that_reads_no_advantages_is_not_warned_of_ties(tmp_path, capsys):
+    assert NoSignal(patience=1, ignore=frozenset({"ties"})).check({"batch/zero_variance_group_frac": 1.0}) == []
+    teacher = ["train", *TINY[:-1], "trainer.steps=1", "trainer.save_every=1", f"trainer.out_dir={tmp_path}",
+               "trainer.name=teacher"]
+    assert main(teacher) == 0
+    capsys.readouterr()
+    distil = [*TINY, "algo.dynamic_sampling=false", "algo.objective=reverse_kl_distill",
+              f"model.teacher_path={tmp_path / 'teacher/checkpoints/step_000001'}", f"trainer.out_dir={tmp_path}"]
+    assert main(["train", *distil, "trainer.name=student"]) == 0  # a random model: every group ties
+    assert "no group with varying rewards" not in capsys.readouterr().out

@@ -93,7 +93,7 @@ def wd1(logp, old_logp, advantages, mask, *, group_size: int = 1, wd1_psi: float
     return loss, {"wd1_weight": torch.where(mask > 0, weight.expand_as(logp), torch.zeros_like(logp))}
 
 
-__all__ = ["OBJECTIVES", "cispo", "get_objective", "gspo", "ppo_clip", "reinforce", "sapo"]
+__all__ = ["ADVANTAGE_FREE", "OBJECTIVES", "cispo", "get_objective", "gspo", "ppo_clip", "reinforce", "sapo"]
 
 Metrics = dict[str, Tensor]
 
@@ -276,6 +276,10 @@ OBJECTIVES["nft"] = nft  # negative-aware fine-tuning (rlvr.algos.hybrid)
 OBJECTIVES["shiq"] = shiq  # token-wise off-policy Bellman loss (rlvr.algos.offpolicy)
 OBJECTIVES["reverse_kl_distill"] = reverse_kl_distill  # on-policy distillation (rlvr.algos.distill)
 OBJECTIVES["bgpo"] = bgpo  # BGPO's per-draw linearised ELBO bound (rlvr.algos.dllm_objectives)
+
+ADVANTAGE_FREE = frozenset({"reverse_kl_distill"})
+"""Objectives that never read the advantages: groups whose rewards tie still train them, so a run
+of tied groups is not a run that learns nothing."""
 
 
 def get_objective(name: str) -> Callable[..., tuple[Tensor, Metrics]]:

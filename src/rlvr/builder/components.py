@@ -25,6 +25,7 @@ from rlvr.algos.aggregate import counts_tokens
 from rlvr.algos.correction import importance_correction
 from rlvr.algos.hybrid import chord_mu
 from rlvr.algos.kl import adaptive_kl_coef
+from rlvr.algos.objectives import ADVANTAGE_FREE
 from rlvr.algos.shaping import overlong_penalty
 from rlvr.backends import ray_rollouts
 from rlvr.backends.ray import RayEngine, RayReward, ensure_ray
@@ -255,7 +256,8 @@ def loop_plan(config: Config, shard: Shard = ONE_PROCESS) -> LoopPlan:
                     push_on_resume=engine_kind(config).own_weights or shard.fsdp,
                     facts={**facts, "learners": shard.size, "fsdp": True} if shard.fsdp else facts,
                     batch_numbers=derived_batch_numbers(config), config_tree=to_dict(config),
-                    upper_bounds=config.algo.dynamic_sampling, writer=shard.rank == 0)
+                    upper_bounds=config.algo.dynamic_sampling, writer=shard.rank == 0,
+                    reads_advantages=config.algo.objective not in ADVANTAGE_FREE)
 
 
 def tracker_names(config: Config) -> tuple[str, ...]:

@@ -44,10 +44,12 @@ REASONS: dict[str, tuple[Callable[[dict], bool], str]] = {
 
 
 class NoSignal:
-    def __init__(self, patience: int = NO_SIGNAL_STEPS):
+    def __init__(self, patience: int = NO_SIGNAL_STEPS, ignore: frozenset[str] = frozenset()):
+        """`ignore`: reasons that do not stop this run learning (ties, for an objective that reads no
+        advantages)."""
         self.patience = max(1, patience)
         self.runs = dict.fromkeys(REASONS, 0)  # steps in a row each reason has held
-        self.warned: set[str] = set()
+        self.warned: set[str] = set(ignore)
 
     def check(self, metrics: dict) -> list[str]:
         """The warnings this step's metrics complete (each reason once per run)."""

@@ -170,7 +170,8 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
     else:
         go_on = True
     progress = Progress(total=t.steps, initial=start, echo=echo)
-    no_signal = NoSignal(min(NO_SIGNAL_STEPS, t.steps - start))
+    no_signal = NoSignal(min(NO_SIGNAL_STEPS, t.steps - start),
+                         ignore=frozenset() if t.reads_advantages else frozenset({"ties"}))
     line = {}
     for step in range(start + 1, t.steps + 1):
         if stop.received:  # came before the first step (while building or evaluating)

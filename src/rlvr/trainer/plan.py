@@ -109,6 +109,7 @@ class LoopPlan:
     batch_numbers: dict  # the derived batch vocabulary, printed at the start
     config_tree: dict  # the resolved config, for the trackers
     upper_bounds: bool  # dynamic sampling: the batch numbers are upper bounds
+    reads_advantages: bool = True  # False: the objective trains on tied groups too (no "nothing trains" warning)
     writer: bool = True  # this process writes the run's metrics, samples and checkpoints (rank 0 of the learners)
 
 
