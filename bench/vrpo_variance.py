@@ -48,7 +48,7 @@ REFERENCE_SALT = 7_919  # the plain estimator's reference draws: a disjoint seed
 
 def iid_elbo(policy, batch, *, n: int, mask_seed: int) -> torch.Tensor:
     """(2B,) mean of n ELBO draws with independent t and masks (no stratification)."""
-    ctx = policy._context(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, mask_seed)
+    ctx = policy.corruption_context(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, mask_seed)
     total = 0.0
     for j in range(n):
         ((mask, weight),) = elbo_draw(ctx, 0, 1, antithetic=False, salt=j + 1)  # n = 1: t ~ U{1..L} alone

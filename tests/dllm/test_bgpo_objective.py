@@ -75,7 +75,7 @@ def test_the_recipe_trains_with_bgpo_objective_off_policy_too():
     grad = torch.cat([p.grad.flatten() for p in model.parameters()])
     model.zero_grad()
     # the same draws with plain autograd (all graphs kept), into the paper's scalar formula
-    ctx = policy._context(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, None)
+    ctx = policy.corruption_context(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, None)
     draws = torch.stack([_elbo_draw_value(ctx, j, 3, False, False)[0] / ctx.lengths for j in range(3)], -1)  # (B, n)
     direct = bgpo_objective(draws.T, old_draws.T, adv, clip_low=config.algo.clip_low or 0.2,
                                 clip_high=config.algo.clip_high or 0.2)

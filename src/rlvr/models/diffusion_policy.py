@@ -71,7 +71,7 @@ class DiffusionPolicy:
         recomputed alone in the backward; the log-probs are `bgpo`'s values built from them."""
         if self.estimator_name != "bgpo":
             raise ValueError(f"per-draw estimates need estimator.name=bgpo, not {self.estimator_name!r}")
-        ctx = self._context(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, None)
+        ctx = self.corruption_context(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, None)
         kwargs = {k: v for k, v in self.estimator_kwargs.items() if k in ("n", "antithetic")}
         draws, entropy = bgpo_draws(ctx, with_entropy=with_entropy, **kwargs)  # (B, n)
         logp = torch.where(ctx.valid, draws.mean(-1)[:, None], torch.zeros_like(ctx.valid, dtype=draws.dtype))
@@ -79,7 +79,9 @@ class DiffusionPolicy:
             entropy = torch.where(ctx.valid, entropy, torch.zeros_like(entropy))
         return logp, entropy, {"draws": draws}
 
-    def _context(self, prompt_ids, prompt_mask, completion_ids, mask_seed):
+    def corruption_context(self, prompt_ids, prompt_mask, completion_ids, mask_seed):
+        """The estimator's corruptor bound to these rows (their window, per-row mask keys from
+        `mask_seed`, or the step's seed when None): what a caller needs to draw its own masks."""
         valid = window_mask(completion_ids, self.eos_id, self.window) > 0
         seed = self.mask_seed if mask_seed is None else mask_seed
         return self.corruptor(model=self.model, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
@@ -92,7 +94,7 @@ class DiffusionPolicy:
                        mask_seed: int | None = None):
         """Estimator values (B, Tc) and entropy (B, Tc) or None; see the module doc. The window
         (`self.window`) decides which tokens are scored."""
-        ctx = self._context(prompt_ids, prompt_mask, completion_ids, mask_seed)
+        ctx = self.corruption_context(prompt_ids, prompt_mask, completion_ids, mask_seed)
         valid = ctx.valid
         kwargs = dict(self.estimator_kwargs)
         if self.estimator_name == "spg":
