@@ -29,7 +29,9 @@ from rlvr.builder import build
 from rlvr.config import load_config
 from rlvr.trainer.evaluate import greedy_accuracy
 
-RECIPES = ["diffu_grpo", "coupled_grpo", "espo", "bgpo", "spg", "wd1", "trace", "justgrpo"]
+# the methods with a recipe on both tasks (others, e.g. block or topd on Countdown, run when named)
+RECIPES = ["diffu_grpo", "coupled_grpo", "espo", "bgpo", "spg", "wd1", "trace", "justgrpo", "igpo", "pbpo",
+           "lightning"]
 
 
 def sampler_tradeoff(recipe: Path, overrides: list[str] = ()) -> str:
@@ -69,7 +71,9 @@ def main() -> None:
     recipes = [f"recipes/dllm_{r}_{args.task}.yaml" for r in args.recipes]
     for name, recipe in zip(args.recipes, recipes):
         if not (REPO / recipe).exists():  # e.g. an override typed after --recipes, which takes the rest
-            p.error(f"--recipes: no recipe {recipe} for {name!r}; valid: {', '.join(RECIPES)} "
+            shipped = (REPO / "recipes").glob(f"dllm_*_{args.task}.yaml")
+            valid = sorted(r.stem[len("dllm_"):-len(args.task) - 1] for r in shipped)
+            p.error(f"--recipes: no recipe {recipe} for {name!r}; valid: {', '.join(valid)} "
                     "(put key=value overrides before --recipes)")
     overrides = [f"trainer.steps={args.steps}", f"trainer.eval_every={max(args.steps // 3, 1)}",
                  "trainer.save_every=0", f"trainer.eval_samples={args.eval_samples}", *args.overrides]
