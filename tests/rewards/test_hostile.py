@@ -884,3 +884,93 @@ def test_page_cache_channel_between_samples(order, sandbox, host):
     assert probed["nowait"] == refused * len(BITS) and probed["cachestat"] == "[EPERM]" * len(BITS), probed
     assert probed["mincore"] == "1" * len(BITS) and probed["io_setup"] == "EPERM", probed
     assert_host_unaffected(host, results)
+
+
+# ----------------------------------------------------------------------- socket buffers, charged
+
+HOARD = r'''
+import os, socket, sys, time
+holders, budget, kind = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+for h in range(holders):
+    if os.fork() == 0:
+        held, total, until = [], 0, time.monotonic() + budget
+        try:
+            while time.monotonic() < until:
+                if kind == "unix":
+                    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM if len(held) % 4 else socket.SOCK_STREAM)
+                elif kind == "tcp":
+                    ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
+                    a = socket.create_connection(ls.getsockname()); b, _ = ls.accept(); ls.close()
+                else:
+                    b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); b.bind(("127.0.0.1", 0))
+                    a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); a.connect(b.getsockname())
+                a.setblocking(False)
+                held += [a, b]
+                try:
+                    for _ in range(64 if kind == "udp" else 1 << 30):  # past a full queue a datagram is dropped
+                        if time.monotonic() >= until:
+                            break
+                        total += a.send(b"x" * 16384)
+                except OSError:  # full: nothing reads b
+                    pass
+                os.write(1, f"SENT {h} {total}\n".encode())
+        except OSError:  # out of descriptors
+            pass
+        time.sleep(30)  # holds every buffer unread until the sandbox ends
+time.sleep(budget + 0.3)
+queued = 0
+for name in ("tcp", "udp", "tcp6", "udp6"):  # this namespace's sockets: tx_queue:rx_queue in bytes
+    for line in open(f"/proc/net/{name}").read().splitlines()[1:]:
+        queued += sum(int(x, 16) for x in line.split()[4].split(":"))
+print("HELD", queued, flush=True)
+time.sleep(30)
+'''
+
+
+def _hoarded(r, kind: str) -> int:
+    """Bytes a HOARD run held unread: AF_UNIX, every byte its holders sent (a full AF_UNIX queue
+    refuses more, it drops nothing); TCP and UDP, the queues the kernel shows in its namespace."""
+    if kind != "unix":
+        return int(r.stdout.split("HELD ")[1].split()[0])
+    last = {}
+    for line in r.stdout.splitlines():
+        if line.startswith("SENT "):
+            _, holder, total = line.split()
+            last[holder] = int(total)
+    return sum(last.values())
+
+
+@pytest.mark.parametrize("memory_mb", [256, 48])
+def test_unix_socket_buffers_are_charged_to_the_memory_limit(memory_mb, sandbox, host):
+    """21 processes fill every AF_UNIX socket pair they can open and never read. The queued data
+    is charged to the sample's cgroup (its peak covers every queued byte) and so stops at its
+    memory limit: with 48 MB the holders queue less than they do with 256 MB (118 MB here)."""
+    if cgroup_host()[0] is None:
+        pytest.skip(f"needs per-sample cgroups, unavailable here: {cgroup_host()[1]}")
+    limits = Limits(**{**LIMITS.__dict__, "memory_mb": memory_mb})
+    r = sandbox.run(HOARD, argv=["21", "0.6", "unix"], limits=limits)
+    assert r.verdict in (Verdict.TIMEOUT, Verdict.MEMORY_LIMIT), (r.detail, r.stderr[-300:])
+    queued, peak = _hoarded(r, "unix"), r.extra["memory_peak_bytes"]
+    assert 0 < queued <= peak <= memory_mb << 20, f"{queued >> 20} MB queued, peak {peak >> 20} MB"
+    assert_host_unaffected(host, [r])
+
+
+@pytest.mark.parametrize("kind", ["tcp", "udp"])
+def test_inet_socket_buffers_are_charged(kind, sandbox, host):
+    """With ``Limits.inet``, 21 processes fill loopback TCP connections or UDP sockets and never
+    read. cgroup v1 charges both to the ``kmem.tcp`` counter, not to the memory limit: UDP stops at
+    that counter's limit (a quarter of the memory limit); TCP's forced charges pass it, but what it
+    holds plus the memory peak stays under the memory limit. cgroup v2 charges both to
+    ``memory.max``."""
+    from rlvr.rewards.sandbox.cgroup import TCP_SHARE
+
+    found = cgroup_host()[0]
+    if found is None:
+        pytest.skip(f"needs per-sample cgroups, unavailable here: {cgroup_host()[1]}")
+    r = sandbox.run(HOARD, argv=["21", "0.6", kind], limits=Limits(**{**LIMITS.__dict__, "inet": True}))
+    assert r.verdict in (Verdict.TIMEOUT, Verdict.MEMORY_LIMIT), (r.detail, r.stderr[-300:])
+    held, peak, limit = _hoarded(r, kind), r.extra["memory_peak_bytes"], LIMITS.memory_mb << 20
+    assert held > 0 and held + peak <= limit, f"{held >> 20} MB held unread + peak {peak >> 20} MB"
+    if found.version == 1 and kind == "udp":
+        assert held <= limit // TCP_SHARE * 1.05, f"{held >> 20} MB of UDP held past the kmem.tcp limit"
+    assert_host_unaffected(host, [r])
