@@ -731,9 +731,9 @@ for kind in ("tcp", "udp", "unix"):
 
 def test_unread_socket_buffers_stay_within_the_memory_limit(sandbox, host):
     """21 processes fill every socket they can open and never read: socket buffers are kernel
-    memory outside RLIMIT_AS and (TCP on cgroup v1 without a ``kmem.tcp`` limit, UDP, AF_UNIX)
-    outside the cgroup's charge. TCP and UDP sockets are refused by default, so what a sample can
-    hold unread (AF_UNIX, bounded per socket) plus its charged peak stays under its memory limit."""
+    memory outside RLIMIT_AS (TCP and UDP on cgroup v1 outside the memory limit). TCP and UDP
+    sockets are refused by default, so what a sample can hold unread (AF_UNIX) plus its peak stays
+    under its memory limit."""
     r = sandbox.run(UNREAD_BUFFERS)
     assert r.verdict in (Verdict.TIMEOUT, Verdict.RESOURCE_LIMIT, Verdict.OK), (r.detail, r.stderr[-300:])
     queued = json.loads([x for x in r.stdout.splitlines() if x.startswith("QUEUED")][-1][6:])
