@@ -4,6 +4,7 @@ checkout's sandbox, interleaved.
     python bench/sandbox.py [--n 200] [--workers 2] [--repeats 30] [--baseline OTHER_CHECKOUT/src]
                             [--hold-mb 0]
     python bench/sandbox.py --hostile     # every program of tests/rewards/test_hostile.py, alone
+    python bench/sandbox.py --channel     # the page-cache timing channel left between samples
 
 
 Prints trivial programs per second through ``Sandbox.run_many`` with ``--workers`` slots, and
@@ -14,6 +15,10 @@ run in turn, one of each per repeat (the order rotating), so machine load hits t
 ``--hold-mb`` makes both sandboxes' processes hold that much touched memory first, as a trainer
 does (starting a process costs more from a large parent unless it is started by ``vfork``).
 ``--hostile`` prints each hostile program's verdict, wall time and its cgroup's peak memory.
+``--channel`` measures what the seccomp filter leaves of the page-cache channel: a sample reads
+the files of a shared folder under ``/usr`` whose bit is 1 (the harness has evicted them all
+first), and a receiver, running at the same time or next, times a one-byte read of each
+(< 20 us: cached); it prints the bits it decodes, three times each way.
 """
 
 from __future__ import annotations
@@ -75,6 +80,61 @@ def _hostile() -> None:
           f"loopback listener hits: {listener.hits}")
 
 
+CHANNEL = r'''
+import json, os, sys, time
+folder, mode, bits, wait = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+paths = [os.path.join(folder, f"{i}.bin") for i in range(len(bits))]
+if mode == "send":
+    for path, bit in zip(paths, bits):
+        if bit == "1":
+            with open(path, "rb") as f:
+                f.read(1)
+    time.sleep(wait)
+else:
+    time.sleep(wait)
+    us = []
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        t = time.perf_counter_ns()
+        os.pread(fd, 1, 0)
+        us.append((time.perf_counter_ns() - t) / 1000)
+        os.close(fd)
+    print(json.dumps(us))
+'''
+
+
+def _channel(bits: str = "10110011100011111011001110001111") -> None:
+    """The page-cache timing channel between two samples, concurrent and one after the other."""
+    import json
+    import shutil
+
+    folder = f"/usr/local/share/rlvr-channel-{os.getpid()}"
+    os.makedirs(folder)
+    try:
+        for i in range(len(bits)):
+            with open(f"{folder}/{i}.bin", "wb") as f:
+                f.write(os.urandom(16 << 12))
+                f.flush()
+                os.fsync(f.fileno())
+        with Sandbox(workers=2, isolation="bwrap") as sb:
+            for order, send_wait, recv_wait in (("concurrent", "1.0", "0.5"), ("next", "0", "0")):
+                for _ in range(3):
+                    for i in range(len(bits)):
+                        fd = os.open(f"{folder}/{i}.bin", os.O_RDONLY)
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                        os.close(fd)
+                    send = dict(source=CHANNEL, argv=[folder, "send", bits, send_wait])
+                    recv = dict(source=CHANNEL, argv=[folder, "recv", bits, recv_wait])
+                    runs = sb.run_many([send, recv]) if order == "concurrent" else [sb.run(**send), sb.run(**recv)]
+                    us = json.loads(runs[1].stdout)
+                    got = "".join("1" if t < 20 else "0" for t in us)
+                    right = sum(a == b for a, b in zip(got, bits))
+                    print(f"{order:10s} sent {bits} decoded {got}  {right}/{len(bits)} bits  "
+                          f"read {min(us):.1f}-{max(us):.1f} us")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=200, help="programs in the throughput run")
@@ -83,12 +143,15 @@ def main() -> None:
     parser.add_argument("--baseline", help="another checkout's src/ directory to time side by side")
     parser.add_argument("--hold-mb", type=int, default=0, help="memory both sandboxes' processes hold first")
     parser.add_argument("--hostile", action="store_true", help="run the hostile suite's programs, one by one")
+    parser.add_argument("--channel", action="store_true", help="measure the page-cache timing channel")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         return _serve(args.hold_mb)
     if args.hostile:
         return _hostile()
+    if args.channel:
+        return _channel()
 
     ballast = _hold(args.hold_mb)  # noqa: F841 - held for the process's lifetime
     sb = Sandbox(workers=args.workers)

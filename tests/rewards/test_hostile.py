@@ -13,6 +13,7 @@ Needs bubblewrap and root (CI runs as root and installs bubblewrap); skipped oth
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -730,9 +731,9 @@ for kind in ("tcp", "udp", "unix"):
 
 def test_unread_socket_buffers_stay_within_the_memory_limit(sandbox, host):
     """21 processes fill every socket they can open and never read: socket buffers are kernel
-    memory outside RLIMIT_AS and (TCP on cgroup v1 without a ``kmem.tcp`` limit, UDP, AF_UNIX)
-    outside the cgroup's charge. TCP and UDP sockets are refused by default, so what a sample can
-    hold unread (AF_UNIX, bounded per socket) plus its charged peak stays under its memory limit."""
+    memory outside RLIMIT_AS (TCP and UDP on cgroup v1 outside the memory limit). TCP and UDP
+    sockets are refused by default, so what a sample can hold unread (AF_UNIX) plus its peak stays
+    under its memory limit."""
     r = sandbox.run(UNREAD_BUFFERS)
     assert r.verdict in (Verdict.TIMEOUT, Verdict.RESOURCE_LIMIT, Verdict.OK), (r.detail, r.stderr[-300:])
     queued = json.loads([x for x in r.stdout.splitlines() if x.startswith("QUEUED")][-1][6:])
@@ -765,3 +766,211 @@ def test_time_limit_counts_from_the_programs_start(sandbox, host, monkeypatch):
         [(r.verdict, round(r.elapsed, 2)) for r in results]
     assert all(r.stdout == "done\n" for r in results[:4])
     assert_host_unaffected(host, results)
+
+
+# -------------------------------------------------------------------------- page-cache channel
+
+PAGE_CACHE = r'''
+import ctypes, errno, json, mmap, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+L = ctypes.c_long
+folder, mode, bits = sys.argv[1], sys.argv[2], sys.argv[3]
+paths = [os.path.join(folder, f"{i}.bin") for i in range(len(bits))]
+size = os.path.getsize(paths[0])
+name = lambda e: errno.errorcode.get(e, str(e))
+out = {}
+if mode == "send":  # evict the files whose bit is 0, again and again for a concurrent receiver
+    until = time.monotonic() + float(sys.argv[4])
+    while True:
+        seen = {"fadvise": set(), "pageout": set()}
+        for path, bit in zip(paths, bits):
+            if bit == "1":
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                seen["fadvise"].add("ok")
+            except OSError as e:
+                seen["fadvise"].add(name(e.errno))
+            p = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            rc = libc.madvise(ctypes.c_void_p(p), L(size), 21)  # MADV_PAGEOUT
+            seen["pageout"].add("ok" if rc == 0 else name(ctypes.get_errno()))
+            libc.munmap(ctypes.c_void_p(p), L(size))
+            os.close(fd)
+        if time.monotonic() >= until:
+            break
+        time.sleep(0.05)
+    out = {k: sorted(v) for k, v in seen.items()}
+else:  # probe each file's first page without reading it in
+    time.sleep(float(sys.argv[4]))
+    decoded = {"nowait": "", "mincore": "", "cachestat": ""}
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT)
+            decoded["nowait"] += "1"
+        except OSError as e:
+            decoded["nowait"] += "0" if e.errno == errno.EAGAIN else f"[{name(e.errno)}]"
+        p = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        vec = (ctypes.c_ubyte * 1)()
+        rc = libc.mincore(ctypes.c_void_p(p), L(4096), vec)
+        decoded["mincore"] += str(vec[0] & 1) if rc == 0 else f"[{name(ctypes.get_errno())}]"
+        libc.munmap(ctypes.c_void_p(p), L(4096))
+        rng, stat = (ctypes.c_uint64 * 2)(0, 4096), (ctypes.c_uint64 * 5)()
+        rc = libc.syscall(L(451), L(fd), rng, stat, L(0))  # cachestat (x86_64 and aarch64 alike)
+        decoded["cachestat"] += str(min(stat[0], 1)) if rc == 0 else f"[{name(ctypes.get_errno())}]"
+        os.close(fd)
+    out = decoded
+    ctx = ctypes.c_ulong(0)
+    aio = libc.syscall(L(206 if os.uname().machine == "x86_64" else 0), L(1), ctypes.byref(ctx))  # io_setup
+    out["io_setup"] = "ok" if aio == 0 else name(ctypes.get_errno())
+print("CACHE" + json.dumps(out), flush=True)
+'''
+BITS = "1011001110001111"
+
+
+def _cached(path: str) -> bool:
+    """Whether the first page of ``path`` is in the page cache (the harness's own probe)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("order", ["next", "concurrent"])
+def test_page_cache_channel_between_samples(order, sandbox, host):
+    """A sample evicts the files of a shared read-only folder under ``/usr`` whose bit is 0
+    (``posix_fadvise(DONTNEED)``, ``MADV_PAGEOUT``); another sample, the next one or one running
+    at the same time, probes each file's first page without reading it in (``preadv2(RWF_NOWAIT)``,
+    ``mincore``, ``cachestat``). The eviction and the probes are refused (seccomp) or answered as
+    if every page were cached (the kernel's ``mincore`` on a file the sample cannot write), so no
+    probe reads the bits back, and the harness still finds every file cached."""
+    folder = Path(f"/usr/local/share/rlvr-channel-{TOKEN}")
+    try:
+        folder.mkdir(parents=True)
+    except OSError as err:
+        pytest.skip(f"cannot write under /usr here ({err})")
+    try:
+        for i in range(len(BITS)):
+            with open(folder / f"{i}.bin", "wb") as f:
+                f.write(os.urandom(16 << 12))
+                f.flush()
+                os.fsync(f.fileno())  # clean pages: a dirty one cannot be evicted, by anyone
+            (folder / f"{i}.bin").read_bytes()  # cached, by the harness
+        assert all(_cached(str(folder / f"{i}.bin")) for i in range(len(BITS)))
+        send = dict(source=PAGE_CACHE, argv=[str(folder), "send", BITS, "0" if order == "next" else "1.5"])
+        recv = dict(source=PAGE_CACHE, argv=[str(folder), "recv", BITS, "0" if order == "next" else "0.7"])
+        if order == "next":
+            sent = sandbox.run(**send)
+            left = "".join("1" if _cached(str(folder / f"{i}.bin")) else "0" for i in range(len(BITS)))
+            received = sandbox.run(**recv)
+        else:
+            sent, received = sandbox.run_many([send, recv])
+            left = "".join("1" if _cached(str(folder / f"{i}.bin")) else "0" for i in range(len(BITS)))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    results = [sent, received]
+    assert [r.verdict for r in results] == [Verdict.OK] * 2, [(r.detail, r.stderr[-300:]) for r in results]
+    tried, probed = (json.loads(r.stdout.split("CACHE", 1)[1]) for r in results)
+    assert left == "1" * len(BITS), f"the sender evicted pages: {left}"
+    assert BITS not in probed.values(), probed
+    assert tried["fadvise"] == ["EPERM"], tried
+    refused = f"[{errno.errorcode[errno.EOPNOTSUPP]}]"
+    assert probed["nowait"] == refused * len(BITS) and probed["cachestat"] == "[EPERM]" * len(BITS), probed
+    assert probed["mincore"] == "1" * len(BITS) and probed["io_setup"] == "EPERM", probed
+    assert_host_unaffected(host, results)
+
+
+# ----------------------------------------------------------------------- socket buffers, charged
+
+HOARD = r'''
+import os, socket, sys, time
+holders, budget, kind = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+for h in range(holders):
+    if os.fork() == 0:
+        held, total, until = [], 0, time.monotonic() + budget
+        try:
+            while time.monotonic() < until:
+                if kind == "unix":
+                    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM if len(held) % 4 else socket.SOCK_STREAM)
+                elif kind == "tcp":
+                    ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
+                    a = socket.create_connection(ls.getsockname()); b, _ = ls.accept(); ls.close()
+                else:
+                    b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); b.bind(("127.0.0.1", 0))
+                    a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); a.connect(b.getsockname())
+                a.setblocking(False)
+                held += [a, b]
+                try:
+                    for _ in range(64 if kind == "udp" else 1 << 30):  # past a full queue a datagram is dropped
+                        if time.monotonic() >= until:
+                            break
+                        total += a.send(b"x" * 16384)
+                except OSError:  # full: nothing reads b
+                    pass
+                os.write(1, f"SENT {h} {total}\n".encode())
+        except OSError:  # out of descriptors
+            pass
+        time.sleep(30)  # holds every buffer unread until the sandbox ends
+time.sleep(budget + 0.3)
+queued = 0
+for name in ("tcp", "udp", "tcp6", "udp6"):  # this namespace's sockets: tx_queue:rx_queue in bytes
+    for line in open(f"/proc/net/{name}").read().splitlines()[1:]:
+        queued += sum(int(x, 16) for x in line.split()[4].split(":"))
+print("HELD", queued, flush=True)
+time.sleep(30)
+'''
+
+
+def _hoarded(r, kind: str) -> int:
+    """Bytes a HOARD run held unread: AF_UNIX, every byte its holders sent (a full AF_UNIX queue
+    refuses more, it drops nothing); TCP and UDP, the queues the kernel shows in its namespace."""
+    if kind != "unix":
+        return int(r.stdout.split("HELD ")[1].split()[0])
+    last = {}
+    for line in r.stdout.splitlines():
+        if line.startswith("SENT "):
+            _, holder, total = line.split()
+            last[holder] = int(total)
+    return sum(last.values())
+
+
+@pytest.mark.parametrize("memory_mb", [256, 48])
+def test_unix_socket_buffers_are_charged_to_the_memory_limit(memory_mb, sandbox, host):
+    """21 processes fill every AF_UNIX socket pair they can open and never read. The queued data
+    is charged to the sample's cgroup (its peak covers every queued byte) and so stops at its
+    memory limit: with 48 MB the holders queue less than they do with 256 MB (118 MB here)."""
+    if cgroup_host()[0] is None:
+        pytest.skip(f"needs per-sample cgroups, unavailable here: {cgroup_host()[1]}")
+    limits = Limits(**{**LIMITS.__dict__, "memory_mb": memory_mb})
+    r = sandbox.run(HOARD, argv=["21", "0.6", "unix"], limits=limits)
+    assert r.verdict in (Verdict.TIMEOUT, Verdict.MEMORY_LIMIT), (r.detail, r.stderr[-300:])
+    queued, peak = _hoarded(r, "unix"), r.extra["memory_peak_bytes"]
+    assert 0 < queued <= peak <= memory_mb << 20, f"{queued >> 20} MB queued, peak {peak >> 20} MB"
+    assert_host_unaffected(host, [r])
+
+
+@pytest.mark.parametrize("kind", ["tcp", "udp"])
+def test_inet_socket_buffers_are_charged(kind, sandbox, host):
+    """With ``Limits.inet``, 21 processes fill loopback TCP connections or UDP sockets and never
+    read. cgroup v1 charges both to the ``kmem.tcp`` counter, not to the memory limit: UDP stops at
+    that counter's limit (a quarter of the memory limit); TCP's forced charges pass it, but what it
+    holds plus the memory peak stays under the memory limit. cgroup v2 charges both to
+    ``memory.max``."""
+    from rlvr.rewards.sandbox.cgroup import TCP_SHARE
+
+    found = cgroup_host()[0]
+    if found is None:
+        pytest.skip(f"needs per-sample cgroups, unavailable here: {cgroup_host()[1]}")
+    r = sandbox.run(HOARD, argv=["21", "0.6", kind], limits=Limits(**{**LIMITS.__dict__, "inet": True}))
+    assert r.verdict in (Verdict.TIMEOUT, Verdict.MEMORY_LIMIT), (r.detail, r.stderr[-300:])
+    held, peak, limit = _hoarded(r, kind), r.extra["memory_peak_bytes"], LIMITS.memory_mb << 20
+    assert held > 0 and held + peak <= limit, f"{held >> 20} MB held unread + peak {peak >> 20} MB"
+    if found.version == 1 and kind == "udp":
+        assert held <= limit // TCP_SHARE * 1.05, f"{held >> 20} MB of UDP held past the kmem.tcp limit"
+    assert_host_unaffected(host, [r])

@@ -5,6 +5,8 @@ that has them, the real thing: limits written, peak memory read, the group remov
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import threading
 import warnings
 
@@ -219,3 +221,86 @@ def test_slot_uid_taken_in_the_exec_chain(mode):
     sb.close()
     assert r.verdict is Verdict.OK, r
     assert r.stdout.split("\n")[:2] == [f"{(uid,) * 3} {(uid,) * 3} []", "1"]  # bwrap maps the uid to itself
+
+
+_KERNEL_FILES = {
+    2: {"memory.max": "max", "memory.swap.max": "max", "memory.oom.group": "0", "pids.max": "max",
+        "cpu.max": "max 100000", "cgroup.procs": "", "cgroup.kill": "", "memory.current": "0",
+        "memory.reclaim": "", "memory.peak": "0"},
+    1: {"memory.limit_in_bytes": "max", "memory.memsw.limit_in_bytes": "max", "memory.kmem.tcp.limit_in_bytes": "max",
+        "memory.force_empty": "", "memory.max_usage_in_bytes": "0", "pids.max": "max", "cpu.cfs_period_us": "100000",
+        "cpu.cfs_quota_us": "-1", "cgroup.procs": "", "tasks": ""},
+}
+
+
+def _fake_kernel(monkeypatch, version: int) -> None:
+    """``mkdir`` in a fake hierarchy makes the interface files the kernel would; ``rmdir`` removes
+    a group with them, as the kernel does for an empty group."""
+    mkdir, rmdir = os.mkdir, os.rmdir
+
+    def fake_mkdir(path, *args):
+        mkdir(path, *args)
+        for name, text in _KERNEL_FILES[version].items():
+            with open(os.path.join(path, name), "w") as f:
+                f.write(text)
+
+    def fake_rmdir(path):
+        for name in _KERNEL_FILES[version]:
+            if os.path.exists(os.path.join(path, name)):
+                os.unlink(os.path.join(path, name))
+        rmdir(path)
+
+    monkeypatch.setattr(cgroup.os, "mkdir", fake_mkdir)
+    monkeypatch.setattr(cgroup.os, "rmdir", fake_rmdir)
+
+
+@pytest.mark.parametrize("version", [2, 1])
+def test_sample_group_limits_kill_reclaim_and_removal(version, tmp_path, monkeypatch):
+    """The whole life of a sample group on a fake hierarchy of either version: the optional limits
+    written where the kernel has them (no swap, the OOM kill of the whole group on v2; swap and the
+    TCP-buffer counter at a quarter of the memory on v1), the group killed at once (``cgroup.kill``
+    on v2) and its CPU quota lifted, its page cache reclaimed (``memory.reclaim`` of what it holds
+    on v2, ``memory.force_empty`` on v1) before it is removed."""
+    _fake_kernel(monkeypatch, version)
+    parents = {"": str(tmp_path)} if version == 2 else {c: str(tmp_path / c) for c in cgroup.CONTROLLERS}
+    for p in parents.values():
+        os.makedirs(p, exist_ok=True)
+    group = cgroup.CgroupHost(version, parents).create(256 << 20, 24, 0.5)
+    mem = group.dirs[0] if version == 2 else next(d for d in group.dirs if d.startswith(parents["memory"]))
+
+    def read(name, d=mem):
+        with open(os.path.join(d, name)) as f:
+            return f.read()
+
+    if version == 2:
+        assert [read(n) for n in ("memory.max", "memory.swap.max", "memory.oom.group", "cpu.max")] == [
+            str(256 << 20), "0", "1", "50000 100000"]
+    else:
+        assert [read(n) for n in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes",
+                                  "memory.kmem.tcp.limit_in_bytes")] == [str(256 << 20), str(256 << 20),
+                                                                         str(64 << 20)]
+        assert read("cpu.cfs_quota_us", group.dirs[2]) == "50000"
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        with open(os.path.join(group.dirs[0], "cgroup.procs"), "w") as f:
+            f.write(f"{sleeper.pid}\n{os.getpid()}\n")  # the caller itself is never killed
+        assert group.kill() == [sleeper.pid]
+        if version == 2:
+            assert read("cgroup.kill") == "1" and read("cpu.max") == "max"
+            assert sleeper.poll() is None  # one write to cgroup.kill does it, not a signal per member
+        else:
+            assert sleeper.wait(timeout=5) == -signal.SIGKILL  # no cgroup.kill on v1: one SIGKILL each
+            assert read("cpu.cfs_quota_us", group.dirs[2]) == "-1"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    reclaimed = []
+    real_write = cgroup._write
+    monkeypatch.setattr(cgroup, "_write", lambda path, value: (reclaimed.append((os.path.basename(path), value)),
+                                                              real_write(path, value)))
+    if version == 2:  # v2 reclaims what the group holds; v1 empties it whatever it holds
+        with open(os.path.join(mem, "memory.current"), "w") as f:
+            f.write("8388608")
+    group.remove()
+    assert reclaimed == ([("memory.reclaim", "8388608")] if version == 2 else [("memory.force_empty", "0")])
+    assert not any(os.path.exists(d) for d in group.dirs)

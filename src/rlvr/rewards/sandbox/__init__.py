@@ -25,7 +25,8 @@ Design. Every program runs in its own process tree:
    size-capped ``/tmp``; the program's files read-only at ``/task``; a fresh size-capped tmpfs as
    its working directory ``/work``; ``--die-with-parent`` so killing our ``bwrap`` tears the pid
    namespace down; a seccomp filter (``seccomp``) against namespace, mount, tracing, BPF,
-   io_uring, keyring and module syscalls, with an allow-list of socket families (``AF_UNIX``;
+   io_uring, keyring and module syscalls and the calls that evict or probe the shared page cache,
+   with an allow-list of socket families (``AF_UNIX``;
    ``AF_INET``/``AF_INET6`` only with ``Limits.inet``). Without bwrap, as root: ``unshare`` of net/pid/ipc/uts
    with a shell as pid 1 (the program must not be pid 1: pid 1 ignores SIGXCPU). Neither: rlimits
    only. Anything short of the full stack prints one loud warning per process, never a silent

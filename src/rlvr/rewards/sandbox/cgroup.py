@@ -53,9 +53,10 @@ __all__ = ["CgroupHost", "SampleCgroup"]
 
 CONTROLLERS = ("memory", "pids", "cpu")
 TCP_SHARE = 4
-"""cgroup v1 charges TCP buffers to a counter of their own (``memory.kmem.tcp``), not to the memory
-limit, and only once it has a limit: a sample's is 1/TCP_SHARE of its memory limit (without one,
-a 256 MB sample held 1.8 GB of unread loopback TCP). cgroup v2 charges them to ``memory.max``."""
+"""cgroup v1 charges TCP (and UDP) buffers to a counter of their own (``memory.kmem.tcp``), not to
+the memory limit, and only once it has a limit: a sample's is 1/TCP_SHARE of its memory limit
+(without one, a 256 MB sample held 1.8 GB of unread loopback TCP). cgroup v2 charges them to
+``memory.max``."""
 _PERIOD_US = 100_000
 _counter = itertools.count()
 

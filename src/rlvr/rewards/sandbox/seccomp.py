@@ -17,6 +17,14 @@ shares the machine's port space), hence a list of what is open, not of what is c
 family is compared on its low 32 bits, as the kernel reads it (an ``int``): high bits set in the
 register do not slip a family past the filter. Families at or above the kernel's ``AF_MAX`` are
 refused by the kernel itself.
+
+Page cache: every sample reads the same ``/usr``, so which of its pages are cached is state two
+samples share. The calls that evict a page of a file the sample cannot write
+(``posix_fadvise(POSIX_FADV_DONTNEED)``) or probe one without reading it in (``preadv2`` with
+``RWF_NOWAIT``, which answers ``EAGAIN`` for a page not cached; Linux AIO, whose requests carry the
+same flag where a filter cannot read it; ``cachestat``) are refused, ``EPERM`` (``EOPNOTSUPP`` for
+the ``RWF_NOWAIT`` flag, as a kernel without it answers). The kernel itself answers ``mincore`` on
+such a file as if every page were cached and skips its pages in ``MADV_PAGEOUT``.
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ import errno
 import os
 import threading
 
-__all__ = ["DENIED", "CLONE_NAMESPACE_FLAGS", "SOCKET_FAMILIES", "INET_FAMILIES", "bpf_program", "seccomp_fd"]
+__all__ = ["DENIED", "CLONE_NAMESPACE_FLAGS", "PAGE_CACHE_FLAGS", "SOCKET_FAMILIES", "INET_FAMILIES", "bpf_program",
+           "seccomp_fd"]
 
 DENIED = (
     # namespaces, mounts, root changes
@@ -40,6 +49,8 @@ DENIED = (
     # kernel subsystems with a record of privilege bugs and no use in a graded program
     "io_uring_setup", "io_uring_enter", "io_uring_register", "keyctl", "add_key", "request_key",
     "userfaultfd", "fanotify_init", "name_to_handle_at", "open_by_handle_at",
+    # page-cache probes shared between samples (see above); AIO requests carry RWF_NOWAIT unfiltered
+    "cachestat", "io_setup", "io_submit", "process_madvise",
 )
 """Syscalls the filter answers with EPERM."""
 
@@ -52,6 +63,9 @@ SOCKET_FAMILIES = {"AF_UNIX": 1}
 """Address families every sample may open."""
 INET_FAMILIES = {"AF_INET": 2, "AF_INET6": 10}
 """Families opened only where the limits say ``inet``."""
+PAGE_CACHE_FLAGS = {"POSIX_FADV_DONTNEED": 4, "RWF_NOWAIT": 0x8}
+"""``fadvise64`` with advice ``POSIX_FADV_DONTNEED`` is denied (EPERM); ``preadv2``/``pwritev2`` with
+flag ``RWF_NOWAIT`` get EOPNOTSUPP."""
 _FAMILY_SPAN = 64  # above the kernel's AF_MAX (46 in 6.x); the kernel refuses higher ones itself
 
 _lock = threading.Lock()
@@ -72,6 +86,10 @@ def _build(inet: bool) -> bytes:
     for flag in CLONE_NAMESPACE_FLAGS.values():  # the rules OR together: any one flag denies
         f.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     f.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    dontneed, nowait = PAGE_CACHE_FLAGS["POSIX_FADV_DONTNEED"], PAGE_CACHE_FLAGS["RWF_NOWAIT"]
+    f.add_rule(deny, "fadvise64", seccomp.Arg(3, seccomp.MASKED_EQ, 0xFFFFFFFF, dontneed))  # (fd, off, len, advice)
+    for call in ("preadv2", "pwritev2"):  # (fd, iov, iovcnt, pos_l, pos_h, flags)
+        f.add_rule(seccomp.ERRNO(errno.EOPNOTSUPP), call, seccomp.Arg(5, seccomp.MASKED_EQ, nowait, nowait))
     allowed = set(SOCKET_FAMILIES.values()) | (set(INET_FAMILIES.values()) if inet else set())
     refuse = seccomp.ERRNO(errno.EAFNOSUPPORT)
     for family in range(_FAMILY_SPAN):
