@@ -24,7 +24,9 @@ first), and a receiver, running at the same time or next, times a one-byte read 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -105,9 +107,6 @@ else:
 
 def _channel(bits: str = "10110011100011111011001110001111") -> None:
     """The page-cache timing channel between two samples, concurrent and one after the other."""
-    import json
-    import shutil
-
     folder = f"/usr/local/share/rlvr-channel-{os.getpid()}"
     os.makedirs(folder)
     try:

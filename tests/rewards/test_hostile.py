@@ -690,20 +690,29 @@ def test_page_cache_of_removed_samples_is_not_left_on_the_trainer(sandbox, host,
 
 # ------------------------------------------------------------------------------- socket buffers
 
-UNREAD_BUFFERS = r'''
-import json, os, socket, time
+SOCKET_PAIR = r'''
+import socket
+def pair(kind, n):
+    """(sender, reader) of a fresh `kind` socket: 'unix' (the n-th a stream when n % 4 == 0), 'tcp', else udp."""
+    if kind == "unix":
+        return socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM if n % 4 else socket.SOCK_STREAM)
+    if kind == "tcp":
+        ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
+        a = socket.create_connection(ls.getsockname()); b, _ = ls.accept(); ls.close()
+        return a, b
+    b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); b.bind(("127.0.0.1", 0))
+    a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); a.connect(b.getsockname())
+    return a, b
+'''
+"""The socket pairs both socket-buffer programs fill (a prefix of their source)."""
+
+UNREAD_BUFFERS = SOCKET_PAIR + r'''
+import json, os, time
 def fill(kind):
     held, total, until = [], 0, time.monotonic() + 0.4  # a budget: the verdict must come in time
     try:
         while time.monotonic() < until:
-            if kind == "unix":
-                a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM if len(held) % 4 else socket.SOCK_STREAM)
-            elif kind == "tcp":
-                ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
-                a = socket.create_connection(ls.getsockname()); b, _ = ls.accept(); ls.close()
-            else:
-                b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); b.bind(("127.0.0.1", 0))
-                a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); a.connect(b.getsockname())
+            a, b = pair(kind, len(held))
             a.setblocking(False)
             held += [a, b]
             try:
@@ -888,22 +897,15 @@ def test_page_cache_channel_between_samples(order, sandbox, host):
 
 # ----------------------------------------------------------------------- socket buffers, charged
 
-HOARD = r'''
-import os, socket, sys, time
+HOARD = SOCKET_PAIR + r'''
+import os, sys, time
 holders, budget, kind = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 for h in range(holders):
     if os.fork() == 0:
         held, total, until = [], 0, time.monotonic() + budget
         try:
             while time.monotonic() < until:
-                if kind == "unix":
-                    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM if len(held) % 4 else socket.SOCK_STREAM)
-                elif kind == "tcp":
-                    ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
-                    a = socket.create_connection(ls.getsockname()); b, _ = ls.accept(); ls.close()
-                else:
-                    b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); b.bind(("127.0.0.1", 0))
-                    a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); a.connect(b.getsockname())
+                a, b = pair(kind, len(held))
                 a.setblocking(False)
                 held += [a, b]
                 try:
