@@ -27,8 +27,9 @@ from rlvr.cli import main
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 WARM_START = SRC / "rlvr" / "assets" / "countdown-warmstart"
-SMALL = ["trainer.eval_every=0", "rollout.prompts_per_step=4", "rollout.group_size=4", "task.heldout_size=2",
-         "trainer.save_every=0", "rollout.max_new_tokens=12"]
+SMALL = ["trainer.save_every=0", "trainer.eval_every=0", "rollout.prompts_per_step=4", "rollout.group_size=4",
+         "task.heldout_size=2", "rollout.max_new_tokens=12"]
+EVERY_STEP = [*SMALL[1:], "trainer.save_every=1"]  # SMALL with a checkpoint each step (a key given twice is refused)
 # A reward with variance in every group; with the file `armed` beside it, rank 1 kills itself (SIGKILL)
 # at its KILL_AT-th call (after the first step's checkpoint), disarming it first so that the resume runs through.
 REWARD = """
@@ -266,7 +267,7 @@ def test_a_killed_rank_is_one_line_naming_it_and_the_resume_continues_the_run(ru
     root = two.parent
     (root / "armed").touch()
     killed = _torchrun("trainer.steps=3", "trainer.name=killed", f"reward.fn={root / 'reward.py'}:score",
-                       f"trainer.out_dir={root}", *SMALL, "trainer.save_every=1")
+                       f"trainer.out_dir={root}", *EVERY_STEP)
     assert killed.returncode != 0 and not (root / "armed").exists()
     ours = [line for line in killed.stderr.splitlines() if line.startswith("error:")]
     assert len(ours) == 1 and ours[0].startswith("error: learner rank 0: rank(s) 1 stopped"), killed.stderr[-3000:]
