@@ -899,19 +899,12 @@ def test_page_cache_channel_between_samples(order, sandbox, host):
 # ----------------------------------------------------------------------- socket buffers, charged
 
 HOARD = SOCKET_PAIR + r'''
-import os, signal, sys, time
+import os, sys, time
 holders, budget, kind = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-children = []
+until = time.monotonic() + budget  # one deadline for every holder
 for h in range(holders):
-    pid = os.fork()
-    if pid:
-        children.append(pid)
-    else:
-        held, total, until = [], 0, time.monotonic() + budget
-        # At the memory limit the OOM killer takes a holder, not the parent that asks for the
-        # count, and a killed holder's queues are freed: only the living answer the roll call.
-        open("/proc/self/oom_score_adj", "w").write("1000")
-        signal.signal(signal.SIGUSR1, lambda *_: os.write(1, f"HOLDING {h} {total}\n".encode()))
+    if os.fork() == 0:
+        held, total = [], 0
         try:
             while time.monotonic() < until:
                 a, b = pair(kind, len(held))
@@ -926,14 +919,12 @@ for h in range(holders):
                     pass
         except OSError:  # out of descriptors
             pass
+        # Once every holder has stopped sending, the living report what they hold: a holder the
+        # OOM killer took freed its queues and reports nothing.
+        time.sleep(max(0.0, until + 0.3 - time.monotonic()))
+        os.write(1, f"HOLDING {h} {total}\n".encode())
         time.sleep(30)  # holds every buffer unread until the sandbox ends
-time.sleep(budget + 0.3)
-for pid in children:  # every holder has stopped sending: their totals are queued at one moment
-    try:
-        os.kill(pid, signal.SIGUSR1)
-    except ProcessLookupError:
-        pass
-time.sleep(0.3)
+time.sleep(budget + 0.6)
 queued = 0
 for name in ("tcp", "udp", "tcp6", "udp6"):  # this namespace's sockets: tx_queue:rx_queue in bytes
     for line in open(f"/proc/net/{name}").read().splitlines()[1:]:
@@ -953,19 +944,31 @@ def _hoarded(r, kind: str) -> int:
     return sum(int(line.split()[2]) for line in r.stdout.splitlines() if line.startswith("HOLDING "))
 
 
-@pytest.mark.parametrize("memory_mb", [256, 48])
-def test_unix_socket_buffers_are_charged_to_the_memory_limit(memory_mb, sandbox, host):
+def test_unix_socket_buffers_are_charged_to_the_memory_limit(sandbox, host):
     """21 processes fill every AF_UNIX socket pair they can open and never read. The queued data
-    is charged to the sample's cgroup (its peak covers every queued byte) and so stops at its
-    memory limit: with 48 MB the holders queue less than they do with 256 MB (118 MB here)."""
+    is charged to the sample's cgroup: its peak covers every byte held at one moment (118 MB here,
+    under a 256 MB limit)."""
     if cgroup_host()[0] is None:
         pytest.skip(f"needs per-sample cgroups, unavailable here: {cgroup_host()[1]}")
-    limits = Limits(**{**LIMITS.__dict__, "memory_mb": memory_mb})
-    r = sandbox.run(HOARD, argv=["21", "0.6", "unix"], limits=limits)
+    r = sandbox.run(HOARD, argv=["21", "0.6", "unix"], limits=LIMITS)
     assert r.verdict in (Verdict.TIMEOUT, Verdict.MEMORY_LIMIT), (r.detail, r.stderr[-300:])
     queued, peak = _hoarded(r, "unix"), r.extra["memory_peak_bytes"]
-    assert 0 < queued <= peak <= memory_mb << 20, f"{queued >> 20} MB queued, peak {peak >> 20} MB"
+    assert 0 < queued <= peak <= LIMITS.memory_mb << 20, f"{queued >> 20} MB queued, peak {peak >> 20} MB"
     assert_host_unaffected(host, [r])
+
+
+def test_unix_socket_buffers_stop_at_the_memory_limit(sandbox, host):
+    """Under a 48 MB limit the same 21 processes run to their clock while they queue nothing, and
+    end at the memory limit when they fill their socket pairs: the queues, not the processes, reach
+    the limit, and the peak stays within it."""
+    if cgroup_host()[0] is None:
+        pytest.skip(f"needs per-sample cgroups, unavailable here: {cgroup_host()[1]}")
+    limits = Limits(**{**LIMITS.__dict__, "memory_mb": 48})
+    idle, hoarding = (sandbox.run(HOARD, argv=["21", budget, "unix"], limits=limits) for budget in ("0", "0.6"))
+    assert idle.verdict == Verdict.TIMEOUT and idle.stdout.count("HOLDING ") == 21, (idle.detail, idle.stderr[-300:])
+    assert hoarding.verdict == Verdict.MEMORY_LIMIT, (hoarding.detail, hoarding.stderr[-300:])
+    assert idle.extra["memory_peak_bytes"] < hoarding.extra["memory_peak_bytes"] <= limits.memory_mb << 20
+    assert_host_unaffected(host, [idle, hoarding])
 
 
 @pytest.mark.parametrize("kind", ["tcp", "udp"])
