@@ -28,10 +28,14 @@ from pathlib import Path
 
 from rlvr.tracking.stats import mean_ci
 
+FORM = Path(__file__).with_name("countdown_form.py")
+FORM_WEIGHT = 10  # above the reward model's range of scores over these samples (about -3 to 5)
+# condition -> (the logged key of the learned reward, reward terms beside it and the verifier, overrides)
 CONDITIONS = {
-    "raw": ("reward_model/raw", []),
-    "clipped": ("process_reward/min_step", ["reward.model_steps=clipped", "reward.model_step_threshold=0",
-                                            "reward.model_step_separator=,"]),
+    "raw": ("reward_model/raw", "", []),
+    "clipped": ("process_reward/min_step", "", ["reward.model_steps=clipped", "reward.model_step_threshold=0",
+                                                "reward.model_step_separator=,"]),
+    "form_gated": ("reward_model/raw", f", {FORM_WEIGHT}*{FORM}:score", []),
 }
 COMMON = ["trainer.threads=1", "trainer.eval_every=0", "trainer.save_every=0"]
 
@@ -59,8 +63,9 @@ def run(out: Path, rm: Path, condition: str, seed: int, steps: int) -> Path:
     path = out / condition / f"s{seed}"
     if (path / "run.json").is_file() and '"finished"' in (path / "run.json").read_text():
         return path
-    _rlvr("train", f"reward.fn={rm}, 0*task", f"seed={seed}", f"trainer.steps={steps}",
-          f"trainer.out_dir={path.parent}", f"trainer.name={path.name}", *COMMON, *CONDITIONS[condition][1])
+    _, beside, overrides = CONDITIONS[condition]
+    _rlvr("train", f"reward.fn={rm}, 0*task{beside}", f"seed={seed}", f"trainer.steps={steps}",
+          f"trainer.out_dir={path.parent}", f"trainer.name={path.name}", *COMMON, *overrides)
     return path
 
 
