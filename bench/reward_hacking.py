@@ -1,6 +1,6 @@
-"""Reward hacking at tiny scale: GRPO on Countdown against a learned reward model, with and without the clip.
+"""Reward hacking at tiny scale: GRPO on Countdown against a learned reward model, raw, clipped and form-gated.
 
-    python bench/reward_hacking.py                      # RM training + 2 conditions × 3 seeds, then the table
+    python bench/reward_hacking.py                      # RM training + 3 conditions × 3 seeds, then the table
     python bench/reward_hacking.py --seeds 0 --steps 24
 
 1. `rlvr rm` trains a Bradley–Terry reward model on Countdown pairs made from the verifier (a
@@ -10,7 +10,11 @@
    reward), under each condition:
    - ``raw``: the reward model's score;
    - ``clipped``: the clip refinement, min(s − η, 0) with η = 0 (``reward.model_steps=clipped``;
-     a bare expression is one step, so this is the score clipped from above at η).
+     a bare expression is one step, so this is the score clipped from above at η);
+   - ``form_gated``: the score beside a verifiable form constraint weighted above the score's
+     range (``bench/countdown_form.py``: 1 when the completion parses and uses exactly the given
+     numbers, blind to whether it hits the target), so no malformed completion outscores a
+     well-formed one.
 3. The table: the learned reward (the model's raw score of the samples) and the true verifier
    accuracy of the same samples, averaged over the first and the last quarter of the steps, and
    the greedy held-out accuracy at the end; mean ± 95% CI over seeds. Hacking is the learned
@@ -30,12 +34,15 @@ from rlvr.tracking.stats import mean_ci
 
 FORM = Path(__file__).with_name("countdown_form.py")
 FORM_WEIGHT = 10  # above the reward model's range of scores over these samples (about -3 to 5)
+KL_COEF = 0.1  # k3 KL to the warm start, against advantages of unit scale (group-normalised)
 # condition -> (the logged key of the learned reward, reward terms beside it and the verifier, overrides)
 CONDITIONS = {
     "raw": ("reward_model/raw", "", []),
     "clipped": ("process_reward/min_step", "", ["reward.model_steps=clipped", "reward.model_step_threshold=0",
                                                 "reward.model_step_separator=,"]),
     "form_gated": ("reward_model/raw", f", {FORM_WEIGHT}*{FORM}:score", []),
+    "kl": ("reward_model/raw", "", [f"algo.kl_coef={KL_COEF}"]),
+    "form_gated_kl": ("reward_model/raw", f", {FORM_WEIGHT}*{FORM}:score", [f"algo.kl_coef={KL_COEF}"]),
 }
 COMMON = ["trainer.threads=1", "trainer.eval_every=0", "trainer.save_every=0"]
 
@@ -98,12 +105,25 @@ def table(rows: dict[str, list[dict[str, float]]]) -> str:
     return "\n".join(out)
 
 
+CURVES = ["reward/task/mean", "reward/reward_model/raw", "eval/heldout_accuracy"]
+
+
+def plot(out: Path, conditions: list[str], seeds: list[int], path: Path) -> Path:
+    """The verifier's accuracy, the learned reward and held-out accuracy over steps per condition."""
+    from rlvr.tracking.plots import plot_groups
+    from rlvr.tracking.runs import Group, load_run
+
+    groups = [Group(c, [load_run(out / c / f"s{s}") for s in seeds]) for c in conditions]
+    return plot_groups(groups, CURVES, path, window=3)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path("runs/bench_reward_hacking"))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--conditions", nargs="+", default=list(CONDITIONS), choices=list(CONDITIONS))
+    p.add_argument("--plot", type=Path, help="also draw the curves of the conditions run into this PNG")
     args = p.parse_args(argv)
     rm = train_reward_model(args.out)
     rows = {}
@@ -111,6 +131,8 @@ def main(argv=None) -> None:
         rows[condition] = [summary(run(args.out, rm, condition, s, args.steps), CONDITIONS[condition][0])
                            for s in args.seeds]
     print(table(rows))
+    if args.plot:
+        print(f"curves: {plot(args.out, args.conditions, args.seeds, args.plot)}")
 
 
 if __name__ == "__main__":
