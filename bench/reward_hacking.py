@@ -1,7 +1,7 @@
-"""Reward hacking at tiny scale: GRPO on Countdown against a learned reward model, raw, clipped and form-gated.
+"""Reward hacking at tiny scale: GRPO on Countdown against a learned reward model, and the defences tried.
 
-    python bench/reward_hacking.py                      # RM training + 3 conditions × 3 seeds, then the table
-    python bench/reward_hacking.py --seeds 0 --steps 24
+    python bench/reward_hacking.py --plot PNG           # RM training + 5 conditions × 3 seeds, the table, the curves
+    python bench/reward_hacking.py --seeds 0 --steps 24 --conditions raw form_gated
 
 1. `rlvr rm` trains a Bradley–Terry reward model on Countdown pairs made from the verifier (a
    solution over a wrong expression of the same numbers) and `rlvr export` saves it.
@@ -14,7 +14,8 @@
    - ``form_gated``: the score beside a verifiable form constraint weighted above the score's
      range (``bench/countdown_form.py``: 1 when the completion parses and uses exactly the given
      numbers, blind to whether it hits the target), so no malformed completion outscores a
-     well-formed one.
+     well-formed one;
+   - ``kl``: the raw score with a KL to the warm start (``algo.kl_coef``); ``form_gated_kl``: both.
 3. The table: the learned reward (the model's raw score of the samples) and the true verifier
    accuracy of the same samples, averaged over the first and the last quarter of the steps, and
    the greedy held-out accuracy at the end; mean ± 95% CI over seeds. Hacking is the learned
@@ -121,7 +122,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path("runs/bench_reward_hacking"))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--steps", type=int, default=60)
     p.add_argument("--conditions", nargs="+", default=list(CONDITIONS), choices=list(CONDITIONS))
     p.add_argument("--plot", type=Path, help="also draw the curves of the conditions run into this PNG")
     args = p.parse_args(argv)

@@ -15,8 +15,10 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlvr.cli import main
+from rlvr.errors import LearnerLost, RunInterrupted
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 WARM_START = SRC / "rlvr" / "assets" / "countdown-warmstart"
@@ -281,6 +284,33 @@ def test_a_killed_rank_is_one_line_naming_it_and_the_resume_continues_the_run(ru
     _same_weights(_weights(run, 3), _weights(two, 3), load_file(str(WARM_START / "model.safetensors")))
 
 
+# The same reward sending SIGTERM to rank 1 alone (what a scheduler signalling one process does)
+TERM = REWARD.format(kill_at=20).replace("SIGKILL", "SIGTERM")  # its 20th call: step 2's batch
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step_and_the_resume_continues(runs):
+    """SIGTERM to rank 1 while it scores step 2: the ranks agree at the step's end, so both stop
+    after step 2 (none waits in step 3's collectives for the other), checkpoint it and record
+    `interrupted`; resumed by 2 ranks, the run's metrics and weights are the uninterrupted run's."""
+    two, _, _ = runs
+    root = two.parent
+    (root / "term.py").write_text(TERM)
+    (root / "armed").touch()
+    stopped = _torchrun("trainer.steps=3", "trainer.name=stopped", f"reward.fn={root / 'term.py'}:score",
+                        f"trainer.out_dir={root}", *EVERY_STEP)
+    assert stopped.returncode != 0 and not (root / "armed").exists()
+    assert "error:" not in stopped.stderr, stopped.stderr[-3000:]
+    run = root / "stopped"
+    manifest = json.loads((run / "run.json").read_text())
+    assert (manifest["status"], manifest["signal"], manifest["final"]["step"]) == ("interrupted", "SIGTERM", 2)
+    assert [m["step"] for m in _metrics(run)] == [0, 1, 2]
+    resumed = _torchrun("--resume", str(run), "trainer.steps=3")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _same_lines(_metrics(run), _metrics(two))
+    _same_weights(_weights(run, 3), _weights(two, 3), load_file(str(WARM_START / "model.safetensors")))
+
+
 HANG = """
 import os, time
 
@@ -348,3 +378,43 @@ def test_a_ray_learner_rank_s_error_is_the_driver_s_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith(
         "error: algo.advantage: not supported with 2 data-parallel learner(s)"), done.stderr[-2000:]
+
+
+def test_ray_learners_stopped_by_a_signal_are_the_driver_s_interruption():
+    """Every rank returned the stop they agreed on: the driver raises it, exit status and all; a
+    rank that failed otherwise makes the run's line that rank's."""
+    from rlvr.backends.ray_learners import outcome
+
+    with pytest.raises(RunInterrupted) as stopped:
+        outcome([("interrupted", "SIGTERM", 143, 2), ("interrupted", "SIGTERM", 143, 2)])
+    assert (stopped.value.exit_status, str(stopped.value)) == (143, "SIGTERM: run interrupted after step 2")
+    with pytest.raises(LearnerLost, match="rank 1 died"):
+        outcome([("interrupted", "SIGTERM", 143, 2), ("died", "rank 1 died")])
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_sigterm_to_the_ray_driver_stops_its_learner_ranks_after_their_step(runs):
+    """SIGTERM to the driver (no torchrun) once rank 0 has logged step 1: the driver passes it to
+    the ranks through rank 0's store, they stop after the same step, checkpoint it, record
+    `interrupted` and the driver exits 143 as one process would."""
+    _, one, _ = runs
+    root = one.parent
+    run = root / "ray_stopped"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "rlvr.cli", "train", "trainer.steps=20", "trainer.name=ray_stopped",
+               *RAY_LEARNERS, f"reward.fn={root / 'reward.py'}:score", f"trainer.out_dir={root}", *EVERY_STEP]
+    driver = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not ((run / "metrics.jsonl").is_file() and len(_metrics(run)) >= 2) and time.monotonic() < deadline:
+        assert driver.poll() is None, driver.communicate()[1][-3000:]
+        time.sleep(0.5)
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=240)
+    assert driver.returncode == 143, err[-3000:]
+    manifest = json.loads((run / "run.json").read_text())
+    assert (manifest["status"], manifest["signal"]) == ("interrupted", "SIGTERM"), err[-3000:]
+    step = manifest["final"]["step"]
+    assert 1 <= step < 20 and (run / "checkpoints" / f"step_{step:06d}").is_dir()
+    assert [m["step"] for m in _metrics(run)] == list(range(step + 1))

@@ -11,22 +11,29 @@ follow it, exactly as under torchrun. The driver waits for every rank; a failed 
 the first rank's own error that is not a lost peer (`LearnerLost`, what the other ranks say when
 one stops), else the first lost peer; an actor that died names its rank.
 
+SIGTERM or Ctrl-C on the driver stops the ranks after their step, as in one process
+(`ForwardedStops`).
+
 Deviations from torchrun: no elastic restarts (a lost rank ends the run, `--resume RUN_DIR`
 continues it); the ranks' printed lines stay in Ray's worker logs (the driver prints the last).
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 
 import torch
 
 from rlvr.backends.ray import _ray, ensure_ray  # Ray is imported in that one module
-from rlvr.errors import ConfigError, LearnerLost
+from rlvr.errors import ConfigError, LearnerLost, RunInterrupted
+from rlvr.runtime.distributed import STOP_KEY
+from rlvr.tracking.run_dir import StopSignals
 
 PLACEMENT_TIMEOUT_S = 60.0  # the bundles fit the cluster now, or the run says they do not
 START_TIMEOUT_S = 300.0  # an actor's process started and answered
+STORE_TIMEOUT_S = 10.0  # the driver reaching rank 0's store to pass a stop on
 
 
 class _LearnerRank:
@@ -44,7 +51,8 @@ class _LearnerRank:
             return s.getsockname()[1]
 
     def run(self, run_rank, env: dict[str, str], cwd: str, threads: int):
-        """Train as the rank `env` names: ("ok", final line, run directory) or (error class, line)."""
+        """Train as the rank `env` names: ("ok", final line, run directory), (error class, line) or
+        ("interrupted", signal, exit status, step)."""
         os.environ.update(env)
         os.chdir(cwd)  # relative paths (trainer.out_dir, reward files) as the driver meant them
         torch.set_num_threads(threads)
@@ -52,6 +60,8 @@ class _LearnerRank:
             final, run_dir = run_rank()
         except ConfigError as err:
             return type(err).__name__, str(err)
+        except RunInterrupted as err:  # a stop the driver passed on (`ForwardedStops`): run.json says so
+            return "interrupted", err.signal_name, err.exit_status, err.step
         return "ok", final, run_dir
 
 
@@ -65,13 +75,16 @@ def rank_envs(where: list[tuple[str, str]], port: int) -> list[dict[str, str]]:
 
 
 def outcome(results: list[tuple]) -> tuple:
-    """Rank 0's ("ok", final, run dir) when every rank finished, else raise the run's one line
-    (`results`: each rank's `run` result, or ("died", line) for an actor that died)."""
+    """Rank 0's ("ok", final, run dir) when every rank finished, `RunInterrupted` when the ranks
+    stopped on a signal, else raise the run's one line (`results`: each rank's `run` result, or
+    ("died", line) for an actor that died)."""
     failed = [(rank, r) for rank, r in enumerate(results) if r[0] != "ok"]
     if not failed:
         return results[0]
-    own = [r for _, r in failed if r[0] not in ("LearnerLost", "died")]
-    kind, line = (own or [r for _, r in failed])[0][:2]
+    if all(r[0] == "interrupted" for _, r in failed):  # every rank stopped where they agreed to
+        raise RunInterrupted(*failed[0][1][1:])
+    own = [r for _, r in failed if r[0] not in ("LearnerLost", "died", "interrupted")]
+    kind, line = (own or [r for _, r in failed if r[0] != "interrupted"])[0][:2]
     raise (ConfigError if own else LearnerLost)(line)
 
 
@@ -101,11 +114,31 @@ def launch(run_rank, *, learners: int, threads: int, gpus: bool, address: str) -
         port = ray.get(ranks[0].free_port.remote(), timeout=START_TIMEOUT_S)
         calls = [r.run.remote(run_rank, env, os.getcwd(), threads)
                  for r, env in zip(ranks, rank_envs(where, port))]
-        return outcome([_result(ray, rank, call) for rank, call in enumerate(calls)])
+        with ForwardedStops(where[0][0], port):
+            return outcome([_result(ray, rank, call) for rank, call in enumerate(calls)])
     finally:
         for r in ranks:
             ray.kill(r, no_restart=True)
         remove_placement_group(group)
+
+
+class ForwardedStops(StopSignals):
+    """The driver's SIGTERM or SIGINT (Ctrl-C): the first is set in rank 0's store (`STOP_KEY`), so
+    every rank stops after the step it is in, checkpoints and records `interrupted`, as one
+    process does (`Shard.agree_stop`); a second stops the driver at once (its actors are killed)."""
+
+    def __init__(self, host: str, port: int, echo=print):
+        super().__init__(echo)
+        self.host, self.port = host, port
+
+    def _handle(self, signum, frame) -> None:
+        super()._handle(signum, frame)  # a second signal raises here
+        try:
+            store = torch.distributed.TCPStore(self.host, self.port, is_master=False,
+                                               timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S))
+            store.set(STOP_KEY, self.received)
+        except (RuntimeError, OSError):  # rank 0 has no store yet, or has left: nobody to stop in step
+            raise RunInterrupted(self.received, self.exit_status) from None
 
 
 def _result(ray, rank: int, call):

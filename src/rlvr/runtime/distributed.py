@@ -63,6 +63,17 @@ class Shard:
         torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
 
+    def agree_stop(self, received: str | None) -> str | None:
+        """The stop every rank takes after this step: the first signal a rank received, or what a
+        launcher asked for in the store (`STOP_KEY`: the Ray driver's Ctrl-C); None = go on. A
+        collective, so the ranks stop after the same step and none waits in the next one's
+        collectives for a peer that stopped."""
+        if self.size == 1:
+            return received
+        store = launcher_store()
+        asked = received or (store.get(STOP_KEY).decode() if store.check([STOP_KEY]) else None)
+        return next((name for name in self.gather(asked) if name), None)
+
     def mark(self, step: int, phase: str) -> None:
         """Publish where this rank is (`step`, one of `PHASES`) in the launcher's store: what names
         a hung rank when a collective times out."""
@@ -164,12 +175,22 @@ def init_learners(*, device: torch.device, threads: int, cores: int, timeout_s: 
     return Shard(rank, size, fsdp=True)
 
 
+STOP_KEY = "rlvr/stop"  # a signal's name set here, in the launcher's store, stops every rank after its step
 BEAT_S = 1.0  # each rank's heartbeat in the launcher's store, which outlives the ranks
 PHASES = ("rollout", "logprob", "update", "weight_sync")  # a step's phases in order (`Shard.mark`)
 
 
 def _store():
     return torch.distributed.distributed_c10d._get_default_store()
+
+
+def launcher_store():
+    """The store the ranks met in (torchrun's, or rank 0's TCP store under Ray) without the key
+    prefixes the process group and its rendezvous put in front: what a launcher outside writes to."""
+    store = _store()
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return store
 
 
 def _beat(rank: int) -> None:

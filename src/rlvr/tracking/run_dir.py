@@ -256,6 +256,12 @@ class StopSignals:
         if self.received:
             raise RunInterrupted(self.received, self.exit_status, step)
 
+    def adopt(self, name: str | None) -> None:
+        """Stop as if `name` had come here (a signal another learner rank or the launcher received)."""
+        if name and not self.received:
+            self.received = name
+            self.echo(f"{name} received by another learner rank or the launcher: stopping after this step")
+
     def _handle(self, signum, _frame) -> None:
         name = signal.Signals(signum).name
         if self.received:

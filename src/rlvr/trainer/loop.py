@@ -173,8 +173,11 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
     no_signal = NoSignal(min(NO_SIGNAL_STEPS, t.steps - start),
                          ignore=frozenset() if t.reads_advantages else frozenset({"ties"}))
     line = {}
+    shard = c.plan.shard
     for step in range(start + 1, t.steps + 1):
-        if stop.received:  # came before the first step (while building or evaluating)
+        if step == start + 1:  # one came before the first step (while building or evaluating)
+            stop.adopt(shard.agree_stop(stop.received))
+        if stop.received and (step == start + 1 or shard.size == 1):  # ranks stop only where they agreed
             break
         metrics, samples = steps.step(step)  # it tells the verifier the step it scores (`trainer_state`)
         evaluated = step == t.steps or (t.eval_every and step % t.eval_every == 0)
@@ -194,6 +197,7 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
         if evaluated:
             go_on = _notify(callbacks, "on_evaluate", step,
                             {k: v for k, v in metrics.items() if k.startswith("eval/")}) and go_on
+        stop.adopt(shard.agree_stop(stop.received))
         if step == t.steps or not go_on or stop.received or (t.save_every and step % t.save_every == 0):
             go_on = _notify(callbacks, "on_checkpoint", step,
                             _checkpoint(c, run, step, steps.rollout_state())) and go_on
