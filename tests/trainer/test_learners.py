@@ -418,3 +418,23 @@ def test_sigterm_to_the_ray_driver_stops_its_learner_ranks_after_their_step(runs
     step = manifest["final"]["step"]
     assert 1 <= step < 20 and (run / "checkpoints" / f"step_{step:06d}").is_dir()
     assert [m["step"] for m in _metrics(run)] == list(range(step + 1))
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_killed_ray_learner_actor_is_the_driver_s_one_line_and_the_resume_continues(runs):
+    """kill -9 of rank 1's actor process mid-run: the driver ends with one line naming rank 1 (rank
+    0's lost peer), run.json says `failed`, and the resume on Ray continues to the uninterrupted run."""
+    two, _, _ = runs
+    root = two.parent
+    (root / "armed").touch()
+    common = [*RAY_LEARNERS, f"reward.fn={root / 'reward.py'}:score", f"trainer.out_dir={root}"]
+    killed = _plain("trainer.steps=3", "trainer.name=ray_killed", *common, *EVERY_STEP)
+    assert killed.returncode == 2 and not (root / "armed").exists(), killed.stderr[-3000:]
+    last = killed.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: learner rank 0: rank(s) 1 stopped"), killed.stderr[-3000:]
+    run = root / "ray_killed"
+    assert json.loads((run / "run.json").read_text())["status"] == "failed"
+    resumed = _plain("--resume", str(run), "trainer.steps=3", *RAY_LEARNERS)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _same_lines(_metrics(run), _metrics(two))
