@@ -6,7 +6,9 @@
 Both conditions train GRPO from the same warm start on the same `task.train_size` prompts (drawn
 once, then drawn from with replacement, so a prompt comes round every few steps); `spec_rl` drafts
 each row from its prompt's previous completion and verifies it under the current policy
-(`rollout.speculative`, ℓ = 1, residual first token: exactly on policy). Per condition, mean ± 95%
+(`rollout.speculative`, ℓ = 1, residual first token: exactly on policy); `spec_rl_l2` keeps more
+of each draft (ℓ = 2, off policy) and `spec_rl_fresh` draws the first token after a rejection from
+p (SPEC-RL's rule as described, biased). Per condition, mean ± 95%
 CI over seeds: newly generated tokens per step (`rollout/spec_new_tokens`; plain sampling generates
 every completion token), completion tokens per step, the reused fraction, step seconds (rollout
 and whole step; load-dependent on a shared machine) and the final greedy held-out accuracy.
@@ -22,7 +24,9 @@ from pathlib import Path
 
 from rlvr.tracking.stats import mean_ci
 
-CONDITIONS = {"plain": [], "spec_rl": ["rollout.speculative=true"]}
+CONDITIONS = {"plain": [], "spec_rl": ["rollout.speculative=true"],
+              "spec_rl_l2": ["rollout.speculative=true", "rollout.spec_lenience=2"],
+              "spec_rl_fresh": ["rollout.speculative=true", "rollout.spec_first_token=fresh"]}
 
 
 def train(name: str, seed: int, overrides: list[str], out: Path) -> None:
