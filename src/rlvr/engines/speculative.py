@@ -116,8 +116,8 @@ def verify(model, prompt_ids, prompt_mask, seeds, drafts: list[Draft], *, temper
                        for d in drafts])
     new_tok = new.gather(-1, ids[..., None]).squeeze(-1)
     old_tok = old.gather(-1, ids[..., None]).squeeze(-1)
-    uniforms = uniform_noise(seeds, VERIFY_STEP, ids.shape[1]).float()
-    n, _ = accepted_prefix(new_tok, old_tok, mask, uniforms, lenience=lenience)
+    uniforms = uniform_noise(seeds, VERIFY_STEP, ids.shape[1])  # float64: in float32 the largest round to 1
+    n, _ = accepted_prefix(new_tok.double(), old_tok.double(), mask, uniforms, lenience=lenience)
     gumbel = gumbel_noise(seeds, VERIFY_STEP + 1, new.shape[-1])
     out = Verified([], [], [], [], n, int(mask.sum()))
     for i, d in enumerate(drafts):

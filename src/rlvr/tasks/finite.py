@@ -27,4 +27,6 @@ class FiniteTrainSet:
         return [self.examples[rng.randrange(len(self.examples))] for _ in range(n)]
 
     def __getattr__(self, name: str):
+        if name == "task":  # not set yet (copy and pickle build the object without __init__)
+            raise AttributeError(name)
         return getattr(self.task, name)
