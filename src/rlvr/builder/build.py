@@ -19,6 +19,7 @@ from rlvr.codec import prompt_lengths
 from rlvr.config import REGISTRY, Config, keywords, task_sections
 from rlvr.config.binding import bind, bind_named
 from rlvr.config.registries import companion, rollout_correction_on
+from rlvr.engines.speculative import SpeculativeRollouts
 from rlvr.engines.torch_ar import generate
 from rlvr.engines.torch_block_diffusion import generate_block_diffusion
 from rlvr.engines.torch_diffusion import generate_diffusion
@@ -33,6 +34,7 @@ from rlvr.rewards.process import DENSE
 from rlvr.rewards.runner import RewardRunner, RewardSum, load_reward_spec
 from rlvr.runtime.process import resolve_device
 from rlvr.tasks import make_task
+from rlvr.tasks.finite import FiniteTrainSet
 from rlvr.trainer.step import LossSpec
 
 
@@ -110,6 +112,19 @@ def build_engine(config: Config, model, tokenizer) -> RolloutEngine:
     return functools.partial(generate_diffusion, model, **settings)
 
 
+def build_speculative(config: Config, model, tokenizer) -> SpeculativeRollouts | None:
+    """SPEC-RL's draft-verify-continue sampler over the causal torch engine, or None (`rollout.speculative`
+    off). The config checks have ruled out the engines and tasks it does not cover."""
+    r = config.rollout
+    if not r.speculative:
+        return None
+    sample = functools.partial(generate, model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                               engine=r.decode_engine)
+    return SpeculativeRollouts(model, sample, max_new_tokens=r.max_new_tokens, eos_id=tokenizer.eos_token_id,
+                               pad_id=tokenizer.pad_token_id, temperature=r.temperature, lenience=r.spec_lenience,
+                               rule=r.spec_first_token, capacity=r.spec_capacity)
+
+
 def build_vllm_engine(config: Config, model, tokenizer):
     """vLLM started from `model`'s current weights (LoRA: merged), in the trainer's process."""
     from rlvr.engines.vllm import VLLMEngine
@@ -137,9 +152,10 @@ def build_task(config: Config, tokenizer=None):
     common = {"heldout_size": t.heldout_size, "tokenizer": tokenizer, "seed": config.seed}
     options = {**bound.keywords, **{k: v for k, v in common.items() if k in accepted}}
     try:
-        return make_task(t.name, **options)
+        task = make_task(t.name, **options)
     except (ValueError, FileNotFoundError, OSError) as err:
         raise ConfigError(f"task: {err}") from None
+    return FiniteTrainSet(task, t.train_size, config.seed) if t.train_size else task
 
 
 def check_context(config: Config, model, tokenizer, task) -> None:

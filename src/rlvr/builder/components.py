@@ -116,6 +116,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
         rng=rng, critic=critic, critic_optimizer=critic_optimizer, sampler=build_sampler(config, task, rng),
         replay=ReplayBuffer(capacity=config.rollout.replay_capacity, fraction=config.rollout.replay_fraction,
                             seed=config.seed) if config.rollout.replay_fraction > 0 else None,
+        speculative=build.build_speculative(config, plain, tokenizer),
         rows=layout.learner_rows, heap_kept=runtime.heap_kept, expert=expert, asynchronous=layout.plan,
         turn_reward=build.build_turn_reward(config, task, reward),
         shards=ShardedState(model, optimizer, shard) if shard.fsdp else None,

@@ -92,7 +92,7 @@ LOOP_KNOBS = {
     "algo": ("kl_coef", "kl_placement", "entropy_coef", "value_clip", "critic_lr", "critic_warmup_steps",
              "kl_target", "kl_horizon", "overlong_buffer", "overlong_factor", "overlong_filter",
              "dynamic_sampling", "max_sampling_rounds", "pass_rate_low", "pass_rate_high", "rollout_correction"),
-    "task": ("heldout_size",),
+    "task": ("heldout_size", "train_size"),
     "sampler": ("calibration_every", "calibration_prompts", "calibration_rollouts"),
     "expert": ("per_step", "pool_size", "weight", "weight_final", "decay_steps", "keep_onpolicy"),
 }

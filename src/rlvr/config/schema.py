@@ -160,6 +160,18 @@ class RolloutConfig:
     buffer instead of fresh generations, trained with importance weights; 0 = off."""
     replay_capacity: int = ranged(256, ">= 1")
     """Rollout replay: groups the buffer keeps (the most recent)."""
+    speculative: bool = False
+    """SPEC-RL (causal models, torch engine, single-turn tasks): each row's previous completion of the same
+    prompt and group slot is a draft, verified under the current policy (`rollout.spec_lenience`); sampling
+    continues from the first rejected token. Needs untruncated sampling (top_p 1, top_k 0, min_p 0, no
+    repetition penalty) and the synchronous loop; prompts recur only on a finite train set (`task.train_size`)."""
+    spec_lenience: float = ranged(1.0, ">= 1", "1 = exactly on policy")
+    """SPEC-RL: ℓ, draft token t is kept while u < min(1, ℓ·π_new/π_old); above 1 more is kept, off-policy."""
+    spec_first_token: str = choice("residual", ("residual", "fresh"))
+    """SPEC-RL: the first token after a rejection, from the residual (p − q)⁺ (exact at ℓ = 1) or `fresh`
+    from p (the rule as SPEC-RL describes it; biased)."""
+    spec_capacity: int = ranged(4096, ">= 1")
+    """SPEC-RL: completions the draft cache keeps (the most recent; each holds L × V log-probs)."""
     micro_group_size: int = 0
     """Single-turn tasks: generate each group of G in passes of this many completions per prompt
     (Infinite Sampling's micro-groups: less memory per pass, the same completions); 0 = the whole

@@ -183,6 +183,9 @@ class TaskConfig:
     heldout_size: int = 200
     """Size of the fixed held-out evaluation set (every task; file tasks hold out this many rows
     by a hash of the prompt unless `heldout_path` is set)."""
+    train_size: int = ranged(0, ">= 0", "0 = every draw from the whole task")
+    """Training prompts: this many drawn once (seeded), every step's prompts then drawn from them with
+    replacement, so prompts recur as over a dataset's epochs; 0 = the task's own draws."""
     countdown: CountdownTaskConfig | None = None
     """Knobs of task `countdown`."""
     sudoku4: Sudoku4TaskConfig | None = None

@@ -3,8 +3,8 @@
 SPEC-RL (speculative rollouts, arXiv:2509.23232) reuses the previous epoch's completion of a prompt as a draft:
 token t of the old completion y is accepted while u_t < min(1, ℓ · π_new(y_t) / π_old(y_t)),
 u_t ~ U(0, 1) (ℓ ≥ 1 is its lenience), and generation continues from the first rejected
-position. This module holds the verification rule and the choice of the first new token; the
-rollout engine does not yet continue from a verified prefix, so `rollout.*` has no switch for it.
+position. This module holds the verification rule and the choice of the first new token;
+`rlvr.engines.speculative` runs them on the causal torch sampler (`rollout.speculative`).
 
 The first new token is where exactness is decided. Sampling it fresh from π_new (what continuing
 "from the first rejected token" reads as) gives, at that position, min(p, q) + (1 − Σ min(p, q)) · p,

@@ -184,11 +184,18 @@ def _one_round(c, step: int, round_index: int, n_prompts: int) -> tuple[list[Req
             got = c.turn_reward(got, c.tokenizer, [ex.prompt for ex in group])
         return requests, Collected(group, got.rollouts, got.texts, got.rewards, got.correct, got.metrics,
                                    turns=got.turns)
-    rollouts = generate(c.engine, prompt_ids, prompt_mask, seeds, row_temperatures(r, len(group)),
-                        group_size=r.group_size, micro_group_size=r.micro_group_size, pad_id=c.tokenizer.pad_token_id)
+    spec_metrics = {}
+    if c.speculative is not None:  # SPEC-RL: each row's draft is its (prompt, slot)'s last completion
+        keys = [(req.prompt_id, j) for req in requests for j in range(req.n_rollouts)]
+        rollouts, spec_metrics = c.speculative(keys, prompt_ids, prompt_mask, seeds)
+    else:
+        rollouts = generate(c.engine, prompt_ids, prompt_mask, seeds, row_temperatures(r, len(group)),
+                            group_size=r.group_size, micro_group_size=r.micro_group_size,
+                            pad_id=c.tokenizer.pad_token_id)
     texts = decode_completions(c.tokenizer, rollouts)
     s = scored(c.reward, c.task, group, texts, completion_token_ids(c.tokenizer, rollouts))
-    got = Collected(group, rollouts, texts, s.rewards, s.correct, {f"reward/{k}": v for k, v in s.metrics.items()},
+    got = Collected(group, rollouts, texts, s.rewards, s.correct,
+                    {**{f"reward/{k}": v for k, v in s.metrics.items()}, **spec_metrics},
                     components=s.components, component_weights=s.weights, component_names=s.names)
     if r.inpaint is not None:  # IGPO: groups with no correct completion get hinted ones (trainer/inpaint.py)
         got = inpaint_round(c, r.inpaint, got, prompt_ids, prompt_mask, seeds, row_temperatures(r, len(group)),

@@ -159,6 +159,7 @@ class Components:
     critic_optimizer: torch.optim.Optimizer | None = None
     sampler: Sampler | None = None  # which prompts a step rolls out, and how many completions each
     replay: ReplayBuffer | None = None  # rollout replay: recent groups reused in later batches; None = off
+    speculative: Callable | None = None  # SPEC-RL (`engines.speculative.SpeculativeRollouts`); None = off
     rows: RowPool | None = None  # batches split over worker threads (None = torch's own threads)
     heap_kept: bool = False  # glibc keeps freed memory mapped (runtime/allocator.py)
     expert: ExpertSource | None = None  # off-policy expert rows (config section `expert`); None = off
