@@ -204,6 +204,11 @@ class RewardRunner:
             raw = self._call_each(prompts, completions, examples)
         return self._collect(raw)
 
+    @property
+    def reads_step(self) -> bool:
+        """Only TRL-form functions see the step (`trainer_state`)."""
+        return self.form == "trl"
+
     def on_step_begin(self, step: int, steps: int) -> None:
         """Step `step` of `steps` starts: ``step - 1`` optimizer steps are done (TRL's ``global_step``)."""
         self.state.global_step, self.state.max_steps = step - 1, steps
@@ -389,6 +394,10 @@ class RewardSum:
     @property
     def names(self) -> list[str]:
         return [r.name for r in self.runners]
+
+    @property
+    def reads_step(self) -> bool:
+        return any(runner.reads_step for runner in self.runners)
 
     def on_step_begin(self, step: int, steps: int) -> None:
         for runner in self.runners:
