@@ -95,11 +95,12 @@ def produce(c, step: int, version: int | None = None) -> Produced:
 
 def scores_ahead(c) -> bool:
     """Whether a batch can be scored while the next one samples (`produce_ahead`): nothing that
-    samples reads a reward first. One round (no group filter), no replay, no hints (IGPO), no
+    samples reads a reward first. One round (a group filter that never refills), no replay, no hints (IGPO), no
     greedy baseline, no calibration probe, a single-turn task, and a sampler that reads no feedback
     (uniform draws)."""
     r = c.plan.rollout
-    return (isinstance(c.sampler, Uniform) and r.group_filter is None and c.replay is None and r.inpaint is None
+    one_round = r.group_filter is None or not r.group_filter.refill(0, 1, 1)  # a filter that only drops groups
+    return (isinstance(c.sampler, Uniform) and one_round and c.replay is None and r.inpaint is None
             and not r.greedy_baseline and r.calibration is None and not is_agent_task(c.task))
 
 
@@ -116,10 +117,7 @@ def produce_ahead(c, step: int, version: int) -> tuple[Callable[[], Produced], f
 
     def score_it() -> Produced:
         t1 = time.perf_counter()
-        got = _score_round(c, sampled)
-        records = feedback(sampled.requests, got, None, step=step, version=version,
-                           group_size=c.plan.rollout.group_size)
-        got.metrics.update(_cost(records))
+        got = _filled(c, step, version, c.plan.rollout.prompts_per_step, sampled.requests, _score_round(c, sampled))
         produced = Produced(got, sample_s + time.perf_counter() - t1, seed, sampler_metrics, task_rng,
                             sampler_state, version=version)
         produced.staleness = stale_by(produced, step)
@@ -292,9 +290,14 @@ def collect(c, step: int, version: int | None = None) -> Collected:
 
 def _collect_rounds(c, step: int, version: int, n_prompts: int) -> Collected:
     """`n_prompts` fresh groups, filtered and refilled as the plan's group filter says."""
+    requests, first = _one_round(c, step, 0, n_prompts)
+    return _filled(c, step, version, n_prompts, requests, first)
+
+
+def _filled(c, step: int, version: int, n_prompts: int, requests: list[Request], first: Collected) -> Collected:
+    """The first round's groups, filtered and refilled as the plan's group filter says."""
     r = c.plan.rollout
     flt = r.group_filter
-    requests, first = _one_round(c, step, 0, n_prompts)
     if flt is None:
         records = feedback(requests, first, None, step=step, version=version, group_size=r.group_size)
         c.sampler.observe(step, records)
