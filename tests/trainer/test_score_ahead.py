@@ -100,3 +100,24 @@ def test_a_verifier_that_reads_the_step_scores_each_batch_at_its_own(tmp_path, c
     run = _run(tmp_path, capsys, "trl", *TINY, f"reward.fn={tmp_path / 'trl_reward.py'}:at_step",
                "trainer.steps=5", "trainer.threads=2", "trainer.max_staleness=2")
     assert [line["reward/mean"] for line in _lines(run) if line["step"] > 0] == [1.0] * 5
+
+
+def test_a_reward_with_a_time_limit_scores_concurrent_batches_at_once():
+    """`reward.timeout_s` runs calls in a worker thread: one per calling thread, so two batches
+    scored ahead at once wait 0.3 s together, not one after the other."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlvr.rewards.runner import RewardRunner, batched
+
+    @batched
+    def slow(prompts, completions, **columns):
+        time.sleep(0.3)
+        return [1.0] * len(completions)
+
+    runner = RewardRunner(slow, timeout_s=5.0)
+    with ThreadPoolExecutor(2) as pool:
+        t0 = time.perf_counter()
+        batches = list(pool.map(lambda _: runner(["p"], ["c"], [{}]), range(2)))
+        took = time.perf_counter() - t0
+    assert [b.rewards for b in batches] == [[1.0], [1.0]]
+    assert 0.3 <= took < 0.55

@@ -11,8 +11,10 @@ tool disabled (the single-turn ablation) the model must answer at once.
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 import random
+import time
 
 from rlvr.agents.task import AgentTask, ToolEnv
 
@@ -38,13 +40,26 @@ def calc(expression: str) -> str:
     return str(walk(ast.parse(expression.strip(), mode="eval")))
 
 
+def answering_after(tool, latency_s: float):
+    """`tool` behind a service that answers `latency_s` seconds after each call (a remote tool's
+    round trip: a wait, no computation here); its name, signature and schema unchanged."""
+    if latency_s <= 0:
+        return tool
+
+    @functools.wraps(tool)
+    def delayed(*args, **kwargs):
+        time.sleep(latency_s)
+        return tool(*args, **kwargs)
+    return delayed
+
+
 class CalculatorEnv(ToolEnv):
-    def __init__(self, *, digits: tuple[int, int] = (3, 2), **kwargs):
-        self.digits = digits
+    def __init__(self, *, digits: tuple[int, int] = (3, 2), latency_s: float = 0.0, **kwargs):
+        self.digits, self.latency_s = digits, latency_s
         super().__init__(**kwargs)
 
     def _tools(self):
-        return (calc,)
+        return (answering_after(calc, self.latency_s),)
 
     def _generate(self, rng: random.Random):
         a, b = (rng.randrange(10 ** (d - 1), 10 ** d) for d in self.digits)
@@ -67,9 +82,11 @@ class Calculator(AgentTask):
 
     def __init__(self, *, digits_a: int = 3, digits_b: int = 2, heldout_size: int = 200, max_turns: int = 3,
                  max_total_tokens: int = 96, tool_timeout_s: float = 2.0, tools: bool = True,
-                 train_drifted: bool = False, demo_tool_rate: float = 0.5):
+                 train_drifted: bool = False, demo_tool_rate: float = 0.5, tool_latency_s: float = 0.0):
         if min(digits_a, digits_b) < 1:
             raise ValueError(f"digits_a and digits_b must be >= 1, got {digits_a}, {digits_b}")
+        if not tool_latency_s >= 0:
+            raise ValueError(f"tool_latency_s must be >= 0, got {tool_latency_s}")
         super().__init__(heldout_size=heldout_size, max_turns=max_turns, max_total_tokens=max_total_tokens,
                          tool_timeout_s=tool_timeout_s, tools=tools, train_drifted=train_drifted,
-                         demo_tool_rate=demo_tool_rate, digits=(digits_a, digits_b))
+                         demo_tool_rate=demo_tool_rate, digits=(digits_a, digits_b), latency_s=tool_latency_s)
