@@ -11,11 +11,11 @@ tool disabled (the single-turn ablation) the model must answer at once.
 from __future__ import annotations
 
 import ast
-import functools
 import operator
 import random
 import time
 
+from rlvr.agents.env import StepResult
 from rlvr.agents.task import AgentTask, ToolEnv
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
@@ -40,26 +40,21 @@ def calc(expression: str) -> str:
     return str(walk(ast.parse(expression.strip(), mode="eval")))
 
 
-def answering_after(tool, latency_s: float):
-    """`tool` behind a service that answers `latency_s` seconds after each call (a remote tool's
-    round trip: a wait, no computation here); its name, signature and schema unchanged."""
-    if latency_s <= 0:
-        return tool
-
-    @functools.wraps(tool)
-    def delayed(*args, **kwargs):
-        time.sleep(latency_s)
-        return tool(*args, **kwargs)
-    return delayed
-
-
 class CalculatorEnv(ToolEnv):
     def __init__(self, *, digits: tuple[int, int] = (3, 2), latency_s: float = 0.0, **kwargs):
-        self.digits, self.latency_s = digits, latency_s
+        self.digits = digits
+        self.latency_s = latency_s  # each tool call answered this long after it (a remote service's round trip)
         super().__init__(**kwargs)
 
     def _tools(self):
-        return (answering_after(calc, self.latency_s),)
+        return (calc,)
+
+    def step(self, action_text: str) -> StepResult:
+        result = super().step(action_text)
+        calls = result.info.get("tool_calls", 0)
+        if self.latency_s > 0 and calls:
+            time.sleep(self.latency_s * calls)  # a wait, no computation here
+        return result
 
     def _generate(self, rng: random.Random):
         a, b = (rng.randrange(10 ** (d - 1), 10 ** d) for d in self.digits)
