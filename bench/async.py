@@ -15,10 +15,15 @@ of R + L, R being the rollout time and L the learner's (log-probs and update).
     python bench/async.py --seeds 0 1 2 --steps 30 --threads 2
     python bench/async.py --scale 10 --seeds 0 1 2 --steps 10 --threads 2
 
-`--judge-latency S`: the verifier waits S seconds per batch before it scores (a stand-in for a
-remote judge or a sandboxed test run: it waits and computes nothing here), the workload where
-asynchrony pays on cores the synchronous loop already keeps busy. The asynchronous rollout side
-gives its core to the learner while it waits (`runtime.rows.CoreLease.released`).
+`--workload judge|code|tool --latency S`: a loop that waits. judge: the Countdown verifier behind a
+judge that answers S s after each batch (a stand-in for a remote judge: it waits and computes nothing
+here); code: the code task's sandboxed tests (`recipes/code_fixture.yaml`, bubblewrap when installed),
+plus S s per batch when S > 0; tool: the calculator agent (`recipes/agent_calculator.yaml`) whose tool
+answers S s after each call, inside the rollout. The asynchronous rollout side scores ahead
+(`collect.produce_ahead`: a batch is scored in a pool while the next one samples) and gives its core to
+the learner during a tool's wait (`runtime.rows.waiting`). The load average is printed with the table.
+
+    python bench/async.py --workload judge --latency 0.5 --seeds 0 1 2 --steps 20 --configs sync "η=1" "η=2" "η=4"
 """
 
 from __future__ import annotations

@@ -13,7 +13,17 @@ same bit for bit (a test checks it). η = 1 is one-step-off overlap. Which admis
 batch gets depends on the two sides' pace; `trainer.staleness=exact` makes it always k-1-η
 (the slot keeps every published version until the rollout side has taken it), so the run does
 not depend on timing. The queue between the sides
-holds at most max(η, 1) batches. Each batch comes from one version (no in-flight weight update);
+holds at most max(η, 1) batches.
+
+Score-ahead: when nothing that samples reads a reward first (`collect.scores_ahead`: one round, uniform
+draws, a single-turn task), the rollout side samples a batch, hands it to a scoring pool of η + 1
+threads and starts the next one; the queue holds each batch's Future, in step order, and the learner
+waits on it. The verifier's wait (a judge, a sandbox) then overlaps the next batches' sampling, the
+update and the other batches' scoring, and holds no core. A batch counts toward η from the version
+its sampling started with, so the bound is as without it; the run RNG's draws all happen in the
+rollout thread in the synchronous order, so η = 0 is still the synchronous loop bit for bit. A verifier
+that reads the step (TRL-form `trainer_state`) has each batch's step set just before it is scored,
+one such batch at a time. Each batch comes from one version (no in-flight weight update);
 a stale batch trains with the decoupled PPO objective (`sync.rl_step`).
 
 The rollout side owns the prompt RNG and the sampler; each batch carries their state after it,
