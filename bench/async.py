@@ -15,16 +15,22 @@ of R + L, R being the rollout time and L the learner's (log-probs and update).
     python bench/async.py --seeds 0 1 2 --steps 30 --threads 2
     python bench/async.py --scale 10 --seeds 0 1 2 --steps 10 --threads 2
 
-`--judge-latency S`: the verifier waits S seconds per batch before it scores (a stand-in for a
-remote judge or a sandboxed test run: it waits and computes nothing here), the workload where
-asynchrony pays on cores the synchronous loop already keeps busy. The asynchronous rollout side
-gives its core to the learner while it waits (`runtime.rows.CoreLease.released`).
+`--workload judge|code|tool --latency S`: a loop that waits. judge: the Countdown verifier behind a
+judge that answers S s after each batch (a stand-in for a remote judge: it waits and computes nothing
+here); code: the code task's sandboxed tests (`recipes/code_fixture.yaml`, bubblewrap when installed),
+plus S s per batch when S > 0; tool: the calculator agent (`recipes/agent_calculator.yaml`) whose tool
+answers S s after each call, inside the rollout. The asynchronous rollout side scores ahead
+(`collect.produce_ahead`: a batch is scored in a pool while the next one samples) and gives its core to
+the learner during a tool's wait (`runtime.rows.waiting`). The load average is printed with the table.
+
+    python bench/async.py --workload judge --latency 0.5 --seeds 0 1 2 --steps 20 --configs sync "η=1" "η=2" "η=4"
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -44,9 +50,11 @@ DEFAULT = ["sync", "η=1", "η=2", "η=4"]
 
 
 def _train(out: Path, name: str, seed: int, config: tuple, args, model_path: str | None) -> list[dict]:
-    cmd = [sys.executable, "-m", "rlvr.cli", "train", str(REPO / "recipes/grpo_countdown.yaml"), f"seed={seed}",
+    recipe, workload_overrides = args.workload_run
+    cmd = [sys.executable, "-m", "rlvr.cli", "train", str(REPO / recipe), f"seed={seed}",
            f"trainer.steps={args.steps}", "trainer.eval_every=0", "trainer.save_every=0",
-           f"trainer.threads={args.threads}", f"trainer.out_dir={out}", f"trainer.name={name}", *args.overrides]
+           f"trainer.threads={args.threads}", f"trainer.out_dir={out}", f"trainer.name={name}",
+           *workload_overrides, *args.overrides]
     staleness, extra = config
     if staleness is not None:
         cmd += [f"trainer.max_staleness={staleness}", "algo.rollout_correction=true", "algo.correction_cap=2.0", *extra]
@@ -75,12 +83,37 @@ def judge(prompts, completions, **columns):
     return [_TASK.reward(p, c, **row) for p, c, row in zip(prompts, completions, rows)]
 """
 
+WAIT = """import time
+
+from rlvr.rewards.runner import batched
+
+
+@batched
+def wait(prompts, completions, **columns):
+    time.sleep(%(latency)r)  # a remote sandbox's round trip on top of the local one: a wait, scoring 0
+    return [0.0] * len(completions)
+"""
+
 
 def judge_reward(directory: Path, latency: float) -> str:
     """A `reward.fn` override for the Countdown verifier behind a judge that answers after `latency` s."""
     path = directory / "judge.py"
     path.write_text(JUDGE % {"latency": latency})
     return f"reward.fn={path}:judge"
+
+
+def workload(name: str, latency: float, directory: Path) -> tuple[str, list[str]]:
+    """(recipe, overrides) of a workload that waits `latency` s: `judge` = Countdown scored by a judge
+    answering after it per batch; `code` = the code task's sandboxed tests (bubblewrap when
+    installed), then a further wait per batch that adds 0 to the reward; `tool` = the calculator
+    agent whose tool answers after it per call, inside the rollout."""
+    if name == "judge":
+        return "recipes/grpo_countdown.yaml", [judge_reward(directory, latency)] if latency > 0 else []
+    if name == "code":
+        path = directory / "wait.py"
+        path.write_text(WAIT % {"latency": latency})
+        return "recipes/code_fixture.yaml", [f"reward.fn=task, {path}:wait"] if latency > 0 else []
+    return "recipes/agent_calculator.yaml", [f"task.agent_calculator.tool_latency_s={latency}"]
 
 
 def _per_step(lines: list[dict], skip: int = 2) -> list[dict]:
@@ -145,22 +178,26 @@ def main(argv=None) -> None:
     p.add_argument("--scale", type=int, default=1, choices=[1, 10])
     p.add_argument("--configs", nargs="+", default=DEFAULT, choices=list(CONFIGS))
     p.add_argument("--out", type=Path, default=None, help="keep the run directories here")
-    p.add_argument("--judge-latency", type=float, default=0.0,
-                   help="seconds the verifier waits per batch before it scores (a remote judge's stand-in)")
+    p.add_argument("--workload", default="judge", choices=["judge", "code", "tool"],
+                   help="judge: Countdown behind a waiting verifier; code: sandboxed tests; tool: a calculator agent")
+    p.add_argument("--latency", type=float, default=0.0,
+                   help="seconds of waiting: per batch before scoring (judge, code), per tool call (tool)")
     p.add_argument("overrides", nargs="*", help="key=value for every run")
     args = p.parse_args(argv)
+    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())  # the machine is shared: say how loaded
     with tempfile.TemporaryDirectory() as scratch:
         out = args.out or Path(scratch) / "runs"
-        if args.judge_latency > 0:
-            args.overrides = [*args.overrides, judge_reward(Path(scratch), args.judge_latency)]
+        args.workload_run = workload(args.workload, args.latency, Path(scratch))
         model_path = large_model(str(Path(scratch) / "model10x")) if args.scale == 10 else None
         results: dict[str, list[dict]] = {name: [] for name in args.configs}
         for seed in args.seeds:  # interleaved: each seed runs every configuration back to back
             for name in args.configs:
                 label = f"{name.replace('η=', 'eta').replace(' ', '_')}_s{seed}"
                 results[name].append(summarize(_train(out, label, seed, CONFIGS[name], args, model_path)))
-    print(f"steps {args.steps}, seeds {args.seeds}, threads {args.threads}, scale {args.scale}×, "
-          f"judge latency {args.judge_latency} s per batch\n")
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"workload {args.workload}, latency {args.latency} s, steps {args.steps}, seeds {args.seeds}, "
+          f"threads {args.threads}, scale {args.scale}×; load average (1, 5, 15 min) before {load_before}, "
+          f"after {load}\n")
     print(table(results))
     if "sync" in results:
         print()

@@ -3,6 +3,7 @@ failures as observations."""
 
 import pickle
 import random
+import time
 
 import pytest
 
@@ -85,6 +86,20 @@ def test_calculator_without_tools_refuses_the_call():
     obs, reward, done, info = env.step(f"<calc>{env.key}</calc>")
     assert info["tool_errors"] == 1 and not done and reward == 0
     assert Calculator(tools=False).settings.max_turns == 1
+
+
+def test_a_tool_with_latency_answers_the_same_after_its_wait():
+    plain, slow = CalculatorEnv(), CalculatorEnv(latency_s=0.2)
+    for env in (plain, slow):
+        env.reset(3)
+    assert slow.registry.schemas() == plain.registry.schemas()  # the same name and signature to the model
+    t0 = time.perf_counter()
+    answer = slow.step(f"<calc>{slow.key}</calc>")
+    assert time.perf_counter() - t0 >= 0.2
+    assert answer == plain.step(f"<calc>{plain.key}</calc>")
+    assert Calculator(tool_latency_s=0.2).make_env().latency_s == 0.2
+    with pytest.raises(ValueError, match="tool_latency_s"):
+        Calculator(tool_latency_s=-1.0)
 
 
 class _GymLike:

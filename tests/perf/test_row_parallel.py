@@ -25,7 +25,7 @@ from rlvr.errors import ConfigError
 from rlvr.kernels import native
 from rlvr.models.policy import CausalPolicy
 from rlvr.runtime.process import configure_for
-from rlvr.runtime.rows import CoreLease, RowPool, configure_threads, resolve_mode, split_engine
+from rlvr.runtime.rows import CoreLease, RowPool, configure_threads, resolve_mode, split_engine, waiting
 from rlvr.trainer import sync
 from rlvr.trainer.step import LossSpec, optimizer_step
 
@@ -37,6 +37,28 @@ def _restore_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+def test_a_wait_gives_the_held_core_to_the_other_side():
+    """`rows.waiting()` (a tool's round trip in the rollout thread) frees the core the thread holds:
+    with one core, another thread takes it during the wait and the waiter has it back after."""
+    lease = CoreLease(1)
+    took = threading.Event()
+
+    def other():
+        with lease.held():
+            took.set()
+
+    with lease.held():
+        thread = threading.Thread(target=other)
+        thread.start()
+        assert not took.wait(0.1)  # the only core is held
+        with waiting():
+            assert took.wait(2.0)
+            thread.join(2.0)
+        assert lease.borrow(1) == 0  # held again after the wait
+    with waiting():  # a thread that holds no core: nothing to give
+        assert lease.borrow(1) == 1
 
 
 def test_slices_cover_rows_in_order():

@@ -237,7 +237,7 @@ def test_exact_staleness_trains_each_step_on_the_same_version_whatever_the_timin
     args = [*TINY, _plus_reward(tmp_path), "trainer.steps=6", "trainer.threads=2", "trainer.max_staleness=2",
             "trainer.staleness=exact", "optim.lr=1e-2"]
     plain = _run(tmp_path, capsys, "plain", *args)
-    produce, rl_step = async_loop.produce, async_loop.rl_step
+    produce, produce_ahead, rl_step = async_loop.produce, async_loop.produce_ahead, async_loop.rl_step
 
     def slow(fn):
         def call(*a, **k):
@@ -246,8 +246,10 @@ def test_exact_staleness_trains_each_step_on_the_same_version_whatever_the_timin
         return call
 
     monkeypatch.setattr(async_loop, "produce", slow(produce))
+    monkeypatch.setattr(async_loop, "produce_ahead", slow(produce_ahead))  # this run scores ahead
     slow_rollouts = _run(tmp_path, capsys, "slow_rollouts", *args)
     monkeypatch.setattr(async_loop, "produce", produce)
+    monkeypatch.setattr(async_loop, "produce_ahead", produce_ahead)
     monkeypatch.setattr(async_loop, "rl_step", slow(rl_step))
     slow_learner = _run(tmp_path, capsys, "slow_learner", *args)
     steps = [line for line in _lines(plain) if line["step"] > 0]

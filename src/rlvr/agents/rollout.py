@@ -25,6 +25,7 @@ import torch
 
 from rlvr.agents.env import Environment, FinishReason, as_step_result
 from rlvr.batch import left_pad
+from rlvr.runtime.rows import waiting
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,8 @@ def take_turn(t: Trajectory, env: Environment, renderer, action_ids: list[int], 
     t.messages.append({"role": "assistant", "content": text, "ended": ended})
     state = t.state_key
     try:
-        obs, reward, done, info = as_step_result(env.step(text))
+        with waiting():  # a tool's wait leaves this thread's core to the asynchronous learner
+            obs, reward, done, info = as_step_result(env.step(text))
     except Exception:  # noqa: BLE001
         t.count("env_errors")
         t.turns.append(Turn(begin, len(t.ids), len(t.ids), FinishReason.ENV_ERROR, 0.0, state))

@@ -49,6 +49,7 @@ from rlvr.trainer.expert import ExpertSource
 from rlvr.trainer.inpaint import InpaintPlan
 from rlvr.trainer.logit_stats import needs_reference
 from rlvr.trainer.plan import AsyncPlan, Components, ExpertPlan, LoopPlan, Proximal, RolloutPlan, RolloutSide, StepPlan
+from rlvr.trainer.scoring import reads_step
 from rlvr.trainer.step import LossSpec
 
 # Decoupled PPO (AReaL): a stale batch's tokens are reweighted by pi_prox / pi_behav, uncapped unless
@@ -375,4 +376,5 @@ def _scoring_without_core(reward, lease: CoreLease):
             return reward(prompts, texts, examples)
 
     score.on_step_begin = getattr(reward, "on_step_begin", lambda step, steps: None)
+    score.reads_step = reads_step(reward)
     return score

@@ -136,6 +136,9 @@ class CalculatorTaskConfig(AgentTaskConfig):
     """Digits of the first factor."""
     digits_b: int | None = None
     """Digits of the second factor."""
+    tool_latency_s: float | None = ranged(None, ">= 0", "seconds")
+    """The calculator answers this long after each call (a remote tool service's round trip; a wait
+    that computes nothing, during which the asynchronous rollout side lends its core); default 0."""
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ import json
 import math
 import numbers
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,7 +179,8 @@ class RewardRunner:
         self.fn = fn
         self.timeout_s = float(timeout_s)
         self._warned_unscorable = False
-        self._worker: CallThread | None = None
+        # each calling thread's own worker: batches scored at once (`collect.produce_ahead`) never queue
+        self._calls = threading.local()  # behind each other's calls
         self.name = name or getattr(fn, "__name__", "reward")
         self.form = reward_form(fn) if batched is None else ("batched" if batched else "sample")
         self.state = TrainerState()  # `trainer_state` of TRL-form functions; `on_step_begin` moves it
@@ -203,6 +205,11 @@ class RewardRunner:
         else:
             raw = self._call_each(prompts, completions, examples)
         return self._collect(raw)
+
+    @property
+    def reads_step(self) -> bool:
+        """Only TRL-form functions see the step (`trainer_state`)."""
+        return self.form == "trl"
 
     def on_step_begin(self, step: int, steps: int) -> None:
         """Step `step` of `steps` starts: ``step - 1`` optimizer steps are done (TRL's ``global_step``)."""
@@ -277,9 +284,10 @@ class RewardRunner:
                 raise
             except BaseException as err:  # noqa: BLE001 - one bad sample must not stop the run
                 return None, describe(err)
-        if self._worker is None or self._worker.stuck:
-            self._worker = CallThread(self.name)
-        future = self._worker.submit(fn, args, kwargs)
+        worker = getattr(self._calls, "worker", None)
+        if worker is None or worker.stuck:
+            worker = self._calls.worker = CallThread(self.name)
+        future = worker.submit(fn, args, kwargs)
         try:
             return future.result(timeout=self.timeout_s), None
         except KeyboardInterrupt:
@@ -288,7 +296,7 @@ class RewardRunner:
             return None, self._timeout_error()
         except TimeoutError:
             if not future.done():  # else the function itself raised TimeoutError: an ordinary error
-                self._worker.stuck = True
+                worker.stuck = True
                 return None, self._timeout_error()
             return None, describe(future.exception())
         except BaseException as err:  # noqa: BLE001
@@ -389,6 +397,10 @@ class RewardSum:
     @property
     def names(self) -> list[str]:
         return [r.name for r in self.runners]
+
+    @property
+    def reads_step(self) -> bool:
+        return any(runner.reads_step for runner in self.runners)
 
     def on_step_begin(self, step: int, steps: int) -> None:
         for runner in self.runners:

@@ -25,6 +25,18 @@ import torch
 from rlvr.batch import Rollouts, concat_rollouts
 from rlvr.kernels.decoder import shared_weights
 
+_HOLDING = threading.local()  # .lease: the CoreLease whose core this thread holds (or held last)
+
+
+@contextlib.contextmanager
+def waiting():
+    """A block that waits and computes nothing here (a tool's round trip, a sandboxed process):
+    the core this thread holds of a `CoreLease` given back for it, so the other side computes on
+    it; a no-op in a thread that holds none (the synchronous loop)."""
+    lease = getattr(_HOLDING, "lease", None)
+    with lease.released() if lease is not None else contextlib.nullcontext():
+        yield
+
 
 class CoreLease:
     """The cores of a process shared by the sides that compute at the same time (the asynchronous
@@ -73,6 +85,7 @@ class CoreLease:
             self._asking -= 1
             self._free -= 1
         self._mine.held = True
+        _HOLDING.lease = self
 
     def borrow(self, most: int) -> int:
         """Up to `most` free cores, without waiting: how many were taken (give them back after)."""

@@ -13,7 +13,17 @@ same bit for bit (a test checks it). η = 1 is one-step-off overlap. Which admis
 batch gets depends on the two sides' pace; `trainer.staleness=exact` makes it always k-1-η
 (the slot keeps every published version until the rollout side has taken it), so the run does
 not depend on timing. The queue between the sides
-holds at most max(η, 1) batches. Each batch comes from one version (no in-flight weight update);
+holds at most max(η, 1) batches.
+
+Score-ahead: when nothing that samples reads a reward first (`collect.scores_ahead`: one round, uniform
+draws, a single-turn task), the rollout side samples a batch, hands it to a scoring pool of η + 1
+threads and starts the next one; the queue holds each batch's Future, in step order, and the learner
+waits on it. The verifier's wait (a judge, a sandbox) then overlaps the next batches' sampling, the
+update and the other batches' scoring, and holds no core. A batch counts toward η from the version
+its sampling started with, so the bound is as without it; the run RNG's draws all happen in the
+rollout thread in the synchronous order, so η = 0 is still the synchronous loop bit for bit. A verifier
+that reads the step (TRL-form `trainer_state`) has each batch's step set just before it is scored,
+one such batch at a time. Each batch comes from one version (no in-flight weight update);
 a stale batch trains with the decoupled PPO objective (`sync.rl_step`).
 
 The rollout side owns the prompt RNG and the sampler; each batch carries their state after it,
@@ -39,6 +49,8 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -46,8 +58,9 @@ from rlvr.engines.snapshot import published
 from rlvr.protocols import WeightSyncEngine
 from rlvr.runtime.rows import CoreLease
 from rlvr.tracking.run_dir import now
-from rlvr.trainer.collect import Produced, produce, stale_by
+from rlvr.trainer.collect import Produced, produce, produce_ahead, scores_ahead, stale_by
 from rlvr.trainer.plan import Components
+from rlvr.trainer.scoring import reads_step
 from rlvr.trainer.sync import rl_step
 
 
@@ -115,15 +128,17 @@ class LocalRollouts:
         self.lease = lease  # the process's cores, shared with the learner (None = a fixed share)
         self.exact = exact
         self.slot = WeightSlot(engine.policy_version, keep=exact)
-        self.queue: queue.Queue = queue.Queue(maxsize=max(1, max_staleness))
+        self.queue: queue.Queue = queue.Queue(maxsize=max(1, max_staleness))  # of Futures, in step order
+        # score-ahead: every batch admitted and not yet trained (at most η + 1) can be in scoring at once
+        self.scoring = ThreadPoolExecutor(max_staleness + 1, thread_name_prefix="rlvr-scoring") \
+            if scores_ahead(c) else None
+        self.reads_step, self.step_lock = reads_step(c.reward), threading.Lock()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(start, last), name="rlvr-rollouts", daemon=True)
         self.thread.start()
 
     def _run(self, start: int, last: int) -> None:
         torch.set_num_threads(self.threads)  # this thread's intra-op share (threads are per-thread in torch)
-        # TRL-form rewards' `trainer_state`: the step whose batch is scored, as in the synchronous loop
-        begin = getattr(self.c.reward, "on_step_begin", lambda step, steps: None)
         idle = 0.0
         try:
             for step in range(start + 1, last + 1):
@@ -138,18 +153,55 @@ class LocalRollouts:
                         if tensors is not None:
                             self.engine.push_weights(tensors, version)
                         sync_s = now() - t0
-                        begin(step, last)
-                        produced = produce(self.c, step, self.engine.policy_version)
-                produced.facts = rollout_facts(idle, sync_s, produced.rollout_s)
-                if hasattr(self.engine, "restarts"):  # a backend that restarts dead workers counts them
-                    produced.facts["async/worker_restarts"] = float(self.engine.restarts)
+                        batch = self._sample(step, last, self.engine.policy_version)
                 t0 = now()
-                self._put(produced)
+                self._put(self._scored(batch, idle, sync_s))
                 idle = now() - t0  # waiting for queue space counts toward the next batch's idle share
         except Stopped:
             return
         except BaseException as err:  # the learner re-raises it from get()
-            self._put(err)
+            failed: Future = Future()
+            failed.set_exception(err)
+            self._put(failed)
+
+    def _begin(self, step: int, last: int) -> None:
+        """TRL-form rewards' `trainer_state`: the step whose batch is scored, as in the synchronous loop."""
+        getattr(self.c.reward, "on_step_begin", lambda step, steps: None)(step, last)
+
+    def _sample(self, step: int, last: int, version: int) -> tuple[Callable[[], Produced], float]:
+        """(the job that scores the batch, the seconds sampling took); the job is the whole
+        `produce` when its sampling reads a reward (`collect.scores_ahead`)."""
+        if self.scoring is None:
+            self._begin(step, last)
+            produced = produce(self.c, step, version)
+            return (lambda: produced), produced.rollout_s
+        job, sample_s = produce_ahead(self.c, step, version)
+
+        def scored_at_its_step() -> Produced:  # batches scored at once each set their step in turn
+            with self.step_lock if self.reads_step else contextlib.nullcontext():
+                self._begin(step, last)
+                return job()
+
+        return scored_at_its_step, sample_s
+
+    def _scored(self, batch: tuple[Callable[[], Produced], float], idle: float, sync_s: float) -> Future:
+        """The batch's Future: scored in the pool (no core held: the verifier's wait overlaps the
+        next batch's sampling and the update), or at once when nothing is scored ahead."""
+        job, sample_s = batch
+        facts = rollout_facts(idle, sync_s, sample_s)  # the sampling thread's own share: scoring runs beside it
+        if hasattr(self.engine, "restarts"):  # a backend that restarts dead workers counts them
+            facts["async/worker_restarts"] = float(self.engine.restarts)
+
+        def finish() -> Produced:
+            produced = job()
+            produced.facts = facts
+            return produced
+
+        if self.scoring is not None:
+            return self.scoring.submit(finish)
+        done: Future = Future()
+        done.set_result(finish())
+        return done
 
     def _put(self, item) -> None:
         while not self.stop.is_set():
@@ -170,9 +222,7 @@ class LocalRollouts:
             except queue.Empty:
                 if not self.thread.is_alive():
                     raise RuntimeError("the rollout thread ended without a batch") from None
-        if isinstance(item, BaseException):
-            raise item
-        return item, depth
+        return item.result(), depth  # a scoring error or the rollout side's re-raised here
 
     def publish(self, tensors: list, version: int) -> None:
         self.slot.publish(tensors, version)
@@ -185,6 +235,8 @@ class LocalRollouts:
             except queue.Empty:
                 break
         self.thread.join(timeout=60)
+        if self.scoring is not None:
+            self.scoring.shutdown(wait=True, cancel_futures=True)
 
 
 class AsyncSteps:

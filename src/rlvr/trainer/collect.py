@@ -14,6 +14,7 @@ cost to compare samplers by).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -22,7 +23,7 @@ from rlvr.agents.batch import TurnTensors
 from rlvr.agents.collect import is_agent_task, rollout_batch
 from rlvr.batch import Rollouts, concat_rollouts
 from rlvr.codec import completion_token_ids, decode_completions, encode_prompts
-from rlvr.sampling.base import GroupFeedback, Request
+from rlvr.sampling.base import GroupFeedback, Request, Uniform
 from rlvr.sampling.calibration import Calibration, calibration_metrics, mc_pass_rates
 from rlvr.trainer.inpaint import inpaint_round
 from rlvr.trainer.plan import RolloutPlan
@@ -37,6 +38,7 @@ class Collected:
     group: list[Example]       # the example of each row
     rollouts: Rollouts
     texts: list[str]
+    metrics: dict[str, float]  # of the sampling (SPEC-RL's reuse), beside the verifier's
     rewards: torch.Tensor      # (B,) task reward, NaN = not scorable
     correct: torch.Tensor      # (B,) 1.0 where the verifier says correct
     metrics: dict[str, float]
@@ -90,6 +92,39 @@ def produce(c, step: int, version: int | None = None) -> Produced:
                         c.replay.state_dict() if c.replay is not None else None, version=version)
     produced.staleness = stale_by(produced, step)
     return produced
+
+
+def scores_ahead(c) -> bool:
+    """Whether a batch can be scored while the next one samples (`produce_ahead`): nothing that
+    samples reads a reward first. One round (a group filter that never refills), no replay, no hints (IGPO), no
+    greedy baseline, no calibration probe, a single-turn task, and a sampler that reads no feedback
+    (uniform draws)."""
+    r = c.plan.rollout
+    one_round = r.group_filter is None or not r.group_filter.refill(0, 1, 1)  # a filter that only drops groups
+    return (isinstance(c.sampler, Uniform) and one_round and c.replay is None and r.inpaint is None
+            and not r.greedy_baseline and r.calibration is None and not is_agent_task(c.task))
+
+
+def produce_ahead(c, step: int, version: int) -> tuple[Callable[[], Produced], float]:
+    """Sample step `step`'s batch with policy version `version` now; (the job that scores it,
+    the seconds sampling took). The run RNG's draws all happen here, in `produce`'s order (the
+    uniform sampler's feedback draws nothing), so the job may run while the next batch samples,
+    and with the batches trained in order the run is `produce`'s draw for draw."""
+    t0 = time.perf_counter()
+    sampled = _sample_round(c, step, 0, c.plan.rollout.prompts_per_step)
+    sample_s = time.perf_counter() - t0
+    seed, sampler_metrics = c.rng.getrandbits(62), c.sampler.metrics()
+    task_rng, sampler_state = c.rng.getstate(), c.sampler.state_dict()
+
+    def score_it() -> Produced:
+        t1 = time.perf_counter()
+        got = _filled(c, step, version, c.plan.rollout.prompts_per_step, sampled.requests, _score_round(c, sampled))
+        produced = Produced(got, sample_s + time.perf_counter() - t1, seed, sampler_metrics, task_rng,
+                            sampler_state, version=version)
+        produced.staleness = stale_by(produced, step)
+        return produced
+
+    return score_it, sample_s
 
 
 CALIBRATION_OFFSET = 1 << 15
@@ -172,35 +207,62 @@ def feedback(requests: list[Request], got: Collected, kept: torch.Tensor | None,
     return records
 
 
-def _one_round(c, step: int, round_index: int, n_prompts: int) -> tuple[list[Request], Collected]:
+@dataclass
+class Sampled:
+    """One round's completions before the verifier has seen them."""
+
+    requests: list[Request]
+    group: list[Example]
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    seeds: torch.Tensor
+    rollouts: Rollouts
+    texts: list[str]
+
+
+def _sample_round(c, step: int, round_index: int, n_prompts: int) -> Sampled:
     r = c.plan.rollout
     requests = c.sampler.propose(step, n_prompts, n_prompts * r.group_size)
     group = [req.example for req in requests for _ in range(req.n_rollouts)]  # each group of G rows shares a prompt
     prompt_ids, prompt_mask = encode_prompts(c.tokenizer, [ex.prompt for ex in group])
     seeds = sample_seeds(r.seed, step, len(group), offset=round_index * len(group))
+    metrics = {}
+    if c.speculative is not None:  # SPEC-RL: each row's draft is its (prompt, slot)'s last completion
+        keys = [(req.prompt_id, j) for req in requests for j in range(req.n_rollouts)]
+        rollouts, metrics = c.speculative(keys, prompt_ids, prompt_mask, seeds)
+    else:
+        rollouts = generate(c.engine, prompt_ids, prompt_mask, seeds, row_temperatures(r, len(group)),
+                            group_size=r.group_size, micro_group_size=r.micro_group_size,
+                            pad_id=c.tokenizer.pad_token_id)
+    return Sampled(requests, group, prompt_ids, prompt_mask, seeds, rollouts, decode_completions(c.tokenizer, rollouts),
+                   metrics)
+
+
+def _score_round(c, s: Sampled) -> Collected:
+    r = c.plan.rollout
+    v = scored(c.reward, c.task, s.group, s.texts, completion_token_ids(c.tokenizer, s.rollouts))
+    metrics = {**{f"reward/{k}": x for k, x in v.metrics.items()}, **s.metrics}
+    got = Collected(s.group, s.rollouts, s.texts, v.rewards, v.correct, metrics,
+                    components=v.components, component_weights=v.weights, component_names=v.names)
+    if r.inpaint is not None:  # IGPO: groups with no correct completion get hinted ones (trainer/inpaint.py)
+        got = inpaint_round(c, r.inpaint, got, s.prompt_ids, s.prompt_mask, s.seeds,
+                            row_temperatures(r, len(s.group)), r.group_size)
+    return got
+
+
+def _one_round(c, step: int, round_index: int, n_prompts: int) -> tuple[list[Request], Collected]:
+    r = c.plan.rollout
     if is_agent_task(c.task):  # multi-turn episodes: the environment scores them
+        requests = c.sampler.propose(step, n_prompts, n_prompts * r.group_size)
+        group = [req.example for req in requests for _ in range(req.n_rollouts)]
+        seeds = sample_seeds(r.seed, step, len(group), offset=round_index * len(group))
         got = rollout_batch(c.engine, c.tokenizer, c.task, group, seeds, temperature=row_temperatures(r, len(group)))
         if c.turn_reward is not None:
             got = c.turn_reward(got, c.tokenizer, [ex.prompt for ex in group])
         return requests, Collected(group, got.rollouts, got.texts, got.rewards, got.correct, got.metrics,
                                    turns=got.turns)
-    spec_metrics = {}
-    if c.speculative is not None:  # SPEC-RL: each row's draft is its (prompt, slot)'s last completion
-        keys = [(req.prompt_id, j) for req in requests for j in range(req.n_rollouts)]
-        rollouts, spec_metrics = c.speculative(keys, prompt_ids, prompt_mask, seeds)
-    else:
-        rollouts = generate(c.engine, prompt_ids, prompt_mask, seeds, row_temperatures(r, len(group)),
-                            group_size=r.group_size, micro_group_size=r.micro_group_size,
-                            pad_id=c.tokenizer.pad_token_id)
-    texts = decode_completions(c.tokenizer, rollouts)
-    s = scored(c.reward, c.task, group, texts, completion_token_ids(c.tokenizer, rollouts))
-    got = Collected(group, rollouts, texts, s.rewards, s.correct,
-                    {**{f"reward/{k}": v for k, v in s.metrics.items()}, **spec_metrics},
-                    components=s.components, component_weights=s.weights, component_names=s.names)
-    if r.inpaint is not None:  # IGPO: groups with no correct completion get hinted ones (trainer/inpaint.py)
-        got = inpaint_round(c, r.inpaint, got, prompt_ids, prompt_mask, seeds, row_temperatures(r, len(group)),
-                            r.group_size)
-    return requests, got
+    sampled = _sample_round(c, step, round_index, n_prompts)
+    return sampled.requests, _score_round(c, sampled)
 
 
 def greedy_baseline(c, group: list[Example]) -> torch.Tensor:
@@ -236,9 +298,14 @@ def collect(c, step: int, version: int | None = None) -> Collected:
 
 def _collect_rounds(c, step: int, version: int, n_prompts: int) -> Collected:
     """`n_prompts` fresh groups, filtered and refilled as the plan's group filter says."""
+    requests, first = _one_round(c, step, 0, n_prompts)
+    return _filled(c, step, version, n_prompts, requests, first)
+
+
+def _filled(c, step: int, version: int, n_prompts: int, requests: list[Request], first: Collected) -> Collected:
+    """The first round's groups, filtered and refilled as the plan's group filter says."""
     r = c.plan.rollout
     flt = r.group_filter
-    requests, first = _one_round(c, step, 0, n_prompts)
     if flt is None:
         records = feedback(requests, first, None, step=step, version=version, group_size=r.group_size)
         c.sampler.observe(step, records)

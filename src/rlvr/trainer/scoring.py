@@ -42,3 +42,9 @@ def scored(reward, task, group: list[Example], texts: list[str], token_ids: list
 def score(reward, task, group: list[Example], texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(rewards (B,), correct (B,), reward metrics). Unscorable or failed samples are NaN."""
     return scored(reward, task, group, texts)[:3]
+
+
+def reads_step(reward) -> bool:
+    """Whether the verifier's scores depend on the step it was told last (`on_step_begin`: TRL-form
+    functions' `trainer_state`), so a batch scored ahead must be scored with its own step set."""
+    return getattr(reward, "reads_step", hasattr(reward, "on_step_begin"))

@@ -13,7 +13,9 @@ from __future__ import annotations
 import ast
 import operator
 import random
+import time
 
+from rlvr.agents.env import StepResult
 from rlvr.agents.task import AgentTask, ToolEnv
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
@@ -39,12 +41,20 @@ def calc(expression: str) -> str:
 
 
 class CalculatorEnv(ToolEnv):
-    def __init__(self, *, digits: tuple[int, int] = (3, 2), **kwargs):
+    def __init__(self, *, digits: tuple[int, int] = (3, 2), latency_s: float = 0.0, **kwargs):
         self.digits = digits
+        self.latency_s = latency_s  # each tool call answered this long after it (a remote service's round trip)
         super().__init__(**kwargs)
 
     def _tools(self):
         return (calc,)
+
+    def step(self, action_text: str) -> StepResult:
+        result = super().step(action_text)
+        calls = result.info.get("tool_calls", 0)
+        if self.latency_s > 0 and calls:
+            time.sleep(self.latency_s * calls)  # a wait, no computation here
+        return result
 
     def _generate(self, rng: random.Random):
         a, b = (rng.randrange(10 ** (d - 1), 10 ** d) for d in self.digits)
@@ -67,9 +77,11 @@ class Calculator(AgentTask):
 
     def __init__(self, *, digits_a: int = 3, digits_b: int = 2, heldout_size: int = 200, max_turns: int = 3,
                  max_total_tokens: int = 96, tool_timeout_s: float = 2.0, tools: bool = True,
-                 train_drifted: bool = False, demo_tool_rate: float = 0.5):
+                 train_drifted: bool = False, demo_tool_rate: float = 0.5, tool_latency_s: float = 0.0):
         if min(digits_a, digits_b) < 1:
             raise ValueError(f"digits_a and digits_b must be >= 1, got {digits_a}, {digits_b}")
+        if not tool_latency_s >= 0:
+            raise ValueError(f"tool_latency_s must be >= 0, got {tool_latency_s}")
         super().__init__(heldout_size=heldout_size, max_turns=max_turns, max_total_tokens=max_total_tokens,
                          tool_timeout_s=tool_timeout_s, tools=tools, train_drifted=train_drifted,
-                         demo_tool_rate=demo_tool_rate, digits=(digits_a, digits_b))
+                         demo_tool_rate=demo_tool_rate, digits=(digits_a, digits_b), latency_s=tool_latency_s)
