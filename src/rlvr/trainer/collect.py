@@ -38,7 +38,6 @@ class Collected:
     group: list[Example]       # the example of each row
     rollouts: Rollouts
     texts: list[str]
-    metrics: dict[str, float]  # of the sampling (SPEC-RL's reuse), beside the verifier's
     rewards: torch.Tensor      # (B,) task reward, NaN = not scorable
     correct: torch.Tensor      # (B,) 1.0 where the verifier says correct
     metrics: dict[str, float]
@@ -218,6 +217,7 @@ class Sampled:
     seeds: torch.Tensor
     rollouts: Rollouts
     texts: list[str]
+    metrics: dict[str, float]  # of the sampling (SPEC-RL's reuse), beside the verifier's
 
 
 def _sample_round(c, step: int, round_index: int, n_prompts: int) -> Sampled:
