@@ -31,6 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from rlvr.batch import Rollouts, left_pad
 from rlvr.noise import gumbel_noise, uniform_noise
@@ -84,14 +85,6 @@ def completion_logdists(model, prompt_ids, prompt_mask, completion_ids, completi
     return (logits[:, tp - 1:tp - 1 + tc].float() / temperature).log_softmax(-1).cpu()
 
 
-def _padded(rows: list[torch.Tensor], pad_id: int, dtype=torch.long) -> torch.Tensor:
-    width = max((len(r) for r in rows), default=0)
-    out = torch.full((len(rows), width), pad_id, dtype=dtype)
-    for i, r in enumerate(rows):
-        out[i, :len(r)] = r
-    return out
-
-
 @dataclass
 class Verified:
     """Per drafted row: the kept tokens (accepted prefix, plus the first new token after a
@@ -109,8 +102,8 @@ def verify(model, prompt_ids, prompt_mask, seeds, drafts: list[Draft], *, temper
            rule: str, eos_id: int, pad_id: int, max_new_tokens: int) -> Verified:
     """Verify D drafts (rows of prompt_ids) under the current policy and draw each rejected row's
     first new token."""
-    ids = _padded([d.ids for d in drafts], pad_id)
-    mask = _padded([torch.ones(len(d.ids)) for d in drafts], 0, torch.float)
+    ids = pad_sequence([d.ids for d in drafts], batch_first=True, padding_value=pad_id)
+    mask = pad_sequence([torch.ones(len(d.ids)) for d in drafts], batch_first=True)
     new = completion_logdists(model, prompt_ids, prompt_mask, ids, mask, temperature)       # (D, L, V)
     old = torch.stack([torch.nn.functional.pad(d.logdist, (0, 0, 0, ids.shape[1] - len(d.ids)))
                        for d in drafts])
@@ -200,21 +193,18 @@ class SpeculativeRollouts:
         lengths = torch.tensor([len(x) for x in ids])
         width = int(lengths.max()) if len(ids) else 0
         mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
-        return Rollouts(prompt_ids, prompt_mask, _padded(ids, self.pad_id), mask,
-                        _padded(logp, 0, torch.float), torch.tensor(truncated, dtype=torch.bool))
+        return Rollouts(prompt_ids, prompt_mask, pad_sequence(ids, batch_first=True, padding_value=self.pad_id), mask,
+                        pad_sequence(logp, batch_first=True), torch.tensor(truncated, dtype=torch.bool))
 
     def _remember(self, keys, out: Rollouts, head_dist, finished) -> None:
         """Cache every row's completion with its log-distributions: the verify forward's where the
         row finished there, one forward of the continued rows otherwise."""
         continued = [i for i, f in enumerate(finished) if not f]
-        dists = dict(zip(continued, _rows(completion_logdists(
+        dists = dict(zip(continued, completion_logdists(
             self.model, out.prompt_ids[continued], out.prompt_mask[continued], out.completion_ids[continued],
-            out.completion_mask[continued], self.temperature)))) if continued else {}
+            out.completion_mask[continued], self.temperature))) if continued else {}
         for i, key in enumerate(keys):
             n = int(out.lengths[i])
             dist = dists[i] if i in dists else head_dist[i]
             self.cache.put(key, Draft(out.completion_ids[i, :n].clone(), dist[:n].clone()))
 
-
-def _rows(t: torch.Tensor) -> list[torch.Tensor]:
-    return list(t.unbind(0))

@@ -220,12 +220,18 @@ class Sampled:
     metrics: dict[str, float]  # of the sampling (SPEC-RL's reuse), beside the verifier's
 
 
-def _sample_round(c, step: int, round_index: int, n_prompts: int) -> Sampled:
+def _requests(c, step: int, round_index: int, n_prompts: int) -> tuple[list[Request], list[Example], torch.Tensor]:
+    """The round's prompt requests, the example of each row and the rows' sampling seeds."""
     r = c.plan.rollout
     requests = c.sampler.propose(step, n_prompts, n_prompts * r.group_size)
     group = [req.example for req in requests for _ in range(req.n_rollouts)]  # each group of G rows shares a prompt
+    return requests, group, sample_seeds(r.seed, step, len(group), offset=round_index * len(group))
+
+
+def _sample_round(c, step: int, round_index: int, n_prompts: int) -> Sampled:
+    r = c.plan.rollout
+    requests, group, seeds = _requests(c, step, round_index, n_prompts)
     prompt_ids, prompt_mask = encode_prompts(c.tokenizer, [ex.prompt for ex in group])
-    seeds = sample_seeds(r.seed, step, len(group), offset=round_index * len(group))
     metrics = {}
     if c.speculative is not None:  # SPEC-RL: each row's draft is its (prompt, slot)'s last completion
         keys = [(req.prompt_id, j) for req in requests for j in range(req.n_rollouts)]
@@ -253,9 +259,7 @@ def _score_round(c, s: Sampled) -> Collected:
 def _one_round(c, step: int, round_index: int, n_prompts: int) -> tuple[list[Request], Collected]:
     r = c.plan.rollout
     if is_agent_task(c.task):  # multi-turn episodes: the environment scores them
-        requests = c.sampler.propose(step, n_prompts, n_prompts * r.group_size)
-        group = [req.example for req in requests for _ in range(req.n_rollouts)]
-        seeds = sample_seeds(r.seed, step, len(group), offset=round_index * len(group))
+        requests, group, seeds = _requests(c, step, round_index, n_prompts)
         got = rollout_batch(c.engine, c.tokenizer, c.task, group, seeds, temperature=row_temperatures(r, len(group)))
         if c.turn_reward is not None:
             got = c.turn_reward(got, c.tokenizer, [ex.prompt for ex in group])
