@@ -154,6 +154,16 @@ def test_no_source_file_is_over_the_size_limit():
     assert not long, f"files over {MAX_LINES} lines: {long}"
 
 
+def test_tests_never_import_through_a_tests_package():
+    """`pytest` (not `python -m pytest`) does not put the repository root on sys.path, so
+    `from tests.x import y` fails at collection on a clean machine; shared test helpers live in
+    `_name.py` files beside the tests and are imported by that bare name."""
+    tests = Path(__file__).resolve().parent
+    bad = sorted(str(p.relative_to(tests)) for p in tests.rglob("*.py")
+                 if any(name == "tests" or name.startswith("tests.") for name, _ in _imports(p)))
+    assert not bad, f"import shared helpers as `from _helper import ...`, not through `tests.`: {bad}"
+
+
 def _module_graph() -> dict[str, set[str]]:
     """Module -> the package modules it imports, at module level or inside a function alike (a lazy
     import still makes a cycle; only optional extras are imported lazily, and they are not ours)."""

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import time
 
+from _async_runs import TINY, _assert_same_run, _lines, _run
+
 from rlvr.trainer import async_loop
-from tests.trainer.test_async import TINY, _assert_same_run, _lines, _run
 
 WAITING = """import time
 
