@@ -23,8 +23,14 @@ from __future__ import annotations
 import torch
 
 from rlvr.batch import Rollouts
-from rlvr.engines.torch_diffusion import (block_schedule, check_schedule, commit_step, eoser_scale, window_rollouts,
-                                          window_state)
+from rlvr.engines.torch_diffusion import (
+    block_schedule,
+    check_schedule,
+    commit_step,
+    eoser_scale,
+    window_rollouts,
+    window_state,
+)
 
 
 def _block_logits(model, x, attention, positions, lo, hi, tp, cache, carry):
