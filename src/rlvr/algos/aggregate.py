@@ -168,7 +168,7 @@ def step_mean(
         raise ValueError("aggregation 'step_mean' needs the sampler's commit steps: model.kind=diffusion rollouts")
     trace = trace.to(loss_tok.device)
     keep = (mask > 0) & (trace >= 0)
-    steps = int(trace[keep].max()) + 1 if bool(keep.any()) else 1
+    steps = int(trace.max().clamp(min=0)) + 1  # over every position: the one-hot must hold them all
     at_step = torch.nn.functional.one_hot(trace.clamp(min=0), steps).to(loss_tok.dtype)  # (B, T, S)
     at_step = at_step * keep[..., None].to(loss_tok.dtype)
     clean = torch.where(keep, loss_tok, torch.zeros_like(loss_tok))

@@ -35,6 +35,7 @@ log π_T = log π_old + ψ·A (ψ = 1/β), with a normalisation-free squared los
 code's (ΔELBO / L − ψA)²). On-policy (ℓ_old = sg ℓ_θ) its gradient is −2ψ·A·∇ℓ_θ, a policy gradient;
 off-policy it stops where the log-ratio reaches the teacher's ψ·A or the clip. `gdsd` is the
 `OBJECTIVES` entry; `seq_mean_token_mean` aggregates it to the code's mean over rows.
+Hyperparameters: `gdsd_psi` (ψ, the code's `psi`, 1.0), `clip_low` / `clip_high` (ε of the log-ratio clip, 0.2).
 
 Deliberate deviations:
 1. The clip bounds the per-token (length-normalised) log-ratio, like every ratio in rlvr; the code
