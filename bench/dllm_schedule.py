@@ -44,7 +44,7 @@ def main() -> None:
     p.add_argument("overrides", nargs="*", help="key=value overrides of recipes/dllm_cj_grpo_countdown.yaml")
     args = p.parse_args()
     recipe = REPO / "recipes/dllm_cj_grpo_countdown.yaml"
-    plain = ["rollout.step_schedule=even", "rollout.eoser_gamma=null"]
+    plain = ["rollout.step_schedule=even", "rollout.eoser_gamma=null", "rollout.window=eos"]  # length to EOS
     base = load_config(recipe, _merged(plain, args.overrides))
     torch.set_num_threads(base.trainer.threads or 1)
     model, tokenizer = build.build_model(base)
@@ -57,7 +57,7 @@ def main() -> None:
         engine = build.build_engine(cfg, model, tokenizer)
         acc = greedy_accuracy(engine, tokenizer, task, heldout)
         out = engine(ids, mask, torch.arange(len(heldout)), temperature=0.0)
-        length = (out.completion_mask.sum(-1) - 1).float().mean()  # window=eos here: up to and incl. EOS
+        length = (out.completion_mask.sum(-1) - 1).float().mean()  # the mask runs up to and incl. EOS
         print(f"| {label} | {acc:.3f} | {out.forwards} | {length:.2f} |")
 
 

@@ -202,8 +202,8 @@ def test_docs_config_md_is_current():
 # ---------------------------------------------------------------------------- names from the registries
 
 @pytest.mark.parametrize("override, message", [
-    ("algo.objective=x", "algo.objective: unknown objective 'x'; valid: bgpo, cispo, clip_cov, dppo_kl, dppo_tv, "
-                         "dro, gdsd, gmpo, gspo, kl_cov, nft, ppo_clip, reinforce, reverse_kl_distill, sapo, shiq, wd1"),
+    ("algo.objective=x", "algo.objective: unknown objective 'x'; valid: bgpo, cispo, clip_cov, dppo_kl, dppo_tv, dro, "
+                         "gdsd, gmpo, gspo, kl_cov, nft, ppo_clip, reinforce, reverse_kl_distill, sapo, shiq, wd1"),
     ("algo.advantage=x", "algo.advantage: unknown advantage 'x'; valid: dr_grpo, gae, gdpo,"),
     ("algo.aggregation=x", "algo.aggregation: unknown aggregation 'x'; valid: seq_mean_token_mean,"),
     ("algo.kl_estimator=x", "algo.kl_estimator: unknown KL estimator 'x'; valid: abs, forward_kl,"),

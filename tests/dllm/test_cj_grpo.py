@@ -9,8 +9,14 @@ import torch
 from rlvr.algos.aggregate import get_aggregation, seq_mean_token_mean, step_mean
 from rlvr.codec import encode_prompts
 from rlvr.config import load_config
+from rlvr.engines.torch_diffusion import (
+    ascending_schedule,
+    block_schedule,
+    commit_step,
+    eoser_scale,
+    generate_diffusion,
+)
 from rlvr.errors import ConfigError
-from rlvr.engines.torch_diffusion import ascending_schedule, block_schedule, commit_step, eoser_scale, generate_diffusion
 from rlvr.models.diffusion_lm import load_diffusion_lm
 from rlvr.models.diffusion_policy import DiffusionPolicy
 
