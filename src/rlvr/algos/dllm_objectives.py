@@ -30,7 +30,8 @@ Models" (arXiv:2605.29398; code github.com/GaryBall/GDSD). The reverse-KL regula
 π* ∝ π_old · exp(A/β); GDSD distils the denoiser toward this advantage-guided self-teacher,
 log π_T = log π_old + ψ·A (ψ = 1/β), with a normalisation-free squared loss on the log-ratio
 (log Z dropped, as the group-centred advantages make it small):
-    loss_t = (clip(ℓ_θ − ℓ_old, log(1 − ε_low), log(1 + ε_high)) − ψ·A)² = (clip(ℓ_θ) − ℓ_T)² shifted,
+    loss_t = (ℓ_old + clip(ℓ_θ − ℓ_old, log(1 − ε_low), log(1 + ε_high)) − log π_T)²
+           = (clip(ℓ_θ − ℓ_old, ...) − ψ·A)²,
 ℓ the estimator's per-token log-likelihood (a sequence ELBO spread over the row, B̂/L: the released
 code's (ΔELBO / L − ψA)²). On-policy (ℓ_old = sg ℓ_θ) its gradient is −2ψ·A·∇ℓ_θ, a policy gradient;
 off-policy it stops where the log-ratio reaches the teacher's ψ·A or the clip. `gdsd` is the
