@@ -49,7 +49,8 @@ def test_every_entry_resolves_every_hyperparameter_to_its_own_default():
             overrides = [f"{reg_key}={name}"] + (["model.kind=diffusion"] if section == "estimator" else [])
             if (reg_key, name) == ("algo.objective", "bgpo"):  # reads the bgpo estimator's draws
                 overrides += ["model.kind=diffusion", "estimator.name=bgpo"]
-            if (reg_key, name) == ("algo.advantage", "lightning"):  # reads the diffusion sampler's steps
+            if (reg_key, name) in (("algo.advantage", "lightning"), ("algo.aggregation", "step_mean")):
+                # both read the diffusion sampler's steps
                 overrides += ["model.kind=diffusion"]
             if (reg_key, name) == ("algo.objective", "reverse_kl_distill"):  # trains toward a teacher
                 overrides += ["model.teacher_path=rlvr:countdown-warmstart"]
@@ -201,8 +202,8 @@ def test_docs_config_md_is_current():
 # ---------------------------------------------------------------------------- names from the registries
 
 @pytest.mark.parametrize("override, message", [
-    ("algo.objective=x", "algo.objective: unknown objective 'x'; valid: bgpo, cispo, clip_cov, dppo_kl, dppo_tv, "
-                         "dro, gmpo, gspo, kl_cov, nft, ppo_clip, reinforce, reverse_kl_distill, sapo, shiq, wd1"),
+    ("algo.objective=x", "algo.objective: unknown objective 'x'; valid: bgpo, cispo, clip_cov, dppo_kl, dppo_tv, dro, "
+                         "gdsd, gmpo, gspo, kl_cov, nft, ppo_clip, reinforce, reverse_kl_distill, sapo, shiq, wd1"),
     ("algo.advantage=x", "algo.advantage: unknown advantage 'x'; valid: dr_grpo, gae, gdpo,"),
     ("algo.aggregation=x", "algo.aggregation: unknown aggregation 'x'; valid: seq_mean_token_mean,"),
     ("algo.kl_estimator=x", "algo.kl_estimator: unknown KL estimator 'x'; valid: abs, forward_kl,"),

@@ -10,14 +10,25 @@ from rlvr.algos.objectives import OBJECTIVES
 LOSS = torch.tensor([[1.0, 2.0, 3.0, 0.0], [4.0, 0.0, 0.0, 0.0]])
 MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
 
-# (1+2+3+4)/4 tokens = 2.5; sum 10; (6+4)/2 seqs = 5; (6/3 + 4/1)/2 = 3; 10/(2*4) = 1.25
+TRACE = torch.tensor([[0, 1, 1, 2], [0, 1, 2, 3]])  # the sampler's commit step of each token (step_mean)
+
+# (1+2+3+4)/4 tokens = 2.5; sum 10; (6+4)/2 seqs = 5; (6/3 + 4/1)/2 = 3; 10/(2*4) = 1.25;
+# step_mean: row 0 steps {1}, {2, 3} -> (1 + 2.5)/2 = 1.75, row 1 {4} -> 4: (1.75 + 4)/2 = 2.875
 TABLE = {
     "token_mean": 2.5,
     "token_sum": 10.0,
     "seq_mean_token_sum": 5.0,
     "seq_mean_token_mean": 3.0,
     "seq_mean_token_sum_norm": 1.25,
+    "step_mean": 2.875,
 }
+
+
+def _steps(name: str, rows: int = 2) -> dict:
+    """The trace keyword for an aggregation that declares it, `rows` rows (padding rows: step 0)."""
+    if "trace" not in needs_of(AGGREGATIONS[name]):
+        return {}
+    return {"trace": torch.cat([TRACE, torch.zeros(rows - 2, 4, dtype=torch.long)])}
 
 
 def test_table_covers_registry():
@@ -28,7 +39,7 @@ def test_table_covers_registry():
 def test_aggregation_table(name):
     num_tokens, num_seqs = global_counts([MASK])
     assert (num_tokens, num_seqs) == (4.0, 2.0)
-    out = AGGREGATIONS[name](LOSS, MASK, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=4.0)
+    out = AGGREGATIONS[name](LOSS, MASK, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=4.0, **_steps(name))
     assert out.dim() == 0
     assert abs(out.item() - TABLE[name]) < 1e-6
 
@@ -42,7 +53,8 @@ def test_padding_junk_and_empty_rows(name):
     mask = torch.cat([MASK, torch.zeros(1, 4)])
     num_tokens, num_seqs = global_counts([mask])
     assert num_seqs == 2.0  # the empty row is not counted
-    out = AGGREGATIONS[name](loss, mask, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=4.0)
+    out = AGGREGATIONS[name](loss, mask, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=4.0,
+                             **_steps(name, rows=3))
     assert abs(out.item() - TABLE[name]) < 1e-6
 
 
@@ -92,14 +104,17 @@ def _grad(name, n_micro, objective="reinforce"):
     W, x, tokens, mask, adv = _policy_batch()
     old_shift = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 0.2
     num_tokens, num_seqs = global_counts(mask.chunk(n_micro))
+    rows, width = mask.shape  # commit steps for step_mean: rows alternate 1 and 2 tokens per step
+    trace = (torch.arange(width)[None, :] // (1 + torch.arange(rows)[:, None] % 2)).contiguous()
     total = 0.0
-    chunks = zip(*(t.chunk(n_micro) for t in (x, tokens, mask, adv, old_shift)))
-    for xs, ts, ms, advs, shift in chunks:
+    chunks = zip(*(t.chunk(n_micro) for t in (x, tokens, mask, adv, old_shift, trace)))
+    for xs, ts, ms, advs, shift, steps in chunks:
         logits = xs @ W
         logp = torch.log_softmax(logits, dim=-1).gather(-1, ts[..., None]).squeeze(-1)
         loss_tok, _ = OBJECTIVES[objective](logp, logp.detach() + shift, advs, ms, **REQUIRED.get(objective, {}),
                                             **_declared(objective, logits, ts, advs))
-        part = AGGREGATIONS[name](loss_tok, ms, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=6.0)
+        extra = {"trace": steps} if "trace" in needs_of(AGGREGATIONS[name]) else {}
+        part = AGGREGATIONS[name](loss_tok, ms, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=6.0, **extra)
         part.backward()  # accumulate like gradient accumulation does
         total += part.item()
     return W.grad.clone(), total

@@ -28,6 +28,10 @@ from rlvr.cli import main
                   "trainer.threads=2"], id="diffusion-pbpo", marks=pytest.mark.slow),
     pytest.param(["recipes/dllm_topd_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
                   "trainer.threads=2"], id="diffusion-topd", marks=pytest.mark.slow),
+    pytest.param(["recipes/dllm_cj_grpo_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
+                  "trainer.threads=2"], id="diffusion-cj_grpo", marks=pytest.mark.slow),
+    pytest.param(["recipes/dllm_gdsd_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
+                  "trainer.threads=2"], id="diffusion-gdsd", marks=pytest.mark.slow),
     pytest.param(["recipes/dllm_block_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
                   "trainer.threads=2"], id="block_diffusion"),
 ])

@@ -5,6 +5,7 @@ from functools import partial
 import pytest
 import torch
 
+from rlvr.algos._registry import needs_of
 from rlvr.algos.aggregate import AGGREGATIONS
 from rlvr.algos.kl import k3
 from rlvr.algos.objectives import ppo_clip
@@ -29,6 +30,9 @@ def _grads(model, batch, spec, micro_batch_size):
 @pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
 def test_one_vs_four_micro_batches_same_gradient(tiny_model, make_train_batch, aggregation):
     batch = make_train_batch(tiny_model, PROMPTS)
+    if "trace" in needs_of(AGGREGATIONS[aggregation]):  # step_mean: commit steps of 1, 2, 3, ... tokens per row
+        rows, width = batch.completion_ids.shape
+        batch.trace = (torch.arange(width)[None, :] // (1 + torch.arange(rows)[:, None] % 3)).contiguous()
     spec = LossSpec(objective=partial(ppo_clip, clip_low=0.2, clip_high=0.28),
                     aggregation=partial(AGGREGATIONS[aggregation], norm_length=10.0), kl_estimator=k3, kl_coef=0.1,
                     entropy_coef=0.01)

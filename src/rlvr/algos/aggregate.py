@@ -5,6 +5,8 @@ Papers (arXiv ids and links in docs/papers.md):
 - `seq_mean_token_mean`: DeepSeekMath GRPO (Shao et al. 2024), per-sample mean then batch mean.
 - `seq_mean_token_sum_norm`: Dr.GRPO (Liu et al. 2025), divide by a constant length.
 - `token_sum`, `seq_mean_token_sum`: plain sums, as in verl's `agg_loss` modes.
+- `step_mean`: CJ-GRPO (Yang et al. 2025), masked-diffusion rollouts: the mean over sampler steps of
+  the mean loss of the tokens each step committed (declares `trace`, the sampler's commit steps).
 
 Signature of every aggregation:
     fn(loss_tok (B, T), mask (B, T), *, num_tokens, num_seqs, norm_length) -> scalar Tensor
@@ -28,6 +30,11 @@ Deliberate deviations:
    1), rather than 0/(0 + 1e-8). Whether such rows count in `num_seqs` is the caller's choice;
    `global_counts` counts only non-empty rows, like verl.
 4. Padding is zeroed with `torch.where`, so inf/NaN at masked positions cannot leak through 0*inf.
+5. `step_mean` normalises per row, (1/N) Σ_i (1/S_i) Σ_s mean_{t ∈ U_is} ℓ_it; CJ-GRPO's code takes
+   each step's token mean over the whole batch, Σ_s (1/S) Σ_{i,t ∈ U_s} ℓ_it / |U_s|. The two are equal
+   when every row commits the same number of valid tokens at each step (a fixed step schedule and
+   `rollout.window=full`, CJ-GRPO's setting), and the per-row form splits exactly over micro-batches.
+   Tokens never committed by the sampler (trace -1: IGPO's inpainted hint) carry no loss.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor
 
-from rlvr.algos._registry import lookup
+from rlvr.algos._registry import lookup, needs
 
 __all__ = [
     "AGGREGATIONS",
@@ -47,6 +54,7 @@ __all__ = [
     "seq_mean_token_mean",
     "seq_mean_token_sum",
     "seq_mean_token_sum_norm",
+    "step_mean",
     "token_mean",
     "token_sum",
 ]
@@ -142,12 +150,42 @@ def seq_mean_token_sum_norm(
     return _row_sums(loss_tok, mask).sum() / denom
 
 
+@needs("trace")
+def step_mean(
+    loss_tok: Tensor,
+    mask: Tensor,
+    *,
+    trace: Tensor | None = None,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    norm_length: float | None = None,
+) -> Tensor:
+    """CJ-GRPO's per-step mean: row i's loss is the mean over its sampler steps s of the mean loss
+    of the valid tokens committed at s (`trace` (B, T) holds each token's step), and rows are
+    averaged over num_seqs (deviation 5). A token committed alone at a step weighs as much as a
+    whole later step's tokens together, so the early, small steps of an ascending schedule count."""
+    if trace is None:
+        raise ValueError("aggregation 'step_mean' needs the sampler's commit steps: model.kind=diffusion rollouts")
+    trace = trace.to(loss_tok.device)
+    keep = (mask > 0) & (trace >= 0)
+    steps = int(trace.max().clamp(min=0)) + 1  # over every position: the one-hot must hold them all
+    at_step = torch.nn.functional.one_hot(trace.clamp(min=0), steps).to(loss_tok.dtype)  # (B, T, S)
+    at_step = at_step * keep[..., None].to(loss_tok.dtype)
+    clean = torch.where(keep, loss_tok, torch.zeros_like(loss_tok))
+    step_sums = torch.einsum("bt,bts->bs", clean, at_step)
+    step_sizes = at_step.sum(1)  # (B, S): valid tokens committed at each step
+    step_means = step_sums / step_sizes.clamp(min=1)
+    per_row = step_means.sum(-1) / (step_sizes > 0).sum(-1).clamp(min=1)
+    return per_row.sum() / _need(num_seqs, "num_seqs", "step_mean")
+
+
 AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
     "token_mean": token_mean,
     "token_sum": token_sum,
     "seq_mean_token_sum": seq_mean_token_sum,
     "seq_mean_token_mean": seq_mean_token_mean,
     "seq_mean_token_sum_norm": seq_mean_token_sum_norm,
+    "step_mean": step_mean,
 }
 
 

@@ -1,4 +1,4 @@
-"""Objectives written for masked-diffusion LMs that read each Monte-Carlo draw of the likelihood.
+"""Objectives written for masked-diffusion LMs: BGPO's per-draw bound and GDSD's self-distillation.
 
 Paper: BGPO, "Boundary-Guided Policy Optimization for Memory-efficient RL of Diffusion Large
 Language Models" (Lin et al. 2025, arXiv:2510.11683). With per-draw ELBO terms e_j (j = 1..n,
@@ -24,9 +24,30 @@ Deliberate deviations:
 2. No dual clip (the port applies c = 3); `clip_low` / `clip_high` are the trainer's fields.
 3. The advantage of a row is its masked mean over tokens (the trainer's advantages are (B, T),
    constant along a row for the outcome-reward estimators).
+
+Paper: GDSD, "Reinforcement Learning as Guided Denoiser Self-Distillation for Diffusion Language
+Models" (arXiv:2605.29398; code github.com/GaryBall/GDSD). The reverse-KL regularised RL optimum is
+π* ∝ π_old · exp(A/β); GDSD distils the denoiser toward this advantage-guided self-teacher,
+log π_T = log π_old + ψ·A (ψ = 1/β), with a normalisation-free squared loss on the log-ratio
+(log Z dropped, as the group-centred advantages make it small):
+    loss_t = (ℓ_old + clip(ℓ_θ − ℓ_old, log(1 − ε_low), log(1 + ε_high)) − log π_T)²
+           = (clip(ℓ_θ − ℓ_old, ...) − ψ·A)²,
+ℓ the estimator's per-token log-likelihood (a sequence ELBO spread over the row, B̂/L: the released
+code's (ΔELBO / L − ψA)²). On-policy (ℓ_old = sg ℓ_θ) its gradient is −2ψ·A·∇ℓ_θ, a policy gradient;
+off-policy it stops where the log-ratio reaches the teacher's ψ·A or the clip. `gdsd` is the
+`OBJECTIVES` entry; `seq_mean_token_mean` aggregates it to the code's mean over rows.
+Hyperparameters: `gdsd_psi` (ψ, the code's `psi`, 1.0), `clip_low` / `clip_high` (ε of the log-ratio clip, 0.2).
+
+Deliberate deviations:
+1. The clip bounds the per-token (length-normalised) log-ratio, like every ratio in rlvr; the code
+   clamps the sequence ELBO gap before dividing by L (ε = 4e-4 there, with 8 updates per batch).
+2. The code's coupled-complement ELBO is `elbo_mc` with `antithetic=true` in the recipes
+   (rlvr.models.likelihood deviation 3); its logit centralisation (GDSD-TLC) is not built.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -89,4 +110,29 @@ def bgpo_objective(draw_logp: Tensor, draw_old: Tensor, advantages: Tensor, *, c
     return -value.mean()
 
 
-__all__ = ["bgpo", "bgpo_objective", "bgpo_surrogate", "block_product_ppo"]
+def gdsd_teacher(old_logp: Tensor, advantages: Tensor, *, gdsd_psi: float = 1.0) -> Tensor:
+    """GDSD's self-teacher, per token (B, T): the policy before the update tilted by the advantage,
+    log π_old + ψ·A, unnormalised (detached: the teacher is a target, never trained)."""
+    return old_logp.detach() + gdsd_psi * advantages.detach()
+
+
+def gdsd(logp, old_logp, advantages, mask, *, gdsd_psi: float = 1.0, clip_low: float = 0.2,
+         clip_high: float = 0.2) -> tuple[Tensor, dict[str, Tensor]]:
+    """GDSD's per-token loss (B, T): (ℓ_old + clip(ℓ_θ − ℓ_old) − ℓ_teacher)², the clip zeroing the gradient
+    past [log(1 − ε_low), log(1 + ε_high)]; metrics: the teacher's gap and the clip fractions."""
+    keep = mask > 0
+    old = old_logp.detach()
+    floor = math.log1p(-clip_low) if clip_low < 1 else float("-inf")
+    ceiling = math.log1p(clip_high)
+    log_ratio = torch.where(keep, logp - old, torch.zeros_like(logp))
+    clipped = log_ratio.clamp(floor, ceiling)
+    residual = old + clipped - gdsd_teacher(old, advantages, gdsd_psi=gdsd_psi)
+    zero = torch.zeros_like(logp)
+    r = log_ratio.detach()
+    metrics = {"gdsd_teacher_gap": torch.where(keep, residual.detach(), zero),
+               "clip_frac_low": torch.where(keep & (r < floor), 1.0, zero),
+               "clip_frac_high": torch.where(keep & (r > ceiling), 1.0, zero)}
+    return torch.where(keep, residual ** 2, zero), metrics
+
+
+__all__ = ["bgpo", "bgpo_objective", "bgpo_surrogate", "block_product_ppo", "gdsd", "gdsd_teacher"]

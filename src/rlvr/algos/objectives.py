@@ -19,6 +19,8 @@ Papers (arXiv ids and links in docs/papers.md):
   deviations, in `rlvr.algos.hybrid` and registered here.
 - `bgpo`: BGPO (Lin et al. 2025), the per-draw linear bound on the ELBO ratio of a masked-diffusion
   LM, defined in `rlvr.algos.dllm_objectives`; it reads the estimator's draws (`needs`).
+- `gdsd`: GDSD (arXiv:2605.29398), squared log-ratio distillation toward the advantage-tilted
+  self-teacher log π_old + ψ·A, defined in `rlvr.algos.dllm_objectives`; any likelihood estimator.
 - `reverse_kl_distill`: on-policy distillation, token-level reverse KL to a teacher (`model.teacher_path`),
   defined in `rlvr.algos.distill`; it reads the reference's log-probs (`needs`).
 - `shiq`: ShiQ (Clavier et al. 2025), token-wise off-policy Bellman loss on logits read as
@@ -41,6 +43,7 @@ each objective's own and are what a null config field resolves to):
 - `group_size` (int): G, rows per prompt group (`wd1` takes its softmax over each group);
   the trainer sets it from `rollout.group_size`.
 - `wd1_psi` (float): wd1's inverse temperature ψ of the advantage softmax.
+- `gdsd_psi` (float): GDSD's guidance scale ψ of the self-teacher log π_old + ψ·A.
 - `ratio_cap`, `dro_beta`, `cov_ratio`, `cov_kl_coef`, `cov_lb`, `cov_ub`: DPPO's weight cap, DRO's
   penalty, the KL-Cov / Clip-Cov token selection (see `objectives_zoo.py`).
 
@@ -69,7 +72,7 @@ from torch import Tensor
 
 from rlvr.algos._registry import lookup
 from rlvr.algos.distill import reverse_kl_distill
-from rlvr.algos.dllm_objectives import bgpo
+from rlvr.algos.dllm_objectives import bgpo, gdsd
 from rlvr.algos.hybrid import nft
 from rlvr.algos.objectives_zoo import clip_cov, dppo_kl, dppo_tv, dro, gmpo, kl_cov
 from rlvr.algos.offpolicy import shiq
@@ -276,6 +279,7 @@ OBJECTIVES["nft"] = nft  # negative-aware fine-tuning (rlvr.algos.hybrid)
 OBJECTIVES["shiq"] = shiq  # token-wise off-policy Bellman loss (rlvr.algos.offpolicy)
 OBJECTIVES["reverse_kl_distill"] = reverse_kl_distill  # on-policy distillation (rlvr.algos.distill)
 OBJECTIVES["bgpo"] = bgpo  # BGPO's per-draw linearised ELBO bound (rlvr.algos.dllm_objectives)
+OBJECTIVES["gdsd"] = gdsd  # GDSD's guided denoiser self-distillation (rlvr.algos.dllm_objectives)
 
 ADVANTAGE_FREE = frozenset({"reverse_kl_distill"})
 """Objectives that never read the advantages: groups whose rewards tie still train them, so a run

@@ -106,7 +106,7 @@ def build_engine(config: Config, model, tokenizer) -> RolloutEngine:
     settings = dict(gen_length=r.max_new_tokens, steps=r.diffusion_steps or r.max_new_tokens,
                     block_length=r.block_length or None, remasking=r.remasking, threshold=r.threshold,
                     suppress_eos=r.suppress_eos, mask_id=tokenizer.mask_token_id, eos_id=tokenizer.eos_token_id,
-                    window=r.window)
+                    window=r.window, step_schedule=r.step_schedule, eoser_gamma=r.eoser_gamma)
     if isinstance(model, BlockDiffusionLM):  # block by block over a KV cache, blocks of the model's size
         return functools.partial(generate_block_diffusion, model, **settings)
     return functools.partial(generate_diffusion, model, **settings)

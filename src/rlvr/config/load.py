@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from rlvr.config.block_checks import block_checks
+from rlvr.config.block_checks import block_checks, schedule_checks
 from rlvr.config.ranges import allowed, range_of
 from rlvr.config.recipes import packaged_recipe
 from rlvr.config.registries import _get, engine_kind, resolve
@@ -377,7 +377,7 @@ def validate(config: Config) -> None:
          "is implemented for model.kind=diffusion only; set it to false"),
         (config.trainer.thread_mode != "rows" or config.model.kind == "causal", "trainer.thread_mode",
          "'rows' splits causal-model batches only; use 'ops' with model.kind=diffusion"),
-        *_expert_checks(config), *block_checks(config), *spec_checks(config),
+        *_expert_checks(config), *block_checks(config), *spec_checks(config), *schedule_checks(config),
     ]
     for ok, name, fix in checks + _input_checks(config) + _cross_checks(config) + _backend_checks(config):
         if not ok:

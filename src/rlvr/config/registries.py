@@ -53,7 +53,7 @@ REGISTRIES = (
              data=("logsumexp", "logit", "ref_logp", "ref_logsumexp", "token_rewards", "draws",  # OBJECTIVE_NEEDS
                    "old_draws")),
     Registry("algo.aggregation", "aggregation", "rlvr.algos.aggregate:AGGREGATIONS", "algo",
-             data=("num_tokens", "num_seqs")),
+             data=("num_tokens", "num_seqs", "trace")),
     Registry("algo.kl_estimator", "KL estimator", "rlvr.algos.kl:KL_ESTIMATORS", "algo", data=("old_logp",)),
     Registry("estimator.name", "likelihood estimator", "rlvr.models.likelihood:ESTIMATORS", "estimator",
              data=("advantages", "trace", "with_entropy")),

@@ -141,6 +141,12 @@ class RolloutConfig:
     """Diffusion sampler: commit every token above this confidence (dynamic)."""
     suppress_eos: bool = False
     """Diffusion sampler: lower EOS confidence so content is committed first."""
+    step_schedule: str = choice("even", ("even", "ascending"))
+    """Diffusion sampler: tokens committed per step of a block: `even` (LLaDA) or `ascending` (CJ-GRPO's ASS: 2^s at
+    step s, the rest at the block's last step; a block of 2^k tokens in k steps)."""
+    eoser_gamma: float | None = ranged(None, "(0, 1]", "null = off")
+    """Diffusion sampler, low_confidence: CJ-GRPO's EOS Early Rejection, EOS confidence × γ + (1 − γ)·t, t the
+    block's progress (0 → 1); e.g. 0.01."""
     greedy_in_group: bool = False
     """Diffusion models: the last completion of every group is decoded greedily (T = 0) and trains with its
     siblings, so the advantage sees whether the greedy answer (what evaluation scores) beats the samples."""
@@ -251,6 +257,8 @@ class AlgoConfig:
     """Gate temperature for A <= 0."""
     wd1_psi: float | None = None
     """Inverse temperature ψ of the group softmax over advantages."""
+    gdsd_psi: float | None = ranged(None, "> 0")
+    """GDSD: guidance scale ψ of the self-teacher, log π_teacher = log π_old + ψ·A per token."""
     ratio_cap: float | None = ranged(None, "> 0")
     """DPPO: cap of the detached importance weight min(ρ, cap); verl runs with 3.0 (objectives_zoo deviation 5)."""
     dro_beta: float | None = ranged(None, "> 0")

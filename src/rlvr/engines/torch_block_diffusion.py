@@ -23,7 +23,14 @@ from __future__ import annotations
 import torch
 
 from rlvr.batch import Rollouts
-from rlvr.engines.torch_diffusion import check_schedule, commit_step, transfer_schedule, window_rollouts, window_state
+from rlvr.engines.torch_diffusion import (
+    block_schedule,
+    check_schedule,
+    commit_step,
+    eoser_scale,
+    window_rollouts,
+    window_state,
+)
 
 
 def _block_logits(model, x, attention, positions, lo, hi, tp, cache, carry):
@@ -50,18 +57,21 @@ def generate_block_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch
                              gen_length: int, steps: int, temperature: float | torch.Tensor = 1.0,
                              remasking: str = "low_confidence", threshold: float | None = None,
                              suppress_eos: bool = False, mask_id: int, eos_id: int, window: str = "eos",
-                             use_cache: bool = True, block_length: int | None = None) -> Rollouts:
+                             use_cache: bool = True, block_length: int | None = None,
+                             step_schedule: str = "even", eoser_gamma: float | None = None) -> Rollouts:
     """Sample one window per row, block by block (see the module doc). prompt_ids/prompt_mask (B, Tp)
     left-padded, seeds (B,). `block_length` must be None or the model's block size."""
     block = model.config.block_size
     if block_length not in (None, block):
         raise ValueError(f"block_length={block_length}: a block model samples blocks of its own size {block}")
-    num_blocks = check_schedule(gen_length, block, steps, threshold, remasking, what="the model's block_size")
+    num_blocks = check_schedule(gen_length, block, steps, threshold, remasking, what="the model's block_size",
+                                step_schedule=step_schedule, eoser_gamma=eoser_gamma)
     was_training = model.training
     model.eval()
     tp = prompt_ids.shape[1]
     x, attention, positions, trace, logprobs, row_steps = window_state(prompt_ids, prompt_mask, gen_length, mask_id)
-    schedule = transfer_schedule(block, steps // num_blocks) if threshold is None else None
+    per_block = steps // num_blocks
+    schedule = block_schedule(step_schedule, block, per_block) if threshold is None else None
     cache, carry, forwards = None, None, 0
     if use_cache:  # the prompt sees itself only: its keys and values are final
         cache, carry = _append(model, x, positions, 0, tp, None, attention)
@@ -75,7 +85,8 @@ def generate_block_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch
             quota = schedule[min(s, len(schedule) - 1)] if schedule is not None else None
             ids, commit, logp, remaining = commit_step(
                 logits, x[:, lo:hi], seeds, row_steps, temperature=temperature, remasking=remasking,
-                threshold=threshold, quota=quota, suppress_eos=suppress_eos, mask_id=mask_id, eos_id=eos_id)
+                threshold=threshold, quota=quota, suppress_eos=suppress_eos, mask_id=mask_id, eos_id=eos_id,
+                eos_scale=eoser_scale(eoser_gamma, s, per_block, step_schedule))
             x[:, lo:hi] = ids
             trace[:, lo - tp:hi - tp] = torch.where(commit, row_steps[:, None], trace[:, lo - tp:hi - tp])
             logprobs[:, lo - tp:hi - tp] = torch.where(commit, logp.float(), logprobs[:, lo - tp:hi - tp])

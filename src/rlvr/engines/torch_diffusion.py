@@ -30,6 +30,14 @@ Inpainting (IGPO): `fixed` (B, gen_length) long puts a token at every position w
 before the first step; those positions are never masked, so the model decodes the rest around
 them. Their `trace` is -1 and their `logprobs` 0 (nothing was sampled there).
 
+Step schedules (`step_schedule`, CJ-GRPO's decoding scheduler): `even` is LLaDA's split above;
+`ascending` (Ascending Step-Size, ASS) commits 2^s tokens at step s of a block and the rest at its
+last step, so a block of 2^k tokens decodes in k steps (16 tokens: 1, 2, 4, 9). EOS Early Rejection
+(`eoser_gamma` = γ, EOSER) multiplies an EOS candidate's `low_confidence` score by
+γ + (1 − γ)·t(s), t rising from near 0 at the block's first step to near 1 at its last (ascending:
+t = (2^(s+1) − 1)/2^k, the share of the block decoded; even: t = s/(k − 1)), so the model cannot end
+its answer early on a confident EOS; `suppress_eos` is its hard form.
+
 Deviations: `suppress_eos` moves EOS candidates to the end of the ranking (they are committed
 only when nothing else is left in the block), applied to EOS itself (LLaDA's
 `confidence_eos_eot_inf` line only ends up suppressing EOT). No CFG (every RL repo
@@ -45,6 +53,7 @@ from rlvr.models.likelihood import distinct_forward, window_mask
 from rlvr.noise import gumbel_noise, mix32, uniform_noise
 
 REMASKING = ("low_confidence", "random", "entropy", "margin")
+STEP_SCHEDULES = ("even", "ascending")
 _EOS_PENALTY = 1e9  # subtracted from an EOS candidate's score: last, but still above non-masked (-inf)
 
 
@@ -52,6 +61,36 @@ def transfer_schedule(block_length: int, steps_per_block: int) -> list[int]:
     """Tokens committed at each step of a block: even split, remainder to the earliest steps."""
     base, rem = divmod(block_length, steps_per_block)
     return [base + (s < rem) for s in range(steps_per_block)]
+
+
+def ascending_schedule(block_length: int, steps_per_block: int) -> list[int]:
+    """CJ-GRPO's Ascending Step-Size: 2^s tokens at step s, the rest of the block at the last step."""
+    if block_length < 2 ** steps_per_block:
+        raise ValueError(f"rollout.step_schedule=ascending: a block of {block_length} tokens fits at most "
+                         f"{block_length.bit_length() - 1} steps, not {steps_per_block}; lower rollout.diffusion_steps")
+    doubling = [2 ** s for s in range(steps_per_block - 1)]
+    return [*doubling, block_length - sum(doubling)]
+
+
+def block_schedule(step_schedule: str, block_length: int, steps_per_block: int) -> list[int]:
+    """Tokens committed at each step of a block under `step_schedule` (`STEP_SCHEDULES`)."""
+    if step_schedule == "even":
+        return transfer_schedule(block_length, steps_per_block)
+    if step_schedule == "ascending":
+        return ascending_schedule(block_length, steps_per_block)
+    raise ValueError(f"unknown rollout.step_schedule {step_schedule!r}; valid: {', '.join(STEP_SCHEDULES)}")
+
+
+def eoser_scale(gamma: float | None, step: int, steps_per_block: int, step_schedule: str) -> float:
+    """EOSER's factor on an EOS candidate's confidence at step `step` of a block: γ + (1 − γ)·t, with
+    t the paper's per-schedule progress (module doc); 1 (no change) where γ is None."""
+    if gamma is None:
+        return 1.0
+    if step_schedule == "ascending":
+        progress = (2 ** (step + 1) - 1) / 2 ** steps_per_block
+    else:
+        progress = step / (steps_per_block - 1) if steps_per_block > 1 else 1.0
+    return gamma + (1 - gamma) * progress
 
 
 def _row_keys(seeds: torch.Tensor, row_steps: torch.Tensor, salt: int) -> torch.Tensor:
@@ -86,8 +125,15 @@ def _candidates(logits: torch.Tensor, temperature, seeds, row_steps) -> tuple[to
     return tempered, torch.where(sampled[:, None], candidates, logits.argmax(-1))
 
 
-def check_schedule(gen_length: int, block: int, steps: int, threshold, remasking: str, *, what: str) -> int:
+def check_schedule(gen_length: int, block: int, steps: int, threshold, remasking: str, *, what: str,
+                   step_schedule: str = "even", eoser_gamma: float | None = None) -> int:
     """The number of blocks, or a ValueError naming the setting that does not fit (`what`: the block's name)."""
+    if threshold is not None and (step_schedule != "even" or eoser_gamma is not None):
+        raise ValueError("rollout.threshold decodes by confidence, without a step schedule: set rollout.threshold=null "
+                         "for rollout.step_schedule=ascending or rollout.eoser_gamma")
+    if eoser_gamma is not None and remasking != "low_confidence":
+        raise ValueError(f"rollout.eoser_gamma scales a probability: it needs rollout.remasking=low_confidence, "
+                         f"not {remasking!r}")
     if gen_length % block:
         raise ValueError(f"gen_length={gen_length} must be a multiple of {what}={block}")
     num_blocks = gen_length // block
@@ -120,14 +166,17 @@ def window_rollouts(prompt_ids, prompt_mask, completion, logprobs, trace, forwar
 
 
 def commit_step(logits, block_ids, seeds, row_steps, *, temperature, remasking, threshold, quota, suppress_eos,
-                mask_id: int, eos_id: int):
+                mask_id: int, eos_id: int, eos_scale: float = 1.0):
     """One denoising step of the current block. logits (B, b, V) float64 of the block,
-    block_ids (B, b); returns (new block ids, commit (B, b) bool, log-probs (B, b), remaining (B,))."""
+    block_ids (B, b); `eos_scale` multiplies EOS candidates' scores (EOSER); returns (new block ids,
+    commit (B, b) bool, log-probs (B, b), remaining (B,))."""
     masked = block_ids == mask_id
     logits[..., mask_id] = float("-inf")  # the mask token is never a candidate
     tempered, candidates = _candidates(logits, temperature, seeds, row_steps)
     logp = tempered.log_softmax(-1).gather(-1, candidates[..., None]).squeeze(-1)
     score = _scores(logits, candidates, remasking, _row_keys(seeds, row_steps, 0x77))
+    if eos_scale != 1.0:
+        score = torch.where(candidates == eos_id, score * eos_scale, score)
     if suppress_eos:
         score = torch.where(candidates == eos_id, score - _EOS_PENALTY, score)
     score = torch.where(masked, score, torch.full_like(score, float("-inf")))
@@ -147,12 +196,15 @@ def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
                        temperature: float | torch.Tensor = 1.0,
                        remasking: str = "low_confidence", threshold: float | None = None,
                        suppress_eos: bool = False, mask_id: int, eos_id: int,
-                       window: str = "eos", fixed: torch.Tensor | None = None) -> Rollouts:
+                       window: str = "eos", fixed: torch.Tensor | None = None, step_schedule: str = "even",
+                       eoser_gamma: float | None = None) -> Rollouts:
     """Sample one window per row. prompt_ids/prompt_mask (B, Tp) left-padded, seeds (B,) int.
     `temperature`: one for all rows, or one per row (B,) where 0 decodes that row greedily
-    (`rollout.greedy_in_group`). `fixed` (B, gen_length): tokens given in advance, -1 = free."""
+    (`rollout.greedy_in_group`). `fixed` (B, gen_length): tokens given in advance, -1 = free.
+    `step_schedule`, `eoser_gamma`: CJ-GRPO's decoding scheduler (module doc)."""
     block = block_length or gen_length
-    num_blocks = check_schedule(gen_length, block, steps, threshold, remasking, what="block_length")
+    num_blocks = check_schedule(gen_length, block, steps, threshold, remasking, what="block_length",
+                                step_schedule=step_schedule, eoser_gamma=eoser_gamma)
     was_training = model.training
     model.eval()
     batch, tp = prompt_ids.shape
@@ -160,7 +212,8 @@ def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     if fixed is not None:
         x[:, tp:] = torch.where(fixed >= 0, fixed.to(torch.long), x[:, tp:])
     forwards = 0
-    schedule = transfer_schedule(block, steps // num_blocks) if threshold is None else None
+    per_block = steps // num_blocks
+    schedule = block_schedule(step_schedule, block, per_block) if threshold is None else None
     for b in range(num_blocks):
         lo, hi = tp + b * block, tp + (b + 1) * block
         s = 0
@@ -172,7 +225,8 @@ def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
             quota = schedule[min(s, len(schedule) - 1)] if schedule is not None else None
             x[:, lo:hi], commit, logp, remaining = commit_step(
                 logits, x[:, lo:hi], seeds, row_steps, temperature=temperature, remasking=remasking,
-                threshold=threshold, quota=quota, suppress_eos=suppress_eos, mask_id=mask_id, eos_id=eos_id)
+                threshold=threshold, quota=quota, suppress_eos=suppress_eos, mask_id=mask_id, eos_id=eos_id,
+                eos_scale=eoser_scale(eoser_gamma, s, per_block, step_schedule))
             trace[:, lo - tp:hi - tp] = torch.where(commit, row_steps[:, None], trace[:, lo - tp:hi - tp])
             logprobs[:, lo - tp:hi - tp] = torch.where(commit, logp.float(), logprobs[:, lo - tp:hi - tp])
             row_steps += (remaining > 0).long()
@@ -181,4 +235,5 @@ def generate_diffusion(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     return window_rollouts(prompt_ids, prompt_mask, x[:, tp:], logprobs, trace, forwards, eos_id=eos_id, window=window)
 
 
-__all__ = ["REMASKING", "check_schedule", "commit_step", "generate_diffusion", "transfer_schedule", "window_state"]
+__all__ = ["REMASKING", "STEP_SCHEDULES", "ascending_schedule", "block_schedule", "check_schedule", "commit_step",
+           "eoser_scale", "generate_diffusion", "transfer_schedule", "window_state"]

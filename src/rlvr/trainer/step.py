@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from rlvr.algos._registry import needs_of
 from rlvr.algos.aggregate import global_counts
 from rlvr.batch import TrainBatch
 from rlvr.runtime.distributed import ONE_PROCESS, Shard, scalar
@@ -66,7 +67,9 @@ def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: floa
         loss_tok = loss_tok * spec.proximal_weights(logp.detach(), mb.rollout_logp, mask)[0]
     if mb.sample_weight is not None:
         loss_tok = loss_tok * mb.sample_weight.to(loss_tok.device)[:, None]
-    loss = spec.aggregation(loss_tok, mask, num_tokens=num_tokens, num_seqs=num_seqs)
+    # an aggregation that declared batch fields gets them by name (CJ-GRPO's per-step mean: the trace)
+    declared = {name: getattr(mb, name) for name in needs_of(spec.aggregation)}
+    loss = spec.aggregation(loss_tok, mask, num_tokens=num_tokens, num_seqs=num_seqs, **declared)
     sums = {name: float((value.detach() * mask).sum()) for name, value in tok_metrics.items()}
     sums.update(_drift_sums(logp, old, mask, sums))
     sums["entropy"] = float((entropy.detach() * mask).sum())
