@@ -56,6 +56,10 @@ def _assert_same_run(sync_run, async_run):
                   "trainer.threads=2"], id="diffusion-pbpo", marks=pytest.mark.slow),
     pytest.param(["recipes/dllm_topd_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
                   "trainer.threads=2"], id="diffusion-topd", marks=pytest.mark.slow),
+    pytest.param(["recipes/dllm_dmpo_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
+                  "trainer.threads=2", "estimator.n=2"], id="diffusion-dmpo", marks=pytest.mark.slow),
+    pytest.param(["recipes/dllm_dipo_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
+                  "trainer.threads=2"], id="diffusion-dipo", marks=pytest.mark.slow),
     pytest.param(["recipes/dllm_block_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
                   "trainer.threads=2"], id="block_diffusion"),
 ])
