@@ -49,6 +49,8 @@ def test_every_entry_resolves_every_hyperparameter_to_its_own_default():
             overrides = [f"{reg_key}={name}"] + (["model.kind=diffusion"] if section == "estimator" else [])
             if (reg_key, name) == ("algo.objective", "bgpo"):  # reads the bgpo estimator's draws
                 overrides += ["model.kind=diffusion", "estimator.name=bgpo"]
+            if (reg_key, name) == ("algo.objective", "dipo"):  # reads the sampler's commit steps
+                overrides += ["model.kind=diffusion", "estimator.name=trace"]
             if (reg_key, name) in (("algo.advantage", "lightning"), ("algo.aggregation", "step_mean")):
                 # both read the diffusion sampler's steps
                 overrides += ["model.kind=diffusion"]
@@ -202,9 +204,10 @@ def test_docs_config_md_is_current():
 # ---------------------------------------------------------------------------- names from the registries
 
 @pytest.mark.parametrize("override, message", [
-    ("algo.objective=x", "algo.objective: unknown objective 'x'; valid: bgpo, cispo, clip_cov, dppo_kl, dppo_tv, dro, "
-                         "gdsd, gmpo, gspo, kl_cov, nft, ppo_clip, reinforce, reverse_kl_distill, sapo, shiq, wd1"),
-    ("algo.advantage=x", "algo.advantage: unknown advantage 'x'; valid: dr_grpo, gae, gdpo,"),
+    ("algo.objective=x", "algo.objective: unknown objective 'x'; valid: bgpo, cispo, clip_cov, dipo, dppo_kl, "
+                         "dppo_tv, dro, gdsd, gmpo, gspo, kl_cov, nft, ppo_clip, reinforce, reverse_kl_distill, "
+                         "sapo, shiq, wd1"),
+    ("algo.advantage=x", "algo.advantage: unknown advantage 'x'; valid: dmpo, dr_grpo, gae,"),
     ("algo.aggregation=x", "algo.aggregation: unknown aggregation 'x'; valid: seq_mean_token_mean,"),
     ("algo.kl_estimator=x", "algo.kl_estimator: unknown KL estimator 'x'; valid: abs, forward_kl,"),
     ("estimator.name=x", "estimator.name: unknown likelihood estimator 'x'; valid: ar_order, bgpo,"),

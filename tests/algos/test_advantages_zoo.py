@@ -43,7 +43,7 @@ def test_registry_has_the_zoo():
     assert set(ADVANTAGES) == {
         "grpo", "dr_grpo", "rloo", "opo", "lite_ppo", "maxrl", "passk",
         "reinforce_pp", "reinforce_pp_baseline", "remax", "gae",
-        "gpg", "grpo_passk", "gdpo", "optimal_token_baseline", "optimal_token_baseline_multi_turn", "lightning",
+        "gpg", "grpo_passk", "gdpo", "optimal_token_baseline", "optimal_token_baseline_multi_turn", "lightning", "dmpo",
         *TURN_LEVEL,
     }
 

@@ -84,15 +84,15 @@ REQUIRED = {"dro": {"dro_beta": 0.05}}  # hyperparameters without a default
 PER_MICRO_BATCH = {"kl_cov", "clip_cov"}
 
 
-def _declared(objective, logits, tokens, adv):
-    """The data keywords an objective declared (`needs`: ShiQ's logsumexp, reference, rewards),
-    from the same logits; a fixed perturbation of them plays the reference."""
+def _declared(objective, logits, tokens, adv, trace):
+    """The data keywords an objective declared (`needs`: ShiQ's logsumexp, reference, rewards, DiPO's
+    commit steps), from the same logits; a fixed perturbation of them plays the reference."""
     wanted = needs_of(OBJECTIVES[objective])
     ref_logits = 0.8 * logits.detach()
     values = {"logsumexp": logits.logsumexp(-1), "logit": logits.gather(-1, tokens[..., None]).squeeze(-1),
               "ref_logsumexp": ref_logits.logsumexp(-1),
               "ref_logp": torch.log_softmax(ref_logits, -1).gather(-1, tokens[..., None]).squeeze(-1),
-              "token_rewards": adv.detach().abs()}
+              "token_rewards": adv.detach().abs(), "trace": trace}
     if {"draws", "old_draws"} & wanted:  # BGPO: two per-row "ELBO draws" (B, 2) from the same logits
         logp = torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
         draws = torch.stack([logp.sum(-1), 0.5 * logp.sum(-1)], dim=-1)
@@ -112,7 +112,7 @@ def _grad(name, n_micro, objective="reinforce"):
         logits = xs @ W
         logp = torch.log_softmax(logits, dim=-1).gather(-1, ts[..., None]).squeeze(-1)
         loss_tok, _ = OBJECTIVES[objective](logp, logp.detach() + shift, advs, ms, **REQUIRED.get(objective, {}),
-                                            **_declared(objective, logits, ts, advs))
+                                            **_declared(objective, logits, ts, advs, steps))
         extra = {"trace": steps} if "trace" in needs_of(AGGREGATIONS[name]) else {}
         part = AGGREGATIONS[name](loss_tok, ms, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=6.0, **extra)
         part.backward()  # accumulate like gradient accumulation does

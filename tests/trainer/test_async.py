@@ -32,6 +32,10 @@ from rlvr.cli import main
                   "trainer.threads=2"], id="diffusion-cj_grpo", marks=pytest.mark.slow),
     pytest.param(["recipes/dllm_gdsd_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
                   "trainer.threads=2"], id="diffusion-gdsd", marks=pytest.mark.slow),
+    pytest.param(["recipes/dllm_dmpo_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
+                  "trainer.threads=2", "estimator.n=2"], id="diffusion-dmpo", marks=pytest.mark.slow),
+    pytest.param(["recipes/dllm_dipo_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
+                  "trainer.threads=2"], id="diffusion-dipo", marks=pytest.mark.slow),
     pytest.param(["recipes/dllm_block_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
                   "trainer.threads=2"], id="block_diffusion"),
 ])

@@ -32,14 +32,16 @@ def needs_of(fn: Callable) -> frozenset[str]:
     return getattr(fn, "needs", frozenset())
 
 
-OBJECTIVE_NEEDS = ("logsumexp", "logit", "ref_logp", "ref_logsumexp", "token_rewards", "draws", "old_draws")
+OBJECTIVE_NEEDS = ("logsumexp", "logit", "ref_logp", "ref_logsumexp", "token_rewards", "draws", "old_draws",
+                   "trace")
 """Data an objective may declare, passed as keywords of the same names, each (B, T): the current
 policy's `logsumexp` of its logits and the `logit` of the sampled token (from the forward that
 gives `logp`, with gradients), the reference's `ref_logp` and `ref_logsumexp` (detached; a
 reference is built for them), and `token_rewards`, the row's reward on its last valid token (NaN
 on every token of an unscorable row). `draws` and `old_draws` are (B, n): a masked-diffusion
 likelihood estimator's n Monte-Carlo draws per row under the current policy (with gradients) and
-under the policy before the update (BGPO's per-draw bound)."""
+under the policy before the update (BGPO's per-draw bound). `trace` (B, T) long is the diffusion
+sampler's step at which each token was committed (DiPO's per-step ratios)."""
 
 ADVANTAGE_NEEDS = ("old_logp", "sum_pi_squared", "reward_components", "reward_weights", "baseline_rewards", "trace")
 """`AdvantageInputs` fields an estimator may declare: the behaviour policy's log-probs of the

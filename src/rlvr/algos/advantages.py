@@ -10,6 +10,7 @@ Papers (arXiv ids and links in docs/papers.md):
 - `maxrl`, `passk` (binary rewards): see `binary_advantages.py`.
 - `reinforce_pp`, `reinforce_pp_baseline`, `remax`, `gae` (token-level): see `returns.py`.
 - `lightning` (LightningRL's tokens-per-forward reward): see `lightning.py`.
+- `dmpo` (DMPO's centred self-normalised weights toward π_ref·exp(r/β)): see `dmpo.py`.
 - `gpg`, `grpo_passk`, `gdpo`, `optimal_token_baseline`, `optimal_token_baseline_multi_turn`:
   see `advantages_zoo.py`.
 - `gigpo`, `turn_return` (turn-level, multi-turn agents): see `turn_advantages.py`.
@@ -72,6 +73,7 @@ from rlvr.algos.advantages_zoo import (
     optimal_token_baseline_multi_turn,
 )
 from rlvr.algos.binary_advantages import maxrl, passk
+from rlvr.algos.dmpo import dmpo
 from rlvr.algos.lightning import lightning
 from rlvr.algos.returns import gae, gae_returns, reinforce_pp, reinforce_pp_baseline, remax
 from rlvr.algos.turn_advantages import gigpo, turn_return
@@ -186,6 +188,7 @@ ADVANTAGES: dict[str, Estimator] = {
     "grpo_passk": grpo_passk,
     "gdpo": gdpo,
     "lightning": lightning,
+    "dmpo": dmpo,
     "optimal_token_baseline": optimal_token_baseline,
     "optimal_token_baseline_multi_turn": optimal_token_baseline_multi_turn,
     "gigpo": gigpo,

@@ -1,4 +1,5 @@
-"""Objectives written for masked-diffusion LMs: BGPO's per-draw bound and GDSD's self-distillation.
+"""Objectives written for masked-diffusion LMs: BGPO's per-draw bound, GDSD's self-distillation and DiPO's
+per-step joint ratio.
 
 Paper: BGPO, "Boundary-Guided Policy Optimization for Memory-efficient RL of Diffusion Large
 Language Models" (Lin et al. 2025, arXiv:2510.11683). With per-draw ELBO terms e_j (j = 1..n,
@@ -43,6 +44,24 @@ Deliberate deviations:
    clamps the sequence ELBO gap before dividing by L (ε = 4e-4 there, with 8 updates per batch).
 2. The code's coupled-complement ELBO is `elbo_mc` with `antithetic=true` in the recipes
    (rlvr.models.likelihood deviation 3); its logit centralisation (GDSD-TLC) is not built.
+
+Paper: DiPO, in "DiRL: An Efficient Training Framework for Diffusion Language Models" (Zhu et al.
+2025, code github.com/OpenMOSS/DiRL). What is unbiased: the likelihood whose ratio GRPO takes. A
+masked-diffusion sampler's trajectory τ = (x_S, ..., x_0) has the exact probability
+    π_θ(τ) = Π_s Π_{k committed at s} p_θ(y_k | x_s)
+(the unmasking choice taken as given), so the score-function gradient E_τ[A ∇log π_θ(τ)] is the
+exact policy gradient of E[R]; the ELBO and d1's mean-field one-step likelihood are proxies whose
+score is not, so GRPO on them is biased (tests/dllm/test_dipo.py shows both by exact enumeration).
+DiPO optimises at the generation-step level: the `trace` estimator replays each step's state
+(log p(y_k | x_s)), and the ratio of step s is the joint one over that step's tokens,
+exp(Σ_{k∈s} (log p_θ − log p_old)), PPO-clipped per step (`dipo`, `needs` `trace`: the sampler's
+commit step of each token). On-policy its gradient equals CJ-GRPO's (`ppo_clip` on `trace`
+values); off-policy (`trainer.ppo_epochs` > 1) a step's tokens share the step's ratio.
+
+Deliberate deviations: no dynamic sampling or speed reward (DiRL's rollout-side additions, which
+are `algo.dynamic_sampling` and reward options here); a step's loss is spread over its tokens
+(−A r_s / n_s each) so that with `seq_mean_token_mean` a row's gradient is its per-step score sum
+over its length.
 """
 
 from __future__ import annotations
@@ -82,25 +101,45 @@ def bgpo(logp, old_logp, advantages, mask, *, draws: Tensor, old_draws: Tensor, 
     return torch.where(keep, -value[:, None], torch.zeros_like(mask)), spread
 
 
-def block_product_ppo(logp, old_logp, advantages, mask, *, block_length: int, clip_low: float = 0.2,
+def group_product_ppo(logp, old_logp, advantages, mask, *, group_of: Tensor, clip_low: float = 0.2,
                       clip_high: float = 0.2) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO-clip with one ratio per block, the product of its tokens' ratios, exp(Σ_{k∈b} d_k): the
-    block-product weighting PBPO compares its token-local one (`ppo_clip` on `prefix_block`
-    values) against. The block's clipped loss is spread over its n_b valid tokens (−A·r_b / n_b
-    on each), so on-policy (r = 1) its gradient is token-local's, Σ_k −A ∇d_k; off-policy every
-    token of a block is weighted by the whole block's ratio. Shapes (B, T)."""
+    """PPO-clip with one ratio per group of a row's tokens (`group_of` (B, T) long, the group index
+    of each token), the product of its tokens' ratios exp(Σ_{k∈g} d_k). The group's clipped loss is
+    spread over its n_g valid tokens (−A·r_g / n_g on each), so on-policy (r = 1) the gradient is
+    Σ_k −A ∇d_k, and off-policy every token of a group is weighted by the whole group's ratio.
+    Shapes (B, T)."""
     keep = mask > 0
     d = torch.where(keep, logp - old_logp.detach(), torch.zeros_like(logp))
-    width = d.shape[1]
-    block_of = torch.arange(width, device=d.device) // block_length  # (T,)
-    one_hot = torch.nn.functional.one_hot(block_of).to(d.dtype)  # (T, blocks)
-    per_block = (d @ one_hot) @ one_hot.T  # (B, T): the block's summed log-ratio on each of its tokens
-    size = (keep.to(d.dtype) @ one_hot) @ one_hot.T  # (B, T): the block's valid tokens n_b
-    ratio = torch.exp(per_block.clamp(-20, 20))
+    groups = group_of.long().clamp(min=0)
+    width = int(groups.max()) + 1 if groups.numel() else 1
+    per_group = d.new_zeros(d.shape[0], width).scatter_add(1, groups, d).gather(1, groups)
+    count = keep.to(d.dtype)
+    size = count.new_zeros(d.shape[0], width).scatter_add(1, groups, count).gather(1, groups)
+    ratio = torch.exp(per_group.clamp(-20, 20))
     adv = advantages.detach()
     loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high)) / size.clamp(min=1)
     return torch.where(keep, loss, torch.zeros_like(loss)), {"ratio": torch.where(keep, ratio.detach(),
                                                                                    torch.zeros_like(loss))}
+
+
+def block_product_ppo(logp, old_logp, advantages, mask, *, block_length: int, clip_low: float = 0.2,
+                      clip_high: float = 0.2) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO-clip with one ratio per block, the product of its tokens' ratios: the block-product
+    weighting PBPO compares its token-local one (`ppo_clip` on `prefix_block` values) against."""
+    block_of = torch.arange(logp.shape[1], device=logp.device) // block_length
+    return group_product_ppo(logp, old_logp, advantages, mask, group_of=block_of.expand_as(logp),
+                             clip_low=clip_low, clip_high=clip_high)
+
+
+@needs("trace")
+def dipo(logp, old_logp, advantages, mask, *, trace: Tensor, clip_low: float = 0.2,
+         clip_high: float = 0.2) -> tuple[Tensor, dict[str, Tensor]]:
+    """DiPO: PPO-clip on each denoising step's joint ratio π_θ(step s | x_s) / π_old(step s | x_s),
+    the product over the tokens the sampler committed at step s (`trace`, (B, T)) of their ratios
+    under the `trace` estimator (log p(y_k | the sampler's state before step s)). See the module
+    docstring for why this score is the sampler trajectory's, hence unbiased."""
+    return group_product_ppo(logp, old_logp, advantages, mask, group_of=trace, clip_low=clip_low,
+                             clip_high=clip_high)
 
 
 def bgpo_objective(draw_logp: Tensor, draw_old: Tensor, advantages: Tensor, *, clip_low: float = 0.2,
@@ -135,4 +174,5 @@ def gdsd(logp, old_logp, advantages, mask, *, gdsd_psi: float = 1.0, clip_low: f
     return torch.where(keep, residual ** 2, zero), metrics
 
 
-__all__ = ["bgpo", "bgpo_objective", "bgpo_surrogate", "block_product_ppo", "gdsd", "gdsd_teacher"]
+__all__ = ["bgpo", "bgpo_objective", "bgpo_surrogate", "block_product_ppo", "dipo", "gdsd", "gdsd_teacher",
+           "group_product_ppo"]

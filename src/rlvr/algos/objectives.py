@@ -21,6 +21,8 @@ Papers (arXiv ids and links in docs/papers.md):
   LM, defined in `rlvr.algos.dllm_objectives`; it reads the estimator's draws (`needs`).
 - `gdsd`: GDSD (arXiv:2605.29398), squared log-ratio distillation toward the advantage-tilted
   self-teacher log π_old + ψ·A, defined in `rlvr.algos.dllm_objectives`; any likelihood estimator.
+- `dipo`: DiPO (DiRL, Zhu et al. 2025), PPO-clip on each denoising step's joint ratio of the
+  `trace` estimator's values, defined in `rlvr.algos.dllm_objectives`; it reads the commit steps (`needs`).
 - `reverse_kl_distill`: on-policy distillation, token-level reverse KL to a teacher (`model.teacher_path`),
   defined in `rlvr.algos.distill`; it reads the reference's log-probs (`needs`).
 - `shiq`: ShiQ (Clavier et al. 2025), token-wise off-policy Bellman loss on logits read as
@@ -72,7 +74,7 @@ from torch import Tensor
 
 from rlvr.algos._registry import lookup
 from rlvr.algos.distill import reverse_kl_distill
-from rlvr.algos.dllm_objectives import bgpo, gdsd
+from rlvr.algos.dllm_objectives import bgpo, dipo, gdsd
 from rlvr.algos.hybrid import nft
 from rlvr.algos.objectives_zoo import clip_cov, dppo_kl, dppo_tv, dro, gmpo, kl_cov
 from rlvr.algos.offpolicy import shiq
@@ -280,6 +282,7 @@ OBJECTIVES["shiq"] = shiq  # token-wise off-policy Bellman loss (rlvr.algos.offp
 OBJECTIVES["reverse_kl_distill"] = reverse_kl_distill  # on-policy distillation (rlvr.algos.distill)
 OBJECTIVES["bgpo"] = bgpo  # BGPO's per-draw linearised ELBO bound (rlvr.algos.dllm_objectives)
 OBJECTIVES["gdsd"] = gdsd  # GDSD's guided denoiser self-distillation (rlvr.algos.dllm_objectives)
+OBJECTIVES["dipo"] = dipo  # DiPO's per-denoising-step joint ratio (rlvr.algos.dllm_objectives)
 
 ADVANTAGE_FREE = frozenset({"reverse_kl_distill"})
 """Objectives that never read the advantages: groups whose rewards tie still train them, so a run

@@ -338,6 +338,9 @@ def validate(config: Config) -> None:
         (config.algo.objective != "bgpo" or config.model.kind == "diffusion" and config.estimator.name == "bgpo",
          "algo.objective", "bgpo reads the per-draw ELBO estimates of estimator.name=bgpo; set model.kind=diffusion "
          "and estimator.name=bgpo, or use ppo_clip"),
+        (config.algo.objective != "dipo" or config.model.kind == "diffusion" and config.estimator.name == "trace"
+         and (config.estimator.shrink or 1) == 1, "algo.objective", "dipo takes each sampler step's joint ratio of the "
+         "trace estimator's values; set model.kind=diffusion, estimator.name=trace and estimator.shrink=1"),
         (config.algo.advantage != "lightning" or config.model.kind == "diffusion", "algo.advantage",
          "lightning reads each row's denoising steps from the diffusion sampler; set model.kind=diffusion or use grpo"),
         (not config.rollout.igpo or config.model.kind == "diffusion" and config.rollout.engine == "torch",

@@ -51,7 +51,7 @@ REGISTRIES = (
     Registry("algo.advantage", "advantage", "rlvr.algos.advantages:ADVANTAGES", "algo"),
     Registry("algo.objective", "objective", "rlvr.algos.objectives:OBJECTIVES", "algo", elsewhere=("group_size",),
              data=("logsumexp", "logit", "ref_logp", "ref_logsumexp", "token_rewards", "draws",  # OBJECTIVE_NEEDS
-                   "old_draws")),
+                   "old_draws", "trace")),
     Registry("algo.aggregation", "aggregation", "rlvr.algos.aggregate:AGGREGATIONS", "algo",
              data=("num_tokens", "num_seqs", "trace")),
     Registry("algo.kl_estimator", "KL estimator", "rlvr.algos.kl:KL_ESTIMATORS", "algo", data=("old_logp",)),

@@ -275,6 +275,8 @@ class AlgoConfig:
     """Optimal token baseline: no baseline past the second-longest row of a group."""
     f_norm: float | None = ranged(None, "> 0")
     """GPG: constant divisor of the advantage (verl's `f_norm`; 1 = none)."""
+    dmpo_beta: float | None = ranged(None, "> 0", "e.g. 0.5")
+    """DMPO: temperature β of the reward tilt π_ref·exp(r/β); the group weights are softmax(r/β)."""
     shiq_beta: float | None = ranged(None, "> 0", "e.g. 0.1")
     """ShiQ: KL strength β of its Bellman residual (logits read as Q-values q = β(ℓ − ℓ_ref))."""
     norm_length: float | None = ranged(None, "> 0", "null = rollout.max_new_tokens")

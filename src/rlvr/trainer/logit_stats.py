@@ -118,7 +118,7 @@ def loss_outputs(policy: PolicyModel, mb: TrainBatch, objective):
     draws = extra.get("draws")
     old_draws = mb.old_draws if mb.old_draws is not None or draws is None else draws.detach()
     fields = {"ref_logp": mb.ref_logp, "ref_logsumexp": mb.ref_logsumexp, "token_rewards": mb.token_rewards,
-              "old_draws": old_draws}
+              "old_draws": old_draws, "trace": mb.trace}
     data = {}
     for name in sorted(declared):
         value = extra.get(name, fields.get(name))
