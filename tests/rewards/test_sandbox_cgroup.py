@@ -38,6 +38,8 @@ def test_v2_moves_this_process_into_a_leaf_then_delegates(tmp_path, monkeypatch)
     group.join(4242)
     assert (d / "cgroup.procs").read_text() == "4242" and group.procs == [str(d / "cgroup.procs")]
     assert group.events() == {"oom_kill": 0, "memory_max": 0, "pids_max": 0}
+    (d / "memory.peak").write_text(str(256 << 20))  # at its limit, whatever the counter says
+    assert group.events()["memory_max"] == 1
     (d / "memory.events").write_text("low 0\nhigh 0\nmax 9\noom 2\noom_kill 2\n")
     (d / "memory.peak").write_text("123456\n")
     assert group.events() == {"oom_kill": 2, "memory_max": 9, "pids_max": 0} and group.peak_bytes() == 123456
@@ -102,6 +104,8 @@ def test_real_cgroup_limits_and_peak_memory():
                    "for fd in fds: os.write(fd, b'x' * (8 << 20))",  # 320 MB outside RLIMIT_AS
                    limits=Limits(wall_s=20, memory_mb=100, nproc=16))  # a generous clock: a loaded host is slow
     assert memfd.verdict is Verdict.MEMORY_LIMIT and memfd.extra["oom_kill"] >= 1
+    assert memfd.extra["memory_max"] >= 1  # reached its limit: what names a run held there until the clock
+    assert held.extra["memory_max"] == 0
     assert memfd.extra["memory_peak_bytes"] <= 100 << 20
     parents = set(sbx.cgroup_host()[0].parents.values())
     assert not [n for p in parents for n in os.listdir(p) if n.startswith(f"rlvr-sbx-{os.getpid()}-")]

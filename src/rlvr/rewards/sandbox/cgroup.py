@@ -166,9 +166,18 @@ class SampleCgroup:
         except (OSError, ValueError):
             return None
 
+    def limit_bytes(self) -> int | None:
+        """The group's memory limit in bytes; None when unreadable or unlimited."""
+        try:
+            return int(_read(self._file("memory.max", "memory.limit_in_bytes")))
+        except (OSError, ValueError):  # v2 writes "max" for no limit
+            return None
+
     def events(self) -> dict[str, int]:
         """``oom_kill`` (processes killed at the memory limit), ``memory_max`` (times the group's
-        memory reached its limit and the kernel had to reclaim), ``pids_max`` (forks refused)."""
+        memory reached its limit and the kernel had to reclaim; at least 1 when its peak is the
+        limit: some v1 kernels leave ``memory.failcnt`` at 0 even through an OOM kill, measured),
+        ``pids_max`` (forks refused)."""
         mem = _keyed(self._file("memory.events", "memory.oom_control"))
         if self.version == 2:
             at_limit = mem.get("max", 0)
@@ -177,6 +186,9 @@ class SampleCgroup:
                 at_limit = int(_read(self._file("", "memory.failcnt")))
             except (OSError, ValueError):
                 at_limit = 0
+        peak, limit = self.peak_bytes(), self.limit_bytes()
+        if not at_limit and peak is not None and limit is not None and peak >= limit:
+            at_limit = 1
         return {"oom_kill": mem.get("oom_kill", 0), "memory_max": at_limit,
                 "pids_max": _keyed(self._file("pids.events", "pids.events")).get("max", 0)}
 
