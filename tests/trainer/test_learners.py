@@ -394,30 +394,52 @@ def test_ray_learners_stopped_by_a_signal_are_the_driver_s_interruption():
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_sigterm_to_the_ray_driver_stops_its_learner_ranks_after_their_step(runs):
-    """SIGTERM to the driver (no torchrun) once rank 0 has logged step 1: the driver passes it to
-    the ranks through rank 0's store, they stop after the same step, checkpoint it, record
-    `interrupted` and the driver exits 143 as one process would."""
+@pytest.mark.parametrize(("name", "to_group", "status"), [
+    ("SIGTERM", False, 143),  # to the driver alone, as a scheduler's kill sends it
+    ("SIGINT", True, 130),  # Ctrl-C in a terminal: to the whole foreground process group, Ray's own processes too
+])
+def test_a_signal_to_the_ray_driver_stops_its_learner_ranks_after_their_step(runs, name, to_group, status):
+    """The signal once rank 0 has logged step 1 (no torchrun): the driver passes it to the ranks
+    through rank 0's store, they stop after the same step, checkpoint it, record `interrupted` and
+    the driver exits as one process would (143, 130); after Ctrl-C no process of the group is left."""
     _, one, _ = runs
     root = one.parent
-    run = root / "ray_stopped"
+    run = root / f"ray_stopped_{name}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "rlvr.cli", "train", "trainer.steps=20", "trainer.name=ray_stopped",
+    command = [sys.executable, "-m", "rlvr.cli", "train", "trainer.steps=20", f"trainer.name={run.name}",
                *RAY_LEARNERS, f"reward.fn={root / 'reward.py'}:score", f"trainer.out_dir={root}", *EVERY_STEP]
-    driver = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    driver = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)  # its own process group, as a terminal's foreground job
     deadline = time.monotonic() + 240
     while not ((run / "metrics.jsonl").is_file() and len(_metrics(run)) >= 2) and time.monotonic() < deadline:
         assert driver.poll() is None, driver.communicate()[1][-3000:]
         time.sleep(0.5)
-    driver.send_signal(signal.SIGTERM)
+    if to_group:
+        os.killpg(driver.pid, getattr(signal, name))
+    else:
+        driver.send_signal(getattr(signal, name))
     _, err = driver.communicate(timeout=240)
-    assert driver.returncode == 143, err[-3000:]
+    assert driver.returncode == status, err[-3000:]
     manifest = json.loads((run / "run.json").read_text())
-    assert (manifest["status"], manifest["signal"]) == ("interrupted", "SIGTERM"), err[-3000:]
+    assert (manifest["status"], manifest["signal"]) == ("interrupted", name), err[-3000:]
     step = manifest["final"]["step"]
     assert 1 <= step < 20 and (run / "checkpoints" / f"step_{step:06d}").is_dir()
     assert [m["step"] for m in _metrics(run)] == list(range(step + 1))
+    if to_group:
+        assert _group_gone(driver.pid), "a process of the interrupted run's group is still alive"
+
+
+def _group_gone(pgid: int, wait_s: float = 30.0) -> bool:
+    """Whether every process of group `pgid` has exited (Ray's own take a moment after the driver)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.5)
+    return False
 
 
 @pytest.mark.ray
