@@ -13,6 +13,7 @@ Needs bubblewrap and root (CI runs as root and installs bubblewrap); skipped oth
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -398,10 +399,21 @@ def _source(name: str, host) -> str:
         else PROGRAMS[name][0]
 
 
+# The memory fills reach their limit within WALL on an idle host, but a loaded one can hold them
+# below it until the clock (seen: 68 MB of 256 at 2 s); they sleep once full, so a longer clock
+# costs nothing when the limit is reached and keeps a slow host from reading as a TIMEOUT.
+FILL_WALL = 15.0
+
+
+def _wall(name: str) -> float:
+    return FILL_WALL if name in NEEDS_CGROUP else WALL
+
+
 def _check(name, result):
     _, allowed, check = PROGRAMS[name]
-    assert result.verdict in allowed, f"{name}: {result.verdict} ({result.detail}) {result.stderr[-300:]!r}"
-    assert result.elapsed <= WALL + 1.0, f"{name}: took {result.elapsed:.2f}s"
+    assert result.verdict in allowed, f"{name}: {result.verdict} ({result.detail}) {result.stderr[-300:]!r} " \
+        f"{result.extra}"
+    assert result.elapsed <= _wall(name) + 1.0, f"{name}: took {result.elapsed:.2f}s"
     if check is not None:
         assert check(result), f"{name}: {result.stdout[-500:]!r}"
 
@@ -414,7 +426,7 @@ def _skip_without_cgroups(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_hostile_program(name, sandbox, host):
     _skip_without_cgroups(name)
-    result = sandbox.run(_source(name, host))
+    result = sandbox.run(_source(name, host), limits=dataclasses.replace(LIMITS, wall_s=_wall(name)))
     _check(name, result)
     assert_host_unaffected(host, [result])
 
