@@ -38,6 +38,9 @@ from rlvr.cli import main
                   "trainer.threads=2"], id="diffusion-dipo", marks=pytest.mark.slow),
     pytest.param(["recipes/dllm_block_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
                   "trainer.threads=2"], id="block_diffusion"),
+    pytest.param(["recipes/agent_calculator.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
+                  "trainer.threads=2", "rollout.prompts_per_step=4", "rollout.group_size=4",
+                  "task.agent_calculator.tool_latency_s=0.002"], id="agent-tool"),  # env steps in threads, core lent
 ])
 def test_staleness_zero_reproduces_the_synchronous_loop_bit_for_bit(tmp_path, capsys, model):
     common = [*model, "trainer.steps=4", "trainer.eval_every=2"]

@@ -3,7 +3,14 @@
 Python objects, so they can later run in worker processes.
 
 An environment owns one episode at a time (a fresh instance per episode, the OpenRLHF and TRL
-style); the rollout loop never shares one between episodes. The observation is plain text: the
+style); the rollout loop never shares one between episodes. The active episodes' `step` calls
+of a turn run at the same time, each in a thread of its own (`agents.rollout.step_envs`), so a
+step must read and write only its own instance's state (its own seeded RNG, never the global
+`random`); state shared between instances (a cache, a connection pool) must be thread-safe and
+must not change what any step returns, or the trajectories would depend on thread timing. An
+environment that cannot promise that sets `concurrent_steps = False` (as `GymAdapter` does for
+the third-party code it wraps): a turn with one is stepped in the calling thread, in episode
+order. A step that raises ends only its own episode (`env_error`). The observation is plain text: the
 rollout's renderer turns it into tokens (a tag wrapper for the character models, the chat
 template's tool message for chat models), so an environment never knows the model family.
 
@@ -33,7 +40,8 @@ class StepResult(NamedTuple):
 @runtime_checkable
 class Environment(Protocol):
     """One episode of a text environment. `reset` returns the first observation (the task
-    statement); `step` consumes the text of one model action."""
+    statement); `step` consumes the text of one model action, touching only this instance's state:
+    the steps of a turn's episodes run in parallel threads (see the module docstring)."""
 
     def reset(self, seed: int) -> str: ...
 
@@ -71,10 +79,12 @@ class GymAdapter:
     """Wraps a gymnasium-style text environment (duck-typed: gymnasium is not a dependency).
 
     The wrapped object's `reset(seed=...)` may return `obs` or `(obs, info)`; its `step(action)`
-    the 4- or 5-tuple form. Observations and actions must be text (or have a useful `str`)."""
+    the 4- or 5-tuple form. Observations and actions must be text (or have a useful `str`).
+    Its steps run one after another unless `concurrent_steps=True` says the wrapped code keeps to
+    the concurrency contract above (no global RNG, no unguarded shared state)."""
 
-    def __init__(self, env: Any):
-        self.env = env
+    def __init__(self, env: Any, *, concurrent_steps: bool = False):
+        self.env, self.concurrent_steps = env, concurrent_steps
 
     def reset(self, seed: int) -> str:
         out = self.env.reset(seed=seed)

@@ -5,7 +5,9 @@ exactly the ones the engine sampled (its EOS included) with the engine's behavio
 and loss mask 1; the ids of an observation are exactly the ones the renderer inserted, with
 mask 0 and log-prob 0. The mask is built here, while the sequence grows, never recovered
 afterwards by searching tags. All active episodes of a batch take each turn together (one
-engine call per turn); the prompt of turn k is the episode's whole kept sequence.
+engine call per turn), then their environments step at once, each in a thread of its own, so
+tool waits overlap; the results are applied in episode order (`step_envs`). The prompt of turn k
+is the episode's whole kept sequence.
 
 Limits and failures never crash a batch: an environment that raises ends its episode
 (`env_error`, reward 0); a tool that raises or hangs is the environment's error observation
@@ -19,11 +21,12 @@ nowhere: see `agents.batch`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 
-from rlvr.agents.env import Environment, FinishReason, as_step_result
+from rlvr.agents.env import Environment, FinishReason, StepResult, as_step_result
 from rlvr.batch import left_pad
 from rlvr.runtime.rows import waiting
 
@@ -96,6 +99,24 @@ def start_episode(env: Environment, seed: int, renderer, fallback_prompt: str) -
 def take_turn(t: Trajectory, env: Environment, renderer, action_ids: list[int], logprobs: list[float] | None,
               *, ended: bool, turn: int, limits: Limits) -> None:
     """Append one action, step the environment, append its observation (or finish)."""
+    act = append_action(t, renderer, action_ids, logprobs, ended=ended, limits=limits, turn=turn)
+    with waiting():  # a tool's wait leaves this thread's core to the asynchronous learner
+        result = step_env(env, act.text)
+    observe(t, renderer, act, result, turn=turn, limits=limits)
+
+
+@dataclass(frozen=True)
+class Action:
+    """An action appended to its trajectory, before the environment has answered it."""
+
+    text: str
+    begin: int      # first id of the action in the full sequence
+    finish: str     # the turn's FinishReason so far (STOP, LENGTH or TOKEN_BUDGET)
+
+
+def append_action(t: Trajectory, renderer, action_ids: list[int], logprobs: list[float] | None, *, ended: bool,
+                  turn: int, limits: Limits) -> Action:
+    """Append one sampled action (cut at `max_total_tokens`) and its text message."""
     budget = limits.max_total_tokens - len(t.ids)
     finish = FinishReason.STOP if ended else FinishReason.LENGTH
     if len(action_ids) >= budget:
@@ -106,15 +127,42 @@ def take_turn(t: Trajectory, env: Environment, renderer, action_ids: list[int], 
     t.add(action_ids, logprobs, trained=True, turn=turn)
     text = renderer.action_text(action_ids)
     t.messages.append({"role": "assistant", "content": text, "ended": ended})
-    state = t.state_key
+    return Action(text, begin, finish)
+
+
+def step_env(env: Environment, text: str) -> StepResult | Exception:
+    """`env.step(text)` as a `StepResult`, or the exception it raised (its episode's `env_error`)."""
     try:
-        with waiting():  # a tool's wait leaves this thread's core to the asynchronous learner
-            obs, reward, done, info = as_step_result(env.step(text))
-    except Exception:  # noqa: BLE001
+        return as_step_result(env.step(text))
+    except Exception as err:  # noqa: BLE001 - a broken environment ends its episode, not the batch
+        return err
+
+
+def step_envs(envs: list[Environment], texts: list[str]) -> list[StepResult | Exception]:
+    """`step_env` of every (environment, action) pair, each in a thread of its own, in the given order.
+
+    The environments' waits (a tool's round trip) overlap instead of adding up. The calling thread
+    waits, so its core is given back for the whole turn (`runtime.rows.waiting`); the workers hold
+    none. Each environment is stepped once, on its own state (the `Environment` contract), and the
+    results are applied afterwards in episode order, so the trajectories are those of a serial loop.
+    A turn with an environment that sets `concurrent_steps = False` steps them all here, in order."""
+    if len(envs) <= 1 or not all(getattr(env, "concurrent_steps", True) for env in envs):
+        with waiting():
+            return [step_env(env, text) for env, text in zip(envs, texts)]
+    with waiting(), ThreadPoolExecutor(len(envs), thread_name_prefix="rlvr-env") as pool:
+        return list(pool.map(step_env, envs, texts))
+
+
+def observe(t: Trajectory, renderer, act: Action, result: StepResult | Exception, *, turn: int,
+            limits: Limits) -> None:
+    """Apply the environment's answer to `act`: counts, reward, the turn record, the observation or the end."""
+    begin, finish, state = act.begin, act.finish, t.state_key
+    if isinstance(result, Exception):
         t.count("env_errors")
         t.turns.append(Turn(begin, len(t.ids), len(t.ids), FinishReason.ENV_ERROR, 0.0, state))
         t.finish, t.done, t.reward, t.success = FinishReason.ENV_ERROR, True, 0.0, False
         return
+    obs, reward, done, info = result
     for key in ("tool_calls", "tool_errors", "tool_timeouts", "malformed"):
         if info.get(key):
             t.count(key, int(info[key]))
@@ -123,7 +171,7 @@ def take_turn(t: Trajectory, env: Environment, renderer, action_ids: list[int], 
     if info.get("malformed") and finish == FinishReason.STOP:
         finish = FinishReason.MALFORMED
     t.reward += float(reward)
-    t.state_key = info.get("state_key", (state, text))
+    t.state_key = info.get("state_key", (state, act.text))
     record = Turn(begin, len(t.ids), len(t.ids), finish, float(reward), state)
     t.turns.append(record)
     if done:
@@ -174,12 +222,15 @@ def run_episodes(engine, renderer, envs: list[Environment], episode_seeds: list[
         temp = temperature[active] if isinstance(temperature, torch.Tensor) else temperature
         out = engine(ids, mask, turn_seeds(seeds[active], turn), temperature=temp)
         lengths = out.completion_mask.sum(-1).long().tolist()
+        acts = []
         for row, i in enumerate(active):
             n = lengths[row]
             new = out.completion_ids[row, :n].tolist()
-            lp = out.logprobs[row, :n].tolist()
-            take_turn(trajs[i], envs[i], renderer, new, lp, ended=bool(n) and new[-1] == eos_id, turn=turn,
-                      limits=limits)
+            acts.append(append_action(trajs[i], renderer, new, out.logprobs[row, :n].tolist(),
+                                      ended=bool(n) and new[-1] == eos_id, turn=turn, limits=limits))
+        results = step_envs([envs[i] for i in active], [a.text for a in acts])
+        for i, act, result in zip(active, acts, results):
+            observe(trajs[i], renderer, act, result, turn=turn, limits=limits)
     for t in trajs:
         if not t.done:  # only reachable with max_turns == 0
             t.finish, t.done = FinishReason.TURN_LIMIT, True
