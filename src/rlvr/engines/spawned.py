@@ -45,6 +45,15 @@ def _serve(factory, conn, threads: int) -> None:
             return
 
 
+def _reraise(kind: type, message: str):
+    """The child's exception again in this process: its type where one message builds it."""
+    try:
+        error = kind(message)
+    except Exception:  # noqa: BLE001 - a type with another constructor
+        error = RuntimeError(f"{kind.__name__}: {message}")
+    raise error
+
+
 class SpawnedEngine:
     """`factory()`'s engine in a spawned child process; the same calls as the engine itself."""
 
@@ -58,8 +67,7 @@ class SpawnedEngine:
         failed = self._receive()
         if failed is not None:
             self._process.join()
-            kind, message = failed
-            raise kind(message)
+            _reraise(*failed)
 
     def _receive(self):
         try:
@@ -71,8 +79,7 @@ class SpawnedEngine:
         self._conn.send((method, args, kwargs))
         ok, result = self._receive()
         if not ok:
-            kind, message = result
-            raise kind(message)
+            _reraise(*result)
         return result
 
     def __call__(self, prompt_ids, prompt_mask, seeds, *, temperature):

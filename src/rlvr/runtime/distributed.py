@@ -8,7 +8,8 @@ the ranks, and the passes' log-probs are all-gathered back into the whole batch;
 the loss is normalised by the minibatch's global counts and FSDP2 reduce-scatters the gradients,
 so the update does not depend on the number of ranks. The rollout engine samples from a plain
 (unsharded) copy of the model, whose trained weights (under LoRA the adapters only) are gathered
-from the shards after every step.
+from the shards after every step. An engine with weights of its own (vLLM) is rank 0's alone
+(`LeadEngine`): it samples each batch whole and broadcasts it, and takes the gathered weights.
 
 Deviations from a production FSDP trainer: every rank holds a full copy of the weights to sample
 with (and a full frozen KL reference, outside LoRA); the samples travel as pickled objects
