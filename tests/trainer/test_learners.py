@@ -12,7 +12,6 @@ resumes a 2-rank run, and 2 ranks resume their own and a 1-process run's, onto t
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import signal
@@ -23,16 +22,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from _learners import (
+    EVERY_STEP,
+    SMALL,
+    SRC,
+    checkpoint_weights,
+    run_metrics,
+    same_lines,
+    same_weights,
+    torchrun,
+    warm_start,
+)
 from safetensors.torch import load_file
 
 from rlvr.cli import main
 from rlvr.errors import LearnerLost, RunInterrupted
 
-SRC = Path(__file__).resolve().parents[2] / "src"
-WARM_START = SRC / "rlvr" / "assets" / "countdown-warmstart"
-SMALL = ["trainer.save_every=0", "trainer.eval_every=0", "rollout.prompts_per_step=4", "rollout.group_size=4",
-         "task.heldout_size=2", "rollout.max_new_tokens=12"]
-EVERY_STEP = [*SMALL[1:], "trainer.save_every=1"]  # SMALL with a checkpoint each step (a key given twice is refused)
 # A reward with variance in every group; with the file `armed` beside it, rank 1 kills itself (SIGKILL)
 # at its KILL_AT-th call (after the first step's checkpoint), disarming it first so that the resume runs through.
 REWARD = """
@@ -53,49 +58,13 @@ def score(prompt, completion, **example):
 KILL_AT = 40
 
 
-def _torchrun(*args: str, ranks: int = 2) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-                           "-m", "rlvr.cli", "train", *args],
-                          env=env, capture_output=True, text=True, timeout=300)
-
-
-def _metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
-    return load_file(str(run / "checkpoints" / f"step_{step:06d}" / "model.safetensors"))
-
-
-def _same_lines(a: list[dict], b: list[dict], rel: float = 1e-5, abs_tol: float = 1e-6) -> None:
-    """Equal step lines to float tolerance, timings and machine counters aside."""
-    assert [m["step"] for m in a] == [m["step"] for m in b]
-    for x, y in zip(a, b):
-        keys = {k for k in x.keys() & y.keys() if not k.startswith(("time/", "perf/"))}
-        assert "actor/grad_norm" in keys or x["step"] == 0
-        off = {k: (x[k], y[k]) for k in keys if not math.isclose(x[k], y[k], rel_tol=rel, abs_tol=abs_tol)}
-        assert not off, (x["step"], off)
-
-
-def _same_weights(a: dict, b: dict, start: dict, rel: float = 1e-5) -> None:
-    """Every tensor equal to `rel` relative (norm of the difference over the norm), where the steps
-    moved each tensor by far more than that."""
-    assert a.keys() == b.keys()
-    for name in a:
-        assert float((a[name] - b[name]).float().norm()) <= rel * float(b[name].float().norm()), name
-    moved = max(float((b[k] - start[k]).float().norm() / start[k].float().norm()) for k in start if k in b)
-    assert moved > 10 * rel  # ten times the tolerance at least
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """A 2-rank run and a 1-process run of 3 steps on the same global batches."""
     root = tmp_path_factory.mktemp("learners")
     (root / "reward.py").write_text(REWARD.format(kill_at=KILL_AT))
     common = [f"reward.fn={root / 'reward.py'}:score", f"trainer.out_dir={root}", *SMALL]
-    done = _torchrun("trainer.steps=3", "trainer.name=two", *common)
+    done = torchrun("trainer.steps=3", "trainer.name=two", *common)
     assert done.returncode == 0, done.stderr[-3000:]
     assert main(["train", "trainer.steps=3", "trainer.name=one", "trainer.threads=1", *common]) == 0
     return root / "two", root / "one", done
@@ -103,11 +72,11 @@ def runs(tmp_path_factory):
 
 def test_two_ranks_train_as_one_process_on_the_same_global_batch(runs):
     two, one, done = runs
-    _same_lines(_metrics(two), _metrics(one))
-    assert len(_metrics(two)) == 4  # rank 0 alone wrote: one line per step, step 0's evaluation first
+    same_lines(run_metrics(two), run_metrics(one))
+    assert len(run_metrics(two)) == 4  # rank 0 alone wrote: one line per step, step 0's evaluation first
     assert done.stdout.count("done: step 3") == 1  # one rank speaks for the run
     assert json.loads((two / "run.json").read_text())["runtime"]["learners"] == 2
-    _same_weights(_weights(two, 3), _weights(one, 3), load_file(str(WARM_START / "model.safetensors")))
+    same_weights(checkpoint_weights(two, 3), checkpoint_weights(one, 3), warm_start())
 
 
 @pytest.mark.slow
@@ -116,12 +85,12 @@ def test_two_ranks_train_a_diffusion_model_as_one_process(tmp_path):
     the step's seed, so the ranks' shares of a batch draw the single process's masks."""
     recipe = SRC.parent / "recipes" / "dllm_diffu_grpo_countdown.yaml"
     common = [str(recipe), "trainer.steps=3", f"trainer.out_dir={tmp_path}", *SMALL[:-1]]  # its own lengths
-    done = _torchrun(*common, "trainer.name=two")
+    done = torchrun(*common, "trainer.name=two")
     assert done.returncode == 0, done.stderr[-3000:]
     assert main(["train", *common, "trainer.name=one", "trainer.threads=1"]) == 0
-    _same_lines(_metrics(tmp_path / "two"), _metrics(tmp_path / "one"))
+    same_lines(run_metrics(tmp_path / "two"), run_metrics(tmp_path / "one"))
     start = load_file(str(SRC / "rlvr" / "assets" / "countdown-dllm-warmstart" / "model.safetensors"))
-    _same_weights(_weights(tmp_path / "two", 3), _weights(tmp_path / "one", 3), start)
+    same_weights(checkpoint_weights(tmp_path / "two", 3), checkpoint_weights(tmp_path / "one", 3), start)
 
 
 def _plain(*args: str) -> subprocess.CompletedProcess:
@@ -145,8 +114,8 @@ def test_one_forced_fsdp_process_trains_as_the_plain_process(runs):
     forced = root / "forced"
     assert json.loads((forced / "run.json").read_text())["runtime"]["fsdp"] is True
     assert (forced / "checkpoints" / "step_000003" / "optimizer" / ".metadata").is_file()  # the sharded save
-    _same_lines(_metrics(forced), _metrics(one))
-    _same_weights(_weights(forced, 3), _weights(one, 3), load_file(str(WARM_START / "model.safetensors")))
+    same_lines(run_metrics(forced), run_metrics(one))
+    same_weights(checkpoint_weights(forced, 3), checkpoint_weights(one, 3), warm_start())
 
 
 @pytest.mark.slow
@@ -157,16 +126,16 @@ def test_two_ranks_share_the_no_grad_passes_and_train_as_one_process(tmp_path):
     (tmp_path / "reward.py").write_text(REWARD.format(kill_at=KILL_AT))
     common = ["trainer.steps=3", "trainer.minibatches=2", "algo.kl_coef=0.05", f"trainer.out_dir={tmp_path}",
               f"reward.fn={tmp_path / 'reward.py'}:score", *SMALL]
-    done = _torchrun(*common, "trainer.name=two")
+    done = torchrun(*common, "trainer.name=two")
     assert done.returncode == 0, done.stderr[-3000:]
     assert main(["train", *common, "trainer.name=one", "trainer.threads=1"]) == 0
-    two, one = _metrics(tmp_path / "two"), _metrics(tmp_path / "one")
+    two, one = run_metrics(tmp_path / "two"), run_metrics(tmp_path / "one")
     assert all(m["actor/kl"] > 0 for m in two[1:])  # the reference's log-probs reached the loss
     # abs 1e-5: rollout/mismatch_max_abs, the sampler's log-probs against the old pass's, is rounding
     # itself (3e-6 through the sharded plain forward, 9e-7 through the single process's fused one)
-    _same_lines(two, one, abs_tol=1e-5)
-    _same_weights(_weights(tmp_path / "two", 3), _weights(tmp_path / "one", 3),
-                  load_file(str(WARM_START / "model.safetensors")))
+    same_lines(two, one, abs_tol=1e-5)
+    same_weights(checkpoint_weights(tmp_path / "two", 3), checkpoint_weights(tmp_path / "one", 3),
+                  warm_start())
 
 
 @pytest.mark.slow
@@ -178,16 +147,16 @@ def test_two_bf16_ranks_reducing_in_fp32_train_as_one_bf16_process(tmp_path):
     (tmp_path / "reward.py").write_text(REWARD.format(kill_at=KILL_AT))
     common = ["trainer.steps=3", "model.dtype=bfloat16", f"reward.fn={tmp_path / 'reward.py'}:score",
               f"trainer.out_dir={tmp_path}", *SMALL]
-    done = _torchrun(*common, "trainer.name=two", "trainer.fsdp_param_dtype=bfloat16",
+    done = torchrun(*common, "trainer.name=two", "trainer.fsdp_param_dtype=bfloat16",
                      "trainer.fsdp_reduce_dtype=float32")
     assert done.returncode == 0, done.stderr[-3000:]
     assert main(["train", *common, "trainer.name=one", "trainer.threads=1"]) == 0
-    two, one = _metrics(tmp_path / "two"), _metrics(tmp_path / "one")
-    _same_lines(two[:2], one[:2])
-    _same_lines(two, one, rel=2e-2, abs_tol=2e-3)
-    weights = _weights(tmp_path / "two", 3)
+    two, one = run_metrics(tmp_path / "two"), run_metrics(tmp_path / "one")
+    same_lines(two[:2], one[:2])
+    same_lines(two, one, rel=2e-2, abs_tol=2e-3)
+    weights = checkpoint_weights(tmp_path / "two", 3)
     assert all(w.dtype == torch.bfloat16 for w in weights.values())
-    _same_weights(weights, _weights(tmp_path / "one", 3), load_file(str(WARM_START / "model.safetensors")), rel=2e-4)
+    same_weights(weights, checkpoint_weights(tmp_path / "one", 3), warm_start(), rel=2e-4)
 
 
 @pytest.mark.parametrize("override, says", [
@@ -206,14 +175,14 @@ def _resumed(run: Path, into: Path, ranks: int) -> Path:
     if ranks == 1:
         assert main(["train", "--resume", str(into), "trainer.steps=4"]) == 0
     else:
-        done = _torchrun("--resume", str(into), "trainer.steps=4", ranks=ranks)
+        done = torchrun("--resume", str(into), "trainer.steps=4", ranks=ranks)
         assert done.returncode == 0, done.stderr[-3000:]
     return into
 
 
 def _same_resume(resumed: Path, reference: Path, start: Path) -> None:
-    _same_lines(_metrics(resumed), _metrics(reference))
-    _same_weights(_weights(resumed, 4), _weights(reference, 4), _weights(start, 3))
+    same_lines(run_metrics(resumed), run_metrics(reference))
+    same_weights(checkpoint_weights(resumed, 4), checkpoint_weights(reference, 4), checkpoint_weights(start, 3))
 
 
 @pytest.mark.slow
@@ -221,14 +190,14 @@ def test_two_ranks_train_lora_adapters_as_one_process_and_one_process_resumes_th
     """LoRA: only the adapters train and travel to the ranks' full copies; the checkpoints hold
     the adapter, and one process resumes the 2-rank run onto the 1-process resume's step 4."""
     common = [f"trainer.out_dir={tmp_path}", "model.lora.r=4", "optim.lr=1e-3", *SMALL]
-    done = _torchrun("trainer.steps=3", "trainer.name=two", *common)
+    done = torchrun("trainer.steps=3", "trainer.name=two", *common)
     assert done.returncode == 0, done.stderr[-3000:]
     assert main(["train", "trainer.steps=3", "trainer.name=one", "trainer.threads=1", *common]) == 0
     runs = {name: tmp_path / name for name in ("two", "one")}
-    _same_lines(_metrics(runs["two"]), _metrics(runs["one"]))
+    same_lines(run_metrics(runs["two"]), run_metrics(runs["one"]))
     for name, run in list(runs.items()):
         runs[f"{name}_by_one"] = _resumed(run, tmp_path / f"{name}_by_one", 1)
-    _same_lines(_metrics(runs["two_by_one"]), _metrics(runs["one_by_one"]))
+    same_lines(run_metrics(runs["two_by_one"]), run_metrics(runs["one_by_one"]))
     for step, (a, b) in ((3, ("two", "one")), (4, ("two_by_one", "one_by_one"))):
         ours, theirs = (load_file(str(runs[n] / "checkpoints" / f"step_{step:06d}" / "adapter_model.safetensors"))
                         for n in (a, b))
@@ -256,7 +225,7 @@ def test_two_ranks_resume_their_own_checkpoint_and_a_single_process_one(runs, tm
 
 def test_ranks_times_threads_beyond_the_cores_is_one_line(tmp_path):
     cores = len(os.sched_getaffinity(0))
-    done = _torchrun(f"trainer.threads={cores}", "trainer.steps=1", f"trainer.out_dir={tmp_path}", *SMALL)
+    done = torchrun(f"trainer.threads={cores}", "trainer.steps=1", f"trainer.out_dir={tmp_path}", *SMALL)
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert lines and lines[0].startswith("error: trainer.threads: 2 ranks x"), done.stderr[-2000:]
@@ -269,7 +238,7 @@ def test_a_killed_rank_is_one_line_naming_it_and_the_resume_continues_the_run(ru
     two, _, _ = runs
     root = two.parent
     (root / "armed").touch()
-    killed = _torchrun("trainer.steps=3", "trainer.name=killed", f"reward.fn={root / 'reward.py'}:score",
+    killed = torchrun("trainer.steps=3", "trainer.name=killed", f"reward.fn={root / 'reward.py'}:score",
                        f"trainer.out_dir={root}", *EVERY_STEP)
     assert killed.returncode != 0 and not (root / "armed").exists()
     ours = [line for line in killed.stderr.splitlines() if line.startswith("error:")]
@@ -278,10 +247,10 @@ def test_a_killed_rank_is_one_line_naming_it_and_the_resume_continues_the_run(ru
     assert json.loads((run / "run.json").read_text())["status"] == "failed"
     saved = [int(p.name.removeprefix("step_")) for p in sorted((run / "checkpoints").glob("step_*"))]
     assert saved and saved[-1] < 3  # stopped mid-run, after a checkpoint
-    resumed = _torchrun("--resume", str(run), "trainer.steps=3")
+    resumed = torchrun("--resume", str(run), "trainer.steps=3")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    _same_lines(_metrics(run), _metrics(two))
-    _same_weights(_weights(run, 3), _weights(two, 3), load_file(str(WARM_START / "model.safetensors")))
+    same_lines(run_metrics(run), run_metrics(two))
+    same_weights(checkpoint_weights(run, 3), checkpoint_weights(two, 3), warm_start())
 
 
 # The same reward sending SIGTERM to rank 1 alone (what a scheduler signalling one process does)
@@ -297,18 +266,18 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step_and_the_resum
     root = two.parent
     (root / "term.py").write_text(TERM)
     (root / "armed").touch()
-    stopped = _torchrun("trainer.steps=3", "trainer.name=stopped", f"reward.fn={root / 'term.py'}:score",
+    stopped = torchrun("trainer.steps=3", "trainer.name=stopped", f"reward.fn={root / 'term.py'}:score",
                         f"trainer.out_dir={root}", *EVERY_STEP)
     assert stopped.returncode != 0 and not (root / "armed").exists()
     assert "error:" not in stopped.stderr, stopped.stderr[-3000:]
     run = root / "stopped"
     manifest = json.loads((run / "run.json").read_text())
     assert (manifest["status"], manifest["signal"], manifest["final"]["step"]) == ("interrupted", "SIGTERM", 2)
-    assert [m["step"] for m in _metrics(run)] == [0, 1, 2]
-    resumed = _torchrun("--resume", str(run), "trainer.steps=3")
+    assert [m["step"] for m in run_metrics(run)] == [0, 1, 2]
+    resumed = torchrun("--resume", str(run), "trainer.steps=3")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    _same_lines(_metrics(run), _metrics(two))
-    _same_weights(_weights(run, 3), _weights(two, 3), load_file(str(WARM_START / "model.safetensors")))
+    same_lines(run_metrics(run), run_metrics(two))
+    same_weights(checkpoint_weights(run, 3), checkpoint_weights(two, 3), warm_start())
 
 
 HANG = """
@@ -331,7 +300,7 @@ def test_a_hung_rank_is_one_line_naming_it_after_the_collective_timeout(tmp_path
     update's collective for `trainer.collective_timeout_s`, then stops with one line naming
     rank 1 by its progress (still at step 2's rollout, rank 0 at its update)."""
     (tmp_path / "hang.py").write_text(HANG)
-    done = _torchrun("trainer.steps=3", "trainer.collective_timeout_s=10", "reward.timeout_s=0",
+    done = torchrun("trainer.steps=3", "trainer.collective_timeout_s=10", "reward.timeout_s=0",
                      f"reward.fn={tmp_path / 'hang.py'}:score",
                      f"trainer.out_dir={tmp_path}", *SMALL)
     assert done.returncode != 0
@@ -342,7 +311,7 @@ def test_a_hung_rank_is_one_line_naming_it_after_the_collective_timeout(tmp_path
 
 
 def test_what_learners_do_not_support_yet_is_one_line(tmp_path):
-    done = _torchrun("trainer.max_staleness=1", "trainer.steps=1", f"trainer.out_dir={tmp_path}", *SMALL)
+    done = torchrun("trainer.max_staleness=1", "trainer.steps=1", f"trainer.out_dir={tmp_path}", *SMALL)
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert lines and lines[0].startswith("error: trainer.max_staleness: not supported with 2 data-parallel"), \
@@ -366,9 +335,9 @@ def test_two_ray_learner_actors_train_as_one_process(runs):
     assert done.stdout.count("done: step 3") == 1
     ray_run = root / "ray"
     assert json.loads((ray_run / "run.json").read_text())["runtime"]["learners"] == 2
-    assert len(_metrics(ray_run)) == 4
-    _same_lines(_metrics(ray_run), _metrics(one))
-    _same_weights(_weights(ray_run, 3), _weights(one, 3), load_file(str(WARM_START / "model.safetensors")))
+    assert len(run_metrics(ray_run)) == 4
+    same_lines(run_metrics(ray_run), run_metrics(one))
+    same_weights(checkpoint_weights(ray_run, 3), checkpoint_weights(one, 3), warm_start())
 
 
 @pytest.mark.ray
@@ -412,7 +381,7 @@ def test_a_signal_to_the_ray_driver_stops_its_learner_ranks_after_their_step(run
     driver = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               start_new_session=True)  # its own process group, as a terminal's foreground job
     deadline = time.monotonic() + 240
-    while not ((run / "metrics.jsonl").is_file() and len(_metrics(run)) >= 2) and time.monotonic() < deadline:
+    while not ((run / "metrics.jsonl").is_file() and len(run_metrics(run)) >= 2) and time.monotonic() < deadline:
         assert driver.poll() is None, driver.communicate()[1][-3000:]
         time.sleep(0.5)
     if to_group:
@@ -425,7 +394,7 @@ def test_a_signal_to_the_ray_driver_stops_its_learner_ranks_after_their_step(run
     assert (manifest["status"], manifest["signal"]) == ("interrupted", name), err[-3000:]
     step = manifest["final"]["step"]
     assert 1 <= step < 20 and (run / "checkpoints" / f"step_{step:06d}").is_dir()
-    assert [m["step"] for m in _metrics(run)] == list(range(step + 1))
+    assert [m["step"] for m in run_metrics(run)] == list(range(step + 1))
     if to_group:
         assert _group_gone(driver.pid), "a process of the interrupted run's group is still alive"
 
@@ -459,4 +428,4 @@ def test_a_killed_ray_learner_actor_is_the_driver_s_one_line_and_the_resume_cont
     assert json.loads((run / "run.json").read_text())["status"] == "failed"
     resumed = _plain("--resume", str(run), "trainer.steps=3", *RAY_LEARNERS)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    _same_lines(_metrics(run), _metrics(two))
+    same_lines(run_metrics(run), run_metrics(two))

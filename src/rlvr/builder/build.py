@@ -125,19 +125,23 @@ def build_speculative(config: Config, model, tokenizer) -> SpeculativeRollouts |
                                rule=r.spec_first_token, capacity=r.spec_capacity)
 
 
-def build_vllm_engine(config: Config, model, tokenizer):
-    """vLLM started from `model`'s current weights (LoRA: merged), in the trainer's process."""
+def build_vllm_engine(config: Config, model, tokenizer, *, own_process: bool = False):
+    """vLLM started from `model`'s current weights (LoRA: merged), in the trainer's process, or
+    with `own_process` in a spawned one (`engines.spawned`: a learner rank of several, whose
+    process group vLLM must not join)."""
+    from rlvr.engines.spawned import SpawnedEngine
     from rlvr.engines.vllm import VLLMEngine
     from rlvr.models.lora import merged_weights
 
     r = config.rollout
     base = model.get_base_model() if hasattr(model, "peft_config") else model
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    return VLLMEngine(merged_weights(model), base.config, max_new_tokens=r.max_new_tokens,
-                      eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, top_p=r.top_p, top_k=r.top_k,
-                      min_p=r.min_p, repetition_penalty=r.repetition_penalty, dtype=dtype,
-                      kv_cache_mb=r.vllm_kv_cache_mb, block_size=r.vllm_block_size,
-                      max_model_len=r.vllm_max_model_len, seed=config.seed)
+    start = functools.partial(
+        VLLMEngine, merged_weights(model), base.config, max_new_tokens=r.max_new_tokens,
+        eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, top_p=r.top_p, top_k=r.top_k,
+        min_p=r.min_p, repetition_penalty=r.repetition_penalty, dtype=dtype, kv_cache_mb=r.vllm_kv_cache_mb,
+        block_size=r.vllm_block_size, max_model_len=r.vllm_max_model_len, seed=config.seed)
+    return SpawnedEngine(start) if own_process else start()
 
 
 def build_task(config: Config, tokenizer=None):

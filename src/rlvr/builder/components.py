@@ -39,7 +39,7 @@ from rlvr.models.lora import AdapterDisabled
 from rlvr.models.value import ValueModel
 from rlvr.protocols import PolicyModel, Task
 from rlvr.rewards.runner import RewardRunner
-from rlvr.runtime.distributed import ONE_PROCESS, RankEngine, Shard, ShardedState, shard_model
+from rlvr.runtime.distributed import ONE_PROCESS, LeadEngine, RankEngine, Shard, ShardedState, shard_model
 from rlvr.runtime.process import Runtime, available_cores, resolve_device, thread_budget
 from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode, split_engine
 from rlvr.sampling.base import GroupFilter, PassRateBand, ZeroVariance
@@ -98,10 +98,10 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     task = task if task is not None else build.build_task(config, tokenizer)
     build.check_context(config, plain, tokenizer, task)
     layout = thread_layout(config, runtime)
-    engine = build.build_engine(config, plain, tokenizer)
+    engine = learner_engine(config, plain, tokenizer, shard)
     if layout.learner_rows is not None and not engine_kind(config).batches_itself:
         engine = split_engine(engine, layout.learner_rows, tokenizer.pad_token_id, model)
-    if shard.fsdp:
+    if shard.fsdp and not engine_kind(config).own_weights:
         engine = RankEngine(engine, plain, shard, tokenizer.pad_token_id)
     reward = reward if reward is not None else build.build_reward(config, task)
     build.check_reward_components(config, reward)
@@ -150,21 +150,31 @@ def fusable(config: Config, policy: PolicyModel, loss: LossSpec, advantage) -> b
             and not config.expert.per_step and advantage.returns is None and loss.reward_kl is None and not reads_old)
 
 
+def learner_engine(config: Config, plain: torch.nn.Module, tokenizer, shard: Shard):
+    """The rollout engine over `plain`, the full weights. Of FSDP2 learners, an engine with its
+    own weights (vLLM) is rank 0's alone, in a process of its own (`LeadEngine`), fed the gathered
+    weights after every step; the torch engine samples each rank's share (`RankEngine`)."""
+    if not (shard.fsdp and engine_kind(config).own_weights):
+        return build.build_engine(config, plain, tokenizer)
+    lead = build.build_vllm_engine(config, plain, tokenizer, own_process=True) if shard.rank == 0 else None
+    return LeadEngine(lead, plain, shard)
+
+
 def check_learners(config: Config, shard: Shard) -> None:
-    """What data-parallel learners support so far: the synchronous loop with the torch engine,
-    without a critic or expert rows, and minibatches of whole groups that split over the ranks."""
+    """What data-parallel learners support so far: the synchronous loop without a critic or
+    expert rows, and minibatches of whole groups that split over the ranks."""
     t = config.trainer
     if _on_ray(config):
         raise ConfigError(f"trainer.backend: Ray runs the rollout side of one learner process; for {shard.size} "
                           "FSDP2 learner(s) on Ray set trainer.ray_learners=N (Ray starts the ranks) and run "
                           "without torchrun, or use trainer.backend=local")
     refused = {"trainer.max_staleness": t.max_staleness is not None,
-               "rollout.engine": engine_kind(config).own_weights, "algo.advantage": config.algo.advantage == "gae",
+               "algo.advantage": config.algo.advantage == "gae",
                "expert.per_step": bool(config.expert.per_step)}
     for field, bad in refused.items():
         if bad:
             raise ConfigError(f"{field}: not supported with {shard.size} data-parallel learner(s) yet (FSDP2); "
-                              "run it as one process, or use the synchronous loop with the torch engine")
+                              "run it as one process, or use the synchronous loop")
 
 
 DTYPES = {"": None, "float32": torch.float32, "bfloat16": torch.bfloat16}  # trainer.fsdp_*_dtype

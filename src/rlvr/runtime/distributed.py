@@ -8,7 +8,8 @@ the ranks, and the passes' log-probs are all-gathered back into the whole batch;
 the loss is normalised by the minibatch's global counts and FSDP2 reduce-scatters the gradients,
 so the update does not depend on the number of ranks. The rollout engine samples from a plain
 (unsharded) copy of the model, whose trained weights (under LoRA the adapters only) are gathered
-from the shards after every step.
+from the shards after every step. An engine with weights of its own (vLLM) is rank 0's alone
+(`LeadEngine`): it samples each batch whole and broadcasts it, and takes the gathered weights.
 
 Deviations from a production FSDP trainer: every rank holds a full copy of the weights to sample
 with (and a full frozen KL reference, outside LoRA); the samples travel as pickled objects
@@ -30,6 +31,7 @@ import torch
 
 from rlvr.batch import Rollouts, concat_rollouts
 from rlvr.errors import ConfigError, LearnerLost
+from rlvr.models.lora import merged_weights
 
 
 @dataclass(frozen=True)
@@ -291,12 +293,45 @@ class RankEngine:
     def push_weights(self, named, version: int) -> None:
         """The trained weights of `named` (the learner's own parameters, sharded) into the copy:
         under LoRA only the adapters."""
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            full = full_weights((name, t) for name, t in named if t.requires_grad)
-            for name, tensor in full.items():
-                params[name].copy_(tensor)
+        load_trained(self.model, named)
         self.version = version
+
+
+def load_trained(model: torch.nn.Module, named) -> None:
+    """The trained ones of `named` (the learner's parameters, sharded; under LoRA the adapters)
+    gathered into `model`, a plain copy with the same names: a collective."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in full_weights((name, t) for name, t in named if t.requires_grad).items():
+            params[name].copy_(tensor)
+
+
+class LeadEngine:
+    """A rollout engine that holds its own weights (vLLM), on rank 0 only: it samples every
+    batch whole, with the seeds a single process gives its rows, and broadcasts the rollouts, so
+    every rank holds the single process's batch. `push_weights` gathers the trained weights into
+    every rank's plain copy `model` (what checkpoints save) and rank 0 pushes them on to its
+    engine, merged under LoRA, as a single process does. `engine` is None on the other ranks."""
+
+    def __init__(self, engine, model: torch.nn.Module, shard: Shard):
+        self.engine, self.model, self.shard = engine, model, shard
+        self.version = 0
+
+    def __call__(self, prompt_ids, prompt_mask, seeds, *, temperature, **kwargs) -> Rollouts:
+        rollouts = None
+        if self.engine is not None:
+            rollouts = self.engine(prompt_ids, prompt_mask, seeds, temperature=temperature, **kwargs)
+        return self.shard.broadcast(rollouts)
+
+    def push_weights(self, named, version: int) -> None:
+        load_trained(self.model, named)
+        if self.engine is not None:
+            self.engine.push_weights(merged_weights(self.model), version)
+        self.version = version
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
 
 
 class ShardedState:
