@@ -5,7 +5,9 @@
 
 Table 1: held-out accuracy (greedy; avg@k and pass@k of k = 8 samples at the rollout temperature)
 and reward, final and AUC, mean ± 95% CI over seeds; wall time per run, seconds per step,
-forwards per update and peak memory (from the runs' metrics).
+forwards per update and peak memory (from the runs' metrics); then greedy accuracy at equal training
+time: gain per training minute, and the accuracy each recipe had reached within the fastest recipe's
+training seconds (summed `time/step_s`, evaluation excluded; load-dependent like every timing here).
 Table 2: greedy held-out accuracy of the warm start against tokens committed per forward
 (steps N = L, L/2, L/4; block lengths L and L/2).
 
@@ -23,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from _sweep import REPO, report, run_sweep
+from _sweep import REPO, equal_time_table, recipe_groups, report, run_sweep
 
 from rlvr.builder import build
 from rlvr.config import load_config
@@ -82,6 +84,7 @@ def main() -> None:
     print(report(out, ["eval/heldout_accuracy", *sampled, "reward/mean", "time/step_s", "perf/forwards_per_update",
                        "perf/peak_rss_mb"],
                  ["eval/heldout_accuracy", "reward/mean"]))
+    print(equal_time_table(recipe_groups(out)))
     print(sampler_tradeoff(REPO / recipes[0], args.overrides))
     print(f"bench process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
 
