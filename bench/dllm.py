@@ -67,6 +67,8 @@ def main() -> None:
     p.add_argument("--eval-samples", type=int, default=8,
                    help="k samples per held-out problem at each evaluation: avg@k and pass@k beside greedy "
                         "(0 = greedy only)")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="steps between held-out evaluations (default: a third of --steps)")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = p.parse_args()
     out = args.out or Path(f"runs/bench_dllm_{args.task}")
@@ -77,7 +79,7 @@ def main() -> None:
             valid = sorted(r.stem[len("dllm_"):-len(args.task) - 1] for r in shipped)
             p.error(f"--recipes: no recipe {recipe} for {name!r}; valid: {', '.join(valid)} "
                     "(put key=value overrides before --recipes)")
-    overrides = [f"trainer.steps={args.steps}", f"trainer.eval_every={max(args.steps // 3, 1)}",
+    overrides = [f"trainer.steps={args.steps}", f"trainer.eval_every={args.eval_every or max(args.steps // 3, 1)}",
                  "trainer.save_every=0", f"trainer.eval_samples={args.eval_samples}", *args.overrides]
     run_sweep(recipes, args.seeds, overrides, out)
     sampled = ["eval/heldout_sampled_accuracy", "eval/heldout_pass_at_k"] if args.eval_samples else []
