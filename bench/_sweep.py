@@ -47,13 +47,55 @@ def _extra_columns(group) -> list[str]:
             cell([m.get("actor/entropy", float("nan")) for m in last])]
 
 
-def report(out: Path, metrics: list[str], plot_metrics: list[str]) -> str:
-    """Markdown table (mean ± 95% CI over seeds) of every run under `out`, and curves.png."""
-    # One group per recipe directory (out/<recipe>/s<seed>), labelled by the recipe's name.
+def train_seconds(run) -> list[tuple[int, float]]:
+    """(step, training seconds up to it) for every step that logged `time/step_s` (evaluation excluded)."""
+    elapsed, points = 0.0, []
+    for m in run.metrics:
+        if "time/step_s" in m:
+            elapsed += m["time/step_s"]
+            points.append((m["step"], elapsed))
+    return points
+
+
+def accuracy_within(run, budget_s: float, metric: str = "eval/heldout_accuracy") -> tuple[int, float]:
+    """(step, value) of the last evaluation whose step the run reached within `budget_s` training seconds."""
+    reached = {step for step, seconds in train_seconds(run) if seconds <= budget_s} | {0}
+    steps, values = run.series(metric)
+    return max((s, v) for s, v in zip(steps, values) if s in reached)
+
+
+def equal_time_table(groups, metric: str = "eval/heldout_accuracy") -> str:
+    """Each recipe's gain over its step-0 evaluation per training minute, and its accuracy at the last
+    evaluation it reached within the fastest recipe's training time (mean over seeds): measured points
+    only, nothing extrapolated past a run's end."""
+    def cell(values, digits=3):
+        mean, half = mean_ci(values)
+        return f"{mean:.{digits}f} ± {half:.{digits}f}" if half == half else f"{mean:.{digits}f}"
+
+    totals = {g.label: [train_seconds(r)[-1][1] for r in g.runs] for g in groups}
+    budget = min(sum(t) / len(t) for t in totals.values())
+    rows = [f"| recipe | train s/run | {metric} gain | gain per train minute | "
+            f"steps reached in {budget:.0f} s | {metric} at {budget:.0f} s |", "|---|---|---|---|---|---|"]
+    for g in groups:
+        gains = [r.series(metric)[1][-1] - r.series(metric)[1][0] for r in g.runs]
+        at_budget = [accuracy_within(r, budget, metric) for r in g.runs]
+        rows.append(f"| {g.label} | {cell(totals[g.label], 0)} | {cell(gains)} | "
+                    f"{cell([60 * d / t for d, t in zip(gains, totals[g.label])])} | "
+                    f"{'/'.join(str(s) for s, _ in at_budget)} | {cell([v for _, v in at_budget])} |")
+    return "\n".join(rows) + "\n"
+
+
+def recipe_groups(out: Path) -> list[Group]:
+    """One group per recipe directory (out/<recipe>/s<seed>), labelled by the recipe's name."""
     by_recipe: dict[str, list] = {}
     for run in find_runs([out]):
         by_recipe.setdefault(run.path.parent.name, []).append(run)
-    groups = [Group(label=name, runs=runs) for name, runs in sorted(by_recipe.items())]
+    return [Group(label=name, runs=runs) for name, runs in sorted(by_recipe.items())]
+
+
+def report(out: Path, metrics: list[str], plot_metrics: list[str]) -> str:
+    """Markdown table (mean ± 95% CI over seeds) of every run under `out`, and curves.png."""
+    groups = recipe_groups(out)
     table = markdown_table(groups, metrics, summarize(groups, metrics))
     extra = ["| recipe | wall s/run | response length (final) | entropy (final) |", "|---|---|---|---|"]
     extra += [f"| {g.label} | " + " | ".join(_extra_columns(g)) + " |" for g in groups]

@@ -5,7 +5,9 @@
 
 Table 1: held-out accuracy (greedy; avg@k and pass@k of k = 8 samples at the rollout temperature)
 and reward, final and AUC, mean ± 95% CI over seeds; wall time per run, seconds per step,
-forwards per update and peak memory (from the runs' metrics).
+forwards per update and peak memory (from the runs' metrics); then greedy accuracy at equal training
+time: gain per training minute, and the accuracy each recipe had reached within the fastest recipe's
+training seconds (summed `time/step_s`, evaluation excluded; load-dependent like every timing here).
 Table 2: greedy held-out accuracy of the warm start against tokens committed per forward
 (steps N = L, L/2, L/4; block lengths L and L/2).
 
@@ -23,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from _sweep import REPO, report, run_sweep
+from _sweep import REPO, equal_time_table, recipe_groups, report, run_sweep
 
 from rlvr.builder import build
 from rlvr.config import load_config
@@ -65,6 +67,8 @@ def main() -> None:
     p.add_argument("--eval-samples", type=int, default=8,
                    help="k samples per held-out problem at each evaluation: avg@k and pass@k beside greedy "
                         "(0 = greedy only)")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="steps between held-out evaluations (default: a third of --steps)")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = p.parse_args()
     out = args.out or Path(f"runs/bench_dllm_{args.task}")
@@ -75,13 +79,14 @@ def main() -> None:
             valid = sorted(r.stem[len("dllm_"):-len(args.task) - 1] for r in shipped)
             p.error(f"--recipes: no recipe {recipe} for {name!r}; valid: {', '.join(valid)} "
                     "(put key=value overrides before --recipes)")
-    overrides = [f"trainer.steps={args.steps}", f"trainer.eval_every={max(args.steps // 3, 1)}",
+    overrides = [f"trainer.steps={args.steps}", f"trainer.eval_every={args.eval_every or max(args.steps // 3, 1)}",
                  "trainer.save_every=0", f"trainer.eval_samples={args.eval_samples}", *args.overrides]
     run_sweep(recipes, args.seeds, overrides, out)
     sampled = ["eval/heldout_sampled_accuracy", "eval/heldout_pass_at_k"] if args.eval_samples else []
     print(report(out, ["eval/heldout_accuracy", *sampled, "reward/mean", "time/step_s", "perf/forwards_per_update",
                        "perf/peak_rss_mb"],
                  ["eval/heldout_accuracy", "reward/mean"]))
+    print(equal_time_table(recipe_groups(out)))
     print(sampler_tradeoff(REPO / recipes[0], args.overrides))
     print(f"bench process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
 
