@@ -36,6 +36,8 @@ from rlvr.cli import main
                   "trainer.threads=2", "estimator.n=2"], id="diffusion-dmpo", marks=pytest.mark.slow),
     pytest.param(["recipes/dllm_dipo_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
                   "trainer.threads=2"], id="diffusion-dipo", marks=pytest.mark.slow),
+    pytest.param(["recipes/dllm_erils_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
+                  "trainer.threads=2"], id="diffusion-erils", marks=pytest.mark.slow),
     pytest.param(["recipes/dllm_block_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
                   "trainer.threads=2"], id="block_diffusion"),
 ])

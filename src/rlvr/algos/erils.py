@@ -55,7 +55,8 @@ def canvas_rows(completions: list[list[int]], gen_length: int, eos_id: int) -> t
 def per_source_advantages(rewards: Tensor, groups: Tensor, sources: Tensor, *, eps: float = 1e-6) -> Tensor:
     """(B,) advantages (R_i − mean_c) / (std_c + eps), c = (groups[i], sources[i]): each row is
     standardised against the scorable rows of its own group and source only (Bessel std, as
-    rlvr's GRPO). A cell with fewer than two scorable rewards, and a NaN reward, give 0.
+    rlvr's GRPO). A cell with fewer than two scorable rewards or none that differ, and a NaN
+    reward, give 0.
     rewards (B,) float; groups (B,) and sources (B,) integer ids."""
     rewards = rewards.double()
     scored = ~torch.isnan(rewards)
@@ -67,7 +68,8 @@ def per_source_advantages(rewards: Tensor, groups: Tensor, sources: Tensor, *, e
         if int(kept.sum()) < 2:
             continue
         values = rewards[kept]
-        out[kept] = (values - values.mean()) / (values.std() + eps)
+        centred, std = values - values.mean(), values.std()
+        out[kept] = centred / (std + eps) if std > 0 else torch.zeros_like(centred)  # no spread: no signal
     return out.float()
 
 
