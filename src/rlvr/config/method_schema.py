@@ -11,7 +11,8 @@ from rlvr.config.ranges import choice, ranged
 
 @dataclass(frozen=True)
 class ExpertConfig:
-    """Off-policy expert completions mixed into every RL step (CHORD, RL-PLUS): `per_step` rows
+    """Off-policy expert completions mixed into every RL step (CHORD, RL-PLUS; ERILS's external
+    rollouts on diffusion models, `rlvr.algos.erils`): `per_step` rows
     with the task's reference solutions (Countdown's exact ones, a file task's `solution_key`),
     trained by `objective` beside the on-policy rows through the same update. The step loss is
     (1 − μ) L_on + μ L_expert (`keep_onpolicy`: L_on + μ L_expert), each term normalised over its
