@@ -33,7 +33,7 @@ from rlvr.trainer.evaluate import greedy_accuracy
 
 # the methods with a recipe on both tasks (others, e.g. block or topd on Countdown, run when named)
 RECIPES = ["diffu_grpo", "coupled_grpo", "espo", "bgpo", "spg", "wd1", "trace", "justgrpo", "igpo", "pbpo",
-           "lightning", "cj_grpo", "gdsd", "dmpo", "dipo"]
+           "lightning", "cj_grpo", "gdsd", "dmpo", "dipo", "erils"]
 
 
 def sampler_tradeoff(recipe: Path, overrides: list[str] = ()) -> str:

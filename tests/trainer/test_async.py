@@ -36,6 +36,9 @@ from rlvr.cli import main
                   "trainer.threads=2", "estimator.n=2"], id="diffusion-dmpo", marks=pytest.mark.slow),
     pytest.param(["recipes/dllm_dipo_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
                   "trainer.threads=2"], id="diffusion-dipo", marks=pytest.mark.slow),
+    # one intra-op thread: with 2, 2 of 5 runs differed in the 7th digit at step 4 (cause not found)
+    pytest.param(["recipes/dllm_erils_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
+                  "trainer.threads=1"], id="diffusion-erils", marks=pytest.mark.slow),
     pytest.param(["recipes/dllm_block_countdown.yaml", "trainer.eval_samples=2", "task.heldout_size=16",
                   "trainer.threads=2"], id="block_diffusion"),
     pytest.param(["recipes/agent_calculator.yaml", "trainer.eval_samples=2", "task.heldout_size=16",

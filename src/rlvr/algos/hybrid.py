@@ -53,6 +53,8 @@ Deliberate deviations:
 5. The expert rows' advantage (`expert_advantages`) is standardised against the step's whole
    batch of rewards (on-policy rows and expert rows together), not against a group of the same
    prompt: expert problems come from their own pool, so no on-policy group shares their prompt.
+   `expert.advantage=source` standardises them against the expert rows only instead (ERILS,
+   `rlvr.algos.erils.per_source_advantages`).
 6. `chord_mu` decays μ linearly from `weight` to `weight_final` over `decay_steps` steps, then
    holds it (CHORD's schedule shape is a warm-up-then-decay; a linear ramp is our choice).
 """

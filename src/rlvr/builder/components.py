@@ -45,7 +45,7 @@ from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode, split_engine
 from rlvr.sampling.base import GroupFilter, PassRateBand, ZeroVariance
 from rlvr.sampling.calibration import Calibration
 from rlvr.sampling.replay import ReplayBuffer
-from rlvr.trainer.expert import ExpertSource
+from rlvr.trainer.expert import Canvas, ExpertSource
 from rlvr.trainer.inpaint import InpaintPlan
 from rlvr.trainer.logit_stats import needs_reference
 from rlvr.trainer.plan import AsyncPlan, Components, ExpertPlan, LoopPlan, Proximal, RolloutPlan, RolloutSide, StepPlan
@@ -233,7 +233,9 @@ def step_plan(config: Config, loss: LossSpec, advantage, *, fused: bool, shard: 
         e = config.expert
         expert = ExpertPlan(mu=functools.partial(chord_mu, weight=e.weight, weight_final=e.weight_final,
                                                  decay_steps=e.decay_steps),
-                            keep_onpolicy=e.keep_onpolicy, token_units=counts_tokens(loss.aggregation))
+                            keep_onpolicy=e.keep_onpolicy, token_units=counts_tokens(loss.aggregation),
+                            advantage=e.advantage,
+                            canvas=Canvas(r.max_new_tokens, r.window) if config.model.kind == "diffusion" else None)
     kl_controller = None
     if a.kl_target is not None and (a.kl_coef > 0 or needs_reference(loss.objective)):
         kl_controller = functools.partial(adaptive_kl_coef, kl_target=a.kl_target, kl_horizon=a.kl_horizon)

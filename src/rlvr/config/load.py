@@ -396,8 +396,9 @@ def _expert_checks(config: Config) -> list[tuple[bool, str, str]]:
         (0 <= e.weight <= 1 and (e.weight_final is None or 0 <= e.weight_final <= 1), "expert.weight",
          "μ must be in [0, 1] (weight and weight_final)"),
         (e.decay_steps >= 0, "expert.decay_steps", "must be >= 0 (0 = constant μ)"),
-        (not on or config.model.kind == "causal", "expert.per_step",
-         "expert rows are implemented for model.kind=causal only; set it to 0"),
+        (not on or config.model.kind != "diffusion" or config.estimator.name not in ("trace", "bgpo"),
+         "expert.per_step", f"expert rows have no sampler trace or old per-draw estimates for "
+         f"estimator.name={config.estimator.name}; use another estimator (e.g. mean_field) or set it to 0"),
         (not on or config.algo.advantage != "gae", "expert.per_step",
          "expert rows have no critic values; use a critic-free advantage such as grpo, or set it to 0"),
     ]

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlvr.config.ranges import ranged
+from rlvr.config.ranges import choice, ranged
 
 
 @dataclass(frozen=True)
 class ExpertConfig:
-    """Off-policy expert completions mixed into every RL step (CHORD, RL-PLUS): `per_step` rows
+    """Off-policy expert completions mixed into every RL step (CHORD, RL-PLUS; ERILS's external
+    rollouts on diffusion models, `rlvr.algos.erils`): `per_step` rows
     with the task's reference solutions (Countdown's exact ones, a file task's `solution_key`),
     trained by `objective` beside the on-policy rows through the same update. The step loss is
     (1 − μ) L_on + μ L_expert (`keep_onpolicy`: L_on + μ L_expert), each term normalised over its
@@ -33,6 +34,12 @@ class ExpertConfig:
     """Steps over which μ goes from `weight` to `weight_final`."""
     keep_onpolicy: bool = False
     """True: the on-policy loss keeps weight 1 (L_on + μ L_expert, RL-PLUS); False: 1 − μ (CHORD)."""
+    advantage: str = choice("batch", ("batch", "source"))
+    """Expert rows' advantage: `batch` standardises their rewards against the whole step's
+    (on-policy and expert together); `source` against the expert rows' own only (ERILS's
+    source-specific processing, `rlvr.algos.erils.per_source_advantages`). The on-policy rows keep
+    `algo.advantage` either way. Diffusion models: the rows are also length-controlled, EOS-padded
+    to `rollout.max_new_tokens` (a solution that does not fit is dropped)."""
     rlplus_gamma: float | None = ranged(None, ">= 0")
     """RL-PLUS: γ of the exploration weight (1 − π_θ(token))^γ on the expert rows' advantage."""
 

@@ -94,7 +94,7 @@ LOOP_KNOBS = {
              "dynamic_sampling", "max_sampling_rounds", "pass_rate_low", "pass_rate_high", "rollout_correction"),
     "task": ("heldout_size", "train_size"),
     "sampler": ("calibration_every", "calibration_prompts", "calibration_rollouts"),
-    "expert": ("per_step", "pool_size", "weight", "weight_final", "decay_steps", "keep_onpolicy"),
+    "expert": ("per_step", "pool_size", "weight", "weight_final", "decay_steps", "keep_onpolicy", "advantage"),
 }
 """Fields of a section that no entry's keyword binds: the loop reads them itself (`algo.kl_coef`,
 the DAPO, critic and adaptive-KL knobs), or the builder passes them to every entry

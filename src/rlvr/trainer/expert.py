@@ -9,19 +9,27 @@ distribution" whose log-probs are unknown. `TrainBatch.sample_weight` mixes the 
 advantages and objective; the update step sends the expert rows to the expert objective
 (`split_loss`). The draws are a pure function of (seed, step), so a resumed run redraws them
 exactly and the on-policy prompt stream is the one a run without expert rows sees.
+
+Masked-diffusion models (ERILS, `rlvr.algos.erils`): the rows are length-controlled to the
+sampler's window (`Canvas`: solution + EOS, EOS-padded to `rollout.max_new_tokens`, their mask the
+rollout's `window`), so the estimator scores them exactly as it scores the engine's rollouts;
+`expert.advantage=source` standardises the external rewards against their own source only.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
+from rlvr.algos.erils import canvas_rows, per_source_advantages
 from rlvr.algos.hybrid import expert_advantages, mix_weights
 from rlvr.batch import TrainBatch, concat_train_batches
 from rlvr.codec import completion_batch, encode_prompts
 from rlvr.errors import ConfigError
+from rlvr.models.likelihood import window_mask
 from rlvr.trainer.logit_stats import reward_tokens
 from rlvr.trainer.scoring import score
 from rlvr.types import Example
@@ -70,14 +78,59 @@ def expert_part(tokenizer, examples: list[Example], texts: list[str]) -> TrainBa
                       rollout_logp=zeros, expert=torch.ones(len(examples), dtype=torch.bool))
 
 
+class Canvas(NamedTuple):
+    """A diffusion model's generation window: the length every completion has, and which of its
+    tokens are the completion (`rollout.window`: `eos` up to the first EOS, `full` all)."""
+
+    gen_length: int
+    window: str
+
+
+def canvas_part(tokenizer, examples: list[Example], texts: list[str],
+                canvas: Canvas) -> tuple[TrainBatch, list[bool]]:
+    """Length-controlled expert rows for a diffusion model (`canvas_rows`): (the rows that fit
+    the window, as `expert_part` builds them, and which of `texts` fit)."""
+    ids, fits = canvas_rows([tokenizer(t, add_special_tokens=False).input_ids for t in texts], canvas.gen_length,
+                            tokenizer.eos_token_id)
+    kept = fits.tolist()
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, [ex.prompt for ex, k in zip(examples, kept) if k])
+    completion_ids = ids[fits]
+    mask = window_mask(completion_ids, tokenizer.eos_token_id, canvas.window)
+    zeros = torch.zeros_like(mask)
+    part = TrainBatch(prompt_ids, prompt_mask, completion_ids, mask, advantages=zeros.clone(), rollout_logp=zeros,
+                      expert=torch.ones(len(completion_ids), dtype=torch.bool))
+    return part, kept
+
+
+ADVANTAGES = ("batch", "source")
+"""How expert rows' rewards become advantages (`expert.advantage`)."""
+
+
+def external_advantages(kind: str, expert_rewards: torch.Tensor, onpolicy_rewards: torch.Tensor,
+                        group_size: int) -> torch.Tensor:
+    """(E,) the expert rows' advantages: `batch` standardises them against the whole step's
+    rewards (`expert_advantages`, joint processing); `source` against the expert rows' own
+    (`per_source_advantages` with the on-policy rows in their prompt groups, ERILS)."""
+    if kind == "batch":
+        return expert_advantages(expert_rewards, onpolicy_rewards)
+    if kind != "source":
+        raise ValueError(f"expert.advantage must be one of {', '.join(ADVANTAGES)}, got {kind!r}")
+    n, e = len(onpolicy_rewards), len(expert_rewards)
+    groups = torch.cat([torch.arange(n) // group_size, torch.zeros(e, dtype=torch.long)])
+    sources = torch.cat([torch.zeros(n, dtype=torch.long), torch.ones(e, dtype=torch.long)])
+    return per_source_advantages(torch.cat([onpolicy_rewards.float(), expert_rewards.float()]), groups, sources)[n:]
+
+
 def extend(batch: TrainBatch, part: TrainBatch, *, onpolicy_rewards: torch.Tensor, expert_rewards: torch.Tensor,
            mu: float, keep_onpolicy: bool, token_units: bool, pad_id: int,
-           logprobs: Callable[..., dict[str, torch.Tensor]]) -> TrainBatch:
+           logprobs: Callable[..., dict[str, torch.Tensor]], advantage: str = "batch",
+           group_size: int = 1) -> TrainBatch:
     """`batch` (on-policy rows) with the expert rows `part` appended: their advantages, the
     old / reference log-probs (and the reference's logsumexp, the token rewards) and correction
     weights the on-policy rows have (from `logprobs(kind, part, stats)` -> {"logp", *stats}, kind
-    `old` or `ref`), the expert flags and the mixing weights."""
-    adv = expert_advantages(expert_rewards, onpolicy_rewards)
+    `old` or `ref`), the expert flags and the mixing weights. `advantage`: `external_advantages`'
+    kind, `group_size` the on-policy rows' prompt groups."""
+    adv = external_advantages(advantage, expert_rewards, onpolicy_rewards, group_size)
     part.advantages = adv[:, None] * part.completion_mask
     if batch.old_logp is not None:
         part.old_logp = logprobs("old", part, ())["logp"]
@@ -133,16 +186,24 @@ def add_expert_rows(c, batch: TrainBatch, rewards: torch.Tensor, step: int,
     """The step's batch with `c.expert`'s rows appended (`extend`), and their metrics.
     `logprobs(policy, part, stats)`: the loop's no-grad pass, {"logp", *stats}."""
     examples, texts = c.expert.solutions(c.expert.draw(step))
-    if not examples:
-        return batch, {}
-    expert_rewards, correct, _ = score(c.reward, c.task, examples, texts)
     e = c.plan.expert
+    dropped = {}
+    if e.canvas is None:
+        part = expert_part(c.tokenizer, examples, texts)
+    else:  # length control: only solutions that fit the diffusion window, EOS-padded to it
+        part, kept = canvas_part(c.tokenizer, examples, texts, e.canvas)
+        dropped = {"expert/dropped_too_long": float(len(kept) - sum(kept))}
+        examples, texts = [x for x, k in zip(examples, kept) if k], [t for t, k in zip(texts, kept) if k]
+    if not examples:
+        return batch, dropped
+    expert_rewards, correct, _ = score(c.reward, c.task, examples, texts)
     mu = e.mu(step)
     policies = {"old": c.policy, "ref": c.reference}
-    merged = extend(batch, expert_part(c.tokenizer, examples, texts), onpolicy_rewards=rewards,
+    merged = extend(batch, part, onpolicy_rewards=rewards,
                     expert_rewards=expert_rewards, mu=mu, keep_onpolicy=e.keep_onpolicy,
                     token_units=e.token_units, pad_id=c.tokenizer.pad_token_id,
-                    logprobs=lambda kind, part, stats: logprobs(policies[kind], part, stats))
+                    logprobs=lambda kind, part, stats: logprobs(policies[kind], part, stats),
+                    advantage=e.advantage, group_size=c.plan.rollout.group_size)
     adv = merged.advantages[merged.expert].sum(-1) / merged.completion_mask[merged.expert].sum(-1).clamp(min=1)
     return merged, {"expert/mu": mu, "expert/rows": float(len(examples)), "expert/accuracy": float(correct.mean()),
-                    "expert/advantage_mean": float(adv.mean())}
+                    "expert/advantage_mean": float(adv.mean()), **dropped}

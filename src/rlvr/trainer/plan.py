@@ -23,7 +23,7 @@ from rlvr.runtime.rows import RowPool
 from rlvr.sampling.base import GroupFilter, Sampler
 from rlvr.sampling.calibration import Calibration
 from rlvr.sampling.replay import ReplayBuffer
-from rlvr.trainer.expert import ExpertSource
+from rlvr.trainer.expert import Canvas, ExpertSource
 from rlvr.trainer.inpaint import InpaintPlan
 from rlvr.trainer.step import LossSpec
 
@@ -64,6 +64,8 @@ class ExpertPlan:
     mu: Callable[[int], float]  # step -> the expert loss weight μ
     keep_onpolicy: bool
     token_units: bool  # the aggregation counts tokens (so μ weighs tokens, not rows)
+    advantage: str = "batch"  # `expert.advantage`: joint (`batch`) or per-source (`source`) standardisation
+    canvas: Canvas | None = None  # diffusion models: the window the rows are length-controlled to; None = causal
 
 
 @dataclass(frozen=True)
