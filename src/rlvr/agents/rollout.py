@@ -100,9 +100,7 @@ def take_turn(t: Trajectory, env: Environment, renderer, action_ids: list[int], 
               *, ended: bool, turn: int, limits: Limits) -> None:
     """Append one action, step the environment, append its observation (or finish)."""
     act = append_action(t, renderer, action_ids, logprobs, ended=ended, limits=limits, turn=turn)
-    with waiting():  # a tool's wait leaves this thread's core to the asynchronous learner
-        result = step_env(env, act.text)
-    observe(t, renderer, act, result, turn=turn, limits=limits)
+    observe(t, renderer, act, step_envs([env], [act.text])[0], turn=turn, limits=limits)
 
 
 @dataclass(frozen=True)

@@ -71,8 +71,13 @@ def expert_part(tokenizer, examples: list[Example], texts: list[str]) -> TrainBa
     """The expert rows as a TrainBatch: prompts left-padded, solution + EOS right-padded,
     behaviour log-probs 0 (a deterministic expert), advantages still 0."""
 
+    return _expert_batch(tokenizer, examples, *completion_batch(tokenizer, texts))
+
+
+def _expert_batch(tokenizer, examples: list[Example], completion_ids: torch.Tensor,
+                  completion_mask: torch.Tensor) -> TrainBatch:
+    """Expert rows from their completions: prompts left-padded, behaviour log-probs and advantages 0."""
     prompt_ids, prompt_mask = encode_prompts(tokenizer, [ex.prompt for ex in examples])
-    completion_ids, completion_mask = completion_batch(tokenizer, texts)
     zeros = torch.zeros_like(completion_mask)
     return TrainBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages=zeros.clone(),
                       rollout_logp=zeros, expert=torch.ones(len(examples), dtype=torch.bool))
@@ -93,12 +98,9 @@ def canvas_part(tokenizer, examples: list[Example], texts: list[str],
     ids, fits = canvas_rows([tokenizer(t, add_special_tokens=False).input_ids for t in texts], canvas.gen_length,
                             tokenizer.eos_token_id)
     kept = fits.tolist()
-    prompt_ids, prompt_mask = encode_prompts(tokenizer, [ex.prompt for ex, k in zip(examples, kept) if k])
     completion_ids = ids[fits]
-    mask = window_mask(completion_ids, tokenizer.eos_token_id, canvas.window)
-    zeros = torch.zeros_like(mask)
-    part = TrainBatch(prompt_ids, prompt_mask, completion_ids, mask, advantages=zeros.clone(), rollout_logp=zeros,
-                      expert=torch.ones(len(completion_ids), dtype=torch.bool))
+    part = _expert_batch(tokenizer, [ex for ex, k in zip(examples, kept) if k], completion_ids,
+                         window_mask(completion_ids, tokenizer.eos_token_id, canvas.window))
     return part, kept
 
 
