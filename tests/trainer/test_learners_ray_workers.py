@@ -35,6 +35,11 @@ def _actors(ray) -> list[dict]:
     return list(ray._private.state.actors().values())
 
 
+def _where(address: dict) -> tuple[str, int]:
+    """The worker process an actor-table address names (its node and port)."""
+    return address["IPAddress"], address["Port"]
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_two_ray_learners_with_rollout_and_reward_workers_train_as_one_ray_process(ray_four, tmp_path):
@@ -45,8 +50,8 @@ def test_two_ray_learners_with_rollout_and_reward_workers_train_as_one_ray_proce
     before = _actors(ray_four)
     assert main(["train", "trainer.name=two", "trainer.learners=fsdp", "trainer.ray_learners=2", *common]) == 0
     started = [a for a in _actors(ray_four) if a not in before]
-    ranks = {a["Address"]["WorkerID"] for a in started if a["ActorClassName"] == "_LearnerRank"}
-    owners = {name: {a["OwnerAddress"]["WorkerID"] for a in started if a["ActorClassName"] == name}
+    ranks = {_where(a["Address"]) for a in started if a["ActorClassName"] == "_LearnerRank"}
+    owners = {name: {_where(a["OwnerAddress"]) for a in started if a["ActorClassName"] == name}
               for name in ("_RolloutWorker", "_RewardWorker")}
     assert len(ranks) == 2 and all(len(owner) == 1 and owner <= ranks for owner in owners.values()), owners
     assert owners["_RolloutWorker"] == owners["_RewardWorker"]  # one rank (rank 0) owns both kinds of actors
