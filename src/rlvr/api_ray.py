@@ -25,8 +25,9 @@ def train_on_ray(trainer) -> dict:
                                 callbacks=trainer.callbacks)
     gpus = resolve_device(t.device, trainer.config.model.kind).type == "cuda"
     threads = t.threads or max(1, available_cores() // t.ray_learners)  # each rank's CPU bundle
+    rollout_cpus = t.rollout_workers * (t.threads or 1) if t.rollout_workers > 1 else 0  # rank 0's actors
     _, final, run_dir = launch(functools.partial(_train_rank, rebuild), learners=t.ray_learners, threads=threads,
-                               gpus=gpus, address=t.ray_address)
+                               gpus=gpus, address=t.ray_address, actor_cpus=rollout_cpus)
     trainer.run_dir = Path(run_dir)
     trainer.echo(done_line(final, trainer.run_dir))
     return final

@@ -7,7 +7,9 @@ gives each the torch.distributed environment torchrun would: MASTER_ADDR / MASTE
 node and a port free there), RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (the ranks on the
 same node). Each actor then runs the run as that rank (`run_rank()`, what torchrun's process
 runs), so rank 0 alone writes run.json, the metrics and the checkpoints and the others
-follow it, exactly as under torchrun. The driver waits for every rank; a failed run is one line:
+follow it, exactly as under torchrun. With `trainer.rollout_workers` / `trainer.reward_workers` > 1
+rank 0 owns those actors (`runtime.distributed.LeadEngine`, `LeadReward`), scheduled outside the
+placement group on the CPUs `launch` leaves for them. The driver waits for every rank; a failed run is one line:
 the first rank's own error that is not a lost peer (`LearnerLost`, what the other ranks say when
 one stops), else the first lost peer; an actor that died names its rank.
 
@@ -88,13 +90,14 @@ def outcome(results: list[tuple]) -> tuple:
     raise (ConfigError if own else LearnerLost)(line)
 
 
-def launch(run_rank, *, learners: int, threads: int, gpus: bool, address: str) -> tuple:
+def launch(run_rank, *, learners: int, threads: int, gpus: bool, address: str, actor_cpus: int = 0) -> tuple:
     """Run `run_rank()` -> (final line, run directory) on `learners` Ray actors as the ranks of one process group and
-    return rank 0's ("ok", final line, run directory); a failure is one line (`outcome`)."""
+    return rank 0's ("ok", final line, run directory); a failure is one line (`outcome`). `actor_cpus`: what
+    rank 0's rollout workers take outside the placement group (a local Ray is started with them too)."""
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
         raise ConfigError("trainer.ray_learners: Ray starts the learner ranks itself; run `rlvr train` without "
                           "torchrun, or set trainer.ray_learners=0")
-    ray = ensure_ray(address, learners * threads)
+    ray = ensure_ray(address, learners * threads + actor_cpus)
     placement_group, remove_placement_group = ray.util.placement_group, ray.util.remove_placement_group
     PlacementGroupSchedulingStrategy = ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy  # noqa: N806
 

@@ -190,7 +190,7 @@ def build_reward(config: Config, task) -> RewardRunner | RewardSum:
     `task` names the task's own), otherwise the task's own (batched if it has one)."""
     if config.reward.fn:
         t = config.trainer
-        on_ray = ray_rollouts(t.backend, t.ray_learners)
+        on_ray = ray_rollouts(t.backend, t.ray_learners) or t.ray_learners > 0  # rank 0's reward workers too
         if on_ray and t.reward_workers > 1 and config.reward.model_normalize == "batch":
             raise ConfigError(f"reward.model_normalize=batch: each of trainer.reward_workers={t.reward_workers} would "
                               f"whiten its own share of the batch; set trainer.reward_workers=1 or "

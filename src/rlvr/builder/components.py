@@ -39,7 +39,15 @@ from rlvr.models.lora import AdapterDisabled
 from rlvr.models.value import ValueModel
 from rlvr.protocols import PolicyModel, Task
 from rlvr.rewards.runner import RewardRunner
-from rlvr.runtime.distributed import ONE_PROCESS, LeadEngine, RankEngine, Shard, ShardedState, shard_model
+from rlvr.runtime.distributed import (
+    ONE_PROCESS,
+    LeadEngine,
+    LeadReward,
+    RankEngine,
+    Shard,
+    ShardedState,
+    shard_model,
+)
 from rlvr.runtime.process import Runtime, available_cores, resolve_device, thread_budget
 from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode, split_engine
 from rlvr.sampling.base import GroupFilter, PassRateBand, ZeroVariance
@@ -101,10 +109,13 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     engine = learner_engine(config, plain, tokenizer, shard)
     if layout.learner_rows is not None and not engine_kind(config).batches_itself:
         engine = split_engine(engine, layout.learner_rows, tokenizer.pad_token_id, model)
-    if shard.fsdp and not engine_kind(config).own_weights:
+    if shard.fsdp and not isinstance(engine, LeadEngine):
         engine = RankEngine(engine, plain, shard, tokenizer.pad_token_id)
     reward = reward if reward is not None else build.build_reward(config, task)
     build.check_reward_components(config, reward)
+    if shard.fsdp and config.trainer.ray_learners and config.trainer.reward_workers > 1:
+        reward = LeadReward(RayReward(functools.partial(build.build_verifier, config), tokenizer,
+                                      workers=config.trainer.reward_workers) if shard.rank == 0 else None, shard)
     e = config.expert
     expert = ExpertSource(task, seed=config.seed, per_step=e.per_step, pool_size=e.pool_size) if e.per_step else None
     rng = random.Random(config.seed)
@@ -153,7 +164,16 @@ def fusable(config: Config, policy: PolicyModel, loss: LossSpec, advantage) -> b
 def learner_engine(config: Config, plain: torch.nn.Module, tokenizer, shard: Shard):
     """The rollout engine over `plain`, the full weights. Of FSDP2 learners, an engine with its
     own weights (vLLM) is rank 0's alone, in a process of its own (`LeadEngine`), fed the gathered
-    weights after every step; the torch engine samples each rank's share (`RankEngine`)."""
+    weights after every step, and so are Ray rollout workers under `trainer.ray_learners`; the
+    torch engine samples each rank's share (`RankEngine`)."""
+    t = config.trainer
+    if shard.fsdp and t.ray_learners and t.rollout_workers > 1:
+        workers = None
+        if shard.rank == 0:
+            workers = RayEngine(functools.partial(build.build_engine, config), plain, tokenizer,
+                                workers=t.rollout_workers, threads=t.threads or 1, rows_mode=False, version=0,
+                                own_weights=engine_kind(config).own_weights)
+        return LeadEngine(workers, plain, shard)
     if not (shard.fsdp and engine_kind(config).own_weights):
         return build.build_engine(config, plain, tokenizer)
     lead = build.build_vllm_engine(config, plain, tokenizer, own_process=True) if shard.rank == 0 else None

@@ -305,9 +305,6 @@ def _cross_checks(config: Config) -> list[tuple[bool, str, str]]:
          f"must divide model.hidden_size ({m.hidden_size}) for a fresh tiny model"),
         (not config.trainer.ray_learners or config.trainer.learners == "fsdp", "trainer.ray_learners",
          "starts FSDP2 learners; set trainer.learners=fsdp as well (or trainer.ray_learners=0)"),
-        (not config.trainer.ray_learners or (config.trainer.rollout_workers, config.trainer.reward_workers) == (1, 1),
-         "trainer.ray_learners", "each learner rank samples and scores its own rows (no rollout or reward actors); "
-         "leave trainer.rollout_workers and trainer.reward_workers at 1"),
     ]
 
 

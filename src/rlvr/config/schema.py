@@ -400,15 +400,18 @@ class TrainerConfig:
     """Where the rollout side runs: `local` (a thread of this process) or `ray` (Ray actors: rollout
     workers, reward scorers; `ray.init(address=...)` joins a running cluster, see `ray_address`)."""
     rollout_workers: int = ranged(1, ">= 1")
-    """Rollout worker actors (`backend=ray`); each generates whole batches from its own copy of the weights."""
+    """Rollout worker actors (`backend=ray`); each generates its share of a batch's rows from its own copy of
+    the weights. With `ray_learners`, more than 1 puts them on rank 0, which samples the whole batch there."""
     reward_workers: int = ranged(1, ">= 1")
-    """Reward-scoring actors (`backend=ray`), fed with back-pressure (at most two calls in flight each)."""
+    """Reward-scoring actors (`backend=ray`), fed with back-pressure (at most two calls in flight each). With
+    `ray_learners`, more than 1 puts them on rank 0, which scores the whole batch there."""
     ray_address: str = ""
     """`backend=ray`: the cluster to join (`auto` = the one `ray start --head` started here), empty = a local
     Ray started with `threads` CPUs."""
     ray_learners: int = ranged(0, ">= 0")
     """`backend=ray` with `learners=fsdp`: FSDP2 learner ranks Ray starts as actors instead of torchrun (one
-    `threads`-CPU bundle each), each sampling its share of the batch itself; 0 = Ray runs the rollout side."""
+    `threads`-CPU bundle each), each sampling its share of the batch itself unless `rollout_workers` /
+    `reward_workers` > 1 (then rank 0's actors do, outside the bundles); 0 = Ray runs the rollout side."""
     collective_timeout_s: float = 600.0
     """Data-parallel learners (`torchrun --nproc_per_node N -m rlvr.cli train`): seconds a collective waits
     for the other ranks before the run stops with an error (a rank that died or hangs)."""

@@ -10,6 +10,8 @@ so the update does not depend on the number of ranks. The rollout engine samples
 (unsharded) copy of the model, whose trained weights (under LoRA the adapters only) are gathered
 from the shards after every step. An engine with weights of its own (vLLM) is rank 0's alone
 (`LeadEngine`): it samples each batch whole and broadcasts it, and takes the gathered weights.
+So are Ray rollout workers (`trainer.rollout_workers` under `trainer.ray_learners`), and Ray
+reward workers score each batch whole on rank 0 (`LeadReward`), as the one Ray process does.
 
 Deviations from a production FSDP trainer: every rank holds a full copy of the weights to sample
 with (and a full frozen KL reference, outside LoRA); the samples travel as pickled objects
@@ -332,6 +334,22 @@ class LeadEngine:
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
+
+
+class LeadReward:
+    """A verifier on rank 0 only (Ray reward workers, `trainer.reward_workers` under
+    `trainer.ray_learners`): it scores every batch whole and broadcasts the scores, so every rank
+    holds the single process's. `reward` is None on the other ranks."""
+
+    def __init__(self, reward, shard: Shard):
+        self.reward, self.shard = reward, shard
+
+    def __call__(self, prompts, texts, examples):
+        return self.shard.broadcast(self.reward(prompts, texts, examples) if self.reward is not None else None)
+
+    def on_step_begin(self, step: int, steps: int) -> None:
+        if self.reward is not None:
+            self.reward.on_step_begin(step, steps)
 
 
 class ShardedState:
