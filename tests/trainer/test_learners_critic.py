@@ -40,7 +40,7 @@ def ppo_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("learners_critic")
     (root / "reward.py").write_text(REWARD)
     common = [str(RECIPE), "trainer.steps=3", "algo.critic_warmup_steps=1", f"reward.fn={root / 'reward.py'}:score",
-              f"trainer.out_dir={root}", *EVERY_STEP]
+              f"trainer.out_dir={root}", "trainer.keep_last=3", *EVERY_STEP]
     done = torchrun(*common, "trainer.name=two")
     assert done.returncode == 0, done.stderr[-3000:]
     assert main(["train", *common, "trainer.name=one", "trainer.threads=1"]) == 0
