@@ -5,7 +5,7 @@ The critic is sharded as the policy: its values pass splits the rows over the ra
 them, each rank trains its share of a minibatch with the loss normalised by the minibatch's
 global token count, so the metrics (the critic's too), the policy's weights and the critic's
 agree to float rounding. The checkpoint holds the critic's gathered weights and its optimizer's
-shards: one process resumes it onto the uninterrupted run.
+shards: one process resumes it, and 2 ranks a 1-process one, onto the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -67,6 +67,20 @@ def test_a_two_rank_checkpoint_with_a_critic_resumes_in_one_process_onto_the_uni
     shutil.copytree(two, resumed)
     shutil.rmtree(resumed / "checkpoints" / "step_000003")
     assert main(["train", "--resume", str(resumed)]) == 0
+    same_lines(run_metrics(resumed), run_metrics(one))
+    same_weights(checkpoint_weights(resumed, 3), checkpoint_weights(one, 3), checkpoint_weights(one, 2))
+    _same_critic(_critic(resumed, 3), _critic(one, 3), _critic(one, 2))
+
+
+@pytest.mark.slow
+def test_two_ranks_resume_a_one_process_checkpoint_with_a_critic_onto_the_uninterrupted_run(ppo_runs, tmp_path):
+    """Step 3 again from the 1-process run's step-2 checkpoint (full optimizer states, cut into shards), by 2 ranks."""
+    _, one = ppo_runs
+    resumed = tmp_path / "one_by_two"
+    shutil.copytree(one, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_000003")
+    done = torchrun("--resume", str(resumed))
+    assert done.returncode == 0, done.stderr[-3000:]
     same_lines(run_metrics(resumed), run_metrics(one))
     same_weights(checkpoint_weights(resumed, 3), checkpoint_weights(one, 3), checkpoint_weights(one, 2))
     _same_critic(_critic(resumed, 3), _critic(one, 3), _critic(one, 2))
