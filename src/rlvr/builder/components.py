@@ -99,10 +99,16 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     if with_reference and lora:
         reference = AdapterDisabled(policy)
     advantage = build.build_advantage(config)
-    critic = critic_optimizer = None
+    critic = critic_optimizer = critic_shards = None
     if advantage.returns is not None:  # an estimator with critic targets (gae) trains a value head
-        critic = ValueModel(model)
+        critic = ValueModel(plain)  # a copy of the full body; sharded learners shard it as the policy
+        if shard.fsdp:
+            t = config.trainer
+            shard_model(critic, param_dtype=DTYPES[t.fsdp_param_dtype], reduce_dtype=DTYPES[t.fsdp_reduce_dtype],
+                        offload=t.fsdp_cpu_offload)
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=a.critic_lr, betas=(o.beta1, o.beta2))
+        if shard.fsdp:
+            critic_shards = ShardedState(critic, critic_optimizer, shard, ShardedState.CRITIC_FOLDER)
     task = task if task is not None else build.build_task(config, tokenizer)
     build.check_context(config, plain, tokenizer, task)
     layout = thread_layout(config, runtime)
@@ -132,7 +138,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
         rows=layout.learner_rows, heap_kept=runtime.heap_kept, expert=expert, asynchronous=layout.plan,
         turn_reward=build.build_turn_reward(config, task, reward),
         shards=ShardedState(model, optimizer, shard) if shard.fsdp else None,
-        full_model=plain if shard.fsdp else None,
+        full_model=plain if shard.fsdp else None, critic_shards=critic_shards,
     )
     if layout.plan is not None:
         c.rollout_side = functools.partial(rollout_side, config, c, layout)
@@ -181,15 +187,14 @@ def learner_engine(config: Config, plain: torch.nn.Module, tokenizer, shard: Sha
 
 
 def check_learners(config: Config, shard: Shard) -> None:
-    """What data-parallel learners support so far: the synchronous loop without a critic or
-    expert rows, and minibatches of whole groups that split over the ranks."""
+    """What data-parallel learners support so far: the synchronous loop (a critic too, sharded
+    as the policy) without expert rows, and minibatches of whole groups that split over the ranks."""
     t = config.trainer
     if _on_ray(config):
         raise ConfigError(f"trainer.backend: Ray runs the rollout side of one learner process; for {shard.size} "
                           "FSDP2 learner(s) on Ray set trainer.ray_learners=N (Ray starts the ranks) and run "
                           "without torchrun, or use trainer.backend=local")
     refused = {"trainer.max_staleness": t.max_staleness is not None,
-               "algo.advantage": config.algo.advantage == "gae",
                "expert.per_step": bool(config.expert.per_step)}
     for field, bad in refused.items():
         if bad:

@@ -24,8 +24,9 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.weight)  # start at V = bias = 0: no prior on returns
         nn.init.zeros_(self.head.bias)
 
-    def values(self, prompt_ids, prompt_mask, completion_ids) -> torch.Tensor:
-        """(B, Tc) state values before each completion token."""
+    def forward(self, prompt_ids, prompt_mask, completion_ids) -> torch.Tensor:
+        """(B, Tc) state values before each completion token (the module's forward, so that a
+        critic sharded with FSDP2 gathers its root's weights, the embeddings and the head, for it)."""
         ids, attention, positions = sequence_inputs(prompt_ids, prompt_mask, completion_ids)
         hidden = self.body(input_ids=ids, attention_mask=attention, position_ids=positions,
                            use_cache=False).last_hidden_state

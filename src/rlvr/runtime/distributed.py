@@ -356,26 +356,33 @@ class ShardedState:
     """How sharded learners save and load what a checkpoint holds of the model and optimizer:
     the full weights in the Hugging Face files (gathered; what an export or a single process
     loads) and the optimizer's shards with `torch.distributed.checkpoint` in `optimizer/`, which
-    any number of ranks (one process too) can load."""
+    any number of ranks (one process too) can load. The critic's optimizer (PPO/GAE) is a second
+    one, in `CRITIC_FOLDER`, beside its gathered weights in the trainer state."""
 
     FOLDER = "optimizer"
+    CRITIC_FOLDER = "critic_optimizer"
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: Shard):
-        self.model, self.optimizer, self.shard = model, optimizer, shard
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard: Shard,
+                 folder: str = FOLDER):
+        self.model, self.optimizer, self.shard, self.folder = model, optimizer, shard, folder
 
     def save_optimizer(self, folder) -> None:
-        """Every rank writes its optimizer shard under `folder` (a collective)."""
+        """Every rank writes its optimizer shard under `folder` (a collective). An optimizer that
+        has not stepped yet (the policy's during the critic's warm-up) writes nothing: DCP would
+        step it at lr 0 to make its state, which moves Adam's step count off the single process's."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
+        if not self.optimizer.state:
+            return
         dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
-                 checkpoint_id=str(folder / self.FOLDER))
+                 checkpoint_id=str(folder / self.folder))
 
     def load(self, checkpoint, weights: dict[str, torch.Tensor], optimizer: dict | None = None) -> None:
         """The full `weights` into the shards, then the optimizer: its saved shards resharded to
         this run's ranks, or `optimizer`, the full state one process saved, cut into this rank's shards."""
         if optimizer is None:
-            load_sharded_optimizer(self.model, self.optimizer, checkpoint / self.FOLDER, weights)
+            load_sharded_optimizer(self.model, self.optimizer, checkpoint / self.folder, weights)
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         from torch.distributed.tensor import distribute_tensor
@@ -398,7 +405,7 @@ class ShardedState:
 def load_sharded_optimizer(model, optimizer, folder, weights: dict[str, torch.Tensor] | None = None) -> None:
     """Load `weights` (full tensors by name; None = keep the model's) and the optimizer state a
     `ShardedState` saved in `folder`, into `model` and `optimizer` however they are sharded (a
-    plain model in a single process too)."""
+    plain model in a single process too); no folder: the optimizer had not stepped, it stays fresh."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -409,6 +416,8 @@ def load_sharded_optimizer(model, optimizer, folder, weights: dict[str, torch.Te
 
     if weights is not None:
         set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+    if not (folder / ".metadata").is_file():
+        return
     state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
     with warnings.catch_warnings():  # one process loading shards: DCP warns that it assumes so
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")

@@ -50,11 +50,12 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(directory: Path, step: int, model, tokenizer, state: dict, *, keep_last: int,
-                    shards=None, writer: bool = True) -> Path:
+                    shards=(), writer: bool = True) -> Path:
     """Write checkpoints/step_NNNNNN atomically and prune to the newest `keep_last`.
 
-    `shards` (a `runtime.distributed.ShardedState`, data-parallel learners): every rank writes its
-    optimizer shard into the temp folder first; the `writer` (rank 0) writes the rest and renames.
+    `shards` (`runtime.distributed.ShardedState`s, data-parallel learners: the policy's, the
+    critic's): every rank writes its optimizer shards into the temp folder first; the `writer`
+    (rank 0) writes the rest and renames.
     A write that fails (a full disk, a second signal) removes the partial temp folder before the
     error goes on; a full disk becomes one `DiskFull` line."""
     final = directory / f"step_{step:06d}"
@@ -62,11 +63,12 @@ def save_checkpoint(directory: Path, step: int, model, tokenizer, state: dict, *
     if writer:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    if shards is not None:
-        shards.barrier()  # the temp folder is there
-        shards.save_optimizer(tmp)
+    if shards:
+        shards[0].barrier()  # the temp folder is there
+        for sharded in shards:
+            sharded.save_optimizer(tmp)
     if not writer:
-        shards.barrier()  # rank 0 has renamed it
+        shards[0].barrier()  # rank 0 has renamed it
         return final
     try:
         model.save_pretrained(tmp)
@@ -86,8 +88,8 @@ def save_checkpoint(directory: Path, step: int, model, tokenizer, state: dict, *
     tmp.rename(final)
     for old in sorted(directory.glob("step_*"))[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
-    if shards is not None:
-        shards.barrier()
+    if shards:
+        shards[0].barrier()
     return final
 
 

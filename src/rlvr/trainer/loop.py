@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from rlvr.kernels import native
 from rlvr.models.lora import load_adapter
-from rlvr.runtime.distributed import ShardedState, load_sharded_optimizer
+from rlvr.runtime.distributed import ShardedState, full_weights, load_sharded_optimizer
 from rlvr.tracking.progress import Progress
 from rlvr.tracking.run_dir import RunDir, StopSignals, now
 from rlvr.tracking.signal import NO_SIGNAL_STEPS, NoSignal
@@ -66,14 +66,35 @@ def _checkpoint(c: Components, run: RunDir, step: int, rollout_state: dict) -> P
     if c.shards is None:  # sharded learners save the optimizer's shards beside (`ShardedState`)
         state["optimizer"] = c.optimizer.state_dict()
     if c.critic is not None:
-        state["critic"] = c.critic.state_dict()
-        state["critic_optimizer"] = c.critic_optimizer.state_dict()
+        state.update(_critic_state(c))
     state["sampler"] = rollout_state["sampler"]
     if c.replay is not None:
         state["replay"] = rollout_state["replay"]
     model = c.model if c.full_model is None else c.full_model
     return save_checkpoint(run.checkpoints, step, model, c.tokenizer, state, keep_last=c.loop.keep_last,
-                           shards=c.shards, writer=c.loop.writer)
+                           shards=tuple(s for s in (c.shards, c.critic_shards) if s is not None),
+                           writer=c.loop.writer)
+
+
+def _critic_state(c: Components) -> dict:
+    """The critic's weights, full (gathered from sharded learners: a collective), and its
+    optimizer's state where one process trains it (sharded learners save its shards beside)."""
+    if c.critic_shards is None:
+        return {"critic": c.critic.state_dict(), "critic_optimizer": c.critic_optimizer.state_dict()}
+    return {"critic": full_weights(c.critic.state_dict().items())}
+
+
+def _load_critic(c: Components, checkpoint: Path, state: dict) -> None:
+    """The critic's weights and optimizer state into `c`, whichever number of learners saved them."""
+    optimizer = state.get("critic_optimizer")  # None: the learners saved its shards
+    if c.critic_shards is not None:
+        c.critic_shards.load(checkpoint, state["critic"], optimizer)
+        return
+    c.critic.load_state_dict(state["critic"])
+    if optimizer is not None:
+        c.critic_optimizer.load_state_dict(optimizer)
+    else:
+        load_sharded_optimizer(c.critic, c.critic_optimizer, checkpoint / ShardedState.CRITIC_FOLDER)
 
 
 def _load_model_and_optimizer(c: Components, checkpoint: Path, optimizer: dict | None) -> None:
@@ -106,8 +127,7 @@ def resume_run(c: Components, run: RunDir) -> int:
     _load_model_and_optimizer(c, checkpoint, state.get("optimizer"))
     c.scheduler.load_state_dict(state["scheduler"])
     if c.critic is not None:
-        c.critic.load_state_dict(state["critic"])
-        c.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        _load_critic(c, checkpoint, state)
     if "sampler" in state:  # checkpoints written before samplers were checkpointed had uniform draws
         c.sampler.load_state_dict(state["sampler"])
     if c.replay is not None:

@@ -174,3 +174,4 @@ class Components:
     # loaded, and the plain full-weight copy (the engine's) that checkpoints save; None = one process
     shards: ShardedState | None = None
     full_model: torch.nn.Module | None = None
+    critic_shards: ShardedState | None = None  # the sharded critic's and its optimizer's (PPO/GAE)

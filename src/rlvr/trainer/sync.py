@@ -95,7 +95,7 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
         batch.loss_weights = proximal.weights(batch.old_logp, rollouts.logprobs, mask)[0]
     if c.reference is not None:  # its log-probs, and its logsumexp when the objective declared it (ShiQ)
         reference_pass(c.reference, batch, c.loss.objective, micro, c.rows, plan.shard)
-    old_values = critic_values(c.critic, batch, micro) if c.critic is not None else None
+    old_values = critic_values(c.critic, batch, micro, plan.shard) if c.critic is not None else None
     shaped = _shaped_rewards(c, rewards, batch, rollouts.lengths)
     if plan.token_rewards:  # an objective that learns from rewards, not advantages
         batch.token_rewards = reward_tokens(shaped, mask)
@@ -171,7 +171,7 @@ def _update(c: Components, step: int, batch: TrainBatch, old_values, returns, se
             if c.critic is not None:
                 m.update(critic_step(c.critic, c.critic_optimizer, batch.select(rows), old_values[rows], returns[rows],
                                      value_clip=plan.value_clip, micro_batch_size=plan.micro_batch_size,
-                                     grad_clip=plan.grad_clip))
+                                     grad_clip=plan.grad_clip, shard=plan.shard))
             if train_policy:
                 m.update(optimizer_step(c.policy, c.optimizer, c.scheduler, batch.select(rows), spec,
                                         micro_batch_size=plan.micro_batch_size, grad_clip=plan.grad_clip,

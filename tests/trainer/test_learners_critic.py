@@ -1,0 +1,86 @@
+"""Data-parallel learners with a critic (PPO/GAE, `recipes/ppo_countdown.yaml`): 2 ranks of
+`torchrun` (FSDP2 over gloo, one thread each) against one process on the same global batches.
+
+The critic is sharded as the policy: its values pass splits the rows over the ranks and gathers
+them, each rank trains its share of a minibatch with the loss normalised by the minibatch's
+global token count, so the metrics (the critic's too), the policy's weights and the critic's
+agree to float rounding. The checkpoint holds the critic's gathered weights and its optimizer's
+shards: one process resumes it, and 2 ranks a 1-process one, onto the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from _learners import EVERY_STEP, SRC, checkpoint_weights, run_metrics, same_lines, same_weights, torchrun, warm_start
+
+from rlvr.cli import main
+
+REWARD = "def score(prompt, completion, **example):\n    return float(len(completion) % 3 == 0)\n"
+RECIPE = SRC / "rlvr" / "recipes" / "ppo_countdown.yaml"
+
+
+def _critic(run, step: int) -> dict[str, torch.Tensor]:
+    state = torch.load(run / "checkpoints" / f"step_{step:06d}" / "trainer_state.pt", weights_only=False)
+    return state["critic"]
+
+
+def _same_critic(a: dict, b: dict, start: dict, rel: float = 1e-5) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert float((a[name] - b[name]).float().norm()) <= rel * max(float(b[name].float().norm()), 1e-12), name
+    assert float((b["head.weight"] - start["head.weight"]).norm()) > 0  # the head trained off its zero start
+
+
+@pytest.fixture(scope="module")
+def ppo_runs(tmp_path_factory):
+    """3 PPO steps (step 1 the critic's warm-up alone, then both), by 2 ranks and by one process."""
+    root = tmp_path_factory.mktemp("learners_critic")
+    (root / "reward.py").write_text(REWARD)
+    common = [str(RECIPE), "trainer.steps=3", "algo.critic_warmup_steps=1", f"reward.fn={root / 'reward.py'}:score",
+              f"trainer.out_dir={root}", "trainer.keep_last=3", *EVERY_STEP]
+    done = torchrun(*common, "trainer.name=two")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["train", *common, "trainer.name=one", "trainer.threads=1"]) == 0
+    return root / "two", root / "one"
+
+
+@pytest.mark.slow
+def test_two_ranks_train_ppo_with_a_critic_as_one_process(ppo_runs):
+    two, one = ppo_runs
+    lines = run_metrics(two)
+    same_lines(lines, run_metrics(one))
+    assert "critic/value_loss" in lines[1] and "actor/grad_norm" not in lines[1]  # the critic's warm-up
+    assert all("critic/value_loss" in m and "actor/grad_norm" in m for m in lines[2:])
+    same_weights(checkpoint_weights(two, 3), checkpoint_weights(one, 3), warm_start())
+    _same_critic(_critic(two, 3), _critic(one, 3), _critic(one, 1))
+    assert (two / "checkpoints" / "step_000003" / "critic_optimizer" / ".metadata").is_file()  # its shards
+
+
+@pytest.mark.slow
+def test_a_two_rank_checkpoint_with_a_critic_resumes_in_one_process_onto_the_uninterrupted_run(ppo_runs, tmp_path):
+    """Step 3 again from the 2-rank run's step-2 checkpoint (both optimizers' shards), by one process."""
+    two, one = ppo_runs
+    resumed = tmp_path / "two_by_one"
+    shutil.copytree(two, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_000003")
+    assert main(["train", "--resume", str(resumed)]) == 0
+    same_lines(run_metrics(resumed), run_metrics(one))
+    same_weights(checkpoint_weights(resumed, 3), checkpoint_weights(one, 3), checkpoint_weights(one, 2))
+    _same_critic(_critic(resumed, 3), _critic(one, 3), _critic(one, 2))
+
+
+@pytest.mark.slow
+def test_two_ranks_resume_a_one_process_checkpoint_with_a_critic_onto_the_uninterrupted_run(ppo_runs, tmp_path):
+    """Step 3 again from the 1-process run's step-2 checkpoint (full optimizer states, cut into shards), by 2 ranks."""
+    _, one = ppo_runs
+    resumed = tmp_path / "one_by_two"
+    shutil.copytree(one, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_000003")
+    done = torchrun("--resume", str(resumed))
+    assert done.returncode == 0, done.stderr[-3000:]
+    same_lines(run_metrics(resumed), run_metrics(one))
+    same_weights(checkpoint_weights(resumed, 3), checkpoint_weights(one, 3), checkpoint_weights(one, 2))
+    _same_critic(_critic(resumed, 3), _critic(one, 3), _critic(one, 2))
