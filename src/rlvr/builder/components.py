@@ -170,16 +170,15 @@ def learner_engine(config: Config, plain: torch.nn.Module, tokenizer, shard: Sha
 
 def check_learners(config: Config, shard: Shard) -> None:
     """What data-parallel learners support so far: without a critic or expert rows, minibatches of
-    whole groups that split over the ranks; asynchronous rollouts from the torch engine, each batch
-    from the same version on every rank (η = 0, or `trainer.staleness=exact`)."""
+    whole groups that split over the ranks; the asynchronous loop at η = 0 with the torch engine."""
     t = config.trainer
     if _on_ray(config):
         raise ConfigError(f"trainer.backend: Ray runs the rollout side of one learner process; for {shard.size} "
                           "FSDP2 learner(s) on Ray set trainer.ray_learners=N (Ray starts the ranks) and run "
                           "without torchrun, or use trainer.backend=local")
-    if shard.size > 1 and t.max_staleness and t.staleness != "exact":  # ranks' versions would differ by pace
-        raise ConfigError(f"trainer.staleness: {shard.size} data-parallel learners sample each batch with one "
-                          "policy version; set trainer.staleness=exact (or trainer.max_staleness=0)")
+    if shard.size > 1 and t.max_staleness:  # overlapping sides: the learner's row pool would split FSDP forwards
+        raise ConfigError(f"trainer.max_staleness: {t.max_staleness} (rollouts overlapping the update) is not "
+                          f"supported with {shard.size} data-parallel learners yet; set trainer.max_staleness=0")
     if shard.size > 1 and t.max_staleness is not None and engine_kind(config).own_weights:
         raise ConfigError(f"rollout.engine: an engine with its own weights under trainer.max_staleness is not "
                           f"supported with {shard.size} data-parallel learners yet (rank 0's engine would broadcast "

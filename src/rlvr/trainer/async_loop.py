@@ -43,8 +43,9 @@ from a snapshot of the plain full weights (`distributed.RankEngine`) and the ran
 shares on a process group of the rollout side's own (`distributed.side_group`): on the default
 group its collectives would pair up with the update's in a different order on each rank. The
 learner gathers the step's weights into the plain copy on every rank (`sync.push_weights`) and
-publishes that copy, so every rank's snapshot of a version is the same; with η >= 1 the ranks need
-`trainer.staleness=exact`, or each would sample with the version its own pace gave it.
+publishes that copy, so every rank's snapshot of a version is the same. Only η = 0 runs there so
+far (the builder refuses more): overlapping the update, the learner's row pool would run the
+sharded model's forwards in lanes on the rollout side's idle core, which FSDP2 does not survive.
 
 Where the rollout side runs is the backend's business: a thread here (`LocalRollouts`), Ray
 actors behind the same seams in `ray_backend` (the sampler as a `WeightSyncEngine`, the verifier).
