@@ -311,10 +311,12 @@ def test_a_hung_rank_is_one_line_naming_it_after_the_collective_timeout(tmp_path
 
 
 def test_what_learners_do_not_support_yet_is_one_line(tmp_path):
-    done = torchrun("trainer.max_staleness=1", "trainer.steps=1", f"trainer.out_dir={tmp_path}", *SMALL)
+    done = torchrun("rollout.engine=vllm", "trainer.max_staleness=0", "trainer.steps=1", f"trainer.out_dir={tmp_path}",
+                    *SMALL)
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert lines and lines[0].startswith("error: trainer.max_staleness: not supported with 2 data-parallel"), \
+    assert lines and lines[0].startswith("error: rollout.engine: an engine with its own weights under "
+                                         "trainer.max_staleness is not supported with 2 data-parallel"), \
         done.stderr[-2000:]
 
 

@@ -47,6 +47,7 @@ from rlvr.runtime.distributed import (
     Shard,
     ShardedState,
     shard_model,
+    side_group,
 )
 from rlvr.runtime.process import Runtime, available_cores, resolve_device, thread_budget
 from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode, split_engine
@@ -187,15 +188,22 @@ def learner_engine(config: Config, plain: torch.nn.Module, tokenizer, shard: Sha
 
 
 def check_learners(config: Config, shard: Shard) -> None:
-    """What data-parallel learners support so far: the synchronous loop (a critic too, sharded
-    as the policy) without expert rows, and minibatches of whole groups that split over the ranks."""
+    """What data-parallel learners support so far: the synchronous loop (a critic too, sharded as
+    the policy) and the asynchronous one at η = 0 with the torch engine, without expert rows, and
+    minibatches of whole groups that split over the ranks."""
     t = config.trainer
     if _on_ray(config):
         raise ConfigError(f"trainer.backend: Ray runs the rollout side of one learner process; for {shard.size} "
                           "FSDP2 learner(s) on Ray set trainer.ray_learners=N (Ray starts the ranks) and run "
                           "without torchrun, or use trainer.backend=local")
-    refused = {"trainer.max_staleness": t.max_staleness is not None,
-               "expert.per_step": bool(config.expert.per_step)}
+    if shard.size > 1 and t.max_staleness:  # overlapping sides: the learner's row pool would split FSDP forwards
+        raise ConfigError(f"trainer.max_staleness: {t.max_staleness} (rollouts overlapping the update) is not "
+                          f"supported with {shard.size} data-parallel learners yet; set trainer.max_staleness=0")
+    if shard.size > 1 and t.max_staleness is not None and engine_kind(config).own_weights:
+        raise ConfigError(f"rollout.engine: an engine with its own weights under trainer.max_staleness is not "
+                          f"supported with {shard.size} data-parallel learners yet (rank 0's engine would broadcast "
+                          "from the rollout thread); use rollout.engine=torch, or the synchronous loop")
+    refused = {"expert.per_step": bool(config.expert.per_step)}
     for field, bad in refused.items():
         if bad:
             raise ConfigError(f"{field}: not supported with {shard.size} data-parallel learner(s) yet (FSDP2); "
@@ -394,12 +402,18 @@ def rollout_side(config: Config, c: Components, layout: ThreadLayout, start: int
         engine = SharedEngine(c.engine, start, exact=layout.plan.exact)
         return RolloutSide(dataclasses.replace(c, engine=engine), engine, threads=threads, shared=True)
 
+    shard = c.plan.shard
+    side_shard = side_group(shard, config.trainer.collective_timeout_s) if shard.fsdp else shard
+
     def make(model):
         made = build.build_engine(config, model, c.tokenizer)
         rows = layout.rollout_rows
-        return split_engine(made, rows, c.tokenizer.pad_token_id, model) if rows is not None else made
+        made = split_engine(made, rows, c.tokenizer.pad_token_id, model) if rows is not None else made
+        # data-parallel learners: this rank samples its share, exchanged on the rollout side's own group
+        return RankEngine(made, model, side_shard, c.tokenizer.pad_token_id) if shard.fsdp else made
 
-    engine = SnapshotEngine(c.model, make, version=start)
+    # sharded learners: the snapshot copies the plain full weights, never the shards
+    engine = SnapshotEngine(c.model if c.full_model is None else c.full_model, make, version=start)
     lease = layout.rollout_rows.lease if layout.rollout_rows is not None else None
     reward = c.reward if lease is None else _scoring_without_core(c.reward, lease)
     return RolloutSide(dataclasses.replace(c, engine=engine, reward=reward), engine, threads=threads)

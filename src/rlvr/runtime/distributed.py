@@ -27,7 +27,7 @@ import re
 import threading
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -40,11 +40,13 @@ from rlvr.models.lora import merged_weights
 class Shard:
     """This process's place among the learners: `rank` of `size` (size 1 = a single process,
     whose methods change nothing); `fsdp`: the model trains FSDP2 shards (any size, one process
-    too with `trainer.learners=fsdp`), else it is a plain module."""
+    too with `trainer.learners=fsdp`), else it is a plain module. `group`: the process group its
+    collectives run on (None = the default one; the asynchronous rollout side's own, `side_group`)."""
 
     rank: int = 0
     size: int = 1
     fsdp: bool = False
+    group: object = field(default=None, compare=False, repr=False)
 
     def rows(self, count: int) -> slice:
         """This rank's consecutive share of `count` rows (near-equal shares, in rank order)."""
@@ -56,7 +58,7 @@ class Shard:
             return values
         keys = sorted(values)
         total = torch.tensor([values[k] for k in keys], dtype=torch.float64)
-        torch.distributed.all_reduce(total)
+        torch.distributed.all_reduce(total, group=self.group)
         return dict(zip(keys, total.tolist()))
 
     def broadcast(self, value):
@@ -64,7 +66,7 @@ class Shard:
         if self.size == 1:
             return value
         box = [value]
-        torch.distributed.broadcast_object_list(box, src=0)
+        torch.distributed.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
     def agree_stop(self, received: str | None) -> str | None:
@@ -124,7 +126,7 @@ class Shard:
             padded = mine.new_zeros((longest, *mine.shape[1:]))
             padded[:len(mine)] = mine
             gathered = [torch.empty_like(padded) for _ in range(self.size)]
-            torch.distributed.all_gather(gathered, padded)
+            torch.distributed.all_gather(gathered, padded, group=self.group)
             out[key] = torch.cat([g[:self.share(r, count)] for r, g in enumerate(gathered)])
         return out
 
@@ -133,11 +135,22 @@ class Shard:
         if self.size == 1:
             return [value]
         out = [None] * self.size
-        torch.distributed.all_gather_object(out, value)
+        torch.distributed.all_gather_object(out, value, group=self.group)
         return out
 
 
 ONE_PROCESS = Shard()  # a learner alone
+
+
+def side_group(shard: Shard, timeout_s: float) -> Shard:
+    """`shard` on a gloo process group of its own, for the asynchronous rollout side: its thread
+    exchanges samples while the learner's thread runs the update's collectives, and on one group
+    the two threads' collectives would pair up in a different order on each rank. A collective
+    itself: every rank calls it at the same point (the rollout side's start)."""
+    if shard.size == 1:
+        return shard
+    group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return Shard(shard.rank, shard.size, shard.fsdp, group)
 
 
 def scalar(value) -> float:

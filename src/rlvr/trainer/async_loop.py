@@ -38,6 +38,15 @@ admission, queue space or a batch), so the faster side's idle core goes to the s
 threads computing never outnumber `trainer.threads`. Each side splits its rows as the synchronous
 loop does. Other modes and the Ray backend give each side a fixed share (`runtime.thread_budget`).
 
+Data-parallel learners (FSDP2 ranks): each rank's rollout thread samples its share of every batch
+from a snapshot of the plain full weights (`distributed.RankEngine`) and the ranks exchange the
+shares on a process group of the rollout side's own (`distributed.side_group`): on the default
+group its collectives would pair up with the update's in a different order on each rank. The
+learner gathers the step's weights into the plain copy on every rank (`sync.push_weights`) and
+publishes that copy, so every rank's snapshot of a version is the same. Only η = 0 runs there so
+far (the builder refuses more): overlapping the update, the learner's row pool would run the
+sharded model's forwards in lanes on the rollout side's idle core, which FSDP2 does not survive.
+
 Where the rollout side runs is the backend's business: a thread here (`LocalRollouts`), Ray
 actors behind the same seams in `ray_backend` (the sampler as a `WeightSyncEngine`, the verifier).
 With `rollout.engine=vllm` the local rollout side pushes into the run's one vLLM engine, which the
@@ -270,7 +279,9 @@ class AsyncSteps:
             metrics, samples = rl_step(self.c, step, produced)
             work = now() - t0
             t0 = now()
-            self.rollouts.publish(published(self.c.model, merged=self.c.asynchronous.publish_merged), step)
+            # sharded learners: the plain copy, which `rl_step` gathered the step's weights into on every rank
+            model = self.c.model if self.c.full_model is None else self.c.full_model
+            self.rollouts.publish(published(model, merged=self.c.asynchronous.publish_merged), step)
             publish_s = now() - t0
         metrics.update(produced.facts)
         metrics.update(step_facts(produced.staleness, self.max_staleness, depth=depth, wait_s=wait,
