@@ -161,16 +161,15 @@ def learner_engine(config: Config, plain: torch.nn.Module, tokenizer, shard: Sha
 
 
 def check_learners(config: Config, shard: Shard) -> None:
-    """What data-parallel learners support so far: the synchronous loop without a critic or
-    expert rows, and minibatches of whole groups that split over the ranks."""
+    """What data-parallel learners support so far: the synchronous loop without a critic, and
+    minibatches of whole groups (and the expert rows after them) that split over the ranks."""
     t = config.trainer
     if _on_ray(config):
         raise ConfigError(f"trainer.backend: Ray runs the rollout side of one learner process; for {shard.size} "
                           "FSDP2 learner(s) on Ray set trainer.ray_learners=N (Ray starts the ranks) and run "
                           "without torchrun, or use trainer.backend=local")
     refused = {"trainer.max_staleness": t.max_staleness is not None,
-               "algo.advantage": config.algo.advantage == "gae",
-               "expert.per_step": bool(config.expert.per_step)}
+               "algo.advantage": config.algo.advantage == "gae"}
     for field, bad in refused.items():
         if bad:
             raise ConfigError(f"{field}: not supported with {shard.size} data-parallel learner(s) yet (FSDP2); "
