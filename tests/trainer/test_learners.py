@@ -345,10 +345,11 @@ def test_two_ray_learner_actors_train_as_one_process(runs):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_ray_learner_rank_s_error_is_the_driver_s_one_line(tmp_path):
-    done = _plain("expert.per_step=2", "trainer.steps=1", *RAY_LEARNERS, f"trainer.out_dir={tmp_path}", *SMALL)
+    done = _plain("trainer.max_staleness=1", "trainer.steps=1", *RAY_LEARNERS, f"trainer.out_dir={tmp_path}", *SMALL)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith(
-        "error: expert.per_step: not supported with 2 data-parallel learner(s)"), done.stderr[-2000:]
+        "error: trainer.max_staleness: 1 (rollouts overlapping the update) is not supported with 2 data-parallel"), \
+        done.stderr[-2000:]
 
 
 def test_ray_learners_stopped_by_a_signal_are_the_driver_s_interruption():

@@ -189,8 +189,8 @@ def learner_engine(config: Config, plain: torch.nn.Module, tokenizer, shard: Sha
 
 def check_learners(config: Config, shard: Shard) -> None:
     """What data-parallel learners support so far: the synchronous loop (a critic too, sharded as
-    the policy) and the asynchronous one at η = 0 with the torch engine, without expert rows, and
-    minibatches of whole groups that split over the ranks."""
+    the policy) and the asynchronous one at η = 0 with the torch engine, and minibatches of whole
+    groups (and the expert rows after them) that split over the ranks."""
     t = config.trainer
     if _on_ray(config):
         raise ConfigError(f"trainer.backend: Ray runs the rollout side of one learner process; for {shard.size} "
@@ -203,11 +203,6 @@ def check_learners(config: Config, shard: Shard) -> None:
         raise ConfigError(f"rollout.engine: an engine with its own weights under trainer.max_staleness is not "
                           f"supported with {shard.size} data-parallel learners yet (rank 0's engine would broadcast "
                           "from the rollout thread); use rollout.engine=torch, or the synchronous loop")
-    refused = {"expert.per_step": bool(config.expert.per_step)}
-    for field, bad in refused.items():
-        if bad:
-            raise ConfigError(f"{field}: not supported with {shard.size} data-parallel learner(s) yet (FSDP2); "
-                              "run it as one process, or use the synchronous loop")
 
 
 DTYPES = {"": None, "float32": torch.float32, "bfloat16": torch.bfloat16}  # trainer.fsdp_*_dtype

@@ -53,11 +53,14 @@ class Shard:
         return slice(count * self.rank // self.size, count * (self.rank + 1) // self.size)
 
     def sum(self, values: dict[str, float]) -> dict[str, float]:
-        """`values` summed over the ranks (every rank passes the same keys)."""
-        if self.size == 1 or not values:
+        """`values` summed over the ranks, a key a rank lacks counting 0 there: a rank whose rows
+        are all expert rows (or none are) has only that side's metric sums (`split_loss`)."""
+        if self.size == 1:
             return values
-        keys = sorted(values)
-        total = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+        keys = sorted(set().union(*self.gather(sorted(values))))
+        if not keys:
+            return values
+        total = torch.tensor([values.get(k, 0.0) for k in keys], dtype=torch.float64)
         torch.distributed.all_reduce(total, group=self.group)
         return dict(zip(keys, total.tolist()))
 

@@ -108,7 +108,7 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     expert_metrics = {}
     if c.expert is not None:  # off-policy expert rows after the groups (trainer/expert.py)
         batch, expert_metrics = add_expert_rows(c, batch, rewards, step, lambda policy, part, stats: no_grad_outputs(
-            policy, part, micro, c.rows, stats))
+            policy, part, micro, c.rows, stats, plan.shard))
     timings["logprob"], t0 = now() - t0, now()
     peaks["logprob"] = PEAKS.end()
 
