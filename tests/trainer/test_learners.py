@@ -348,7 +348,7 @@ def test_a_ray_learner_rank_s_error_is_the_driver_s_one_line(tmp_path):
     done = _plain("trainer.max_staleness=1", "trainer.steps=1", *RAY_LEARNERS, f"trainer.out_dir={tmp_path}", *SMALL)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith(
-        "error: trainer.max_staleness: 1 (rollouts overlapping the update) is not supported with 2 data-parallel"), \
+        "error: trainer.staleness: 2 data-parallel learners overlapping the update (max_staleness 1)"), \
         done.stderr[-2000:]
 
 

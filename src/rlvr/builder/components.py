@@ -189,16 +189,17 @@ def learner_engine(config: Config, plain: torch.nn.Module, tokenizer, shard: Sha
 
 def check_learners(config: Config, shard: Shard) -> None:
     """What data-parallel learners support so far: the synchronous loop (a critic too, sharded as
-    the policy) and the asynchronous one at η = 0 with the torch engine, and minibatches of whole
-    groups (and the expert rows after them) that split over the ranks."""
+    the policy), the asynchronous one with the torch engine (at η >= 1 on the exact schedule), and
+    minibatches of whole groups (and the expert rows after them) that split over the ranks."""
     t = config.trainer
     if _on_ray(config):
         raise ConfigError(f"trainer.backend: Ray runs the rollout side of one learner process; for {shard.size} "
                           "FSDP2 learner(s) on Ray set trainer.ray_learners=N (Ray starts the ranks) and run "
                           "without torchrun, or use trainer.backend=local")
-    if shard.size > 1 and t.max_staleness:  # overlapping sides: the learner's row pool would split FSDP forwards
-        raise ConfigError(f"trainer.max_staleness: {t.max_staleness} (rollouts overlapping the update) is not "
-                          f"supported with {shard.size} data-parallel learners yet; set trainer.max_staleness=0")
+    if shard.size > 1 and t.max_staleness and t.staleness != "exact":  # each rank would pick its own version
+        raise ConfigError(f"trainer.staleness: {shard.size} data-parallel learners overlapping the update "
+                          f"(max_staleness {t.max_staleness}) sample every batch from one agreed version; "
+                          "set trainer.staleness=exact")
     if shard.size > 1 and t.max_staleness is not None and engine_kind(config).own_weights:
         raise ConfigError(f"rollout.engine: an engine with its own weights under trainer.max_staleness is not "
                           f"supported with {shard.size} data-parallel learners yet (rank 0's engine would broadcast "
@@ -355,8 +356,9 @@ def thread_layout(config: Config, runtime: Runtime) -> ThreadLayout:
     budget = thread_budget(cores, overlap=overlap, rollout_workers=workers)
     kind = engine_kind(config)
     own = kind.own_weights  # vLLM: never a second engine here (it is shared or on its workers)
-    rows_mode = not kind.batches_itself and (runtime.rows is not None
-                                             or resolve_mode(t.thread_mode, config.model.kind) == "rows")
+    # FSDP2 learners run each batch whole: lanes on another thread would unshard a layer mid-forward
+    rows_mode = not kind.batches_itself and not runtime.shard.fsdp and (
+        runtime.rows is not None or resolve_mode(t.thread_mode, config.model.kind) == "rows")
     facts = {"learner": budget["learner"], "rollout_worker": budget["rollout_worker"],
              "concurrent": budget["concurrent"], "rows_mode": rows_mode}
     torch_threads = torch.get_num_threads()
