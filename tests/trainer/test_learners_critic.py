@@ -11,6 +11,7 @@ shards: one process resumes it, and 2 ranks a 1-process one, onto the uninterrup
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +33,19 @@ def _same_critic(a: dict, b: dict, start: dict, rel: float = 1e-5) -> None:
     for name in a:
         assert float((a[name] - b[name]).float().norm()) <= rel * max(float(b[name].float().norm()), 1e-12), name
     assert float((b["head.weight"] - start["head.weight"]).norm()) > 0  # the head trained off its zero start
+
+
+def _from_step_2(run: Path, to: Path) -> Path:
+    """A copy of `run` whose last checkpoint is step 2's: a resume trains step 3 again."""
+    shutil.copytree(run, to)
+    shutil.rmtree(to / "checkpoints" / "step_000003")
+    return to
+
+
+def _same_as_uninterrupted(resumed: Path, one: Path) -> None:
+    same_lines(run_metrics(resumed), run_metrics(one))
+    same_weights(checkpoint_weights(resumed, 3), checkpoint_weights(one, 3), checkpoint_weights(one, 2))
+    _same_critic(_critic(resumed, 3), _critic(one, 3), _critic(one, 2))
 
 
 @pytest.fixture(scope="module")
@@ -63,24 +77,16 @@ def test_two_ranks_train_ppo_with_a_critic_as_one_process(ppo_runs):
 def test_a_two_rank_checkpoint_with_a_critic_resumes_in_one_process_onto_the_uninterrupted_run(ppo_runs, tmp_path):
     """Step 3 again from the 2-rank run's step-2 checkpoint (both optimizers' shards), by one process."""
     two, one = ppo_runs
-    resumed = tmp_path / "two_by_one"
-    shutil.copytree(two, resumed)
-    shutil.rmtree(resumed / "checkpoints" / "step_000003")
+    resumed = _from_step_2(two, tmp_path / "two_by_one")
     assert main(["train", "--resume", str(resumed)]) == 0
-    same_lines(run_metrics(resumed), run_metrics(one))
-    same_weights(checkpoint_weights(resumed, 3), checkpoint_weights(one, 3), checkpoint_weights(one, 2))
-    _same_critic(_critic(resumed, 3), _critic(one, 3), _critic(one, 2))
+    _same_as_uninterrupted(resumed, one)
 
 
 @pytest.mark.slow
 def test_two_ranks_resume_a_one_process_checkpoint_with_a_critic_onto_the_uninterrupted_run(ppo_runs, tmp_path):
     """Step 3 again from the 1-process run's step-2 checkpoint (full optimizer states, cut into shards), by 2 ranks."""
     _, one = ppo_runs
-    resumed = tmp_path / "one_by_two"
-    shutil.copytree(one, resumed)
-    shutil.rmtree(resumed / "checkpoints" / "step_000003")
+    resumed = _from_step_2(one, tmp_path / "one_by_two")
     done = torchrun("--resume", str(resumed))
     assert done.returncode == 0, done.stderr[-3000:]
-    same_lines(run_metrics(resumed), run_metrics(one))
-    same_weights(checkpoint_weights(resumed, 3), checkpoint_weights(one, 3), checkpoint_weights(one, 2))
-    _same_critic(_critic(resumed, 3), _critic(one, 3), _critic(one, 2))
+    _same_as_uninterrupted(resumed, one)
