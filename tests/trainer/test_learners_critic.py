@@ -90,3 +90,21 @@ def test_two_ranks_resume_a_one_process_checkpoint_with_a_critic_onto_the_uninte
     done = torchrun("--resume", str(resumed))
     assert done.returncode == 0, done.stderr[-3000:]
     _same_as_uninterrupted(resumed, one)
+
+
+@pytest.mark.slow
+def test_two_bf16_ranks_keep_the_value_head_in_float32_and_train_as_one_bf16_process(tmp_path):
+    """bf16 weights gathered in bf16 (`trainer.fsdp_param_dtype=bfloat16`), the value head a group
+    of its own in float32 (gathered in bf16 it met the body's float32 hidden states: a dtype error):
+    2 PPO steps equal one bf16 process to bf16's precision (as the policy's bf16 test), the head
+    still float32 in the checkpoint."""
+    (tmp_path / "reward.py").write_text(REWARD)
+    common = [str(RECIPE), "trainer.steps=2", "algo.critic_warmup_steps=1", "model.dtype=bfloat16",
+              f"reward.fn={tmp_path / 'reward.py'}:score", f"trainer.out_dir={tmp_path}", *EVERY_STEP]
+    done = torchrun(*common, "trainer.name=two", "trainer.fsdp_param_dtype=bfloat16",
+                    "trainer.fsdp_reduce_dtype=float32")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["train", *common, "trainer.name=one", "trainer.threads=1"]) == 0
+    same_lines(run_metrics(tmp_path / "two"), run_metrics(tmp_path / "one"), rel=2e-2, abs_tol=2e-3)
+    head = _critic(tmp_path / "two", 2)["head.weight"]
+    assert head.dtype == torch.float32 and float(head.norm()) > 0

@@ -106,7 +106,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
         if shard.fsdp:
             t = config.trainer
             shard_model(critic, param_dtype=DTYPES[t.fsdp_param_dtype], reduce_dtype=DTYPES[t.fsdp_reduce_dtype],
-                        offload=t.fsdp_cpu_offload)
+                        offload=t.fsdp_cpu_offload, in_float32=(critic.head,))
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=a.critic_lr, betas=(o.beta1, o.beta2))
         if shard.fsdp:
             critic_shards = ShardedState(critic, critic_optimizer, shard, ShardedState.CRITIC_FOLDER)

@@ -267,18 +267,25 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def shard_model(model: torch.nn.Module, *, param_dtype: torch.dtype | None = None,
-                reduce_dtype: torch.dtype | None = None, offload: bool = False) -> torch.nn.Module:
+                reduce_dtype: torch.dtype | None = None, offload: bool = False,
+                in_float32: tuple[torch.nn.Module, ...] = ()) -> torch.nn.Module:
     """FSDP2 full sharding: one group per decoder layer, then the root (embeddings, head, norm).
     `param_dtype` / `reduce_dtype` (None = the parameters' own): the dtype each layer is gathered
     and computed in and the one its gradients are reduce-scattered in (`MixedPrecisionPolicy`;
     the shards and the optimizer keep the model's dtype). `offload`: the shards, their gradients
-    and the optimizer's states live in CPU memory between uses (`CPUOffloadPolicy`, a GPU run)."""
+    and the optimizer's states live in CPU memory between uses (`CPUOffloadPolicy`, a GPU run).
+    `in_float32`: submodules that are groups of their own, gathered, computed and reduced in
+    float32 whatever `param_dtype` says (a critic's value head)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+    offload_policy = CPUOffloadPolicy() if offload else OffloadPolicy()
     policies = {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
-                "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
+                "offload_policy": offload_policy}
     for layer in decoder_layers(model):
         fully_shard(layer, **policies)
+    for module in in_float32:
+        fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32),
+                    offload_policy=offload_policy)
     fully_shard(model, **policies)
     return model
 
