@@ -410,7 +410,7 @@ def rollout_side(config: Config, c: Components, layout: ThreadLayout, start: int
         return RankEngine(made, model, side_shard, c.tokenizer.pad_token_id) if shard.fsdp else made
 
     # sharded learners: the snapshot copies the plain full weights, never the shards
-    engine = SnapshotEngine(c.model if c.full_model is None else c.full_model, make, version=start)
+    engine = SnapshotEngine(c.full_weights, make, version=start)
     lease = layout.rollout_rows.lease if layout.rollout_rows is not None else None
     reward = c.reward if lease is None else _scoring_without_core(c.reward, lease)
     return RolloutSide(dataclasses.replace(c, engine=engine, reward=reward), engine, threads=threads)

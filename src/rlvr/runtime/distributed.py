@@ -21,6 +21,7 @@ with (and a full frozen KL reference, outside LoRA); the samples travel as pickl
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import os
 import re
@@ -51,6 +52,14 @@ class Shard:
     def rows(self, count: int) -> slice:
         """This rank's consecutive share of `count` rows (near-equal shares, in rank order)."""
         return slice(count * self.rank // self.size, count * (self.rank + 1) // self.size)
+
+    def micro_batches(self, count: int, size: int) -> list[slice | None]:
+        """This rank's share of `count` rows in micro-batches of `size`, as slices of the whole
+        batch's rows, as many on every rank (a sharded model's collectives pair up): where a
+        shorter share has run out, None (the caller runs a stand-in that adds nothing)."""
+        mine, longest = self.rows(count), -(-count // self.size)
+        return [slice(mine.start + i, min(mine.start + i + size, mine.stop)) if mine.start + i < mine.stop else None
+                for i in range(0, longest, size)]
 
     def sum(self, values: dict[str, float]) -> dict[str, float]:
         """`values` summed over the ranks, a key a rank lacks counting 0 there: a rank whose rows
@@ -153,7 +162,7 @@ def side_group(shard: Shard, timeout_s: float) -> Shard:
     if shard.size == 1:
         return shard
     group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
-    return Shard(shard.rank, shard.size, shard.fsdp, group)
+    return dataclasses.replace(shard, group=group)
 
 
 def scalar(value) -> float:

@@ -43,9 +43,10 @@ from a snapshot of the plain full weights (`distributed.RankEngine`) and the ran
 shares on a process group of the rollout side's own (`distributed.side_group`): on the default
 group its collectives would pair up with the update's in a different order on each rank. The
 learner gathers the step's weights into the plain copy on every rank (`sync.push_weights`) and
-publishes that copy, so every rank's snapshot of a version is the same. Only η = 0 runs there so
-far (the builder refuses more): overlapping the update, the learner's row pool would run the
-sharded model's forwards in lanes on the rollout side's idle core, which FSDP2 does not survive.
+publishes that copy, so every rank's snapshot of a version is the same. Overlapping the update
+(η >= 1) takes the exact schedule, so that the ranks sample a batch from the same version, and
+each rank runs its batches whole: lanes of a row pool on the other side's idle core would unshard
+a layer mid-forward.
 
 Where the rollout side runs is the backend's business: a thread here (`LocalRollouts`), Ray
 actors behind the same seams in `ray_backend` (the sampler as a `WeightSyncEngine`, the verifier).
@@ -280,8 +281,7 @@ class AsyncSteps:
             work = now() - t0
             t0 = now()
             # sharded learners: the plain copy, which `rl_step` gathered the step's weights into on every rank
-            model = self.c.model if self.c.full_model is None else self.c.full_model
-            self.rollouts.publish(published(model, merged=self.c.asynchronous.publish_merged), step)
+            self.rollouts.publish(published(self.c.full_weights, merged=self.c.asynchronous.publish_merged), step)
             publish_s = now() - t0
         metrics.update(produced.facts)
         metrics.update(step_facts(produced.staleness, self.max_staleness, depth=depth, wait_s=wait,

@@ -16,24 +16,15 @@ from rlvr.models.value import ValueModel
 from rlvr.runtime.distributed import ONE_PROCESS, Shard
 
 
-def _share(batch: TrainBatch, micro_batch_size: int, shard: Shard) -> list[slice]:
-    """This rank's micro-batches of `batch` as row slices, as many on every rank (FSDP's
-    collectives pair up): a shorter share's missing last one is None."""
-    mine = shard.rows(len(batch))
-    longest = -(-len(batch) // shard.size)
-    return [slice(mine.start + i, min(mine.start + i + micro_batch_size, mine.stop)) if mine.start + i < mine.stop
-            else None for i in range(0, longest, micro_batch_size)]
-
-
 @torch.no_grad()
 def critic_values(critic: ValueModel, batch: TrainBatch, micro_batch_size: int,
                   shard: Shard = ONE_PROCESS) -> torch.Tensor:
     """(B, Tc) values of `batch`, 0 outside the mask; `shard`: this rank's rows, the shares gathered."""
     parts = []
-    for rows in _share(batch, micro_batch_size, shard):
-        part = critic(batch.prompt_ids[rows or slice(0, 1)], batch.prompt_mask[rows or slice(0, 1)],
-                      batch.completion_ids[rows or slice(0, 1)])
-        parts.append(part if rows is not None else part[:0])  # a stand-in's values are dropped
+    for rows in shard.micro_batches(len(batch), micro_batch_size):
+        taken = rows or slice(0, 1)  # a shorter share's missing last micro-batch: a stand-in row, dropped
+        part = critic(batch.prompt_ids[taken], batch.prompt_mask[taken], batch.completion_ids[taken])
+        parts.append(part if rows is not None else part[:0])
     mine = torch.cat(parts) if parts else batch.completion_mask[:0]
     return shard.cat_rows({"values": mine}, len(batch))["values"] * batch.completion_mask
 
@@ -47,7 +38,7 @@ def critic_step(critic: ValueModel, optimizer, batch: TrainBatch, old_values: to
     if num_tokens == 0:
         return {}
     sums = {"value_loss": 0.0, "value_clip_frac": 0.0, "value_abs_error": 0.0}
-    for rows in _share(batch, micro_batch_size, shard):
+    for rows in shard.micro_batches(len(batch), micro_batch_size):
         stand_in = rows is None  # a row with no tokens in the loss: a forward and backward that add nothing
         rows = rows or slice(0, 1)
         mask = batch.completion_mask[rows] * (0.0 if stand_in else 1.0)

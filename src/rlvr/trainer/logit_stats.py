@@ -49,15 +49,13 @@ def no_grad_outputs(policy: PolicyModel, batch: TrainBatch, micro_batch_size: in
         logp, _, extra = _policy_outputs(policy, mb, stats)
         return {"logp": logp, **extra}
 
-    mine = batch.select(shard.rows(len(batch)))
-    # as many forwards on every rank (a sharded policy's gathers pair up): a shorter share's
-    # missing last one runs a row of the batch whose outputs are dropped
-    longest = -(-len(batch) // shard.size)
+    # a shorter share's missing last micro-batch runs a row of the batch whose outputs are dropped
     parts: list[dict[str, torch.Tensor]] = []
-    for i in range(0, longest, micro_batch_size):
-        mb = mine.select(slice(i, i + micro_batch_size)) if i < len(mine) else batch.select(slice(0, 1))
+    for chunk in shard.micro_batches(len(batch), micro_batch_size):
+        mb = batch.select(chunk if chunk is not None else slice(0, 1))
         parts.extend([run(mb)] if rows is None else rows.map(lambda part, mb=mb: run(mb.select(part)), len(mb)))
-    out = shard.cat_rows({key: torch.cat([p[key] for p in parts])[:len(mine)] for key in parts[0]}, len(batch))
+    mine = shard.share(shard.rank, len(batch))
+    out = shard.cat_rows({key: torch.cat([p[key] for p in parts])[:mine] for key in parts[0]}, len(batch))
     mask = batch.completion_mask
     return {key: value.to(mask.device) * (1 if key in ROW_STATS else mask) for key, value in out.items()}
 

@@ -70,8 +70,7 @@ def _checkpoint(c: Components, run: RunDir, step: int, rollout_state: dict) -> P
     state["sampler"] = rollout_state["sampler"]
     if c.replay is not None:
         state["replay"] = rollout_state["replay"]
-    model = c.model if c.full_model is None else c.full_model
-    return save_checkpoint(run.checkpoints, step, model, c.tokenizer, state, keep_last=c.loop.keep_last,
+    return save_checkpoint(run.checkpoints, step, c.full_weights, c.tokenizer, state, keep_last=c.loop.keep_last,
                            shards=tuple(s for s in (c.shards, c.critic_shards) if s is not None),
                            writer=c.loop.writer)
 
@@ -100,7 +99,7 @@ def _load_critic(c: Components, checkpoint: Path, state: dict) -> None:
 def _load_model_and_optimizer(c: Components, checkpoint: Path, optimizer: dict | None) -> None:
     """The checkpoint's weights and optimizer state into `c`, whichever number of learners saved
     it: `optimizer` is the state one process saved, None where the learners saved its shards."""
-    full = c.model if c.full_model is None else c.full_model  # sharded learners: load their full copy first
+    full = c.full_weights  # sharded learners: load their full copy first
     if c.loop.adapter_checkpoints:  # the checkpoint holds the adapter; the base is rebuilt as loaded
         load_adapter(full, checkpoint)
     else:

@@ -175,3 +175,8 @@ class Components:
     shards: ShardedState | None = None
     full_model: torch.nn.Module | None = None
     critic_shards: ShardedState | None = None  # the sharded critic's and its optimizer's (PPO/GAE)
+
+    @property
+    def full_weights(self) -> torch.nn.Module:
+        """The model with every weight in full: the plain copy of sharded learners, else the model."""
+        return self.model if self.full_model is None else self.full_model

@@ -106,12 +106,9 @@ def optimizer_step(policy, optimizer, scheduler, batch: TrainBatch, spec: LossSp
         whole[i:i + micro_batch_size] for i in range(0, len(batch), micro_batch_size))))
     if counts["num_tokens"] == 0:
         return {}
-    mine = batch.select(shard.rows(len(batch)))
-    # as many micro-batches on every rank (FSDP's collectives pair up): the longest share's count;
-    # a shorter share's missing last one is a row with no tokens in the loss
-    longest = -(-len(batch) // shard.size)
-    chunks = [mine.select(slice(i, i + micro_batch_size)) if i < len(mine) else _no_tokens(batch)
-              for i in range(0, longest, micro_batch_size)]
+    # a shorter share's missing last micro-batch is a row with no tokens in the loss
+    chunks = [batch.select(rows) if rows is not None else _no_tokens(batch)
+              for rows in shard.micro_batches(len(batch), micro_batch_size)]
     totals: dict[str, float] = {}
     loss_value = 0.0
     for mb in chunks:
