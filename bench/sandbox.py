@@ -8,7 +8,9 @@ checkout's sandbox, interleaved.
 
 
 Prints trivial programs per second through ``Sandbox.run_many`` with ``--workers`` slots, and
-the median wall time of one trivial program run sequentially in the sandbox versus a bare
+the median wall time and CPU time (the timing process's own, every thread, plus its waited-for
+descendants': less sensitive to the machine's load than wall time) of one trivial program run
+sequentially in the sandbox versus a bare
 ``subprocess.run([python, "-E", "-s", "-S", "-c", ...])``. With ``--baseline``, a second process
 imports ``rlvr`` from that source tree and times the same program in its sandbox; the three are
 run in turn, one of each per repeat (the order rotating), so machine load hits them alike.
@@ -26,6 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -35,6 +39,31 @@ import time
 from rlvr.rewards.sandbox import Sandbox, Verdict, default_python
 
 PROGRAM = "print(1)"
+
+
+def _cpu() -> float:
+    """CPU seconds used so far by this process (every thread) and its waited-for descendants."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _timed(call):
+    """(wall seconds, CPU seconds, result) of ``call()``."""
+    t, c = time.perf_counter(), _cpu()
+    result = call()
+    return time.perf_counter() - t, _cpu() - c, result
+
+
+def _ratio_ci(values: list[float], bare: list[float], draws: int = 2000) -> tuple[float, float]:
+    """95% bootstrap interval of median(values) / median(bare), resampling the repeats (paired:
+    the i-th of each ran in the same round)."""
+    rng, n = random.Random(0), len(values)
+    ratios = []
+    for _ in range(draws):
+        idx = [rng.randrange(n) for _ in range(n)]
+        ratios.append(statistics.median(values[i] for i in idx) / statistics.median(bare[i] for i in idx))
+    ratios.sort()
+    return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
 
 
 def _hold(mb: int) -> bytearray:
@@ -52,9 +81,8 @@ def _serve(hold_mb: int) -> None:
     sb.run(PROGRAM)
     print(sb.isolation, flush=True)
     for _ in sys.stdin:
-        t = time.perf_counter()
-        result = sb.run(PROGRAM)
-        print(time.perf_counter() - t if result.verdict is Verdict.OK else "nan", flush=True)
+        wall, cpu, result = _timed(lambda: sb.run(PROGRAM))
+        print(f"{wall} {cpu}" if result.verdict is Verdict.OK else "nan nan", flush=True)
     sb.close()
 
 
@@ -168,41 +196,53 @@ def main() -> None:
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         print(f"baseline isolation   {other.stdout.readline().strip()}  ({args.baseline})")
 
-    def bare() -> float:
-        t = time.perf_counter()
-        subprocess.run([python, "-E", "-s", "-S", "-c", PROGRAM], capture_output=True, check=True)
-        return time.perf_counter() - t
+    def bare() -> tuple[float, float]:
+        return _timed(lambda: subprocess.run([python, "-E", "-s", "-S", "-c", PROGRAM], capture_output=True,
+                                             check=True))[:2]
 
-    def ours() -> float:
-        t = time.perf_counter()
-        assert sb.run(PROGRAM).verdict is Verdict.OK
-        return time.perf_counter() - t
+    def ours() -> tuple[float, float]:
+        wall, cpu, result = _timed(lambda: sb.run(PROGRAM))
+        assert result.verdict is Verdict.OK, result
+        return wall, cpu
 
-    def theirs() -> float:
+    def theirs() -> tuple[float, float]:
         other.stdin.write("run\n")
         other.stdin.flush()
-        return float(other.stdout.readline())
+        wall, cpu = other.stdout.readline().split()
+        return float(wall), float(cpu)
 
     timers = {"bare subprocess": bare, "sandbox (this tree)": ours}
     if other is not None:
         timers["sandbox (baseline)"] = theirs
     times: dict[str, list[float]] = {name: [] for name in timers}
+    cpus: dict[str, list[float]] = {name: [] for name in timers}
     names = list(timers)
+    load = os.getloadavg()
     for i in range(args.repeats):
         for name in names[i % len(names):] + names[:i % len(names)]:
-            times[name].append(timers[name]())
+            wall, cpu = timers[name]()
+            times[name].append(wall)
+            cpus[name].append(cpu)
     sb.close()
     if other is not None:
         other.stdin.close()
         other.wait()
-    bare_med = statistics.median(times["bare subprocess"])
+    bare = times["bare subprocess"]
     print(f"isolation            {sb.isolation}  cgroups {'yes' if sb.cgroups else 'no'}  "
           f"seccomp {'yes' if sb.seccomp else 'no'}")
     print(f"workers              {args.workers}  (sandbox processes hold {args.hold_mb} MB)")
     print(f"throughput           {args.n / elapsed:8.1f} programs/s  ({args.n} trivial programs, this tree)")
-    for name, values in times.items():
-        med = statistics.median(values)
-        print(f"{name:21s}{med * 1000:8.1f} ms/program median  ({med / bare_med:4.2f}x bare, {args.repeats} runs)")
+    print(f"load average         {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before the timed runs, "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} after")
+    print(f"{'median per program':21s}{'wall ms':>8s} {'x bare (95% CI)':>20s} {'CPU ms':>8s} {'x bare (95% CI)':>20s}"
+          f"   ({args.repeats} runs; CPU: own + children)")
+    for name in names:
+        line = f"{name:21s}"
+        for series, base in ((times[name], bare), (cpus[name], cpus["bare subprocess"])):
+            lo, hi = _ratio_ci(series, base)
+            ratio = statistics.median(series) / statistics.median(base)
+            line += f"{statistics.median(series) * 1000:8.1f} {ratio:7.2f}x ({lo:.2f}-{hi:.2f})  "
+        print(line)
 
 
 if __name__ == "__main__":
