@@ -212,8 +212,9 @@ def test_peak_memory_is_each_samples_own():
 @pytest.mark.skipif(os.geteuid() != 0, reason="slot uids are used as root only")
 @pytest.mark.parametrize("mode", ["none", "bwrap"])
 def test_slot_uid_taken_in_the_exec_chain(mode):
-    """As root the slot's uid comes from ``setpriv`` (so the fork is a ``vfork``): real, effective
-    and saved ids all the slot's, no supplementary groups, no new privileges."""
+    """As root the slot's uid comes from an exec in the chain, ``setpriv`` or ``chroot`` in front
+    of bwrap (so the fork is a ``vfork``): real, effective and saved ids all the slot's, no
+    supplementary groups, no new privileges."""
     if mode == "bwrap" and sbx.detect_isolation() != "bwrap":
         pytest.skip("bubblewrap unavailable")
     with warnings.catch_warnings():

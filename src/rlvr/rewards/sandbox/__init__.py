@@ -121,7 +121,7 @@ def detect_isolation(python: str | None = None, base_uid: int = 60000) -> str:
         return _isolation_cache[key]
     mode = "none"
     probe = Sandbox(workers=1, isolation="bwrap", python=python, base_uid=base_uid, _probe=True)
-    if shutil.which("bwrap") and (not _is_root() or shutil.which("setpriv")):
+    if shutil.which("bwrap") and (not _is_root() or launch.CHROOT or shutil.which("setpriv")):
         if probe.run("print(6*7)", limits=Limits(wall_s=10)).stdout.strip() == "42":
             mode = "bwrap"
     if mode == "none" and _is_root() and shutil.which("unshare") and shutil.which("setpriv"):
@@ -243,7 +243,7 @@ class Sandbox:
         local_env = {**launch.ENV, "HOME": host_dir, "TMPDIR": host_dir}
         drop = launch.setpriv_prefix(uid) if self.root else []
         if self.isolation == "bwrap":
-            return (drop + launch.gate(limits, wait=False)
+            return ((launch.uid_prefix(uid) if self.root else []) + launch.gate(limits, wait=False)
                     + launch.bwrap_prefix(self.python, host_dir, limits, status_w, block_r, seccomp_r)
                     + py + ["/task/main.py", *argv]), "/", {}
         if self.isolation == "unshare":  # unshare needs root: the uid is dropped inside, after the namespaces
