@@ -5,6 +5,7 @@ checkout's sandbox, interleaved.
                             [--hold-mb 0]
     python bench/sandbox.py --hostile     # every program of tests/rewards/test_hostile.py, alone
     python bench/sandbox.py --channel     # the page-cache timing channel left between samples
+    python bench/sandbox.py --chain       # the uid-dropping and rlimit execs, each before python
 
 
 Prints trivial programs per second through ``Sandbox.run_many`` with ``--workers`` slots, and
@@ -17,6 +18,9 @@ run in turn, one of each per repeat (the order rotating), so machine load hits t
 ``--hold-mb`` makes both sandboxes' processes hold that much touched memory first, as a trainer
 does (starting a process costs more from a large parent unless it is started by ``vfork``).
 ``--hostile`` prints each hostile program's verdict, wall time and its cgroup's peak memory.
+``--chain`` times ``print(1)`` by a bare subprocess behind each exec the sandbox can put in front
+(as root: ``setpriv`` and ``chroot`` to the slot uid, the ``ulimit`` shell), interleaved, with the
+empty environment the sandbox gives them.
 ``--channel`` measures what the seccomp filter leaves of the page-cache channel: a sample reads
 the files of a shared folder under ``/usr`` whose bit is 1 (the harness has evicted them all
 first), and a receiver, running at the same time or next, times a one-byte read of each
@@ -26,6 +30,7 @@ first), and a receiver, running at the same time or next, times a one-byte read 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -36,7 +41,7 @@ import subprocess
 import sys
 import time
 
-from rlvr.rewards.sandbox import Sandbox, Verdict, default_python
+from rlvr.rewards.sandbox import Limits, Sandbox, Verdict, default_python
 
 PROGRAM = "print(1)"
 
@@ -162,6 +167,26 @@ def _channel(bits: str = "10110011100011111011001110001111") -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _chain(repeats: int) -> None:
+    """Wall and CPU medians of ``print(1)`` behind each exec of the sandbox's chain, interleaved."""
+    from rlvr.rewards.sandbox import launch
+
+    py = [default_python(), "-E", "-s", "-S", "-c", PROGRAM]
+    chains = {"python": py, "setpriv + python": launch.setpriv_prefix(60000) + py,
+              "chroot + python": launch.uid_prefix(60000) + py,
+              "ulimit shell + python": launch.gate(Limits(), wait=False) + py}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in chains}
+    names = list(chains)
+    for i in range(repeats):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            times[name].append(_timed(functools.partial(subprocess.run, chains[name], capture_output=True,
+                                                        check=True, env={"PATH": "/usr/bin:/bin"}))[:2])
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {repeats} rounds; medians")
+    for name, pairs in times.items():
+        wall, cpu = (statistics.median(p[k] for p in pairs) * 1000 for k in (0, 1))
+        print(f"{name:24s} wall {wall:6.2f} ms   CPU {cpu:6.2f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=200, help="programs in the throughput run")
@@ -171,6 +196,7 @@ def main() -> None:
     parser.add_argument("--hold-mb", type=int, default=0, help="memory both sandboxes' processes hold first")
     parser.add_argument("--hostile", action="store_true", help="run the hostile suite's programs, one by one")
     parser.add_argument("--channel", action="store_true", help="measure the page-cache timing channel")
+    parser.add_argument("--chain", action="store_true", help="time the execs of the sandbox's chain one by one")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -179,6 +205,8 @@ def main() -> None:
         return _hostile()
     if args.channel:
         return _channel()
+    if args.chain:
+        return _chain(args.repeats)
 
     ballast = _hold(args.hold_mb)  # noqa: F841 - held for the process's lifetime
     sb = Sandbox(workers=args.workers)
