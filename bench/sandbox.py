@@ -6,6 +6,7 @@ checkout's sandbox, interleaved.
     python bench/sandbox.py --hostile     # every program of tests/rewards/test_hostile.py, alone
     python bench/sandbox.py --channel     # the page-cache timing channel left between samples
     python bench/sandbox.py --chain       # the uid-dropping and rlimit execs, each before python
+    python bench/sandbox.py --phases      # a sample cgroup's life and the uid sweep, step by step
 
 
 Prints trivial programs per second through ``Sandbox.run_many`` with ``--workers`` slots, and
@@ -21,6 +22,9 @@ does (starting a process costs more from a large parent unless it is started by 
 ``--chain`` times ``print(1)`` by a bare subprocess behind each exec the sandbox can put in front
 (as root: ``setpriv`` and ``chroot`` to the slot uid, the ``ulimit`` shell), interleaved, with the
 empty environment the sandbox gives them.
+``--phases`` times, from a worker thread, each step the sandbox takes around a bare ``print(1)``
+born in a sample cgroup: making the group, killing its members, reading its events and peak,
+reclaiming its page cache (``memory.force_empty`` on v1), removing it, sweeping the slot uid.
 ``--channel`` measures what the seccomp filter leaves of the page-cache channel: a sample reads
 the files of a shared folder under ``/usr`` whose bit is 1 (the harness has evicted them all
 first), and a receiver, running at the same time or next, times a one-byte read of each
@@ -187,6 +191,45 @@ def _chain(repeats: int) -> None:
         print(f"{name:24s} wall {wall:6.2f} ms   CPU {cpu:6.2f} ms")
 
 
+def _phases(repeats: int) -> None:
+    """Median wall ms of each cgroup step around a bare ``print(1)`` born in the group."""
+    import threading
+
+    from rlvr.rewards.sandbox import cgroup_host
+    from rlvr.rewards.sandbox.procs import sweep_uid
+
+    host, why = cgroup_host()
+    if host is None:
+        raise SystemExit(f"no per-sample cgroups here: {why}")
+    times: dict[str, list[float]] = {}
+
+    def step(name, call):
+        t = time.perf_counter()
+        result = call()
+        times.setdefault(name, []).append(time.perf_counter() - t)
+        return result
+
+    def rounds():  # a worker thread, as in the sandbox: the main thread is never moved
+        for _ in range(repeats):
+            group = step("create", lambda: host.create(512 << 20, 32, 1.0))
+            with group.spawning():
+                proc = subprocess.Popen([default_python(), "-E", "-s", "-S", "-c", PROGRAM], stdout=subprocess.DEVNULL)
+            proc.wait()
+            step("kill (members read)", group.kill)
+            step("events", group.events)
+            step("peak", group.peak_bytes)
+            step("reclaim", group.reclaim)
+            step("rmdir", lambda g=group: [os.rmdir(d) for d in g.dirs])  # remove() without its reclaim
+            step("sweep_uid", lambda: sweep_uid(60000))
+
+    worker = threading.Thread(target=rounds)
+    worker.start()
+    worker.join()
+    print(f"cgroup v{host.version}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {repeats} rounds")
+    for name, values in times.items():
+        print(f"{name:22s}{statistics.median(values) * 1000:7.2f} ms median")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=200, help="programs in the throughput run")
@@ -196,6 +239,7 @@ def main() -> None:
     parser.add_argument("--hold-mb", type=int, default=0, help="memory both sandboxes' processes hold first")
     parser.add_argument("--hostile", action="store_true", help="run the hostile suite's programs, one by one")
     parser.add_argument("--channel", action="store_true", help="measure the page-cache timing channel")
+    parser.add_argument("--phases", action="store_true", help="time a sample cgroup's steps one by one")
     parser.add_argument("--chain", action="store_true", help="time the execs of the sandbox's chain one by one")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -207,6 +251,8 @@ def main() -> None:
         return _channel()
     if args.chain:
         return _chain(args.repeats)
+    if args.phases:
+        return _phases(args.repeats)
 
     ballast = _hold(args.hold_mb)  # noqa: F841 - held for the process's lifetime
     sb = Sandbox(workers=args.workers)

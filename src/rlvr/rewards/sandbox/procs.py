@@ -13,23 +13,16 @@ __all__ = ["uid_processes", "sweep_uid", "become_subreaper"]
 def uid_processes(uid: int) -> tuple[list[int], list[int]]:
     """(live, zombie) pids owned by ``uid``."""
     live, zombies = [], []
-    proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:  # names relative to /proc's fd: every process is looked at after each run
-        for name in os.listdir(proc):
-            if name.isdigit():
-                try:
-                    if os.stat(name, dir_fd=proc).st_uid != uid:
-                        continue
-                    fd = os.open(f"{name}/stat", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
-                    try:
-                        state = os.read(fd, 4096).rsplit(b")", 1)[1].split()[0]
-                    finally:
-                        os.close(fd)
-                except (OSError, IndexError):
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid != uid:
                     continue
-                (zombies if state in (b"Z", b"X") else live).append(int(name))
-    finally:
-        os.close(proc)
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            (zombies if state in (b"Z", b"X") else live).append(int(name))
     return live, zombies
 
 
