@@ -65,7 +65,7 @@ def _timed(call):
 
 def _ratio_ci(values: list[float], bare: list[float], draws: int = 2000) -> tuple[float, float]:
     """95% bootstrap interval of median(values) / median(bare), resampling the repeats (paired:
-    the i-th of each ran in the same round)."""
+    the i-th of each ran in the same round; seed 0)."""
     rng, n = random.Random(0), len(values)
     ratios = []
     for _ in range(draws):
@@ -316,6 +316,14 @@ def main() -> None:
             lo, hi = _ratio_ci(series, base)
             ratio = statistics.median(series) / statistics.median(base)
             line += f"{statistics.median(series) * 1000:8.1f} {ratio:7.2f}x ({lo:.2f}-{hi:.2f})  "
+        print(line)
+    if other is not None:
+        ours, theirs = "sandbox (this tree)", "sandbox (baseline)"
+        line = f"{'this tree / baseline':21s}"
+        for series in (times, cpus):
+            lo, hi = _ratio_ci(series[ours], series[theirs])
+            line += f"{'':8s} {statistics.median(series[ours]) / statistics.median(series[theirs]):7.2f}x " \
+                    f"({lo:.2f}-{hi:.2f})  "
         print(line)
 
 
