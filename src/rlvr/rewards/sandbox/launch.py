@@ -20,7 +20,7 @@ a parent holding 0.5-2 GB on a loaded 2-core VM, against 20-27 ms by ``vfork``; 
 also be charged to a sample cgroup the process is born in). In front of bwrap that exec is
 coreutils' ``chroot`` to ``/`` with numeric ``+uid`` ids (``uid_prefix``): it only clears the
 groups, sets the gid and uid and execs, where ``setpriv`` first looks the uid up as a user name
-through NSS (loading ``libnss_systemd``), about 0.9 ms of CPU a program.
+through NSS (loading ``libnss_systemd``), about 1 ms of CPU a program.
 """
 
 from __future__ import annotations
