@@ -207,7 +207,8 @@ def profile(args) -> dict:
 
 def op_table(engine, clock: Clock, batch, rows: int) -> str:
     """One more engine call under torch.profiler: the `rows` torch ops with the most self CPU time."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
         timed_call(engine, clock, batch)
