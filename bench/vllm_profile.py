@@ -136,8 +136,8 @@ def instrument(engine, clock: Clock) -> None:
     clock.wrap(runner.model, "compute_logits", "LM head")
 
 
-def timed_call(engine, clock: Clock, batch) -> float:
-    """One engine call; its wall time, and rlvr's parts around `LLM.generate` into `clock`."""
+def timed_call(engine, clock: Clock, batch):
+    """One engine call's rollouts; its wall time and rlvr's parts around `LLM.generate` into `clock`."""
     generate = engine.llm.generate
     marks = {}
 
@@ -151,14 +151,14 @@ def timed_call(engine, clock: Clock, batch) -> float:
     engine.llm.generate = marked
     try:
         t0 = time.perf_counter()
-        engine(*batch[:3], temperature=batch[3])
+        out = engine(*batch[:3], temperature=batch[3])
         t1 = time.perf_counter()
     finally:
         engine.llm.generate = generate
     clock.add("engine call", t1 - t0)
     clock.add("rlvr: before generate", marks["start"] - t0 - clock.seconds.get("reset_prefix_cache", 0.0))
     clock.add("rlvr: after generate", t1 - marks["end"])
-    return t1 - t0
+    return out
 
 
 def the_batch(args, c):
@@ -179,16 +179,18 @@ def model_path(args):
 def profile(args) -> dict:
     """Per repeat: the parts' seconds (vLLM), the model-runner steps, and the own sampler's seconds."""
     config = rlvr_config(args, args.seed, "vllm")
-    config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, vllm_block_size=args.block_size))
+    cache = {"vllm_block_size": args.block_size,
+             "vllm_kv_cache_mb": args.kv_cache_mb or config.rollout.vllm_kv_cache_mb}
+    config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, **cache))
     c = build_components(config, runtime=configure_for(config))
     own = build_engine(rlvr_config(args, args.seed), c.model, c.tokenizer)
     batch = the_batch(args, c)
     clock = Clock()
     instrument(c.engine, clock)
-    vllm_runs, own_runs, tokens = [], [], 0
+    vllm_runs, own_runs, tokens = [], [], {}
     for repeat in range(args.repeats + 1):  # the first of each: warm-up, not counted
         clock.reset()
-        timed_call(c.engine, clock, batch)
+        sampled = timed_call(c.engine, clock, batch)
         t0 = time.perf_counter()
         out = own(*batch[:3], temperature=batch[3])
         own_s = time.perf_counter() - t0
@@ -197,12 +199,17 @@ def profile(args) -> dict:
             vllm_runs.append(({**clock.seconds, **prefill}, clock.calls["runner.execute_model"]))
             scheduled = [n for n in clock.scheduled if n]
             own_runs.append(own_s)
-            tokens = int(out.lengths.sum())
+            tokens = {"vLLM": int(sampled.lengths.sum()), "own sampler": int(out.lengths.sum())}
     ops = op_table(c.engine, clock, batch, args.ops) if args.ops else ""
     c.engine.close()
     prompt_tokens = int(batch[1].sum()), int(batch[1][::args.group].sum())
     return {"vllm": vllm_runs, "own": own_runs, "tokens": tokens, "ops": ops, "scheduled": scheduled,
-            "prompt_tokens": prompt_tokens, "block_size": c.engine.llm.llm_engine.vllm_config.cache_config.block_size}
+            "prompt_tokens": prompt_tokens, "cache": cache_summary(c.engine, config)}
+
+
+def cache_summary(engine, config) -> str:
+    cache = engine.llm.llm_engine.engine_core.engine_core.vllm_config.cache_config
+    return f"{config.rollout.vllm_kv_cache_mb} MiB KV cache: {cache.num_gpu_blocks} blocks of {cache.block_size} tokens"
 
 
 def op_table(engine, clock: Clock, batch, rows: int) -> str:
@@ -242,10 +249,11 @@ def table(result: dict) -> str:
     rows, distinct = result["prompt_tokens"]
     lines.append(f"\nprompt tokens: {rows} in the rows' prompts, {distinct} in the distinct prompts; "
                  f"tokens through vLLM's model in its prefill step: {result['scheduled'][0]} "
-                 f"(block size {result['block_size']}), then per decode step: {result['scheduled'][1:]}")
+                 f"({result['cache']}), then per decode step: {result['scheduled'][1:]}")
     own_s = statistics.median(own)
-    lines.append(f"\nmodel-runner steps per call: {steps:g} (1 prefill + decode steps); completion tokens: "
-                 f"{result['tokens']}\nrlvr's own sampler (cpp) on the same batch: {1e3 * own_s:.2f} ms; "
+    tokens = ", ".join(f"{k} {n}" for k, n in result["tokens"].items())
+    lines.append(f"\nmodel-runner steps per call: {steps:g} (1 prefill + decode steps); completion tokens: {tokens}"
+                 f"\nrlvr's own sampler (cpp) on the same batch: {1e3 * own_s:.2f} ms; "
                  f"vLLM engine / own sampler: {total / own_s:.2f}x")
     return "\n".join(lines)
 
@@ -259,12 +267,13 @@ def main(argv=None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--block-size", type=int, default=0, help="rollout.vllm_block_size (0: vLLM's default)")
+    p.add_argument("--kv-cache-mb", type=int, default=0, help="rollout.vllm_kv_cache_mb (0: rlvr's default)")
     p.add_argument("--ops", type=int, default=0, help="also list the N torch ops with the most self time")
     p.add_argument("--scale", type=int, default=1, choices=[1, 10], help="as in vs_trl.py")
     args = p.parse_args(argv)
     # what rlvr_config reads besides the batch shape: vs_trl.py's defaults, rlvr's own sampler in C++
     args.engine, args.dtype, args.lora, args.reward, args.lr, args.steps = "cpp", "float32", 0, "task", 5e-5, 1
-    args.thread_mode, args.kernels = "auto", "cpp"
+    args.thread_mode, args.kernels, args.vllm_kv_cache_mb = "auto", "cpp", 0
     torch.set_num_threads(args.threads)
     print(f"# load before: {os.getloadavg()}  threads={args.threads}  torch {torch.__version__}")
     with model_path(args):
