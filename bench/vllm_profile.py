@@ -201,10 +201,11 @@ def profile(args) -> dict:
             own_runs.append(own_s)
             tokens = {"vLLM": int(sampled.lengths.sum()), "own sampler": int(out.lengths.sum())}
     ops = op_table(c.engine, clock, batch, args.ops) if args.ops else ""
+    cache = cache_summary(c.engine, config)  # before the shutdown, which clears the block count
     c.engine.close()
     prompt_tokens = int(batch[1].sum()), int(batch[1][::args.group].sum())
     return {"vllm": vllm_runs, "own": own_runs, "tokens": tokens, "ops": ops, "scheduled": scheduled,
-            "prompt_tokens": prompt_tokens, "cache": cache_summary(c.engine, config)}
+            "prompt_tokens": prompt_tokens, "cache": cache}
 
 
 def cache_summary(engine, config) -> str:
