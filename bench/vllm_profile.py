@@ -2,9 +2,10 @@
 
     pip install -e ".[vllm,bench]"
     python bench/vllm_profile.py --repeats 5 --threads 1
+    python bench/vllm_profile.py --repeats 3 --scale 10 --kv-cache-mb 331   # a cache that holds the 128 rows
 
 The batch is the one `bench/vs_trl.py --engine vllm` samples at its first step: the same model (the
-packaged 1.06M-parameter Countdown warm start; `--scale 10` the 10.6M one), P prompts x G rows with
+packaged 1.06M-parameter Countdown warm start; `--scale 10` the 10.7M one), P prompts x G rows with
 the trainer's seeds (`collect.sample_seeds`), temperature 1, <= `--max-new-tokens` tokens. rlvr's
 `VLLMEngine` (one request per group, `n = G`) and its own sampler (`rollout.decode_engine=cpp`,
 C++ decode loop) run it in turn in this process, after one warm-up call each, `--repeats` times.
@@ -18,7 +19,8 @@ the model runner's state update, input preparation and attention metadata, the m
 (`_model_forward`: the torch ops of the layers) and LM head (`compute_logits`), sampling
 (`_sample`) and its bookkeeping, and the output processor (Python `RequestOutput`s with
 per-token log-prob dicts). ms/step divides by the number of model-runner steps (1 prefill +
-decode steps). Medians over the repeats.
+decode steps). Medians over the repeats. Also printed: the KV cache's blocks and the tokens vLLM
+puts through the model at each step (fewer rows than the batch's when the cache cannot hold them).
 """
 
 from __future__ import annotations
