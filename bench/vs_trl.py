@@ -108,6 +108,8 @@ def rlvr_config(args, seed: int, engine: str = "torch"):
     """rlvr's side; `engine` is rollout.engine (vllm: its threads share the cores, so the trainer runs one)."""
     decode = args.engine if args.engine != "vllm" else "cpp"
     model = [f"model.dtype={args.dtype}", f"model.lora.r={args.lora}"]
+    if engine == "vllm" and getattr(args, "vllm_kv_cache_mb", 0):
+        model.append(f"rollout.vllm_kv_cache_mb={args.vllm_kv_cache_mb}")
     if args.reward == "length":
         model.append(f"reward.fn={LENGTH_REWARD}:length_reward")
     return load_config(None, [*model, f"rollout.engine={engine}",
@@ -308,6 +310,9 @@ def main(argv=None) -> None:
                    help="rlvr's decode step (rollout.decode_engine); cpp: its one-off build falls in the excluded "
                         "warm-up steps; vllm: rlvr with rollout.engine=vllm (the vllm extra) against TRL and "
                         "against rlvr's own sampler (cpp), the rollout share of the step for each")
+    p.add_argument("--vllm-kv-cache-mb", type=int, default=0,
+                   help="--engine vllm: rollout.vllm_kv_cache_mb (0: rlvr's default, 64; --scale 10 needs 331 to hold "
+                        "the 128 rows at once)")
     p.add_argument("--thread-mode", default="auto", choices=["auto", "ops", "rows"],
                    help="rlvr's trainer.thread_mode: torch intra-op threads, each thread a share of the rows, "
                         "or auto (rows)")

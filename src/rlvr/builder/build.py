@@ -140,7 +140,8 @@ def build_vllm_engine(config: Config, model, tokenizer, *, own_process: bool = F
         VLLMEngine, merged_weights(model), base.config, max_new_tokens=r.max_new_tokens,
         eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, top_p=r.top_p, top_k=r.top_k,
         min_p=r.min_p, repetition_penalty=r.repetition_penalty, dtype=dtype, kv_cache_mb=r.vllm_kv_cache_mb,
-        block_size=r.vllm_block_size, max_model_len=r.vllm_max_model_len, seed=config.seed)
+        block_size=r.vllm_block_size, max_model_len=r.vllm_max_model_len, seed=config.seed,
+        rows=r.prompts_per_step * r.group_size)
     return SpawnedEngine(start) if own_process else start()
 
 

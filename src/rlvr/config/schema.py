@@ -191,7 +191,8 @@ class RolloutConfig:
     update, and with `trainer.backend=ray` one more in each rollout worker; turns on
     `algo.rollout_correction` unless set)."""
     vllm_kv_cache_mb: int = ranged(64, ">= 1", "e.g. 64")
-    """vLLM engine: KV-cache size in MiB (vLLM's own default takes most of the machine's memory)."""
+    """vLLM engine: KV-cache size in MiB (vLLM's own default takes most of the machine's memory). One that
+    cannot hold a step's rows makes vLLM sample them in turns; the engine then warns with the size that can."""
     vllm_block_size: int = 0
     """vLLM engine: KV-cache block size in tokens (a multiple of 32 on CPU), 0 = vLLM's default."""
     vllm_max_model_len: int = ranged(0, ">= 0", "0 = the model config's")
