@@ -150,10 +150,10 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
 
 def check_lanes(config: Config, c: Components) -> None:
     """`trainer.rollout_lanes` > 1 rolls batches out side by side: each lane's engine is a snapshot
-    of the weights in this process, and every batch's draws come first (`collect.draws_ahead`)."""
+    of the weights in this process (an engine with its own weights is refused at load), and every
+    batch's draws come first (`collect.draws_ahead`)."""
     lanes = config.trainer.rollout_lanes
-    why = ("an engine with its own weights (one engine: rollout.engine=torch)" if engine_kind(config).own_weights
-           else f"{c.plan.shard.size} data-parallel learners" if c.plan.shard.size > 1
+    why = (f"{c.plan.shard.size} data-parallel learners" if c.plan.shard.size > 1
            else "a reward that reads the trainer's step (TRL-form trainer_state)" if reads_step(c.reward)
            else draws_ahead(c))
     if lanes > 1 and why:

@@ -299,6 +299,9 @@ def _cross_checks(config: Config) -> list[tuple[bool, str, str]]:
          "trainer.max_staleness or trainer.rollout_lanes=1"),
         (t.rollout_lanes == 1 or t.backend == "local", "trainer.rollout_lanes",
          "more than 1 is for the local rollout side; on Ray set trainer.rollout_workers instead"),
+        (t.rollout_lanes == 1 or not engine_kind(config).own_weights, "trainer.rollout_lanes",
+         "more than 1 needs lanes with their own copies of the weights, which an engine with its own weights "
+         "(one engine) does not have; set rollout.engine=torch or trainer.rollout_lanes=1"),
         (e.t_min is None or e.t_max is None or e.t_min < e.t_max, "estimator.t_min",
          f"must be below estimator.t_max ({e.t_max})"),
         (not diffusion or not r.block_length or r.max_new_tokens % r.block_length == 0, "rollout.block_length",
