@@ -43,8 +43,11 @@ from vs_trl import large_model  # the 10× model both benchmarks time (bench/ is
 from rlvr.tracking.stats import mean_ci
 
 REPO = Path(__file__).resolve().parent.parent
-# name: (max_staleness, extra overrides); `ray η=1` (rollout worker and verifier as Ray actors) on request
+# name: (max_staleness, extra overrides); `ray η=1` (rollout worker and verifier as Ray actors) and
+# `lanes=2` (two batches rolled out side by side, `trainer.rollout_lanes`) on request
 CONFIGS = {"sync": (None, []), "η=1": (1, []), "η=2": (2, []), "η=4": (4, []),
+           "η=1 lanes=2": (1, ["trainer.rollout_lanes=2"]), "η=2 lanes=2": (2, ["trainer.rollout_lanes=2"]),
+           "η=2 lanes=3": (2, ["trainer.rollout_lanes=3"]),
            "ray η=1": (1, ["trainer.backend=ray"])}
 DEFAULT = ["sync", "η=1", "η=2", "η=4"]
 

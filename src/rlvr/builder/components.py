@@ -54,6 +54,7 @@ from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode, split_engine
 from rlvr.sampling.base import GroupFilter, PassRateBand, ZeroVariance
 from rlvr.sampling.calibration import Calibration
 from rlvr.sampling.replay import ReplayBuffer
+from rlvr.trainer.collect import draws_ahead
 from rlvr.trainer.expert import Canvas, ExpertSource
 from rlvr.trainer.inpaint import InpaintPlan
 from rlvr.trainer.logit_stats import needs_reference
@@ -142,8 +143,21 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
         full_model=plain if shard.fsdp else None, critic_shards=critic_shards,
     )
     if layout.plan is not None:
+        check_lanes(config, c)
         c.rollout_side = functools.partial(rollout_side, config, c, layout)
     return c
+
+
+def check_lanes(config: Config, c: Components) -> None:
+    """`trainer.rollout_lanes` > 1 rolls batches out side by side: each lane's engine is a snapshot
+    of the weights in this process (an engine with its own weights is refused at load), and every
+    batch's draws come first (`collect.draws_ahead`)."""
+    lanes = config.trainer.rollout_lanes
+    why = (f"{c.plan.shard.size} data-parallel learners" if c.plan.shard.size > 1
+           else "a reward that reads the trainer's step (TRL-form trainer_state)" if reads_step(c.reward)
+           else draws_ahead(c))
+    if lanes > 1 and why:
+        raise ConfigError(f"trainer.rollout_lanes: {lanes} lanes cannot run with {why}; set trainer.rollout_lanes=1")
 
 
 def build_sampler(config: Config, task: Task, rng: random.Random):
@@ -402,18 +416,22 @@ def rollout_side(config: Config, c: Components, layout: ThreadLayout, start: int
     shard = c.plan.shard
     side_shard = side_group(shard, config.trainer.collective_timeout_s) if shard.fsdp else shard
 
-    def make(model):
+    def make(model, rows: RowPool | None):
         made = build.build_engine(config, model, c.tokenizer)
-        rows = layout.rollout_rows
         made = split_engine(made, rows, c.tokenizer.pad_token_id, model) if rows is not None else made
         # data-parallel learners: this rank samples its share, exchanged on the rollout side's own group
         return RankEngine(made, model, side_shard, c.tokenizer.pad_token_id) if shard.fsdp else made
 
-    # sharded learners: the snapshot copies the plain full weights, never the shards
-    engine = SnapshotEngine(c.full_weights, make, version=start)
     lease = layout.rollout_rows.lease if layout.rollout_rows is not None else None
     reward = c.reward if lease is None else _scoring_without_core(c.reward, lease)
-    return RolloutSide(dataclasses.replace(c, engine=engine, reward=reward), engine, threads=threads)
+    lanes = []
+    for lane in range(config.trainer.rollout_lanes):  # a lane's own row pool: two maps at once never queue
+        rows = layout.rollout_rows
+        rows = RowPool(rows.workers, rows.lease) if lane and rows is not None else rows
+        # sharded learners: the snapshot copies the plain full weights, never the shards
+        engine = SnapshotEngine(c.full_weights, functools.partial(make, rows=rows), version=start)
+        lanes.append((dataclasses.replace(c, engine=engine, reward=reward), engine))
+    return RolloutSide(*lanes[0], threads=threads, lanes=tuple(lanes))
 
 
 def _scoring_without_core(reward, lease: CoreLease):

@@ -287,13 +287,21 @@ def _backend_checks(config: Config) -> list[tuple[bool, str, str]]:
 
 def _cross_checks(config: Config) -> list[tuple[bool, str, str]]:
     """Ranges that depend on another field (the single-field ones are declared in the schema)."""
-    a, r, e, m = config.algo, config.rollout, config.estimator, config.model
+    a, r, e, m, t = config.algo, config.rollout, config.estimator, config.model, config.trainer
     diffusion = m.kind == "diffusion"
     blocks = r.max_new_tokens // n if (n := r.block_length or m.block_size) and r.max_new_tokens % n == 0 else 1
     steps = r.diffusion_steps or r.max_new_tokens
     return [
         (a.pass_k is None or a.pass_k <= r.group_size, "algo.pass_k",
          f"must be at most rollout.group_size ({r.group_size}): pass@k draws k of a group's completions"),
+        (t.rollout_lanes == 1 or (t.max_staleness or 0) >= 1, "trainer.rollout_lanes",
+         "more than 1 needs trainer.max_staleness >= 1 (lanes roll out batches ahead of the update); set "
+         "trainer.max_staleness or trainer.rollout_lanes=1"),
+        (t.rollout_lanes == 1 or t.backend == "local", "trainer.rollout_lanes",
+         "more than 1 is for the local rollout side; on Ray set trainer.rollout_workers instead"),
+        (t.rollout_lanes == 1 or not engine_kind(config).own_weights, "trainer.rollout_lanes",
+         "more than 1 needs lanes with their own copies of the weights, which an engine with its own weights "
+         "(one engine) does not have; set rollout.engine=torch or trainer.rollout_lanes=1"),
         (e.t_min is None or e.t_max is None or e.t_min < e.t_max, "estimator.t_min",
          f"must be below estimator.t_max ({e.t_max})"),
         (not diffusion or not r.block_length or r.max_new_tokens % r.block_length == 0, "rollout.block_length",

@@ -397,6 +397,12 @@ class TrainerConfig:
     starts it (at most η old; which versions depends on the two sides' pace), `exact` = the batch of step k
     always from version max(0, k-1-η) (the rollout side waits for it; up to η+1 published copies of the
     weights are kept), so the run's metrics do not depend on timing or backend."""
+    rollout_lanes: int = ranged(1, ">= 1")
+    """With `max_staleness` η >= 1 and the local backend: batches the rollout side rolls out at once, each lane
+    with its own copy of the weights (of the version its batch was admitted with). More than 1 pays where a
+    rollout waits (tool calls inside multi-turn episodes): one lane samples while another's tools answer.
+    Each batch's prompt and seed draws are made in step order first, so lanes change only the timing, never
+    the samples (uniform prompt sampler, one sampling round: no dynamic refill, replay, hints or calibration)."""
     backend: str = choice("local", ("local", "ray"))
     """Where the rollout side runs: `local` (a thread of this process) or `ray` (Ray actors: rollout
     workers, reward scorers; `ray.init(address=...)` joins a running cluster, see `ray_address`)."""

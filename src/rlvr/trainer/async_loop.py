@@ -68,7 +68,7 @@ from rlvr.engines.snapshot import published
 from rlvr.protocols import WeightSyncEngine
 from rlvr.runtime.rows import CoreLease
 from rlvr.tracking.run_dir import now
-from rlvr.trainer.collect import Produced, produce, produce_ahead, scores_ahead, stale_by
+from rlvr.trainer.collect import Drawn, Produced, draw, produce, produce_ahead, roll, scores_ahead, stale_by
 from rlvr.trainer.plan import Components
 from rlvr.trainer.scoring import reads_step
 from rlvr.trainer.sync import rl_step
@@ -132,9 +132,10 @@ class LocalRollouts:
     """The rollout side in a thread of this process: generates steps `start+1 .. last` into a bounded queue."""
 
     def __init__(self, c: Components, engine: WeightSyncEngine, *, start: int, last: int, max_staleness: int,
-                 threads: int, lease: CoreLease | None = None, exact: bool = False):
+                 threads: int, lease: CoreLease | None = None, exact: bool = False, lanes: tuple = ()):
         self.c = c  # the run's task, reward, RNG and sampler, with its own engine
         self.engine, self.max_staleness, self.threads = engine, max_staleness, threads
+        self.lanes = lanes  # (components, engine) of each lane (`trainer.rollout_lanes` > 1), else ()
         self.lease = lease  # the process's cores, shared with the learner (None = a fixed share)
         self.exact = exact
         self.slot = WeightSlot(engine.policy_version, keep=exact)
@@ -144,7 +145,8 @@ class LocalRollouts:
             if scores_ahead(c) else None
         self.reads_step, self.step_lock = reads_step(c.reward), threading.Lock()
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(start, last), name="rlvr-rollouts", daemon=True)
+        self.thread = threading.Thread(target=self._run_lanes if len(lanes) > 1 else self._run, args=(start, last),
+                                       name="rlvr-rollouts", daemon=True)
         self.thread.start()
 
     def _run(self, start: int, last: int) -> None:
@@ -153,9 +155,7 @@ class LocalRollouts:
         try:
             for step in range(start + 1, last + 1):
                 t0 = now()
-                oldest = admissible_version(step, self.max_staleness)
-                version, tensors = (self.slot.take if self.exact else self.slot.wait)(
-                    oldest, self.engine.policy_version, self.stop)
+                version, tensors = self._admitted(step, self.engine.policy_version)
                 with self.lease.held() if self.lease is not None else contextlib.nullcontext():
                     idle += now() - t0  # waiting for a core counts as idle
                     with getattr(self.engine, "lock", contextlib.nullcontext()):  # a SharedEngine: one version a batch
@@ -170,9 +170,67 @@ class LocalRollouts:
         except Stopped:
             return
         except BaseException as err:  # the learner re-raises it from get()
-            failed: Future = Future()
-            failed.set_exception(err)
-            self._put(failed)
+            self._fail(err)
+
+    def _fail(self, err: BaseException) -> None:
+        failed: Future = Future()
+        failed.set_exception(err)
+        self._put(failed)
+
+    def _admitted(self, step: int, held: int) -> tuple[int, list | None]:
+        """The version the batch of `step` samples with, once admissible, and its tensors unless the
+        engine holds it already (`held`)."""
+        oldest = admissible_version(step, self.max_staleness)
+        return (self.slot.take if self.exact else self.slot.wait)(oldest, held, self.stop)
+
+    def _run_lanes(self, start: int, last: int) -> None:
+        """Batches rolled out side by side, one a lane, each lane with its own engine: a batch's
+        admission, version and draws (`collect.draw`) are taken here in step order, so the run's
+        draws and each batch's version are those of one lane; only the timing differs."""
+        free: queue.Queue[int] = queue.Queue()
+        for lane in range(len(self.lanes)):
+            free.put(lane)
+        idle_since = [now()] * len(self.lanes)
+        pool = ThreadPoolExecutor(len(self.lanes), thread_name_prefix="rlvr-lane")
+        try:
+            for step in range(start + 1, last + 1):
+                lane = self._next(free)
+                c, engine = self.lanes[lane]
+                version, tensors = self._admitted(step, engine.policy_version)
+                drawn = draw(c, step)
+                job = pool.submit(self._roll_lane, lane, step, drawn, version, tensors, idle_since)
+                job.add_done_callback(lambda _, lane=lane: free.put(lane))
+                self._put(job)
+        except Stopped:
+            return
+        except BaseException as err:
+            self._fail(err)
+        finally:
+            pool.shutdown(wait=True)
+
+    def _next(self, free: queue.Queue) -> int:
+        """The first lane whose batch is done."""
+        while True:
+            try:
+                return free.get(timeout=0.05)
+            except queue.Empty:
+                if self.stop.is_set():
+                    raise Stopped from None
+
+    def _roll_lane(self, lane: int, step: int, drawn: Drawn, version: int, tensors: list | None,
+                   idle_since: list[float]) -> Produced:
+        """The batch of `step` rolled out and scored in lane `lane`, on a core of its own while it computes."""
+        c, engine = self.lanes[lane]
+        torch.set_num_threads(self.threads)  # this thread's intra-op share, as the rollout thread's
+        with self.lease.held() if self.lease is not None else contextlib.nullcontext():
+            t1 = now()
+            if tensors is not None:
+                engine.push_weights(tensors, version)
+            sync_s = now() - t1
+            produced = roll(c, drawn, step, engine.policy_version)
+        produced.facts = rollout_facts(t1 - idle_since[lane], sync_s, produced.rollout_s)  # a core's wait is idle
+        idle_since[lane] = now()
+        return produced
 
     def _begin(self, step: int, last: int) -> None:
         """TRL-form rewards' `trainer_state`: the step whose batch is scored, as in the synchronous loop."""
@@ -265,7 +323,7 @@ class AsyncSteps:
         self._closers = side.closers
         self.rollouts = LocalRollouts(side.components, side.engine, start=start, last=c.loop.steps,
                                       max_staleness=self.max_staleness, threads=side.threads, lease=self.lease,
-                                      exact=plan.exact)
+                                      exact=plan.exact, lanes=side.lanes)
         self.engine = side.engine.evaluator(lambda: self.rollouts.slot.wait(0, -1, self.rollouts.stop)) \
             if side.shared else c.engine
         self._state = None

@@ -93,33 +93,79 @@ def produce(c, step: int, version: int | None = None) -> Produced:
     return produced
 
 
-def scores_ahead(c) -> bool:
-    """Whether a batch can be scored while the next one samples (`produce_ahead`): nothing that
-    samples reads a reward first. One round (a group filter that never refills), no replay, no hints (IGPO), no
-    greedy baseline, no calibration probe, a single-turn task, and a sampler that reads no feedback
-    (uniform draws)."""
+def draws_ahead(c) -> str:
+    """Why a batch's draws (its prompts, seeds and the learner's minibatch seed) cannot all be made
+    before the batches ahead of it are scored; '' when they can. Nothing that samples may read a
+    reward first: one round (a group filter that never refills), no replay, no hints (IGPO), no
+    greedy baseline, no calibration probe, no drafts kept between batches (SPEC-RL), and a sampler
+    that reads no feedback (uniform draws)."""
     r = c.plan.rollout
     one_round = r.group_filter is None or not r.group_filter.refill(0, 1, 1)  # a filter that only drops groups
-    return (isinstance(c.sampler, Uniform) and one_round and c.replay is None and r.inpaint is None
-            and not r.greedy_baseline and r.calibration is None and not is_agent_task(c.task))
+    reasons = [(not isinstance(c.sampler, Uniform), "a prompt sampler that reads rewards (sampler.name)"),
+               (not one_round, "dynamic sampling's refill rounds (algo.max_sampling_rounds > 1)"),
+               (c.replay is not None, "rollout replay"), (r.inpaint is not None, "hinted groups (IGPO)"),
+               (r.greedy_baseline, "a greedy baseline (ReMax)"), (r.calibration is not None, "the calibration probe"),
+               (c.speculative is not None, "SPEC-RL's drafts")]
+    return next((why for hit, why in reasons if hit), "")
+
+
+def scores_ahead(c) -> bool:
+    """Whether a batch can be scored while the next one samples (`produce_ahead`): its draws come
+    first (`draws_ahead`) and it is a single-turn task (an agent's environment scores as it goes)."""
+    return not draws_ahead(c) and not is_agent_task(c.task)
+
+
+@dataclass
+class Drawn:
+    """A batch's draws from the run RNG and the sampler, made in step order before it is rolled out:
+    the requests, each row's example and sampling seed, the learner's minibatch seed, and the
+    prompt RNG and sampler state after them (what a checkpoint of its step records)."""
+
+    requests: list[Request]
+    group: list[Example]
+    seeds: torch.Tensor
+    minibatch_seed: int
+    sampler_metrics: dict[str, float]
+    task_rng: object
+    sampler_state: dict | None
+
+
+def draw(c, step: int) -> Drawn:
+    """Step `step`'s draws, in `produce`'s order (the uniform sampler's feedback draws nothing, so
+    nothing drawn later depends on how the batch fares: `draws_ahead`)."""
+    requests, group, seeds = _requests(c, step, 0, c.plan.rollout.prompts_per_step)
+    return Drawn(requests, group, seeds, c.rng.getrandbits(62), c.sampler.metrics(), c.rng.getstate(),
+                 c.sampler.state_dict())
+
+
+def roll(c, d: Drawn, step: int, version: int) -> Produced:
+    """Roll out and score the drawn batch of `step` with policy version `version` (the engine's):
+    the same batch `produce` makes from the same draws, in any thread, beside other batches."""
+    t0 = time.perf_counter()
+    first = _agent_round(c, d.group, d.seeds) if is_agent_task(c.task) else \
+        _score_round(c, _sampled(c, d.requests, d.group, d.seeds))
+    got = _filled(c, step, version, c.plan.rollout.prompts_per_step, d.requests, first)
+    produced = Produced(got, time.perf_counter() - t0, d.minibatch_seed, d.sampler_metrics, d.task_rng,
+                        d.sampler_state, version=version)
+    produced.staleness = stale_by(produced, step)
+    return produced
 
 
 def produce_ahead(c, step: int, version: int) -> tuple[Callable[[], Produced], float]:
     """Sample step `step`'s batch with policy version `version` now; (the job that scores it,
-    the seconds sampling took). The run RNG's draws all happen here, in `produce`'s order (the
-    uniform sampler's feedback draws nothing), so the job may run while the next batch samples,
-    and with the batches trained in order the run is `produce`'s draw for draw."""
+    the seconds sampling took). The run RNG's draws all happen here, in `produce`'s order (`draw`),
+    so the job may run while the next batch samples, and with the batches trained in order the run
+    is `produce`'s draw for draw."""
     t0 = time.perf_counter()
-    sampled = _sample_round(c, step, 0, c.plan.rollout.prompts_per_step)
+    d = draw(c, step)
+    sampled = _sampled(c, d.requests, d.group, d.seeds)
     sample_s = time.perf_counter() - t0
-    seed, sampler_metrics = c.rng.getrandbits(62), c.sampler.metrics()
-    task_rng, sampler_state = c.rng.getstate(), c.sampler.state_dict()
 
     def score_it() -> Produced:
         t1 = time.perf_counter()
         got = _filled(c, step, version, c.plan.rollout.prompts_per_step, sampled.requests, _score_round(c, sampled))
-        produced = Produced(got, sample_s + time.perf_counter() - t1, seed, sampler_metrics, task_rng,
-                            sampler_state, version=version)
+        produced = Produced(got, sample_s + time.perf_counter() - t1, d.minibatch_seed, d.sampler_metrics,
+                            d.task_rng, d.sampler_state, version=version)
         produced.staleness = stale_by(produced, step)
         return produced
 
@@ -229,8 +275,12 @@ def _requests(c, step: int, round_index: int, n_prompts: int) -> tuple[list[Requ
 
 
 def _sample_round(c, step: int, round_index: int, n_prompts: int) -> Sampled:
+    return _sampled(c, *_requests(c, step, round_index, n_prompts))
+
+
+def _sampled(c, requests: list[Request], group: list[Example], seeds: torch.Tensor) -> Sampled:
+    """The round's completions of `group` (one row per example) with `seeds`, not yet scored."""
     r = c.plan.rollout
-    requests, group, seeds = _requests(c, step, round_index, n_prompts)
     prompt_ids, prompt_mask = encode_prompts(c.tokenizer, [ex.prompt for ex in group])
     metrics = {}
     if c.speculative is not None:  # SPEC-RL: each row's draft is its (prompt, slot)'s last completion
@@ -257,16 +307,20 @@ def _score_round(c, s: Sampled) -> Collected:
 
 
 def _one_round(c, step: int, round_index: int, n_prompts: int) -> tuple[list[Request], Collected]:
-    r = c.plan.rollout
     if is_agent_task(c.task):  # multi-turn episodes: the environment scores them
         requests, group, seeds = _requests(c, step, round_index, n_prompts)
-        got = rollout_batch(c.engine, c.tokenizer, c.task, group, seeds, temperature=row_temperatures(r, len(group)))
-        if c.turn_reward is not None:
-            got = c.turn_reward(got, c.tokenizer, [ex.prompt for ex in group])
-        return requests, Collected(group, got.rollouts, got.texts, got.rewards, got.correct, got.metrics,
-                                   turns=got.turns)
+        return requests, _agent_round(c, group, seeds)
     sampled = _sample_round(c, step, round_index, n_prompts)
     return sampled.requests, _score_round(c, sampled)
+
+
+def _agent_round(c, group: list[Example], seeds: torch.Tensor) -> Collected:
+    """One episode per row of `group`, scored by its environment (and a process reward model's turn rewards)."""
+    got = rollout_batch(c.engine, c.tokenizer, c.task, group, seeds,
+                        temperature=row_temperatures(c.plan.rollout, len(group)))
+    if c.turn_reward is not None:
+        got = c.turn_reward(got, c.tokenizer, [ex.prompt for ex in group])
+    return Collected(group, got.rollouts, got.texts, got.rewards, got.correct, got.metrics, turns=got.turns)
 
 
 def greedy_baseline(c, group: list[Example]) -> torch.Tensor:

@@ -139,6 +139,8 @@ class RolloutSide:
     threads: int
     closers: tuple[Callable[[], None], ...] = ()
     shared: bool = False  # `snapshot.SharedEngine`: evaluation samples through `engine.evaluator`
+    # `trainer.rollout_lanes`: (components, engine) of each lane, the first being the two above; () = one
+    lanes: tuple = ()
 
 
 @dataclass
