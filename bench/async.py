@@ -24,6 +24,12 @@ answers S s after each call, inside the rollout. The asynchronous rollout side s
 the learner during a tool's wait (`runtime.rows.waiting`). The load average is printed with the table.
 
     python bench/async.py --workload judge --latency 0.5 --seeds 0 1 2 --steps 20 --configs sync "η=1" "η=2" "η=4"
+
+Configs `η=1 lanes=2`, `η=2 lanes=2`, `η=2 lanes=3` roll that many batches out side by side
+(`trainer.rollout_lanes`: one lane samples while another's tools answer):
+
+    python bench/async.py --workload tool --latency 0.2 --seeds 0 1 2 --steps 20 \
+        --configs sync "η=1" "η=1 lanes=2" "η=2 lanes=3"
 """
 
 from __future__ import annotations
