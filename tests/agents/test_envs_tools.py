@@ -1,8 +1,11 @@
 """Environments and tools: seeded, picklable, held-out disjoint; schemas from type hints;
 failures as observations."""
 
+import gc
 import pickle
 import random
+import sys
+import threading
 import time
 
 import pytest
@@ -100,6 +103,49 @@ def test_a_tool_with_latency_answers_the_same_after_its_wait():
     assert Calculator(tool_latency_s=0.2).make_env().latency_s == 0.2
     with pytest.raises(ValueError, match="tool_latency_s"):
         Calculator(tool_latency_s=-1.0)
+
+
+class _Cycle:
+    """Cyclic garbage with a finaliser: the collector runs Python code, where the GIL may pass."""
+
+    def __init__(self):
+        self.me = self
+
+    def __del__(self):
+        sum(range(50))
+
+
+def test_calc_gives_the_same_answer_from_many_threads_at_once():
+    """Episodes step their tools in threads of their own. CPython < 3.13 counts the AST
+    conversion's recursion depth in module-wide state, so two parses at once with the collector
+    switching threads mid-parse raised `SystemError: AST constructor recursion depth mismatch`
+    (a valid call became an error observation, depending on timing). Without the parse lock this
+    fails ~50 calls of 2400 on 3.11 in a tenth of a second."""
+    expression, expected = "(12*34+5)*(6-7)*891", str((12 * 34 + 5) * (6 - 7) * 891)
+    answers: list[str] = []
+    errors: list[BaseException] = []
+
+    def work():
+        for _ in range(300):
+            _Cycle()
+            try:
+                answers.append(calc(expression))
+            except Exception as err:  # noqa: BLE001 -- the failure under test
+                errors.append(err)
+
+    interval, threshold = sys.getswitchinterval(), gc.get_threshold()
+    sys.setswitchinterval(1e-6)
+    gc.set_threshold(5)
+    try:
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+        gc.set_threshold(*threshold)
+    assert errors == [] and answers == [expected] * 2400
 
 
 class _GymLike:

@@ -28,6 +28,8 @@ import math
 import operator
 from dataclasses import dataclass
 
+from rlvr.rewards.pyast import parse
+
 __all__ = ["Spec", "split_test", "evaluate_check", "deserialize", "CheckError"]
 
 MAX_ITEMS = 1 << 20  # longest str/list/tuple an operator may build here (the grader's memory stays small)
@@ -76,7 +78,7 @@ def split_test(test: str) -> Spec:
     True
     """
     try:
-        tree = ast.parse(test.strip())
+        tree = parse(test.strip())
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return Spec(source=test, forgeable=True)
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):

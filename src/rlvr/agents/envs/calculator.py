@@ -17,6 +17,7 @@ import time
 
 from rlvr.agents.env import StepResult
 from rlvr.agents.task import AgentTask, ToolEnv
+from rlvr.rewards.pyast import parse
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 MAX_DIGITS = 40
@@ -37,7 +38,7 @@ def calc(expression: str) -> str:
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             return -walk(node.operand)
         raise ValueError("only integers, + - * and parentheses")
-    return str(walk(ast.parse(expression.strip(), mode="eval")))
+    return str(walk(parse(expression.strip(), mode="eval")))
 
 
 class CalculatorEnv(ToolEnv):
