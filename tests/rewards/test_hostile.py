@@ -99,9 +99,9 @@ def sandbox(host):
     sb.close()
 
 
-def _sandbox_processes(host) -> list[int]:
-    """Live (non-zombie) processes under any slot uid of this module's sandboxes."""
-    return [pid for uids in host["uids"] for uid in uids for pid in _uid_processes(uid)[0]]
+def _sandbox_processes(host, zombies: bool = False) -> list[int]:
+    """Live (with ``zombies``: zombie) processes under any slot uid of this module's sandboxes."""
+    return [pid for uids in host["uids"] for uid in uids for pid in _uid_processes(uid)[zombies]]
 
 
 def _leftover_cgroups() -> list[str]:
@@ -115,6 +115,7 @@ def _leftover_cgroups() -> list[str]:
 
 def assert_host_unaffected(host, results):
     assert _sandbox_processes(host) == [], "a sandboxed process outlived its verdict"
+    assert _sandbox_processes(host, zombies=True) == [], "a sandboxed process was left unreaped"
     assert _leftover_cgroups() == [], "a sample's cgroup outlived it"
     with open("/proc/self/oom_score_adj") as f:
         assert f.read() == host["oom_score_adj"], "the harness's OOM score changed"

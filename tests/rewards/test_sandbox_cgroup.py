@@ -231,10 +231,10 @@ def test_slot_uid_taken_in_the_exec_chain(mode):
 _KERNEL_FILES = {
     2: {"memory.max": "max", "memory.swap.max": "max", "memory.oom.group": "0", "pids.max": "max",
         "cpu.max": "max 100000", "cgroup.procs": "", "cgroup.kill": "", "memory.current": "0",
-        "memory.reclaim": "", "memory.peak": "0"},
+        "memory.reclaim": "", "memory.peak": "0", "memory.stat": "active_file 0\ninactive_file 0\n"},
     1: {"memory.limit_in_bytes": "max", "memory.memsw.limit_in_bytes": "max", "memory.kmem.tcp.limit_in_bytes": "max",
         "memory.force_empty": "", "memory.max_usage_in_bytes": "0", "pids.max": "max", "cpu.cfs_period_us": "100000",
-        "cpu.cfs_quota_us": "-1", "cgroup.procs": "", "tasks": ""},
+        "cpu.cfs_quota_us": "-1", "cgroup.procs": "", "tasks": "", "memory.stat": "active_file 0\ninactive_file 0\n"},
 }
 
 
@@ -260,12 +260,14 @@ def _fake_kernel(monkeypatch, version: int) -> None:
 
 
 @pytest.mark.parametrize("version", [2, 1])
-def test_sample_group_limits_kill_reclaim_and_removal(version, tmp_path, monkeypatch):
+@pytest.mark.parametrize("cached", [8 << 20, 0])
+def test_sample_group_limits_kill_reclaim_and_removal(version, cached, tmp_path, monkeypatch):
     """The whole life of a sample group on a fake hierarchy of either version: the optional limits
     written where the kernel has them (no swap, the OOM kill of the whole group on v2; swap and the
     TCP-buffer counter at a quarter of the memory on v1), the group killed at once (``cgroup.kill``
     on v2) and its CPU quota lifted, its page cache reclaimed (``memory.reclaim`` of what it holds
-    on v2, ``memory.force_empty`` on v1) before it is removed."""
+    on v2, ``memory.force_empty`` on v1) before it is removed, and no reclaim pass when
+    ``memory.stat`` shows no page cache charged to it (``cached`` 0)."""
     _fake_kernel(monkeypatch, version)
     parents = {"": str(tmp_path)} if version == 2 else {c: str(tmp_path / c) for c in cgroup.CONTROLLERS}
     for p in parents.values():
@@ -303,9 +305,55 @@ def test_sample_group_limits_kill_reclaim_and_removal(version, tmp_path, monkeyp
     real_write = cgroup._write
     monkeypatch.setattr(cgroup, "_write", lambda path, value: (reclaimed.append((os.path.basename(path), value)),
                                                               real_write(path, value)))
+    with open(os.path.join(mem, "memory.stat"), "w") as f:
+        f.write(f"cache {cached}\nactive_file {cached // 4}\ninactive_file {cached - cached // 4}\nshmem 0\n")
     if version == 2:  # v2 reclaims what the group holds; v1 empties it whatever it holds
         with open(os.path.join(mem, "memory.current"), "w") as f:
-            f.write("8388608")
+            f.write(str(cached + (1 << 20)))  # kernel memory besides the page cache
     group.remove()
-    assert reclaimed == ([("memory.reclaim", "8388608")] if version == 2 else [("memory.force_empty", "0")])
+    expected = [("memory.reclaim", str(cached + (1 << 20)))] if version == 2 else [("memory.force_empty", "0")]
+    assert reclaimed == (expected if cached else [])
     assert not any(os.path.exists(d) for d in group.dirs)
+
+
+def _evict_start_up_files(python: str) -> int:
+    """Drop the page cache of the files a sandboxed start-up and the grader's imports read (the
+    interpreter's stdlib byte code, clean and unmapped here); how many files."""
+    stdlib = subprocess.run([python, "-E", "-s", "-S", "-c", "import os; print(os.path.dirname(os.__file__))"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    count = 0
+    for folder in ("", "encodings", "json", "re", "collections"):
+        cache = os.path.join(stdlib, folder, "__pycache__")
+        for name in os.listdir(cache) if os.path.isdir(cache) else []:
+            fd = os.open(os.path.join(cache, name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                count += 1
+            finally:
+                os.close(fd)
+    return count
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or sbx.cgroup_host()[0] is None or sbx.detect_isolation() != "bwrap",
+                    reason="needs bwrap and per-sample cgroups, as root")
+def test_start_up_files_are_charged_to_the_trainer_once_not_to_every_sample(monkeypatch):
+    """A new sandbox's trusted first run, outside any sample group, reads what every sample reads
+    (the chain, the interpreter's start-up, the grader's imports): afterwards a sample's group holds
+    no page cache and is removed without a reclaim pass. Without that run, the first sample reads
+    them into its own group (and its reclaim would drop them for the next sample to read again)."""
+    seen = []
+    real = cgroup.SampleCgroup.file_pages_bytes
+    monkeypatch.setattr(cgroup.SampleCgroup, "file_pages_bytes", lambda self: seen.append(real(self)) or seen[-1])
+    programs = ["print(1)", "import json, re, sys\nprint(json.dumps(sys.argv))"]
+    python = sbx.default_python()
+    pages = {}
+    for warm in (False, True):
+        monkeypatch.setattr(sbx, "_warmed", set() if warm else {python})
+        assert _evict_start_up_files(python) > 0
+        seen.clear()
+        with Sandbox(workers=1, isolation="bwrap", limits=Limits(wall_s=10)) as sb:
+            results = [sb.run(p) for p in programs]
+        assert [r.verdict for r in results] == [Verdict.OK] * 2, [r.detail or r.stderr for r in results]
+        pages[warm] = list(seen)
+    assert pages[True] == [0, 0]
+    assert pages[False][0] > 0, pages

@@ -130,9 +130,10 @@ def shquote(s: str) -> str:
 class Ended:
     """How the process tree ended, as seen from outside."""
 
-    def __init__(self, rc, stdout, stderr, elapsed, timed_out, overflow, started):
+    def __init__(self, rc, stdout, stderr, elapsed, timed_out, overflow, started, init_pid=None):
         self.rc, self.stdout, self.stderr, self.elapsed = rc, stdout, stderr, elapsed
         self.timed_out, self.overflow, self.started = timed_out, overflow, started
+        self.init_pid = init_pid  # bwrap's child, the sandbox's pid 1 (None without bwrap or before it reported)
 
 
 def _child_pid(raw: bytes) -> int | None:
@@ -200,10 +201,11 @@ def execute(cmd, cwd, env, stdin: bytes | None, status_r, status_w, extra_fds, l
         if fd != in_fd:
             sel.register(fd, selectors.EVENT_READ)
     pending = memoryview((b"" if block_w is not None else b"\n") + (stdin or b""))  # the gate's line, the data
-    admitted = False
+    admitted, init_pid = False, None
 
     def admit(pid: int) -> None:
-        nonlocal admitted, block_w, start, deadline
+        nonlocal admitted, block_w, start, deadline, init_pid
+        init_pid = pid if block_w is not None else None
         if on_start is not None:
             on_start(pid)
         admitted, start = True, time.monotonic()  # the program starts now: its clock, not the sandbox's
@@ -287,4 +289,4 @@ def execute(cmd, cwd, env, stdin: bytes | None, status_r, status_w, extra_fds, l
         rc = code if code is not None else rc
     out = bufs[out_fd].decode("utf-8", errors="replace")
     err = bufs[err_fd].decode("utf-8", errors="replace")
-    return Ended(rc, out, err, elapsed, timed_out, overflow, started)
+    return Ended(rc, out, err, elapsed, timed_out, overflow, started, init_pid)

@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 
-__all__ = ["uid_processes", "sweep_uid", "become_subreaper"]
+__all__ = ["uid_processes", "sweep_uid", "reap", "become_subreaper"]
 
 
 def uid_processes(uid: int) -> tuple[list[int], list[int]]:
@@ -50,6 +50,23 @@ def sweep_uid(uid: int, wait_s: float = 3.0) -> int:
             except OSError:
                 pass
         time.sleep(0.002)
+
+
+def reap(pid: int, uid: int, wait_s: float = 1.0) -> bool:
+    """Wait for ``pid``, a dead process of ``uid`` that is (or is about to be) our child: bwrap's
+    pid 1 comes to us, the subreaper, when our bwrap exits first. True once it is reaped or is not
+    ours to reap (gone, another parent took it, or its pid now names another uid's process, which
+    is never waited for), False if it is still not waitable after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid or os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        except (FileNotFoundError, ChildProcessError):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
 
 
 _subreaper = False
