@@ -5,7 +5,7 @@ checkout's sandbox, interleaved.
                             [--hold-mb 0]
     python bench/sandbox.py --hostile     # every program of tests/rewards/test_hostile.py, alone
     python bench/sandbox.py --channel     # the page-cache timing channel left between samples
-    python bench/sandbox.py --chain       # the uid-dropping and rlimit execs, each before python
+    python bench/sandbox.py --chain       # the execs of the chain, each before python, then bwrap and all
     python bench/sandbox.py --phases      # a sample cgroup's life and the uid sweep, step by step
 
 
@@ -20,8 +20,9 @@ run in turn, one of each per repeat (the order rotating), so machine load hits t
 does (starting a process costs more from a large parent unless it is started by ``vfork``).
 ``--hostile`` prints each hostile program's verdict, wall time and its cgroup's peak memory.
 ``--chain`` times ``print(1)`` by a bare subprocess behind each exec the sandbox can put in front
-(as root: ``setpriv`` and ``chroot`` to the slot uid, the ``ulimit`` shell), interleaved, with the
-empty environment the sandbox gives them.
+(as root: ``setpriv`` and ``chroot`` to the slot uid, the ``ulimit`` shell, bwrap with the
+sandbox's namespaces and mounts, and the three together), interleaved, with the empty
+environment the sandbox gives them: the last is the floor under the sandbox's own steps.
 ``--phases`` times, from a worker thread, each step the sandbox takes around a bare ``print(1)``
 born in a sample cgroup: making the group, killing its members, reading its events and peak,
 reclaiming its page cache (``memory.force_empty`` on v1), removing it, sweeping the slot uid.
@@ -171,24 +172,54 @@ def _channel(bits: str = "10110011100011111011001110001111") -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _chain(repeats: int) -> None:
-    """Wall and CPU medians of ``print(1)`` behind each exec of the sandbox's chain, interleaved."""
-    from rlvr.rewards.sandbox import launch
+def _run_and_reap(cmd: list[str]) -> None:
+    """Run ``cmd``, then reap the orphans it left us, the subreaper (bwrap's pid 1), so that their
+    CPU time is counted with the run's."""
+    subprocess.run(cmd, capture_output=True, check=True, env={"PATH": "/usr/bin:/bin"})
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
 
+
+def _chain(repeats: int) -> None:
+    """Wall and CPU medians of ``print(1)`` behind each exec of the sandbox's chain, interleaved,
+    up to the whole chain without the sandbox's own steps (no cgroup, seccomp filter, status
+    pipe or start gate): the floor of what a sample costs."""
+    import tempfile
+
+    from rlvr.rewards.sandbox import launch
+    from rlvr.rewards.sandbox.procs import become_subreaper
+
+    become_subreaper()
     py = [default_python(), "-E", "-s", "-S", "-c", PROGRAM]
+    task = tempfile.mkdtemp(prefix="rlvr-chain-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    os.chmod(task, 0o755)
+    bwrap = launch.bwrap_prefix(py[0], task, Limits(), 0, 0, None)
+    for flag in ("--json-status-fd", "--block-fd"):  # no status pipe, no start gate
+        i = bwrap.index(flag)
+        del bwrap[i:i + 2]
+    rlimits = launch.gate(Limits(), wait=False)
     chains = {"python": py, "setpriv + python": launch.setpriv_prefix(60000) + py,
-              "chroot + python": launch.uid_prefix(60000) + py,
-              "ulimit shell + python": launch.gate(Limits(), wait=False) + py}
+              "chroot + python": launch.uid_prefix(60000) + py, "ulimit shell + python": rlimits + py,
+              "bwrap + python": bwrap + py,
+              "chroot + shell + bwrap + python": launch.uid_prefix(60000) + rlimits + bwrap + py}
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in chains}
     names = list(chains)
-    for i in range(repeats):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            times[name].append(_timed(functools.partial(subprocess.run, chains[name], capture_output=True,
-                                                        check=True, env={"PATH": "/usr/bin:/bin"}))[:2])
+    try:
+        for i in range(repeats):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                times[name].append(_timed(functools.partial(_run_and_reap, chains[name]))[:2])
+    finally:
+        shutil.rmtree(task, ignore_errors=True)
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {repeats} rounds; medians")
+    base = [statistics.median(p[k] for p in times["python"]) for k in (0, 1)]
     for name, pairs in times.items():
-        wall, cpu = (statistics.median(p[k] for p in pairs) * 1000 for k in (0, 1))
-        print(f"{name:24s} wall {wall:6.2f} ms   CPU {cpu:6.2f} ms")
+        wall, cpu = (statistics.median(p[k] for p in pairs) for k in (0, 1))
+        print(f"{name:32s} wall {wall * 1000:6.2f} ms ({wall / base[0]:.2f}x)   CPU {cpu * 1000:6.2f} ms "
+              f"({cpu / base[1]:.2f}x)")
 
 
 def _phases(repeats: int) -> None:
