@@ -245,9 +245,11 @@ def _fake_kernel(monkeypatch, version: int) -> None:
 
     def fake_mkdir(path, *args):
         mkdir(path, *args)
+        controller = os.path.basename(os.path.dirname(path))  # v1: each hierarchy has its own files
         for name, text in _KERNEL_FILES[version].items():
-            with open(os.path.join(path, name), "w") as f:
-                f.write(text)
+            if version == 2 or name.split(".")[0] in (controller, "cgroup", "tasks"):
+                with open(os.path.join(path, name), "w") as f:
+                    f.write(text)
 
     def fake_rmdir(path):
         for name in _KERNEL_FILES[version]:

@@ -324,7 +324,8 @@ class Sandbox:
                                    around_spawn=group.spawning if group is not None else None,
                                    on_stop=group.kill if group is not None else None)
             if group is not None:  # counted before the group is emptied: our own kills are not the program's
-                extra.update(group.events())
+                extra["memory_peak_bytes"] = group.peak_bytes()  # the processes are dead: it is final
+                extra.update(group.events(extra["memory_peak_bytes"]))
             verdict, detail = classify(ended.rc, ended.stderr, ended.timed_out, ended.overflow, ended.started,
                                        self.isolation, extra)
             result = RunResult(verdict, ended.rc, ended.stdout, ended.stderr, ended.elapsed, self.isolation, detail)
@@ -346,7 +347,7 @@ class Sandbox:
                     with self._lock:
                         self.counters["swept"] += swept
             if group is not None:
-                extra["memory_peak_bytes"] = group.peak_bytes()
+                extra.setdefault("memory_peak_bytes", group.peak_bytes())
                 group.remove()
             shutil.rmtree(host_dir, ignore_errors=True)
         result.extra.update(extra)

@@ -123,6 +123,7 @@ class SampleCgroup:
     version: int
     procs: list[str] = field(default_factory=list)
     home: list[str] = field(default_factory=list)
+    limit: int | None = None  # the memory limit written at creation, in bytes
     _paths: dict[str, str] = field(default_factory=dict, repr=False)  # v1 file name -> the dir's path holding it
     _emptied: bool = field(default=False, repr=False)
 
@@ -169,13 +170,12 @@ class SampleCgroup:
             _write(procs, str(pid))
 
     def members(self) -> list[int]:
-        pids: set[int] = set()
-        for d in self.dirs:
-            try:
-                pids.update(int(p) for p in _read(os.path.join(d, "cgroup.procs")).split())
-            except (OSError, ValueError):
-                pass
-        return sorted(pids)
+        """The group's processes, from its first directory: every process of a sample is in all of
+        them (``spawning`` enters each before the fork or raises, ``join`` writes each)."""
+        try:
+            return sorted(int(p) for p in _read(os.path.join(self.dirs[0], "cgroup.procs")).split())
+        except (OSError, ValueError):
+            return []
 
     def peak_bytes(self) -> int | None:
         try:
@@ -185,16 +185,18 @@ class SampleCgroup:
 
     def limit_bytes(self) -> int | None:
         """The group's memory limit in bytes; None when unreadable or unlimited."""
+        if self.limit is not None:
+            return self.limit
         try:
             return int(_read(self._file("memory.max", "memory.limit_in_bytes")))
         except (OSError, ValueError):  # v2 writes "max" for no limit
             return None
 
-    def events(self) -> dict[str, int]:
+    def events(self, peak: int | None = None) -> dict[str, int]:
         """``oom_kill`` (processes killed at the memory limit), ``memory_max`` (times the group's
         memory reached its limit and the kernel had to reclaim; at least 1 when its peak is the
         limit: some v1 kernels leave ``memory.failcnt`` at 0 even through an OOM kill, measured),
-        ``pids_max`` (forks refused)."""
+        ``pids_max`` (forks refused). ``peak``: the group's peak, when the caller has read it."""
         mem = _keyed(self._file("memory.events", "memory.oom_control"))
         if self.version == 2:
             at_limit = mem.get("max", 0)
@@ -203,7 +205,7 @@ class SampleCgroup:
                 at_limit = int(_read(self._file("", "memory.failcnt")))
             except (OSError, ValueError):
                 at_limit = 0
-        peak, limit = self.peak_bytes(), self.limit_bytes()
+        peak, limit = peak if peak is not None else self.peak_bytes(), self.limit_bytes()
         if not at_limit and peak is not None and limit is not None and peak >= limit:
             at_limit = 1
         return {"oom_kill": mem.get("oom_kill", 0), "memory_max": at_limit,
@@ -238,13 +240,10 @@ class SampleCgroup:
     def _lift_cpu_quota(self) -> None:
         """A killed member still needs CPU time to free its memory; under the group's own quota,
         spent by then, a 150 MB exit waited out periods of throttling (about a second)."""
-        for d in self.dirs:
-            for name, value in (("cpu.max", "max"), ("cpu.cfs_quota_us", "-1")):
-                if os.path.exists(os.path.join(d, name)):
-                    try:
-                        _write(os.path.join(d, name), value)
-                    except OSError:
-                        pass
+        try:
+            _write(self._file("cpu.max", "cpu.cfs_quota_us"), "max" if self.version == 2 else "-1")
+        except OSError:
+            pass
 
     def empty(self, wait_s: float = 3.0) -> int:
         """Kill every member until none is left (a spawning thread that could not leave is
@@ -373,7 +372,7 @@ class CgroupHost:
         if self.version == 2:
             d = os.path.join(self.parents[""], name)
             os.mkdir(d)
-            group = SampleCgroup([d], 2, [os.path.join(d, "cgroup.procs")])
+            group = SampleCgroup([d], 2, [os.path.join(d, "cgroup.procs")], limit=memory_bytes)
             try:
                 _write(os.path.join(d, "memory.max"), str(memory_bytes))
                 for optional, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
@@ -386,7 +385,7 @@ class CgroupHost:
                 raise
             return group
         dirs = {c: os.path.join(p, name) for c, p in self.parents.items()}
-        group = SampleCgroup(list(dict.fromkeys(dirs.values())), 1)
+        group = SampleCgroup(list(dict.fromkeys(dirs.values())), 1, limit=memory_bytes)
         try:
             for d in group.dirs:
                 os.mkdir(d)
@@ -396,8 +395,7 @@ class CgroupHost:
                 if os.path.exists(os.path.join(dirs["memory"], optional)):
                     _write(os.path.join(dirs["memory"], optional), str(value))
             _write(os.path.join(dirs["pids"], "pids.max"), str(pids))
-            _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), str(_PERIOD_US))
-            _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(quota))
+            _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(quota))  # of the kernel's 100 ms period
         except OSError:
             group.remove()
             raise
