@@ -350,7 +350,7 @@ def test_start_up_files_are_charged_to_the_trainer_once_not_to_every_sample(monk
     python = sbx.default_python()
     pages = {}
     for warm in (False, True):
-        monkeypatch.setattr(sbx, "_warmed", set() if warm else {python})
+        monkeypatch.setattr(sbx, "_warm_times", {} if warm else {python: float("inf")})
         assert _evict_start_up_files(python) > 0
         seen.clear()
         with Sandbox(workers=1, isolation="bwrap", limits=Limits(wall_s=10)) as sb:
@@ -359,3 +359,19 @@ def test_start_up_files_are_charged_to_the_trainer_once_not_to_every_sample(monk
         pages[warm] = list(seen)
     assert pages[True] == [0, 0]
     assert pages[False][0] > 0, pages
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or sbx.cgroup_host()[0] is None or sbx.detect_isolation() != "bwrap",
+                    reason="needs bwrap and per-sample cgroups, as root")
+@pytest.mark.parametrize("rewarm_s", [0.0, float("inf")])
+def test_a_sample_holding_the_start_up_files_again_makes_the_sandbox_warm_again(rewarm_s, monkeypatch):
+    """Pages of the trusted run evicted later (memory pressure; here by hand) are read back by the
+    next sample, whose reclaim drops them again for the one after: with re-warming (``REWARM_S``
+    passed) the run after such a sample holds none; without it every sample keeps holding them."""
+    monkeypatch.setattr(sbx, "REWARM_S", rewarm_s)
+    with Sandbox(workers=1, isolation="bwrap", limits=Limits(wall_s=10)) as sb:
+        sb.run("print(1)")
+        assert _evict_start_up_files(sb.python) > 0
+        cached = [sb.run("import json\nprint(1)").extra["page_cache_bytes"] for _ in range(3)]
+    assert cached[0] > 0, cached
+    assert cached[1:] == [0, 0] if rewarm_s == 0 else all(c > 0 for c in cached), cached

@@ -51,6 +51,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -75,7 +76,10 @@ _warned: set[str] = set()
 _isolation_cache: dict[tuple, str] = {}
 _cgroups: list = []  # [(CgroupHost | None, reason)] once found
 _cgroup_lock = threading.Lock()
-_warmed: set[str] = set()
+_warm_times: dict[str, float] = {}  # interpreter -> when its trusted run last ran in this process
+REWARM_S = 60.0
+"""A sample whose group held page cache at its removal makes the sandbox warm again, at most this
+often: pages the trusted run charged here may have been evicted since and read back by a sample."""
 
 WARM_SOURCE = "import bisect, collections, functools, heapq, itertools, json, math, re, string, typing\nprint('ok')"
 """What runs once per interpreter and process outside any sample group (``Sandbox._warm``): the
@@ -179,20 +183,25 @@ class Sandbox:
             self._announce(cgroup_reason, seccomp_reason)
             self._warm()
 
-    def _warm(self) -> None:
+    def _warm(self, slot: int | None = None, again: bool = False) -> None:
         """Charge the page cache every sample needs to this process's own cgroup, once: the chain's
         binaries and libraries, the interpreter's start-up and ``WARM_SOURCE``'s modules, read by
         one trusted run outside any sample group. Otherwise the first sample to read them holds
         their pages, its group's reclaim drops them, and every later sample reads them from disk
-        again into a group that then needs a reclaim pass (about 1 ms) before its removal."""
-        if self.cgroups is None or self.isolation == "none" or self.python in _warmed:
+        again into a group that then needs a reclaim pass (about 1 ms) before its removal. ``again``
+        (``run``, in ``slot``, after a sample left page cache) repeats it, once per ``REWARM_S``."""
+        last = _warm_times.get(self.python)
+        if self.cgroups is None or self.isolation == "none" or (
+                last is not None and (not again or time.monotonic() - last < REWARM_S)):
             return
-        _warmed.add(self.python)
-        slot = self._slots.get()
+        _warm_times[self.python] = time.monotonic()
+        own_slot = slot is None
+        slot = self._slots.get() if own_slot else slot
         try:
             self._run_in_slot(slot, WARM_SOURCE, None, {}, [], self.limits, grouped=False)
         finally:
-            self._slots.put(slot)
+            if own_slot:
+                self._slots.put(slot)
 
     def _announce(self, cgroup_reason: str, seccomp_reason: str) -> None:
         if self.cgroups is None:
@@ -228,7 +237,10 @@ class Sandbox:
                                            limits=limits).result()
         slot = self._slots.get()
         try:
-            return self._run_in_slot(slot, source, stdin, files or {}, argv or [], limits or self.limits)
+            result = self._run_in_slot(slot, source, stdin, files or {}, argv or [], limits or self.limits)
+            if result.extra.get("page_cache_bytes"):
+                self._warm(slot, again=True)
+            return result
         finally:
             self._slots.put(slot)
 
@@ -348,7 +360,7 @@ class Sandbox:
                         self.counters["swept"] += swept
             if group is not None:
                 extra.setdefault("memory_peak_bytes", group.peak_bytes())
-                group.remove()
+                extra["page_cache_bytes"] = group.remove()
             shutil.rmtree(host_dir, ignore_errors=True)
         result.extra.update(extra)
         with self._lock:

@@ -263,7 +263,7 @@ class SampleCgroup:
             return None
         return stat["active_file"] + stat["inactive_file"]
 
-    def reclaim(self) -> None:
+    def reclaim(self) -> int | None:
         """Drop the page cache still charged to the (empty) group: removing it would hand those
         pages to the parent, the trainer's group, whose charge would then grow with every sample
         graded (measured: 8 MB read per sample, 96 MB after 12). ``memory.force_empty`` on v1,
@@ -271,9 +271,10 @@ class SampleCgroup:
         the parent, as before). Skipped when no page cache is charged: what is left then is
         kernel memory, which both calls retry on without freeing it (about 1 ms a sample after
         bwrap's namespaces) and which the parent does not keep (300 samples grew it by under 1 MB,
-        reclaimed or not)."""
-        if self.file_pages_bytes() == 0:
-            return
+        reclaimed or not). The page cache found: 0 (nothing to do) or its bytes, None if unreadable."""
+        cached = self.file_pages_bytes()
+        if cached == 0:
+            return 0
         try:
             if self.version == 1:
                 _write(self._file("", "memory.force_empty"), "0")
@@ -283,9 +284,11 @@ class SampleCgroup:
                     _write(self._file("memory.reclaim", ""), str(charged))
         except (OSError, ValueError):  # EAGAIN: not all of it could be reclaimed; EBUSY: a member left
             pass
+        return cached
 
-    def remove(self) -> None:
-        self.reclaim()
+    def remove(self) -> int | None:
+        """Reclaim the group's page cache, then remove it; ``reclaim``'s page cache found."""
+        cached = self.reclaim()
         for d in self.dirs:
             for _ in range(200):  # rmdir is EBUSY for a moment after the last member exits
                 try:
@@ -295,6 +298,7 @@ class SampleCgroup:
                     if err.errno != errno.EBUSY:
                         break
                     time.sleep(0.005)
+        return cached
 
 
 class CgroupHost:
