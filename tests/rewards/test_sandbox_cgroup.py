@@ -231,10 +231,10 @@ def test_slot_uid_taken_in_the_exec_chain(mode):
 _KERNEL_FILES = {
     2: {"memory.max": "max", "memory.swap.max": "max", "memory.oom.group": "0", "pids.max": "max",
         "cpu.max": "max 100000", "cgroup.procs": "", "cgroup.kill": "", "memory.current": "0",
-        "memory.reclaim": "", "memory.peak": "0", "memory.stat": "active_file 0\ninactive_file 0\n"},
+        "memory.reclaim": "", "memory.peak": "0"},
     1: {"memory.limit_in_bytes": "max", "memory.memsw.limit_in_bytes": "max", "memory.kmem.tcp.limit_in_bytes": "max",
         "memory.force_empty": "", "memory.max_usage_in_bytes": "0", "pids.max": "max", "cpu.cfs_period_us": "100000",
-        "cpu.cfs_quota_us": "-1", "cgroup.procs": "", "tasks": "", "memory.stat": "active_file 0\ninactive_file 0\n"},
+        "cpu.cfs_quota_us": "-1", "cgroup.procs": "", "tasks": "", "memory.usage_in_bytes": "0"},
 }
 
 
@@ -262,14 +262,14 @@ def _fake_kernel(monkeypatch, version: int) -> None:
 
 
 @pytest.mark.parametrize("version", [2, 1])
-@pytest.mark.parametrize("cached", [8 << 20, 0])
-def test_sample_group_limits_kill_reclaim_and_removal(version, cached, tmp_path, monkeypatch):
+@pytest.mark.parametrize("charged", [9 << 20, 512 << 10])
+def test_sample_group_limits_kill_reclaim_and_removal(version, charged, tmp_path, monkeypatch):
     """The whole life of a sample group on a fake hierarchy of either version: the optional limits
     written where the kernel has them (no swap, the OOM kill of the whole group on v2; swap and the
     TCP-buffer counter at a quarter of the memory on v1), the group killed at once (``cgroup.kill``
     on v2) and its CPU quota lifted, its page cache reclaimed (``memory.reclaim`` of what it holds
-    on v2, ``memory.force_empty`` on v1) before it is removed, and no reclaim pass when
-    ``memory.stat`` shows no page cache charged to it (``cached`` 0)."""
+    on v2, ``memory.force_empty`` on v1) before it is removed, and no reclaim pass when what it
+    still has charged is no more than ``RECLAIM_ABOVE`` (what a bwrap run leaves)."""
     _fake_kernel(monkeypatch, version)
     parents = {"": str(tmp_path)} if version == 2 else {c: str(tmp_path / c) for c in cgroup.CONTROLLERS}
     for p in parents.values():
@@ -307,15 +307,34 @@ def test_sample_group_limits_kill_reclaim_and_removal(version, cached, tmp_path,
     real_write = cgroup._write
     monkeypatch.setattr(cgroup, "_write", lambda path, value: (reclaimed.append((os.path.basename(path), value)),
                                                               real_write(path, value)))
-    with open(os.path.join(mem, "memory.stat"), "w") as f:
-        f.write(f"cache {cached}\nactive_file {cached // 4}\ninactive_file {cached - cached // 4}\nshmem 0\n")
-    if version == 2:  # v2 reclaims what the group holds; v1 empties it whatever it holds
-        with open(os.path.join(mem, "memory.current"), "w") as f:
-            f.write(str(cached + (1 << 20)))  # kernel memory besides the page cache
-    group.remove()
-    expected = [("memory.reclaim", str(cached + (1 << 20)))] if version == 2 else [("memory.force_empty", "0")]
-    assert reclaimed == (expected if cached else [])
+    with open(os.path.join(mem, "memory.current" if version == 2 else "memory.usage_in_bytes"), "w") as f:
+        f.write(str(charged))
+    assert group.remove() == charged
+    expected = [("memory.reclaim", str(charged))] if version == 2 else [("memory.force_empty", "0")]
+    assert reclaimed == (expected if charged > cgroup.RECLAIM_ABOVE else [])
     assert not any(os.path.exists(d) for d in group.dirs)
+
+
+def _record_page_cache_at_removal(monkeypatch) -> list[int]:
+    """Each sample group's page cache (its file LRU lists) just before its removal, in order."""
+    seen: list[int] = []
+    real = cgroup.SampleCgroup.remove
+
+    def remove(group):
+        stat = cgroup._keyed(group._file("memory.stat", "memory.stat"))
+        seen.append(stat["active_file"] + stat["inactive_file"])
+        return real(group)
+
+    monkeypatch.setattr(cgroup.SampleCgroup, "remove", remove)
+    return seen
+
+
+def _evict(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def _evict_start_up_files(python: str) -> int:
@@ -327,12 +346,8 @@ def _evict_start_up_files(python: str) -> int:
     for folder in ("", "encodings", "json", "re", "collections"):
         cache = os.path.join(stdlib, folder, "__pycache__")
         for name in os.listdir(cache) if os.path.isdir(cache) else []:
-            fd = os.open(os.path.join(cache, name), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                count += 1
-            finally:
-                os.close(fd)
+            _evict(os.path.join(cache, name))
+            count += 1
     return count
 
 
@@ -343,14 +358,12 @@ def test_start_up_files_are_charged_to_the_trainer_once_not_to_every_sample(monk
     (the chain, the interpreter's start-up, the grader's imports): afterwards a sample's group holds
     no page cache and is removed without a reclaim pass. Without that run, the first sample reads
     them into its own group (and its reclaim would drop them for the next sample to read again)."""
-    seen = []
-    real = cgroup.SampleCgroup.file_pages_bytes
-    monkeypatch.setattr(cgroup.SampleCgroup, "file_pages_bytes", lambda self: seen.append(real(self)) or seen[-1])
+    seen = _record_page_cache_at_removal(monkeypatch)
     programs = ["print(1)", "import json, re, sys\nprint(json.dumps(sys.argv))"]
     python = sbx.default_python()
     pages = {}
     for warm in (False, True):
-        monkeypatch.setattr(sbx, "_warm_times", {} if warm else {python: float("inf")})
+        monkeypatch.setattr(sbx, "_warm_times", {} if warm else {(python, "bwrap"): float("inf")})
         assert _evict_start_up_files(python) > 0
         seen.clear()
         with Sandbox(workers=1, isolation="bwrap", limits=Limits(wall_s=10)) as sb:
@@ -364,14 +377,30 @@ def test_start_up_files_are_charged_to_the_trainer_once_not_to_every_sample(monk
 @pytest.mark.skipif(os.geteuid() != 0 or sbx.cgroup_host()[0] is None or sbx.detect_isolation() != "bwrap",
                     reason="needs bwrap and per-sample cgroups, as root")
 @pytest.mark.parametrize("rewarm_s", [0.0, float("inf")])
-def test_a_sample_holding_the_start_up_files_again_makes_the_sandbox_warm_again(rewarm_s, monkeypatch):
-    """Pages of the trusted run evicted later (memory pressure; here by hand) are read back by the
-    next sample, whose reclaim drops them again for the one after: with re-warming (``REWARM_S``
-    passed) the run after such a sample holds none; without it every sample keeps holding them."""
+def test_a_sample_left_charged_makes_the_sandbox_warm_again(rewarm_s, monkeypatch, tmp_path):
+    """The trusted run's pages evicted later (memory pressure; here by hand) are read back by the
+    next sample. One that also reads a 4 MB file nobody cached is left charged over
+    ``RECLAIM_ABOVE``: its reclaim drops the start-up files too, so with re-warming (``REWARM_S``
+    passed) the samples after it hold none; without, the next one reads them back into its own."""
+    blob = f"/usr/local/share/rlvr-rewarm-{os.getpid()}.bin"
+    try:
+        with open(blob, "wb") as f:
+            f.write(os.urandom(4 << 20))
+            f.flush()
+            os.fsync(f.fileno())  # clean pages: an eviction drops them
+    except OSError as err:
+        pytest.skip(f"cannot write under /usr here ({err})")
     monkeypatch.setattr(sbx, "REWARM_S", rewarm_s)
-    with Sandbox(workers=1, isolation="bwrap", limits=Limits(wall_s=10)) as sb:
-        sb.run("print(1)")
-        assert _evict_start_up_files(sb.python) > 0
-        cached = [sb.run("import json\nprint(1)").extra["page_cache_bytes"] for _ in range(3)]
-    assert cached[0] > 0, cached
-    assert cached[1:] == [0, 0] if rewarm_s == 0 else all(c > 0 for c in cached), cached
+    try:
+        with Sandbox(workers=1, isolation="bwrap", limits=Limits(wall_s=10)) as sb:
+            assert _evict_start_up_files(sb.python) > 0
+            _evict(blob)
+            reader = "import sys\nwith open(sys.argv[1], 'rb') as f:\n    print(len(f.read()))"
+            first = sb.run(reader, argv=[blob])
+            seen = _record_page_cache_at_removal(monkeypatch)
+            later = [sb.run("import json\nprint(json.dumps(1))") for _ in range(2)]
+    finally:
+        os.unlink(blob)
+    assert first.stdout.strip() == str(4 << 20) and first.extra["memory_left_bytes"] > cgroup.RECLAIM_ABOVE
+    assert [r.stdout for r in later] == ["1\n", "1\n"]
+    assert seen == [0, 0] if rewarm_s == 0 else seen[0] > 0, seen  # (later ones may keep what they read)

@@ -19,8 +19,8 @@ Design. Every program runs in its own process tree:
    root ignores ``RLIMIT_NPROC``, and one uid per slot keeps a fork bomb in one sample from
    starving the others. After every run every process of that uid is killed (a backstop that also
    catches ``setsid`` daemons without namespaces), so each range is reserved host-wide (``uids``);
-   under bwrap with a cgroup, the sample's group found empty is the proof (nothing of it can
-   leave the group) and only bwrap's pid 1 is left to reap (``Sandbox._reaped``).
+   under bwrap with a cgroup, the sample's pid namespace and its group found empty are the proof
+   (nothing of it can leave either) and only bwrap's pid 1 is left to reap (``Sandbox._reaped``).
 4. **Namespaces.** ``bwrap`` (bubblewrap) when installed and working: new user (nested user
    namespaces disabled), pid, net, ipc, uts, cgroup and mount namespaces; only ``/usr``
    (read-only), a private ``/proc``, a read-only ``/dev`` with a sized ``/dev/shm`` and a
@@ -56,7 +56,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 from rlvr.rewards.sandbox import cgroup, launch, seccomp
-from rlvr.rewards.sandbox.procs import become_subreaper, reap, sweep_uid
+from rlvr.rewards.sandbox.procs import become_subreaper, is_subreaper, reap, sweep_uid
 from rlvr.rewards.sandbox.procs import uid_processes as _uid_processes
 from rlvr.rewards.sandbox.results import Limits, RunResult, Verdict, classify, with_limits
 
@@ -76,14 +76,16 @@ _warned: set[str] = set()
 _isolation_cache: dict[tuple, str] = {}
 _cgroups: list = []  # [(CgroupHost | None, reason)] once found
 _cgroup_lock = threading.Lock()
-_warm_times: dict[str, float] = {}  # interpreter -> when its trusted run last ran in this process
+_warm_times: dict[tuple[str, str], float] = {}  # (interpreter, isolation) -> when its trusted run last ran here
 REWARM_S = 60.0
-"""A sample whose group held page cache at its removal makes the sandbox warm again, at most this
-often: pages the trusted run charged here may have been evicted since and read back by a sample."""
+"""A sample whose group still held more than ``cgroup.RECLAIM_ABOVE`` at its removal makes the
+sandbox repeat its trusted run, at most this often: pages that run charged here may have been
+evicted since and read back by samples (a sample that reads other files repeats it needlessly,
+once a minute at most, in that sample's own call)."""
 
 WARM_SOURCE = "import bisect, collections, functools, heapq, itertools, json, math, re, string, typing\nprint('ok')"
-"""What runs once per interpreter and process outside any sample group (``Sandbox._warm``): the
-sandbox's own start-up and the grader's imports, with the modules graded programs import most."""
+"""The trusted run outside any sample group (``Sandbox._warm``): the sandbox's own start-up and the
+grader's imports, with the modules graded programs import most."""
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -179,26 +181,29 @@ class Sandbox:
         self._pool: ThreadPoolExecutor | None = None
         self.counters = {"runs": 0, "sandbox_errors": 0, "swept": 0}
         self._lock = threading.Lock()
+        self._probe = _probe
         if not _probe:
             self._announce(cgroup_reason, seccomp_reason)
             self._warm()
 
     def _warm(self, slot: int | None = None, again: bool = False) -> None:
-        """Charge the page cache every sample needs to this process's own cgroup, once: the chain's
+        """Charge the page cache every sample needs to this process's own cgroup: the chain's
         binaries and libraries, the interpreter's start-up and ``WARM_SOURCE``'s modules, read by
-        one trusted run outside any sample group. Otherwise the first sample to read them holds
-        their pages, its group's reclaim drops them, and every later sample reads them from disk
-        again into a group that then needs a reclaim pass (about 1 ms) before its removal. ``again``
-        (``run``, in ``slot``, after a sample left page cache) repeats it, once per ``REWARM_S``."""
-        last = _warm_times.get(self.python)
-        if self.cgroups is None or self.isolation == "none" or (
+        one trusted run outside any sample group, once per interpreter and isolation mode in this
+        process. Otherwise the first sample to read them holds their pages, its group's reclaim
+        drops them, and every later sample reads them from disk again into a group that then
+        needs a reclaim pass (about 1 ms) before its removal. ``again`` (from ``run``, in its
+        ``slot``) repeats it, at most once per ``REWARM_S``. Never in a probe, whose mode may not work."""
+        key = (self.python, self.isolation)
+        last = _warm_times.get(key)
+        if self._probe or self.cgroups is None or self.isolation == "none" or (
                 last is not None and (not again or time.monotonic() - last < REWARM_S)):
             return
-        _warm_times[self.python] = time.monotonic()
+        _warm_times[key] = time.monotonic()
         own_slot = slot is None
         slot = self._slots.get() if own_slot else slot
         try:
-            self._run_in_slot(slot, WARM_SOURCE, None, {}, [], self.limits, grouped=False)
+            self._run_in_slot(slot, WARM_SOURCE, None, {}, [], self.limits, trusted=True)
         finally:
             if own_slot:
                 self._slots.put(slot)
@@ -238,7 +243,7 @@ class Sandbox:
         slot = self._slots.get()
         try:
             result = self._run_in_slot(slot, source, stdin, files or {}, argv or [], limits or self.limits)
-            if result.extra.get("page_cache_bytes"):
+            if (result.extra.get("memory_left_bytes") or 0) > cgroup.RECLAIM_ABOVE:
                 self._warm(slot, again=True)
             return result
         finally:
@@ -288,16 +293,20 @@ class Sandbox:
         return drop + py + [os.path.join(host_dir, "main.py"), *argv], host_dir, local_env
 
     def _reaped(self, ended, group, uid) -> bool:
-        """Whether the run left nothing of the slot's uid behind without a sweep of ``/proc``: under
-        bwrap every process of the sample is born in (or joined to) its cgroup, where it cannot
-        leave (no cgroup file is visible inside), so a group found empty after the run holds no
-        survivor, and bwrap's pid 1, which reaps the rest, is our last zombie to reap. Any other
-        ending (no cgroup, an error before the program ran, a member that would not die) is swept."""
-        if self.isolation != "bwrap" or group is None or ended is None or ended.init_pid is None or group.kill():
+        """Whether the run is known to have left nothing of the slot's uid behind, without a sweep
+        of ``/proc``. Under bwrap every process of the sample lives in its pid namespace, which
+        dies with bwrap's pid 1, and in its cgroup, which it cannot leave (no cgroup file is
+        visible inside): a group read and found empty (none was running, all were killed) and pid
+        1 gone (reaped here, its last zombie, as we are the subreaper) leave nothing. Any other
+        ending (no cgroup, an error before the program ran, a member that would not die, a group
+        that could not be read, no subreaper) is swept."""
+        if self.isolation != "bwrap" or group is None or ended is None or ended.init_pid is None:
             return False
-        return reap(ended.init_pid, uid)
+        return group.found_empty and is_subreaper() and reap(ended.init_pid, uid)
 
-    def _run_in_slot(self, slot, source, stdin, files, argv, limits, grouped: bool = True) -> RunResult:
+    def _run_in_slot(self, slot, source, stdin, files, argv, limits, trusted: bool = False) -> RunResult:
+        """One run in ``slot``; ``trusted`` (the sandbox's own warm run): outside any sample group,
+        not counted."""
         uid = self.uid_range[slot]
         host_dir = tempfile.mkdtemp(prefix="rlvr-sbx-", dir=_TASK_ROOT)
         status_r = status_w = seccomp_r = block_r = block_w = group = ended = None
@@ -314,7 +323,7 @@ class Sandbox:
                 for name in os.listdir(host_dir):
                     os.chown(os.path.join(host_dir, name), uid, uid)
             os.chmod(host_dir, 0o700)
-            if self.cgroups is not None and grouped:
+            if self.cgroups is not None and not trusted:
                 group = self.cgroups.create(limits.memory_mb << 20, limits.nproc, limits.cpus)
             if self.isolation == "bwrap":
                 status_r, status_w = os.pipe()
@@ -336,7 +345,7 @@ class Sandbox:
                                    around_spawn=group.spawning if group is not None else None,
                                    on_stop=group.kill if group is not None else None)
             if group is not None:  # counted before the group is emptied: our own kills are not the program's
-                extra["memory_peak_bytes"] = group.peak_bytes()  # the processes are dead: it is final
+                extra["memory_peak_bytes"] = group.peak_bytes()  # the processes are killed: it no longer grows
                 extra.update(group.events(extra["memory_peak_bytes"]))
             verdict, detail = classify(ended.rc, ended.stderr, ended.timed_out, ended.overflow, ended.started,
                                        self.isolation, extra)
@@ -360,10 +369,11 @@ class Sandbox:
                         self.counters["swept"] += swept
             if group is not None:
                 extra.setdefault("memory_peak_bytes", group.peak_bytes())
-                extra["page_cache_bytes"] = group.remove()
+                extra["memory_left_bytes"] = group.remove()
             shutil.rmtree(host_dir, ignore_errors=True)
         result.extra.update(extra)
-        with self._lock:
-            self.counters["runs"] += 1
-            self.counters["sandbox_errors"] += result.verdict is Verdict.SANDBOX_ERROR
+        if not trusted:
+            with self._lock:
+                self.counters["runs"] += 1
+                self.counters["sandbox_errors"] += result.verdict is Verdict.SANDBOX_ERROR
         return result

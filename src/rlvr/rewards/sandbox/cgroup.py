@@ -32,10 +32,11 @@ sample ever runs outside it:
 
 After the run the group is emptied (``cgroup.kill``, else SIGKILL of every member, then its CPU
 quota lifted so the dying can free their memory at once), before the tree is waited for; its peak
-memory and limit events are read, its page cache (if it holds any) is reclaimed, and it is removed. A fresh group
-per sample, not a reused one: the page cache a sample faults in stays charged to its group after
-it exits, so a reused group would start the next sample with the last one's charges against its
-limit and peak; ``rmdir`` alone would hand them to the parent, the trainer's group.
+memory and limit events are read, what it still has charged is reclaimed (above
+``RECLAIM_ABOVE``), and it is removed. A fresh group per sample, not a reused one: the page cache
+a sample faults in stays charged to its group after it exits, so a reused group would start the
+next sample with the last one's charges against its limit and peak; ``rmdir`` alone would hand
+them to the parent, the trainer's group.
 """
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ TCP_SHARE = 4
 the memory limit, and only once it has a limit: a sample's is 1/TCP_SHARE of its memory limit
 (without one, a 256 MB sample held 1.8 GB of unread loopback TCP). cgroup v2 charges them to
 ``memory.max``."""
+RECLAIM_ABOVE = 1 << 20
+"""A sample's group still charged with more than this once its processes are gone (page cache,
+kernel memory such as the dentries of the paths it looked up) is reclaimed before its removal,
+which would otherwise hand the charge to the parent, the trainer's group. Below it the group is
+removed as it is: what a bwrap run leaves is 0.36-0.96 MB of kernel memory (121 ordinary
+samples, median 0.63), which ``memory.force_empty`` retries on for about 1 ms without freeing
+most of it, and which the parent does not keep (300 samples grew it by under 1 MB either way)."""
 _PERIOD_US = 100_000
 _counter = itertools.count()
 
@@ -169,13 +177,21 @@ class SampleCgroup:
         for procs in self.procs:
             _write(procs, str(pid))
 
-    def members(self) -> list[int]:
-        """The group's processes, from its first directory: every process of a sample is in all of
-        them (``spawning`` enters each before the fork or raises, ``join`` writes each)."""
-        try:
-            return sorted(int(p) for p in _read(os.path.join(self.dirs[0], "cgroup.procs")).split())
-        except (OSError, ValueError):
-            return []
+    def members(self) -> list[int] | None:
+        """The processes in any of the group's directories; None when one cannot be read."""
+        pids: set[int] = set()
+        for d in self.dirs:
+            try:
+                pids.update(int(p) for p in _read(os.path.join(d, "cgroup.procs")).split())
+            except (OSError, ValueError):
+                return None
+        return sorted(pids)
+
+    @property
+    def found_empty(self) -> bool:
+        """Whether ``kill`` has read every directory of the group and found no process in it
+        (a group that has held a sample, once empty, stays so)."""
+        return self._emptied
 
     def peak_bytes(self) -> int | None:
         try:
@@ -219,9 +235,9 @@ class SampleCgroup:
         if self._emptied:
             return []
         members = self.members()
-        pids = [p for p in members if p != os.getpid()]
+        pids = [p for p in members or () if p != os.getpid()]
         if not pids:
-            self._emptied = not members  # not while a thread of ours is stuck in it
+            self._emptied = members == []  # not while a thread of ours is stuck in it, nor unread
             return pids
         kill_file = os.path.join(self.dirs[0], "cgroup.kill") if self.version == 2 else None
         try:
@@ -254,40 +270,35 @@ class SampleCgroup:
             time.sleep(0.002)
         return killed
 
-    def file_pages_bytes(self) -> int | None:
-        """The page cache charged to the group (its file LRU lists, ``memory.stat``); None when
-        unreadable. Read after a run it is current: the kernel flushes a group's statistics once
-        more updates are pending than a run's own start-up makes."""
-        stat = _keyed(self._file("memory.stat", "memory.stat"))
-        if "active_file" not in stat or "inactive_file" not in stat:
+    def charged_bytes(self) -> int | None:
+        """The group's whole memory charge (``memory.current``, v1 ``memory.usage_in_bytes``: the
+        exact counter, kernel memory included); None when unreadable."""
+        try:
+            return int(_read(self._file("memory.current", "memory.usage_in_bytes")))
+        except (OSError, ValueError):
             return None
-        return stat["active_file"] + stat["inactive_file"]
 
     def reclaim(self) -> int | None:
-        """Drop the page cache still charged to the (empty) group: removing it would hand those
-        pages to the parent, the trainer's group, whose charge would then grow with every sample
-        graded (measured: 8 MB read per sample, 96 MB after 12). ``memory.force_empty`` on v1,
-        ``memory.reclaim`` of the whole charge on v2; best effort (a refusal leaves the pages to
-        the parent, as before). Skipped when no page cache is charged: what is left then is
-        kernel memory, which both calls retry on without freeing it (about 1 ms a sample after
-        bwrap's namespaces) and which the parent does not keep (300 samples grew it by under 1 MB,
-        reclaimed or not). The page cache found: 0 (nothing to do) or its bytes, None if unreadable."""
-        cached = self.file_pages_bytes()
-        if cached == 0:
-            return 0
+        """Free what the (empty) group still has charged when it is more than ``RECLAIM_ABOVE``:
+        removing it would hand the charge to the parent, the trainer's group, which would then
+        grow with every sample graded (measured: 8 MB read per sample, 96 MB after 12; 40 MB of
+        dentries a sample that looks up 200,000 missing paths). ``memory.force_empty`` on v1,
+        ``memory.reclaim`` of the whole charge on v2; best effort (a refusal leaves the charge to
+        the parent). The charge found, None when unreadable (then reclaimed anyway)."""
+        charged = self.charged_bytes()
+        if charged is not None and charged <= RECLAIM_ABOVE:
+            return charged
         try:
             if self.version == 1:
                 _write(self._file("", "memory.force_empty"), "0")
-            else:
-                charged = int(_read(self._file("memory.current", "")))
-                if charged:
-                    _write(self._file("memory.reclaim", ""), str(charged))
-        except (OSError, ValueError):  # EAGAIN: not all of it could be reclaimed; EBUSY: a member left
+            elif charged:
+                _write(self._file("memory.reclaim", ""), str(charged))
+        except OSError:  # EAGAIN: not all of it could be reclaimed; EBUSY: a member left
             pass
-        return cached
+        return charged
 
     def remove(self) -> int | None:
-        """Reclaim the group's page cache, then remove it; ``reclaim``'s page cache found."""
+        """Reclaim what the group holds if need be, then remove it; the charge ``reclaim`` found."""
         cached = self.reclaim()
         for d in self.dirs:
             for _ in range(200):  # rmdir is EBUSY for a moment after the last member exits

@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 
-__all__ = ["uid_processes", "sweep_uid", "reap", "become_subreaper"]
+__all__ = ["uid_processes", "sweep_uid", "reap", "is_subreaper", "become_subreaper"]
 
 
 def uid_processes(uid: int) -> tuple[list[int], list[int]]:
@@ -53,20 +53,29 @@ def sweep_uid(uid: int, wait_s: float = 3.0) -> int:
 
 
 def reap(pid: int, uid: int, wait_s: float = 1.0) -> bool:
-    """Wait for ``pid``, a dead process of ``uid`` that is (or is about to be) our child: bwrap's
-    pid 1 comes to us, the subreaper, when our bwrap exits first. True once it is reaped or is not
-    ours to reap (gone, another parent took it, or its pid now names another uid's process, which
-    is never waited for), False if it is still not waitable after ``wait_s``."""
+    """Wait until ``pid``, a killed process of ``uid`` (bwrap's pid 1, which comes to us, the
+    subreaper, when our bwrap exits first), is gone: reaped here if it is our child, else by its
+    parent. True once it is gone (or its pid names another uid's process, never waited for),
+    False if it is still there after ``wait_s``."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            if os.stat(f"/proc/{pid}").st_uid != uid or os.waitpid(pid, os.WNOHANG)[0] == pid:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
                 return True
-        except (FileNotFoundError, ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        except FileNotFoundError:
             return True
+        except ChildProcessError:  # not ours (yet): its parent reaps it
+            pass
         if time.monotonic() > deadline:
             return False
         time.sleep(0.001)
+
+
+def is_subreaper() -> bool:
+    """Whether ``become_subreaper`` took effect in this process."""
+    return _subreaper
 
 
 _subreaper = False

@@ -53,7 +53,7 @@ class RunResult:
     isolation: str
     detail: str = ""  # why, for SANDBOX_ERROR and limit verdicts
     extra: dict = field(default_factory=dict)  # with a cgroup: memory_peak_bytes, oom_kill, memory_max, pids_max,
-    # page_cache_bytes (what the sample's group held of the page cache at its removal, then reclaimed)
+    # memory_left_bytes (the group's charge once its processes were gone: page cache, kernel memory)
 
 
 _MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory")  # RLIMIT_AS; ENOMEM at the cgroup's memory.max
