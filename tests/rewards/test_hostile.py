@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _page_cache import clean_files_under_usr, evict
 
 from rlvr.rewards.code import CodeGrader
 from rlvr.rewards.sandbox import Limits, Sandbox, Verdict, _uid_processes, cgroup_host, detect_isolation
@@ -673,23 +674,6 @@ def _trainer_file_cache() -> int:
     return int(stat["total_cache"] if found.version == 1 else stat["file"])
 
 
-def _clean_files_under_usr(name: str, count: int, size: int) -> Path:
-    """A fresh folder under /usr (every sample sees it, read-only) holding `count` files of `size`
-    random bytes, written back to disk so their pages are clean (a dirty page cannot be evicted);
-    the test skips where /usr is not writable. The caller removes the folder."""
-    folder = Path(f"/usr/local/share/{name}-{TOKEN}")
-    try:
-        folder.mkdir(parents=True)
-    except OSError as err:
-        pytest.skip(f"cannot write under /usr here ({err})")
-    for i in range(count):
-        with open(folder / f"{i}.bin", "wb") as f:
-            f.write(os.urandom(size))
-            f.flush()
-            os.fsync(f.fileno())
-    return folder
-
-
 def test_page_cache_of_removed_samples_is_not_left_on_the_trainer(sandbox, host, tmp_path):
     """Twelve samples each read an 8 MB file nobody has cached (under /usr, which they see): the
     pages are charged to each sample's group. Removing a group must reclaim them, not hand them to
@@ -697,11 +681,10 @@ def test_page_cache_of_removed_samples_is_not_left_on_the_trainer(sandbox, host,
     if cgroup_host()[0] is None:
         pytest.skip(f"needs per-sample cgroups, unavailable here: {cgroup_host()[1]}")
     n, size = 12, 8 << 20
-    blobs = _clean_files_under_usr("rlvr-cache", n, size)
+    blobs = clean_files_under_usr("rlvr-cache", n, size)
     try:
         for i in range(n):
-            with open(blobs / f"{i}.bin", "rb") as f:
-                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # nobody holds it cached
+            evict(blobs / f"{i}.bin")  # nobody holds it cached
         before = _trainer_file_cache()
         reader = "import sys\nwith open(sys.argv[1], 'rb') as f:\n    print(len(f.read()))"
         results = sandbox.run_many([dict(source=reader, argv=[str(blobs / f"{i}.bin")]) for i in range(n)])
@@ -914,7 +897,7 @@ def test_page_cache_channel_between_samples(order, sandbox, host):
     ``mincore``, ``cachestat``). The eviction and the probes are refused (seccomp) or answered as
     if every page were cached (the kernel's ``mincore`` on a file the sample cannot write), so no
     probe reads the bits back, and the harness still finds every file cached."""
-    folder = _clean_files_under_usr("rlvr-channel", len(BITS), 16 << 12)
+    folder = clean_files_under_usr("rlvr-channel", len(BITS), 16 << 12)
     try:
         for i in range(len(BITS)):
             (folder / f"{i}.bin").read_bytes()  # cached, by the harness

@@ -5,12 +5,14 @@ that has them, the real thing: limits written, peak memory read, the group remov
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
 import warnings
 
 import pytest
+from _page_cache import clean_files_under_usr, evict
 
 from rlvr.rewards import sandbox as sbx
 from rlvr.rewards.sandbox import Limits, Sandbox, Verdict, cgroup
@@ -329,14 +331,6 @@ def _record_page_cache_at_removal(monkeypatch) -> list[int]:
     return seen
 
 
-def _evict(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _evict_start_up_files(python: str) -> int:
     """Drop the page cache of the files a sandboxed start-up and the grader's imports read (the
     interpreter's stdlib byte code, clean and unmapped here); how many files."""
@@ -346,7 +340,7 @@ def _evict_start_up_files(python: str) -> int:
     for folder in ("", "encodings", "json", "re", "collections"):
         cache = os.path.join(stdlib, folder, "__pycache__")
         for name in os.listdir(cache) if os.path.isdir(cache) else []:
-            _evict(os.path.join(cache, name))
+            evict(os.path.join(cache, name))
             count += 1
     return count
 
@@ -377,30 +371,24 @@ def test_start_up_files_are_charged_to_the_trainer_once_not_to_every_sample(monk
 @pytest.mark.skipif(os.geteuid() != 0 or sbx.cgroup_host()[0] is None or sbx.detect_isolation() != "bwrap",
                     reason="needs bwrap and per-sample cgroups, as root")
 @pytest.mark.parametrize("rewarm_s", [0.0, float("inf")])
-def test_a_sample_left_charged_makes_the_sandbox_warm_again(rewarm_s, monkeypatch, tmp_path):
+def test_a_sample_left_charged_makes_the_sandbox_warm_again(rewarm_s, monkeypatch):
     """The trusted run's pages evicted later (memory pressure; here by hand) are read back by the
     next sample. One that also reads a 4 MB file nobody cached is left charged over
     ``RECLAIM_ABOVE``: its reclaim drops the start-up files too, so with re-warming (``REWARM_S``
     passed) the samples after it hold none; without, the next one reads them back into its own."""
-    blob = f"/usr/local/share/rlvr-rewarm-{os.getpid()}.bin"
-    try:
-        with open(blob, "wb") as f:
-            f.write(os.urandom(4 << 20))
-            f.flush()
-            os.fsync(f.fileno())  # clean pages: an eviction drops them
-    except OSError as err:
-        pytest.skip(f"cannot write under /usr here ({err})")
+    folder = clean_files_under_usr("rlvr-rewarm", 1, 4 << 20)
+    blob = str(folder / "0.bin")
     monkeypatch.setattr(sbx, "REWARM_S", rewarm_s)
     try:
         with Sandbox(workers=1, isolation="bwrap", limits=Limits(wall_s=10)) as sb:
             assert _evict_start_up_files(sb.python) > 0
-            _evict(blob)
+            evict(blob)
             reader = "import sys\nwith open(sys.argv[1], 'rb') as f:\n    print(len(f.read()))"
             first = sb.run(reader, argv=[blob])
             seen = _record_page_cache_at_removal(monkeypatch)
             later = [sb.run("import json\nprint(json.dumps(1))") for _ in range(2)]
     finally:
-        os.unlink(blob)
+        shutil.rmtree(folder, ignore_errors=True)
     assert first.stdout.strip() == str(4 << 20) and first.extra["memory_left_bytes"] > cgroup.RECLAIM_ABOVE
     assert [r.stdout for r in later] == ["1\n", "1\n"]
     assert seen == [0, 0] if rewarm_s == 0 else seen[0] > 0, seen  # (later ones may keep what they read)

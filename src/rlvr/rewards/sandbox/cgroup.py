@@ -299,7 +299,7 @@ class SampleCgroup:
 
     def remove(self) -> int | None:
         """Reclaim what the group holds if need be, then remove it; the charge ``reclaim`` found."""
-        cached = self.reclaim()
+        charged = self.reclaim()
         for d in self.dirs:
             for _ in range(200):  # rmdir is EBUSY for a moment after the last member exits
                 try:
@@ -309,7 +309,7 @@ class SampleCgroup:
                     if err.errno != errno.EBUSY:
                         break
                     time.sleep(0.005)
-        return cached
+        return charged
 
 
 class CgroupHost:

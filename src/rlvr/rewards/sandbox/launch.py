@@ -64,13 +64,14 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHOND
        "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
 
 
-def bwrap_prefix(python: str, task_dir: str, limits: Limits, status_fd: int, block_fd: int,
+def bwrap_prefix(python: str, task_dir: str, limits: Limits, status_fd: int | None, block_fd: int | None,
                  seccomp_fd: int | None) -> list[str]:
     """New user (nested ones disabled), pid, net, ipc, uts, cgroup and mount namespaces; a
     read-only ``/proc`` (the sample cannot lower the ``oom_score_adj`` it was admitted with: that
     write has no floor without CAP_SYS_RESOURCE, which root in a container often lacks) and a
-    read-only ``/dev`` with a sized ``/dev/shm``; the seccomp filter when there is one. The
-    sandbox's pid 1 waits on ``block_fd`` (after the mounts, before it starts the program)."""
+    read-only ``/dev`` with a sized ``/dev/shm``. Each fd only when given: bwrap's status lines on
+    ``status_fd``, its pid 1 waiting on ``block_fd`` (after the mounts, before it starts the
+    program), the seccomp filter read from ``seccomp_fd``."""
     args = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--ro-bind", "/usr", "/usr"]
     for name in ("bin", "lib", "lib64", "sbin", "lib32"):
@@ -86,10 +87,10 @@ def bwrap_prefix(python: str, task_dir: str, limits: Limits, status_fd: int, blo
     args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--size", str(limits.shm_mb << 20),
              "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--size", disk, "--tmpfs", "/tmp", "--size", disk,
              "--tmpfs", "/work",
-             "--ro-bind", task_dir, "/task", "--chdir", "/work", "--json-status-fd", str(status_fd),
-             "--block-fd", str(block_fd), "--clearenv", "--cap-drop", "ALL"]
-    if seccomp_fd is not None:
-        args += ["--seccomp", str(seccomp_fd)]
+             "--ro-bind", task_dir, "/task", "--chdir", "/work", "--clearenv", "--cap-drop", "ALL"]
+    for flag, fd in (("--json-status-fd", status_fd), ("--block-fd", block_fd), ("--seccomp", seccomp_fd)):
+        if fd is not None:
+            args += [flag, str(fd)]
     for key, value in {**ENV, "HOME": "/work", "TMPDIR": "/tmp"}.items():
         args += ["--setenv", key, value]
     return args
