@@ -1019,3 +1019,117 @@ def test_inet_socket_buffers_are_charged(kind, sandbox, host):
     if found.version == 1 and kind == "udp":
         assert held <= limit // TCP_SHARE * 1.05, f"{held >> 20} MB of UDP held past the kmem.tcp limit"
     assert_host_unaffected(host, [r])
+
+
+# ----------------------------------------------------------------------- a slot's network namespace
+
+ABSTRACT = r'''
+import json, os, socket, sys, time
+name, mode = "\0" + sys.argv[1], sys.argv[2]
+out = {"netns": os.readlink("/proc/self/ns/net")}
+if mode == "listen":  # a daemon in its own session holds the name; the sample itself exits at once
+    if os.fork() == 0:
+        os.setsid()
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(name); s.listen(4)
+        print("LISTENING", flush=True)
+        time.sleep(float(sys.argv[3]))
+        os._exit(0)
+    time.sleep(0.3)
+else:  # reach the name every way an AF_UNIX socket can, for a while
+    deadline = time.monotonic() + float(sys.argv[3])
+    while time.monotonic() < deadline:
+        for way in ("stream", "dgram", "pair_dgram", "pair_connect"):
+            try:
+                if way == "stream":
+                    s = socket.socket(socket.AF_UNIX); s.connect(name)
+                elif way == "dgram":
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.sendto(b"hi", name)
+                else:
+                    s, _ = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+                    s.sendto(b"hi", name) if way == "pair_dgram" else s.connect(name)
+                out[way] = "REACHED"
+            except OSError as e:
+                out.setdefault(way, type(e).__name__)
+        time.sleep(0.05)
+print("ABSTRACT" + json.dumps(out))
+'''
+
+
+def _abstract(r) -> dict:
+    assert r.verdict is Verdict.OK, (r.detail, r.stderr[-300:])
+    return json.loads(next(x for x in r.stdout.splitlines() if x.startswith("ABSTRACT"))[8:])
+
+
+@pytest.fixture()
+def one_slot(host):
+    """A sandbox of one slot: every sample runs in the same slot, one after the other."""
+    sb = Sandbox(workers=1, limits=LIMITS, isolation="bwrap", base_uid=BASE_UID)
+    host["uids"].append(sb.uid_range)
+    yield sb
+    sb.close()
+
+
+def test_host_abstract_sockets_out_of_reach(sandbox, host):
+    """Abstract AF_UNIX names live in a network namespace, not in the file system the mounts
+    hide: the host's (a stream listener and a datagram socket here) are out of a sample's reach
+    by every route, its own socket or a socket pair's, connected or addressed per datagram."""
+    name = f"rlvr-hostile-{TOKEN}"
+    listener, inbox = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind("\0" + name + "-s")
+    listener.listen(4)
+    inbox.bind("\0" + name + "-d")
+    for sock in (listener, inbox):
+        sock.setblocking(False)
+    try:
+        results = [sandbox.run(ABSTRACT, argv=[name + suffix, "reach", "0.2"]) for suffix in ("-s", "-d")]
+        for way, seen in ((way, _abstract(r).get(way)) for r in results for way in ("stream", "dgram")):
+            assert seen in ("ConnectionRefusedError", "FileNotFoundError"), (way, seen)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+        with pytest.raises(BlockingIOError):
+            inbox.recv(16)
+    finally:
+        listener.close()
+        inbox.close()
+    assert_host_unaffected(host, results)
+
+
+def test_abstract_socket_of_a_sample_is_gone_for_the_next(one_slot, host):
+    """A sample's daemon that holds an abstract name is killed with its sample: the next sample
+    of the same slot, in the same network namespace, finds nothing under that name."""
+    name = f"rlvr-leftover-{TOKEN}"
+    first = one_slot.run(ABSTRACT, argv=[name, "listen", "30"])
+    second = one_slot.run(ABSTRACT, argv=[name, "reach", "0.3"])
+    assert "LISTENING" in first.stdout, (first.detail, first.stderr[-300:])
+    seen = _abstract(second)
+    assert seen["netns"] == _abstract(first)["netns"]  # the slot's own namespace, both times
+    assert all(seen[way] != "REACHED" for way in ("stream", "dgram", "pair_dgram", "pair_connect")), seen
+    assert_host_unaffected(host, [first, second])
+
+
+def test_concurrent_samples_cannot_reach_each_other(sandbox, host):
+    """Two samples at the same time run in different slots, each in its own network namespace:
+    one holds an abstract name for two seconds while the other tries to reach it."""
+    name = f"rlvr-concurrent-{TOKEN}"
+    holder, reacher = sandbox.run_many([dict(source=ABSTRACT, argv=[name, "listen", "2"]),
+                                        dict(source=ABSTRACT, argv=[name, "reach", "1.2"])])
+    assert "LISTENING" in holder.stdout, (holder.detail, holder.stderr[-300:])
+    seen = _abstract(reacher)
+    assert seen["netns"] != _abstract(holder)["netns"]
+    assert all(seen[way] != "REACHED" for way in ("stream", "dgram", "pair_dgram", "pair_connect")), seen
+    assert_host_unaffected(host, [holder, reacher])
+
+
+def test_slots_network_namespaces(one_slot, host):
+    """As root each slot keeps one empty namespace of its own (not the host's); a sample with
+    ``inet`` gets a fresh one from bwrap every time, its loopback up."""
+    slot_ns = f"net:[{os.fstat(one_slot._netns[0]).st_ino}]"
+    host_ns = os.readlink("/proc/self/ns/net")
+    runs = [one_slot.run(ABSTRACT, argv=["x", "reach", "0"]) for _ in range(2)]
+    inet = [one_slot.run(ABSTRACT, argv=["x", "reach", "0"], limits=dataclasses.replace(LIMITS, inet=True))
+            for _ in range(2)]
+    assert [_abstract(r)["netns"] for r in runs] == [slot_ns, slot_ns] and slot_ns != host_ns
+    fresh = {_abstract(r)["netns"] for r in inet}
+    assert len(fresh) == 2 and not fresh & {slot_ns, host_ns}
+    assert_host_unaffected(host, runs + inet)

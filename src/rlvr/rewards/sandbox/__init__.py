@@ -45,6 +45,8 @@ Deviation from a full isolation design: remote backends are not implemented.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import queue
 import shutil
@@ -55,7 +57,7 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
-from rlvr.rewards.sandbox import cgroup, launch, seccomp
+from rlvr.rewards.sandbox import cgroup, launch, netns, seccomp
 from rlvr.rewards.sandbox.procs import become_subreaper, is_subreaper, reap, sweep_uid
 from rlvr.rewards.sandbox.procs import uid_processes as _uid_processes
 from rlvr.rewards.sandbox.results import Limits, RunResult, Verdict, classify, with_limits
@@ -86,6 +88,14 @@ once a minute at most, in that sample's own call)."""
 WARM_SOURCE = "import bisect, collections, functools, heapq, itertools, json, math, re, string, typing\nprint('ok')"
 """The trusted run outside any sample group (``Sandbox._warm``): the sandbox's own start-up and the
 grader's imports, with the modules graded programs import most."""
+
+
+@contextlib.contextmanager
+def _spawning(group: cgroup.SampleCgroup | None, slot_net: int | None):
+    """Around the fork of a sample's chain: the starting thread sits in the sample's cgroup (v1:
+    the sample is born in it) and in the slot's network namespace, and is back home after."""
+    with group.spawning() if group is not None else contextlib.nullcontext(), netns.entered(slot_net):
+        yield
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -175,6 +185,7 @@ class Sandbox:
         self.isolation = isolation
         self.cgroups, cgroup_reason = cgroup_host()
         self.seccomp, seccomp_reason = seccomp.bpf_program() if isolation == "bwrap" else (None, "")
+        self._netns = self._slot_netns() if isolation == "bwrap" and self.root and not _probe else [None] * workers
         self._slots: queue.Queue[int] = queue.Queue()
         for k in range(workers):
             self._slots.put(k)
@@ -185,6 +196,18 @@ class Sandbox:
         if not _probe:
             self._announce(cgroup_reason, seccomp_reason)
             self._warm()
+
+    def _slot_netns(self) -> list[int | None]:
+        """One empty network namespace per slot (``netns``), or none where this process cannot
+        make them: bwrap then makes one for every sample."""
+        made: list[int | None] = []
+        for _ in range(self.workers):
+            fd, _why = netns.make()
+            if fd is None:
+                netns.close(made)
+                return [None] * self.workers
+            made.append(fd)
+        return made
 
     def _warm(self, slot: int | None = None, again: bool = False) -> None:
         """Charge the page cache every sample needs to this process's own cgroup: the chain's
@@ -267,6 +290,8 @@ class Sandbox:
             self._pool.shutdown(wait=True)
             self._pool = None
         self._release()  # the slot uids go back (once; also at exit or when the sandbox is collected)
+        netns.close(self._netns)
+        self._netns = [None] * self.workers
 
     def __enter__(self):
         return self
@@ -276,15 +301,17 @@ class Sandbox:
 
     # ------------------------------------------------------------------------------ one run
 
-    def _command(self, uid, host_dir, argv, limits, status_w, block_r, seccomp_r) -> tuple[list[str], str, dict]:
+    def _command(self, uid, host_dir, argv, limits, status_w, block_r, seccomp_r,
+                 new_net: bool = True) -> tuple[list[str], str, dict]:
         """(command, cwd, env) for this isolation mode (bwrap's waits on ``block_r``, the others at
-        the start gate ``launch.execute`` puts in front)."""
+        the start gate ``launch.execute`` puts in front; ``new_net``: bwrap makes the sample's
+        network namespace, else it is started inside the slot's)."""
         py = [self.python, "-E", "-s", "-S"]  # like -I, but the script dir stays importable
         local_env = {**launch.ENV, "HOME": host_dir, "TMPDIR": host_dir}
         drop = launch.setpriv_prefix(uid) if self.root else []
         if self.isolation == "bwrap":
             return ((launch.uid_prefix(uid) if self.root else []) + launch.gate(limits, wait=False)
-                    + launch.bwrap_prefix(self.python, host_dir, limits, status_w, block_r, seccomp_r)
+                    + launch.bwrap_prefix(self.python, host_dir, limits, status_w, block_r, seccomp_r, new_net)
                     + py + ["/task/main.py", *argv]), "/", {}
         if self.isolation == "unshare":  # unshare needs root: the uid is dropped inside, after the namespaces
             script = " ".join(launch.shquote(a) for a in py + [os.path.join(host_dir, "main.py"), *argv])
@@ -330,7 +357,8 @@ class Sandbox:
                 block_r, block_w = os.pipe()
                 program = seccomp.bpf_program(limits.inet)[0] if self.seccomp is not None else None
                 seccomp_r = seccomp.seccomp_fd(program) if program is not None else None
-            cmd, cwd, env = self._command(uid, host_dir, argv, limits, status_w, block_r, seccomp_r)
+            slot_net = None if limits.inet else self._netns[slot]  # inet: a fresh one, its loopback up
+            cmd, cwd, env = self._command(uid, host_dir, argv, limits, status_w, block_r, seccomp_r, slot_net is None)
             fds = (status_w, block_r, seccomp_r, block_w)  # execute owns (and closes) them from here
             status_w = block_r = seccomp_r = block_w = None
             data = stdin.encode() if isinstance(stdin, str) else stdin
@@ -342,7 +370,7 @@ class Sandbox:
 
             ended = launch.execute(cmd, cwd, env, data, status_r, fds[0], fds[1:3], limits,
                                    on_start=admit, block_w=fds[3],
-                                   around_spawn=group.spawning if group is not None else None,
+                                   around_spawn=functools.partial(_spawning, group, slot_net),
                                    on_stop=group.kill if group is not None else None)
             if group is not None:  # counted before the group is emptied: our own kills are not the program's
                 extra["memory_peak_bytes"] = group.peak_bytes()  # the processes are killed: it no longer grows

@@ -26,6 +26,7 @@ through NSS (loading ``libnss_systemd``), about 1 ms of CPU a program.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import selectors
@@ -65,15 +66,37 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHOND
 
 
 def bwrap_prefix(python: str, task_dir: str, limits: Limits, status_fd: int | None, block_fd: int | None,
-                 seccomp_fd: int | None) -> list[str]:
-    """New user (nested ones disabled), pid, net, ipc, uts, cgroup and mount namespaces; a
-    read-only ``/proc`` (the sample cannot lower the ``oom_score_adj`` it was admitted with: that
-    write has no floor without CAP_SYS_RESOURCE, which root in a container often lacks) and a
-    read-only ``/dev`` with a sized ``/dev/shm``. Each fd only when given: bwrap's status lines on
-    ``status_fd``, its pid 1 waiting on ``block_fd`` (after the mounts, before it starts the
-    program), the seccomp filter read from ``seccomp_fd``."""
-    args = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--ro-bind", "/usr", "/usr"]
+                 seccomp_fd: int | None, new_net: bool = True) -> list[str]:
+    """New user (nested ones disabled), pid, ipc, uts, cgroup and mount namespaces, and a new
+    network namespace unless ``new_net`` is False (the caller starts bwrap inside a slot's own:
+    ``netns``); a read-only ``/proc`` (the sample cannot lower the ``oom_score_adj`` it was
+    admitted with: that write has no floor without CAP_SYS_RESOURCE, which root in a container
+    often lacks) and a read-only ``/dev`` with a sized ``/dev/shm``. Each fd only when given:
+    bwrap's status lines on ``status_fd``, its pid 1 waiting on ``block_fd`` (after the mounts,
+    before it starts the program), the seccomp filter read from ``seccomp_fd``."""
+    args = [*_BWRAP, *(() if new_net else ("--share-net",)), *_root(python)]
+    disk = str(limits.disk_mb << 20)
+    args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--size", str(limits.shm_mb << 20),
+             "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--size", disk, "--tmpfs", "/tmp", "--size", disk,
+             "--tmpfs", "/work",
+             "--ro-bind", task_dir, "/task", "--chdir", "/work", "--clearenv", "--cap-drop", "ALL"]
+    for flag, fd in (("--json-status-fd", status_fd), ("--block-fd", block_fd), ("--seccomp", seccomp_fd)):
+        if fd is not None:
+            args += [flag, str(fd)]
+    return args + _SANDBOX_ENV
+
+
+_BWRAP = (shutil.which("bwrap") or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+          "--new-session")
+_SANDBOX_ENV = [arg for key, value in {**ENV, "HOME": "/work", "TMPDIR": "/tmp"}.items()
+                for arg in ("--setenv", key, value)]
+
+
+@functools.lru_cache(maxsize=8)
+def _root(python: str) -> tuple[str, ...]:
+    """The read-only system a sample sees: ``/usr``, the top-level links into it (or binds where
+    they are directories) and the interpreter's prefix when it lives elsewhere; looked up once."""
+    args = ["--ro-bind", "/usr", "/usr"]
     for name in ("bin", "lib", "lib64", "sbin", "lib32"):
         target = os.path.join("/", name)
         if os.path.islink(target):
@@ -83,17 +106,7 @@ def bwrap_prefix(python: str, task_dir: str, limits: Limits, status_fd: int | No
     prefix = os.path.dirname(os.path.dirname(os.path.realpath(python)))
     if not prefix.startswith("/usr"):
         args += ["--ro-bind", prefix, prefix]
-    disk = str(limits.disk_mb << 20)
-    args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--size", str(limits.shm_mb << 20),
-             "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--size", disk, "--tmpfs", "/tmp", "--size", disk,
-             "--tmpfs", "/work",
-             "--ro-bind", task_dir, "/task", "--chdir", "/work", "--clearenv", "--cap-drop", "ALL"]
-    for flag, fd in (("--json-status-fd", status_fd), ("--block-fd", block_fd), ("--seccomp", seccomp_fd)):
-        if fd is not None:
-            args += [flag, str(fd)]
-    for key, value in {**ENV, "HOME": "/work", "TMPDIR": "/tmp"}.items():
-        args += ["--setenv", key, value]
-    return args
+    return tuple(args)
 
 
 def admit(pid: int) -> None:
