@@ -274,7 +274,7 @@ for level in range(8):  # memfd pages are outside RLIMIT_AS; more descriptors in
 TMPFS_FILL = """
 import json
 written = {}
-for d in ["/dev/shm", "/dev", "/tmp", "/work"]:
+for d in ["/dev/shm", "/dev", "/tmp", "/work", "/", "/task"]:
     n = 0
     try:
         for i in range(10000):
@@ -369,8 +369,8 @@ raise SystemExit(0)""")
 def _fill_contained(r) -> bool:
     line = next(x for x in r.stdout.splitlines() if x.startswith("FILL"))
     written = json.loads(line[4:])
-    return written["/dev"] == 0 and written["/dev/shm"] <= LIMITS.shm_mb and written["/tmp"] <= LIMITS.disk_mb \
-        and written["/work"] <= LIMITS.disk_mb
+    return written["/dev"] == written["/"] == written["/task"] == 0 and written["/dev/shm"] <= LIMITS.shm_mb \
+        and written["/tmp"] <= LIMITS.disk_mb and written["/work"] <= LIMITS.disk_mb
 
 
 def _kernel_denied(r) -> bool:
@@ -1133,3 +1133,53 @@ def test_slots_network_namespaces(one_slot, host):
     fresh = {_abstract(r)["netns"] for r in inet}
     assert len(fresh) == 2 and not fresh & {slot_ns, host_ns}
     assert_host_unaffected(host, runs + inet)
+
+
+# ------------------------------------------------------------------------------------- /dev
+
+DEVICES_USE = r'''
+import errno, json, os
+out = {"listing": sorted(os.listdir("/dev"))}
+with open("/dev/null", "w") as f:
+    out["null"] = f.write("x")
+out["zero"] = open("/dev/zero", "rb").read(4).hex()
+out["urandom"] = len(open("/dev/urandom", "rb").read(16)) + len(open("/dev/random", "rb").read(16))
+try:
+    with open("/dev/full", "w") as f:
+        f.write("x"); f.flush()
+except OSError as e:
+    out["full"] = errno.errorcode[e.errno]
+out["fd"] = sorted(os.listdir("/dev/fd"))[:3]
+with open("/dev/shm/x", "w") as f:
+    out["shm"] = f.write("y")
+for what, call in (("create", lambda: open("/dev/new", "w")), ("unlink", lambda: os.unlink("/dev/null")),
+                   ("chmod", lambda: os.chmod("/dev/null", 0o600)),
+                   ("rename", lambda: os.rename("/dev/zero", "/dev/z")),
+                   ("mknod", lambda: os.mknod("/dev/mem2", 0o666 | 0o20000, os.makedev(1, 1))),
+                   ("symlink", lambda: os.symlink("/proc/1/root", "/dev/root"))):
+    try:
+        call(); out[what] = "ALLOWED"
+    except OSError as e:
+        out[what] = errno.errorcode[e.errno]
+print("DEVICES" + json.dumps(out))
+'''
+
+
+@pytest.mark.parametrize("dev", ["own", "bwrap"])
+def test_devices_work_and_dev_cannot_be_changed(dev, sandbox, host, monkeypatch):
+    """The devices a program may use (``null``, ``zero``, ``full``, ``random``, ``urandom``, the
+    ``/dev/fd`` links, a writable ``/dev/shm``) work, from the sandbox's own device directory as
+    from bwrap's ``--dev``; no entry of ``/dev`` can be added, removed or changed."""
+    if dev == "own" and sandbox._dev is None:
+        pytest.skip("no device directory here (no CAP_MKNOD, or nodev mounts): bwrap's --dev serves")
+    if dev == "bwrap":
+        monkeypatch.setattr(sandbox, "_dev", None)
+    r = sandbox.run(DEVICES_USE)
+    assert r.verdict is Verdict.OK, (r.detail, r.stderr[-300:])
+    seen = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("DEVICES"))[7:])
+    assert {"null", "zero", "full", "random", "urandom", "tty", "fd", "stdin", "stdout", "stderr", "shm"} \
+        <= set(seen["listing"]), seen["listing"]
+    assert (seen["null"], seen["zero"], seen["urandom"], seen["full"], seen["shm"]) == (1, "00000000", 32, "ENOSPC", 1)
+    assert seen["fd"] == ["0", "1", "2"]
+    assert all(seen[what] != "ALLOWED" for what in ("create", "unlink", "chmod", "rename", "mknod", "symlink")), seen
+    assert_host_unaffected(host, [r])

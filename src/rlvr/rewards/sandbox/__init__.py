@@ -57,7 +57,7 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
-from rlvr.rewards.sandbox import cgroup, launch, netns, seccomp
+from rlvr.rewards.sandbox import cgroup, devices, launch, netns, seccomp
 from rlvr.rewards.sandbox.procs import become_subreaper, is_subreaper, reap, sweep_uid
 from rlvr.rewards.sandbox.procs import uid_processes as _uid_processes
 from rlvr.rewards.sandbox.results import Limits, RunResult, Verdict, classify, with_limits
@@ -96,6 +96,26 @@ def _spawning(group: cgroup.SampleCgroup | None, slot_net: int | None):
     the sample is born in it) and in the slot's network namespace, and is back home after."""
     with group.spawning() if group is not None else contextlib.nullcontext(), netns.entered(slot_net):
         yield
+
+
+def _plain_name(name: str) -> str:
+    """``name`` if it names a file directly inside the program's directory, else ValueError."""
+    if not name or os.path.basename(name) != name or name in (".", ".."):
+        raise ValueError(f"sandbox: file name {name!r} must be a plain name")
+    return name
+
+
+def _memfd(text: str) -> int:
+    """An fd holding ``text`` (UTF-8) from its start, for bwrap to copy into the sandbox (any
+    size: a pipe would block past its buffer before bwrap reads it)."""
+    fd = os.memfd_create("rlvr-task", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, text.encode("utf-8"))  # a memfd takes a whole write at once
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -186,6 +206,7 @@ class Sandbox:
         self.cgroups, cgroup_reason = cgroup_host()
         self.seccomp, seccomp_reason = seccomp.bpf_program() if isolation == "bwrap" else (None, "")
         self._netns = self._slot_netns() if isolation == "bwrap" and self.root and not _probe else [None] * workers
+        self._dev = devices.device_dir((_TASK_ROOT, None)) if isolation == "bwrap" and not _probe else None
         self._slots: queue.Queue[int] = queue.Queue()
         for k in range(workers):
             self._slots.put(k)
@@ -301,23 +322,38 @@ class Sandbox:
 
     # ------------------------------------------------------------------------------ one run
 
-    def _command(self, uid, host_dir, argv, limits, status_w, block_r, seccomp_r,
+    def _command(self, uid, task, argv, limits, status_w, block_r, seccomp_r,
                  new_net: bool = True) -> tuple[list[str], str, dict]:
         """(command, cwd, env) for this isolation mode (bwrap's waits on ``block_r``, the others at
-        the start gate ``launch.execute`` puts in front; ``new_net``: bwrap makes the sample's
-        network namespace, else it is started inside the slot's)."""
+        the start gate ``launch.execute`` puts in front). ``task``: the program's files, a dict of
+        name -> fd that bwrap copies in, or the host directory holding them for the other modes;
+        ``new_net``: bwrap makes the sample's network namespace, else it is started inside the slot's."""
         py = [self.python, "-E", "-s", "-S"]  # like -I, but the script dir stays importable
-        local_env = {**launch.ENV, "HOME": host_dir, "TMPDIR": host_dir}
-        drop = launch.setpriv_prefix(uid) if self.root else []
         if self.isolation == "bwrap":
             return ((launch.uid_prefix(uid) if self.root else []) + launch.gate(limits, wait=False)
-                    + launch.bwrap_prefix(self.python, host_dir, limits, status_w, block_r, seccomp_r, new_net)
+                    + launch.bwrap_prefix(self.python, task, limits, status_w, block_r, seccomp_r, new_net, self._dev)
                     + py + ["/task/main.py", *argv]), "/", {}
+        host_dir = task
+        local_env = {**launch.ENV, "HOME": host_dir, "TMPDIR": host_dir}
+        drop = launch.setpriv_prefix(uid) if self.root else []
         if self.isolation == "unshare":  # unshare needs root: the uid is dropped inside, after the namespaces
             script = " ".join(launch.shquote(a) for a in py + [os.path.join(host_dir, "main.py"), *argv])
             return (["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts", "--"]
                     + drop + ["/bin/sh", "-c", f"{script}; exit $?"], host_dir, local_env)
         return drop + py + [os.path.join(host_dir, "main.py"), *argv], host_dir, local_env
+
+    def _host_dir(self, task: dict[str, str], uid: int) -> str:
+        """A fresh directory holding the program's files, owned by the slot's uid (the modes
+        without bwrap run the program from there)."""
+        host_dir = tempfile.mkdtemp(prefix="rlvr-sbx-", dir=_TASK_ROOT)
+        for name, text in task.items():
+            with open(os.path.join(host_dir, name), "w", encoding="utf-8") as f:
+                f.write(text)
+        if self.root:
+            for path in (host_dir, *(os.path.join(host_dir, name) for name in task)):
+                os.chown(path, uid, uid)
+        os.chmod(host_dir, 0o700)
+        return host_dir
 
     def _reaped(self, ended, group, uid) -> bool:
         """Whether the run is known to have left nothing of the slot's uid behind, without a sweep
@@ -335,21 +371,15 @@ class Sandbox:
         """One run in ``slot``; ``trusted`` (the sandbox's own warm run): outside any sample group,
         not counted."""
         uid = self.uid_range[slot]
-        host_dir = tempfile.mkdtemp(prefix="rlvr-sbx-", dir=_TASK_ROOT)
-        status_r = status_w = seccomp_r = block_r = block_w = group = ended = None
+        status_r = status_w = seccomp_r = block_r = block_w = group = ended = host_dir = None
+        task_fds: dict[str, int] = {}
         extra: dict = {}
         try:
-            for name, text in {**files, "main.py": source}.items():
-                path = os.path.join(host_dir, name)
-                if os.path.dirname(os.path.normpath(path)) != host_dir:
-                    raise ValueError(f"sandbox: file name {name!r} must be a plain name")
-                with open(path, "w", encoding="utf-8") as f:
-                    f.write(text)
-            if self.root:
-                os.chown(host_dir, uid, uid)
-                for name in os.listdir(host_dir):
-                    os.chown(os.path.join(host_dir, name), uid, uid)
-            os.chmod(host_dir, 0o700)
+            task = {_plain_name(name): text for name, text in {**files, "main.py": source}.items()}
+            if self.isolation == "bwrap":
+                task_fds = {name: _memfd(text) for name, text in task.items()}
+            else:
+                host_dir = self._host_dir(task, uid)
             if self.cgroups is not None and not trusted:
                 group = self.cgroups.create(limits.memory_mb << 20, limits.nproc, limits.cpus)
             if self.isolation == "bwrap":
@@ -358,9 +388,11 @@ class Sandbox:
                 program = seccomp.bpf_program(limits.inet)[0] if self.seccomp is not None else None
                 seccomp_r = seccomp.seccomp_fd(program) if program is not None else None
             slot_net = None if limits.inet else self._netns[slot]  # inet: a fresh one, its loopback up
-            cmd, cwd, env = self._command(uid, host_dir, argv, limits, status_w, block_r, seccomp_r, slot_net is None)
-            fds = (status_w, block_r, seccomp_r, block_w)  # execute owns (and closes) them from here
+            cmd, cwd, env = self._command(uid, task_fds or host_dir, argv, limits, status_w, block_r, seccomp_r,
+                                          slot_net is None)
+            fds = (status_w, block_r, seccomp_r, block_w, *task_fds.values())  # execute owns (and closes) them
             status_w = block_r = seccomp_r = block_w = None
+            task_fds = {}
             data = stdin.encode() if isinstance(stdin, str) else stdin
 
             def admit(pid: int) -> None:  # the gated process, or bwrap's pid 1 before it starts the program
@@ -368,7 +400,7 @@ class Sandbox:
                     group.join(pid)
                 launch.admit(pid)
 
-            ended = launch.execute(cmd, cwd, env, data, status_r, fds[0], fds[1:3], limits,
+            ended = launch.execute(cmd, cwd, env, data, status_r, fds[0], (*fds[1:3], *fds[4:]), limits,
                                    on_start=admit, block_w=fds[3],
                                    around_spawn=functools.partial(_spawning, group, slot_net),
                                    on_stop=group.kill if group is not None else None)
@@ -382,7 +414,7 @@ class Sandbox:
             result = RunResult(Verdict.SANDBOX_ERROR, None, "", "", 0.0, self.isolation,
                                detail=f"{type(err).__name__}: {err}")
         finally:
-            for fd in (status_r, status_w, block_r, block_w, seccomp_r):
+            for fd in (status_r, status_w, block_r, block_w, seccomp_r, *task_fds.values()):
                 if fd is not None:
                     try:
                         os.close(fd)
@@ -398,7 +430,8 @@ class Sandbox:
             if group is not None:
                 extra.setdefault("memory_peak_bytes", group.peak_bytes())
                 extra["memory_left_bytes"] = group.remove()
-            shutil.rmtree(host_dir, ignore_errors=True)
+            if host_dir is not None:
+                shutil.rmtree(host_dir, ignore_errors=True)
         result.extra.update(extra)
         if not trusted:
             with self._lock:

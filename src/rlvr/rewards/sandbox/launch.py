@@ -65,21 +65,31 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHOND
        "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
 
 
-def bwrap_prefix(python: str, task_dir: str, limits: Limits, status_fd: int | None, block_fd: int | None,
-                 seccomp_fd: int | None, new_net: bool = True) -> list[str]:
+def bwrap_prefix(python: str, task_files: dict[str, int], limits: Limits, status_fd: int | None,
+                 block_fd: int | None, seccomp_fd: int | None, new_net: bool = True,
+                 dev_dir: str | None = None) -> list[str]:
     """New user (nested ones disabled), pid, ipc, uts, cgroup and mount namespaces, and a new
     network namespace unless ``new_net`` is False (the caller starts bwrap inside a slot's own:
     ``netns``); a read-only ``/proc`` (the sample cannot lower the ``oom_score_adj`` it was
     admitted with: that write has no floor without CAP_SYS_RESOURCE, which root in a container
-    often lacks) and a read-only ``/dev`` with a sized ``/dev/shm``. Each fd only when given:
+    often lacks) and a ``/dev`` the sample cannot write, with a sized ``/dev/shm``: bwrap's own,
+    made read-only, or ``dev_dir`` (``devices``, owned by a user the sample's namespace does not
+    map) in one bind. The program's files are copied in from ``task_files`` (name -> an fd bwrap
+    reads to its end) under ``/task``, and the root is then made read-only: only ``/work``, ``/tmp``
+    and ``/dev/shm``, each sized, take writes (bwrap's root tmpfs, owned by the sample's user, is
+    not sized). Each fd only when given:
     bwrap's status lines on ``status_fd``, its pid 1 waiting on ``block_fd`` (after the mounts,
     before it starts the program), the seccomp filter read from ``seccomp_fd``."""
     args = [*_BWRAP, *(() if new_net else ("--share-net",)), *_root(python)]
     disk = str(limits.disk_mb << 20)
-    args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--size", str(limits.shm_mb << 20),
-             "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--size", disk, "--tmpfs", "/tmp", "--size", disk,
-             "--tmpfs", "/work",
-             "--ro-bind", task_dir, "/task", "--chdir", "/work", "--clearenv", "--cap-drop", "ALL"]
+    shm = ["--size", str(limits.shm_mb << 20), "--tmpfs", "/dev/shm"]
+    # a read-only remount of a bind holding devices would make them unopenable (nodev)
+    dev = ["--dev-bind", dev_dir, "/dev", *shm] if dev_dir else ["--dev", "/dev", *shm, "--remount-ro", "/dev"]
+    args += ["--proc", "/proc", "--remount-ro", "/proc", *dev, "--size", disk, "--tmpfs", "/tmp", "--size", disk,
+             "--tmpfs", "/work"]
+    for name, fd in task_files.items():
+        args += ["--file", str(fd), f"/task/{name}"]
+    args += ["--remount-ro", "/", "--chdir", "/work", "--clearenv", "--cap-drop", "ALL"]
     for flag, fd in (("--json-status-fd", status_fd), ("--block-fd", block_fd), ("--seccomp", seccomp_fd)):
         if fd is not None:
             args += [flag, str(fd)]
