@@ -190,16 +190,15 @@ def _chain(repeats: int) -> None:
     """Wall and CPU medians of ``print(1)`` behind each exec of the sandbox's chain, interleaved,
     up to the whole chain without the sandbox's own steps (no cgroup, seccomp filter, status
     pipe or start gate): the floor of what a sample costs."""
-    import tempfile
-
-    from rlvr.rewards.sandbox import launch
+    from rlvr.rewards.sandbox import devices, launch
     from rlvr.rewards.sandbox.procs import become_subreaper
 
     become_subreaper()
     py = [default_python(), "-E", "-s", "-S", "-c", PROGRAM]
-    task = tempfile.mkdtemp(prefix="rlvr-chain-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    os.chmod(task, 0o755)
-    bwrap = launch.bwrap_prefix(py[0], task, Limits(), None, None, None)  # no status pipe, start gate or filter
+    # No status pipe, start gate, filter or program files; the host's network namespace shared, as
+    # the sandbox shares a slot's; the sandbox's device directory where it has one.
+    bwrap = launch.bwrap_prefix(py[0], {}, Limits(), None, None, None, new_net=False,
+                                dev_dir=devices.device_dir())
     rlimits = launch.gate(Limits(), wait=False)
     chains = {"python": py, "setpriv + python": launch.setpriv_prefix(60000) + py,
               "chroot + python": launch.uid_prefix(60000) + py, "ulimit shell + python": rlimits + py,
@@ -207,12 +206,9 @@ def _chain(repeats: int) -> None:
               "chroot + shell + bwrap + python": launch.uid_prefix(60000) + rlimits + bwrap + py}
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in chains}
     names = list(chains)
-    try:
-        for i in range(repeats):
-            for name in names[i % len(names):] + names[:i % len(names)]:
-                times[name].append(_timed(functools.partial(_run_and_reap, chains[name]))[:2])
-    finally:
-        shutil.rmtree(task, ignore_errors=True)
+    for i in range(repeats):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            times[name].append(_timed(functools.partial(_run_and_reap, chains[name]))[:2])
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {repeats} rounds; medians")
     base = [statistics.median(p[k] for p in times["python"]) for k in (0, 1)]
     for name, pairs in times.items():

@@ -1170,10 +1170,10 @@ def test_devices_work_and_dev_cannot_be_changed(dev, sandbox, host, monkeypatch)
     """The devices a program may use (``null``, ``zero``, ``full``, ``random``, ``urandom``, the
     ``/dev/fd`` links, a writable ``/dev/shm``) work, from the sandbox's own device directory as
     from bwrap's ``--dev``; no entry of ``/dev`` can be added, removed or changed."""
-    if dev == "own" and sandbox._dev is None:
+    if dev == "own" and not sandbox._own_devices:
         pytest.skip("no device directory here (no CAP_MKNOD, or nodev mounts): bwrap's --dev serves")
     if dev == "bwrap":
-        monkeypatch.setattr(sandbox, "_dev", None)
+        monkeypatch.setattr(sandbox, "_own_devices", False)
     r = sandbox.run(DEVICES_USE)
     assert r.verdict is Verdict.OK, (r.detail, r.stderr[-300:])
     seen = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("DEVICES"))[7:])

@@ -55,6 +55,7 @@ import tempfile
 import threading
 import time
 import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from rlvr.rewards.sandbox import cgroup, devices, launch, netns, seccomp
@@ -206,7 +207,8 @@ class Sandbox:
         self.cgroups, cgroup_reason = cgroup_host()
         self.seccomp, seccomp_reason = seccomp.bpf_program() if isolation == "bwrap" else (None, "")
         self._netns = self._slot_netns() if isolation == "bwrap" and self.root and not _probe else [None] * workers
-        self._dev = devices.device_dir((_TASK_ROOT, None)) if isolation == "bwrap" and not _probe else None
+        self._close_netns = weakref.finalize(self, netns.close, list(self._netns))  # once: here or at collection
+        self._own_devices = isolation == "bwrap" and not _probe and devices.device_dir() is not None
         self._slots: queue.Queue[int] = queue.Queue()
         for k in range(workers):
             self._slots.put(k)
@@ -311,7 +313,7 @@ class Sandbox:
             self._pool.shutdown(wait=True)
             self._pool = None
         self._release()  # the slot uids go back (once; also at exit or when the sandbox is collected)
-        netns.close(self._netns)
+        self._close_netns()
         self._netns = [None] * self.workers
 
     def __enter__(self):
@@ -322,16 +324,17 @@ class Sandbox:
 
     # ------------------------------------------------------------------------------ one run
 
-    def _command(self, uid, task, argv, limits, status_w, block_r, seccomp_r,
-                 new_net: bool = True) -> tuple[list[str], str, dict]:
+    def _command(self, uid, task, argv, limits, status_w, block_r, seccomp_r, new_net: bool = True,
+                 dev_dir: str | None = None) -> tuple[list[str], str, dict]:
         """(command, cwd, env) for this isolation mode (bwrap's waits on ``block_r``, the others at
         the start gate ``launch.execute`` puts in front). ``task``: the program's files, a dict of
         name -> fd that bwrap copies in, or the host directory holding them for the other modes;
-        ``new_net``: bwrap makes the sample's network namespace, else it is started inside the slot's."""
+        ``new_net``: bwrap makes the sample's network namespace, else it is started inside the slot's;
+        ``dev_dir``: the sample's ``/dev`` (``devices``), else bwrap makes one."""
         py = [self.python, "-E", "-s", "-S"]  # like -I, but the script dir stays importable
         if self.isolation == "bwrap":
             return ((launch.uid_prefix(uid) if self.root else []) + launch.gate(limits, wait=False)
-                    + launch.bwrap_prefix(self.python, task, limits, status_w, block_r, seccomp_r, new_net, self._dev)
+                    + launch.bwrap_prefix(self.python, task, limits, status_w, block_r, seccomp_r, new_net, dev_dir)
                     + py + ["/task/main.py", *argv]), "/", {}
         host_dir = task
         local_env = {**launch.ENV, "HOME": host_dir, "TMPDIR": host_dir}
@@ -389,7 +392,7 @@ class Sandbox:
                 seccomp_r = seccomp.seccomp_fd(program) if program is not None else None
             slot_net = None if limits.inet else self._netns[slot]  # inet: a fresh one, its loopback up
             cmd, cwd, env = self._command(uid, task_fds or host_dir, argv, limits, status_w, block_r, seccomp_r,
-                                          slot_net is None)
+                                          slot_net is None, devices.device_dir() if self._own_devices else None)
             fds = (status_w, block_r, seccomp_r, block_w, *task_fds.values())  # execute owns (and closes) them
             status_w = block_r = seccomp_r = block_w = None
             task_fds = {}

@@ -21,7 +21,7 @@ import stat
 import tempfile
 import threading
 
-__all__ = ["DEVICES", "LINKS", "device_dir"]
+__all__ = ["DEVICES", "LINKS", "PLACES", "device_dir"]
 
 DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
 """Name -> (major, minor): the character devices of bwrap's ``--dev``."""
@@ -33,19 +33,27 @@ _made: list[str | None] = []
 _lock = threading.Lock()
 
 
-def device_dir(places: tuple[str | None, ...]) -> str | None:
+PLACES = ("/dev/shm", None)
+"""Where the directory is made: the first of these (None: the temp directory) whose mount honours
+device nodes."""
+
+
+def device_dir() -> str | None:
     """A directory holding the sample's devices (its ``shm`` a mount point), made on the first call
-    in the first of ``places`` (None: the temp directory) where they open; None where none does."""
+    (again if it has gone since: a temp cleaner); None where this process cannot make one."""
     with _lock:
-        if not _made:
-            _made.append(next((d for d in map(_make_in, dict.fromkeys(places)) if d is not None), None))
-            if _made[0] is not None:
-                atexit.register(shutil.rmtree, _made[0], True)
+        if not _made or (_made[0] is not None and not os.path.isdir(os.path.join(_made[0], "shm"))):
+            path = next((d for d in map(_make_in, PLACES) if d is not None), None)
+            if path is not None:
+                atexit.register(shutil.rmtree, path, True)
+            _made[:] = [path]
         return _made[0]
 
 
 def _make_in(place: str | None) -> str | None:
     if not hasattr(os, "mknod") or os.geteuid() != 0:
+        return None
+    if place is not None and not os.path.isdir(place):
         return None
     path = None
     try:

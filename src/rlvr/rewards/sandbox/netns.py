@@ -30,8 +30,6 @@ __all__ = ["make", "entered", "close"]
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True) if os.name == "posix" else None
-_home: list[int] = []
-_home_lock = threading.Lock()
 
 
 def _call(name: str, *args) -> None:
@@ -41,14 +39,6 @@ def _call(name: str, *args) -> None:
     if fn(*args) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{name}: {os.strerror(err)}")
-
-
-def _home_fd() -> int:
-    """This process's own network namespace (the main thread's), opened once."""
-    with _home_lock:
-        if not _home:
-            _home.append(os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC))
-        return _home[0]
 
 
 def make() -> tuple[int | None, str]:
@@ -64,10 +54,6 @@ def make() -> tuple[int | None, str]:
         except OSError as err:
             failed.append(str(err))
 
-    try:
-        _home_fd()
-    except OSError as err:
-        return None, f"no /proc/self/ns/net ({err})"
     worker = threading.Thread(target=inside_new, name="rlvr-sandbox-netns")
     worker.start()
     worker.join()
@@ -76,19 +62,23 @@ def make() -> tuple[int | None, str]:
 
 @contextlib.contextmanager
 def entered(fd: int | None):
-    """Within it the calling thread sits in namespace ``fd`` (a no-op for None); it is back in
-    this process's own before the block ends, raising if it cannot be."""
+    """Within it the calling thread sits in namespace ``fd`` (a no-op for None); it is back in the
+    namespace it was in before the block ends, raising if it cannot be."""
     if fd is None:
         yield
         return
-    _call("setns", fd, CLONE_NEWNET)
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        yield
-    finally:
+        _call("setns", fd, CLONE_NEWNET)
         try:
-            _call("setns", _home_fd(), CLONE_NEWNET)
-        except OSError as err:
-            raise RuntimeError(f"sandbox thread could not leave a slot's network namespace ({err})") from err
+            yield
+        finally:
+            try:
+                _call("setns", home, CLONE_NEWNET)
+            except OSError as err:
+                raise RuntimeError(f"sandbox thread could not leave a slot's network namespace ({err})") from err
+    finally:
+        os.close(home)
 
 
 def close(fds: list[int | None]) -> None:
