@@ -22,7 +22,10 @@ does (starting a process costs more from a large parent unless it is started by 
 ``--chain`` times ``print(1)`` by a bare subprocess behind each exec the sandbox can put in front
 (as root: ``setpriv`` and ``chroot`` to the slot uid, the ``ulimit`` shell, bwrap with the
 sandbox's namespaces and mounts, and the three together), interleaved, with the empty
-environment the sandbox gives them: the last is the floor under the sandbox's own steps.
+environment the sandbox gives them: the three together are the floor under the sandbox's own
+steps; two more rows give that chain with a network namespace made by bwrap for the run (where
+the sandbox enters a slot's) and with bwrap's ``--dev`` (where the sandbox binds its device
+directory).
 ``--phases`` times, from a worker thread, each step the sandbox takes around a bare ``print(1)``
 born in a sample cgroup (after one run outside any group, as a new sandbox makes): making the
 group, killing its members, reading its events and peak, reclaiming what it holds (its charge
@@ -189,7 +192,8 @@ def _run_and_reap(cmd: list[str]) -> None:
 def _chain(repeats: int) -> None:
     """Wall and CPU medians of ``print(1)`` behind each exec of the sandbox's chain, interleaved,
     up to the whole chain without the sandbox's own steps (no cgroup, seccomp filter, status
-    pipe or start gate): the floor of what a sample costs."""
+    pipe or start gate): the floor of what a sample costs; then that chain with bwrap making the
+    network namespace and ``/dev`` itself, for each of the two."""
     from rlvr.rewards.sandbox import devices, launch
     from rlvr.rewards.sandbox.procs import become_subreaper
 
@@ -197,13 +201,16 @@ def _chain(repeats: int) -> None:
     py = [default_python(), "-E", "-s", "-S", "-c", PROGRAM]
     # No status pipe, start gate, filter or program files; the host's network namespace shared, as
     # the sandbox shares a slot's; the sandbox's device directory where it has one.
-    bwrap = launch.bwrap_prefix(py[0], {}, Limits(), None, None, None, new_net=False,
-                                dev_dir=devices.device_dir())
+    dev_dir = devices.device_dir()
+    bwrap = functools.partial(launch.bwrap_prefix, py[0], {}, Limits(), None, None, None)
     rlimits = launch.gate(Limits(), wait=False)
+    front = launch.uid_prefix(60000) + rlimits
     chains = {"python": py, "setpriv + python": launch.setpriv_prefix(60000) + py,
               "chroot + python": launch.uid_prefix(60000) + py, "ulimit shell + python": rlimits + py,
-              "bwrap + python": bwrap + py,
-              "chroot + shell + bwrap + python": launch.uid_prefix(60000) + rlimits + bwrap + py}
+              "bwrap + python": bwrap(new_net=False, dev_dir=dev_dir) + py,
+              "chroot + shell + bwrap + python": front + bwrap(new_net=False, dev_dir=dev_dir) + py,
+              "  same, bwrap's own network ns": front + bwrap(new_net=True, dev_dir=dev_dir) + py,
+              "  same, bwrap's --dev": front + bwrap(new_net=False, dev_dir=None) + py}
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in chains}
     names = list(chains)
     for i in range(repeats):

@@ -22,11 +22,14 @@ Design. Every program runs in its own process tree:
    under bwrap with a cgroup, the sample's pid namespace and its group found empty are the proof
    (nothing of it can leave either) and only bwrap's pid 1 is left to reap (``Sandbox._reaped``).
 4. **Namespaces.** ``bwrap`` (bubblewrap) when installed and working: new user (nested user
-   namespaces disabled), pid, net, ipc, uts, cgroup and mount namespaces; only ``/usr``
-   (read-only), a private ``/proc``, a read-only ``/dev`` with a sized ``/dev/shm`` and a
-   size-capped ``/tmp``; the program's files read-only at ``/task``; a fresh size-capped tmpfs as
-   its working directory ``/work``; ``--die-with-parent`` so killing our ``bwrap`` tears the pid
-   namespace down; a seccomp filter (``seccomp``) against namespace, mount, tracing, BPF,
+   namespaces disabled), pid, ipc, uts, cgroup and mount namespaces, and a network namespace of
+   the sample's own: as root the slot's, made once and empty, which one sample uses at a time
+   (``netns``), else (and with ``Limits.inet``) a fresh one from bwrap; only ``/usr``
+   (read-only), a private read-only ``/proc``, a ``/dev`` the sample cannot change (the
+   sandbox's device directory, ``devices``, or bwrap's) with a sized ``/dev/shm``, a size-capped
+   ``/tmp``; the program's files copied to ``/task`` and the root read-only; a fresh size-capped
+   tmpfs as its working directory ``/work``; ``--die-with-parent`` so killing our ``bwrap``
+   tears the pid namespace down; a seccomp filter (``seccomp``) against namespace, mount, tracing, BPF,
    io_uring, keyring and module syscalls and the calls that evict or probe the shared page cache,
    with an allow-list of socket families (``AF_UNIX``;
    ``AF_INET``/``AF_INET6`` only with ``Limits.inet``). Without bwrap, as root: ``unshare`` of net/pid/ipc/uts
@@ -137,8 +140,9 @@ def default_python() -> str:
 
 
 def _task_root() -> str | None:
-    """Where each run's files go: ``/dev/shm`` when it is a writable tmpfs directory (removing a
-    directory from a journaling disk costs milliseconds per program), else the temp directory."""
+    """Where each run's files go without bwrap (which copies them in): ``/dev/shm`` when it is a
+    writable tmpfs directory (removing a directory from a journaling disk costs milliseconds per
+    program), else the temp directory."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK) else None
 
 
