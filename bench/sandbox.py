@@ -107,6 +107,7 @@ def _hostile() -> None:
     import pathlib
 
     path = pathlib.Path(__file__).resolve().parents[1] / "tests" / "rewards" / "test_hostile.py"
+    sys.path.insert(0, str(path.parent))  # the suite's helper modules beside it
     spec = importlib.util.spec_from_file_location("hostile", path)
     suite = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(suite)
