@@ -296,7 +296,7 @@ arm = platform.machine() == "aarch64"
 NR = {"bpf": 280 if arm else 321, "keyctl": 219 if arm else 250, "add_key": 217 if arm else 248,
       "perf_event_open": 241 if arm else 298, "io_uring_setup": 425, "pidfd_open": 434, "pidfd_getfd": 438,
       "clone3": 435, "kexec_load": 104 if arm else 246, "init_module": 105 if arm else 175,
-      "process_vm_readv": 270 if arm else 310, "userfaultfd": 282 if arm else 323}
+      "process_vm_readv": 270 if arm else 310, "userfaultfd": 282 if arm else 323, "inotify_init1": 26 if arm else 294}
 out = {}
 def attempt(name, call):
     ctypes.set_errno(0)
@@ -328,6 +328,7 @@ attempt("process_vm_readv", lambda: libc.syscall(NR["process_vm_readv"], 1, 0, 0
 attempt("kexec_load", lambda: libc.syscall(NR["kexec_load"], 0, 0, 0, 0))
 attempt("init_module", lambda: libc.syscall(NR["init_module"], 0, 0, b""))
 attempt("userfaultfd", lambda: libc.syscall(NR["userfaultfd"], 0))
+attempt("inotify_init1", lambda: libc.syscall(NR["inotify_init1"], 0))
 attempt("chroot", lambda: libc.chroot(b"/tmp"))
 attempt("thread", lambda: threading.Thread(target=int).start() or 0)
 attempt("fork", lambda: (lambda p: p if p else os._exit(0))(os.fork()))
@@ -1108,6 +1109,44 @@ def test_abstract_socket_of_a_sample_is_gone_for_the_next(one_slot, host):
     assert_host_unaffected(host, [first, second])
 
 
+CYCLE = r'''
+import array, os, socket, sys
+held = []
+for i in range(5):
+    s = socket.socket(socket.AF_UNIX); s.bind("\0" + sys.argv[1] + str(i)); s.listen(1); held.append(s)
+a, b = socket.socketpair()
+fds = array.array("i", [a.fileno(), b.fileno()] + [s.fileno() for s in held])
+a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])  # every socket in flight, in a cycle
+b.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+print("CYCLE", os.readlink("/proc/self/ns/net"), flush=True)
+os._exit(0)
+'''
+
+LISTED = r'''
+import socket, sys
+names = [line.split()[-1] for line in open("/proc/net/unix").read().splitlines()[1:] if len(line.split()) >= 8]
+try:
+    s = socket.socket(socket.AF_UNIX); s.connect("\0" + sys.argv[1] + "0"); reached = "REACHED"
+except OSError as e:
+    reached = type(e).__name__
+print("LISTED", names, reached)
+'''
+
+
+def test_sockets_kept_alive_in_flight_do_not_reach_the_next_sample(one_slot, host):
+    """Sockets sent over one another in a cycle (``SCM_RIGHTS``) outlive every process of their
+    sample until the kernel collects them, their abstract names still bound. The slot's next
+    sample must not see or reach them: a namespace left holding a socket is replaced."""
+    name = f"rlvr-cycle-{TOKEN}-"
+    first = one_slot.run(CYCLE, argv=[name])
+    second = one_slot.run(LISTED, argv=[name])
+    assert first.verdict is Verdict.OK and "CYCLE" in first.stdout, (first.detail, first.stderr[-300:])
+    assert second.verdict is Verdict.OK, (second.detail, second.stderr[-300:])
+    assert not any(name in line for line in second.stdout.splitlines()), second.stdout
+    assert "REACHED" not in second.stdout
+    assert_host_unaffected(host, [first, second])
+
+
 def test_concurrent_samples_cannot_reach_each_other(sandbox, host):
     """Two samples at the same time run in different slots, each in its own network namespace:
     one holds an abstract name for two seconds while the other tries to reach it."""
@@ -1124,7 +1163,7 @@ def test_concurrent_samples_cannot_reach_each_other(sandbox, host):
 def test_slots_network_namespaces(one_slot, host):
     """As root each slot keeps one empty namespace of its own (not the host's); a sample with
     ``inet`` gets a fresh one from bwrap every time, its loopback up."""
-    slot_ns = f"net:[{os.fstat(one_slot._netns[0]).st_ino}]"
+    slot_ns = f"net:[{os.fstat(one_slot._netns[0].fd).st_ino}]"
     host_ns = os.readlink("/proc/self/ns/net")
     runs = [one_slot.run(ABSTRACT, argv=["x", "reach", "0"]) for _ in range(2)]
     inet = [one_slot.run(ABSTRACT, argv=["x", "reach", "0"], limits=dataclasses.replace(LIMITS, inet=True))

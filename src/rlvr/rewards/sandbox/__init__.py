@@ -102,6 +102,24 @@ def _spawning(group: cgroup.SampleCgroup | None, slot_net: int | None):
         yield
 
 
+def _cleaned(net: netns.SlotNet) -> netns.SlotNet | None:
+    """The slot's namespace for its next sample: ``net``, or a fresh one where this sample left a
+    socket in it; None (bwrap makes one per sample from then on) where that cannot be checked."""
+    try:
+        return netns.clean(net)
+    except OSError:
+        net.close()
+        return None
+
+
+def _close_nets(nets: list) -> None:
+    """Let the slots' network namespaces go (each dies with its last reference)."""
+    for k, net in enumerate(nets):
+        if net is not None:
+            net.close()
+            nets[k] = None
+
+
 def _plain_name(name: str) -> str:
     """``name`` if it names a file directly inside the program's directory, else ValueError."""
     if not name or os.path.basename(name) != name or name in (".", ".."):
@@ -109,12 +127,12 @@ def _plain_name(name: str) -> str:
     return name
 
 
-def _memfd(text: str) -> int:
-    """An fd holding ``text`` (UTF-8) from its start, for bwrap to copy into the sandbox (any
-    size: a pipe would block past its buffer before bwrap reads it)."""
+def _memfd(content: bytes) -> int:
+    """An fd holding ``content`` from its start, for bwrap to copy into the sandbox (any size: a
+    pipe would block past its buffer before bwrap reads it)."""
     fd = os.memfd_create("rlvr-task", os.MFD_CLOEXEC)
     try:
-        os.write(fd, text.encode("utf-8"))  # a memfd takes a whole write at once
+        os.write(fd, content)  # a memfd takes a whole write at once
         os.lseek(fd, 0, os.SEEK_SET)
     except OSError:
         os.close(fd)
@@ -210,8 +228,11 @@ class Sandbox:
         self.isolation = isolation
         self.cgroups, cgroup_reason = cgroup_host()
         self.seccomp, seccomp_reason = seccomp.bpf_program() if isolation == "bwrap" else (None, "")
-        self._netns = self._slot_netns() if isolation == "bwrap" and self.root and not _probe else [None] * workers
-        self._close_netns = weakref.finalize(self, netns.close, list(self._netns))  # once: here or at collection
+        # The slots' namespaces serve only samples the filter holds to AF_UNIX (``netns``).
+        shared_net = isolation == "bwrap" and self.root and self.seccomp is not None and not _probe
+        self._netns = self._slot_netns() if shared_net else [None] * workers
+        self._close_netns = weakref.finalize(self, _close_nets, self._netns)  # once: in close() or at collection
+        self._closed = False
         self._own_devices = isolation == "bwrap" and not _probe and devices.device_dir() is not None
         self._slots: queue.Queue[int] = queue.Queue()
         for k in range(workers):
@@ -224,16 +245,16 @@ class Sandbox:
             self._announce(cgroup_reason, seccomp_reason)
             self._warm()
 
-    def _slot_netns(self) -> list[int | None]:
+    def _slot_netns(self) -> list[netns.SlotNet | None]:
         """One empty network namespace per slot (``netns``), or none where this process cannot
         make them: bwrap then makes one for every sample."""
-        made: list[int | None] = []
+        made: list[netns.SlotNet | None] = []
         for _ in range(self.workers):
-            fd, _why = netns.make()
-            if fd is None:
-                netns.close(made)
+            net, _why = netns.make()
+            if net is None:
+                _close_nets(made)
                 return [None] * self.workers
-            made.append(fd)
+            made.append(net)
         return made
 
     def _warm(self, slot: int | None = None, again: bool = False) -> None:
@@ -285,12 +306,19 @@ class Sandbox:
     def run(self, source: str, *, stdin: str | bytes | None = None, files: dict[str, str] | None = None,
             argv: list[str] | None = None, limits: Limits | None = None) -> RunResult:
         """Run ``source`` as ``main.py`` (plus ``files``) with ``stdin`` text; block until done."""
-        if self.cgroups is not None and self.cgroups.version == 1 and threading.get_native_id() == os.getpid():
-            # The main thread cannot carry a sample into its cgroup as it starts (``cgroup.spawning``);
-            # a worker thread can, which saves moving the sample in afterwards (~10 ms on cgroup v1).
+        if self._closed:
+            raise RuntimeError("sandbox: closed; make a new Sandbox")
+        if threading.get_native_id() == os.getpid() and (
+                any(self._netns) or (self.cgroups is not None and self.cgroups.version == 1)):
+            # The main thread neither carries a sample into its cgroup as it starts
+            # (``cgroup.spawning``) nor enters a slot's network namespace (``netns.entered``); a
+            # worker thread does both, which saves moving the sample in afterwards (~10 ms on v1).
             return self._executor().submit(self.run, source, stdin=stdin, files=files, argv=argv,
                                            limits=limits).result()
         slot = self._slots.get()
+        if self._closed:  # closed while this call waited for a slot
+            self._slots.put(slot)
+            raise RuntimeError("sandbox: closed; make a new Sandbox")
         try:
             result = self._run_in_slot(slot, source, stdin, files or {}, argv or [], limits or self.limits)
             if (result.extra.get("memory_left_bytes") or 0) > cgroup.RECLAIM_ABOVE:
@@ -313,12 +341,18 @@ class Sandbox:
         return self._pool
 
     def close(self) -> None:
+        """Wait for the runs in flight, then give back what the slots hold (their uids and network
+        namespaces); later runs raise."""
+        if self._closed:
+            return
+        self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        for _ in range(self.workers):  # runs from other threads hold slots until they finish
+            self._slots.get()
         self._release()  # the slot uids go back (once; also at exit or when the sandbox is collected)
         self._close_netns()
-        self._netns = [None] * self.workers
 
     def __enter__(self):
         return self
@@ -349,13 +383,13 @@ class Sandbox:
                     + drop + ["/bin/sh", "-c", f"{script}; exit $?"], host_dir, local_env)
         return drop + py + [os.path.join(host_dir, "main.py"), *argv], host_dir, local_env
 
-    def _host_dir(self, task: dict[str, str], uid: int) -> str:
+    def _host_dir(self, task: dict[str, bytes], uid: int) -> str:
         """A fresh directory holding the program's files, owned by the slot's uid (the modes
         without bwrap run the program from there)."""
         host_dir = tempfile.mkdtemp(prefix="rlvr-sbx-", dir=_TASK_ROOT)
-        for name, text in task.items():
-            with open(os.path.join(host_dir, name), "w", encoding="utf-8") as f:
-                f.write(text)
+        for name, content in task.items():
+            with open(os.path.join(host_dir, name), "wb") as f:
+                f.write(content)
         if self.root:
             for path in (host_dir, *(os.path.join(host_dir, name) for name in task)):
                 os.chown(path, uid, uid)
@@ -380,11 +414,16 @@ class Sandbox:
         uid = self.uid_range[slot]
         status_r = status_w = seccomp_r = block_r = block_w = group = ended = host_dir = None
         task_fds: dict[str, int] = {}
+        # inet: a fresh namespace, its loopback up; the trusted run (maybe on the main thread) too
+        slot_net = None if limits.inet or trusted else self._netns[slot]
         extra: dict = {}
         try:
-            task = {_plain_name(name): text for name, text in {**files, "main.py": source}.items()}
+            # Every text encoded before any fd is made: one that cannot be leaves nothing open.
+            task = {_plain_name(name): text.encode("utf-8") for name, text in {**files, "main.py": source}.items()}
+            data = stdin.encode() if isinstance(stdin, str) else stdin
             if self.isolation == "bwrap":
-                task_fds = {name: _memfd(text) for name, text in task.items()}
+                for name, content in task.items():
+                    task_fds[name] = _memfd(content)
             else:
                 host_dir = self._host_dir(task, uid)
             if self.cgroups is not None and not trusted:
@@ -394,13 +433,11 @@ class Sandbox:
                 block_r, block_w = os.pipe()
                 program = seccomp.bpf_program(limits.inet)[0] if self.seccomp is not None else None
                 seccomp_r = seccomp.seccomp_fd(program) if program is not None else None
-            slot_net = None if limits.inet else self._netns[slot]  # inet: a fresh one, its loopback up
             cmd, cwd, env = self._command(uid, task_fds or host_dir, argv, limits, status_w, block_r, seccomp_r,
                                           slot_net is None, devices.device_dir() if self._own_devices else None)
             fds = (status_w, block_r, seccomp_r, block_w, *task_fds.values())  # execute owns (and closes) them
             status_w = block_r = seccomp_r = block_w = None
             task_fds = {}
-            data = stdin.encode() if isinstance(stdin, str) else stdin
 
             def admit(pid: int) -> None:  # the gated process, or bwrap's pid 1 before it starts the program
                 if group is not None and not group.inherits:
@@ -437,6 +474,8 @@ class Sandbox:
             if group is not None:
                 extra.setdefault("memory_peak_bytes", group.peak_bytes())
                 extra["memory_left_bytes"] = group.remove()
+            if slot_net is not None:  # every process of the sample is gone by now
+                self._netns[slot] = _cleaned(slot_net)
             if host_dir is not None:
                 shutil.rmtree(host_dir, ignore_errors=True)
         result.extra.update(extra)

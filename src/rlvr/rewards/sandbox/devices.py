@@ -1,74 +1,135 @@
-"""The ``/dev`` a sample sees, made once per process where this process may make device nodes.
+"""The ``/dev`` a sample sees, made once where this process may make device nodes.
 
 bwrap's ``--dev`` builds a ``/dev`` for every sample: a tmpfs, a bind mount and a remount for
 each of six devices, and a ``devpts`` instance, about 0.5 ms of a 14 ms sample here. As root
-(CAP_MKNOD) on a file system that honours device nodes, the same six devices are made once, in a
-directory of this process's own (``null``, ``zero``, ``full``, ``random``, ``urandom``, ``tty``,
-mode 0666 as bwrap's, and the ``fd``/``stdin``/``stdout``/``stderr`` links into ``/proc``), and
-each sample gets that directory in one bind mount. Its owner is root, whom the sample's user
-namespace does not map: the sample can open the devices, not add, remove or change an entry.
-Left out against ``--dev``: pseudo-terminals (``/dev/pts``, ``/dev/ptmx``), which a graded
-program reading a pipe has no use for. Elsewhere (no CAP_MKNOD, or a ``nodev`` mount under every
-candidate place) the sandbox keeps bwrap's ``--dev``.
+(CAP_MKNOD) on a file system that honours device nodes, the same six devices (``null``, ``zero``,
+``full``, ``random``, ``urandom``, ``tty``, mode 0666 as bwrap's) and the ``fd``/``stdin``/
+``stdout``/``stderr`` links into ``/proc`` are made once, in a directory ``NAME`` that every
+sample gets in one bind mount. Its owner is root, whom the sample's user namespace does not map:
+the sample can open the devices, not add, remove or change an entry. Left out against ``--dev``:
+pseudo-terminals (``/dev/pts``, ``/dev/ptmx``), which a graded program reading a pipe has no use
+for. Elsewhere (no CAP_MKNOD, or a ``nodev`` mount under every candidate place) the sandbox keeps
+bwrap's ``--dev``.
+
+The directory is shared by every process of the host and kept when they exit (a crashed one leaves
+nothing of its own): it is made under a temporary name and renamed into place, and used only once
+it is checked to be exactly this (root's, mode 0755, each entry as made, nothing else), so one
+that anybody else made or changed there is never a sample's ``/dev``. Each use compares it with
+the directory checked (device, inode, change time: removing or adding an entry changes the last),
+and checks it again when it differs; one of root's found damaged (a temp cleaner took entries) is
+made again, anything else there is left alone and bwrap's ``--dev`` serves.
 """
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import os
 import shutil
 import stat
 import tempfile
 import threading
 
-__all__ = ["DEVICES", "LINKS", "PLACES", "device_dir"]
+__all__ = ["DEVICES", "LINKS", "NAME", "PLACES", "device_dir"]
 
 DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
 """Name -> (major, minor): the character devices of bwrap's ``--dev``."""
 LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
          "stderr": "/proc/self/fd/2"}
-PREFIX = "rlvr-dev-"
-
-_made: list[str | None] = []
-_lock = threading.Lock()
-
-
+NAME = "rlvr-sandbox-dev"
 PLACES = ("/dev/shm", None)
 """Where the directory is made: the first of these (None: the temp directory) whose mount honours
 device nodes."""
 
+_checked: list[tuple[str, tuple[int, int, int]] | None] = []  # (path, its identity when checked)
+_lock = threading.Lock()
+
 
 def device_dir() -> str | None:
-    """A directory holding the sample's devices (its ``shm`` a mount point), made on the first call
-    (again if it has gone since: a temp cleaner); None where this process cannot make one."""
+    """The directory holding the sample's devices (its ``shm`` a mount point), checked or made on
+    the first call and whenever it has changed since; None where this process cannot have one."""
     with _lock:
-        if not _made or (_made[0] is not None and not os.path.isdir(os.path.join(_made[0], "shm"))):
-            path = next((d for d in map(_make_in, PLACES) if d is not None), None)
-            if path is not None:
-                atexit.register(shutil.rmtree, path, True)
-            _made[:] = [path]
-        return _made[0]
+        if _checked and _checked[0] is not None and _identity(_checked[0][0]) == _checked[0][1]:
+            return _checked[0][0]
+        found = next((d for d in map(_ready_in, PLACES) if d is not None), None)
+        _checked[:] = [(found, _identity(found)) if found is not None else None]
+        return found
 
 
-def _make_in(place: str | None) -> str | None:
-    if not hasattr(os, "mknod") or os.geteuid() != 0:
-        return None
-    if place is not None and not os.path.isdir(place):
-        return None
-    path = None
+def _identity(path: str) -> tuple[int, int, int] | None:
     try:
-        path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=place)
-        for name, (major, minor) in DEVICES.items():
-            os.mknod(os.path.join(path, name), stat.S_IFCHR | 0o666, os.makedev(major, minor))
-            os.chmod(os.path.join(path, name), 0o666)  # mknod's mode passes the umask
-        for name, target in LINKS.items():
-            os.symlink(target, os.path.join(path, name))
-        os.mkdir(os.path.join(path, "shm"), 0o755)
-        os.chmod(path, 0o755)
-        os.close(os.open(os.path.join(path, "null"), os.O_WRONLY))  # EACCES on a nodev mount
-        return path
+        info = os.lstat(path)
     except OSError:
-        if path is not None:
-            shutil.rmtree(path, ignore_errors=True)
         return None
+    return info.st_dev, info.st_ino, info.st_ctime_ns
 
+
+def _ready_in(place: str | None) -> str | None:
+    """``NAME`` under ``place``, checked, made first where it is missing; None where it cannot be."""
+    if not hasattr(os, "mknod") or os.geteuid() != 0 or (place is not None and not os.path.isdir(place)):
+        return None
+    path = os.path.join(place or tempfile.gettempdir(), NAME)
+    if os.path.lexists(path) and not _is_ours(path) and _root_dir(path):  # damaged (a temp cleaner): made again
+        shutil.rmtree(path, ignore_errors=True)
+    if not os.path.lexists(path):
+        _make(path)
+    return path if _is_ours(path) else None
+
+
+def _root_dir(path: str) -> bool:
+    """A directory of root's, not a link (what anybody else left there is never touched)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == 0
+
+
+def _make(path: str) -> None:
+    """Make the directory under a temporary name and rename it to ``path`` (another process doing
+    the same at once, or anything already there, wins: only the check decides what is used)."""
+    tmp = None
+    try:
+        tmp = tempfile.mkdtemp(prefix=f".{NAME}-", dir=os.path.dirname(path))
+        for name, (major, minor) in DEVICES.items():
+            os.mknod(os.path.join(tmp, name), stat.S_IFCHR | 0o666, os.makedev(major, minor))
+            os.chmod(os.path.join(tmp, name), 0o666)  # mknod's mode passes the umask
+        for name, target in LINKS.items():
+            os.symlink(target, os.path.join(tmp, name))
+        os.mkdir(os.path.join(tmp, "shm"), 0o755)
+        os.chmod(os.path.join(tmp, "shm"), 0o755)
+        os.chmod(tmp, 0o755)
+        os.rename(tmp, path)
+        tmp = None
+    except OSError:
+        pass
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _is_ours(path: str) -> bool:
+    """Whether ``path`` is exactly the directory ``_make`` makes, owned by root, and its devices
+    open (a ``nodev`` mount refuses them)."""
+    try:
+        top = os.lstat(path)
+        if not (stat.S_ISDIR(top.st_mode) and top.st_uid == 0 and stat.S_IMODE(top.st_mode) == 0o755):
+            return False
+        if set(os.listdir(path)) != {*DEVICES, *LINKS, "shm"}:
+            return False
+        for name, (major, minor) in DEVICES.items():
+            node = os.lstat(os.path.join(path, name))
+            if not (stat.S_ISCHR(node.st_mode) and node.st_uid == 0 and stat.S_IMODE(node.st_mode) == 0o666
+                    and (os.major(node.st_rdev), os.minor(node.st_rdev)) == (major, minor)):
+                return False
+        if any(os.readlink(os.path.join(path, name)) != target for name, target in LINKS.items()):
+            return False
+        shm = os.lstat(os.path.join(path, "shm"))
+        if not (stat.S_ISDIR(shm.st_mode) and shm.st_uid == 0 and stat.S_IMODE(shm.st_mode) == 0o755):
+            return False
+        with contextlib.suppress(OSError):
+            if os.listdir(os.path.join(path, "shm")):
+                return False
+        os.close(os.open(os.path.join(path, "null"), os.O_WRONLY | os.O_NOFOLLOW))  # EACCES on a nodev mount
+        return True
+    except OSError:
+        return False

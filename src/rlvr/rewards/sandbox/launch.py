@@ -207,11 +207,22 @@ def execute(cmd, cwd, env, stdin: bytes | None, status_r, status_w, extra_fds, l
     the start-up; a sandbox that never lets the program go is reported as not started."""
     start = time.monotonic()
     pass_fds = tuple(fd for fd in (status_w, *extra_fds) if fd is not None)
+    proc = None
     try:
         with around_spawn() if around_spawn is not None else contextlib.nullcontext():
             proc = subprocess.Popen(cmd if block_w is not None else gate(limits) + cmd, cwd=cwd, env=env,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True, pass_fds=pass_fds, close_fds=True)
+    except BaseException:
+        if proc is not None:  # started, but the starting thread could not go back home: end it unreleased
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            for f in (proc.stdin, proc.stdout, proc.stderr):
+                f.close()
+        if block_w is not None:  # nothing waits on it any more
+            os.close(block_w)
+        raise
     finally:
         for fd in pass_fds:
             os.close(fd)

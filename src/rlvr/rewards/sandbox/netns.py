@@ -1,21 +1,27 @@
 """A network namespace per sandbox slot, made once and entered by the thread that starts a sample.
 
 bwrap's ``--unshare-net`` makes a namespace for every sample and brings its loopback up: about
-0.7 ms of a 14 ms sample here, the dearest of its namespaces. A sample's network namespace holds
-nothing that outlives its processes: without ``Limits.inet`` its seccomp filter opens only
-``AF_UNIX`` sockets, and what those hold (abstract names, queued buffers) goes with the last
-process that has them, which the sandbox kills before the slot runs anything else. So one
-empty namespace per slot serves each of the slot's samples in turn, as a fresh one would: no
-route out, no loopback up, the host's abstract sockets out of reach, and no sample running at
-the same time in it (one sample at a time per slot). The namespace belongs to this process's
-user namespace, where the sample holds no capability: it cannot bring an interface up or write
-a sysctl there. What it still shares with the slot's earlier samples are the kernel's global
-counters every process shares (inode and socket numbers).
+0.7 ms of a 14 ms sample here, the dearest of its namespaces. With the seccomp filter loaded and
+without ``Limits.inet``, a sample can open only ``AF_UNIX`` sockets, and a namespace holds for it
+only what those sockets hold (abstract names, queued buffers). So one empty namespace per slot
+serves each of the slot's samples in turn, as a fresh one would: no route out, no loopback up,
+the host's abstract sockets out of reach, no sample running at the same time in it (one sample at
+a time per slot). It belongs to this process's user namespace, where the sample holds no
+capability: it cannot bring an interface up or write a sysctl there.
+
+A socket normally goes with the last process holding it, but sockets a sample sent over one
+another (``SCM_RIGHTS``) in a cycle outlive every process until the kernel's collector runs, which
+nothing may trigger for a while: their abstract names would stay bound for the slot's next sample
+to see and connect to. So after every sample the slot's socket list is read (``/proc/net/unix``,
+kept open from inside the namespace: 30-40 us), and a namespace holding any socket is replaced by
+a fresh one (``SlotNet.clean``); closing a socket pair of our own then sets the collector going.
 
 The thread that starts a sample enters the slot's namespace (``setns``, which moves only the
 calling thread), starts the chain (``vfork`` copies the thread's namespaces), and goes back
-before anything of the sample runs. Making one needs CAP_SYS_ADMIN (root); elsewhere, and for
-samples with ``Limits.inet`` (whose loopback must be up and their own), bwrap makes a fresh one.
+before anything of the sample runs. Never the main thread: a signal handler, which Python runs
+there, could raise between the two moves or run inside. Making one needs CAP_SYS_ADMIN (root);
+elsewhere, without the filter and for samples with ``Limits.inet`` (whose loopback must be up and
+their own), bwrap makes a fresh one.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ import contextlib
 import ctypes
 import errno
 import os
+import socket
 import threading
+from dataclasses import dataclass
 
-__all__ = ["make", "entered", "close"]
+__all__ = ["SlotNet", "make", "clean", "entered"]
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True) if os.name == "posix" else None
@@ -41,16 +49,34 @@ def _call(name: str, *args) -> None:
         raise OSError(err, f"{name}: {os.strerror(err)}")
 
 
-def make() -> tuple[int | None, str]:
-    """(an fd holding a new, empty network namespace, "") or (None, why not). A short-lived
-    thread makes it (``unshare`` moves only that thread) and the fd keeps it alive."""
-    made: list[int] = []
+@dataclass
+class SlotNet:
+    """One slot's namespace: ``fd`` holds it, ``sockets`` is its ``/proc/net/unix`` opened inside."""
+
+    fd: int
+    sockets: int
+
+    def holds_sockets(self) -> bool:
+        """Whether any AF_UNIX socket is left in the namespace (the list's header aside)."""
+        return os.pread(self.sockets, 4096, 0).count(b"\n") > 1
+
+    def close(self) -> None:
+        for fd in (self.fd, self.sockets):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def make() -> tuple[SlotNet | None, str]:
+    """(a new, empty network namespace, "") or (None, why not). A short-lived thread makes it
+    (``unshare`` moves only that thread) and the fds keep it alive."""
+    made: list[SlotNet] = []
     failed: list[str] = []
 
     def inside_new() -> None:
         try:
             _call("unshare", CLONE_NEWNET)
-            made.append(os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC))
+            fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            made.append(SlotNet(fd, os.open("/proc/thread-self/net/unix", os.O_RDONLY | os.O_CLOEXEC)))
         except OSError as err:
             failed.append(str(err))
 
@@ -60,16 +86,31 @@ def make() -> tuple[int | None, str]:
     return (made[0], "") if made else (None, failed[0] if failed else "unshare failed")
 
 
+def clean(net: SlotNet | None) -> SlotNet | None:
+    """``net`` if it holds no socket (after a sample), else a fresh namespace in its place (None
+    where none can be made: bwrap then makes one per sample); the old one goes when the kernel
+    collects what it holds."""
+    if net is None or not net.holds_sockets():
+        return net
+    net.close()
+    a, b = socket.socketpair()  # a socket released sets the collector of in-flight sockets going
+    a.close()
+    b.close()
+    return make()[0]
+
+
 @contextlib.contextmanager
-def entered(fd: int | None):
-    """Within it the calling thread sits in namespace ``fd`` (a no-op for None); it is back in the
-    namespace it was in before the block ends, raising if it cannot be."""
-    if fd is None:
+def entered(net: SlotNet | None):
+    """Within it the calling thread, never the main one, sits in ``net`` (a no-op for None); it is
+    back in the namespace it was in before the block ends, raising if it cannot be."""
+    if net is None:
         yield
         return
+    if threading.get_native_id() == os.getpid():
+        raise RuntimeError("sandbox: the main thread never enters a slot's network namespace")
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        _call("setns", fd, CLONE_NEWNET)
+        _call("setns", net.fd, CLONE_NEWNET)
         try:
             yield
         finally:
@@ -79,11 +120,3 @@ def entered(fd: int | None):
                 raise RuntimeError(f"sandbox thread could not leave a slot's network namespace ({err})") from err
     finally:
         os.close(home)
-
-
-def close(fds: list[int | None]) -> None:
-    """Let the slots' namespaces go (each dies with its last reference)."""
-    for fd in fds:
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)

@@ -18,6 +18,10 @@ family is compared on its low 32 bits, as the kernel reads it (an ``int``): high
 register do not slip a family past the filter. Families at or above the kernel's ``AF_MAX`` are
 refused by the kernel itself.
 
+File events: ``inotify`` on a file every sample shares (under ``/usr``, a device) would tell a
+sample when another opens or reads it, a channel between samples running at once; it is refused
+(``fanotify`` too, with the kernel subsystems above).
+
 Page cache: every sample reads the same ``/usr``, so which of its pages are cached is state two
 samples share. The calls that evict a page of a file the sample cannot write
 (``posix_fadvise(POSIX_FADV_DONTNEED)``) or probe one without reading it in (``preadv2`` with
@@ -51,6 +55,8 @@ DENIED = (
     "userfaultfd", "fanotify_init", "name_to_handle_at", "open_by_handle_at",
     # page-cache probes shared between samples (see above); AIO requests carry RWF_NOWAIT unfiltered
     "cachestat", "io_setup", "io_submit", "process_madvise",
+    # file events: another sample's opens and reads of the files all samples share (/usr, the devices)
+    "inotify_init", "inotify_init1", "inotify_add_watch",
 )
 """Syscalls the filter answers with EPERM."""
 
