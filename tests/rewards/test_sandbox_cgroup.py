@@ -8,11 +8,11 @@ import os
 import shutil
 import signal
 import subprocess
-import threading
 import warnings
 
 import pytest
 from _page_cache import clean_files_under_usr, evict
+from _threads import in_thread
 
 from rlvr.rewards import sandbox as sbx
 from rlvr.rewards.sandbox import Limits, Sandbox, Verdict, cgroup
@@ -114,24 +114,6 @@ def test_real_cgroup_limits_and_peak_memory():
     sb.close()
 
 
-def _in_thread(fn):
-    """``fn()``'s result or exception, run on a thread that is not the thread group leader."""
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as err:  # noqa: BLE001 - handed back to the test
-            box["error"] = err
-
-    t = threading.Thread(target=target)
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 def test_v1_spawning_thread_enters_every_controller_and_comes_home(tmp_path):
     dirs = [tmp_path / c / "rlvr-sbx-1-0" for c in ("memory", "pids", "cpu")]
     homes = [tmp_path / c / "tasks" for c in ("memory", "pids", "cpu")]
@@ -144,7 +126,7 @@ def test_v1_spawning_thread_enters_every_controller_and_comes_home(tmp_path):
             inside = [(d / "tasks").read_text() for d in dirs] + [h.exists() for h in homes]
         return inside, [h.read_text() for h in homes]
 
-    assert _in_thread(spawn) == (["0", "0", "0", False, False, False], ["0", "0", "0"])
+    assert in_thread(spawn) == (["0", "0", "0", False, False, False], ["0", "0", "0"])
     assert not group.inherits  # the main thread: its memory map's owner, never carried into a group
     for d in dirs:
         (d / "tasks").unlink()
@@ -153,7 +135,7 @@ def test_v1_spawning_thread_enters_every_controller_and_comes_home(tmp_path):
     assert not any((d / "tasks").exists() for d in dirs)
     homes[1].parent.rename(tmp_path / "gone")  # cannot go home: loud, not a thread left in a sample's group
     with pytest.raises(RuntimeError, match="could not leave a sample cgroup"):
-        _in_thread(spawn)
+        in_thread(spawn)
 
 
 def _v1_host():

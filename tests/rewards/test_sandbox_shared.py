@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from _threads import in_thread
 
 from rlvr.rewards import sandbox as sbx
 from rlvr.rewards.sandbox import Limits, Sandbox, Verdict, devices, netns
@@ -21,24 +22,6 @@ ROOT = os.geteuid() == 0
 
 def _thread_netns() -> str:
     return os.readlink("/proc/thread-self/ns/net")
-
-
-def _in_thread(fn):
-    """``fn()`` run on a thread of its own (never the main one); its result or its exception."""
-    out: dict = {}
-
-    def body():
-        try:
-            out["value"] = fn()
-        except BaseException as err:  # noqa: BLE001 - handed back to the caller
-            out["error"] = err
-
-    worker = threading.Thread(target=body)
-    worker.start()
-    worker.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
 
 
 @pytest.fixture()
@@ -67,7 +50,7 @@ def test_a_slot_namespace_is_entered_by_one_thread_and_left(slot_net):
         except KeyError:
             seen["after a failure"] = _thread_netns()
 
-    _in_thread(starter)
+    in_thread(starter)
     assert slot != home
     assert seen == {"inside": slot, "main thread": home, "after": home, "after a failure": home}
     assert _thread_netns() == home
@@ -93,7 +76,7 @@ def test_a_namespace_left_holding_a_socket_is_replaced(slot_net):
             sock.bind("\0rlvr-test-left-behind")
         return sock
 
-    sock = _in_thread(bind_inside)
+    sock = in_thread(bind_inside)
     try:
         assert slot_net.holds_sockets()
         old = os.fstat(slot_net.fd).st_ino
