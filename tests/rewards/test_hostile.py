@@ -329,6 +329,7 @@ attempt("kexec_load", lambda: libc.syscall(NR["kexec_load"], 0, 0, 0, 0))
 attempt("init_module", lambda: libc.syscall(NR["init_module"], 0, 0, b""))
 attempt("userfaultfd", lambda: libc.syscall(NR["userfaultfd"], 0))
 attempt("inotify_init1", lambda: libc.syscall(NR["inotify_init1"], 0))
+attempt("dnotify", lambda: libc.fcntl(os.open("/usr", os.O_RDONLY), 1026, 0x80000001))  # F_NOTIFY, DN_ACCESS|MULTISHOT
 attempt("chroot", lambda: libc.chroot(b"/tmp"))
 attempt("thread", lambda: threading.Thread(target=int).start() or 0)
 attempt("fork", lambda: (lambda p: p if p else os._exit(0))(os.fork()))

@@ -106,9 +106,8 @@ def _cleaned(net: netns.SlotNet) -> netns.SlotNet | None:
     """The slot's namespace for its next sample: ``net``, or a fresh one where this sample left a
     socket in it; None (bwrap makes one per sample from then on) where that cannot be checked."""
     try:
-        return netns.clean(net)
-    except OSError:
-        net.close()
+        return netns.clean(net)  # closes ``net`` unless it returns it
+    except Exception:  # noqa: BLE001 - unchecked: never used again
         return None
 
 
@@ -233,6 +232,7 @@ class Sandbox:
         self._netns = self._slot_netns() if shared_net else [None] * workers
         self._close_netns = weakref.finalize(self, _close_nets, self._netns)  # once: in close() or at collection
         self._closed = False
+        self._held = threading.local()  # how many slots the calling thread holds (``close`` skips them)
         self._own_devices = isolation == "bwrap" and not _probe and devices.device_dir() is not None
         self._slots: queue.Queue[int] = queue.Queue()
         for k in range(workers):
@@ -319,16 +319,20 @@ class Sandbox:
         if self._closed:  # closed while this call waited for a slot
             self._slots.put(slot)
             raise RuntimeError("sandbox: closed; make a new Sandbox")
+        self._held.count = getattr(self._held, "count", 0) + 1
         try:
             result = self._run_in_slot(slot, source, stdin, files or {}, argv or [], limits or self.limits)
             if (result.extra.get("memory_left_bytes") or 0) > cgroup.RECLAIM_ABOVE:
                 self._warm(slot, again=True)
             return result
         finally:
+            self._held.count -= 1
             self._slots.put(slot)
 
     def run_many(self, jobs: list[dict]) -> list[RunResult]:
         """Run each job (keyword arguments of ``run``) on the worker pool; results in order."""
+        if self._closed:
+            raise RuntimeError("sandbox: closed; make a new Sandbox")
         pool = self._executor()
         futures = [pool.submit(lambda j=j: self.run(**j)) for j in jobs]
         return [f.result() for f in futures]
@@ -336,20 +340,25 @@ class Sandbox:
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
             with self._lock:
+                if self._closed:  # a run that passed its own check as close() began
+                    raise RuntimeError("sandbox: closed; make a new Sandbox")
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="rlvr-sandbox")
         return self._pool
 
     def close(self) -> None:
         """Wait for the runs in flight, then give back what the slots hold (their uids and network
-        namespaces); later runs raise."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        for _ in range(self.workers):  # runs from other threads hold slots until they finish
+        namespaces); later runs raise. Once, from any thread: the pool's own (not joined; its
+        threads end once idle) or a signal handler's (the slot its interrupted run holds is not
+        waited for)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+        for _ in range(self.workers - getattr(self._held, "count", 0)):  # runs elsewhere give theirs back
             self._slots.get()
         self._release()  # the slot uids go back (once; also at exit or when the sandbox is collected)
         self._close_netns()
@@ -458,26 +467,29 @@ class Sandbox:
             result = RunResult(Verdict.SANDBOX_ERROR, None, "", "", 0.0, self.isolation,
                                detail=f"{type(err).__name__}: {err}")
         finally:
-            for fd in (status_r, status_w, block_r, block_w, seccomp_r, *task_fds.values()):
-                if fd is not None:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-            if group is not None:
-                group.empty()
-            if self.root and not self._reaped(ended, group, uid):
-                swept = sweep_uid(uid)
-                if swept:
-                    with self._lock:
-                        self.counters["swept"] += swept
-            if group is not None:
-                extra.setdefault("memory_peak_bytes", group.peak_bytes())
-                extra["memory_left_bytes"] = group.remove()
-            if slot_net is not None:  # every process of the sample is gone by now
-                self._netns[slot] = _cleaned(slot_net)
-            if host_dir is not None:
-                shutil.rmtree(host_dir, ignore_errors=True)
+            try:
+                for fd in (status_r, status_w, block_r, block_w, seccomp_r, *task_fds.values()):
+                    if fd is not None:
+                        try:
+                            os.close(fd)
+                        except OSError:
+                            pass
+                if group is not None:
+                    group.empty()
+                if self.root and not self._reaped(ended, group, uid):
+                    swept = sweep_uid(uid)
+                    if swept:
+                        with self._lock:
+                            self.counters["swept"] += swept
+                if group is not None:
+                    extra.setdefault("memory_peak_bytes", group.peak_bytes())
+                    extra["memory_left_bytes"] = group.remove()
+                if host_dir is not None:
+                    shutil.rmtree(host_dir, ignore_errors=True)
+            finally:
+                if slot_net is not None:  # checked after every sample, whatever else failed
+                    self._netns[slot] = None
+                    self._netns[slot] = _cleaned(slot_net)
         result.extra.update(extra)
         if not trusted:
             with self._lock:

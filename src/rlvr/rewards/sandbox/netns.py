@@ -51,7 +51,8 @@ def _call(name: str, *args) -> None:
 
 @dataclass
 class SlotNet:
-    """One slot's namespace: ``fd`` holds it, ``sockets`` is its ``/proc/net/unix`` opened inside."""
+    """One slot's namespace: ``fd`` holds it, ``sockets`` is its ``/proc/net/unix`` opened inside
+    (-1 each once closed)."""
 
     fd: int
     sockets: int
@@ -61,9 +62,12 @@ class SlotNet:
         return os.pread(self.sockets, 4096, 0).count(b"\n") > 1
 
     def close(self) -> None:
-        for fd in (self.fd, self.sockets):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        """Give both fds back, once (a second call closes nothing another thread has since opened)."""
+        fds, self.fd, self.sockets = (self.fd, self.sockets), -1, -1
+        for fd in fds:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
 
 def make() -> tuple[SlotNet | None, str]:
@@ -73,42 +77,56 @@ def make() -> tuple[SlotNet | None, str]:
     failed: list[str] = []
 
     def inside_new() -> None:
+        fd = -1
         try:
             _call("unshare", CLONE_NEWNET)
             fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
             made.append(SlotNet(fd, os.open("/proc/thread-self/net/unix", os.O_RDONLY | os.O_CLOEXEC)))
         except OSError as err:
+            if fd >= 0:
+                os.close(fd)
             failed.append(str(err))
 
-    worker = threading.Thread(target=inside_new, name="rlvr-sandbox-netns")
-    worker.start()
-    worker.join()
+    try:
+        worker = threading.Thread(target=inside_new, name="rlvr-sandbox-netns")
+        worker.start()
+        worker.join()
+    except RuntimeError as err:  # no thread to be had
+        return None, str(err)
     return (made[0], "") if made else (None, failed[0] if failed else "unshare failed")
 
 
-def clean(net: SlotNet | None) -> SlotNet | None:
+def clean(net: SlotNet) -> SlotNet | None:
     """``net`` if it holds no socket (after a sample), else a fresh namespace in its place (None
     where none can be made: bwrap then makes one per sample); the old one goes when the kernel
-    collects what it holds."""
-    if net is None or not net.holds_sockets():
-        return net
+    collects what it holds. ``net`` is closed unless returned, whatever happens."""
+    try:
+        if not net.holds_sockets():
+            return net
+        fresh = make()[0]
+    except BaseException:
+        net.close()
+        raise
     net.close()
-    a, b = socket.socketpair()  # a socket released sets the collector of in-flight sockets going
-    a.close()
-    b.close()
-    return make()[0]
+    with contextlib.suppress(OSError):  # a socket released sets the collector of in-flight sockets going
+        a, b = socket.socketpair()
+        a.close()
+        b.close()
+    return fresh
 
 
 @contextlib.contextmanager
 def entered(net: SlotNet | None):
     """Within it the calling thread, never the main one, sits in ``net`` (a no-op for None); it is
-    back in the namespace it was in before the block ends, raising if it cannot be."""
+    back in this process's own namespace (the main thread's, which never moves) before the block
+    ends, raising if it cannot be: a thread left behind by such a failure goes home the next time
+    it leaves."""
     if net is None:
         yield
         return
     if threading.get_native_id() == os.getpid():
         raise RuntimeError("sandbox: the main thread never enters a slot's network namespace")
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    home = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
         _call("setns", net.fd, CLONE_NEWNET)
         try:

@@ -19,8 +19,9 @@ register do not slip a family past the filter. Families at or above the kernel's
 refused by the kernel itself.
 
 File events: ``inotify`` on a file every sample shares (under ``/usr``, a device) would tell a
-sample when another opens or reads it, a channel between samples running at once; it is refused
-(``fanotify`` too, with the kernel subsystems above).
+sample when another opens or reads it, a channel between samples running at once; it is refused,
+and so are its older form, ``fcntl(F_NOTIFY)`` on a directory, and ``fanotify`` (with the kernel
+subsystems above).
 
 Page cache: every sample reads the same ``/usr``, so which of its pages are cached is state two
 samples share. The calls that evict a page of a file the sample cannot write
@@ -37,8 +38,8 @@ import errno
 import os
 import threading
 
-__all__ = ["DENIED", "CLONE_NAMESPACE_FLAGS", "PAGE_CACHE_FLAGS", "SOCKET_FAMILIES", "INET_FAMILIES", "bpf_program",
-           "seccomp_fd"]
+__all__ = ["DENIED", "CLONE_NAMESPACE_FLAGS", "F_NOTIFY", "PAGE_CACHE_FLAGS", "SOCKET_FAMILIES", "INET_FAMILIES",
+           "bpf_program", "seccomp_fd"]
 
 DENIED = (
     # namespaces, mounts, root changes
@@ -69,6 +70,8 @@ SOCKET_FAMILIES = {"AF_UNIX": 1}
 """Address families every sample may open."""
 INET_FAMILIES = {"AF_INET": 2, "AF_INET6": 10}
 """Families opened only where the limits say ``inet``."""
+F_NOTIFY = 1026
+"""``fcntl`` command of directory notifications (dnotify), denied (EPERM)."""
 PAGE_CACHE_FLAGS = {"POSIX_FADV_DONTNEED": 4, "RWF_NOWAIT": 0x8}
 """``fadvise64`` with advice ``POSIX_FADV_DONTNEED`` is denied (EPERM); ``preadv2``/``pwritev2`` with
 flag ``RWF_NOWAIT`` get EOPNOTSUPP."""
@@ -92,6 +95,7 @@ def _build(inet: bool) -> bytes:
     for flag in CLONE_NAMESPACE_FLAGS.values():  # the rules OR together: any one flag denies
         f.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     f.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    f.add_rule(deny, "fcntl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, F_NOTIFY))  # (fd, cmd, arg)
     dontneed, nowait = PAGE_CACHE_FLAGS["POSIX_FADV_DONTNEED"], PAGE_CACHE_FLAGS["RWF_NOWAIT"]
     f.add_rule(deny, "fadvise64", seccomp.Arg(3, seccomp.MASKED_EQ, 0xFFFFFFFF, dontneed))  # (fd, off, len, advice)
     for call in ("preadv2", "pwritev2"):  # (fd, iov, iovcnt, pos_l, pos_h, flags)
