@@ -95,7 +95,7 @@ grader's imports, with the modules graded programs import most."""
 
 
 @contextlib.contextmanager
-def _spawning(group: cgroup.SampleCgroup | None, slot_net: int | None):
+def _spawning(group: cgroup.SampleCgroup | None, slot_net: netns.SlotNet | None):
     """Around the fork of a sample's chain: the starting thread sits in the sample's cgroup (v1:
     the sample is born in it) and in the slot's network namespace, and is back home after."""
     with group.spawning() if group is not None else contextlib.nullcontext(), netns.entered(slot_net):
