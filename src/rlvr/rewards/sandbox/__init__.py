@@ -396,13 +396,17 @@ class Sandbox:
         """A fresh directory holding the program's files, owned by the slot's uid (the modes
         without bwrap run the program from there)."""
         host_dir = tempfile.mkdtemp(prefix="rlvr-sbx-", dir=_TASK_ROOT)
-        for name, content in task.items():
-            with open(os.path.join(host_dir, name), "wb") as f:
-                f.write(content)
-        if self.root:
-            for path in (host_dir, *(os.path.join(host_dir, name) for name in task)):
-                os.chown(path, uid, uid)
-        os.chmod(host_dir, 0o700)
+        try:
+            for name, content in task.items():
+                with open(os.path.join(host_dir, name), "wb") as f:
+                    f.write(content)
+            if self.root:
+                for path in (host_dir, *(os.path.join(host_dir, name) for name in task)):
+                    os.chown(path, uid, uid)
+            os.chmod(host_dir, 0o700)
+        except BaseException:  # not handed to the run yet: removed here
+            shutil.rmtree(host_dir, ignore_errors=True)
+            raise
         return host_dir
 
     def _reaped(self, ended, group, uid) -> bool:
