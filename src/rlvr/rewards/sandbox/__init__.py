@@ -83,6 +83,7 @@ _isolation_cache: dict[tuple, str] = {}
 _cgroups: list = []  # [(CgroupHost | None, reason)] once found
 _cgroup_lock = threading.Lock()
 _warm_times: dict[tuple[str, str], float] = {}  # (interpreter, isolation) -> when its trusted run last ran here
+_CLOSED = "sandbox: closed; make a new Sandbox"
 REWARM_S = 60.0
 """A sample whose group still held more than ``cgroup.RECLAIM_ABOVE`` at its removal makes the
 sandbox repeat its trusted run, at most this often: pages that run charged here may have been
@@ -100,15 +101,6 @@ def _spawning(group: cgroup.SampleCgroup | None, slot_net: netns.SlotNet | None)
     the sample is born in it) and in the slot's network namespace, and is back home after."""
     with group.spawning() if group is not None else contextlib.nullcontext(), netns.entered(slot_net):
         yield
-
-
-def _cleaned(net: netns.SlotNet) -> netns.SlotNet | None:
-    """The slot's namespace for its next sample: ``net``, or a fresh one where this sample left a
-    socket in it; None (bwrap makes one per sample from then on) where that cannot be checked."""
-    try:
-        return netns.clean(net)  # closes ``net`` unless it returns it
-    except Exception:  # noqa: BLE001 - unchecked: never used again
-        return None
 
 
 def _close_nets(nets: list) -> None:
@@ -307,7 +299,7 @@ class Sandbox:
             argv: list[str] | None = None, limits: Limits | None = None) -> RunResult:
         """Run ``source`` as ``main.py`` (plus ``files``) with ``stdin`` text; block until done."""
         if self._closed:
-            raise RuntimeError("sandbox: closed; make a new Sandbox")
+            raise RuntimeError(_CLOSED)
         if threading.get_native_id() == os.getpid() and (
                 any(self._netns) or (self.cgroups is not None and self.cgroups.version == 1)):
             # The main thread neither carries a sample into its cgroup as it starts
@@ -318,7 +310,7 @@ class Sandbox:
         slot = self._slots.get()
         if self._closed:  # closed while this call waited for a slot
             self._slots.put(slot)
-            raise RuntimeError("sandbox: closed; make a new Sandbox")
+            raise RuntimeError(_CLOSED)
         self._held.count = getattr(self._held, "count", 0) + 1
         try:
             result = self._run_in_slot(slot, source, stdin, files or {}, argv or [], limits or self.limits)
@@ -332,7 +324,7 @@ class Sandbox:
     def run_many(self, jobs: list[dict]) -> list[RunResult]:
         """Run each job (keyword arguments of ``run``) on the worker pool; results in order."""
         if self._closed:
-            raise RuntimeError("sandbox: closed; make a new Sandbox")
+            raise RuntimeError(_CLOSED)
         pool = self._executor()
         futures = [pool.submit(lambda j=j: self.run(**j)) for j in jobs]
         return [f.result() for f in futures]
@@ -341,7 +333,7 @@ class Sandbox:
         if self._pool is None:
             with self._lock:
                 if self._closed:  # a run that passed its own check as close() began
-                    raise RuntimeError("sandbox: closed; make a new Sandbox")
+                    raise RuntimeError(_CLOSED)
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="rlvr-sandbox")
         return self._pool
@@ -448,7 +440,8 @@ class Sandbox:
                 seccomp_r = seccomp.seccomp_fd(program) if program is not None else None
             cmd, cwd, env = self._command(uid, task_fds or host_dir, argv, limits, status_w, block_r, seccomp_r,
                                           slot_net is None, devices.device_dir() if self._own_devices else None)
-            fds = (status_w, block_r, seccomp_r, block_w, *task_fds.values())  # execute owns (and closes) them
+            # execute owns (and closes) these from here
+            status_fd, passed_fds, block_fd = status_w, (block_r, seccomp_r, *task_fds.values()), block_w
             status_w = block_r = seccomp_r = block_w = None
             task_fds = {}
 
@@ -457,8 +450,8 @@ class Sandbox:
                     group.join(pid)
                 launch.admit(pid)
 
-            ended = launch.execute(cmd, cwd, env, data, status_r, fds[0], (*fds[1:3], *fds[4:]), limits,
-                                   on_start=admit, block_w=fds[3],
+            ended = launch.execute(cmd, cwd, env, data, status_r, status_fd, passed_fds, limits,
+                                   on_start=admit, block_w=block_fd,
                                    around_spawn=functools.partial(_spawning, group, slot_net),
                                    on_stop=group.kill if group is not None else None)
             if group is not None:  # counted before the group is emptied: our own kills are not the program's
@@ -493,7 +486,7 @@ class Sandbox:
             finally:
                 if slot_net is not None:  # checked after every sample, whatever else failed
                     self._netns[slot] = None
-                    self._netns[slot] = _cleaned(slot_net)
+                    self._netns[slot] = netns.clean(slot_net)
         result.extra.update(extra)
         if not trusted:
             with self._lock:

@@ -77,9 +77,9 @@ def bwrap_prefix(python: str, task_files: dict[str, int], limits: Limits, status
     map) in one bind. The program's files are copied in from ``task_files`` (name -> an fd bwrap
     reads to its end) under ``/task``, and the root is then made read-only: only ``/work``, ``/tmp``
     and ``/dev/shm``, each sized, take writes (bwrap's root tmpfs, owned by the sample's user, is
-    not sized). Each fd only when given:
-    bwrap's status lines on ``status_fd``, its pid 1 waiting on ``block_fd`` (after the mounts,
-    before it starts the program), the seccomp filter read from ``seccomp_fd``."""
+    not sized). Each fd only when given: bwrap's status lines on ``status_fd``, its pid 1 waiting
+    on ``block_fd`` (after the mounts, before it starts the program), the seccomp filter read from
+    ``seccomp_fd``."""
     args = [*_BWRAP, *(() if new_net else ("--share-net",)), *_root(python)]
     disk = str(limits.disk_mb << 20)
     shm = ["--size", str(limits.shm_mb << 20), "--tmpfs", "/dev/shm"]

@@ -14,7 +14,7 @@ another (``SCM_RIGHTS``) in a cycle outlive every process until the kernel's col
 nothing may trigger for a while: their abstract names would stay bound for the slot's next sample
 to see and connect to. So after every sample the slot's socket list is read (``/proc/net/unix``,
 kept open from inside the namespace: 30-40 us), and a namespace holding any socket is replaced by
-a fresh one (``SlotNet.clean``); closing a socket pair of our own then sets the collector going.
+a fresh one (``clean``); closing a socket pair of our own then sets the collector going.
 
 The thread that starts a sample enters the slot's namespace (``setns``, which moves only the
 calling thread), starts the chain (``vfork`` copies the thread's namespaces), and goes back
@@ -97,16 +97,16 @@ def make() -> tuple[SlotNet | None, str]:
 
 
 def clean(net: SlotNet) -> SlotNet | None:
-    """``net`` if it holds no socket (after a sample), else a fresh namespace in its place (None
-    where none can be made: bwrap then makes one per sample); the old one goes when the kernel
-    collects what it holds. ``net`` is closed unless returned, whatever happens."""
+    """The slot's namespace for its next sample: ``net`` if it holds no socket, else a fresh one
+    in its place; None where none can be made or ``net`` cannot be read (bwrap then makes one per
+    sample). ``net`` is closed unless returned; it goes when the kernel collects what it holds."""
     try:
-        if not net.holds_sockets():
-            return net
-        fresh = make()[0]
-    except BaseException:
-        net.close()
-        raise
+        left = net.holds_sockets()
+    except OSError:  # unchecked: never used again
+        left = None
+    if left is False:
+        return net
+    fresh = make()[0] if left else None
     net.close()
     with contextlib.suppress(OSError):  # a socket released sets the collector of in-flight sockets going
         a, b = socket.socketpair()
