@@ -51,7 +51,8 @@ def test_table_is_large_enough():
 
 @pytest.mark.parametrize("text,answer", [
     ("so the answer is \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),
-    ("\\boxed{a} then \\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
+    ("\\boxed{a} then \\boxed{\\{1, 2\\}}", None),  # boxes that disagree: no final answer
+    ("\\boxed{0.5} so \\boxed{\\frac12}", "\\frac12"),  # boxes that agree: the last
     ("steps\n#### 1,234", "1,234"),
     ("The answer is 7.", "7"),
     ("Final answer: $42$", "42"),

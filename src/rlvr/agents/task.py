@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import random
-import re
 from dataclasses import dataclass
 
 from rlvr.agents.env import StepResult
 from rlvr.agents.tools import ToolRegistry, parse_action
+from rlvr.rewards.format import extract_tag
 from rlvr.types import Example
 
 HELDOUT_BUCKETS = 10
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 
 
 def is_heldout_key(key: str) -> bool:
@@ -100,8 +99,8 @@ class AgentTask:
         return float(self.is_correct(completion, Example(prompt, example.get("answer", ""))))
 
     def is_correct(self, completion: str, example: Example) -> bool:
-        answers = _ANSWER.findall(completion)
-        return bool(answers) and answers[-1].strip() == example.answer
+        answer = extract_tag(completion, "answer")  # rfind, linear: the completion is model text
+        return answer is not None and answer == example.answer
 
 
 class ToolEnv:

@@ -1,0 +1,119 @@
+"""The math reward's cost: honest GSM8K-style throughput, and hostile completions' wall time.
+
+    python bench/math_reward.py [--n 4000] [--repeats 5] [--hostile-chars 1000000] [--limit-s 60]
+
+Honest rows: seeded GSM8K-style completions (a few lines of working, then the final answer as
+``#### X``, "The answer is X.", ``\\boxed{X}`` or ``<answer>X</answer>``; integers, thousands
+separators, decimals, ``\\frac``, dollars), each scored against a GSM8K reference
+(``"...#### X"``) with ``math_reward(strict=False)``; every one must score 1.0. The table gives the
+median answers/s over ``--repeats`` passes after one warm-up pass (the symbolic worker is never
+asked: every answer is a plain number).
+
+Hostile rows: one completion per shape, ``--hostile-chars`` long, scored in a child process (so a
+shape that holds the GIL for minutes is cut off at ``--limit-s`` and printed as ``> limit``):
+
+- `sci-exponent`: ``\\boxed{1e<many digits>}`` (scientific notation handed to a Fraction);
+- `digit-run`: ``\\boxed{<digits>x}`` (a long digit run before a decimal pattern fails);
+- `open-tags`: ``<answer>`` repeated, never closed;
+- `answer-newlines`: "answer:" followed by newlines only;
+- `nested-boxes`: ``\\boxed{`` repeated, never closed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+from rlvr.rewards.math import math_reward
+
+SHAPES = {
+    "sci-exponent": lambda n: "\\boxed{1e" + "9" * min(n - 9, 8) + "}",
+    "digit-run": lambda n: "\\boxed{" + "1" * (n - 9) + "x}",
+    "open-tags": lambda n: "<answer>" * (n // 8),
+    "answer-newlines": lambda n: "answer:" + "\n" * (n - 7),
+    "nested-boxes": lambda n: "\\boxed{" * (n // 7),
+}
+
+
+def honest_rows(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """(completion, GSM8K reference) pairs whose final answer is right."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        a, b = rng.randint(2, 500), rng.randint(2, 90)
+        kind = i % 6
+        if kind == 0:
+            value, shown = a * b, str(a * b)
+        elif kind == 1:
+            value = a * b * 37
+            shown = f"{value:,}"
+        elif kind == 2:
+            value, shown = f"{a}.{b:02d}", f"{a}.{b:02d}"
+        elif kind == 3:
+            value, shown = f"\\frac{{{a}}}{{{b}}}", f"\\frac{{{a}}}{{{b}}}"
+        elif kind == 4:
+            value, shown = a + b, f"\\${a + b}"
+        else:
+            value, shown = a - b, str(a - b)
+        work = (f"Natalia sold {a} clips in April and {b} in May.\nFirst, {a} * {b} = {a * b}.\n"
+                f"Then {a} + {b} = {a + b}, so we combine the steps.\n")
+        ending = (f"#### {shown}", f"The answer is {shown}.", f"So the total is $\\boxed{{{shown}}}$.",
+                  f"<answer>{shown}</answer>")[i % 4]
+        rows.append((work + ending, f"{work}#### {value}"))
+    return rows
+
+
+def throughput(rows: list[tuple[str, str]], repeats: int) -> float:
+    scores = [math_reward("q", c, answer=g) for c, g in rows]
+    if scores != [1.0] * len(rows):
+        bad = next(r for r, s in zip(rows, scores) if s != 1.0)
+        raise SystemExit(f"an honest row scored 0: {bad!r}")
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for c, g in rows:
+            math_reward("q", c, answer=g)
+        rates.append(len(rows) / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def _child(shape: str, chars: int) -> None:
+    text = SHAPES[shape](chars)
+    start = time.perf_counter()
+    score = math_reward("q", text, answer="#### 72")
+    print(f"{time.perf_counter() - start:.4f} {score}")
+
+
+def hostile(shape: str, chars: int, limit_s: float) -> str:
+    cmd = [sys.executable, __file__, "--child", shape, "--hostile-chars", str(chars)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s, check=True).stdout.split()
+    except subprocess.TimeoutExpired:
+        return f"> {limit_s:.0f} s (killed)"
+    return f"{float(out[0]) * 1000:.1f} ms (reward {out[1]})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=4000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--hostile-chars", type=int, default=1_000_000)
+    ap.add_argument("--limit-s", type=float, default=60.0)
+    ap.add_argument("--child", choices=sorted(SHAPES))
+    args = ap.parse_args()
+    if args.child:
+        return _child(args.child, args.hostile_chars)
+    rate = throughput(honest_rows(args.n), args.repeats)
+    print("| completions | what | result |\n|---|---|---|")
+    print(f"| {args.n} honest GSM8K-style | answers/s (median of {args.repeats}) | {rate:,.0f} |")
+    for shape in SHAPES:
+        print(f"| 1 hostile `{shape}`, {args.hostile_chars:,} chars | wall time of one reward call | "
+              f"{hostile(shape, args.hostile_chars, args.limit_s)} |")
+
+
+if __name__ == "__main__":
+    main()
