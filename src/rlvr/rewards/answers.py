@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 __all__ = ["MAX_ANSWER_CHARS", "MAX_EXPONENT", "MAX_NUMBER_CHARS", "MAX_READ_CHARS", "Number",
            "choice_letter", "extract_answer", "normalize_answer", "numbers_equal", "parse_number",
-           "several_values"]
+           "several_values", "too_large"]
 
 MAX_READ_CHARS = 8192
 """Extraction reads only this many characters from the end of a completion."""
@@ -47,7 +47,9 @@ _GROUPED = re.compile(r"-?+\d{1,3}+(?:(?:,\d{3})++|(?: \d{3})++)(?:\.\d++)?+")
 _OR_WORDS = re.compile(r"\b(?i:or|and)\b|\\(?:pm|mp|lor|vee|cup|quad|qquad|le|ge|leq|geq|lt|gt|neq|ne)(?![a-zA-Z])"
                        r"|[;±∓∪≤≥≠<>]|\\\\")
 _SPACED_NUMBERS = re.compile(r"\d(?:\s|\\[,;:! ]|~)++\.?+\d")
+_HUGE = re.compile(r"\d{101}|\^\{?+[-+]?+\d{4}|\d[eE][-+]?+\d{4}")
 _INT = r"-?+\d++"
+_PLAIN = re.compile(r"-?+\d++(?:\.\d++)?+")  # already canonical: normalisation and hedge checks skip it
 _FRAC = re.compile(rf"(-?)\\frac\{{({_INT})\}}\{{({_INT})\}}|(-?)\\frac(\d)(\d)")
 _RATIO = re.compile(rf"({_INT})/({_INT})")
 _DECIMAL = re.compile(r"-?+(\d++)?+(?:\.(\d*+))?+(?:e([-+]?+\d++))?+")
@@ -69,20 +71,24 @@ class Number(NamedTuple):
 def _boxes(text: str) -> list[str] | None:
     """Contents of the ``\\boxed{}``/``\\fbox{}`` that hold no other box, in order; None when one is
     too long. One pass over the braces (a stack), so nested and unclosed boxes cost linear time."""
+    first, fbox = text.find("\\boxed"), text.find("\\fbox")
+    if first < 0 or 0 <= fbox < first:
+        first = fbox
     stack, found = [], []
-    for m in _BRACES.finditer(text):
+    for m in _BRACES.finditer(text, first):  # braces before the first box never close one
         if m.group() == "}":
             if stack:
                 start = stack.pop()
                 if start >= 0:
                     found.append((start, m.start()))
         else:
-            stack.append(m.end() if len(m.group()) > 1 else -1)
-    found.sort()
-    leaves = [(a, b) for i, (a, b) in enumerate(found) if not (i + 1 < len(found) and found[i + 1][0] < b)]
-    if any(b - a > MAX_ANSWER_CHARS for a, b in leaves):
+            stack.append(m.end() if m.end() - m.start() > 1 else -1)
+    if len(found) > 1:
+        found.sort()
+        found = [(a, b) for i, (a, b) in enumerate(found) if not (i + 1 < len(found) and found[i + 1][0] < b)]
+    if any(b - a > MAX_ANSWER_CHARS for a, b in found):
         return None
-    return [text[a:b] for a, b in leaves]
+    return [text[a:b] for a, b in found]
 
 
 def _unbraced_box(text: str) -> str | None:
@@ -167,9 +173,9 @@ def _extract(text: str, strict: bool) -> str | None:
 
 def _ascii_digits(s: str) -> str:
     """Unicode minus signs to ``-`` and decimal digits of any script to ASCII (never ``²`` or ``½``)."""
-    s = s.translate(_MINUS)
     if s.isascii():
         return s
+    s = s.translate(_MINUS)
     return "".join(str(unicodedata.digit(c)) if unicodedata.category(c) == "Nd" else c for c in s)
 
 
@@ -181,6 +187,8 @@ def normalize_answer(s: str) -> str:
     ('\\\\frac{3}{4}', '1000.00', '5')
     """
     s = _ascii_digits(s[:MAX_ANSWER_CHARS + 1].strip().strip("$").strip())
+    if _PLAIN.fullmatch(s):
+        return s
     s = s.replace("\\$", "").replace("\\!", "").replace("\\,", "").replace("\\;", "").replace("\\ ", "")
     s = s.replace("{,}", ",")
     s = s.replace("\\left", "").replace("\\right", "").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
@@ -262,12 +270,24 @@ def several_values(answer: str) -> bool:
     >>> [several_values(a) for a in ("x = 3 or x = 5", "1,234", "(1, 2)", "\\\\pm 2", "5 = 3", "y = 7", "3 5")]
     [True, False, True, True, True, False, True]
     """
+    if _PLAIN.fullmatch(answer):
+        return False
     s = _ascii_digits(answer[:MAX_ANSWER_CHARS + 1]).replace("\\,", "").replace("{,}", ",").replace("$", "")
     s = _THOUSANDS.sub("0", s)
     if "," in s or _OR_WORDS.search(s) or _SPACED_NUMBERS.search(s):
         return True
     lhs = _LHS.match(s.strip())
     return "=" in (s.strip()[lhs.end():] if lhs else s)
+
+
+def too_large(answer: str) -> bool:
+    """Whether an answer holds a literal past the caps: a digit run over 100, or an exponent of four
+    or more digits (``1e99999999``, ``10^{1000}``); such answers are refused, never handed to sympy.
+
+    >>> too_large("1e99999999"), too_large("10^{1000}"), too_large("2^{10}")
+    (True, True, False)
+    """
+    return _HUGE.search(answer) is not None
 
 
 def choice_letter(normalized: str, *, reference: bool) -> str | None:

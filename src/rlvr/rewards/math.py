@@ -47,7 +47,7 @@ import sys
 import threading
 
 from rlvr.rewards.answers import (MAX_ANSWER_CHARS, choice_letter, extract_answer, normalize_answer,
-                                  numbers_equal, parse_number, several_values)
+                                  numbers_equal, parse_number, several_values, too_large)
 
 __all__ = ["extract_answer", "normalize_answer", "parse_number", "math_equal", "math_reward", "STATS"]
 
@@ -94,6 +94,8 @@ def math_equal(pred: str | None, gold: str | None, *, timeout_s: float = 5.0) ->
     verdict = _numeric_verdict(p, g)
     if verdict is not None:
         return verdict
+    if too_large(p) or too_large(g):
+        return False
     return _WORKER.equal(p, g, timeout_s)
 
 
