@@ -48,6 +48,7 @@ _OR_WORDS = re.compile(r"\b(?i:or|and)\b|\\(?:pm|mp|lor|vee|cup|quad|qquad|le|ge
                        r"|[;±∓∪≤≥≠<>]|\\\\")
 _SPACED_NUMBERS = re.compile(r"\d(?:\s|\\[,;:! ]|~)++\.?+\d")
 _HUGE = re.compile(r"\d{101}|\^\{?+[-+]?+\d{4}|\d[eE][-+]?+\d{4}")
+_DIGIT = re.compile(r"\d")
 _INT = r"-?+\d++"
 _PLAIN = re.compile(r"-?+\d++(?:\.\d++)?+")  # already canonical: normalisation and hedge checks skip it
 _FRAC = re.compile(rf"(-?)\\frac\{{({_INT})\}}\{{({_INT})\}}|(-?)\\frac(\d)(\d)")
@@ -120,14 +121,29 @@ def _marker_answer(text: str, strict: bool) -> str | None:
     last = None
     for last in _ANSWER_IS.finditer(text):  # noqa: B007 - only the last match is wanted
         pass
-    return _first_line(last.group(1)) if last else None
+    if last is None:
+        return None
+    content, inner = last.group(1), None
+    for inner in _ANSWER_IS.finditer(content):  # noqa: B007 - "Final Answer: The final answer is $X$"
+        pass
+    if inner is not None:
+        if _DIGIT.search(content, 0, inner.start()):
+            return None  # "the answer is 5, not, the answer is 6": two answers on one line
+        content = inner.group(1)
+    return _first_line(content)
 
 
 def _first_line(s: str) -> str:
+    """The first non-blank line; only its opening ``$...$`` when the rest holds no math or digit
+    ("$28$. I hope it is correct.", never "$3$ or $5$")."""
     s = s.lstrip()
     end = s.find("\n")
-    line = s if end < 0 else s[:end]
-    return line.strip().rstrip(".").strip().strip("$").strip()
+    line = (s if end < 0 else s[:end]).strip()
+    if line.startswith("$") and (close := line.find("$", 1)) > 0:
+        rest = line[close + 1:]
+        if "$" not in rest and not _DIGIT.search(rest):
+            return line[1:close].strip()
+    return line.rstrip(".").strip().strip("$").strip()
 
 
 def extract_answer(text: str, *, strict: bool = False) -> str | None:
