@@ -46,8 +46,16 @@ import subprocess
 import sys
 import threading
 
-from rlvr.rewards.answers import (MAX_ANSWER_CHARS, choice_letter, extract_answer, normalize_answer,
-                                  numbers_equal, parse_number, several_values, too_large)
+from rlvr.rewards.answers import (
+    MAX_ANSWER_CHARS,
+    choice_letter,
+    extract_answer,
+    normalize_answer,
+    numbers_equal,
+    parse_number,
+    several_values,
+    too_large,
+)
 
 __all__ = ["extract_answer", "normalize_answer", "parse_number", "math_equal", "math_reward", "STATS"]
 
