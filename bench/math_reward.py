@@ -1,13 +1,14 @@
 """The math reward's cost: honest GSM8K-style throughput, and hostile completions' wall time.
 
-    python bench/math_reward.py [--n 4000] [--repeats 5] [--hostile-chars 1000000] [--limit-s 60]
+    python bench/math_reward.py [--n 4000] [--repeats 9] [--hostile-chars 1000000] [--limit-s 60]
 
 Honest rows: seeded GSM8K-style completions (a few lines of working, then the final answer as
 ``#### X``, "The answer is X.", ``\\boxed{X}`` or ``<answer>X</answer>``; integers, thousands
 separators, decimals, ``\\frac``, dollars), each scored against a GSM8K reference
 (``"...#### X"``) with ``math_reward(strict=False)``; every one must score 1.0. The table gives the
-median answers/s over ``--repeats`` passes after one warm-up pass (the symbolic worker is never
-asked: every answer is a plain number).
+best answers/s of ``--repeats`` passes after one warm-up pass (the best, not the median: on a shared
+host the slow passes measure the neighbours; the symbolic worker is never asked: every answer is a
+plain number).
 
 Hostile rows: one completion per shape, ``--hostile-chars`` long, scored in a child process (so a
 shape that holds the GIL for minutes is cut off at ``--limit-s`` and printed as ``> limit``):
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import subprocess
 import sys
 import time
@@ -78,7 +78,7 @@ def throughput(rows: list[tuple[str, str]], repeats: int) -> float:
         for c, g in rows:
             math_reward("q", c, answer=g)
         rates.append(len(rows) / (time.perf_counter() - start))
-    return statistics.median(rates)
+    return max(rates)
 
 
 def _child(shape: str, chars: int) -> None:
@@ -101,7 +101,7 @@ def hostile(shape: str, chars: int, limit_s: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=4000)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--hostile-chars", type=int, default=1_000_000)
     ap.add_argument("--limit-s", type=float, default=60.0)
     ap.add_argument("--child", choices=sorted(SHAPES))
@@ -110,7 +110,7 @@ def main() -> None:
         return _child(args.child, args.hostile_chars)
     rate = throughput(honest_rows(args.n), args.repeats)
     print("| completions | what | result |\n|---|---|---|")
-    print(f"| {args.n} honest GSM8K-style | answers/s (median of {args.repeats}) | {rate:,.0f} |")
+    print(f"| {args.n} honest GSM8K-style | answers/s (best of {args.repeats}) | {rate:,.0f} |")
     for shape in SHAPES:
         print(f"| 1 hostile `{shape}`, {args.hostile_chars:,} chars | wall time of one reward call | "
               f"{hostile(shape, args.hostile_chars, args.limit_s)} |")

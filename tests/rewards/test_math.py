@@ -97,3 +97,45 @@ def test_symbolic_check_has_a_time_limit(monkeypatch):
     assert m.STATS["timeouts"] == before + 1
     monkeypatch.undo()
     assert m.math_equal("\\sqrt{8}", "2\\sqrt{2}", timeout_s=30.0)
+
+
+# One final answer or nothing: (prediction, reference, equal?)
+ONE_ANSWER = [
+    ("x = 3 \\text{ or } x = 5", "5", False), ("3 or 5", "5", False), ("3, 5", "5", False), ("3; 5", "5", False),
+    ("3 \\quad 5", "5", False), ("3 5", "35", False), ("\\pm 5", "5", False), ("[3, 5]", "5", False),
+    ("\\{3, 5\\}", "5", False), ("3 \\le x \\le 5", "5", False), ("5 = 3", "3", False), ("2 + 3 = 5", "5", False),
+    ("x = 5", "5", True), ("f(3) = 5", "5", True), ("y_1 = 5", "5", True), ("x = 3, 5", "3, 5", True),
+    ("(C)", "C", True), ("\\text{(C)}", "C", True), ("c", "C", True), ("C or D", "C", False), ("CD", "C", False),
+    ("(C) 42", "C", False), ("D", "C", False),
+    # integers exact; decimals within the reference's stated precision, never looser than 5e-7
+    ("1234568", "1234567", False), ("1,234,568", "1234567", False), ("72.0001", "72", False),
+    ("71.99999", "72", False), ("72.0000001", "72", False), ("72.0", "72", True), ("7.2e1", "72", True),
+    ("\\frac{1}{3}", "0.3333333", True), ("0.333333", "\\frac{1}{3}", True), ("0.3333", "\\frac{1}{3}", False),
+    ("0.46", "0.5", False), ("0.5000001", "0.5", True),
+    # unicode minus signs and digits; never superscripts
+    ("\u22125", "-5", True), ("\u0664\u0662", "42", True), ("\uff15\uff10", "50", True), ("10\u00b2", "102", False),
+    # literals past the caps are refused before any Fraction or sympy sees them
+    ("1e99999999", "72", False), ("10^{99999}", "72", False), ("1" * 101, "72", False),
+]
+
+
+@pytest.mark.parametrize("pred,gold,expected", ONE_ANSWER)
+def test_one_final_answer_or_nothing(pred, gold, expected):
+    assert m.math_equal(pred, gold) is expected
+
+
+@pytest.mark.parametrize("text", [
+    "the answer is 5, not the answer is 6",  # two answers on one line: no answer, no fallback
+    "Either \\boxed{5} or \\boxed{6}",
+    "<answer>5</answer> #### 6 \\boxed{5} \\boxed{6}",
+])
+def test_extraction_refuses_two_answers(text):
+    assert m.math_reward("q", text, answer="6") == 0.0
+    assert m.math_reward("q", text, answer="5") == 0.0
+
+
+def test_minerva_final_answer_line():
+    text = "So it is 28.\nFinal Answer: The final answer is $28\\%$. I hope it is correct."
+    assert m.extract_answer(text) == "28\\%"
+    assert m.extract_answer("Final Answer: The final answer is $3$ or $5$.") == "3$ or $5"  # then refused
+    assert m.math_reward("q", "Final Answer: The final answer is $3$ or $5$.", answer="5") == 0.0

@@ -19,6 +19,10 @@ from rlvr.rewards import format as fmt
     ("<answer>4</answer><think>a</think>", 0.0, 1.0),       # wrong order
     ("<think><think>a</think><answer>4</answer>", 0.0, 0.75),  # "<think>" twice: 3/4
     ("", 0.0, 0.0),
+    ("<think></think><answer>4</answer>", 0.0, 0.5),         # an empty block earns nothing
+    ("<think>a</think><answer> \n </answer>", 0.0, 0.5),
+    ("</think>a<think></answer>4<answer>", 0.0, 0.0),       # reversed tags earn nothing
+    ("<think>a</think></answer>4<answer>", 0.0, 0.5),
 ])
 def test_tag_rewards(completion, strict, count):
     assert fmt.tag_format_reward(completion) == strict
@@ -30,6 +34,8 @@ def test_custom_tags_and_extract():
     assert fmt.extract_tag("<answer>1</answer> and <answer> 2 </answer>") == "2"
     assert fmt.extract_tag("<answer>\n3\n</answer>") == "3"
     assert fmt.extract_tag("<answer>open") is None
+    assert fmt.extract_tag("</answer>4<answer>") is None
+    assert fmt.extract_tag("<answer>" * 100_000) is None
 
 
 def test_length_vectors():

@@ -110,7 +110,8 @@ def _same_answer(values: list[str]) -> bool:
 
 
 def _marker_answer(text: str, strict: bool) -> str | None:
-    """The answer after the last ``#### `` (GSM8K), then (unless strict) "the answer is X"."""
+    """The answer after the last ``#### `` (GSM8K), then (unless strict) "the answer is X"; None when
+    neither marker is there, "" when a marker is there but gives no single answer."""
     i = text.rfind("####")
     if i >= 0:
         answer = _first_line(text[i + 4:])
@@ -128,7 +129,7 @@ def _marker_answer(text: str, strict: bool) -> str | None:
         pass
     if inner is not None:
         if _DIGIT.search(content, 0, inner.start()):
-            return None  # "the answer is 5, not, the answer is 6": two answers on one line
+            return ""  # "the answer is 5, not the answer is 6": two answers on one line, no answer
         content = inner.group(1)
     return _first_line(content)
 
@@ -179,8 +180,8 @@ def _extract(text: str, strict: bool) -> str | None:
         if opened >= 0 and text[opened + 8:close].strip():
             return text[opened + 8:close].strip()
     answer = _marker_answer(text, strict)
-    if answer or strict:
-        return answer or None
+    if answer is not None or strict:
+        return answer or None  # a marker that gives no answer never falls back to the last number
     last = None
     for last in _LAST_NUMBER.finditer(text):  # noqa: B007 - only the last match is wanted
         pass
