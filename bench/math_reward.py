@@ -1,6 +1,7 @@
 """The math reward's cost: honest GSM8K-style throughput, and hostile completions' wall time.
 
     python bench/math_reward.py [--n 4000] [--repeats 9] [--hostile-chars 1000000] [--limit-s 60]
+    python bench/math_reward.py --against OLD_MATH.py   # e.g. git show REV:src/rlvr/rewards/math.py > OLD_MATH.py
 
 Honest rows: seeded GSM8K-style completions (a few lines of working, then the final answer as
 ``#### X``, "The answer is X.", ``\\boxed{X}`` or ``<answer>X</answer>``; integers, thousands
@@ -8,7 +9,9 @@ separators, decimals, ``\\frac``, dollars), each scored against a GSM8K referenc
 (``"...#### X"``) with ``math_reward(strict=False)``; every one must score 1.0. The table gives the
 best answers/s of ``--repeats`` passes after one warm-up pass (the best, not the median: on a shared
 host the slow passes measure the neighbours; the symbolic worker is never asked: every answer is a
-plain number).
+plain number). ``--against FILE`` loads another ``math.py`` (one that needs only the standard
+library and ``rlvr``) and alternates its passes with this tree's in the same process, so both see
+the same load; it prints both rates and their ratio.
 
 Hostile rows: one completion per shape, ``--hostile-chars`` long, scored in a child process (so a
 shape that holds the GIL for minutes is cut off at ``--limit-s`` and printed as ``> limit``):
@@ -23,10 +26,13 @@ shape that holds the GIL for minutes is cut off at ``--limit-s`` and printed as 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from rlvr.rewards.math import math_reward
 
@@ -67,18 +73,28 @@ def honest_rows(n: int, seed: int = 0) -> list[tuple[str, str]]:
     return rows
 
 
-def throughput(rows: list[tuple[str, str]], repeats: int) -> float:
-    scores = [math_reward("q", c, answer=g) for c, g in rows]
-    if scores != [1.0] * len(rows):
-        bad = next(r for r, s in zip(rows, scores) if s != 1.0)
-        raise SystemExit(f"an honest row scored 0: {bad!r}")
-    rates = []
+def throughput(rows: list[tuple[str, str]], repeats: int, rewards: list[Callable]) -> list[float]:
+    """Best answers/s of each reward function, their passes alternated."""
+    for reward in rewards:
+        scores = [reward("q", c, answer=g) for c, g in rows]
+        if scores != [1.0] * len(rows):
+            bad = next(r for r, s in zip(rows, scores) if s != 1.0)
+            raise SystemExit(f"an honest row scored 0: {bad!r}")
+    rates = [[] for _ in rewards]
     for _ in range(repeats):
-        start = time.perf_counter()
-        for c, g in rows:
-            math_reward("q", c, answer=g)
-        rates.append(len(rows) / (time.perf_counter() - start))
-    return max(rates)
+        for reward, rate in zip(rewards, rates):
+            start = time.perf_counter()
+            for c, g in rows:
+                reward("q", c, answer=g)
+            rate.append(len(rows) / (time.perf_counter() - start))
+    return [max(rate) for rate in rates]
+
+
+def _load(path: Path) -> Callable:
+    spec = importlib.util.spec_from_file_location("math_against", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.math_reward
 
 
 def _child(shape: str, chars: int) -> None:
@@ -104,13 +120,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--hostile-chars", type=int, default=1_000_000)
     ap.add_argument("--limit-s", type=float, default=60.0)
+    ap.add_argument("--against", type=Path, help="another math.py to time on the same rows, passes alternated")
     ap.add_argument("--child", choices=sorted(SHAPES))
     args = ap.parse_args()
     if args.child:
         return _child(args.child, args.hostile_chars)
-    rate = throughput(honest_rows(args.n), args.repeats)
+    rewards = [math_reward] + ([_load(args.against)] if args.against else [])
+    rates = throughput(honest_rows(args.n), args.repeats, rewards)
     print("| completions | what | result |\n|---|---|---|")
-    print(f"| {args.n} honest GSM8K-style | answers/s (best of {args.repeats}) | {rate:,.0f} |")
+    print(f"| {args.n} honest GSM8K-style | answers/s (best of {args.repeats}) | {rates[0]:,.0f} |")
+    if args.against:
+        print(f"| the same, `{args.against.name}` | answers/s (best of {args.repeats}, passes alternated) "
+              f"| {rates[1]:,.0f} (this tree: {rates[0] / rates[1]:.2f}×) |")
     for shape in SHAPES:
         print(f"| 1 hostile `{shape}`, {args.hostile_chars:,} chars | wall time of one reward call | "
               f"{hostile(shape, args.hostile_chars, args.limit_s)} |")
