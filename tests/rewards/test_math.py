@@ -139,3 +139,12 @@ def test_minerva_final_answer_line():
     assert m.extract_answer(text) == "28\\%"
     assert m.extract_answer("Final Answer: The final answer is $3$ or $5$.") == "3$ or $5"  # then refused
     assert m.math_reward("q", "Final Answer: The final answer is $3$ or $5$.", answer="5") == 0.0
+
+
+def test_answers_doctests():
+    import doctest
+
+    from rlvr.rewards import answers
+
+    result = doctest.testmod(answers)
+    assert result.failed == 0 and result.attempted >= 8
