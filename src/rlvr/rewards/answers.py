@@ -185,7 +185,7 @@ def _extract(text: str, strict: bool) -> str | None:
     last = None
     for last in _LAST_NUMBER.finditer(text):  # noqa: B007 - only the last match is wanted
         pass
-    return last.group().rstrip(".") if last else None
+    return last.group().rstrip(".,") if last else None  # "... then 4," -> "4"
 
 
 def _ascii_digits(s: str) -> str:
