@@ -1,7 +1,8 @@
 """Verifiers and reward plumbing (no torch, no trainer imports: a test checks it; the learned
 rewards are the one exception, imported only when named: ``reward_model``).
 
-- ``math``: final-answer extraction and equivalence (``math_reward``, ``math_equal``).
+- ``math``: final-answer equivalence (``math_reward``, ``math_equal``); ``answers``: extraction,
+  normalisation, bounded number parsing and hedge detection, all linear in the completion.
 - ``format``: tag-format and length rewards.
 - ``combine``: weighted sums and per-reward group ("decoupled") normalisation.
 - ``forms``: the call forms (per-sample, batched, TRL's ``fn(completions, **kwargs)``), by signature.

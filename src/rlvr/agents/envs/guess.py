@@ -21,7 +21,7 @@ import re
 from rlvr.agents.env import StepResult
 from rlvr.agents.task import AgentTask
 
-_GUESS = re.compile(r"<guess>\s*(-?\d+)\s*</guess>")
+_GUESS = re.compile(r"<guess>\s*+(-?+\d++)\s*+</guess>")  # possessive: no backtracking on model text
 
 
 class GuessEnv:
