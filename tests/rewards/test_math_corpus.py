@@ -63,4 +63,4 @@ def test_agreement_with_math_verify(verdicts):
     # several boxes) and any last number; rlvr refuses them: that is most of the disagreement
     their_false_passes = sum(t and not row["expected"] for t, row in zip(theirs, ROWS))
     assert their_false_passes >= 50
-    assert agree >= 0.75 * len(ROWS)
+    assert agree >= 0.7 * len(ROWS)

@@ -31,8 +31,9 @@ labelled corpus in ``tests/rewards/``; see ``docs/rewards.md``):
    evaluates Python expressions built from model text); answers are wrapped in ``$...$``.
 3. Units and ``\\text{...}`` are dropped, ``%`` is dropped (``50\\%`` equals ``50``, as in most
    GSM8K/MATH graders) and also read as a fraction (``50\\%`` equals ``0.5``).
-4. An equation between values (``5 = 3``, ``2 + 3 = 5``) is refused; math-verify takes its
-   right side. Integers compare exactly (math-verify rounds floats to six places).
+4. An equation between values (``5 = 3``, ``2 + 3 = 5``), a hedge (``3 \\lor 5``, a set holding
+   the reference) and boxes that disagree are refused; math-verify takes the right side, the
+   matching member, the last box.
 """
 
 from __future__ import annotations
