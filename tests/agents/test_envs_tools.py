@@ -211,3 +211,20 @@ def test_turn_tensors_survive_row_selection_and_concat():
     c = TurnTensors.concat([a, b]).select(torch.tensor([1, 0]))
     assert c.turn_index.tolist() == [[0, -1, -1], [0, 0, 1]]
     assert c.states.tolist() == [[5, -1], [5, 6]] and c.valid.tolist() == [[True, False], [True, True]]
+
+
+def test_parse_action_finds_what_a_backreferencing_pattern_finds_without_its_cost():
+    import re
+
+    from rlvr.agents import tools
+
+    hermes, tag = re.compile(r"<tool_call>(.*?)</tool_call>", re.S), re.compile(r"<([a-z_][a-z0-9_]*)>(.*?)</\1>", re.S)
+    rng = random.Random(0)
+    parts = ["<a>", "</a>", "<ab>", "</ab>", "<answer>", "</answer>", "<tool_call>", "</tool_call>", "x", "<", "/"]
+    for _ in range(3000):
+        text = "".join(rng.choice(parts) for _ in range(rng.randint(0, 12)))
+        blocks = tools._hermes_blocks(text)
+        assert [text[s + 11:e - 12] for s, e in blocks] == hermes.findall(text)
+        assert tools._tags(hermes.sub("", text)) == tag.findall(hermes.sub("", text))
+    hostile = "<calc>" * 200_000 + "<tool_call>" * 50_000  # unclosed: a lazy pattern rescans to the end each time
+    assert parse_action(hostile, ToolRegistry.of(calc)).malformed

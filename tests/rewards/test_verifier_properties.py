@@ -19,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlvr.agents.envs.calculator import Calculator
+from rlvr.agents.envs.calculator import Calculator, calc
+from rlvr.agents.tools import ToolRegistry, parse_action
 from rlvr.rewards import answers
 from rlvr.rewards import format as fmt
 from rlvr.rewards import math as m
@@ -128,6 +129,7 @@ SHAPES = {  # the completions that used to hold the GIL for seconds, and their n
     "hashes": "####" * (MB // 4),
     "commas": "1," * (MB // 2),
     "think-tags": "<think>" * (MB // 7) + "</think>",
+    "tool-calls": "<calc>" * (MB // 6) + "<tool_call>" * 1000,
 }
 
 
@@ -157,9 +159,12 @@ def _longest_gil_hold(fn) -> float:
 def test_no_reward_call_holds_the_gil(shape):
     text = SHAPES[shape]
 
+    registry = ToolRegistry.of(calc)
+
     def score_everywhere():
         for fn in VERIFIERS.values():
             fn(text)
+        parse_action(text, registry)  # the agent loop's parser: linear, though pure Python (not under BOUND_S)
     hold = min(_longest_gil_hold(score_everywhere) for _ in range(2))  # the better of two: a busy host adds noise
     assert hold < 0.1, f"{shape}: the GIL was held {hold:.3f} s"
 

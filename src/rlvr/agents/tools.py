@@ -14,6 +14,7 @@ an error `ToolResult` (the episode goes on), never an exception in the rollout.
 
 from __future__ import annotations
 
+import bisect
 import inspect
 import json
 import re
@@ -127,23 +128,57 @@ def _run_with_timeout(fn: Callable, kwargs: dict, timeout_s: float) -> ToolResul
     return ToolResult(box["out"], True)
 
 
-_HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-_TAG = re.compile(r"<([a-z_][a-z0-9_]*)>(.*?)</\1>", re.S)
+_OPEN = re.compile(r"<([a-z_][a-z0-9_]*+)>")
+_CLOSE = re.compile(r"</([a-z_][a-z0-9_]*+)>")
+
+
+def _hermes_blocks(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each ``<tool_call>…</tool_call>`` left to right, the body ending at the first
+    closing; linear: once an opening has no closing after it, no later one has."""
+    blocks, pos = [], 0
+    while (start := text.find("<tool_call>", pos)) >= 0:
+        close = text.find("</tool_call>", start + 11)
+        if close < 0:
+            break
+        blocks.append((start, close + 12))
+        pos = close + 12
+    return blocks
+
+
+def _tags(text: str) -> list[tuple[str, str]]:
+    """(name, body) of each ``<name>…</name>`` left to right, as a backreferencing pattern would
+    find them, in O(n log n): the first closing after each opening is looked up, never scanned for."""
+    closings: dict[str, list[int]] = {}
+    for m in _CLOSE.finditer(text):
+        closings.setdefault(m.group(1), []).append(m.start())
+    found, end = [], 0
+    for m in _OPEN.finditer(text):
+        ends = closings.get(m.group(1), [])
+        i = bisect.bisect_left(ends, m.end())
+        if m.start() < end or i == len(ends):
+            continue  # inside the last block, or never closed
+        found.append((m.group(1), text[m.end():ends[i]]))
+        end = ends[i] + len(m.group(1)) + 3
+    return found
 
 
 def parse_action(text: str, registry: ToolRegistry, *, answer_tag: str = "answer") -> ParsedAction:
     """Tool calls (Hermes JSON, or tags named after registered tools) and the final answer tag.
 
-    A Hermes block that is not valid JSON, or a text with no recognised tag, is `malformed`."""
+    A Hermes block that is not valid JSON, or a text with no recognised tag, is `malformed`. Model
+    text is hostile: both scans are (near) linear, so unclosed tags cannot stall the loop."""
     calls: list[ToolCall] = []
-    for body in _HERMES.findall(text):
+    blocks = _hermes_blocks(text)
+    for start, end in blocks:
+        body = text[start + 11:end - 12]
         try:
             obj = json.loads(body)
             calls.append(ToolCall(str(obj["name"]), dict(obj.get("arguments") or {}), body))
         except (ValueError, KeyError, TypeError, AttributeError):
             return ParsedAction(malformed=True)
+    rest = "".join(text[a:b] for a, b in zip([0] + [e for _, e in blocks], [s for s, _ in blocks] + [len(text)]))
     answer = None
-    for name, body in _TAG.findall(_HERMES.sub("", text)):
+    for name, body in _tags(rest):
         if name == answer_tag:
             answer = body.strip()
         elif name in registry:
