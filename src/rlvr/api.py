@@ -39,6 +39,9 @@ settings and loop. Every bad argument raises `ConfigError` with one line naming 
   from its newest checkpoint, with its saved config unless `config` is given. A resume whose config
   differs from the saved one (other than ``trainer.steps``, ``trainer.name``, ``trainer.out_dir``) is refused unless
   ``allow_config_change=True``, which records each change in run.json (``config_changes``).
+  The checkpoint's pickled files load as data only (tensors, numbers, rlvr's own data classes); a
+  checkpoint that names other Python objects is refused unless ``trust_pickle=True`` (a run folder
+  made by an older rlvr that you trust: its files then load as code).
   One process writes a run at a time: a second `train` of a run another process is writing is
   refused with `RunLocked` naming it (the lock dies with its holder, a kill -9 included).
 
@@ -75,7 +78,7 @@ class Trainer:
                  reward_weights: Iterable[float] | None = None, prompt_key: str = "prompt",
                  system_prompt: str = "", correct_fn: Callable | None = None,
                  correct_threshold: float | None = None, callbacks: Any = (), run_dir: str | Path | None = None,
-                 resume: bool | str | Path = False, allow_config_change: bool = False,
+                 resume: bool | str | Path = False, allow_config_change: bool = False, trust_pickle: bool = False,
                  command: list[str] | None = None, echo: Callable = print):
         self.echo, self.command = echo, list(sys.argv if command is None else command)
         self._allow_change = allow_config_change  # what a Ray learner rank rebuilds this trainer with (`api_ray`)
@@ -83,7 +86,9 @@ class Trainer:
                          train_dataset), ("eval_dataset", eval_dataset)) if value is not None and not (
                          name == "model" and isinstance(value, (str, Path)))]
         self.config_changes: dict[str, tuple[Any, Any]] = {}
-        self.resume = bool(resume)
+        self.resume, self.trust_pickle = bool(resume), bool(trust_pickle)
+        if trust_pickle and not resume:
+            raise ConfigError("trust_pickle: only applies to a resume (the checkpoint it loads)")
         if resume and not isinstance(resume, bool):
             if run_dir is not None and Path(run_dir) != Path(resume):
                 raise ConfigError(f"resume: {str(resume)!r} differs from run_dir={str(run_dir)!r}; pass one of them")
@@ -238,7 +243,7 @@ class Trainer:
                 self.echo(f"run directory: {run.path}")
                 final = train(self.config, run, command=self.command, resume=self.resume, echo=self.echo,
                               runtime=runtime, callbacks=self.callbacks, provenance=provenance,
-                              config_changes=self.config_changes, **objects)
+                              config_changes=self.config_changes, trust_pickle=self.trust_pickle, **objects)
         except BaseException:
             if not self.resume:  # a run that could not start leaves no empty directory behind
                 run.remove_if_empty()
@@ -285,7 +290,7 @@ class Trainer:
                 objects, provenance = self._objects()
                 return train(self.config, run, command=self.command, resume=self.resume, echo=_silent,
                              runtime=runtime, callbacks=self.callbacks, provenance=provenance,
-                             config_changes=self.config_changes, **objects)
+                             config_changes=self.config_changes, trust_pickle=self.trust_pickle, **objects)
         finally:
             run.release()
             shutil.rmtree(scratch, ignore_errors=True)
