@@ -62,7 +62,7 @@ from typing import Any
 
 from rlvr.api_ray import done_line
 from rlvr.errors import ConfigError
-from rlvr.tracking.resumable import check_resumable, config_changes
+from rlvr.tracking.resumable import check_code_outside, check_resumable, config_changes
 
 __all__ = ["Trainer", "train"]
 
@@ -102,6 +102,8 @@ class Trainer:
         overrides = _override_list(overrides)
         self._model, self._tokenizer = _model_argument(model, tokenizer, overrides)
         self.config, recipe = _load(config, overrides)
+        if self.resume and reward_funcs is None:  # before any reward file is imported
+            check_code_outside(Path(run_dir), self.config.reward.fn)
         if not isinstance(prompt_key, str) or not prompt_key:
             raise ConfigError(f"prompt_key: expected a column name, got {prompt_key!r}")
         self.task, self.rows, self.heldout_rows = _dataset_arguments(train_dataset, eval_dataset, prompt_key)

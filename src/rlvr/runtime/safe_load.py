@@ -3,7 +3,8 @@
 A checkpoint may come from anyone (a colleague's run, a bucket), and a pickle can call any
 function it names. So nothing here unpickles with the standard loader:
 1. the trainer state goes through `torch.load(weights_only=True)`: tensors, numbers, strings,
-   containers, plus `TRAINER_STATE_GLOBALS` (NumPy's array rebuild, for the NumPy RNG state);
+   containers, plus `TRAINER_STATE_GLOBALS` (NumPy's array rebuild, for the NumPy RNG state) and
+   the data classes the caller names (the replay buffer's groups);
 2. the optimizer shards of sharded learners (`torch.distributed.checkpoint`) are read with
    `SafeReader`, whose `.metadata` goes through an unpickler that knows only DCP's metadata
    classes (`DCP_METADATA_GLOBALS`), and `SafePlanner`, which loads the non-tensor entries
@@ -52,12 +53,13 @@ def _asked(err: Exception) -> str:
     return f"the Python object '{found.group(1)}'" if found else "Python objects"
 
 
-def load_trainer_state(path: Path, *, trust_pickle: bool = False) -> dict:
-    """The trainer state at `path`; `UntrustedPickle` when it names anything beyond the allow-list."""
+def load_trainer_state(path: Path, *, data_classes=(), trust_pickle: bool = False) -> dict:
+    """The trainer state at `path`; `UntrustedPickle` when it names anything beyond the allow-list
+    and `data_classes` (plain data: rebuilt from their fields, no code of theirs runs)."""
     if trust_pickle:
         return torch.load(path, weights_only=False)
     try:
-        with torch.serialization.safe_globals(TRAINER_STATE_GLOBALS):
+        with torch.serialization.safe_globals([*TRAINER_STATE_GLOBALS, *data_classes]):
             return torch.load(path, weights_only=True)
     except pickle.UnpicklingError as err:
         raise refusal(path, _asked(err)) from None

@@ -15,12 +15,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlvr.agents.batch import TurnTensors
+from rlvr.batch import Rollouts
 from rlvr.errors import ConfigError, DiskFull
 from rlvr.runtime.safe_load import TRUST_FLAG, UntrustedPickle, load_trainer_state
 from rlvr.tracking.files import atomic_write_text, clear_temp
 from rlvr.tracking.run_dir import disk_full, disk_full_message
+from rlvr.trainer.collect import Collected
+from rlvr.types import Example
 
 STATE_FILE = "trainer_state.pt"
+STATE_DATA_CLASSES = (Collected, Rollouts, Example, TurnTensors)  # the replay buffer's groups
 CHECKSUM_FILE = "checksums.json"
 
 
@@ -138,7 +143,7 @@ def load_state(checkpoint: Path, *, trust_pickle: bool = False) -> dict:
     """The trainer state, loaded weights-only (`runtime.safe_load`): a file that names any other
     Python object is refused in one line unless `trust_pickle`."""
     try:
-        return load_trainer_state(checkpoint / STATE_FILE, trust_pickle=trust_pickle)
+        return load_trainer_state(checkpoint / STATE_FILE, data_classes=STATE_DATA_CLASSES, trust_pickle=trust_pickle)
     except UntrustedPickle:
         raise
     except Exception as err:  # noqa: BLE001 - any unreadable file gets the same one-line answer
