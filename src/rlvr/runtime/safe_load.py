@@ -100,14 +100,11 @@ def safe_planner(folder: Path):
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
     class SafePlanner(DefaultLoadPlanner):
-        refused: UntrustedPickle | None = None  # DCP wraps what a read raises; `load_sharded` raises this
-
         def load_bytes(self, read_item, value) -> None:
             try:
                 loaded = torch.load(value, weights_only=True)
             except pickle.UnpicklingError as err:
-                self.refused = refusal(folder, _asked(err))
-                raise self.refused from None
+                raise refusal(folder, _asked(err)) from None
             if self.flatten_state_dict:
                 from torch.distributed.checkpoint._traverse import set_element
 
@@ -129,10 +126,12 @@ def load_sharded(state: dict, folder: Path, *, trust_pickle: bool = False) -> No
     path = folder / ".metadata"
     with open(path, "rb") as stream:
         _MetadataUnpickler(stream, path).load()
-    planner = safe_planner(folder)
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
-        dcp.load(state, checkpoint_id=str(folder), storage_reader=safe_reader(folder), planner=planner)
-    except Exception:
-        if planner.refused is not None:
-            raise planner.refused from None
+        dcp.load(state, checkpoint_id=str(folder), storage_reader=safe_reader(folder), planner=safe_planner(folder))
+    except CheckpointException as err:  # what a rank raised, gathered: a refusal on any rank is the one line
+        refused = next((e for e, _ in err.failures.values() if isinstance(e, UntrustedPickle)), None)
+        if refused is not None:
+            raise refused from None
         raise

@@ -30,7 +30,7 @@ from rlvr.errors import ConfigError
 MADE_MARKER = ".rlvr-made"  # written into every folder `--force` / `--overwrite` may later delete
 WRITE_ERRNOS = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded",
                 errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
-                errno.EPERM: "operation not permitted"}
+                errno.EPERM: "operation not permitted", errno.ELOOP: "a symbolic link is in the way"}
 _KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"))
 
@@ -202,6 +202,8 @@ def write_error_message(err: OSError, fallback: str | Path = ".") -> str:
     """One line for a file operation the disk refused: the path, why, the free space there and the fix."""
     path = err.filename or fallback
     why = WRITE_ERRNOS.get(err.errno, err.strerror or type(err).__name__)
+    if err.errno == errno.ELOOP:
+        return f"cannot write '{path}': it is a symbolic link, which rlvr never writes through; remove it"
     if err.errno in (errno.EACCES, errno.EPERM):  # a read may meet these too
         return f"cannot access '{path}': {why} ({free_space(path)}); fix its permissions or choose another path"
     fix = "free space there" if err.errno in (errno.ENOSPC, errno.EDQUOT) else "choose a path on a writable disk"
