@@ -77,8 +77,10 @@ def _one_line(code: int, err: str, *fragments: str) -> None:
 
 
 def _tools_leave_it(run: Path, tmp_path: Path, canary: Path, capsys) -> None:
-    """Export, report and compare read the crafted run: each finishes (or refuses in one line), none runs the payload."""
-    for argv in (["export", str(run), str(tmp_path / "exported")], ["report", str(run), "--out", str(tmp_path / "r.html")],
+    """Export, report and compare read the crafted run: each finishes (or refuses in one line);
+    none runs the payload."""
+    for argv in (["export", str(run), str(tmp_path / "exported")],
+                 ["report", str(run), "--out", str(tmp_path / "r.html")],
                  ["runs", "compare", str(run), "--out", str(tmp_path / "cmp")]):
         code, err = cli(argv, capsys)
         assert code == 0 or code == 2 and err.count("\n") == 1, (argv, err)
@@ -179,7 +181,8 @@ def test_a_payload_in_a_sharded_entry_is_refused_and_runs_only_with_trust_pickle
     assert canary.exists()
 
 
-PAYLOAD_PY = "from pathlib import Path\nPath({canary!r}).write_text('ran')\ndef fn(prompt, completion, **kw):\n    return 0.0\n"
+PAYLOAD_PY = ("from pathlib import Path\nPath({canary!r}).write_text('ran')\n"
+              "def fn(prompt, completion, **kw):\n    return 0.0\n")
 
 
 def test_a_config_naming_a_reward_file_inside_the_run_folder_is_refused(run, tmp_path, capsys):
@@ -187,7 +190,8 @@ def test_a_config_naming_a_reward_file_inside_the_run_folder_is_refused(run, tmp
     (run / "payload.py").write_text(PAYLOAD_PY.format(canary=str(canary)))
     config = (run / "config.yaml").read_text()
     assert "\nreward:\n  fn: ''\n" in config
-    (run / "config.yaml").write_text(config.replace("\nreward:\n  fn: ''\n", f"\nreward:\n  fn: {run / 'payload.py'}:fn\n"))
+    crafted = config.replace("\nreward:\n  fn: ''\n", f"\nreward:\n  fn: {run / 'payload.py'}:fn\n")
+    (run / "config.yaml").write_text(crafted)
     code, err = cli(["train", "--resume", str(run), "trainer.steps=2"], capsys)
     _one_line(code, err, "reward.fn", "inside the run folder")
     assert not canary.exists()
