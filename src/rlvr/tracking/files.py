@@ -73,7 +73,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         if fd >= 0:
             os.close(fd)
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, OSError) and err.filename == tmp:
+        if isinstance(err, OSError) and err.filename in (None, tmp):  # a failed write names no file
             raise OSError(err.errno, err.strerror, str(path)) from None
         raise
 
