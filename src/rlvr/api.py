@@ -39,9 +39,7 @@ settings and loop. Every bad argument raises `ConfigError` with one line naming 
   from its newest checkpoint, with its saved config unless `config` is given. A resume whose config
   differs from the saved one (other than ``trainer.steps``, ``trainer.name``, ``trainer.out_dir``) is refused unless
   ``allow_config_change=True``, which records each change in run.json (``config_changes``).
-  The checkpoint's pickled files load as data only (tensors, numbers, rlvr's own data classes); a
-  checkpoint that names other Python objects is refused unless ``trust_pickle=True`` (a run folder
-  made by an older rlvr that you trust: its files then load as code).
+  A checkpoint loads as data only; ``trust_pickle=True`` loads its pickles as code (docs/security.md).
   One process writes a run at a time: a second `train` of a run another process is writing is
   refused with `RunLocked` naming it (the lock dies with its holder, a kill -9 included).
 
@@ -86,9 +84,7 @@ class Trainer:
                          train_dataset), ("eval_dataset", eval_dataset)) if value is not None and not (
                          name == "model" and isinstance(value, (str, Path)))]
         self.config_changes: dict[str, tuple[Any, Any]] = {}
-        self.resume, self.trust_pickle = bool(resume), bool(trust_pickle)
-        if trust_pickle and not resume:
-            raise ConfigError("trust_pickle: only applies to a resume (the checkpoint it loads)")
+        self.resume, self.trust_pickle = bool(resume), bool(trust_pickle) and bool(resume)
         if resume and not isinstance(resume, bool):
             if run_dir is not None and Path(run_dir) != Path(resume):
                 raise ConfigError(f"resume: {str(resume)!r} differs from run_dir={str(run_dir)!r}; pass one of them")

@@ -29,7 +29,7 @@ from rlvr.models.causal_lm import resolve_model_path
 from rlvr.models.policy import CausalPolicy
 from rlvr.sft.chat import chat_rollouts, load_conversations, sample_conversations
 from rlvr.sft.diffusion import diffusion_sft, masked_diffusion_loss
-from rlvr.tracking.files import kind_of, mark_made, removable_folder, remove_made_folder, temp_folder_for
+from rlvr.tracking.files import free_space, kind_of, mark_made, removable_folder, remove_made_folder, temp_folder_for
 from rlvr.tracking.run_dir import disk_full
 from rlvr.trainer.evaluate import greedy_accuracy
 
@@ -144,7 +144,8 @@ def sft(config: Config, out_dir: str | Path, *, overwrite: bool = False, echo=pr
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
             raise DiskFull(f"disk full: no space left on the device of --out '{out_dir}' while writing the warm "
-                           f"start (nothing was written there); free space, then run rlvr sft again") from None
+                           f"start (nothing was written there); free space ({free_space(out.parent)} now), then run "
+                           f"rlvr sft again") from None
         raise
     try:
         remove_made_folder(out, "--overwrite")  # checked again: it may have changed during training

@@ -62,8 +62,8 @@ def disk_full(err: BaseException, path: str | Path) -> bool:
 
 
 def disk_full_message(run_path: Path, what: str) -> str:
-    return (f"disk full: no space left on the device of '{run_path}' ({free_space(run_path)}) while {what}; "
-            f"free space there, then continue with rlvr train --resume {run_path}")
+    return (f"disk full: no space left on the device of '{run_path}' while {what}; free space there "
+            f"({free_space(run_path)} now), then continue with rlvr train --resume {run_path}")
 
 
 @contextmanager
