@@ -256,3 +256,25 @@ def test_a_failed_atomic_write_names_the_target_and_leaves_no_temp(tmp_path, mon
     monkeypatch.undo()
     atomic_write_text(target, "new")
     assert target.read_text() == "new" and stat.S_IMODE(target.stat().st_mode) == 0o640  # the mode is kept
+
+
+def test_the_sandbox_uid_registry_refuses_a_shared_folder_and_never_writes_through_its_links(user, tmp_path):
+    from rlvr.rewards.uids import allocate_uids, release_uids
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # as in /tmp: anyone could have planted the registry's files
+    with pytest.raises(ConfigError, match="RLVR_SANDBOX_UID_DIR"):
+        allocate_uids(63000, 2, str(shared))
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "ranges.json").symlink_to(user / "notes.txt")
+    start, token = allocate_uids(63000, 2, str(private))
+    release_uids(token, str(private))
+    assert start == 63000 and (user / "notes.txt").read_bytes() == MINE
+    assert not (private / "ranges.json").is_symlink() and json.loads((private / "ranges.json").read_text()) == []
+    (private / "lock").unlink()
+    (private / "lock").symlink_to(user / "notes.txt")
+    with pytest.raises(OSError) as raised:
+        allocate_uids(63000, 2, str(private))
+    assert raised.value.errno == errno.ELOOP and (user / "notes.txt").read_bytes() == MINE
