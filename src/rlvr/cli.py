@@ -12,7 +12,7 @@ from pathlib import Path
 from rlvr.cli_preference import register as register_preference_commands
 from rlvr.cli_runs import register as register_run_commands
 from rlvr.errors import ConfigError
-from rlvr.tracking.files import write_error, write_error_message
+from rlvr.safe_io import write_error, write_error_message
 from rlvr.tracking.lock import DirLock
 from rlvr.tracking.run_dir import check_output_path
 

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from rlvr.errors import ConfigError
-from rlvr.tracking.files import atomic_write_text, check_output_file, kind_of
+from rlvr.safe_io import atomic_write_text, check_output_file, kind_of
 from rlvr.tracking.run_dir import check_output_path
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_lines import cli, one_line
 
 from rlvr.cli import main
 from rlvr.runtime.distributed import load_sharded_optimizer
@@ -62,20 +63,6 @@ def _reseal(checkpoint: Path) -> None:
     (checkpoint / CHECKSUM_FILE).write_text(json.dumps(_digests(checkpoint)))
 
 
-def cli(argv: list[str], capsys) -> tuple[int, str]:
-    capsys.readouterr()
-    code = main(argv)
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return code, err
-
-
-def _one_line(code: int, err: str, *fragments: str) -> None:
-    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
-    for fragment in fragments:
-        assert fragment in err, err
-
-
 def _tools_leave_it(run: Path, tmp_path: Path, canary: Path, capsys) -> None:
     """Export, report and compare read the crafted run: each finishes (or refuses in one line);
     none runs the payload."""
@@ -94,7 +81,7 @@ def test_a_trainer_state_naming_code_is_refused_by_resume_and_runs_only_with_tru
     torch.save({**state, "scheduler": Payload(canary)}, checkpoint / STATE_FILE)
     _reseal(checkpoint)
     code, err = cli(["train", "--resume", str(run), "trainer.steps=2"], capsys)
-    _one_line(code, err, STATE_FILE, "posix.system", "--trust-pickle")
+    one_line(code, err, STATE_FILE, "posix.system", "--trust-pickle")
     assert not canary.exists()
     _tools_leave_it(run, tmp_path, canary, capsys)
     assert load_state(checkpoint, trust_pickle=True)["scheduler"] == 0  # the payload is live: the opt-in runs it
@@ -119,7 +106,7 @@ def test_optimizer_metadata_naming_code_is_refused_and_the_shards_are_in_the_che
     _reseal(checkpoint)
     assert "optimizer/.metadata" in json.loads((checkpoint / CHECKSUM_FILE).read_text())
     code, err = cli(["train", "--resume", str(run), "trainer.steps=2"], capsys)
-    _one_line(code, err, "optimizer/.metadata", "posix.system", "--trust-pickle")
+    one_line(code, err, "optimizer/.metadata", "posix.system", "--trust-pickle")
     assert not canary.exists()
     _tools_leave_it(run, tmp_path, canary, capsys)
 
@@ -130,7 +117,7 @@ def test_optimizer_shards_outside_the_checksums_are_refused(run, capsys):
     (checkpoint / "optimizer").mkdir()
     (checkpoint / "optimizer" / ".metadata").write_bytes(b"not listed")
     code, err = cli(["train", "--resume", str(run), "trainer.steps=2"], capsys)
-    _one_line(code, err, "files not in checksums.json: optimizer/.metadata")
+    one_line(code, err, "files not in checksums.json: optimizer/.metadata")
 
 
 def _sharded(folder: Path, canary: Path | None = None):
@@ -193,7 +180,7 @@ def test_a_config_naming_a_reward_file_inside_the_run_folder_is_refused(run, tmp
     crafted = config.replace("\nreward:\n  fn: ''\n", f"\nreward:\n  fn: {run / 'payload.py'}:fn\n")
     (run / "config.yaml").write_text(crafted)
     code, err = cli(["train", "--resume", str(run), "trainer.steps=2"], capsys)
-    _one_line(code, err, "reward.fn", "inside the run folder")
+    one_line(code, err, "reward.fn", "inside the run folder")
     assert not canary.exists()
     _tools_leave_it(run, tmp_path, canary, capsys)
 

@@ -8,7 +8,6 @@ user's folder) and checks the user's files byte for byte afterwards.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import stat
@@ -16,43 +15,19 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cli_lines import cli, one_line, snapshot
 from fake_runs import make_run
 
+from rlvr import safe_io as files
 from rlvr.cli import main
 from rlvr.errors import ConfigError
 from rlvr.models.causal_lm import tiny_llama
 from rlvr.models.tokenizer import char_tokenizer
-from rlvr.tracking import files
-from rlvr.tracking.files import MADE_MARKER, atomic_write_text, remove_made_folder
+from rlvr.safe_io import MADE_MARKER, atomic_write_text, remove_made_folder
 from rlvr.tracking.run_dir import RunDir
 from rlvr.trainer.checkpoint import save_checkpoint, verify_checkpoint
 
 MINE = b"the user's own file\n"
-
-
-def snapshot(folder: Path) -> dict[str, str]:
-    """sha256 of every file under `folder` (links listed by their target, not followed)."""
-    out = {}
-    for p in sorted(folder.rglob("*")):
-        if p.is_symlink():
-            out[str(p.relative_to(folder))] = "-> " + os.readlink(p)
-        elif p.is_file():
-            out[str(p.relative_to(folder))] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
-
-
-def cli(argv: list[str], capsys) -> tuple[int, str]:
-    capsys.readouterr()
-    code = main(argv)
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return code, err
-
-
-def one_line(code: int, text: str, *fragments: str) -> None:
-    assert code == 2 and text.startswith("error: ") and text.count("\n") == 1, text
-    for fragment in fragments:
-        assert fragment in text, text
 
 
 @pytest.fixture

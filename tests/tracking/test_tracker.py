@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rlvr.errors import ConfigError, DiskFull
-from rlvr.tracking.files import free_space
+from rlvr.safe_io import free_space
 from rlvr.tracking.tracker import JsonlTracker, Tracker, make_trackers
 
 CONFIG = {"seed": 3, "algo": {"objective": "ppo_clip", "clip_high": 0.28}, "trainer": {"steps": 6}}

@@ -20,7 +20,7 @@ import weakref
 from contextlib import contextmanager
 
 from rlvr.errors import ConfigError
-from rlvr.tracking.files import atomic_write_json, open_new_or_regular
+from rlvr.safe_io import atomic_write_json, open_new_or_regular
 
 __all__ = ["UID_REGISTRY", "allocate_uids", "release_uids", "reserve"]
 

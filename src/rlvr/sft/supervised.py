@@ -27,9 +27,9 @@ from rlvr.errors import ConfigError, DiskFull
 from rlvr.models.block_diffusion import BlockDiffusionLM, block_diffusion_loss
 from rlvr.models.causal_lm import resolve_model_path
 from rlvr.models.policy import CausalPolicy
+from rlvr.safe_io import free_space, kind_of, mark_made, removable_folder, remove_made_folder, temp_folder_for
 from rlvr.sft.chat import chat_rollouts, load_conversations, sample_conversations
 from rlvr.sft.diffusion import diffusion_sft, masked_diffusion_loss
-from rlvr.tracking.files import free_space, kind_of, mark_made, removable_folder, remove_made_folder, temp_folder_for
 from rlvr.tracking.run_dir import disk_full
 from rlvr.trainer.evaluate import greedy_accuracy
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlvr.errors import ConfigError
-from rlvr.tracking.files import kind_of, mark_made, removable_folder, remove_made_folder, temp_folder_for
+from rlvr.safe_io import kind_of, mark_made, removable_folder, remove_made_folder, temp_folder_for
 from rlvr.tracking.run_dir import check_output_path
 
 PROVENANCE_FILE = "rlvr_export.json"

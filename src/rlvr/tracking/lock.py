@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from rlvr.errors import ConfigError, RunLocked
-from rlvr.tracking.files import kind_of, open_new_or_regular
+from rlvr.safe_io import kind_of, open_new_or_regular
 
 
 def boot_id() -> str | None:

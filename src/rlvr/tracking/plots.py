@@ -11,7 +11,7 @@ import math
 import textwrap
 from pathlib import Path
 
-from rlvr.tracking.files import atomic_write_bytes
+from rlvr.safe_io import atomic_write_bytes
 from rlvr.tracking.runs import Group, Run, aligned_curves
 from rlvr.tracking.stats import clipped_interval, mean_ci, metric_bounds
 

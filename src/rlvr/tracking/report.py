@@ -13,7 +13,7 @@ import json
 import math
 from pathlib import Path
 
-from rlvr.tracking.files import atomic_write_text, check_output_file
+from rlvr.safe_io import atomic_write_text, check_output_file
 from rlvr.tracking.plots import report_metrics, run_curves_png
 from rlvr.tracking.runs import Run, load_run, read_jsonl
 

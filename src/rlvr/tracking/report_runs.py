@@ -11,7 +11,7 @@ import base64
 import html
 from pathlib import Path
 
-from rlvr.tracking.files import atomic_write_text, check_output_file
+from rlvr.safe_io import atomic_write_text, check_output_file
 from rlvr.tracking.plots import report_metrics, runs_curves_png
 from rlvr.tracking.report import STYLE, _fmt
 from rlvr.tracking.runs import Run, flatten, load_run

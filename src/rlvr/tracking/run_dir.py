@@ -30,7 +30,7 @@ from importlib import metadata
 from pathlib import Path
 
 from rlvr.errors import ConfigError, DiskFull, RunInterrupted
-from rlvr.tracking.files import atomic_write_text, free_space, open_new_or_regular
+from rlvr.safe_io import atomic_write_text, free_space, open_new_or_regular
 from rlvr.tracking.lock import DirLock
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pyyaml", "tqdm", "matplotlib",

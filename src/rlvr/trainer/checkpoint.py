@@ -19,7 +19,7 @@ from rlvr.agents.batch import TurnTensors
 from rlvr.batch import Rollouts
 from rlvr.errors import ConfigError, DiskFull
 from rlvr.runtime.safe_load import TRUST_FLAG, UntrustedPickle, load_trainer_state
-from rlvr.tracking.files import atomic_write_text, clear_temp
+from rlvr.safe_io import atomic_write_text, clear_temp
 from rlvr.tracking.run_dir import disk_full, disk_full_message
 from rlvr.trainer.collect import Collected
 from rlvr.types import Example
