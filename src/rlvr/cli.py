@@ -6,13 +6,14 @@ Every user mistake is a `ConfigError`: printed as one line (`error: ...`), exit 
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 from pathlib import Path
 
 from rlvr.cli_preference import register as register_preference_commands
 from rlvr.cli_runs import register as register_run_commands
 from rlvr.errors import ConfigError
-from rlvr.safe_io import write_error, write_error_message
+from rlvr.safe_io import unpickling_message, write_error, write_error_message
 from rlvr.tracking.lock import DirLock
 from rlvr.tracking.run_dir import check_output_path
 
@@ -200,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except pickle.UnpicklingError as err:  # a model folder's pickled weights naming code (a weights-only load)
+        print(f"error: {unpickling_message(err, 'a weights file')}", file=sys.stderr)
         return 2
     except OSError as err:  # a read-only or full disk: one line naming the path and the free space
         if not write_error(err):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -191,6 +192,18 @@ def free_space(path: str | Path) -> str:
         if free >= size:
             return f"{free / size:.1f} {unit} free"
     return f"{free} bytes free"
+
+
+def refused_global(err: BaseException) -> str:
+    """What a weights-only unpickler refused, from torch's message ('Unsupported global: GLOBAL x.y')."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(err))
+    return f"the Python object '{found.group(1)}'" if found else "Python objects"
+
+
+def unpickling_message(err: BaseException, where: str) -> str:
+    """One line for a weights file (a model folder's `.bin`) whose pickle names code."""
+    return (f"{where} holds a pickle that asks to load {refused_global(err)}, which could run code; rlvr loads only "
+            f"weights from it: convert it to safetensors (or load it yourself, if you trust it)")
 
 
 def write_error(err: BaseException) -> bool:

@@ -202,3 +202,19 @@ def test_the_trainer_state_file_kinds_each_hash_into_the_checksums(trained):
     listed = json.loads((_checkpoint(trained) / CHECKSUM_FILE).read_text())
     for name in (STATE_FILE, "model.safetensors", "config.json"):
         assert listed[name] == hashlib.sha256((_checkpoint(trained) / name).read_bytes()).hexdigest()
+
+
+def test_pickled_model_weights_naming_code_are_refused_by_export_and_eval(run, tmp_path, capsys):
+    """A checkpoint whose weights are a `.bin` pickle instead of safetensors: `transformers` loads it
+    weights-only for rlvr, and the refusal is one line."""
+    from safetensors.torch import load_file
+
+    canary = tmp_path / "canary"
+    checkpoint = _checkpoint(run)
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    torch.save({**weights, "extra": Payload(canary)}, checkpoint / "pytorch_model.bin")
+    (checkpoint / "model.safetensors").unlink()
+    for argv in (["export", str(run), str(tmp_path / "exported")], ["eval", str(run), "--n", "1"]):
+        one_line(*cli(argv, capsys), "posix.system", "safetensors")
+        assert not canary.exists()
+    assert not (tmp_path / "exported").exists()

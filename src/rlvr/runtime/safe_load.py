@@ -17,13 +17,13 @@ otherwise trusts: with it, the files load with the full pickle, as code.
 from __future__ import annotations
 
 import pickle
-import re
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from rlvr.errors import ConfigError
+from rlvr.safe_io import refused_global
 
 TRUST_FLAG = "--trust-pickle"
 TRAINER_STATE_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]
@@ -47,12 +47,6 @@ def refusal(path: Path, asked: str) -> UntrustedPickle:
         f"resume with {TRUST_FLAG}")
 
 
-def _asked(err: Exception) -> str:
-    """The global a weights-only load refused, from torch's message ('Unsupported global: GLOBAL x.y')."""
-    found = re.search(r"GLOBAL ([\w.]+)", str(err))
-    return f"the Python object '{found.group(1)}'" if found else "Python objects"
-
-
 def load_trainer_state(path: Path, *, data_classes=(), trust_pickle: bool = False) -> dict:
     """The trainer state at `path`; `UntrustedPickle` when it names anything beyond the allow-list
     and `data_classes` (plain data: rebuilt from their fields, no code of theirs runs)."""
@@ -62,7 +56,7 @@ def load_trainer_state(path: Path, *, data_classes=(), trust_pickle: bool = Fals
         with torch.serialization.safe_globals([*TRAINER_STATE_GLOBALS, *data_classes]):
             return torch.load(path, weights_only=True)
     except pickle.UnpicklingError as err:
-        raise refusal(path, _asked(err)) from None
+        raise refusal(path, refused_global(err)) from None
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -104,7 +98,7 @@ def safe_planner(folder: Path):
             try:
                 loaded = torch.load(value, weights_only=True)
             except pickle.UnpicklingError as err:
-                raise refusal(folder, _asked(err)) from None
+                raise refusal(folder, refused_global(err)) from None
             if self.flatten_state_dict:
                 from torch.distributed.checkpoint._traverse import set_element
 

@@ -20,12 +20,20 @@ low-learning-rate LoRA run's update is mostly below bfloat16's resolution.
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlvr.errors import ConfigError
-from rlvr.safe_io import kind_of, mark_made, removable_folder, remove_made_folder, temp_folder_for
+from rlvr.safe_io import (
+    kind_of,
+    mark_made,
+    removable_folder,
+    remove_made_folder,
+    temp_folder_for,
+    unpickling_message,
+)
 from rlvr.tracking.run_dir import check_output_path
 
 PROVENANCE_FILE = "rlvr_export.json"
@@ -177,6 +185,8 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None, for
             model, record = _merged_adapter(run, checkpoint, dtype)
         else:  # dtype "auto": the checkpoint's own (a bf16 run exports bf16 weights, not an fp32 upcast)
             model = auto.from_pretrained(checkpoint, dtype=dtype)
+    except pickle.UnpicklingError as err:  # a `.bin` whose pickle names code: transformers loads weights only
+        raise ConfigError(f"export: {unpickling_message(err, f'checkpoint {str(checkpoint)!r}')}") from None
     except (OSError, ValueError) as err:
         raise ConfigError(f"export: checkpoint '{checkpoint}' is unreadable ({type(err).__name__}); "
                           "pass --step to export an earlier one") from None
