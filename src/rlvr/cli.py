@@ -155,7 +155,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sft", help="supervised warm start on procedural solutions")
     s.add_argument("args", nargs="*", help="[RECIPE.yaml] [key.sub=value ...]")
     s.add_argument("--out", required=True, help="directory for the Hugging Face checkpoint")
-    s.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
+    s.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder that rlvr sft made")
     s.set_defaults(fn=cmd_sft)
     e = sub.add_parser("eval", help="greedy accuracy of a run's newest checkpoint")
     e.add_argument("run", help="run directory")

@@ -174,7 +174,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     export.add_argument("run", help="run directory")
     export.add_argument("dir", help="output directory (must not exist, or be empty, unless --force)")
     export.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
-    export.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    export.add_argument("--force", action="store_true", help="replace DIR if it is an export rlvr made")
     export.add_argument("--adapter", action="store_true",
                         help="a LoRA run: write the adapter alone (PEFT format) instead of the merged model")
     export.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
