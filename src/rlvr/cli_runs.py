@@ -94,9 +94,9 @@ def cmd_runs_plot(args) -> int:
 
     runs, groups, metrics = _groups(args)
     check_output_path(args.out, "--out", reads=[r.path for r in runs])
-    check_output_file(args.out, "--out")
     if Path(args.out).is_dir():
         raise ConfigError(f"--out: '{args.out}' is a directory; pass a PNG path, e.g. {Path(args.out) / 'curves.png'}")
+    check_output_file(args.out, "--out")
     path = plot_groups(groups, metrics, args.out, window=args.smooth)
     print(f"wrote {path}  ({len(runs)} runs, {len(groups)} groups)")
     return 0
