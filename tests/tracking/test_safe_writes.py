@@ -159,7 +159,8 @@ def test_out_onto_a_device_node_or_a_fifo_is_refused_and_the_node_kept(run, fake
         for argv in (["report", str(run), "--out", str(node)],
                      ["report", str(run), str(fake_runs / "ppo_s0"), "--out", str(node)],
                      ["runs", "plot", str(fake_runs), "--out", str(node)],
-                     ["runs", "compare", str(fake_runs), "--out", str(node)]):
+                     ["runs", "compare", str(fake_runs), "--out", str(node)],
+                     ["export", str(run), str(node)], ["export", str(run), str(node), "--force"]):
             one_line(*cli(argv, capsys), str(node), kind)
         after = os.lstat(node)
         assert (after.st_mode, after.st_rdev, after.st_ino) == (before.st_mode, before.st_rdev, before.st_ino)
