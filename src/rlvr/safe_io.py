@@ -1,4 +1,4 @@
-"""Writing files where others may have put things first: every path rlvr writes or deletes goes through here.
+"""Writing files where others may have put things first: the primitives rlvr's writers share.
 
 A run folder, an export folder or an `--out` path may already hold what someone else planted: a
 link to a user's file under the name of a temp file, a device node, a folder that is not rlvr's.
@@ -13,6 +13,8 @@ So:
    (`remove_made_folder`);
 4. a write that fails on a read-only or full disk is one line naming the path and the free space
    there (`write_error_message`), for the command line to print.
+Folders written whole by a library (`save_pretrained`) go to a new temp folder (`temp_folder_for`)
+renamed into place, so nothing planted beside the output is written through either.
 """
 
 from __future__ import annotations
