@@ -39,6 +39,7 @@ settings and loop. Every bad argument raises `ConfigError` with one line naming 
   from its newest checkpoint, with its saved config unless `config` is given. A resume whose config
   differs from the saved one (other than ``trainer.steps``, ``trainer.name``, ``trainer.out_dir``) is refused unless
   ``allow_config_change=True``, which records each change in run.json (``config_changes``).
+  A checkpoint loads as data only; ``trust_pickle=True`` loads its pickles as code (docs/security.md).
   One process writes a run at a time: a second `train` of a run another process is writing is
   refused with `RunLocked` naming it (the lock dies with its holder, a kill -9 included).
 
@@ -59,7 +60,7 @@ from typing import Any
 
 from rlvr.api_ray import done_line
 from rlvr.errors import ConfigError
-from rlvr.tracking.resumable import check_resumable, config_changes
+from rlvr.tracking.resumable import check_code_outside, check_resumable, config_changes
 
 __all__ = ["Trainer", "train"]
 
@@ -75,7 +76,7 @@ class Trainer:
                  reward_weights: Iterable[float] | None = None, prompt_key: str = "prompt",
                  system_prompt: str = "", correct_fn: Callable | None = None,
                  correct_threshold: float | None = None, callbacks: Any = (), run_dir: str | Path | None = None,
-                 resume: bool | str | Path = False, allow_config_change: bool = False,
+                 resume: bool | str | Path = False, allow_config_change: bool = False, trust_pickle: bool = False,
                  command: list[str] | None = None, echo: Callable = print):
         self.echo, self.command = echo, list(sys.argv if command is None else command)
         self._allow_change = allow_config_change  # what a Ray learner rank rebuilds this trainer with (`api_ray`)
@@ -83,7 +84,7 @@ class Trainer:
                          train_dataset), ("eval_dataset", eval_dataset)) if value is not None and not (
                          name == "model" and isinstance(value, (str, Path)))]
         self.config_changes: dict[str, tuple[Any, Any]] = {}
-        self.resume = bool(resume)
+        self.resume, self.trust_pickle = bool(resume), bool(trust_pickle) and bool(resume)
         if resume and not isinstance(resume, bool):
             if run_dir is not None and Path(run_dir) != Path(resume):
                 raise ConfigError(f"resume: {str(resume)!r} differs from run_dir={str(run_dir)!r}; pass one of them")
@@ -97,6 +98,8 @@ class Trainer:
         overrides = _override_list(overrides)
         self._model, self._tokenizer = _model_argument(model, tokenizer, overrides)
         self.config, recipe = _load(config, overrides)
+        if self.resume and reward_funcs is None:  # before any reward file is imported
+            check_code_outside(Path(run_dir), self.config.reward.fn)
         if not isinstance(prompt_key, str) or not prompt_key:
             raise ConfigError(f"prompt_key: expected a column name, got {prompt_key!r}")
         self.task, self.rows, self.heldout_rows = _dataset_arguments(train_dataset, eval_dataset, prompt_key)
@@ -238,7 +241,7 @@ class Trainer:
                 self.echo(f"run directory: {run.path}")
                 final = train(self.config, run, command=self.command, resume=self.resume, echo=self.echo,
                               runtime=runtime, callbacks=self.callbacks, provenance=provenance,
-                              config_changes=self.config_changes, **objects)
+                              config_changes=self.config_changes, trust_pickle=self.trust_pickle, **objects)
         except BaseException:
             if not self.resume:  # a run that could not start leaves no empty directory behind
                 run.remove_if_empty()
@@ -285,7 +288,7 @@ class Trainer:
                 objects, provenance = self._objects()
                 return train(self.config, run, command=self.command, resume=self.resume, echo=_silent,
                              runtime=runtime, callbacks=self.callbacks, provenance=provenance,
-                             config_changes=self.config_changes, **objects)
+                             config_changes=self.config_changes, trust_pickle=self.trust_pickle, **objects)
         finally:
             run.release()
             shutil.rmtree(scratch, ignore_errors=True)

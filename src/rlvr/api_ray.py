@@ -21,7 +21,8 @@ def train_on_ray(trainer) -> dict:
                           "name it in the config (model.path, reward.fn, task) or start the ranks with torchrun")
     t = trainer.config.trainer
     rebuild = functools.partial(type(trainer), config=trainer.config, run_dir=trainer.run_dir, resume=trainer.resume,
-                                allow_config_change=trainer._allow_change, command=trainer.command,
+                                allow_config_change=trainer._allow_change, trust_pickle=trainer.trust_pickle,
+                                command=trainer.command,
                                 callbacks=trainer.callbacks)
     gpus = resolve_device(t.device, trainer.config.model.kind).type == "cuda"
     threads = t.threads or max(1, available_cores() // t.ray_learners)  # each rank's CPU bundle

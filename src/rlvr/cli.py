@@ -6,12 +6,14 @@ Every user mistake is a `ConfigError`: printed as one line (`error: ...`), exit 
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 from pathlib import Path
 
 from rlvr.cli_preference import register as register_preference_commands
 from rlvr.cli_runs import register as register_run_commands
 from rlvr.errors import ConfigError
+from rlvr.safe_io import unpickling_message, write_error, write_error_message
 from rlvr.tracking.lock import DirLock
 from rlvr.tracking.run_dir import check_output_path
 
@@ -24,8 +26,10 @@ def cmd_train(args) -> int:
         raise ConfigError(f"--resume: '{args.resume}' is not a run directory (no config.yaml)")
     if args.allow_config_change and not args.resume:
         raise ConfigError("--allow-config-change: only applies with --resume RUN_DIR")
+    if args.trust_pickle and not args.resume:
+        raise ConfigError("--trust-pickle: only applies with --resume RUN_DIR")
     Trainer(config=recipe, overrides=overrides, resume=args.resume or False,
-            allow_config_change=args.allow_config_change, command=sys.argv).train()
+            allow_config_change=args.allow_config_change, trust_pickle=args.trust_pickle, command=sys.argv).train()
     return 0
 
 
@@ -144,11 +148,14 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")
     t.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: accept a config that differs from the run's (recorded in run.json)")
+    t.add_argument("--trust-pickle", action="store_true",
+                   help="with --resume: load the checkpoint's pickled files with the full pickle, which runs any "
+                        "code they name (only for a run folder you made, e.g. with an older rlvr, or trust)")
     t.set_defaults(fn=cmd_train)
     s = sub.add_parser("sft", help="supervised warm start on procedural solutions")
     s.add_argument("args", nargs="*", help="[RECIPE.yaml] [key.sub=value ...]")
     s.add_argument("--out", required=True, help="directory for the Hugging Face checkpoint")
-    s.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
+    s.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder that rlvr sft made")
     s.set_defaults(fn=cmd_sft)
     e = sub.add_parser("eval", help="greedy accuracy of a run's newest checkpoint")
     e.add_argument("run", help="run directory")
@@ -194,6 +201,14 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except pickle.UnpicklingError as err:  # a model folder's pickled weights naming code (a weights-only load)
+        print(f"error: {unpickling_message(err, 'a weights file')}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a read-only or full disk: one line naming the path and the free space
+        if not write_error(err):
+            raise
+        print(f"error: {write_error_message(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGINT during training (RunInterrupted)
         print(f"interrupted: {err}" if str(err) else "interrupted", file=sys.stderr)

@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 from rlvr.errors import ConfigError
+from rlvr.safe_io import atomic_write_text, check_output_file, kind_of
 from rlvr.tracking.run_dir import check_output_path
 
 
@@ -69,10 +70,21 @@ def cmd_runs_compare(args) -> int:
         print("note: groups with one run have no confidence interval; add seeds (seed=N) to get one")
     out = Path(args.out)
     check_output_path(out, "--out", reads=[r.path for r in runs])
+    if kind_of(out) not in (None, "a directory"):
+        raise ConfigError(f"--out: '{out}' is {kind_of(out)}; pass a folder (new or existing) for the comparison")
+    files = [out / name for name in ("compare.md", "compare.csv", "curves.png")]
+    for file in files:
+        check_output_file(file, "--out")
+    new = [file for file in files if not file.exists()]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.md").write_text(markdown)
-    (out / "compare.csv").write_text(csv_table(groups, metrics, table))
-    plot = plot_groups(groups, metrics, out / "curves.png", window=args.smooth)
+    try:  # each file whole (temp + rename); a failure takes back the ones this command added
+        atomic_write_text(files[0], markdown)
+        atomic_write_text(files[1], csv_table(groups, metrics, table))
+        plot = plot_groups(groups, metrics, files[2], window=args.smooth)
+    except BaseException:
+        for file in new:
+            file.unlink(missing_ok=True)
+        raise
     print(f"wrote {out / 'compare.md'}, {out / 'compare.csv'}, {plot}  ({len(runs)} runs, {len(groups)} groups)")
     return 0
 
@@ -84,6 +96,7 @@ def cmd_runs_plot(args) -> int:
     check_output_path(args.out, "--out", reads=[r.path for r in runs])
     if Path(args.out).is_dir():
         raise ConfigError(f"--out: '{args.out}' is a directory; pass a PNG path, e.g. {Path(args.out) / 'curves.png'}")
+    check_output_file(args.out, "--out")
     path = plot_groups(groups, metrics, args.out, window=args.smooth)
     print(f"wrote {path}  ({len(runs)} runs, {len(groups)} groups)")
     return 0
@@ -161,7 +174,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     export.add_argument("run", help="run directory")
     export.add_argument("dir", help="output directory (must not exist, or be empty, unless --force)")
     export.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
-    export.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    export.add_argument("--force", action="store_true", help="replace DIR if it is an export rlvr made")
     export.add_argument("--adapter", action="store_true",
                         help="a LoRA run: write the adapter alone (PEFT format) instead of the merged model")
     export.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],

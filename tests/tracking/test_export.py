@@ -72,5 +72,9 @@ def test_export_refuses_to_overwrite_and_names_missing_step(trained, tmp_path, c
     assert "not empty" in capsys.readouterr().out
     assert run_cli(["export", str(run), str(tmp_path / "e"), "--step", "3"]) == 2
     assert "available: step_000002, step_000004" in capsys.readouterr().out
-    assert run_cli(["export", str(run), str(tmp_path / "taken"), "--step", "2", "--force"]) == 0
-    assert not (tmp_path / "taken" / "file").exists() and (tmp_path / "taken" / "config.json").exists()
+    assert run_cli(["export", str(run), str(tmp_path / "taken"), "--step", "2", "--force"]) == 2
+    assert "not made by rlvr" in capsys.readouterr().out  # --force replaces only an export rlvr made
+    assert (tmp_path / "taken" / "file").read_text() == "x"
+    assert run_cli(["export", str(run), str(tmp_path / "e"), "--step", "2"]) == 0
+    assert run_cli(["export", str(run), str(tmp_path / "e"), "--step", "4", "--force"]) == 0
+    assert json.loads((tmp_path / "e" / "rlvr_export.json").read_text())["checkpoint"] == "step_000004"

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rlvr.errors import ConfigError, DiskFull
+from rlvr.safe_io import free_space
 from rlvr.tracking.tracker import JsonlTracker, Tracker, make_trackers
 
 CONFIG = {"seed": 3, "algo": {"objective": "ppo_clip", "clip_high": 0.28}, "trainer": {"steps": 6}}
@@ -183,7 +184,7 @@ def test_a_full_disk_is_one_diskfull_line_and_spares_what_was_written(sink, tmpf
             message = str(err.value)
             assert "\n" not in message and message == (
                 f"disk full: no space left on the device of '{run}' while training (writing the {sink} logs); "
-                f"free space there, then continue with rlvr train --resume {run}")
+                f"free space there ({free_space(run)} now), then continue with rlvr train --resume {run}")
         for path, data in written.items():
             assert path.read_bytes()[:len(data)] == data, f"{path.relative_to(run)} was rewritten"
     finally:

@@ -48,7 +48,7 @@ def _start_run(config: Config, run: RunDir, command: list[str], start: int, prov
 
 def train(config: Config, run: RunDir, *, command: list[str], resume: bool = False, echo=print,
           runtime: Runtime | None = None, callbacks: Sequence = (), provenance: dict | None = None,
-          config_changes: dict | None = None, **objects) -> dict:
+          config_changes: dict | None = None, trust_pickle: bool = False, **objects) -> dict:
     """Run (or resume) the RL loop in `run`. Returns the final metrics line.
 
     `runtime`: what `rlvr.runtime.process.configure_process` set up (None = this process as it is).
@@ -57,6 +57,8 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
     does not (an in-memory dataset, reward functions passed as objects). `objects`:
     `model`/`tokenizer`, `task`, `reward` passed to `build_components` instead of the ones the
     config names. `config_changes`: {key: (old, new)} a resume was allowed to make, recorded in run.json.
+    `trust_pickle`: a resume loads the checkpoint's pickled files with the full pickle (code), as
+    `--trust-pickle` asks; else as data only (`rlvr.runtime.safe_load`).
 
     A resumed run with no steps left says so in one line and returns its recorded final line."""
     torch.manual_seed(config.seed)
@@ -71,7 +73,7 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
                 with disk_errors(run, "resuming the run" if resume else "starting the run"):
                     run.create()
                     run.reserve()  # first: a resume on a full disk stops before it changes anything
-                    start = resume_run(c, run) if resume else 0
+                    start = resume_run(c, run, trust_pickle=trust_pickle) if resume else 0
                     if start >= config.trainer.steps:
                         echo(nothing_left_message(run.path, start, config.trainer.steps))
                         return run.read_json("run.json").get("final") or {"step": start}

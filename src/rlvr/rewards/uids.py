@@ -14,9 +14,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 import uuid
 import weakref
 from contextlib import contextmanager
+
+from rlvr.errors import ConfigError
+from rlvr.safe_io import atomic_write_json, open_new_or_regular
 
 __all__ = ["UID_REGISTRY", "allocate_uids", "release_uids", "reserve"]
 
@@ -39,12 +43,22 @@ def _alive(entry: dict) -> bool:
     return start is not None and start == entry.get("started")
 
 
+def _check_private(directory: str) -> None:
+    """The registry lives in a shared folder (/tmp): refuse one someone else made or can write to,
+    where a planted link could turn the registry's writes (as root) onto any file."""
+    info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise ConfigError(f"sandbox: the uid registry '{directory}' is not a folder of this user that only it may "
+                          f"write to; remove it, or set RLVR_SANDBOX_UID_DIR to such a folder")
+
+
 @contextmanager
 def _registry(directory: str):
     """The registry's live entries under an exclusive lock; what the body leaves in the list is written back."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
+    _check_private(directory)
     path = os.path.join(directory, "ranges.json")
-    with open(os.path.join(directory, "lock"), "a") as lock:
+    with open(open_new_or_regular(os.path.join(directory, "lock"), os.O_RDWR | os.O_CREAT, 0o600), "rb") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             try:
@@ -54,10 +68,7 @@ def _registry(directory: str):
                 entries = []
             entries = [e for e in entries if isinstance(e, dict) and _alive(e)]  # dead owners' ranges return
             yield entries
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(entries, f)
-            os.replace(tmp, path)
+            atomic_write_json(path, entries)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 

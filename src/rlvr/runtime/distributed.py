@@ -35,6 +35,7 @@ import torch
 from rlvr.batch import Rollouts, concat_rollouts
 from rlvr.errors import ConfigError, LearnerLost
 from rlvr.models.lora import merged_weights
+from rlvr.runtime.safe_load import load_sharded
 
 
 @dataclass(frozen=True)
@@ -410,11 +411,14 @@ class ShardedState:
         dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
                  checkpoint_id=str(folder / self.folder))
 
-    def load(self, checkpoint, weights: dict[str, torch.Tensor], optimizer: dict | None = None) -> None:
+    def load(self, checkpoint, weights: dict[str, torch.Tensor], optimizer: dict | None = None, *,
+             trust_pickle: bool = False) -> None:
         """The full `weights` into the shards, then the optimizer: its saved shards resharded to
-        this run's ranks, or `optimizer`, the full state one process saved, cut into this rank's shards."""
+        this run's ranks (read as `load_sharded_optimizer` says), or `optimizer`, the full state one
+        process saved, cut into this rank's shards."""
         if optimizer is None:
-            load_sharded_optimizer(self.model, self.optimizer, checkpoint / self.folder, weights)
+            load_sharded_optimizer(self.model, self.optimizer, checkpoint / self.folder, weights,
+                                   trust_pickle=trust_pickle)
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         from torch.distributed.tensor import distribute_tensor
@@ -434,11 +438,12 @@ class ShardedState:
         torch.distributed.barrier()
 
 
-def load_sharded_optimizer(model, optimizer, folder, weights: dict[str, torch.Tensor] | None = None) -> None:
+def load_sharded_optimizer(model, optimizer, folder, weights: dict[str, torch.Tensor] | None = None, *,
+                           trust_pickle: bool = False) -> None:
     """Load `weights` (full tensors by name; None = keep the model's) and the optimizer state a
     `ShardedState` saved in `folder`, into `model` and `optimizer` however they are sharded (a
-    plain model in a single process too); no folder: the optimizer had not stepped, it stays fresh."""
-    import torch.distributed.checkpoint as dcp
+    plain model in a single process too); no folder: the optimizer had not stepped, it stays fresh.
+    The folder's pickles are read with an allow-list (`runtime.safe_load`) unless `trust_pickle`."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
@@ -453,5 +458,5 @@ def load_sharded_optimizer(model, optimizer, folder, weights: dict[str, torch.Te
     state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
     with warnings.catch_warnings():  # one process loading shards: DCP warns that it assumes so
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(folder))
+        load_sharded(state, folder, trust_pickle=trust_pickle)
     set_optimizer_state_dict(model, optimizer, state["optimizer"])

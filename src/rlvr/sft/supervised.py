@@ -27,6 +27,7 @@ from rlvr.errors import ConfigError, DiskFull
 from rlvr.models.block_diffusion import BlockDiffusionLM, block_diffusion_loss
 from rlvr.models.causal_lm import resolve_model_path
 from rlvr.models.policy import CausalPolicy
+from rlvr.safe_io import free_space, kind_of, mark_made, removable_folder, remove_made_folder, temp_folder_for
 from rlvr.sft.chat import chat_rollouts, load_conversations, sample_conversations
 from rlvr.sft.diffusion import diffusion_sft, masked_diffusion_loss
 from rlvr.tracking.run_dir import disk_full
@@ -84,10 +85,13 @@ def check_output_dir(out_dir: str | Path, model_path: str, *, overwrite: bool) -
     base = Path(resolve_model_path(model_path)).resolve() if model_path else None
     if base is not None and (out == base or base.is_relative_to(out)):
         raise ConfigError(f"--out: '{out_dir}' holds the base model (model.path={model_path}); choose another folder")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out: '{out_dir}' is a file; choose a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"--out: '{out_dir}' is not empty; choose a new folder or pass --overwrite to replace it")
+    if kind_of(out_dir) not in (None, "a directory") or out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: '{out_dir}' is {kind_of(out_dir) or 'a file'}; choose a folder")
+    if overwrite:  # replaces only a folder rlvr made
+        removable_folder(out_dir, "--overwrite")
+    elif out.is_dir() and any(out.iterdir()):
+        raise ConfigError(f"--out: '{out_dir}' is not empty; choose a new folder, or pass --overwrite to replace a "
+                          f"warm start rlvr made")
 
 
 def sft(config: Config, out_dir: str | Path, *, overwrite: bool = False, echo=print, task=None) -> dict:
@@ -128,20 +132,25 @@ def sft(config: Config, out_dir: str | Path, *, overwrite: bool = False, echo=pr
         accuracy = greedy_accuracy(engine, tokenizer, task, task.heldout())
         echo(f"sft done: greedy held-out accuracy {accuracy:.3f}")
     out = Path(out_dir)
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_folder_for(out)  # a unique name: never a link planted beside --out
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "sft_config.yaml").write_text(dump_yaml(config))
+        mark_made(tmp, "sft")
     except BaseException as err:
         full = isinstance(err, Exception) and disk_full(err, out.parent)  # before the cleanup frees space
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
             raise DiskFull(f"disk full: no space left on the device of --out '{out_dir}' while writing the warm "
-                           f"start (nothing was written there); free space, then run rlvr sft again") from None
+                           f"start (nothing was written there); free space ({free_space(out.parent)} now), then run "
+                           f"rlvr sft again") from None
         raise
-    if out.exists():
-        shutil.rmtree(out)
+    try:
+        remove_made_folder(out, "--overwrite")  # checked again: it may have changed during training
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     os.replace(tmp, out)
     return {"heldout_accuracy": accuracy}

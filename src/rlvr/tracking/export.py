@@ -4,7 +4,9 @@ The directory holds weights (safetensors), config, generation config and tokeniz
 with `AutoModelForCausalLM` (a reward model from `rlvr rm`: `AutoModelForSequenceClassification`) /
 `AutoTokenizer` and nothing from rlvr; trainer state (optimizer,
 RNG) is left behind. It is written to a temp folder beside DIR, reloaded and checked (same
-weights), then renamed into place, so DIR only ever appears complete.
+weights), then renamed into place, so DIR only ever appears complete. It holds a `.rlvr-made`
+marker: `--force` replaces only a folder with one (an export rlvr made), never a user's folder,
+the working folder or one above the run.
 
 A LoRA run's checkpoint holds the adapter. `--adapter` writes it as it is (PEFT's format:
 `adapter_config.json`, `adapter_model.safetensors`, with the tokenizer), for
@@ -18,12 +20,20 @@ low-learning-rate LoRA run's update is mostly below bfloat16's resolution.
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlvr.errors import ConfigError
+from rlvr.safe_io import (
+    kind_of,
+    mark_made,
+    removable_folder,
+    remove_made_folder,
+    temp_folder_for,
+    unpickling_message,
+)
 from rlvr.tracking.run_dir import check_output_path
 
 PROVENANCE_FILE = "rlvr_export.json"
@@ -152,8 +162,13 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None, for
     if dtype not in DTYPES:
         raise ConfigError(f"export: --dtype {dtype!r}; valid: {', '.join(DTYPES)}")
     check_output_path(out, "export", reads=[run], replaces=force)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise ConfigError(f"export: '{out}' exists and is not empty; choose a new directory or pass --force")
+    if kind_of(out) not in (None, "a directory") or out.exists() and not out.is_dir():
+        raise ConfigError(f"export: '{out}' is {kind_of(out) or 'a file'}; choose a new directory")
+    if force:  # before any work: --force replaces only a folder rlvr made
+        removable_folder(out, "export --force", reads=[run])
+    elif out.exists() and any(out.iterdir()):
+        raise ConfigError(f"export: '{out}' exists and is not empty; choose a new directory, or pass --force to "
+                          f"replace an export rlvr made")
     checkpoint = find_checkpoint(run, step)
     lora = (checkpoint / "adapter_config.json").is_file()
     if adapter and not lora:
@@ -170,12 +185,14 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None, for
             model, record = _merged_adapter(run, checkpoint, dtype)
         else:  # dtype "auto": the checkpoint's own (a bf16 run exports bf16 weights, not an fp32 upcast)
             model = auto.from_pretrained(checkpoint, dtype=dtype)
+    except pickle.UnpicklingError as err:  # a `.bin` whose pickle names code: transformers loads weights only
+        raise ConfigError(f"export: {unpickling_message(err, f'checkpoint {str(checkpoint)!r}')}") from None
     except (OSError, ValueError) as err:
         raise ConfigError(f"export: checkpoint '{checkpoint}' is unreadable ({type(err).__name__}); "
                           "pass --step to export an earlier one") from None
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = temp_folder_for(out)
     try:
         _copy_adapter(checkpoint, tmp) if adapter else model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -184,13 +201,13 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None, for
                       "seed": manifest.get("seed"), "rlvr": (manifest.get("packages") or {}).get("rlvr"),
                       "form": "adapter" if adapter else "merged" if lora else "model", "merge": record}
         (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
+        mark_made(tmp, "export")
         AutoTokenizer.from_pretrained(tmp)
         same = (peft_loads(_base(run), tmp, checkpoint / ADAPTER_WEIGHTS) if adapter
                 else _same_weights(model, auto.from_pretrained(tmp, dtype="auto")))
         if not same:
             raise RuntimeError(f"export: reloaded weights in {tmp} differ from {checkpoint}")
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        remove_made_folder(out, "export --force", reads=[run])  # checked again: it may have changed meanwhile
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

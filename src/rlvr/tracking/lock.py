@@ -4,6 +4,7 @@ next one. The file names the holder for the message a second writer gets."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -12,7 +13,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rlvr.errors import RunLocked
+from rlvr.errors import ConfigError, RunLocked
+from rlvr.safe_io import kind_of, open_new_or_regular
 
 
 def boot_id() -> str | None:
@@ -44,7 +46,7 @@ class DirLock:
         """Take the lock or raise `RunLocked` naming the holder; `what` says what is locked (the
         message's subject). A no-op while held."""
         while self._fd is None:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open(what)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -62,6 +64,10 @@ class DirLock:
             if current != os.fstat(fd).st_ino:
                 os.close(fd)
                 continue
+            if os.fstat(fd).st_nlink != 1:  # a hard link planted under the name: its other name is someone's file
+                os.close(fd)
+                raise ConfigError(f"{what}: its lock file '{self.path}' is a hard link to another file; rlvr locks "
+                                  f"only a file it creates: remove it, then run again")
             info = {"pid": os.getpid(), "host": socket.gethostname(), "boot_id": boot_id(),
                     "started": datetime.now(UTC).isoformat(timespec="seconds"), "command": sys.argv}
             try:
@@ -71,6 +77,16 @@ class DirLock:
                 pass
             self._fd = fd
             _HELD.add(self)
+
+    def _open(self, what: str) -> int:
+        """The lock file, made here or left by a killed holder: never a link, a folder or a device."""
+        try:
+            return open_new_or_regular(self.path, os.O_RDWR | os.O_CREAT)
+        except OSError as err:
+            if err.errno not in (errno.ELOOP, errno.EISDIR, errno.EINVAL, errno.ENXIO):
+                raise
+        raise ConfigError(f"{what}: its lock file '{self.path}' is {kind_of(self.path) or 'not a regular file'}; "
+                          f"rlvr locks only a file it creates: remove it, then run again")
 
     def release(self) -> bool:
         """Remove the file and drop the lock; False if it was not held."""

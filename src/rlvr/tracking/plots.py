@@ -11,6 +11,7 @@ import math
 import textwrap
 from pathlib import Path
 
+from rlvr.safe_io import atomic_write_bytes
 from rlvr.tracking.runs import Group, Run, aligned_curves
 from rlvr.tracking.stats import clipped_interval, mean_ci, metric_bounds
 
@@ -81,7 +82,9 @@ def plot_groups(groups: list[Group], metrics: list[str], path: str | Path, *, wi
     fig.suptitle(f"mean ± {round(confidence * 100)}% CI over seeds", fontsize=10)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=path.suffix[1:] or None)  # written whole, never through a link at `path`
+    atomic_write_bytes(path, buffer.getvalue())
     return path
 
 

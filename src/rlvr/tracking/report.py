@@ -13,8 +13,8 @@ import json
 import math
 from pathlib import Path
 
+from rlvr.safe_io import atomic_write_text, check_output_file
 from rlvr.tracking.plots import report_metrics, run_curves_png
-from rlvr.tracking.run_dir import atomic_write_text
 from rlvr.tracking.runs import Run, load_run, read_jsonl
 
 STYLE = """
@@ -156,6 +156,7 @@ def write_report(run_path: str | Path, out: str | Path | None = None, *, max_sam
     """Render the report of the run at `run_path` to `out` (default RUN/report.html)."""
     run = load_run(run_path)
     path = Path(out) if out else run.path / "report.html"
+    check_output_file(path, "--out" if out else "report")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, render_report(run, max_sample_steps=max_sample_steps))
     return path

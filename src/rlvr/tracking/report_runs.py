@@ -11,9 +11,9 @@ import base64
 import html
 from pathlib import Path
 
+from rlvr.safe_io import atomic_write_text, check_output_file
 from rlvr.tracking.plots import report_metrics, runs_curves_png
 from rlvr.tracking.report import STYLE, _fmt
-from rlvr.tracking.run_dir import atomic_write_text
 from rlvr.tracking.runs import Run, flatten, load_run
 
 
@@ -78,6 +78,7 @@ def write_runs_report(run_paths: list[str | Path], out: str | Path | None = None
     """Render the page of the runs at `run_paths` to `out` (default: report.html beside the first run)."""
     runs = [load_run(p) for p in run_paths]
     path = Path(out) if out else runs[0].path.parent / "report.html"
+    check_output_file(path, "--out" if out else "report")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, render_runs_report(runs))
     return path

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import ConfigError
+from rlvr.rewards.runner import spec_entries
 
 
 def python_objects(run_dir: Path) -> str | None:
@@ -26,6 +27,18 @@ def check_resumable(run_dir: Path, *, rows: bool, task: bool) -> None:
     if needed == "train_dataset" and not rows or needed == "task" and not task:
         raise ConfigError(f"resume: '{run_dir}' trained on a {needed.replace('_', ' ')} passed from Python, which its "
                           f"config cannot rebuild; pass the same train_dataset to resume it")
+
+
+def check_code_outside(run_dir: Path, reward_fn: str | None) -> None:
+    """Refuse a resume whose `reward.fn` names a Python file inside the run folder: rlvr writes no
+    code there, so such a file came with the folder (someone else's), and resuming would run it."""
+    run = run_dir.resolve()
+    for _, target in spec_entries(reward_fn) if reward_fn else []:
+        file = target.rpartition(":")[0]
+        if file.endswith(".py") and Path(file).resolve().is_relative_to(run):
+            raise ConfigError(f"reward.fn: '{file}' lies inside the run folder '{run_dir}', where rlvr writes no code, "
+                              f"so it came with the folder; resume with reward.fn=FILE.py:NAME naming your own file "
+                              f"outside it")
 
 
 # Extending a run changes its length, not what it trains; its name and parent folder only say where a

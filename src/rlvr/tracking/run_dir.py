@@ -30,6 +30,7 @@ from importlib import metadata
 from pathlib import Path
 
 from rlvr.errors import ConfigError, DiskFull, RunInterrupted
+from rlvr.safe_io import atomic_write_text, free_space, open_new_or_regular
 from rlvr.tracking.lock import DirLock
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pyyaml", "tqdm", "matplotlib",
@@ -37,20 +38,6 @@ PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pyya
 # Environment variables that change numerics or scheduling; recorded when set.
 DETERMINISM_ENV = ("PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                    "CUDA_VISIBLE_DEVICES", "NCCL_ALGO", "TORCH_DETERMINISTIC")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `path` whole or not at all: a temp file renamed over it (removed if the write fails)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -75,8 +62,8 @@ def disk_full(err: BaseException, path: str | Path) -> bool:
 
 
 def disk_full_message(run_path: Path, what: str) -> str:
-    return (f"disk full: no space left on the device of '{run_path}' while {what}; free space there, then "
-            f"continue with rlvr train --resume {run_path}")
+    return (f"disk full: no space left on the device of '{run_path}' while {what}; free space there "
+            f"({free_space(run_path)} now), then continue with rlvr train --resume {run_path}")
 
 
 @contextmanager
@@ -369,9 +356,9 @@ class RunDir:
         """Hold `RESERVE_BYTES` of the disk in a hidden file while the run trains: when the disk
         fills up, `free_reserve` frees it so run.json can still record how the run ended."""
         path = self.path / RESERVE_FILE
-        if not path.exists():
-            try:
-                with open(path, "wb") as handle:
+        if not os.path.lexists(path):
+            try:  # O_EXCL: a link planted under the name is never written through
+                with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as handle:
                     handle.write(b"\0" * RESERVE_BYTES)
                     handle.flush()
                     os.fsync(handle.fileno())
@@ -418,16 +405,17 @@ class RunDir:
 
     def append(self, file: Path, record: dict) -> None:
         """Add one complete line; a write that fails (a full disk) is cut back, leaving no torn line."""
-        line = json.dumps(record, default=float) + "\n"
-        size = file.stat().st_size if file.exists() else 0
+        line = (json.dumps(record, default=float) + "\n").encode()
+        fd = open_new_or_regular(file, os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # never through a planted link
+        size = os.fstat(fd).st_size
         try:
-            with open(file, "a") as handle:
-                handle.write(line)
+            while line:
+                line = line[os.write(fd, line):]
         except BaseException:
-            if file.exists():
-                with open(file, "r+b") as handle:
-                    handle.truncate(size)
+            os.ftruncate(fd, size)
             raise
+        finally:
+            os.close(fd)
 
     def truncate_after(self, step: int) -> None:
         """Drop log lines past `step` (and any torn last line) so a resume never duplicates steps."""

@@ -15,28 +15,45 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlvr.agents.batch import TurnTensors
+from rlvr.batch import Rollouts
 from rlvr.errors import ConfigError, DiskFull
+from rlvr.runtime.safe_load import TRUST_FLAG, UntrustedPickle, load_trainer_state
+from rlvr.safe_io import atomic_write_text, clear_temp
 from rlvr.tracking.run_dir import disk_full, disk_full_message
+from rlvr.trainer.collect import Collected
+from rlvr.types import Example
 
 STATE_FILE = "trainer_state.pt"
+STATE_DATA_CLASSES = (Collected, Rollouts, Example, TurnTensors)  # the replay buffer's groups
 CHECKSUM_FILE = "checksums.json"
 
 
 def _digests(directory: Path) -> dict[str, str]:
-    """sha256 of every file in a checkpoint directory (except the checksum file itself)."""
-    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
-            for f in sorted(directory.iterdir()) if f.is_file() and f.name != CHECKSUM_FILE}
+    """sha256 of every file in a checkpoint directory by its relative path (the optimizer shards in
+    `optimizer/` too), except the checksum file itself. Links are not followed (rlvr writes none)."""
+    files = sorted(f for f in directory.rglob("*") if f.is_file() and not f.is_symlink())
+    return {f.relative_to(directory).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in files if f.name != CHECKSUM_FILE or f.parent != directory}
 
 
-def verify_checkpoint(checkpoint: Path) -> str | None:
-    """None if the checkpoint's files match its checksums, else what is wrong."""
+def verify_checkpoint(checkpoint: Path, *, trusted: bool = False) -> str | None:
+    """None if the checkpoint's files match its checksums, else what is wrong: a file that differs,
+    or one rlvr loads that the checksums do not list (`trusted`: a checkpoint of an older rlvr,
+    whose checksums left out `optimizer/`, passes with that)."""
     try:
         expected = json.loads((checkpoint / CHECKSUM_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):
         return "missing or unreadable checksums.json"
+    if not isinstance(expected, dict):
+        return "checksums.json holds no file table"
     actual = _digests(checkpoint)
     bad = sorted(name for name in expected if actual.get(name) != expected[name])
-    return f"checksum mismatch in {', '.join(bad)}" if bad else None
+    if bad:
+        return f"checksum mismatch in {', '.join(bad)}"
+    unlisted = [] if trusted else sorted(name for name in actual if name not in expected)
+    return (f"files not in checksums.json: {', '.join(unlisted[:3])}; a checkpoint of an older rlvr you trust "
+            f"resumes with {TRUST_FLAG}") if unlisted else None
 
 
 def rng_state() -> dict:
@@ -61,7 +78,7 @@ def save_checkpoint(directory: Path, step: int, model, tokenizer, state: dict, *
     final = directory / f"step_{step:06d}"
     tmp = directory / f".tmp_step_{step:06d}"
     if writer:
-        shutil.rmtree(tmp, ignore_errors=True)
+        clear_temp(tmp)  # a kill's leftover, or a link planted under the name: removed, never followed
         tmp.mkdir(parents=True)
     if shards:
         shards[0].barrier()  # the temp folder is there
@@ -74,7 +91,7 @@ def save_checkpoint(directory: Path, step: int, model, tokenizer, state: dict, *
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         torch.save({"step": step, **state}, tmp / STATE_FILE)
-        (tmp / CHECKSUM_FILE).write_text(json.dumps(_digests(tmp), indent=1))
+        atomic_write_text(tmp / CHECKSUM_FILE, json.dumps(_digests(tmp), indent=1))
     except BaseException as err:
         full = isinstance(err, Exception) and disk_full(err, directory)  # before the cleanup frees space
         shutil.rmtree(tmp, ignore_errors=True)
@@ -83,8 +100,7 @@ def save_checkpoint(directory: Path, step: int, model, tokenizer, state: dict, *
             raise DiskFull(disk_full_message(run, f"writing checkpoint step {step} (the partial checkpoint "
                                                   f"was removed)")) from None
         raise
-    if final.exists():
-        shutil.rmtree(final)
+    clear_temp(final)
     tmp.rename(final)
     for old in sorted(directory.glob("step_*"))[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
@@ -98,7 +114,7 @@ def remove_stale_temps(directory: Path) -> list[Path]:
     called before training (re)starts, when no save is in progress. Returns what was removed."""
     stale = sorted(directory.glob(".tmp_step_*")) if directory.exists() else []
     for tmp in stale:
-        shutil.rmtree(tmp, ignore_errors=True)
+        clear_temp(tmp)
     return stale
 
 
@@ -107,24 +123,29 @@ def checkpoint_step(checkpoint: Path) -> int:
     return int(checkpoint.name.removeprefix("step_"))
 
 
-def latest_checkpoint(directory: Path, *, verify: bool = False) -> Path | None:
+def latest_checkpoint(directory: Path, *, verify: bool = False, trusted: bool = False) -> Path | None:
     """The newest complete checkpoint; with `verify`, a corrupt newest one is a one-line error
-    naming it and the last good one (deleting the bad one resumes from there)."""
+    naming it and the last good one (deleting the bad one resumes from there); `trusted` as in
+    `verify_checkpoint`."""
     candidates = sorted(directory.glob("step_*")) if directory.exists() else []
     if not candidates or not verify:
         return candidates[-1] if candidates else None
-    problem = verify_checkpoint(candidates[-1])
+    problem = verify_checkpoint(candidates[-1], trusted=trusted)
     if problem is None:
         return candidates[-1]
-    good = next((c for c in reversed(candidates[:-1]) if verify_checkpoint(c) is None), None)
+    good = next((c for c in reversed(candidates[:-1]) if verify_checkpoint(c, trusted=trusted) is None), None)
     fallback = f"the last good one is '{good}': delete the corrupt one to resume from it" if good \
         else "no earlier good checkpoint exists"
     raise ConfigError(f"checkpoint '{candidates[-1]}' is corrupt ({problem}); {fallback}")
 
 
-def load_state(checkpoint: Path) -> dict:
+def load_state(checkpoint: Path, *, trust_pickle: bool = False) -> dict:
+    """The trainer state, loaded weights-only (`runtime.safe_load`): a file that names any other
+    Python object is refused in one line unless `trust_pickle`."""
     try:
-        return torch.load(checkpoint / STATE_FILE, weights_only=False)
+        return load_trainer_state(checkpoint / STATE_FILE, data_classes=STATE_DATA_CLASSES, trust_pickle=trust_pickle)
+    except UntrustedPickle:
+        raise
     except Exception as err:  # noqa: BLE001 - any unreadable file gets the same one-line answer
         raise ConfigError(f"checkpoint '{checkpoint}' is unreadable ({type(err).__name__}); "
                           "delete it to resume from the previous one") from None

@@ -83,20 +83,21 @@ def _critic_state(c: Components) -> dict:
     return {"critic": full_weights(c.critic.state_dict().items())}
 
 
-def _load_critic(c: Components, checkpoint: Path, state: dict) -> None:
+def _load_critic(c: Components, checkpoint: Path, state: dict, trust_pickle: bool) -> None:
     """The critic's weights and optimizer state into `c`, whichever number of learners saved them."""
     optimizer = state.get("critic_optimizer")  # None: the learners saved its shards
     if c.critic_shards is not None:
-        c.critic_shards.load(checkpoint, state["critic"], optimizer)
+        c.critic_shards.load(checkpoint, state["critic"], optimizer, trust_pickle=trust_pickle)
         return
     c.critic.load_state_dict(state["critic"])
     if optimizer is not None:
         c.critic_optimizer.load_state_dict(optimizer)
     else:
-        load_sharded_optimizer(c.critic, c.critic_optimizer, checkpoint / ShardedState.CRITIC_FOLDER)
+        load_sharded_optimizer(c.critic, c.critic_optimizer, checkpoint / ShardedState.CRITIC_FOLDER,
+                               trust_pickle=trust_pickle)
 
 
-def _load_model_and_optimizer(c: Components, checkpoint: Path, optimizer: dict | None) -> None:
+def _load_model_and_optimizer(c: Components, checkpoint: Path, optimizer: dict | None, trust_pickle: bool) -> None:
     """The checkpoint's weights and optimizer state into `c`, whichever number of learners saved
     it: `optimizer` is the state one process saved, None where the learners saved its shards."""
     full = c.full_weights  # sharded learners: load their full copy first
@@ -107,26 +108,28 @@ def _load_model_and_optimizer(c: Components, checkpoint: Path, optimizer: dict |
         if hasattr(full, "tie_weights"):  # HF drops tied copies on save; re-tie after loading
             full.tie_weights()
     if c.shards is not None:  # the full copy's trained weights into the shards; the optimizer resharded
-        c.shards.load(checkpoint, {n: p.detach() for n, p in full.named_parameters() if p.requires_grad}, optimizer)
+        c.shards.load(checkpoint, {n: p.detach() for n, p in full.named_parameters() if p.requires_grad}, optimizer,
+                      trust_pickle=trust_pickle)
         return
     if optimizer is not None:
         c.optimizer.load_state_dict(optimizer)
     else:  # saved by sharded learners, resumed by one process
-        load_sharded_optimizer(c.model, c.optimizer, checkpoint / ShardedState.FOLDER)
+        load_sharded_optimizer(c.model, c.optimizer, checkpoint / ShardedState.FOLDER, trust_pickle=trust_pickle)
 
 
-def resume_run(c: Components, run: RunDir) -> int:
-    """Load the newest checkpoint into `c`; returns its step (0 if there is none)."""
+def resume_run(c: Components, run: RunDir, *, trust_pickle: bool = False) -> int:
+    """Load the newest checkpoint into `c`; returns its step (0 if there is none). Its pickled
+    files load as data only (`runtime.safe_load`) unless `trust_pickle` (`--trust-pickle`)."""
     remove_stale_temps(run.checkpoints)
-    checkpoint = latest_checkpoint(run.checkpoints, verify=True)
+    checkpoint = latest_checkpoint(run.checkpoints, verify=True, trusted=trust_pickle)
     if checkpoint is None:  # stopped before its first checkpoint: it starts over, its logs with it
         run.truncate_after(-1)
         return 0
-    state = load_state(checkpoint)
-    _load_model_and_optimizer(c, checkpoint, state.get("optimizer"))
+    state = load_state(checkpoint, trust_pickle=trust_pickle)
+    _load_model_and_optimizer(c, checkpoint, state.get("optimizer"), trust_pickle)
     c.scheduler.load_state_dict(state["scheduler"])
     if c.critic is not None:
-        _load_critic(c, checkpoint, state)
+        _load_critic(c, checkpoint, state, trust_pickle)
     if "sampler" in state:  # checkpoints written before samplers were checkpointed had uniform draws
         c.sampler.load_state_dict(state["sampler"])
     if c.replay is not None:
