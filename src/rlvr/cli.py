@@ -58,6 +58,7 @@ def cmd_eval(args) -> int:
     from rlvr.builder.build import build_engine, build_model, build_task
     from rlvr.config import load_config
     from rlvr.tracking.resumable import python_objects
+    from rlvr.tracking.run_files import read_config
     from rlvr.trainer.checkpoint import latest_checkpoint
     from rlvr.trainer.evaluate import greedy_accuracy
 
@@ -74,11 +75,11 @@ def cmd_eval(args) -> int:
     if (checkpoint / "adapter_config.json").is_file():  # LoRA: the run's base plus the checkpoint's adapter
         from rlvr.models.lora import load_adapter
 
-        config = load_config(run / "config.yaml")
+        config = load_config(read_config(run))
         model, tokenizer = build_model(config)
         load_adapter(model, checkpoint)
     else:
-        config = load_config(run / "config.yaml", [f"model.path={checkpoint}"])
+        config = load_config(read_config(run), [f"model.path={checkpoint}"])
         model, tokenizer = build_model(config)
     task = build_task(config, tokenizer)
 

@@ -12,7 +12,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rlvr.errors import RunLocked
+from rlvr.errors import ConfigError, RunLocked
 
 
 def boot_id() -> str | None:
@@ -44,7 +44,11 @@ class DirLock:
         """Take the lock or raise `RunLocked` naming the holder; `what` says what is locked (the
         message's subject). A no-op while held."""
         while self._fd is None:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except IsADirectoryError:  # a hand-made folder where rlvr keeps its lock file
+                raise ConfigError(f"'{self.path}' is a directory, not rlvr's lock file; remove it (rlvr "
+                                  f"makes the lock file itself)") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -14,9 +14,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from rlvr.errors import ConfigError
+from rlvr.tracking.run_files import read_config, read_manifest, read_records
 from rlvr.tracking.stats import clipped_interval, mean_ci, metric_bounds, normalized_auc
 
 # Config keys that do not change what a run computes, so runs differing only here are seeds of
@@ -51,38 +50,12 @@ class Run:
         return [s for s, _ in points], [v for _, v in points]
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """JSON lines, skipping a torn last line (a run killed mid-write, or one being written); a
-    corrupt line before it is an error naming it (skipped, its step would vanish from every table)."""
-    if not path.exists():
-        return []
-    records = []
-    lines = path.read_text(errors="replace").splitlines()
-    for number, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                if any(rest.strip() for rest in lines[number:]):
-                    raise ConfigError(f"'{path}' line {number} is not valid JSON; repair or remove that line") from None
-    return records
-
-
 def load_run(path: str | Path) -> Run:
+    """A run folder as the comparison tools read it: damage to run.json or a metrics line is a
+    warning naming the file and line (the rest of the run still counts), a bad config.yaml an error."""
     path = Path(path)
-    if not (path / "config.yaml").is_file():
-        raise ConfigError(f"'{path}' is not a run directory (no config.yaml)")
-    try:
-        config = yaml.safe_load((path / "config.yaml").read_text()) or {}
-    except yaml.YAMLError:
-        raise ConfigError(f"'{path / 'config.yaml'}' is not valid YAML") from None
-    manifest = {}
-    if (path / "run.json").is_file():
-        try:
-            manifest = json.loads((path / "run.json").read_text())
-        except json.JSONDecodeError:
-            manifest = {"status": "unreadable run.json"}
-    return Run(path=path, config=config, manifest=manifest, metrics=read_jsonl(path / "metrics.jsonl"))
+    return Run(path=path, config=read_config(path), manifest=read_manifest(path, tolerant=True),
+               metrics=read_records(path / "metrics.jsonl", numeric=True))
 
 
 def find_runs(paths: list[str | Path]) -> list[Run]:

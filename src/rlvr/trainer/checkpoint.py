@@ -17,6 +17,7 @@ import torch
 
 from rlvr.errors import ConfigError, DiskFull
 from rlvr.tracking.run_dir import disk_full, disk_full_message
+from rlvr.tracking.run_files import checkpoint_dirs, read_checksums
 
 STATE_FILE = "trainer_state.pt"
 CHECKSUM_FILE = "checksums.json"
@@ -30,9 +31,8 @@ def _digests(directory: Path) -> dict[str, str]:
 
 def verify_checkpoint(checkpoint: Path) -> str | None:
     """None if the checkpoint's files match its checksums, else what is wrong."""
-    try:
-        expected = json.loads((checkpoint / CHECKSUM_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
+    expected = read_checksums(checkpoint, CHECKSUM_FILE)
+    if expected is None:
         return "missing or unreadable checksums.json"
     actual = _digests(checkpoint)
     bad = sorted(name for name in expected if actual.get(name) != expected[name])
@@ -86,7 +86,7 @@ def save_checkpoint(directory: Path, step: int, model, tokenizer, state: dict, *
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
-    for old in sorted(directory.glob("step_*"))[:-keep_last]:
+    for old in checkpoint_dirs(directory)[:-keep_last]:  # never a user's copy beside them
         shutil.rmtree(old, ignore_errors=True)
     if shards:
         shards[0].barrier()
@@ -110,7 +110,7 @@ def checkpoint_step(checkpoint: Path) -> int:
 def latest_checkpoint(directory: Path, *, verify: bool = False) -> Path | None:
     """The newest complete checkpoint; with `verify`, a corrupt newest one is a one-line error
     naming it and the last good one (deleting the bad one resumes from there)."""
-    candidates = sorted(directory.glob("step_*")) if directory.exists() else []
+    candidates = checkpoint_dirs(directory)
     if not candidates or not verify:
         return candidates[-1] if candidates else None
     problem = verify_checkpoint(candidates[-1])
