@@ -65,8 +65,8 @@ def cmd_eval(args) -> int:
     run = Path(args.run)
     if not (run / "config.yaml").is_file():
         raise ConfigError(f"eval: '{run}' is not a run directory (no config.yaml)")
-    if python_objects(run):  # its config names the default task, not the data it trained on
-        raise ConfigError(f"eval: '{run}' trained on a {python_objects(run).replace('_', ' ')} passed from Python, "
+    if passed := python_objects(run, tolerant=True):  # its config names the default task, not its data
+        raise ConfigError(f"eval: '{run}' trained on a {passed.replace('_', ' ')} passed from Python, "
                           f"which `rlvr eval` cannot rebuild; its held-out accuracy is eval/heldout_accuracy "
                           f"in metrics.jsonl")
     checkpoint = latest_checkpoint(run / "checkpoints")

@@ -25,9 +25,12 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
-def _refuse(path: Path, what: str, mode: int) -> ConfigError:
-    return ConfigError(f"{what} '{path}' is {_kind(mode)}, not a regular file; save the content to a file and "
-                       f"pass that")
+PASS_A_FILE = "save the content to a file and pass that"
+RUN_FILE = "move it away (rlvr reads and writes a regular file of that name)"
+
+
+def _refuse(path: Path, what: str, mode: int, fix: str = PASS_A_FILE) -> ConfigError:
+    return ConfigError(f"{what} '{path}' is {_kind(mode)}, not a regular file; {fix}")
 
 
 def check_regular(path: str | Path, what: str) -> None:
@@ -43,7 +46,7 @@ def check_regular(path: str | Path, what: str) -> None:
         raise _refuse(Path(path), what, mode)
 
 
-def read_bytes(path: str | Path, what: str, limit: int | None = None) -> bytes:
+def read_bytes(path: str | Path, what: str, limit: int | None = None, fix: str = PASS_A_FILE) -> bytes:
     """The bytes of the regular file `path`; `what` names it in errors (`recipe`, `data file`).
     `limit`: refuse a file larger than this many bytes (read up to limit + 1, whatever its size claims)."""
     path = Path(path)
@@ -56,7 +59,7 @@ def read_bytes(path: str | Path, what: str, limit: int | None = None) -> bytes:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise _refuse(path, what, mode)
+        raise _refuse(path, what, mode, fix)
     with os.fdopen(fd, "rb") as handle:
         try:
             data = handle.read() if limit is None else handle.read(limit + 1)
@@ -68,9 +71,9 @@ def read_bytes(path: str | Path, what: str, limit: int | None = None) -> bytes:
     return data
 
 
-def read_text(path: str | Path, what: str, limit: int | None = None) -> str:
+def read_text(path: str | Path, what: str, limit: int | None = None, fix: str = PASS_A_FILE) -> str:
     """`read_bytes` decoded as UTF-8; bytes that are not are an error naming the file and line."""
-    data = read_bytes(path, what, limit)
+    data = read_bytes(path, what, limit, fix)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

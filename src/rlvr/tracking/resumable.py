@@ -10,10 +10,10 @@ from rlvr.errors import ConfigError
 from rlvr.tracking.run_files import read_config, read_manifest
 
 
-def python_objects(run_dir: Path) -> str | None:
+def python_objects(run_dir: Path, *, tolerant: bool = False) -> str | None:
     """What a run got from Python that its config cannot rebuild (`train_dataset` rows or a
-    `task` object, from run.json), or None."""
-    info = read_manifest(run_dir)
+    `task` object, from run.json), or None. `tolerant`: a damaged run.json is a warning (None)."""
+    info = read_manifest(run_dir, tolerant=tolerant)
     return next((key for key in ("train_dataset", "task") if key in info), None)
 
 

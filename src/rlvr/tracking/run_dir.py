@@ -31,7 +31,7 @@ from pathlib import Path
 
 from rlvr.errors import ConfigError, DiskFull, RunInterrupted
 from rlvr.tracking.lock import DirLock
-from rlvr.tracking.run_files import read_lines, read_object
+from rlvr.tracking.run_files import checkpoint_dirs, read_lines, read_object
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pyyaml", "tqdm", "matplotlib",
             "tensorboard", "wandb", "mlflow-skinny", "rlvr")
@@ -364,6 +364,9 @@ class RunDir:
             self.lock.release()
             raise ConfigError(f"run_dir: '{self.path}' already holds a run; pass resume=True to continue it "
                               f"or choose another directory")
+        if self.checkpoints.exists() and not self.checkpoints.is_dir():
+            self.lock.release()
+            checkpoint_dirs(self.checkpoints)  # the one-line error naming it
         self.checkpoints.mkdir(exist_ok=True)
 
     def reserve(self) -> None:

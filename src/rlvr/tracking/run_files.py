@@ -24,7 +24,7 @@ from typing import Any
 
 from rlvr.config.yaml_io import MAX_BYTES, load_yaml
 from rlvr.errors import ConfigError
-from rlvr.inputs import read_bytes, read_text
+from rlvr.inputs import RUN_FILE, read_bytes, read_text
 
 __all__ = ["checkpoint_dirs", "read_checksums", "read_config", "read_lines", "read_manifest", "read_object",
            "read_records", "warn"]
@@ -43,7 +43,7 @@ def read_config(run: Path) -> dict:
     path = Path(run) / "config.yaml"
     if not path.exists():
         raise ConfigError(f"'{run}' is not a run directory (no config.yaml)")
-    tree = load_yaml(read_bytes(path, "run file", MAX_BYTES), f"'{path}'")
+    tree = load_yaml(read_bytes(path, "run file", MAX_BYTES, RUN_FILE), f"'{path}'")
     if not isinstance(tree, dict) or not tree:
         shown = "empty" if not tree else f"a {type(tree).__name__}, not a mapping of sections"
         raise ConfigError(f"'{path}' is {shown}; restore it from a copy of the run (rlvr writes the resolved "
@@ -62,7 +62,7 @@ def read_object(path: Path, *, tolerant: bool = False) -> dict:
     if not path.exists() and not path.is_symlink():
         return {}
     try:
-        text = read_text(path, "run file", MANIFEST_BYTES)
+        text = read_text(path, "run file", MANIFEST_BYTES, RUN_FILE)
         problem = None
         try:
             info = json.loads(text)
@@ -87,7 +87,7 @@ def read_lines(path: Path, *, tolerant: bool, numeric: bool = False) -> list[tup
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         return []
-    data = read_bytes(path, "run file")
+    data = read_bytes(path, "run file", fix=RUN_FILE)
     lines = data.split(b"\n")
     torn = lines.pop() if lines else b""  # the text after the last newline: a line still being written
     kept = []
