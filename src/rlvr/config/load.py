@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from rlvr.config.block_checks import block_checks, schedule_checks
+from rlvr.config.paths import is_path_field, path_value
 from rlvr.config.ranges import allowed, range_of
 from rlvr.config.recipes import packaged_recipe
 from rlvr.config.registries import _get, engine_kind, resolve
@@ -96,6 +97,8 @@ def _build(cls: type, values: dict, prefix: str) -> Any:
             kwargs[key] = _build(section, value, f"{full}.")
         else:
             kwargs[key] = _coerce(value, hints[key], full)
+            if isinstance(kwargs[key], str) and is_path_field(full):
+                kwargs[key] = path_value(full, kwargs[key])
     return cls(**kwargs)
 
 
