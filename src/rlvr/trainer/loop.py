@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import sys
 from pathlib import Path
 
 import torch
@@ -126,11 +127,11 @@ def resume_run(c: Components, run: RunDir) -> int:
     _load_model_and_optimizer(c, checkpoint, state.get("optimizer"))
     c.scheduler.load_state_dict(state["scheduler"])
     if c.critic is not None:
-        _load_critic(c, checkpoint, state)
+        _restore("critic", lambda: _load_critic(c, checkpoint, state))
     if "sampler" in state:  # checkpoints written before samplers were checkpointed had uniform draws
-        c.sampler.load_state_dict(state["sampler"])
+        _restore("sampler", lambda: c.sampler.load_state_dict(state["sampler"]))
     if c.replay is not None:
-        c.replay.load_state_dict(state["replay"])
+        _restore("replay", lambda: c.replay.load_state_dict(state["replay"]))
     c.loss = dataclasses.replace(c.loss, kl_coef=state["kl_coef"])
     set_rng_state(state["rng"])
     c.rng.setstate(state["task_rng"])
@@ -138,6 +139,16 @@ def resume_run(c: Components, run: RunDir) -> int:
         push_weights(c)
     run.truncate_after(state["step"])
     return state["step"]
+
+
+def _restore(name: str, load) -> None:
+    """Load one component's saved state. A resume allowed to change the config may bring a component
+    the checkpoint has no state for (a critic for `gae`, another sampler): it starts fresh, said once."""
+    try:
+        load()
+    except (KeyError, TypeError, ValueError) as err:
+        print(f"warning: the checkpoint holds no {name} state that fits this config ({type(err).__name__}: "
+              f"{str(err)[:80]}); the {name} starts fresh (the config changed on resume)", file=sys.stderr)
 
 
 def nothing_left_message(path: Path, step: int, steps: int) -> str:
