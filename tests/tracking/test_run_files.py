@@ -45,12 +45,19 @@ def _checksums_string(run: Path) -> None:
         (step / "checksums.json").write_text('"not a mapping"')
 
 
+def _tear_middle_line(run: Path) -> None:
+    """Line 2 cut short, lines after it whole: not a last line being written, so it is reported."""
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join([lines[0], lines[1][:20], *lines[2:]]) + "\n")
+
+
 def _replace_with_directory(path: Path) -> None:
     path.unlink()
     path.mkdir()
 
 
 DAMAGE = {  # name -> how a user (or a crash, or a copy) left the run
+    "torn_middle_line": _tear_middle_line,
     "json_array_line": lambda r: _append(r / "metrics.jsonl", b"[1, 2]\n" + json.dumps({"step": 3}).encode() + b"\n"),
     "non_utf8_line": lambda r: _append(r / "metrics.jsonl", b'{"step": 3, "note": "\xff\xfe"}\n'),
     "string_step": lambda r: _append(r / "metrics.jsonl", b'{"step": "x", "reward/mean": "high"}\n'),
@@ -71,6 +78,8 @@ LIST, COMPARE, REPORT, RESUME = "list", "compare", "report", "resume"
 EXPECTED = {
     **{(d, c): (0, "metrics.jsonl' line 4 is a JSON list, not an object; skipped") for d, c in
        [("json_array_line", LIST), ("json_array_line", COMPARE), ("json_array_line", REPORT)]},
+    ("torn_middle_line", COMPARE): (0, "metrics.jsonl' line 2 is not valid JSON; skipped"),
+    ("torn_middle_line", RESUME): (2, "metrics.jsonl' line 2 is not valid JSON; repair or remove that line"),
     ("json_array_line", RESUME): (2, "metrics.jsonl' line 4 is a JSON list, not an object; repair or remove"),
     ("non_utf8_line", COMPARE): (0, "metrics.jsonl' line 4 is not UTF-8 text"),
     ("non_utf8_line", RESUME): (2, "metrics.jsonl' line 4 is not UTF-8 text"),
