@@ -74,7 +74,7 @@ DAMAGE = {  # name -> how a user (or a crash, or a copy) left the run
 }
 
 # (damage, command) -> (exit code, what stderr's line must say). Exit 0: a warning, then the tool's output.
-LIST, COMPARE, REPORT, RESUME = "list", "compare", "report", "resume"
+LIST, COMPARE, REPORT, RESUME, EVAL, EXPORT = "list", "compare", "report", "resume", "eval", "export"
 EXPECTED = {
     **{(d, c): (0, "metrics.jsonl' line 4 is a JSON list, not an object; skipped") for d, c in
        [("json_array_line", LIST), ("json_array_line", COMPARE), ("json_array_line", REPORT)]},
@@ -101,13 +101,19 @@ EXPECTED = {
     ("lock_directory", RESUME): (2, ".lock' is a directory, not rlvr's lock file; remove it"),
     ("checksums_string", RESUME): (2, "is corrupt (missing or unreadable checksums.json)"),
     ("checkpoints_file", RESUME): (2, "checkpoints' is not a folder; move it away"),
+    ("checkpoints_file", EVAL): (2, "checkpoints' is not a folder; move it away"),
+    ("checkpoints_file", EXPORT): (2, "checkpoints' is not a folder; move it away"),
+    ("empty_config", EVAL): (2, "config.yaml' is empty"),
+    ("run_json_array", EVAL): (0, "run.json' is a JSON list, not an object"),
+    ("empty_run_json", EXPORT): (0, "run.json' is empty; restore it"),
 }
 
 
 def _argv(command: str, run: Path, tmp: Path) -> list[str]:
     return {LIST: ["runs", "list", str(run)], COMPARE: ["runs", "compare", str(run), "--out", str(tmp / "cmp")],
             REPORT: ["report", str(run), "--out", str(tmp / "report.html")],
-            RESUME: ["train", "--resume", str(run), "trainer.steps=3"]}[command]
+            RESUME: ["train", "--resume", str(run), "trainer.steps=3"], EVAL: ["eval", str(run), "--n", "1"],
+            EXPORT: ["export", str(run), str(tmp / "exported")]}[command]
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
