@@ -118,3 +118,13 @@ def test_a_resume_that_changes_the_sampler_starts_it_fresh(trained, tmp_path, ca
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines if "reward/mean" in m] == [1, 2]
     assert not math.isnan(lines[-1]["reward/mean"])
+
+
+def test_a_resume_that_changes_the_learning_rate_trains_with_it(trained, tmp_path, capsys):
+    """The saved optimizer and schedule held the old rate: `optim.lr` changed on resume was recorded
+    in run.json and then ignored (step 2 trained at 3e-5, the old 1e-4's warmup)."""
+    run = Path(shutil.copytree(trained, tmp_path / "r"))
+    assert main(["train", "--resume", str(run), "--allow-config-change", "trainer.steps=2", "optim.lr=1e-2"]) == 0
+    lines = {m["step"]: m for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    assert lines[1]["actor/lr"] == pytest.approx(2e-5)  # step 1: 1e-4 in a 10-step warmup (2/10)
+    assert lines[2]["actor/lr"] == pytest.approx(3e-3)  # step 2: the new 1e-2, same warmup (3/10)

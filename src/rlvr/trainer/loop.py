@@ -124,8 +124,10 @@ def resume_run(c: Components, run: RunDir) -> int:
         run.truncate_after(-1)
         return 0
     state = load_state(checkpoint)
+    configured = list(c.scheduler.base_lrs)  # optim.lr as this run's config sets it
     _load_model_and_optimizer(c, checkpoint, state.get("optimizer"))
     c.scheduler.load_state_dict(state["scheduler"])
+    _keep_learning_rate(c.scheduler, configured)
     if c.critic is not None:
         _restore("critic", lambda: _load_critic(c, checkpoint, state))
     if "sampler" in state:  # checkpoints written before samplers were checkpointed had uniform draws
@@ -139,6 +141,18 @@ def resume_run(c: Components, run: RunDir) -> int:
         push_weights(c)
     run.truncate_after(state["step"])
     return state["step"]
+
+
+def _keep_learning_rate(scheduler, configured: list[float]) -> None:
+    """The saved optimizer and schedule carry the learning rate the run started with; a resume
+    allowed to change `optim.lr` continues the same schedule (its step, warmup, decay) from the
+    new rate rather than silently keeping the old one."""
+    if list(scheduler.base_lrs) == configured:
+        return
+    scheduler.base_lrs = configured
+    for group, base, factor in zip(scheduler.optimizer.param_groups, configured, scheduler.lr_lambdas):
+        group["initial_lr"], group["lr"] = base, base * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
 
 def _restore(name: str, load) -> None:
