@@ -128,3 +128,12 @@ def test_a_resume_that_changes_the_learning_rate_trains_with_it(trained, tmp_pat
     lines = {m["step"]: m for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
     assert lines[1]["actor/lr"] == pytest.approx(2e-5)  # step 1: 1e-4 in a 10-step warmup (2/10)
     assert lines[2]["actor/lr"] == pytest.approx(3e-3)  # step 2: the new 1e-2, same warmup (3/10)
+
+
+def test_a_resume_that_changes_a_fixed_kl_coefficient_trains_with_it(trained, tmp_path):
+    """The checkpoint's coefficient (0, KL off) replaced the new fixed one; only an adaptive
+    coefficient (`algo.kl_target`) is state to restore."""
+    run = Path(shutil.copytree(trained, tmp_path / "r"))
+    assert main(["train", "--resume", str(run), "--allow-config-change", "trainer.steps=2", "algo.kl_coef=0.05"]) == 0
+    lines = {m["step"]: m for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    assert lines[2].get("kl/coef") == 0.05

@@ -134,7 +134,8 @@ def resume_run(c: Components, run: RunDir) -> int:
         _restore("sampler", lambda: c.sampler.load_state_dict(state["sampler"]))
     if c.replay is not None:
         _restore("replay", lambda: c.replay.load_state_dict(state["replay"]))
-    c.loss = dataclasses.replace(c.loss, kl_coef=state["kl_coef"])
+    if c.plan.kl_controller is not None:  # adaptive: the coefficient is state; fixed: the config's (a changed one too)
+        c.loss = dataclasses.replace(c.loss, kl_coef=state["kl_coef"])
     set_rng_state(state["rng"])
     c.rng.setstate(state["task_rng"])
     if c.loop.push_on_resume:  # an engine with its own weights was started from the initial ones
