@@ -124,9 +124,13 @@ def resume_run(c: Components, run: RunDir) -> int:
         run.truncate_after(-1)
         return 0
     state = load_state(checkpoint)
-    configured = list(c.scheduler.base_lrs)  # optim.lr as this run's config sets it
+    configured = list(c.scheduler.base_lrs)  # optim.* as this run's config sets them
+    settings = [{k: v for k, v in group.items() if k not in ("params", "lr", "initial_lr")}
+                for group in c.scheduler.optimizer.param_groups]
     _load_model_and_optimizer(c, checkpoint, state.get("optimizer"))
     c.scheduler.load_state_dict(state["scheduler"])
+    for group, setting in zip(c.scheduler.optimizer.param_groups, settings):
+        group.update(setting)  # weight decay, betas: the saved groups carry the values the run started with
     _keep_learning_rate(c.scheduler, configured)
     if c.critic is not None:
         _restore("critic", lambda: _load_critic(c, checkpoint, state))
