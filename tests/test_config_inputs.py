@@ -14,8 +14,8 @@ import yaml
 
 from rlvr.cli import main
 from rlvr.config import load_config
-from rlvr.config.yaml_io import MAX_VALUES, load_yaml
 from rlvr.errors import ConfigError
+from rlvr.yaml_io import MAX_VALUES, load_yaml
 
 
 def _bomb(levels: int, width: int = 10) -> str:

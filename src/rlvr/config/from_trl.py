@@ -22,9 +22,9 @@ from typing import Any
 import yaml
 
 from rlvr.config.trl_names import TRL_NAMES, translate
-from rlvr.config.yaml_io import MAX_BYTES, load_yaml
 from rlvr.errors import ConfigError
 from rlvr.inputs import read_text
+from rlvr.yaml_io import MAX_BYTES, load_yaml
 
 # TRL scripts' own arguments (`ModelConfig`, not `GRPOConfig`) that a launch command carries.
 SCRIPT_NAMES = {"model_name_or_path": "model.path"}

@@ -24,9 +24,9 @@ from rlvr.config.registries import _get, engine_kind, resolve
 from rlvr.config.schema import Config, section_type
 from rlvr.config.spec_checks import spec_checks
 from rlvr.config.trl_names import alias_hint, translate, trl_tree
-from rlvr.config.yaml_io import MAX_BYTES, load_yaml
 from rlvr.errors import ConfigError
 from rlvr.inputs import read_bytes
+from rlvr.yaml_io import MAX_BYTES, load_yaml
 
 
 def _coerce(value: Any, annotation: Any, name: str) -> Any:

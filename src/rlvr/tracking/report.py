@@ -13,12 +13,12 @@ import json
 import math
 from pathlib import Path
 
-from rlvr.config.yaml_io import MAX_BYTES
 from rlvr.inputs import read_text
 from rlvr.tracking.plots import report_metrics, run_curves_png
 from rlvr.tracking.run_dir import atomic_write_text
 from rlvr.tracking.run_files import read_records
 from rlvr.tracking.runs import Run, load_run
+from rlvr.yaml_io import MAX_BYTES
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d232a;background:#f6f7f9}

@@ -1,7 +1,7 @@
 """Reading a run folder back. Users copy, share and edit runs by hand, so every run file is read
 as input: damage becomes one `ConfigError` line naming the file and the fix, never a traceback.
 
-- `config.yaml`: a YAML mapping under `rlvr.config.yaml_io`'s limits; empty or not a mapping is an error.
+- `config.yaml`: a YAML mapping under `rlvr.yaml_io`'s limits; empty or not a mapping is an error.
 - `run.json`: a JSON object. Tools that only show it (`runs list`, `report`) warn and go on
   without it; commands that continue the run (`--resume`, `export`) stop on it.
 - `metrics.jsonl`, `samples.jsonl`: one JSON object per line, `step` an integer. A torn last
@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlvr.config.yaml_io import MAX_BYTES, load_yaml
 from rlvr.errors import ConfigError
 from rlvr.inputs import RUN_FILE, read_bytes, read_text
+from rlvr.yaml_io import MAX_BYTES, load_yaml
 
 __all__ = ["checkpoint_dirs", "read_checksums", "read_config", "read_lines", "read_manifest", "read_object",
            "read_records", "warn"]

@@ -157,7 +157,6 @@ def _keep_learning_rate(scheduler, configured: list[float]) -> None:
     scheduler.base_lrs = configured
     for group, base, factor in zip(scheduler.optimizer.param_groups, configured, scheduler.lr_lambdas):
         group["initial_lr"], group["lr"] = base, base * factor(scheduler.last_epoch)
-    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
 
 def _restore(name: str, load) -> None:
