@@ -150,6 +150,16 @@ def test_a_skipped_line_leaves_the_others_in_the_tables(run, capsys):
     assert " 3/2 " in out, out
 
 
+def test_a_damaged_run_in_a_folder_of_runs_is_skipped_with_a_warning(run, trained, tmp_path, capsys):
+    shutil.copytree(trained, tmp_path / "r2")
+    (run / "config.yaml").write_text("")
+    capsys.readouterr()
+    assert main(["runs", "list", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "config.yaml' is empty" in err and "that run is skipped" in err
+    assert str(tmp_path / "r2") in out and str(run) + " " not in out
+
+
 def test_a_copy_beside_the_checkpoints_is_ignored_and_kept(run, capsys):
     """`step_000002.bak` once crashed a resume (`int('000002.bak')`); pruning could have deleted it."""
     shutil.copytree(run / "checkpoints" / "step_000002", run / "checkpoints" / "step_000002.bak")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlvr.errors import ConfigError
-from rlvr.tracking.run_files import read_config, read_manifest, read_records
+from rlvr.tracking.run_files import read_config, read_manifest, read_records, warn
 from rlvr.tracking.stats import clipped_interval, mean_ci, metric_bounds, normalized_auc
 
 # Config keys that do not change what a run computes, so runs differing only here are seeds of
@@ -59,21 +59,33 @@ def load_run(path: str | Path) -> Run:
 
 
 def find_runs(paths: list[str | Path]) -> list[Run]:
-    """Runs named directly, or found (recursively) under the given folders; sorted by path."""
-    found: dict[Path, None] = {}
+    """Runs named directly, or found (recursively) under the given folders; sorted by path. A run
+    found under a folder whose config.yaml is damaged is skipped with a warning (the others are
+    still listed); one named directly is an error."""
+    found: dict[Path, bool] = {}  # run -> named directly
     for given in paths:
         given = Path(given)
         if not given.exists():
             raise ConfigError(f"'{given}' does not exist; pass run directories or a folder of runs")
         if (given / "config.yaml").is_file():
-            found[given] = None
+            found[given] = True
             continue
         for config in sorted(given.rglob("config.yaml")):
             if "checkpoints" not in config.parent.parts:  # checkpoints hold HF files, never a config.yaml of ours
-                found[config.parent] = None
+                found.setdefault(config.parent, False)
     if not found:
         raise ConfigError(f"no run directories (with config.yaml) under {', '.join(map(str, paths))}")
-    return [load_run(p) for p in found]
+    runs = []
+    for path, named in found.items():
+        try:
+            runs.append(load_run(path))
+        except ConfigError as err:
+            if named:
+                raise
+            warn(f"{err}; that run is skipped")
+    if not runs:
+        raise ConfigError(f"no readable run under {', '.join(map(str, paths))} (see the warnings above)")
+    return runs
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
