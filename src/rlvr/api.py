@@ -90,10 +90,13 @@ class Trainer:
                 raise ConfigError(f"resume: {str(resume)!r} differs from run_dir={str(run_dir)!r}; pass one of them")
             run_dir = resume
         if self.resume:
+            from rlvr.tracking.run_files import read_config
+
             if run_dir is None:
                 raise ConfigError("resume=True: no run to continue; pass run_dir=RUN_DIR (or resume=RUN_DIR)")
             if not (Path(run_dir) / "config.yaml").is_file():
                 raise ConfigError(f"resume: '{run_dir}' is not a run directory (no config.yaml)")
+            read_config(Path(run_dir))  # an emptied or edited config.yaml is refused, not read as the defaults
             config = Path(run_dir) / "config.yaml" if config is None else config
         overrides = _override_list(overrides)
         self._model, self._tokenizer = _model_argument(model, tokenizer, overrides)

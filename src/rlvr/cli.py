@@ -62,14 +62,15 @@ def cmd_eval(args) -> int:
     from rlvr.builder.build import build_engine, build_model, build_task
     from rlvr.config import load_config
     from rlvr.tracking.resumable import python_objects
+    from rlvr.tracking.run_files import read_config
     from rlvr.trainer.checkpoint import latest_checkpoint
     from rlvr.trainer.evaluate import greedy_accuracy
 
     run = Path(args.run)
     if not (run / "config.yaml").is_file():
         raise ConfigError(f"eval: '{run}' is not a run directory (no config.yaml)")
-    if python_objects(run):  # its config names the default task, not the data it trained on
-        raise ConfigError(f"eval: '{run}' trained on a {python_objects(run).replace('_', ' ')} passed from Python, "
+    if passed := python_objects(run, tolerant=True):  # its config names the default task, not its data
+        raise ConfigError(f"eval: '{run}' trained on a {passed.replace('_', ' ')} passed from Python, "
                           f"which `rlvr eval` cannot rebuild; its held-out accuracy is eval/heldout_accuracy "
                           f"in metrics.jsonl")
     checkpoint = latest_checkpoint(run / "checkpoints")
@@ -78,11 +79,11 @@ def cmd_eval(args) -> int:
     if (checkpoint / "adapter_config.json").is_file():  # LoRA: the run's base plus the checkpoint's adapter
         from rlvr.models.lora import load_adapter
 
-        config = load_config(run / "config.yaml")
+        config = load_config(read_config(run))
         model, tokenizer = build_model(config)
         load_adapter(model, checkpoint)
     else:
-        config = load_config(run / "config.yaml", [f"model.path={checkpoint}"])
+        config = load_config(read_config(run), [f"model.path={checkpoint}"])
         model, tokenizer = build_model(config)
     task = build_task(config, tokenizer)
 

@@ -112,25 +112,29 @@ def test_a_sampled_batch_is_the_serial_loops_bit_for_bit(tokenizer, tiny_model, 
 
 
 class _Game:
-    """A gymnasium-style game that records which thread stepped it."""
+    """A gymnasium-style game that records which thread stepped it, and when."""
 
-    def __init__(self, threads: list):
-        self.threads = threads
+    def __init__(self, threads: list, spans: list | None = None):
+        self.threads, self.spans = threads, spans if spans is not None else []
 
     def reset(self, seed=None):
         return "go"
 
     def step(self, action):
+        begin = time.monotonic()
         self.threads.append(threading.current_thread())
+        time.sleep(0.02)
+        self.spans.append((begin, time.monotonic()))
         return "", 1.0, True, {}
 
 
-def test_a_wrapped_third_party_env_is_stepped_in_the_calling_thread(tokenizer, scripted):
-    threads = []
-    envs = [GymAdapter(_Game(threads)) for _ in range(3)]
+def test_a_wrapped_third_party_env_is_stepped_one_at_a_time(tokenizer, scripted):
+    """Serial, in episode order (each in a helper thread, which the step deadline needs)."""
+    threads, spans = [], []
+    envs = [GymAdapter(_Game(threads, spans)) for _ in range(3)]
     trajs = _run(scripted(tokenizer, [["x"]] * 3), envs, tokenizer)
     assert [t.reward for t in trajs] == [1.0] * 3
-    assert threads == [threading.current_thread()] * 3
+    assert len(spans) == 3 and all(spans[i][1] <= spans[i + 1][0] for i in range(2))  # no two overlap
     threads.clear()
     _run(scripted(tokenizer, [["x"]] * 3), [GymAdapter(_Game(threads), concurrent_steps=True) for _ in range(3)],
          tokenizer)

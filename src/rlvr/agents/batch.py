@@ -109,7 +109,7 @@ def agent_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         for key, v in t.counts.items():
             counts[key] = counts.get(key, 0) + v
     out = {f"agent/{key}": counts.get(key, 0) / n
-           for key in ("tool_calls", "tool_errors", "tool_timeouts", "malformed", "env_errors")}
+           for key in ("tool_calls", "tool_errors", "tool_timeouts", "malformed", "env_errors", "env_timeouts")}
     out["agent/drifted"] = sum(t.drifted for t in trajs) / n  # a share, as its neighbours are
     out["agent/turns_mean"] = sum(len(t.turns) for t in trajs) / n
     out["agent/success"] = sum(t.success for t in trajs) / n

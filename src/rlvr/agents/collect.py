@@ -17,9 +17,11 @@ from rlvr.agents.batch import (
     transcript,
     turn_tensors,
 )
+from rlvr.agents.env import FinishReason
 from rlvr.agents.render import make_renderer
 from rlvr.agents.rollout import Limits, Trajectory, run_episodes, scripted_episode
 from rlvr.batch import Rollouts
+from rlvr.errors import ConfigError
 from rlvr.rewards.process import step_rewards
 from rlvr.types import Example
 
@@ -40,7 +42,7 @@ class AgentBatch:
 
 
 def _limits(task) -> Limits:
-    return Limits(task.settings.max_turns, task.settings.max_total_tokens)
+    return Limits(task.settings.max_turns, task.settings.max_total_tokens, task.settings.env_timeout_s)
 
 
 def renderer_for(task, tokenizer):
@@ -54,9 +56,19 @@ def rollout_batch(engine, tokenizer, task, examples: list[Example], seeds: torch
     trajs = run_episodes(engine, renderer_for(task, tokenizer), envs, [ex.meta["episode"] for ex in examples],
                          seeds, temperature=temperature, limits=_limits(task), pad_id=tokenizer.pad_token_id,
                          eos_id=tokenizer.eos_token_id, prompts=[ex.prompt for ex in examples])
+    check_some_ran(trajs)
     return AgentBatch(trajs, to_rollouts(trajs, tokenizer.pad_token_id, train_drifted=task.settings.train_drifted),
                       [transcript(t, tokenizer) for t in trajs], torch.tensor([t.reward for t in trajs]),
                       torch.tensor([float(t.success) for t in trajs]), turn_tensors(trajs), agent_metrics(trajs))
+
+
+def check_some_ran(trajs: list[Trajectory]) -> None:
+    """Every episode of a batch ending in `env_error` is a broken environment, not a hard task:
+    training on it would log zeros and exit 0. One line with the first error instead."""
+    if trajs and all(t.finish == FinishReason.ENV_ERROR for t in trajs):
+        raise ConfigError(f"environment: failed on all {len(trajs)} episodes of this step; first error: "
+                          f"{trajs[0].error or 'unknown'}; fix its reset/step (or raise task.<name>.env_timeout_s "
+                          f"if it is only slow)")
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,10 @@ step must read and write only its own instance's state (its own seeded RNG, neve
 `random`); state shared between instances (a cache, a connection pool) must be thread-safe and
 must not change what any step returns, or the trajectories would depend on thread timing. An
 environment that cannot promise that sets `concurrent_steps = False` (as `GymAdapter` does for
-the third-party code it wraps): a turn with one is stepped in the calling thread, in episode
-order. A step that raises ends only its own episode (`env_error`). The observation is plain text: the
+the third-party code it wraps): a turn with one steps its environments one at a time, in
+episode order. A `reset` or `step` that raises (`sys.exit()` included), or that has not returned after
+`env_timeout_s` seconds (default 60), ends only its own episode (`env_error`; a late one also
+counts in `agent/env_timeouts`). The observation is plain text: the
 rollout's renderer turns it into tokens (a tag wrapper for the character models, the chat
 template's tool message for chat models), so an environment never knows the model family.
 
@@ -25,7 +27,45 @@ template's tool message for chat models), so an environment never knows the mode
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+
+class EnvTimeout(Exception):
+    """An environment's `reset` or `step` did not return within its deadline (`env_timeout_s`)."""
+
+
+def bounded_calls(calls: list[Callable[[], Any]], timeout_s: float | None) -> list[Any]:
+    """Run each call in a daemon thread of its own, all at once; its return value, or `EnvTimeout`
+    for one still running `timeout_s` seconds after the start (None: no limit). A call past its
+    deadline is abandoned, not stopped (Python cannot stop a thread): it may go on in the
+    background, holding its environment, which the loop never touches again."""
+    results: list[Any] = [EnvTimeout(f"did not return within {timeout_s:g} s (env_timeout_s)")
+                          if timeout_s else None] * len(calls)
+
+    def run(i: int) -> None:
+        results[i] = calls[i]()
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True, name=f"rlvr-env-{i}") for i in range(len(calls))]
+    deadline = time.monotonic() + (timeout_s or 0)
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(deadline - time.monotonic(), 0) if timeout_s else None)
+    return list(results)  # a copy: an abandoned call that ends later must not change what was returned
+
+
+def guarded(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """`fn` returning the exception it raised instead of raising it; `sys.exit()` inside an
+    environment is one of them (it would otherwise end the run without a word)."""
+    def call():
+        try:
+            return fn()
+        except (Exception, SystemExit) as err:  # noqa: BLE001 - a broken environment ends its episode
+            return err if isinstance(err, Exception) else RuntimeError(f"called sys.exit({err.code!r})")
+    return call
 
 
 class StepResult(NamedTuple):

@@ -21,12 +21,19 @@ nowhere: see `agents.batch`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 
-from rlvr.agents.env import Environment, FinishReason, StepResult, as_step_result
+from rlvr.agents.env import (
+    Environment,
+    EnvTimeout,
+    FinishReason,
+    StepResult,
+    as_step_result,
+    bounded_calls,
+    guarded,
+)
 from rlvr.batch import left_pad
 from rlvr.runtime.rows import waiting
 
@@ -37,6 +44,8 @@ class Limits:
     """Most actions per episode."""
     max_total_tokens: int = 128
     """Longest kept sequence (prompt + actions + observations)."""
+    env_timeout_s: float | None = 60.0
+    """Longest wait for one `reset` or `step` (None: no limit); past it the episode is an `env_error`."""
 
 
 @dataclass
@@ -65,6 +74,7 @@ class Trajectory:
     drifted: bool = False
     state_key: object = None   # the state before the next action
     counts: dict = field(default_factory=dict)
+    error: str = ""            # what ended an `env_error` episode (the exception, one line)
 
     def add(self, ids: list[int], logprobs: list[float] | None, *, trained: bool, turn: int) -> None:
         self.ids += ids
@@ -76,16 +86,17 @@ class Trajectory:
         self.counts[key] = self.counts.get(key, 0) + n
 
 
-def start_episode(env: Environment, seed: int, renderer, fallback_prompt: str) -> Trajectory:
-    """Reset `env`; an environment that raises gives a finished `env_error` episode."""
-    try:
-        first = str(env.reset(seed))
-    except Exception:  # noqa: BLE001 - a broken environment ends its episode, not the batch
+def start_episode(env: Environment, seed: int, renderer, fallback_prompt: str,
+                  timeout_s: float | None = None) -> Trajectory:
+    """Reset `env`; an environment that raises, or has not returned after `timeout_s`, gives a
+    finished `env_error` episode."""
+    first = bounded_calls([guarded(lambda: str(env.reset(seed)))], timeout_s)[0]
+    if isinstance(first, Exception):
         ids = renderer.start(fallback_prompt)
         t = Trajectory(ids=[], prompt_len=len(ids), finish=FinishReason.ENV_ERROR, done=True,
                        messages=[{"role": "user", "content": fallback_prompt}])
         t.add(ids, None, trained=False, turn=-1)
-        t.count("env_errors")
+        _count_error(t, "reset", first)
         return t
     ids = renderer.start(first)
     t = Trajectory(ids=[], prompt_len=len(ids), messages=[{"role": "user", "content": first}])
@@ -100,7 +111,7 @@ def take_turn(t: Trajectory, env: Environment, renderer, action_ids: list[int], 
               *, ended: bool, turn: int, limits: Limits) -> None:
     """Append one action, step the environment, append its observation (or finish)."""
     act = append_action(t, renderer, action_ids, logprobs, ended=ended, limits=limits, turn=turn)
-    observe(t, renderer, act, step_envs([env], [act.text])[0], turn=turn, limits=limits)
+    observe(t, renderer, act, step_envs([env], [act.text], limits.env_timeout_s)[0], turn=turn, limits=limits)
 
 
 @dataclass(frozen=True)
@@ -128,27 +139,33 @@ def append_action(t: Trajectory, renderer, action_ids: list[int], logprobs: list
     return Action(text, begin, finish)
 
 
+def _count_error(t: Trajectory, call: str, err: Exception) -> None:
+    t.count("env_errors")
+    if isinstance(err, EnvTimeout):
+        t.count("env_timeouts")
+    t.error = t.error or f"{call}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+
+
 def step_env(env: Environment, text: str) -> StepResult | Exception:
     """`env.step(text)` as a `StepResult`, or the exception it raised (its episode's `env_error`)."""
-    try:
-        return as_step_result(env.step(text))
-    except Exception as err:  # noqa: BLE001 - a broken environment ends its episode, not the batch
-        return err
+    return guarded(lambda: as_step_result(env.step(text)))()
 
 
-def step_envs(envs: list[Environment], texts: list[str]) -> list[StepResult | Exception]:
+def step_envs(envs: list[Environment], texts: list[str],
+              timeout_s: float | None = None) -> list[StepResult | Exception]:
     """`step_env` of every (environment, action) pair, each in a thread of its own, in the given order.
 
     The environments' waits (a tool's round trip) overlap instead of adding up. The calling thread
     waits, so its core is given back for the whole turn (`runtime.rows.waiting`); the workers hold
     none. Each environment is stepped once, on its own state (the `Environment` contract), and the
     results are applied afterwards in episode order, so the trajectories are those of a serial loop.
-    A turn with an environment that sets `concurrent_steps = False` steps them all here, in order."""
-    if len(envs) <= 1 or not all(getattr(env, "concurrent_steps", True) for env in envs):
-        with waiting():
-            return [step_env(env, text) for env, text in zip(envs, texts)]
-    with waiting(), ThreadPoolExecutor(len(envs), thread_name_prefix="rlvr-env") as pool:
-        return list(pool.map(step_env, envs, texts))
+    A turn with an environment that sets `concurrent_steps = False` steps them one at a time, in
+    order. Each step has `timeout_s` seconds (`bounded_calls`); a late one is an `EnvTimeout`."""
+    calls = [lambda env=env, text=text: step_env(env, text) for env, text in zip(envs, texts)]
+    with waiting():
+        if len(envs) <= 1 or not all(getattr(env, "concurrent_steps", True) for env in envs):
+            return [bounded_calls([call], timeout_s)[0] for call in calls]
+        return bounded_calls(calls, timeout_s)
 
 
 def observe(t: Trajectory, renderer, act: Action, result: StepResult | Exception, *, turn: int,
@@ -156,7 +173,7 @@ def observe(t: Trajectory, renderer, act: Action, result: StepResult | Exception
     """Apply the environment's answer to `act`: counts, reward, the turn record, the observation or the end."""
     begin, finish, state = act.begin, act.finish, t.state_key
     if isinstance(result, Exception):
-        t.count("env_errors")
+        _count_error(t, "step", result)
         t.turns.append(Turn(begin, len(t.ids), len(t.ids), FinishReason.ENV_ERROR, 0.0, state))
         t.finish, t.done, t.reward, t.success = FinishReason.ENV_ERROR, True, 0.0, False
         return
@@ -211,7 +228,8 @@ def run_episodes(engine, renderer, envs: list[Environment], episode_seeds: list[
     """Roll out one episode per environment, all in lockstep by turn, through `engine` (any
     `RolloutEngine`). `seeds` (B,) sampling seeds; `episode_seeds` the environments' reset seeds."""
     prompts = prompts or [""] * len(envs)
-    trajs = [start_episode(env, s, renderer, p) for env, s, p in zip(envs, episode_seeds, prompts)]
+    trajs = [start_episode(env, s, renderer, p, limits.env_timeout_s)
+             for env, s, p in zip(envs, episode_seeds, prompts)]
     for turn in range(limits.max_turns):
         active = [i for i, t in enumerate(trajs) if not t.done]
         if not active:
@@ -226,7 +244,7 @@ def run_episodes(engine, renderer, envs: list[Environment], episode_seeds: list[
             new = out.completion_ids[row, :n].tolist()
             acts.append(append_action(trajs[i], renderer, new, out.logprobs[row, :n].tolist(),
                                       ended=bool(n) and new[-1] == eos_id, turn=turn, limits=limits))
-        results = step_envs([envs[i] for i in active], [a.text for a in acts])
+        results = step_envs([envs[i] for i in active], [a.text for a in acts], limits.env_timeout_s)
         for i, act, result in zip(active, acts, results):
             observe(trajs[i], renderer, act, result, turn=turn, limits=limits)
     for t in trajs:
@@ -240,7 +258,7 @@ def scripted_episode(env: Environment, renderer, seed: int, policy: Callable[[st
                      limits: Limits) -> Trajectory:
     """One episode acted by a scripted `policy(observation) -> action text` (demonstrations for
     the supervised warm start): the same token layout and mask as a sampled episode."""
-    t = start_episode(env, seed, renderer, "")
+    t = start_episode(env, seed, renderer, "", limits.env_timeout_s)
     for turn in range(limits.max_turns):
         if t.done:
             break

@@ -13,12 +13,14 @@ import hashlib
 import random
 from dataclasses import dataclass
 
-from rlvr.agents.env import StepResult
+from rlvr.agents.env import StepResult, bounded_calls, guarded
 from rlvr.agents.tools import ToolRegistry, parse_action
+from rlvr.errors import ConfigError
 from rlvr.rewards.format import extract_tag
 from rlvr.types import Example
 
 HELDOUT_BUCKETS = 10
+MAX_DRAWS_PER_EXAMPLE = 200  # one bucket in ten is held out: 200 draws all in it happen with odds 10^-200
 
 
 def is_heldout_key(key: str) -> bool:
@@ -35,6 +37,7 @@ class AgentSettings:
     tool_timeout_s: float = 2.0
     tools: bool = True          # False: the single-turn ablation (no tool, answer at once)
     train_drifted: bool = False  # keep drifted trajectories in the loss
+    env_timeout_s: float = 60.0  # longest wait for one reset or step
 
 
 class AgentTask:
@@ -45,15 +48,17 @@ class AgentTask:
 
     def __init__(self, *, heldout_size: int = 200, max_turns: int = 4, max_total_tokens: int = 128,
                  tool_timeout_s: float = 2.0, tools: bool = True, train_drifted: bool = False,
-                 demo_tool_rate: float = 1.0, **env_kwargs):
+                 demo_tool_rate: float = 1.0, env_timeout_s: float = 60.0, **env_kwargs):
         if heldout_size < 0:
             raise ValueError(f"heldout_size must be >= 0, got {heldout_size}")
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if not 0.0 <= demo_tool_rate <= 1.0:
             raise ValueError(f"demo_tool_rate must be in [0, 1], got {demo_tool_rate}")
+        if not env_timeout_s > 0:
+            raise ValueError(f"env_timeout_s must be > 0, got {env_timeout_s}")
         self.settings = AgentSettings(max_turns if tools else 1, max_total_tokens, tool_timeout_s, tools,
-                                      train_drifted)
+                                      train_drifted, env_timeout_s)
         self.heldout_size, self.demo_tool_rate, self.env_kwargs = heldout_size, demo_tool_rate, env_kwargs
         self._heldout: list[Example] | None = None
 
@@ -62,16 +67,29 @@ class AgentTask:
                               **self.env_kwargs)
 
     def _example(self, episode: int) -> Example:
+        """The episode's first observation as its prompt. An environment whose reset raises or
+        hangs still gives an example (empty prompt, its own key): the rollout resets it again and
+        records that episode as an `env_error`, as the agent docs promise."""
         env = self.make_env()
-        first = env.reset(episode)
+        first = bounded_calls([guarded(lambda: str(env.reset(episode)))], self.settings.env_timeout_s)[0]
+        if isinstance(first, Exception):
+            return Example(prompt="", answer="", meta={"episode": episode, "key": f"env_error:{episode}"})
         return Example(prompt=first, answer=str(env.answer), meta={"episode": episode, "key": env.key})
 
     def sample(self, n: int, rng: random.Random | None = None) -> list[Example]:
+        """`n` training episodes: problems whose key is outside the held-out bucket (any key when
+        `heldout_size` is 0). A bounded number of draws: an environment whose every problem falls
+        in the bucket (one fixed problem, say) is an error, not an endless loop."""
         rng = rng or random.Random()
-        out = []
+        out, draws, key = [], 0, ""
         while len(out) < n:
+            if draws >= MAX_DRAWS_PER_EXAMPLE * n:
+                raise ConfigError(f"task: {draws} episodes drawn and every problem (key {key!r}) is in the held-out "
+                                  f"bucket, so none is left to train on; make the environment's problems vary (its "
+                                  f"`key`), or set heldout_size=0 (no held-out accuracy) to train on every problem")
             ex = self._example(rng.getrandbits(48))
-            if not is_heldout_key(ex.meta["key"]):
+            draws, key = draws + 1, ex.meta["key"]
+            if not self.heldout_size or not is_heldout_key(key):
                 out.append(ex)
         return out
 

@@ -23,6 +23,8 @@ import yaml
 
 from rlvr.config.trl_names import TRL_NAMES, translate
 from rlvr.errors import ConfigError
+from rlvr.inputs import read_text
+from rlvr.yaml_io import MAX_BYTES, load_yaml
 
 # TRL scripts' own arguments (`ModelConfig`, not `GRPOConfig`) that a launch command carries.
 SCRIPT_NAMES = {"model_name_or_path": "model.path"}
@@ -73,14 +75,13 @@ def read_trl_args(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"--from-trl: '{path}' is not a file; give a GRPOConfig as JSON/YAML or a file of "
                           f"'--flag value' arguments")
-    text = path.read_text()
+    text = read_text(path, "--from-trl", MAX_BYTES)
     if text.lstrip().startswith("--") or path.suffix in (".sh", ".txt", ".args"):
         return parse_flags(text)
     try:
-        tree = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise ConfigError(f"--from-trl: '{path}' is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
-                          f"{str(err).splitlines()[0]}") from None
+        tree = json.loads(text) if path.suffix == ".json" else load_yaml(text, f"--from-trl '{path}'")
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"--from-trl: '{path}' is not valid JSON: {str(err).splitlines()[0]}") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"--from-trl: '{path}' holds a {type(tree).__name__}, not a mapping of GRPOConfig fields")
     return tree

@@ -8,6 +8,7 @@ import difflib
 import math
 import os
 import re
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import yaml
 
 from rlvr.config.block_checks import block_checks, schedule_checks
+from rlvr.config.paths import is_path_field, path_value
 from rlvr.config.ranges import allowed, range_of
 from rlvr.config.recipes import packaged_recipe
 from rlvr.config.registries import _get, engine_kind, resolve
@@ -23,6 +25,8 @@ from rlvr.config.schema import Config, section_type
 from rlvr.config.spec_checks import spec_checks
 from rlvr.config.trl_names import alias_hint, translate, trl_tree
 from rlvr.errors import ConfigError
+from rlvr.inputs import read_bytes
+from rlvr.yaml_io import MAX_BYTES, load_yaml
 
 
 def _coerce(value: Any, annotation: Any, name: str) -> Any:
@@ -43,7 +47,7 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
         raise errors[0]
     if origin is list:  # list[str]: every element checked too (a list of numbers is not a list of names)
         if not isinstance(value, list):
-            raise ConfigError(f"{name}: expected a list, got {value!r}; fix the value in the recipe or override")
+            raise ConfigError(f"{name}: expected a list, got {_shown(value)}; fix the value in the recipe or override")
         (inner,) = typing.get_args(annotation)
         return [_coerce(item, inner, f"{name}[{i}]") for i, item in enumerate(value)]
     if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -59,8 +63,13 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
         fix = "pass it to rlvr.Trainer as reward_funcs=fn, or name it as 'file.py:name'" if name.startswith(
             "reward") else "config values are plain data (numbers, strings, lists)"
         raise ConfigError(f"{name}: a Python callable cannot go in the config; {fix}")
-    shown = "null" if value is None else repr(value)
+    shown = "null" if value is None else _shown(value)
     raise ConfigError(f"{name}: expected {annotation.__name__}, got {shown}; fix the value in the recipe or override")
+
+
+def _shown(value: Any) -> str:
+    """A value for an error line, shortened: a long list or string would make the line unreadable."""
+    return reprlib.repr(value)
 
 
 def _finite(value: float, name: str) -> float:
@@ -84,10 +93,12 @@ def _build(cls: type, values: dict, prefix: str) -> Any:
             kwargs[key] = None  # an optional section left empty (a task that is not chosen)
         elif section is not None:
             if not isinstance(value, dict):
-                raise ConfigError(f"{full}: expected a section (mapping), got {value!r}")
+                raise ConfigError(f"{full}: expected a section (mapping), got {_shown(value)}")
             kwargs[key] = _build(section, value, f"{full}.")
         else:
             kwargs[key] = _coerce(value, hints[key], full)
+            if isinstance(kwargs[key], str) and is_path_field(full):
+                kwargs[key] = path_value(full, kwargs[key])
     return cls(**kwargs)
 
 
@@ -123,49 +134,58 @@ def _suggest(full: str) -> str:
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    """Set a dotted key; a mapping merges into the section already there (`trainer={threads: 1}`
+    after `trainer.steps=7` keeps the steps), anything else replaces it."""
     *parents, leaf = dotted.split(".")
     node = tree
     for part in parents:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"override '{dotted}': '{part}' is not a section")
-    node[leaf] = value
+    if isinstance(value, dict) and isinstance(node.get(leaf), dict):
+        for key, inner in value.items():
+            _set_dotted(node[leaf], str(key), inner)
+    else:
+        node[leaf] = value
+
+
+def _leaves(key: str, value: Any) -> list[str]:
+    """The dotted keys an override sets: `trainer={steps: 7}` sets `trainer.steps`."""
+    if isinstance(value, dict) and value:
+        return [leaf for inner, sub in value.items() for leaf in _leaves(f"{key}.{inner}", sub)]
+    return [key]
 
 
 def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
-    """`key.sub=value` strings -> (key, YAML-parsed value) pairs; a key given twice is refused
-    (the last one would silently win)."""
+    """`key.sub=value` strings -> (key, YAML-parsed value) pairs; a key given twice, directly or
+    inside a section's mapping (`trainer.steps=7 trainer={steps: 8}`), is refused (the last one
+    would silently win)."""
     pairs, seen = [], {}
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             example = f"{item.strip()}=VALUE" if not sep and item.strip() else "algo.clip_high=0.28"
             raise ConfigError(f"override '{item}': expected KEY=VALUE, e.g. {example}")
-        if key.strip() in seen:
-            raise ConfigError(f"override '{key.strip()}': given twice ('{seen[key.strip()]}' and '{item}'); keep one")
-        seen[key.strip()] = item
-        try:
-            pairs.append((key.strip(), yaml.safe_load(raw) if raw else ""))
-        except yaml.YAMLError:
-            pairs.append((key.strip(), raw))
+        key = key.strip()
+        value = _override_value(key, raw)
+        for leaf in _leaves(key, value):
+            if leaf in seen:
+                raise ConfigError(f"override '{leaf}': given twice ('{seen[leaf]}' and '{item}'); keep one")
+            seen[leaf] = item
+        pairs.append((key, value))
     return pairs
 
 
-class _DuplicateKey(Exception):
-    pass
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.safe_load, refusing a key given twice in one mapping (the last would silently win)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise _DuplicateKey(f"key '{key}' given twice (line {key_node.start_mark.line + 1}); keep one")
-            seen.add(key)
-        return super().construct_mapping(node, deep)
+def _override_value(key: str, raw: str) -> Any:
+    """An override's value as YAML (`load_yaml`'s rules); text that is not YAML stays text."""
+    if not raw:
+        return ""
+    try:
+        return load_yaml(raw, f"override '{key}'")
+    except ConfigError as err:
+        if "is not valid YAML" in str(err):
+            return raw
+        raise
 
 
 def read_recipe(path: str | Path) -> dict:
@@ -173,21 +193,12 @@ def read_recipe(path: str | Path) -> dict:
     if path.is_dir():
         raise ConfigError(f"recipe '{path}' is a directory; pass a YAML file in it, "
                           f"e.g. {path / 'grpo_countdown.yaml'}")
-    if not path.is_file() and packaged_recipe(path) is not None:  # a name (`grpo_countdown`) the package ships
+    if not path.exists() and packaged_recipe(path) is not None:  # a name (`grpo_countdown`) the package ships
         path = packaged_recipe(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"recipe '{path}' does not exist; pass a YAML file or a packaged recipe's name, "
                           f"e.g. grpo_countdown (`rlvr recipes` lists them)")
-    try:
-        tree = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"recipe '{path}' is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
-    except _DuplicateKey as err:
-        raise ConfigError(f"recipe '{path}': {err}") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"recipe '{path}' is not valid YAML{where}; fix its syntax") from None
+    tree = load_yaml(read_bytes(path, "recipe", MAX_BYTES), f"recipe '{path}'") or {}
     if not isinstance(tree, dict):
         raise ConfigError(f"recipe '{path}' must be a mapping of sections (model:, algo:, ...)")
     return tree
@@ -239,7 +250,8 @@ def load_with_sources(recipe: str | Path | dict | None = None,
     for item, group in zip(overrides, translate(parse_overrides(list(overrides)))):
         for key, value in group:
             _set_dotted(tree, key, value)
-            sources.update({k: f"override {item}" for k in defaults if k == key or k.startswith(key + ".")})
+            for leaf in _leaves(key, value):
+                sources.update({k: f"override {item}" for k in defaults if k == leaf or k.startswith(leaf + ".")})
     for key, default in defaults.items():
         found, value = _lookup(tree, key)
         if (value if found else default) is None and _get(config, key) is not None:

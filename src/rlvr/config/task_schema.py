@@ -119,6 +119,9 @@ class AgentTaskConfig:
     is not appended (finish `token_budget`)."""
     tool_timeout_s: float | None = ranged(None, "> 0", "seconds")
     """Wall-clock limit of one tool call; past it the call is an error observation (`agent/tool_timeouts`)."""
+    env_timeout_s: float | None = ranged(None, "> 0", "seconds")
+    """Wall-clock limit of one `reset` or `step` of the environment (default 60); past it the episode
+    ends as `env_error` (`agent/env_timeouts`) and the call is abandoned in its thread."""
     tools: bool | None = None
     """False: no tool, the model must answer in its first action (the ablation)."""
     train_drifted: bool | None = None

@@ -19,8 +19,10 @@ A reward function has one of five forms, told apart by its signature when it is 
 
 Return values: a number is the reward; ``None`` means not scorable (excluded from the advantage,
 counted); a dict must hold ``"reward"`` (a number or None) and its other numeric keys become
-metrics (mean over the samples that returned them). A sample whose call raises, or returns
-something else, is excluded like ``None`` and counted as an error; a batched call that raises or
+metrics (mean over the samples that returned them; a key named like one of rlvr's own per-function
+metrics, ``mean``, ``errors``, ``unscorable``, ``nonfinite``, ``timeouts``, is an error). A
+sample whose call raises, or returns something else, is excluded like ``None`` and counted as an
+error; a batched call that raises or
 returns the wrong length fails every sample. When every sample of a step errors, ``RewardError``
 stops the run with one line naming the function and the first error.
 
@@ -314,6 +316,9 @@ class RewardRunner:
                 if isinstance(value, dict):
                     if "reward" not in value:
                         error = f"ValueError: dict reward without a 'reward' key (keys: {sorted(value)})"
+                    elif taken := sorted(set(value) & set(OWN_METRICS)):
+                        error = (f"ValueError: dict reward key {taken[0]!r} is the name of rlvr's own metric "
+                                 f"reward/{self.name}/{taken[0]}; rename that key")
                     else:
                         reward = value["reward"]
                         for k, v in value.items():
@@ -360,6 +365,9 @@ class RewardRunner:
 
 
 NONFINITE_ERROR = "NonFiniteReward"
+OWN_METRICS = ("mean", "errors", "unscorable", "nonfinite", "timeouts")
+"""What `_collect` reports per reward function: a dict reward's side metric of one of these names
+would overwrite it, so such a key is an error."""
 TIMEOUT_ERROR = "RewardTimeout"
 
 

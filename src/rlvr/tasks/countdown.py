@@ -37,6 +37,7 @@ import re
 from fractions import Fraction
 from itertools import combinations_with_replacement
 
+from rlvr.errors import ConfigError
 from rlvr.tasks.countdown_expr import Expr, ParseError, evaluate, leaves, parse, to_string
 from rlvr.tasks.countdown_steps import score_steps, steps_from_expr
 from rlvr.tasks.sources import Mixture, heldout_shares
@@ -52,6 +53,7 @@ KEY_POOL_DRAWS = 50_000
 """Generator draws behind ``sampling="keys"``: enough to reach every 3-number key from 1..9."""
 
 _HELDOUT_SEED = "rlvr.countdown.heldout"
+MAX_DRAWS = 100_000  # tries for one problem (targets out of a bucket's range are drawn again)
 _EXHAUSTIVE_LIMIT = 5_000  # count the problem space exactly when it has at most this many multisets
 _PROMPT_RE = re.compile(r"^(\d+(?: \d+)*)>(\d+):$")
 
@@ -262,6 +264,8 @@ class Countdown:
                                  partial_credit=partial_credit, sampling=sampling, seed=seed)
                 part._targets = (low, high)
                 parts[f"n{count}_t{low}-{high}"] = part
+            for part in parts.values():  # a bucket no problem reaches: said now, not at the first step
+                part.sample(1, random.Random(seed))
             self.mixture = Mixture(parts)
             self.sources = self.mixture.sources
             return
@@ -287,8 +291,9 @@ class Countdown:
             )
 
     def _draw(self, rng: random.Random) -> Example:
-        """One problem from the generator, held-out bucket or not."""
-        while True:
+        """One problem from the generator, held-out bucket or not; a bounded number of tries, so a
+        bucket whose target range no problem reaches is an error, not an endless loop."""
+        for _ in range(MAX_DRAWS):
             numbers = [rng.randint(1, self.max_number) for _ in range(self.num_count)]
             leaves_order = numbers[:]
             if not self.ordered:  # ordered: the prompt lists the numbers in the order a solution uses them
@@ -304,6 +309,10 @@ class Countdown:
                     answer=to_string(expr),
                     meta={"numbers": numbers, "target": target},
                 )
+        low, high = self._targets or (1, "any")
+        raise ConfigError(f"task.countdown.buckets: no problem of {self.num_count} numbers up to {self.max_number} "
+                          f"reached a target in {low}-{high} in {MAX_DRAWS} draws; widen that bucket's targets "
+                          f"or raise task.countdown.max_number")
 
     def sample(self, n: int, rng: random.Random | None = None) -> list[Example]:
         """``n`` fresh training problems (repeats possible), never in the held-out bucket.
@@ -319,11 +328,15 @@ class Countdown:
             pool = self._key_pool()
             return [rng.choice(rng.choice(pool)) for _ in range(n)]
         out: list[Example] = []
-        while len(out) < n:
+        for _ in range(MAX_DRAWS + n):
+            if len(out) == n:
+                return out
             ex = self._draw(rng)
             if not is_heldout_key(ex.meta["numbers"], ex.meta["target"]):
                 out.append(ex)
-        return out
+        raise ConfigError(f"task.countdown: every problem drawn ({MAX_DRAWS}) is in the held-out bucket, so none is "
+                          f"left to train on; widen the targets (task.countdown.buckets) or raise "
+                          f"task.countdown.max_number")
 
     def sample_source(self, source: str, n: int, rng: random.Random) -> list[Example]:
         """``n`` training problems of bucket ``source`` (one of ``sources``)."""

@@ -69,8 +69,10 @@ class CountdownPython(AgentTask):
     env_class = CountdownPythonEnv
 
     def __init__(self, *, num_count: int = 3, max_number: int = 9, heldout_size: int = 200, max_turns: int = 3,
-                 max_total_tokens: int = 96, tool_timeout_s: float = 5.0, tools: bool = True,
+                 max_total_tokens: int = 96, env_timeout_s: float = 60.0,
+                 tool_timeout_s: float = 5.0, tools: bool = True,
                  train_drifted: bool = False, demo_tool_rate: float = 0.5):
         super().__init__(heldout_size=heldout_size, max_turns=max_turns, max_total_tokens=max_total_tokens,
+                         env_timeout_s=env_timeout_s,
                          tool_timeout_s=tool_timeout_s, tools=tools, train_drifted=train_drifted,
                          demo_tool_rate=demo_tool_rate, num_count=num_count, max_number=max_number)

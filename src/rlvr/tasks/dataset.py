@@ -20,7 +20,9 @@ handling (``rlvr.tasks.files.FileTask``):
   ``eval_dataset`` is given (``dataset_splits``).
 - **Correctness** (``reward/accuracy``, held-out accuracy): ``correct_fn(prompt, completion,
   **columns)`` when given, else the weighted reward reaching ``correct_threshold`` (by default the
-  sum of the weights: every function at 1.0, the usual "right answer" value).
+  sum of the weights: every function at 1.0, the usual "right answer" value). ``correct_fn``
+  answers True or False (1 and 0 pass too); anything else, a score of 0.5 say, is an error rather
+  than "truthy, so correct".
 """
 
 from __future__ import annotations
@@ -58,6 +60,19 @@ def dataset_splits(data: Any, eval_data: Any = None, argument: str = "train_data
     held = next((name for name in HELDOUT_SPLITS if name in data), None)
     return data["train"], (data[held] if held else None), f"{argument}['train']" + (
         f", held out: {argument}[{held!r}]" if held else "")
+
+
+def _verdict(value: Any) -> bool:
+    """`correct_fn`'s answer as a bool: True/False (or 1/0); a score or None is an error."""
+    try:
+        ok = not isinstance(value, (str, bytes)) and value is not None and bool(value in (0, 1))
+    except (TypeError, ValueError):  # an array of several values
+        ok = False
+    if not ok:
+        raise ConfigError(f"correct_fn: returned {str(value)[:40]!r}, not True or False; return whether the "
+                          f"completion is correct (a graded score belongs in reward_funcs, and correct_threshold "
+                          f"sets which reward counts as correct when correct_fn is not given)")
+    return bool(value)
 
 
 def dataset_rows(data: Any, argument: str, prompt_key: str = "prompt") -> list[dict]:
@@ -131,7 +146,7 @@ class DatasetTask(FileTask):
     def is_correct(self, completion: str, example: Example) -> bool:
         if self.correct_fn is not None:
             columns = {k: v for k, v in example.meta.items() if k != "prompt"}
-            return bool(self.correct_fn(example.prompt, completion, **columns))
+            return _verdict(self.correct_fn(example.prompt, completion, **columns))
         value = self.reward_sum.score_one(example.prompt, completion, example.meta)
         return not math.isnan(value) and value >= self.correct_threshold
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import ConfigError
+from rlvr.inputs import check_regular
 from rlvr.types import Example
 
 __all__ = ["load_rows", "FileTask", "MathFileTask", "CodeFileTask"]
@@ -42,6 +43,7 @@ def load_rows(path: str | Path, *, split: str = "train", field: str = "task.path
         raise ConfigError(f"{field}: {str(p)!r} not found")
     if p.is_dir():
         return _load_hf(p, split, field)
+    check_regular(p, field)  # a named pipe would be read once here, then again (forever) by the fingerprint
     suffix = p.suffix.lower()
     if suffix in (".jsonl", ".json"):
         rows = []
@@ -55,9 +57,11 @@ def load_rows(path: str | Path, *, split: str = "train", field: str = "task.path
                 if not line.strip():
                     continue
                 try:
-                    row = json.loads(line)
+                    row = json.loads(line, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
                 except json.JSONDecodeError as err:
                     raise ConfigError(f"{p}:{lineno}: invalid JSON ({err.msg} at column {err.colno})") from None
+                except _BadRow as err:
+                    raise ConfigError(f"{p}:{lineno}: {err}") from None
                 if not isinstance(row, dict):
                     raise ConfigError(f"{p}:{lineno}: expected a JSON object, got {type(row).__name__}")
                 rows.append((row, f"{p}:{lineno}"))
@@ -70,6 +74,25 @@ def load_rows(path: str | Path, *, split: str = "train", field: str = "task.path
         table = pq.read_table(p)
         return [(row, f"{p}:row {i + 1}") for i, row in enumerate(table.to_pylist())]
     raise ConfigError(f"{field}: {str(p)!r} is not .jsonl, .json, .parquet or a datasets directory")
+
+
+class _BadRow(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose keys are all different (json keeps the last of a repeated key silently)."""
+    row: dict = {}
+    for key, value in pairs:
+        if key in row:
+            raise _BadRow(f"key {key!r} given twice in one row; keep one")
+        row[key] = value
+    return row
+
+
+def _no_constant(name: str):
+    """NaN and Infinity are not JSON (Python's json reads them): an answer of NaN equals nothing."""
+    raise _BadRow(f"{name} is not a JSON value; write the number, or drop the row")
 
 
 def _load_hf(p: Path, split: str, field: str) -> list[tuple[dict, str]]:
@@ -87,6 +110,16 @@ def _load_hf(p: Path, split: str, field: str) -> list[tuple[dict, str]]:
             raise ConfigError(f"{field.rsplit('.', 1)[0]}.split={split!r} not in {str(p)!r}; splits: {', '.join(ds)}")
         ds = ds[split]
     return [(row, f"{p}[{split}]:row {i + 1}") for i, row in enumerate(ds)]
+
+
+def _check_apart(train: list[Example], heldout: list[Example], field: str) -> None:
+    """A held-out set whose every prompt is a training prompt (the same file named twice, or a
+    copy) measures memorisation, not generalisation."""
+    seen = {ex.prompt for ex in train}
+    if heldout and all(ex.prompt in seen for ex in heldout):
+        raise ConfigError(f"{field}: every held-out prompt is also a training prompt (the same data as "
+                          f"the training set); point it at separate problems, or leave it empty to hold out "
+                          f"rows of the training file")
 
 
 def _stable_bucket(text: str) -> int:
@@ -119,6 +152,8 @@ class FileTask:
             if not heldout:
                 where = f"{field}={heldout_path or path!r}" + (f" split {heldout_split!r}" if heldout_split else "")
                 raise ConfigError(f"{where} holds no rows for the held-out set; point it at data with rows")
+            _check_apart(examples, heldout, f"task.{self.name}.heldout_path" if heldout_path else
+                         f"task.{self.name}.heldout_split")
         self._split(examples, heldout, heldout_size, f"task.{self.name}.path: {path!r}")
 
     def _setup(self, *, prompt_key: str, system_prompt: str, prompt_template: str, max_prompt_length: int,

@@ -35,6 +35,7 @@ from rlvr.safe_io import (
     unpickling_message,
 )
 from rlvr.tracking.run_dir import check_output_path
+from rlvr.tracking.run_files import checkpoint_dirs, read_config, read_manifest
 
 PROVENANCE_FILE = "rlvr_export.json"
 MAX_UPDATE_ERROR = 0.5  # a merged export whose cast changes the adapter's update by more is refused
@@ -76,7 +77,7 @@ def update_error(original: dict, merged: dict, dtype) -> dict:
 def find_checkpoint(run: Path, step: int | None = None) -> Path:
     """The newest complete checkpoint of `run` (or the one at `step`), with a one-line error if none."""
     directory = run / "checkpoints"
-    candidates = directory.glob("step_*") if directory.is_dir() else []
+    candidates = checkpoint_dirs(directory)
     # A LoRA run's checkpoints hold the adapter (adapter_config.json) instead of a whole model.
     complete = sorted(p for p in candidates if (p / "config.json").is_file() or (p / "adapter_config.json").is_file())
     if step is not None:
@@ -102,7 +103,7 @@ def _base(run: Path):
     from rlvr.config import load_config
     from rlvr.models.causal_lm import load_causal_lm
 
-    config = load_config(run / "config.yaml")
+    config = load_config(read_config(run))
     m = config.model
     base, _ = load_causal_lm(m.path, seed=config.seed, dtype=m.dtype,
                              hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
@@ -196,9 +197,10 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None, for
     try:
         _copy_adapter(checkpoint, tmp) if adapter else model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        manifest = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {}
+        manifest = read_manifest(run, tolerant=True)
+        packages = manifest.get("packages") if isinstance(manifest.get("packages"), dict) else {}
         provenance = {"run": str(run.resolve()), "checkpoint": checkpoint.name, "git_sha": manifest.get("git_sha"),
-                      "seed": manifest.get("seed"), "rlvr": (manifest.get("packages") or {}).get("rlvr"),
+                      "seed": manifest.get("seed"), "rlvr": packages.get("rlvr"),
                       "form": "adapter" if adapter else "merged" if lora else "model", "merge": record}
         (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
         mark_made(tmp, "export")

@@ -13,9 +13,12 @@ import json
 import math
 from pathlib import Path
 
+from rlvr.inputs import read_text
 from rlvr.safe_io import atomic_write_text, check_output_file
 from rlvr.tracking.plots import report_metrics, run_curves_png
-from rlvr.tracking.runs import Run, load_run, read_jsonl
+from rlvr.tracking.run_files import read_records
+from rlvr.tracking.runs import Run, load_run
+from rlvr.yaml_io import MAX_BYTES
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d232a;background:#f6f7f9}
@@ -135,7 +138,7 @@ def render_report(run: Run, *, max_sample_steps: int = 40) -> str:
         curves = f"<img id=curves alt='learning curves of {html.escape(run.name)}' src='data:image/png;base64,{png}'>"
     else:
         curves = "<p class=meta>No metrics logged yet.</p>"
-    config_text = (run.path / "config.yaml").read_text() if (run.path / "config.yaml").is_file() else ""
+    config_text = read_text(run.path / "config.yaml", "run file", MAX_BYTES)  # load_run has checked it
     manifest_text = json.dumps(run.manifest, indent=2, default=str)
     title = f"rlvr report · {run.name}"
     return f"""<!DOCTYPE html>
@@ -145,7 +148,7 @@ def render_report(run: Run, *, max_sample_steps: int = 40) -> str:
 <h1>{html.escape(title)}</h1><div class=meta>{html.escape(str(run.path))}</div>
 <h2>Summary</h2><section>{_summary(run)}</section>
 {_async_section(run)}<h2>Learning curves</h2><section>{curves}</section>
-<h2>Rollouts</h2><section id=rollouts>{_rollouts(read_jsonl(run.path / 'samples.jsonl'), max_sample_steps)}</section>
+<h2>Rollouts</h2><section id=rollouts>{_rollouts(read_records(run.path / 'samples.jsonl'), max_sample_steps)}</section>
 <h2>Config</h2><section><pre id=config>{html.escape(config_text)}</pre></section>
 <h2>Manifest</h2><section><pre id=manifest>{html.escape(manifest_text)}</pre></section>
 </main></body></html>

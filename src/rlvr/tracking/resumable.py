@@ -3,21 +3,18 @@ cannot rebuild, and how the config asked for differs from the one it saved."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from rlvr.errors import ConfigError
 from rlvr.rewards.runner import spec_entries
+from rlvr.tracking.run_files import read_config, read_manifest
 
 
-def python_objects(run_dir: Path) -> str | None:
+def python_objects(run_dir: Path, *, tolerant: bool = False) -> str | None:
     """What a run got from Python that its config cannot rebuild (`train_dataset` rows or a
-    `task` object, from run.json), or None."""
-    try:
-        info = json.loads((run_dir / "run.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    `task` object, from run.json), or None. `tolerant`: a damaged run.json is a warning (None)."""
+    info = read_manifest(run_dir, tolerant=tolerant)
     return next((key for key in ("train_dataset", "task") if key in info), None)
 
 
@@ -53,7 +50,7 @@ def config_changes(run_dir: Path, config, *, allowed: bool) -> dict[str, tuple[A
     from rlvr.config import load_config, to_dict
     from rlvr.tracking.runs import flatten
 
-    saved = flatten(to_dict(load_config(run_dir / "config.yaml")))
+    saved = flatten(to_dict(load_config(read_config(run_dir))))
     new = flatten(to_dict(config))
     changes = {key: (saved.get(key), new.get(key)) for key in sorted(saved.keys() | new.keys())
                if saved.get(key) != new.get(key) and key not in RESUME_FREE_KEYS}

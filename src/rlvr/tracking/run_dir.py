@@ -32,6 +32,7 @@ from pathlib import Path
 from rlvr.errors import ConfigError, DiskFull, RunInterrupted
 from rlvr.safe_io import atomic_write_text, free_space, open_new_or_regular
 from rlvr.tracking.lock import DirLock
+from rlvr.tracking.run_files import checkpoint_dirs, read_lines, read_object
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pyyaml", "tqdm", "matplotlib",
             "tensorboard", "wandb", "mlflow-skinny", "rlvr")
@@ -177,7 +178,7 @@ def finish_manifest(run: RunDir, status: str, *, exit_status: int, final: dict |
                     error: str | None = None, runtime: dict | None = None, **extra) -> dict:
     """Record how a run ended in run.json: status, exit status, end time, duration (and final
     metrics, and `runtime` facts only known after running, e.g. which decode engine ran)."""
-    info = run.read_json("run.json") if (run.path / "run.json").exists() else {}
+    info = read_object(run.path / "run.json", tolerant=True)  # how the run ended matters more than what it held
     ended = datetime.now(UTC)
     info.update(status=status, exit_status=exit_status, ended=ended.isoformat(timespec="seconds"))
     if runtime:
@@ -350,6 +351,9 @@ class RunDir:
             self.lock.release()
             raise ConfigError(f"run_dir: '{self.path}' already holds a run; pass resume=True to continue it "
                               f"or choose another directory")
+        if self.checkpoints.exists() and not self.checkpoints.is_dir():
+            self.lock.release()
+            checkpoint_dirs(self.checkpoints)  # the one-line error naming it
         self.checkpoints.mkdir(exist_ok=True)
 
     def reserve(self) -> None:
@@ -401,7 +405,8 @@ class RunDir:
         atomic_write_text(self.path / name, json.dumps(data, indent=2, default=str) + "\n")
 
     def read_json(self, name: str) -> dict:
-        return json.loads((self.path / name).read_text())
+        """A JSON object file of the run ({} where there is none); damage is a one-line error naming it."""
+        return read_object(self.path / name)
 
     def append(self, file: Path, record: dict) -> None:
         """Add one complete line; a write that fails (a full disk) is cut back, leaving no torn line."""
@@ -422,14 +427,7 @@ class RunDir:
         for file in (self.metrics_file, self.samples_file):
             if not file.exists():
                 continue
-            kept = []
-            for line in file.read_text().splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if record.get("step", -1) <= step:
-                    kept.append(line)
+            kept = [line for line, record in read_lines(file, tolerant=False) if record.get("step", -1) <= step]
             atomic_write_text(file, "".join(f"{line}\n" for line in kept))
 
 

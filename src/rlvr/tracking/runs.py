@@ -14,9 +14,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from rlvr.errors import ConfigError
+from rlvr.tracking.run_files import read_config, read_manifest, read_records, warn
 from rlvr.tracking.stats import clipped_interval, mean_ci, metric_bounds, normalized_auc
 
 # Config keys that do not change what a run computes, so runs differing only here are seeds of
@@ -51,56 +50,42 @@ class Run:
         return [s for s, _ in points], [v for _, v in points]
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """JSON lines, skipping a torn last line (a run killed mid-write, or one being written); a
-    corrupt line before it is an error naming it (skipped, its step would vanish from every table)."""
-    if not path.exists():
-        return []
-    records = []
-    lines = path.read_text(errors="replace").splitlines()
-    for number, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                if any(rest.strip() for rest in lines[number:]):
-                    raise ConfigError(f"'{path}' line {number} is not valid JSON; repair or remove that line") from None
-    return records
-
-
 def load_run(path: str | Path) -> Run:
+    """A run folder as the comparison tools read it: damage to run.json or a metrics line is a
+    warning naming the file and line (the rest of the run still counts), a bad config.yaml an error."""
     path = Path(path)
-    if not (path / "config.yaml").is_file():
-        raise ConfigError(f"'{path}' is not a run directory (no config.yaml)")
-    try:
-        config = yaml.safe_load((path / "config.yaml").read_text()) or {}
-    except yaml.YAMLError:
-        raise ConfigError(f"'{path / 'config.yaml'}' is not valid YAML") from None
-    manifest = {}
-    if (path / "run.json").is_file():
-        try:
-            manifest = json.loads((path / "run.json").read_text())
-        except json.JSONDecodeError:
-            manifest = {"status": "unreadable run.json"}
-    return Run(path=path, config=config, manifest=manifest, metrics=read_jsonl(path / "metrics.jsonl"))
+    return Run(path=path, config=read_config(path), manifest=read_manifest(path, tolerant=True),
+               metrics=read_records(path / "metrics.jsonl", numeric=True))
 
 
 def find_runs(paths: list[str | Path]) -> list[Run]:
-    """Runs named directly, or found (recursively) under the given folders; sorted by path."""
-    found: dict[Path, None] = {}
+    """Runs named directly, or found (recursively) under the given folders; sorted by path. A run
+    found under a folder whose config.yaml is damaged is skipped with a warning (the others are
+    still listed); one named directly is an error."""
+    found: dict[Path, bool] = {}  # run -> named directly
     for given in paths:
         given = Path(given)
         if not given.exists():
             raise ConfigError(f"'{given}' does not exist; pass run directories or a folder of runs")
         if (given / "config.yaml").is_file():
-            found[given] = None
+            found[given] = True
             continue
         for config in sorted(given.rglob("config.yaml")):
             if "checkpoints" not in config.parent.parts:  # checkpoints hold HF files, never a config.yaml of ours
-                found[config.parent] = None
+                found.setdefault(config.parent, False)
     if not found:
         raise ConfigError(f"no run directories (with config.yaml) under {', '.join(map(str, paths))}")
-    return [load_run(p) for p in found]
+    runs = []
+    for path, named in found.items():
+        try:
+            runs.append(load_run(path))
+        except ConfigError as err:
+            if named:
+                raise
+            warn(f"{err}; that run is skipped")
+    if not runs:
+        raise ConfigError(f"no readable run under {', '.join(map(str, paths))} (see the warnings above)")
+    return runs
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:

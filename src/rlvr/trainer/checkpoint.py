@@ -21,6 +21,7 @@ from rlvr.errors import ConfigError, DiskFull
 from rlvr.runtime.safe_load import TRUST_FLAG, UntrustedPickle, load_trainer_state
 from rlvr.safe_io import atomic_write_text, clear_temp
 from rlvr.tracking.run_dir import disk_full, disk_full_message
+from rlvr.tracking.run_files import checkpoint_dirs, read_checksums
 from rlvr.trainer.collect import Collected
 from rlvr.types import Example
 
@@ -41,12 +42,9 @@ def verify_checkpoint(checkpoint: Path, *, trusted: bool = False) -> str | None:
     """None if the checkpoint's files match its checksums, else what is wrong: a file that differs,
     or one rlvr loads that the checksums do not list (`trusted`: a checkpoint of an older rlvr,
     whose checksums left out `optimizer/`, passes with that)."""
-    try:
-        expected = json.loads((checkpoint / CHECKSUM_FILE).read_text())
-    except (OSError, ValueError):
+    expected = read_checksums(checkpoint, CHECKSUM_FILE)
+    if expected is None:
         return "missing or unreadable checksums.json"
-    if not isinstance(expected, dict):
-        return "checksums.json holds no file table"
     actual = _digests(checkpoint)
     bad = sorted(name for name in expected if actual.get(name) != expected[name])
     if bad:
@@ -102,7 +100,7 @@ def save_checkpoint(directory: Path, step: int, model, tokenizer, state: dict, *
         raise
     clear_temp(final)
     tmp.rename(final)
-    for old in sorted(directory.glob("step_*"))[:-keep_last]:
+    for old in checkpoint_dirs(directory)[:-keep_last]:  # never a user's copy beside them
         shutil.rmtree(old, ignore_errors=True)
     if shards:
         shards[0].barrier()
@@ -127,7 +125,7 @@ def latest_checkpoint(directory: Path, *, verify: bool = False, trusted: bool = 
     """The newest complete checkpoint; with `verify`, a corrupt newest one is a one-line error
     naming it and the last good one (deleting the bad one resumes from there); `trusted` as in
     `verify_checkpoint`."""
-    candidates = sorted(directory.glob("step_*")) if directory.exists() else []
+    candidates = checkpoint_dirs(directory)
     if not candidates or not verify:
         return candidates[-1] if candidates else None
     problem = verify_checkpoint(candidates[-1], trusted=trusted)

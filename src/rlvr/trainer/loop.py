@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import sys
 from pathlib import Path
 
 import torch
@@ -126,21 +127,49 @@ def resume_run(c: Components, run: RunDir, *, trust_pickle: bool = False) -> int
         run.truncate_after(-1)
         return 0
     state = load_state(checkpoint, trust_pickle=trust_pickle)
+    configured = list(c.scheduler.base_lrs)  # optim.* as this run's config sets them
+    settings = [{k: v for k, v in group.items() if k not in ("params", "lr", "initial_lr")}
+                for group in c.scheduler.optimizer.param_groups]
     _load_model_and_optimizer(c, checkpoint, state.get("optimizer"), trust_pickle)
     c.scheduler.load_state_dict(state["scheduler"])
+    for group, setting in zip(c.scheduler.optimizer.param_groups, settings):
+        group.update(setting)  # weight decay, betas: the saved groups carry the values the run started with
+    _keep_learning_rate(c.scheduler, configured)
     if c.critic is not None:
-        _load_critic(c, checkpoint, state, trust_pickle)
+        _restore("critic", lambda: _load_critic(c, checkpoint, state, trust_pickle))
     if "sampler" in state:  # checkpoints written before samplers were checkpointed had uniform draws
-        c.sampler.load_state_dict(state["sampler"])
+        _restore("sampler", lambda: c.sampler.load_state_dict(state["sampler"]))
     if c.replay is not None:
-        c.replay.load_state_dict(state["replay"])
-    c.loss = dataclasses.replace(c.loss, kl_coef=state["kl_coef"])
+        _restore("replay", lambda: c.replay.load_state_dict(state["replay"]))
+    if c.plan.kl_controller is not None:  # adaptive: the coefficient is state; fixed: the config's (a changed one too)
+        c.loss = dataclasses.replace(c.loss, kl_coef=state["kl_coef"])
     set_rng_state(state["rng"])
     c.rng.setstate(state["task_rng"])
     if c.loop.push_on_resume:  # an engine with its own weights was started from the initial ones
         push_weights(c)
     run.truncate_after(state["step"])
     return state["step"]
+
+
+def _keep_learning_rate(scheduler, configured: list[float]) -> None:
+    """The saved optimizer and schedule carry the learning rate the run started with; a resume
+    allowed to change `optim.lr` continues the same schedule (its step, warmup, decay) from the
+    new rate rather than silently keeping the old one."""
+    if list(scheduler.base_lrs) == configured:
+        return
+    scheduler.base_lrs = configured
+    for group, base, factor in zip(scheduler.optimizer.param_groups, configured, scheduler.lr_lambdas):
+        group["initial_lr"], group["lr"] = base, base * factor(scheduler.last_epoch)
+
+
+def _restore(name: str, load) -> None:
+    """Load one component's saved state. A resume allowed to change the config may bring a component
+    the checkpoint has no state for (a critic for `gae`, another sampler): it starts fresh, said once."""
+    try:
+        load()
+    except (KeyError, TypeError, ValueError) as err:
+        print(f"warning: the checkpoint holds no {name} state that fits this config ({type(err).__name__}: "
+              f"{str(err)[:80]}); the {name} starts fresh (the config changed on resume)", file=sys.stderr)
 
 
 def nothing_left_message(path: Path, step: int, steps: int) -> str:

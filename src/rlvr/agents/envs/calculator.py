@@ -77,12 +77,14 @@ class Calculator(AgentTask):
     env_class = CalculatorEnv
 
     def __init__(self, *, digits_a: int = 3, digits_b: int = 2, heldout_size: int = 200, max_turns: int = 3,
-                 max_total_tokens: int = 96, tool_timeout_s: float = 2.0, tools: bool = True,
+                 max_total_tokens: int = 96, env_timeout_s: float = 60.0,
+                 tool_timeout_s: float = 2.0, tools: bool = True,
                  train_drifted: bool = False, demo_tool_rate: float = 0.5, tool_latency_s: float = 0.0):
         if min(digits_a, digits_b) < 1:
             raise ValueError(f"digits_a and digits_b must be >= 1, got {digits_a}, {digits_b}")
         if not tool_latency_s >= 0:
             raise ValueError(f"tool_latency_s must be >= 0, got {tool_latency_s}")
         super().__init__(heldout_size=heldout_size, max_turns=max_turns, max_total_tokens=max_total_tokens,
+                         env_timeout_s=env_timeout_s,
                          tool_timeout_s=tool_timeout_s, tools=tools, train_drifted=train_drifted,
                          demo_tool_rate=demo_tool_rate, digits=(digits_a, digits_b), latency_s=tool_latency_s)

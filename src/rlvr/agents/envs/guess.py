@@ -78,12 +78,14 @@ class GuessNumber(AgentTask):
     env_class = GuessEnv
 
     def __init__(self, *, high: int = 64, min_high: int | None = None, reward_decay: float = 0.1,
-                 heldout_size: int = 64, max_turns: int = 8, max_total_tokens: int = 256, tool_timeout_s: float = 2.0,
+                 heldout_size: int = 64, max_turns: int = 8, max_total_tokens: int = 256, env_timeout_s: float = 60.0,
+                 tool_timeout_s: float = 2.0,
                  tools: bool = True, train_drifted: bool = False, demo_tool_rate: float = 0.5):
         if high < 2:
             raise ValueError(f"high must be >= 2, got {high}")
         if min_high is not None and not 2 <= min_high <= high:
             raise ValueError(f"min_high must be in 2..high ({high}), got {min_high}")
         super().__init__(heldout_size=heldout_size, max_turns=max_turns, max_total_tokens=max_total_tokens,
+                         env_timeout_s=env_timeout_s,
                          tool_timeout_s=tool_timeout_s, tools=True, train_drifted=train_drifted,
                          demo_tool_rate=demo_tool_rate, high=high, min_high=min_high, reward_decay=reward_decay)

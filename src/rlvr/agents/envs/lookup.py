@@ -57,10 +57,12 @@ class Lookup(AgentTask):
     env_class = LookupEnv
 
     def __init__(self, *, keys: int = 10, hops: int = 2, heldout_size: int = 200, max_turns: int = 4,
-                 max_total_tokens: int = 128, tool_timeout_s: float = 2.0, tools: bool = True,
+                 max_total_tokens: int = 128, env_timeout_s: float = 60.0,
+                 tool_timeout_s: float = 2.0, tools: bool = True,
                  train_drifted: bool = False, demo_tool_rate: float = 0.8):
         if not 1 <= hops <= keys:
             raise ValueError(f"hops must be in 1..keys, got hops={hops}, keys={keys}")
         super().__init__(heldout_size=heldout_size, max_turns=max_turns if tools else 1,
+                         env_timeout_s=env_timeout_s,
                          max_total_tokens=max_total_tokens, tool_timeout_s=tool_timeout_s, tools=tools,
                          train_drifted=train_drifted, demo_tool_rate=demo_tool_rate, keys=keys, hops=hops)
