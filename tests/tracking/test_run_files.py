@@ -98,7 +98,7 @@ EXPECTED = {
     ("empty_config", RESUME): (2, "config.yaml' is empty"),
     ("config_list", COMPARE): (2, "config.yaml' is a list, not a mapping"),
     ("config_not_utf8", REPORT): (2, "config.yaml' is not UTF-8 text"),
-    ("lock_directory", RESUME): (2, ".lock' is a directory, not rlvr's lock file; remove it"),
+    ("lock_directory", RESUME): (2, ".lock' is a directory; rlvr locks only a file it creates: remove it"),
     ("checksums_string", RESUME): (2, "is corrupt (missing or unreadable checksums.json)"),
     ("checkpoints_file", RESUME): (2, "checkpoints' is not a folder; move it away"),
     ("checkpoints_file", EVAL): (2, "checkpoints' is not a folder; move it away"),
