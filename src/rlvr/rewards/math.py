@@ -13,9 +13,9 @@ Equivalence, cheapest first: (1) the normalised strings are equal; (2) both are 
 (integers, decimals, ``a/b``, ``\\frac{a}{b}``, percentages, thousands separators) compared
 exactly as fractions, with a relative tolerance of 1e-6 when either side is a rounded decimal;
 (3) otherwise symbolic comparison with ``math-verify`` (LaTeX parsing via latex2sympy, sympy
-simplification) in a **separate worker process with a wall-clock limit**: sympy can hang on
-adversarial input, ``signal.alarm`` only works in the main thread, so the parent kills and
-restarts the worker on timeout and scores the pair as not equal (counted in ``STATS``).
+simplification) in a **pool of worker processes** (``rlvr.rewards.math_pool``), each check under
+a deadline and each worker under a memory limit: past either, the worker is killed and replaced
+and the pair scores as not equal (counted in ``STATS``).
 
 Deviations from math-verify's own ``parse``/``verify`` on raw completions:
 1. Extraction is ours (the rules above), so GSM8K ``####`` and "the answer is" are honoured.
@@ -27,20 +27,12 @@ Deviations from math-verify's own ``parse``/``verify`` on raw completions:
 
 from __future__ import annotations
 
-import atexit
-import json
-import os
 import re
-import selectors
-import subprocess
-import sys
-import threading
 from fractions import Fraction
 
-__all__ = ["extract_answer", "normalize_answer", "parse_number", "math_equal", "math_reward", "STATS"]
+from rlvr.rewards.math_pool import STATS, symbolic_equal
 
-STATS = {"symbolic_checks": 0, "timeouts": 0, "worker_restarts": 0}
-"""Process-wide counters: how often the worker was asked, timed out, restarted."""
+__all__ = ["extract_answer", "normalize_answer", "parse_number", "math_equal", "math_reward", "STATS"]
 
 _NUM = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
 _ANSWER_IS = re.compile(r"(?:final answer|the answer|answer)\s*(?:is|:|=)\s*:?\s*(.+)", re.IGNORECASE)
@@ -179,7 +171,7 @@ def math_equal(pred: str | None, gold: str | None, *, timeout_s: float = 5.0) ->
         return False
     if len(p) > 2000 or len(g) > 2000:
         return False
-    return _WORKER.equal(p, g, timeout_s)
+    return symbolic_equal(p, g, timeout_s)
 
 
 def math_reward(prompt: str, completion: str, /, answer: str | None = None, *, strict: bool = False,
@@ -196,60 +188,3 @@ def math_reward(prompt: str, completion: str, /, answer: str | None = None, *, s
         return None
     gold = extract_answer(str(answer)) if ("####" in str(answer) or "\\boxed" in str(answer)) else str(answer)
     return 1.0 if math_equal(extract_answer(completion, strict=strict), gold) else 0.0
-
-
-class _Worker:
-    """A long-lived ``python -m rlvr.rewards._math_worker`` child answering one pair at a time."""
-
-    def __init__(self):
-        self.proc: subprocess.Popen | None = None
-        self.lock = threading.Lock()
-
-    def _start(self) -> None:
-        STATS["worker_restarts"] += self.proc is not None
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "rlvr.rewards._math_worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
-        if self._readline(60.0) != "ready":
-            self._kill()
-            raise RuntimeError("math worker failed to start")
-
-    def _readline(self, timeout_s: float) -> str | None:
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            if not sel.select(timeout_s):
-                return None
-        line = self.proc.stdout.readline()
-        return line.strip() if line else None
-
-    def _kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-    def equal(self, pred: str, gold: str, timeout_s: float) -> bool:
-        with self.lock:
-            if self.proc is None or self.proc.poll() is not None:
-                self._start()
-            STATS["symbolic_checks"] += 1
-            self.proc.stdin.write(json.dumps({"pred": pred, "gold": gold}) + "\n")
-            self.proc.stdin.flush()
-            line = self._readline(timeout_s)
-            if line is None:
-                STATS["timeouts"] += 1
-                self._kill()
-                return False
-            try:
-                return bool(json.loads(line)["equal"])
-            except (ValueError, KeyError):
-                return False
-
-    def close(self) -> None:
-        with self.lock:
-            self._kill()
-
-
-_WORKER = _Worker()
-atexit.register(_WORKER.close)
-

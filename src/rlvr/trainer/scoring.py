@@ -28,7 +28,10 @@ def scored(reward, task, group: list[Example], texts: list[str], token_ids: list
     if token_ids is not None:
         examples = [{**ex, COMPLETION_IDS: ids} for ex, ids in zip(examples, token_ids)]
     out = reward([ex.prompt for ex in group], texts, examples)
-    correct = [float(task.is_correct(text, ex)) for ex, text in zip(group, texts)]
+    # under the verifier's deadlines and in its workers when it has them (`RewardRunner.correct`)
+    bounded = getattr(reward, "correct", None)
+    correct = [float(c) for c in (bounded(task, group, texts) if bounded is not None else
+                                  (task.is_correct(text, ex) for ex, text in zip(group, texts)))]
     components = weights = None
     names = ()
     if getattr(out, "components", None):  # a RewardSum of several functions

@@ -1,0 +1,503 @@
+"""Worker processes for verifiers: every call under its own deadline, a breach costing that call only.
+
+Why processes: a backtracking regex, ``int`` of a million digits, a sympy simplification or any
+other C code holds the GIL, so no thread of the trainer can stop it, and a thread cannot be
+killed anyway. A process can.
+
+A `WorkerPool` keeps a *zygote*, a process that only forks workers, and up to `size` workers
+forked from it. The zygote is either a fork of the calling process made when the pool first
+runs (``spawn=False``: closures and objects built in the trainer are there, as they are) or a
+fresh interpreter that imports the named ``module:function`` targets once (``spawn=True``: a
+clean image; the symbolic math checks). Each worker closes the sockets and pipes it inherited,
+ignores Ctrl-C (the trainer handles it) and exits when the trainer's end of its socket closes.
+
+`run(key, calls, timeout_s)` hands the calls out in small chunks; a worker answers each call as
+it finishes it. A call that runs past `timeout_s` (wall clock; RLIMIT_CPU, reset per call, is a
+backstop), raises ``MemoryError`` under the worker's memory budget (RLIMIT_AS: the worker's size
+when forked plus `memory_mb`) or whose worker dies gets an error starting with `TIMEOUT`,
+`MEMORY` or `CRASH`; its worker is killed and replaced, and the calls it had not started go to
+the others. While workers are held past `GRACE_S` by one call each, extra workers are forked
+(at most `SURGE` more), so k hostile calls run out their deadlines side by side and a batch with
+k of them ends about one deadline after it started, not k.
+
+Inside a worker, every pool runs its calls inline: the worker itself is the bound.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import importlib
+import math
+import os
+import pickle
+import resource
+import selectors
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rlvr.rewards.calls import describe
+
+__all__ = ["WorkerPool", "PoolStats", "in_worker", "TIMEOUT", "MEMORY", "CRASH", "BREACHES"]
+
+TIMEOUT, MEMORY, CRASH = "RewardTimeout", "RewardMemory", "RewardCrash"
+BREACHES = (TIMEOUT, MEMORY, CRASH)
+GRACE_S = 0.1  # a call running longer than this may be hostile: pending calls get an extra worker
+SURGE = 16  # extra workers at most, beyond `size`, while calls hold theirs past GRACE_S
+CHUNK = 16  # calls handed to a worker at once at most (one round trip per chunk, not per call)
+MAX_REPLY = 1 << 20  # a pickled answer larger than this is the call's error, not the trainer's memory
+_HEADER = struct.Struct("<Q")
+
+_in_worker = False
+
+
+def in_worker() -> bool:
+    """Whether this process is a pool's worker (or zygote): pools here call inline."""
+    return _in_worker
+
+
+@dataclass
+class PoolStats:
+    """What the pool did since it started: calls answered, breaches, workers forked, and the wall
+    time workers spent on calls (`busy_s`)."""
+
+    calls: int = 0
+    timeouts: int = 0
+    memory: int = 0
+    crashes: int = 0
+    forks: int = 0
+    busy_s: float = 0.0
+
+
+# ------------------------------------------------------------------------------ worker side
+
+def _send(sock: socket.socket, data: bytes) -> None:
+    sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    parts, left = [], n
+    while left:
+        part = sock.recv(min(left, 1 << 20))
+        if not part:
+            raise EOFError
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def _limit_memory(memory_mb: int) -> None:
+    """RLIMIT_AS = this process's present size + `memory_mb` (a fork of a big trainer starts big)."""
+    if memory_mb <= 0:
+        return
+    with open("/proc/self/status") as f:
+        size_kb = next((int(line.split()[1]) for line in f if line.startswith("VmSize:")), 0)
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = size_kb * 1024 + (memory_mb << 20)
+    resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+
+
+def _cpu_budget(seconds: float) -> None:
+    """SIGXCPU (which ends the worker) once this call has used `seconds` of CPU more than it had."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = math.ceil(usage.ru_utime + usage.ru_stime + seconds)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+
+
+def _reply(outcome: tuple[str, Any]) -> bytes:
+    try:
+        data = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as err:  # noqa: BLE001 - a value that cannot travel is the call's error
+        return pickle.dumps(("error", f"TypeError: the result cannot be sent back: {describe(err)}"))
+    if len(data) > MAX_REPLY:
+        return pickle.dumps(("error", f"ValueError: the result is {len(data)} bytes pickled, over {MAX_REPLY}"))
+    return data
+
+
+def _serve(sock: socket.socket, targets: dict[str, Callable], memory_mb: int) -> None:
+    """A worker's loop: a chunk of calls in, one answer out per call, until the socket closes."""
+    _limit_memory(memory_mb)
+    while True:
+        try:
+            key, calls, cpu_s = pickle.loads(_recv_exact(sock, _HEADER.unpack(_recv_exact(sock, 8))[0]))
+        except (EOFError, OSError):
+            return
+        fn = targets[key]
+        for args, kwargs in calls:
+            if cpu_s:
+                _cpu_budget(cpu_s)
+            try:
+                outcome = ("ok", fn(*args, **kwargs))
+            except MemoryError:
+                outcome = ("memory", None)
+            except BaseException as err:  # noqa: BLE001 - SystemExit too: this call's error, not the worker's
+                outcome = ("error", describe(err))
+            _send(sock, _reply(outcome))
+            if outcome[0] == "memory":  # the heap may be left fragmented or half-built: start afresh
+                return
+
+
+def _close_inherited(keep: set[int]) -> None:
+    """Close the sockets and pipes inherited from the trainer (another pool's, a sandbox's), so
+    that their other ends see EOF when the trainer closes them; regular files stay open."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd in keep or fd <= 2:
+            continue
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            continue
+        if stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode):
+            os.close(fd)
+
+
+def _zygote(ctl: socket.socket, targets: dict[str, Callable], memory_mb: int) -> None:
+    """Fork a worker per byte received, hand back its pid and socket; exit when `ctl` closes."""
+    global _in_worker
+    _in_worker = True
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
+    _close_inherited({ctl.fileno()})
+    # fresh stream objects: a lock held by another trainer thread at the fork stays held in its copy
+    sys.stdout = open(1, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
+    while True:
+        try:
+            if not ctl.recv(1):
+                return
+        except OSError:
+            return
+        mine, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            ctl.close()
+            mine.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            try:
+                _serve(theirs, targets, memory_mb)
+            finally:
+                os._exit(0)
+        theirs.close()
+        socket.send_fds(ctl, [struct.pack("<i", pid)], [mine.fileno()])
+        mine.close()
+
+
+def _import_target(spec: str) -> Callable:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def main(argv: list[str]) -> None:
+    """A spawned zygote: ``python -m rlvr.rewards.workers FD MEMORY_MB KEY=MODULE:FN ...``."""
+    fd, memory_mb, *specs = argv
+    targets = {key: _import_target(spec) for key, _, spec in (s.partition("=") for s in specs)}
+    for fn in targets.values():  # a module's `preload` warms what every worker would import
+        preload = getattr(sys.modules[fn.__module__], "preload", None)
+        if preload is not None:
+            preload()
+    _zygote(socket.socket(fileno=int(fd)), targets, int(memory_mb))
+
+
+# ------------------------------------------------------------------------------ trainer side
+
+class _Worker:
+    """The trainer's handle on one worker: its socket, a pidfd to kill it by, a read buffer."""
+
+    def __init__(self, sock: socket.socket, pid: int):
+        self.sock, self.pid = sock, pid
+        self.pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None  # no kill of a reused pid
+        self.buffer = bytearray()
+        sock.setblocking(False)
+
+    def kill(self) -> None:
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, OSError):
+            pass
+        self.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+    def answers(self) -> list[tuple[str, Any]] | None:
+        """The answers that arrived whole (None: the worker is gone)."""
+        try:
+            data = self.sock.recv(1 << 20)
+        except BlockingIOError:
+            return []
+        except OSError:
+            return None
+        if not data:
+            return None
+        self.buffer += data
+        out = []
+        while len(self.buffer) >= 8:
+            (size,) = _HEADER.unpack_from(self.buffer)
+            if len(self.buffer) < 8 + size:
+                break
+            out.append(pickle.loads(bytes(self.buffer[8:8 + size])))
+            del self.buffer[:8 + size]
+        return out
+
+
+@dataclass
+class _Job:
+    """A worker's share of one `run`: the call indices it holds, how many it answered, since when
+    it works on the current one."""
+
+    worker: _Worker
+    indices: list[int]
+    done: int
+    started: float
+
+
+class WorkerPool:
+    """Up to `size` worker processes running registered targets; see the module doc.
+
+    `targets`: key -> callable (fork mode) or ``"module:function"`` (``spawn=True``).
+    """
+
+    def __init__(self, targets: dict[str, Any], *, size: int = 2, memory_mb: int = 0, spawn: bool = False,
+                 name: str = "reward"):
+        if size < 1:
+            raise ValueError(f"{name} workers: need at least 1, got {size}")
+        self.targets, self.size, self.memory_mb, self.spawn, self.name = dict(targets), size, memory_mb, spawn, name
+        self.stats = PoolStats()
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._zygote: tuple[socket.socket, Any] | None = None  # (control socket, pid or Popen)
+        self._zygote_targets: set[str] = set()
+        _POOLS.add(self)
+
+    # --- the zygote and the workers
+
+    def register(self, key: str, target: Any) -> None:
+        """Add a target; a zygote forked before it knew the key is replaced on the next fork."""
+        if self.targets.get(key) is not target:
+            self.targets[key] = target
+
+    def _start_zygote(self) -> None:
+        self._stop_zygote()
+        mine, theirs = socket.socketpair()
+        if self.spawn:
+            specs = [f"{k}={v}" for k, v in self.targets.items()]
+            proc = subprocess.Popen([sys.executable, "-m", "rlvr.rewards.workers", str(theirs.fileno()),
+                                     str(self.memory_mb), *specs], pass_fds=[theirs.fileno()],
+                                    stdin=subprocess.DEVNULL)
+            theirs.close()
+            self._zygote = (mine, proc)
+        else:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    mine.close()
+                    _zygote(theirs, self.targets, self.memory_mb)
+                finally:
+                    os._exit(0)
+            theirs.close()
+            self._zygote = (mine, pid)
+        self._zygote_targets = set(self.targets)
+
+    def _stop_zygote(self) -> None:
+        if self._zygote is None:
+            return
+        ctl, handle = self._zygote
+        self._zygote = None
+        ctl.close()  # it exits on EOF
+        if isinstance(handle, subprocess.Popen):
+            try:
+                handle.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                handle.kill()
+                handle.wait()
+        else:
+            try:
+                os.waitpid(handle, 0)
+            except ChildProcessError:
+                pass
+
+    def _fork(self) -> _Worker:
+        """A new worker from the zygote (started, or restarted, as needed)."""
+        with self._lock:
+            for attempt in range(2):
+                if self._zygote is None or set(self.targets) != self._zygote_targets:
+                    self._start_zygote()
+                ctl = self._zygote[0]
+                try:
+                    ctl.settimeout(120)  # a spawned zygote imports its targets first
+                    ctl.send(b"f")
+                    data, fds, _, _ = socket.recv_fds(ctl, 16, 1)
+                    if not data or not fds:
+                        raise EOFError
+                except (OSError, EOFError):
+                    self._stop_zygote()
+                    if attempt:
+                        raise RuntimeError(f"{self.name} workers: the zygote process cannot fork workers") from None
+                    continue
+                self.stats.forks += 1
+                return _Worker(socket.socket(fileno=fds[0]), struct.unpack("<i", data)[0])
+        raise AssertionError("unreachable")
+
+    def _checkout(self) -> _Worker:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return self._fork()
+
+    def _give_back(self, worker: _Worker) -> None:
+        with self._lock:
+            if len(self._idle) < self.size:
+                self._idle.append(worker)
+                return
+        worker.kill()  # a surge worker
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+            for worker in idle:
+                worker.kill()
+            self._stop_zygote()
+
+    def __getstate__(self):  # a copy in another process starts its own processes
+        return {k: v for k, v in self.__dict__.items() if k not in ("_idle", "_lock", "_zygote")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _idle=[], _lock=threading.Lock(), _zygote=None)
+        _POOLS.add(self)
+
+    # --- running calls
+
+    def run(self, key: str, calls: list[tuple[tuple, dict]], timeout_s: float) -> list[tuple[Any, str | None]]:
+        """(value, None) or (None, error) per call, in order; errors of breaches start with
+        `TIMEOUT`, `MEMORY` or `CRASH`. ``timeout_s`` = 0: no deadline (memory still bounded)."""
+        if _in_worker:
+            fn = self.targets[key]
+            fn = _import_target(fn) if isinstance(fn, str) else fn
+            return [_inline(fn, args, kwargs) for args, kwargs in calls]
+        results: list[tuple[Any, str | None] | None] = [None] * len(calls)
+        pending = collections.deque(range(len(calls)))
+        jobs: dict[_Worker, _Job] = {}
+        cpu_s = timeout_s + 1.0 if timeout_s else 0.0
+        with selectors.DefaultSelector() as selector:
+            try:
+                while pending or jobs:
+                    self._hand_out(key, calls, pending, jobs, selector, cpu_s)
+                    self._wait(jobs, selector, results, pending, timeout_s)
+            finally:
+                for job in jobs.values():  # interrupted (Ctrl-C): nothing is left running
+                    job.worker.kill()
+        return results
+
+    def _hand_out(self, key, calls, pending, jobs, selector, cpu_s) -> None:
+        now = time.monotonic()
+        held = sum(now - job.started > GRACE_S for job in jobs.values())
+        while pending and len(jobs) < self.size + min(SURGE, held):
+            chunk_size = max(1, min(CHUNK, math.ceil(len(pending) / (2 * self.size))))
+            indices = [pending.popleft() for _ in range(min(chunk_size, len(pending)))]
+            worker = self._checkout()
+            try:
+                message = pickle.dumps((key, [calls[i] for i in indices], cpu_s), protocol=pickle.HIGHEST_PROTOCOL)
+                worker.sock.setblocking(True)
+                _send(worker.sock, message)
+                worker.sock.setblocking(False)
+            except OSError:  # a dead idle worker: its calls go back, a fresh one is forked next
+                worker.kill()
+                pending.extendleft(reversed(indices))
+                continue
+            jobs[worker] = _Job(worker, indices, 0, time.monotonic())
+            selector.register(worker.sock, selectors.EVENT_READ, worker)
+
+    def _wait(self, jobs, selector, results, pending, timeout_s) -> None:
+        now = time.monotonic()
+        wakes = [job.started + timeout_s for job in jobs.values()] if timeout_s else []
+        if pending:  # a worker held past the grace lets another start
+            wakes += [job.started + GRACE_S for job in jobs.values() if now - job.started <= GRACE_S]
+        wait = max(0.0, min(wakes) - now) if wakes else None
+        for event, _ in selector.select(wait):
+            worker = event.data
+            job = jobs[worker]
+            answers = worker.answers()
+            now = time.monotonic()
+            for status, value in answers or []:
+                index = job.indices[job.done]
+                self.stats.calls += 1
+                self.stats.busy_s += now - job.started
+                if status == "ok":
+                    results[index] = (value, None)
+                elif status == "error":
+                    results[index] = (None, value)
+                else:
+                    self.stats.memory += 1
+                    results[index] = (None, f"{MEMORY}: over the worker's memory budget of {self.memory_mb} MB")
+                job.done += 1
+                job.started = now
+            if answers is None or (answers and answers[-1][0] == "memory"):
+                self._lost(job, jobs, selector, results, pending, timeout_s, killed=False)
+            elif job.done == len(job.indices):
+                selector.unregister(worker.sock)
+                del jobs[worker]
+                self._give_back(worker)
+        if timeout_s:
+            now = time.monotonic()
+            for job in [j for j in jobs.values() if now - j.started > timeout_s]:
+                self._lost(job, jobs, selector, results, pending, timeout_s, killed=True)
+
+    def _lost(self, job, jobs, selector, results, pending, timeout_s, *, killed: bool) -> None:
+        """The job's worker is past its deadline or gone: its current call fails, the rest go back."""
+        selector.unregister(job.worker.sock)
+        del jobs[job.worker]
+        job.worker.kill()
+        left = job.indices[job.done:]
+        if not left:
+            return
+        elapsed = time.monotonic() - job.started
+        if killed or (timeout_s and elapsed >= timeout_s):  # RLIMIT_CPU ends it a little later
+            self.stats.timeouts += 1
+            results[left[0]] = (None, f"{TIMEOUT}: took longer than {timeout_s:g}s")
+        else:
+            self.stats.crashes += 1
+            results[left[0]] = (None, f"{CRASH}: the worker process died during the call")
+        pending.extendleft(reversed(left[1:]))
+
+
+def _inline(fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, str | None]:
+    try:
+        return fn(*args, **kwargs), None
+    except MemoryError:
+        return None, f"{MEMORY}: out of memory"
+    except BaseException as err:  # noqa: BLE001 - the enclosing worker's loop reports it the same way
+        return None, describe(err)
+
+
+_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    if not _in_worker:
+        for pool in list(_POOLS):
+            pool.close()
+
+
+if __name__ == "__main__":  # run as a module: the flag must be set on the importable module's copy
+    from rlvr.rewards import workers
+
+    workers.main(sys.argv[1:])
