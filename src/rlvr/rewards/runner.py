@@ -266,12 +266,18 @@ class RewardRunner:
     def _breach(self, error: str | None) -> str | None:
         return self._timeout_error() if error and error.startswith(TIMEOUT + ":") else error
 
+    def correct_in_workers(self, task) -> bool:
+        """Whether `correct` asks `task` in worker processes (then it may run beside a reward call)."""
+        if self.pool is None or getattr(task, "in_process", False):
+            return False
+        self.pool.register("correct", task.is_correct)  # before the workers fork, so they have it
+        return True
+
     def correct(self, task, group: list, texts: list[str]) -> list[bool]:
         """`task.is_correct` of each text under the same deadline and in the same workers as the rewards;
         a breach or an error is "not correct". A task that declares ``in_process`` is asked here."""
         calls = [((text, ex), {}) for text, ex in zip(texts, group)]
-        if self.pool is not None and not getattr(task, "in_process", False):
-            self.pool.register("correct", task.is_correct)
+        if self.correct_in_workers(task):
             return [e is None and v is True for v, e in self.pool.run("correct", calls, self.timeout_s)]
         return [e is None and bool(v) for v, e in self._calls_of(calls, task.is_correct)]
 
@@ -487,8 +493,13 @@ class RewardSum:
 
     def correct(self, task, group: list, texts: list[str]) -> list[bool]:
         """`task.is_correct` per text, bounded as the rewards are (`RewardRunner.correct`)."""
-        runner = next((r for r in self.runners if r.pool is not None), self.runners[0])
-        return runner.correct(task, group, texts)
+        return self._judge().correct(task, group, texts)
+
+    def correct_in_workers(self, task) -> bool:
+        return self._judge().correct_in_workers(task)
+
+    def _judge(self) -> RewardRunner:
+        return next((r for r in self.runners if r.pool is not None), self.runners[0])
 
     def score_one(self, prompt: str, completion: str, example: dict[str, Any]) -> float:
         """The weighted reward of one sample (nan = not scorable): from the last batch when it was

@@ -16,9 +16,9 @@ it finishes it. A call that runs past `timeout_s` (wall clock; RLIMIT_CPU, reset
 backstop), raises ``MemoryError`` under the worker's memory budget (RLIMIT_AS: the worker's size
 when forked plus `memory_mb`) or whose worker dies gets an error starting with `TIMEOUT`,
 `MEMORY` or `CRASH`; its worker is killed and replaced, and the calls it had not started go to
-the others. While workers are held past `GRACE_S` by one call each, extra workers are forked
-(at most `SURGE` more), so k hostile calls run out their deadlines side by side and a batch with
-k of them ends about one deadline after it started, not k.
+the others. Once a call holds its worker past `GRACE_S`, the calls still waiting get a worker
+each (at most `SURGE` more than `size`), so k hostile calls run out their deadlines side by side
+and a batch with k of them ends about one deadline after it started, not k.
 
 Inside a worker, every pool runs its calls inline: the worker itself is the bound.
 """
@@ -215,8 +215,8 @@ def main(argv: list[str]) -> None:
 class _Worker:
     """The trainer's handle on one worker: its socket, a pidfd to kill it by, a read buffer."""
 
-    def __init__(self, sock: socket.socket, pid: int):
-        self.sock, self.pid = sock, pid
+    def __init__(self, sock: socket.socket, pid: int, generation: int):
+        self.sock, self.pid, self.generation = sock, pid, generation  # generation: of the zygote it came from
         self.pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None  # no kill of a reused pid
         self.buffer = bytearray()
         sock.setblocking(False)
@@ -267,6 +267,7 @@ class _Job:
     indices: list[int]
     done: int
     started: float
+    reclaimed: bool = False  # its unstarted calls went to others: it holds stale calls, not to be reused
 
 
 class WorkerPool:
@@ -285,6 +286,7 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._zygote: tuple[socket.socket, Any] | None = None  # (control socket, pid or Popen)
         self._zygote_targets: set[str] = set()
+        self._generation = 0
         _POOLS.add(self)
 
     # --- the zygote and the workers
@@ -315,6 +317,7 @@ class WorkerPool:
             theirs.close()
             self._zygote = (mine, pid)
         self._zygote_targets = set(self.targets)
+        self._generation += 1
 
     def _stop_zygote(self) -> None:
         if self._zygote is None:
@@ -353,13 +356,16 @@ class WorkerPool:
                         raise RuntimeError(f"{self.name} workers: the zygote process cannot fork workers") from None
                     continue
                 self.stats.forks += 1
-                return _Worker(socket.socket(fileno=fds[0]), struct.unpack("<i", data)[0])
+                return _Worker(socket.socket(fileno=fds[0]), struct.unpack("<i", data)[0], self._generation)
         raise AssertionError("unreachable")
 
     def _checkout(self) -> _Worker:
         with self._lock:
-            if self._idle:
-                return self._idle.pop()
+            while self._idle:
+                worker = self._idle.pop()
+                if worker.generation == self._generation and set(self.targets) == self._zygote_targets:
+                    return worker
+                worker.kill()  # forked before a target was added: it does not know it
         return self._fork()
 
     def _give_back(self, worker: _Worker) -> None:
@@ -408,9 +414,18 @@ class WorkerPool:
 
     def _hand_out(self, key, calls, pending, jobs, selector, cpu_s) -> None:
         now = time.monotonic()
-        held = sum(now - job.started > GRACE_S for job in jobs.values())
-        while pending and len(jobs) < self.size + min(SURGE, held):
-            chunk_size = max(1, min(CHUNK, math.ceil(len(pending) / (2 * self.size))))
+        held = 0
+        for job in jobs.values():
+            if now - job.started <= GRACE_S:
+                continue
+            held += 1
+            if job.done + 1 < len(job.indices):  # calls queued behind a held one go to other workers
+                pending.extendleft(reversed(job.indices[job.done + 1:]))
+                job.indices, job.reclaimed = job.indices[:job.done + 1], True
+        # Once a call is held, hostile calls may be queued too: each of the rest gets a worker of its own
+        # (up to SURGE more), so they all run out their deadlines at once instead of one after another.
+        while pending and len(jobs) < self.size + (SURGE if held else 0):
+            chunk_size = 1 if held else max(1, min(CHUNK, math.ceil(len(pending) / (2 * self.size))))
             indices = [pending.popleft() for _ in range(min(chunk_size, len(pending)))]
             worker = self._checkout()
             try:
@@ -436,7 +451,7 @@ class WorkerPool:
             job = jobs[worker]
             answers = worker.answers()
             now = time.monotonic()
-            for status, value in answers or []:
+            for status, value in (answers or [])[:len(job.indices) - job.done]:  # past it: reclaimed calls
                 index = job.indices[job.done]
                 self.stats.calls += 1
                 self.stats.busy_s += now - job.started
@@ -449,24 +464,31 @@ class WorkerPool:
                     results[index] = (None, f"{MEMORY}: over the worker's memory budget of {self.memory_mb} MB")
                 job.done += 1
                 job.started = now
-            if answers is None or (answers and answers[-1][0] == "memory"):
+            if answers is None:
                 self._lost(job, jobs, selector, results, pending, timeout_s, killed=False)
+            elif any(status == "memory" for status, _ in answers):  # it answered, then left: the rest go back
+                self._lost(job, jobs, selector, results, pending, timeout_s, killed=False, answered=True)
             elif job.done == len(job.indices):
                 selector.unregister(worker.sock)
                 del jobs[worker]
-                self._give_back(worker)
+                if job.reclaimed:
+                    worker.kill()
+                else:
+                    self._give_back(worker)
         if timeout_s:
             now = time.monotonic()
             for job in [j for j in jobs.values() if now - j.started > timeout_s]:
                 self._lost(job, jobs, selector, results, pending, timeout_s, killed=True)
 
-    def _lost(self, job, jobs, selector, results, pending, timeout_s, *, killed: bool) -> None:
-        """The job's worker is past its deadline or gone: its current call fails, the rest go back."""
+    def _lost(self, job, jobs, selector, results, pending, timeout_s, *, killed: bool, answered: bool = False) -> None:
+        """The job's worker is past its deadline or gone: its current call fails (unless it was
+        `answered`), the rest go back."""
         selector.unregister(job.worker.sock)
         del jobs[job.worker]
         job.worker.kill()
         left = job.indices[job.done:]
-        if not left:
+        if answered or not left:
+            pending.extendleft(reversed(left))
             return
         elapsed = time.monotonic() - job.started
         if killed or (timeout_s and elapsed >= timeout_s):  # RLIMIT_CPU ends it a little later
