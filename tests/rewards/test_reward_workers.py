@@ -46,7 +46,7 @@ def user_check(prompt, completion, **example):
 def task(tmp_path_factory):
     path = tmp_path_factory.mktemp("math") / "rows.jsonl"
     path.write_text("".join(json.dumps({"question": f"q{i}", "answer": "72"}) + "\n" for i in range(4)))
-    return MathFileTask(path=str(path), math_timeout_s=DEADLINE)
+    return MathFileTask(path=str(path), math_timeout_s=1.0)  # the symbolic check's own limit, inside the deadline
 
 
 def _reward(task):
@@ -73,8 +73,9 @@ def test_a_step_with_hostile_completions_costs_one_deadline(task, kind, count):
     out = scored(reward, task, _group(16), texts)
     elapsed = time.monotonic() - start
     hostile = range(min(8, len(honest)), min(8, len(honest)) + count)
-    # k of them cost one deadline, not k (the slack is for a loaded machine; one after another is k deadlines)
-    assert elapsed < 2 * DEADLINE + honest_s, (elapsed, honest_s)
+    # k of them cost about one deadline, not k (one after another: 12 s for 4, 24 s for 8); the slack is for
+    # a loaded machine, where the forks and the honest work wait for cores (bench/reward_bounds.py times it)
+    assert elapsed < 2.5 * DEADLINE + honest_s, (elapsed, honest_s)
     assert out.metrics[metric] == count
     for i in hostile:
         assert out.rewards[i].item() == 0.0 and out.correct[i].item() == 0.0

@@ -11,7 +11,9 @@ check's deadline. `STATS` counts checks, breaches and forks; `pool_stats()` give
 cost (wall seconds workers spent on checks).
 
 Inside a reward worker (a process that is itself bounded) the check runs inline, under a
-``SIGALRM`` deadline when it runs in the main thread.
+``SIGALRM`` deadline when it runs in the main thread; past it, `workers.RewardTimeout` ends the
+reward call as a timeout (reward 0, counted in ``<name>/timeouts``) rather than a silent "not equal".
+Sympy code in C ignores the alarm until it returns: the reward's own deadline stops that.
 
 Only math-verify's LaTeX parser is used, never its sympy ``parse_expr`` path (which evaluates
 Python expressions built from model text); answers are wrapped in ``$...$``.
@@ -24,7 +26,7 @@ import signal
 import threading
 from collections.abc import Callable
 
-from rlvr.rewards.workers import BREACHES, PoolStats, WorkerPool, in_worker
+from rlvr.rewards.workers import BREACHES, PRELOAD, PoolStats, RewardTimeout, WorkerPool, in_worker
 
 __all__ = ["STATS", "configure", "symbolic_equal", "pool_stats", "preload"]
 
@@ -69,6 +71,9 @@ def preload() -> None:
     _equal = equal
 
 
+PRELOAD.append(preload)  # reward workers that run the math verifier inline have sympy from their zygote
+
+
 def equal_in_worker(pred: str, gold: str) -> bool:
     """The check itself (the deadline is the caller's); any failure to parse or compare is "not equal"."""
     preload()
@@ -110,7 +115,7 @@ def _inline(pred: str, gold: str, timeout_s: float) -> bool:
         return equal_in_worker(pred, gold)
     except _Alarm:
         STATS["timeouts"] += 1
-        return False
+        raise RewardTimeout(f"the symbolic check took longer than {timeout_s:g}s") from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

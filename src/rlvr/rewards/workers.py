@@ -25,7 +25,6 @@ Inside a worker, every pool runs its calls inline: the worker itself is the boun
 
 from __future__ import annotations
 
-import atexit
 import collections
 import importlib
 import math
@@ -48,7 +47,7 @@ from typing import Any
 
 from rlvr.rewards.calls import describe
 
-__all__ = ["WorkerPool", "PoolStats", "in_worker", "TIMEOUT", "MEMORY", "CRASH", "BREACHES"]
+__all__ = ["WorkerPool", "PoolStats", "RewardTimeout", "in_worker", "TIMEOUT", "MEMORY", "CRASH", "BREACHES"]
 
 TIMEOUT, MEMORY, CRASH = "RewardTimeout", "RewardMemory", "RewardCrash"
 BREACHES = (TIMEOUT, MEMORY, CRASH)
@@ -59,6 +58,14 @@ MAX_REPLY = 1 << 20  # a pickled answer larger than this is the call's error, no
 _HEADER = struct.Struct("<Q")
 
 _in_worker = False
+PRELOAD: list[Callable[[], None]] = []
+"""Run in each forked zygote before it forks workers: imports every worker would otherwise pay for
+on its own, after each replacement too (sympy for the math verifier: seconds of a deadline)."""
+
+
+class RewardTimeout(Exception):  # noqa: N818 - named as the error it becomes
+    """Raised by code in a worker that keeps its own, shorter deadline (a symbolic check): the call
+    ends as a `TIMEOUT` breach, counted as one, as if the pool had stopped it."""
 
 
 def in_worker() -> bool:
@@ -173,6 +180,8 @@ def _zygote(ctl: socket.socket, targets: dict[str, Callable], memory_mb: int) ->
     # fresh stream objects: a lock held by another trainer thread at the fork stays held in its copy
     sys.stdout = open(1, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
+    for preload in PRELOAD:
+        preload()
     while True:
         try:
             if not ctl.recv(1):
@@ -270,60 +279,18 @@ class _Job:
     reclaimed: bool = False  # its unstarted calls went to others: it holds stale calls, not to be reused
 
 
-class WorkerPool:
-    """Up to `size` worker processes running registered targets; see the module doc.
+class _Processes:
+    """A pool's processes, apart from the pool so that a finalizer can end them when the pool is dropped."""
 
-    `targets`: key -> callable (fork mode) or ``"module:function"`` (``spawn=True``).
-    """
+    def __init__(self):
+        self.idle: list[_Worker] = []
+        self.zygote: tuple[socket.socket, Any] | None = None  # (control socket, pid or Popen)
 
-    def __init__(self, targets: dict[str, Any], *, size: int = 2, memory_mb: int = 0, spawn: bool = False,
-                 name: str = "reward"):
-        if size < 1:
-            raise ValueError(f"{name} workers: need at least 1, got {size}")
-        self.targets, self.size, self.memory_mb, self.spawn, self.name = dict(targets), size, memory_mb, spawn, name
-        self.stats = PoolStats()
-        self._idle: list[_Worker] = []
-        self._lock = threading.Lock()
-        self._zygote: tuple[socket.socket, Any] | None = None  # (control socket, pid or Popen)
-        self._zygote_targets: set[str] = set()
-        self._generation = 0
-        _POOLS.add(self)
-
-    # --- the zygote and the workers
-
-    def register(self, key: str, target: Any) -> None:
-        """Add a target; a zygote forked before it knew the key is replaced on the next fork."""
-        if self.targets.get(key) is not target:
-            self.targets[key] = target
-
-    def _start_zygote(self) -> None:
-        self._stop_zygote()
-        mine, theirs = socket.socketpair()
-        if self.spawn:
-            specs = [f"{k}={v}" for k, v in self.targets.items()]
-            proc = subprocess.Popen([sys.executable, "-m", "rlvr.rewards.workers", str(theirs.fileno()),
-                                     str(self.memory_mb), *specs], pass_fds=[theirs.fileno()],
-                                    stdin=subprocess.DEVNULL)
-            theirs.close()
-            self._zygote = (mine, proc)
-        else:
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    mine.close()
-                    _zygote(theirs, self.targets, self.memory_mb)
-                finally:
-                    os._exit(0)
-            theirs.close()
-            self._zygote = (mine, pid)
-        self._zygote_targets = set(self.targets)
-        self._generation += 1
-
-    def _stop_zygote(self) -> None:
-        if self._zygote is None:
+    def stop_zygote(self) -> None:
+        if self.zygote is None:
             return
-        ctl, handle = self._zygote
-        self._zygote = None
+        ctl, handle = self.zygote
+        self.zygote = None
         ctl.close()  # it exits on EOF
         if isinstance(handle, subprocess.Popen):
             try:
@@ -337,13 +304,70 @@ class WorkerPool:
             except ChildProcessError:
                 pass
 
+    def close(self) -> None:
+        if _in_worker:  # a worker's copy: the processes are the trainer's
+            return
+        idle, self.idle = self.idle, []
+        for worker in idle:
+            worker.kill()
+        self.stop_zygote()
+
+
+class WorkerPool:
+    """Up to `size` worker processes running registered targets; see the module doc.
+
+    `targets`: key -> callable (fork mode) or ``"module:function"`` (``spawn=True``).
+    """
+
+    def __init__(self, targets: dict[str, Any], *, size: int = 2, memory_mb: int = 0, spawn: bool = False,
+                 name: str = "reward"):
+        if size < 1:
+            raise ValueError(f"{name} workers: need at least 1, got {size}")
+        self.targets, self.size, self.memory_mb, self.spawn, self.name = dict(targets), size, memory_mb, spawn, name
+        self.stats = PoolStats()
+        self._lock = threading.Lock()
+        self._procs = _Processes()
+        self._zygote_targets: set[str] = set()
+        self._generation = 0
+        weakref.finalize(self, self._procs.close)  # also at exit
+
+    # --- the zygote and the workers
+
+    def register(self, key: str, target: Any) -> None:
+        """Add a target; a zygote forked before it knew the key is replaced on the next fork."""
+        if self.targets.get(key) is not target:
+            self.targets[key] = target
+
+    def _start_zygote(self) -> None:
+        self._procs.stop_zygote()
+        mine, theirs = socket.socketpair()
+        if self.spawn:
+            specs = [f"{k}={v}" for k, v in self.targets.items()]
+            proc = subprocess.Popen([sys.executable, "-m", "rlvr.rewards.workers", str(theirs.fileno()),
+                                     str(self.memory_mb), *specs], pass_fds=[theirs.fileno()],
+                                    stdin=subprocess.DEVNULL)
+            theirs.close()
+            self._procs.zygote = (mine, proc)
+        else:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    mine.close()
+                    _zygote(theirs, self.targets, self.memory_mb)
+                finally:
+                    os._exit(0)
+            theirs.close()
+            self._procs.zygote = (mine, pid)
+        self._zygote_targets = set(self.targets)
+        self._generation += 1
+
     def _fork(self) -> _Worker:
         """A new worker from the zygote (started, or restarted, as needed)."""
         with self._lock:
             for attempt in range(2):
-                if self._zygote is None or set(self.targets) != self._zygote_targets:
+                if self._procs.zygote is None or set(self.targets) != self._zygote_targets:
                     self._start_zygote()
-                ctl = self._zygote[0]
+                ctl = self._procs.zygote[0]
                 try:
                     ctl.settimeout(120)  # a spawned zygote imports its targets first
                     ctl.send(b"f")
@@ -351,7 +375,7 @@ class WorkerPool:
                     if not data or not fds:
                         raise EOFError
                 except (OSError, EOFError):
-                    self._stop_zygote()
+                    self._procs.stop_zygote()
                     if attempt:
                         raise RuntimeError(f"{self.name} workers: the zygote process cannot fork workers") from None
                     continue
@@ -361,8 +385,8 @@ class WorkerPool:
 
     def _checkout(self) -> _Worker:
         with self._lock:
-            while self._idle:
-                worker = self._idle.pop()
+            while self._procs.idle:
+                worker = self._procs.idle.pop()
                 if worker.generation == self._generation and set(self.targets) == self._zygote_targets:
                     return worker
                 worker.kill()  # forked before a target was added: it does not know it
@@ -370,24 +394,21 @@ class WorkerPool:
 
     def _give_back(self, worker: _Worker) -> None:
         with self._lock:
-            if len(self._idle) < self.size:
-                self._idle.append(worker)
+            if len(self._procs.idle) < self.size:
+                self._procs.idle.append(worker)
                 return
         worker.kill()  # a surge worker
 
     def close(self) -> None:
         with self._lock:
-            idle, self._idle = self._idle, []
-            for worker in idle:
-                worker.kill()
-            self._stop_zygote()
+            self._procs.close()
 
     def __getstate__(self):  # a copy in another process starts its own processes
-        return {k: v for k, v in self.__dict__.items() if k not in ("_idle", "_lock", "_zygote")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_procs", "_lock")}
 
     def __setstate__(self, state):
-        self.__dict__.update(state, _idle=[], _lock=threading.Lock(), _zygote=None)
-        _POOLS.add(self)
+        self.__dict__.update(state, _procs=_Processes(), _lock=threading.Lock(), _zygote_targets=set())
+        weakref.finalize(self, self._procs.close)
 
     # --- running calls
 
@@ -507,16 +528,6 @@ def _inline(fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, str | None]:
         return None, f"{MEMORY}: out of memory"
     except BaseException as err:  # noqa: BLE001 - the enclosing worker's loop reports it the same way
         return None, describe(err)
-
-
-_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all() -> None:
-    if not _in_worker:
-        for pool in list(_POOLS):
-            pool.close()
 
 
 if __name__ == "__main__":  # run as a module: the flag must be set on the importable module's copy
