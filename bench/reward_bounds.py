@@ -8,7 +8,8 @@ Table 1, answers/s of `MathFileTask.reward` on honest GSM8K-style completions (a
 ``#### N``, ``\\boxed{N}``, fractions and wrong answers), best of 3: called bare; through
 `RewardRunner` in the trainer's process (``reward.workers=0``, each call on a deadline thread: the
 path every reward took before worker processes); through `RewardRunner` with ``--workers``
-processes. Also ``is_correct`` through the runner.
+processes. Also ``is_correct`` through the runner, and the trainer's whole call (`scored`: rewards
+and ``is_correct``, beside each other in the workers).
 
 Table 2, one `rlvr.trainer.scoring.scored` call (rewards and `is_correct`, the trainer's own call)
 of 16 completions with a weighted sum of the math verifier and a user function, k of them hostile:
@@ -97,17 +98,20 @@ def throughput(task, n: int, workers: int, deadline: float) -> None:
     assert local(["q"] * n, texts, examples).rewards == want == pooled(["q"] * n, texts, examples).rewards
     rows = [
         ("bare `task.reward` loop", lambda: [task.reward("q", t, **ex) for t, ex in zip(texts, examples)]),
+        ("bare `task.is_correct` loop", lambda: [task.is_correct(t, ex) for t, ex in zip(texts, group)]),
         ("RewardRunner, reward.workers=0", lambda: local(["q"] * n, texts, examples)),
         (f"RewardRunner, reward.workers={workers}", lambda: pooled(["q"] * n, texts, examples)),
         ("is_correct, reward.workers=0", lambda: local.correct(task, group, texts)),
         (f"is_correct, reward.workers={workers}", lambda: pooled.correct(task, group, texts)),
+        ("scored (both), reward.workers=0", lambda: scored(local, task, group, texts)),
+        (f"scored (both), reward.workers={workers}", lambda: scored(pooled, task, group, texts)),
     ]
     print(f"\n| math verifier, {n} honest answers | answers/s | vs workers=0 |")
     print("|---|---|---|")
     base = {}
     for name, fn in rows:
         rate = n / _best(fn)
-        kind = "correct" if name.startswith("is_correct") else "reward"
+        kind = name.split(",")[0] if not name.startswith("RewardRunner") else "reward"
         base.setdefault(kind, rate) if "workers=0" in name else None
         ratio = f"{rate / base[kind]:.2f}x" if kind in base and "bare" not in name else ""
         print(f"| {name} | {rate:,.0f} | {ratio} |")
