@@ -20,21 +20,19 @@ the others. Once a call holds its worker past `GRACE_S`, the calls still waiting
 each (at most `SURGE` more than `size`), so k hostile calls run out their deadlines side by side
 and a batch with k of them ends about one deadline after it started, not k.
 
-Inside a worker, every pool runs its calls inline: the worker itself is the bound.
+Inside a worker, every pool runs its calls inline: the worker itself is the bound. The worker's
+side (the zygote, the call loop, the limits) is `rlvr.rewards.zygote`.
 """
 
 from __future__ import annotations
 
 import collections
-import importlib
 import math
 import os
 import pickle
-import resource
 import selectors
 import signal
 import socket
-import stat
 import struct
 import subprocess
 import sys
@@ -46,31 +44,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlvr.rewards.calls import describe
+from rlvr.rewards.zygote import (  # noqa: F401  re-exported: the pool's vocabulary is one namespace
+    BREACHES,
+    CRASH,
+    HEADER,
+    MEMORY,
+    PRELOAD,
+    SPAWNED,
+    TIMEOUT,
+    RewardTimeout,
+    import_target,
+    in_worker,
+    send,
+    zygote,
+)
 
-__all__ = ["WorkerPool", "PoolStats", "RewardTimeout", "in_worker", "TIMEOUT", "MEMORY", "CRASH", "BREACHES"]
+__all__ = ["WorkerPool", "PoolStats", "RewardTimeout", "in_worker", "TIMEOUT", "MEMORY", "CRASH", "BREACHES", "PRELOAD"]
 
-TIMEOUT, MEMORY, CRASH = "RewardTimeout", "RewardMemory", "RewardCrash"
-BREACHES = (TIMEOUT, MEMORY, CRASH)
 GRACE_S = 0.1  # a call running longer than this may be hostile: pending calls get an extra worker
 SURGE = 16  # extra workers at most, beyond `size`, while calls hold theirs past GRACE_S
 CHUNK = 16  # calls handed to a worker at once at most (one round trip per chunk, not per call)
-MAX_REPLY = 1 << 20  # a pickled answer larger than this is the call's error, not the trainer's memory
-_HEADER = struct.Struct("<Q")
-
-_in_worker = False
-PRELOAD: list[Callable[[], None]] = []
-"""Run in each forked zygote before it forks workers: imports every worker would otherwise pay for
-on its own, after each replacement too (sympy for the math verifier: seconds of a deadline)."""
-
-
-class RewardTimeout(Exception):  # noqa: N818 - named as the error it becomes
-    """Raised by code in a worker that keeps its own, shorter deadline (a symbolic check): the call
-    ends as a `TIMEOUT` breach, counted as one, as if the pool had stopped it."""
-
-
-def in_worker() -> bool:
-    """Whether this process is a pool's worker (or zygote): pools here call inline."""
-    return _in_worker
 
 
 @dataclass
@@ -86,140 +79,6 @@ class PoolStats:
     busy_s: float = 0.0
 
 
-# ------------------------------------------------------------------------------ worker side
-
-def _send(sock: socket.socket, data: bytes) -> None:
-    sock.sendall(_HEADER.pack(len(data)) + data)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    parts, left = [], n
-    while left:
-        part = sock.recv(min(left, 1 << 20))
-        if not part:
-            raise EOFError
-        parts.append(part)
-        left -= len(part)
-    return b"".join(parts)
-
-
-def _limit_memory(memory_mb: int) -> None:
-    """RLIMIT_AS = this process's present size + `memory_mb` (a fork of a big trainer starts big)."""
-    if memory_mb <= 0:
-        return
-    with open("/proc/self/status") as f:
-        size_kb = next((int(line.split()[1]) for line in f if line.startswith("VmSize:")), 0)
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = size_kb * 1024 + (memory_mb << 20)
-    resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
-
-
-def _cpu_budget(seconds: float) -> None:
-    """SIGXCPU (which ends the worker) once this call has used `seconds` of CPU more than it had."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-    soft = math.ceil(usage.ru_utime + usage.ru_stime + seconds)
-    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
-
-
-def _reply(outcome: tuple[str, Any]) -> bytes:
-    try:
-        data = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as err:  # noqa: BLE001 - a value that cannot travel is the call's error
-        return pickle.dumps(("error", f"TypeError: the result cannot be sent back: {describe(err)}"))
-    if len(data) > MAX_REPLY:
-        return pickle.dumps(("error", f"ValueError: the result is {len(data)} bytes pickled, over {MAX_REPLY}"))
-    return data
-
-
-def _serve(sock: socket.socket, targets: dict[str, Callable], memory_mb: int) -> None:
-    """A worker's loop: a chunk of calls in, one answer out per call, until the socket closes."""
-    _limit_memory(memory_mb)
-    while True:
-        try:
-            key, calls, cpu_s = pickle.loads(_recv_exact(sock, _HEADER.unpack(_recv_exact(sock, 8))[0]))
-        except (EOFError, OSError):
-            return
-        fn = targets[key]
-        for args, kwargs in calls:
-            if cpu_s:
-                _cpu_budget(cpu_s)
-            try:
-                outcome = ("ok", fn(*args, **kwargs))
-            except MemoryError:
-                outcome = ("memory", None)
-            except BaseException as err:  # noqa: BLE001 - SystemExit too: this call's error, not the worker's
-                outcome = ("error", describe(err))
-            _send(sock, _reply(outcome))
-            if outcome[0] == "memory":  # the heap may be left fragmented or half-built: start afresh
-                return
-
-
-def _close_inherited(keep: set[int]) -> None:
-    """Close the sockets and pipes inherited from the trainer (another pool's, a sandbox's), so
-    that their other ends see EOF when the trainer closes them; regular files stay open."""
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd in keep or fd <= 2:
-            continue
-        try:
-            mode = os.fstat(fd).st_mode
-        except OSError:
-            continue
-        if stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode):
-            os.close(fd)
-
-
-def _zygote(ctl: socket.socket, targets: dict[str, Callable], memory_mb: int) -> None:
-    """Fork a worker per byte received, hand back its pid and socket; exit when `ctl` closes."""
-    global _in_worker
-    _in_worker = True
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
-    _close_inherited({ctl.fileno()})
-    # fresh stream objects: a lock held by another trainer thread at the fork stays held in its copy
-    sys.stdout = open(1, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
-    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
-    for preload in PRELOAD:
-        preload()
-    while True:
-        try:
-            if not ctl.recv(1):
-                return
-        except OSError:
-            return
-        mine, theirs = socket.socketpair()
-        pid = os.fork()
-        if pid == 0:
-            ctl.close()
-            mine.close()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            try:
-                _serve(theirs, targets, memory_mb)
-            finally:
-                os._exit(0)
-        theirs.close()
-        socket.send_fds(ctl, [struct.pack("<i", pid)], [mine.fileno()])
-        mine.close()
-
-
-def _import_target(spec: str) -> Callable:
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def main(argv: list[str]) -> None:
-    """A spawned zygote: ``python -m rlvr.rewards.workers FD MEMORY_MB KEY=MODULE:FN ...``."""
-    fd, memory_mb, *specs = argv
-    targets = {key: _import_target(spec) for key, _, spec in (s.partition("=") for s in specs)}
-    for fn in targets.values():  # a module's `preload` warms what every worker would import
-        preload = getattr(sys.modules[fn.__module__], "preload", None)
-        if preload is not None:
-            preload()
-    _zygote(socket.socket(fileno=int(fd)), targets, int(memory_mb))
-
-
-# ------------------------------------------------------------------------------ trainer side
 
 class _Worker:
     """The trainer's handle on one worker: its socket, a pidfd to kill it by, a read buffer."""
@@ -259,7 +118,7 @@ class _Worker:
         self.buffer += data
         out = []
         while len(self.buffer) >= 8:
-            (size,) = _HEADER.unpack_from(self.buffer)
+            (size,) = HEADER.unpack_from(self.buffer)
             if len(self.buffer) < 8 + size:
                 break
             out.append(pickle.loads(bytes(self.buffer[8:8 + size])))
@@ -305,7 +164,7 @@ class _Processes:
                 pass
 
     def close(self) -> None:
-        if _in_worker:  # a worker's copy: the processes are the trainer's
+        if in_worker():  # a worker's copy: the processes are the trainer's
             return
         idle, self.idle = self.idle, []
         for worker in idle:
@@ -343,7 +202,7 @@ class WorkerPool:
         mine, theirs = socket.socketpair()
         if self.spawn:
             specs = [f"{k}={v}" for k, v in self.targets.items()]
-            proc = subprocess.Popen([sys.executable, "-m", "rlvr.rewards.workers", str(theirs.fileno()),
+            proc = subprocess.Popen([sys.executable, "-c", SPAWNED, str(theirs.fileno()),
                                      str(self.memory_mb), *specs], pass_fds=[theirs.fileno()],
                                     stdin=subprocess.DEVNULL)
             theirs.close()
@@ -353,7 +212,7 @@ class WorkerPool:
             if pid == 0:
                 try:
                     mine.close()
-                    _zygote(theirs, self.targets, self.memory_mb)
+                    zygote(theirs, self.targets, self.memory_mb)
                 finally:
                     os._exit(0)
             theirs.close()
@@ -415,9 +274,9 @@ class WorkerPool:
     def run(self, key: str, calls: list[tuple[tuple, dict]], timeout_s: float) -> list[tuple[Any, str | None]]:
         """(value, None) or (None, error) per call, in order; errors of breaches start with
         `TIMEOUT`, `MEMORY` or `CRASH`. ``timeout_s`` = 0: no deadline (memory still bounded)."""
-        if _in_worker:
+        if in_worker():
             fn = self.targets[key]
-            fn = _import_target(fn) if isinstance(fn, str) else fn
+            fn = import_target(fn) if isinstance(fn, str) else fn
             return [_inline(fn, args, kwargs) for args, kwargs in calls]
         results: list[tuple[Any, str | None] | None] = [None] * len(calls)
         pending = collections.deque(range(len(calls)))
@@ -452,7 +311,7 @@ class WorkerPool:
             try:
                 message = pickle.dumps((key, [calls[i] for i in indices], cpu_s), protocol=pickle.HIGHEST_PROTOCOL)
                 worker.sock.setblocking(True)
-                _send(worker.sock, message)
+                send(worker.sock, message)
                 worker.sock.setblocking(False)
             except OSError:  # a dead idle worker: its calls go back, a fresh one is forked next
                 worker.kill()
@@ -530,7 +389,3 @@ def _inline(fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, str | None]:
         return None, describe(err)
 
 
-if __name__ == "__main__":  # run as a module: the flag must be set on the importable module's copy
-    from rlvr.rewards import workers
-
-    workers.main(sys.argv[1:])
