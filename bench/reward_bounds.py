@@ -5,10 +5,10 @@ and 8 hostile completions of each class.
     python bench/reward_bounds.py [--n 2048] [--deadline 2] [--workers 2]
 
 Table 1, answers/s of `MathFileTask.reward` on honest GSM8K-style completions (a mix of
-``#### N``, ``\\boxed{N}``, fractions and wrong answers), best of 3: called bare; through
+``#### N``, ``\\boxed{N}``, fractions and wrong answers), called bare; through
 `RewardRunner` in the trainer's process (``reward.workers=0``, each call on a deadline thread: the
 path every reward took before worker processes); through `RewardRunner` with ``--workers``
-processes. Also ``is_correct`` through the runner, and the trainer's whole call (`scored`: rewards
+processes (best of 5). Also ``is_correct`` through the runner, and the trainer's whole call (`scored`: rewards
 and ``is_correct``, beside each other in the workers).
 
 Table 2, one `rlvr.trainer.scoring.scored` call (rewards and `is_correct`, the trainer's own call)
@@ -53,7 +53,7 @@ GSM8K_STYLE = [
 ANSWERS = ["72", "10", "617", "0.75", "72", "2.5"]
 
 
-def _best(fn, repeats=3) -> float:
+def _best(fn, repeats=5) -> float:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

@@ -46,7 +46,8 @@ def test_every_column_reaches_the_reward_as_a_keyword(tmp_path):
         seen.append((prompt, target, numbers, columns))
         return float(completion.startswith(str(numbers[0])))
 
-    trainer = _trainer(tmp_path, reward)
+    # `seen` is this process's list: the function runs here, not in a reward worker (a fork, whose list it would fill)
+    trainer = _trainer(tmp_path, reward, overrides={"reward.workers": 0})
     final = trainer.train()
     assert seen and all(isinstance(t, int) and isinstance(n, list) and c == {} for _, t, n, c in seen)
     assert all(p == f"{n[0]} {n[1]} 1>{t}:" for p, t, n, _ in seen)  # the row's own columns
