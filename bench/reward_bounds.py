@@ -4,12 +4,12 @@ and 8 hostile completions of each class.
 
     python bench/reward_bounds.py [--n 2048] [--deadline 2] [--workers 2]
 
-Table 1, answers/s of `MathFileTask.reward` on honest GSM8K-style completions (a mix of
-``#### N``, ``\\boxed{N}``, fractions and wrong answers), called bare; through
-`RewardRunner` in the trainer's process (``reward.workers=0``, each call on a deadline thread: the
-path every reward took before worker processes); through `RewardRunner` with ``--workers``
-processes (best of 5). Also ``is_correct`` through the runner, and the trainer's whole call (`scored`: rewards
-and ``is_correct``, beside each other in the workers).
+Table 1, answers/s of the math file task's verifier on honest GSM8K-style completions (a mix of
+``#### N``, ``\\boxed{N}``, fractions and wrong answers), best of 5 rounds timed in turn: called
+bare; through `RewardRunner` in the trainer's process (``reward.workers=0``, each call on a
+deadline thread: the path every reward took before worker processes); through `RewardRunner` in
+``--workers`` processes. Then the trainer's whole call (`rlvr.trainer.scoring.scored`: rewards and
+``is_correct``) as it was (``is_correct`` called bare), with ``reward.workers=0`` and in the workers.
 
 Table 2, one `rlvr.trainer.scoring.scored` call (rewards and `is_correct`, the trainer's own call)
 of 16 completions with a weighted sum of the math verifier and a user function, k of them hostile:
@@ -53,13 +53,10 @@ GSM8K_STYLE = [
 ANSWERS = ["72", "10", "617", "0.75", "72", "2.5"]
 
 
-def _best(fn, repeats=5) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def _pss_mb(pids) -> float:
@@ -88,7 +85,7 @@ def _children() -> list[int]:
     return out
 
 
-def throughput(task, n: int, workers: int, deadline: float) -> None:
+def throughput(task, n: int, workers: int, deadline: float, repeats: int = 5) -> None:
     texts = [GSM8K_STYLE[i % len(GSM8K_STYLE)] for i in range(n)]
     examples = [{"answer": ANSWERS[i % len(ANSWERS)]} for i in range(n)]
     group = [Example("q", ANSWERS[i % len(ANSWERS)], {}) for i in range(n)]
@@ -96,25 +93,30 @@ def throughput(task, n: int, workers: int, deadline: float) -> None:
     pooled = RewardRunner(task.reward, name="task", timeout_s=deadline, workers=workers)
     want = [task.reward("q", t, **ex) for t, ex in zip(texts, examples)]
     assert local(["q"] * n, texts, examples).rewards == want == pooled(["q"] * n, texts, examples).rewards
-    rows = [
-        ("bare `task.reward` loop", lambda: [task.reward("q", t, **ex) for t, ex in zip(texts, examples)]),
-        ("bare `task.is_correct` loop", lambda: [task.is_correct(t, ex) for t, ex in zip(texts, group)]),
-        ("RewardRunner, reward.workers=0", lambda: local(["q"] * n, texts, examples)),
-        (f"RewardRunner, reward.workers={workers}", lambda: pooled(["q"] * n, texts, examples)),
-        ("is_correct, reward.workers=0", lambda: local.correct(task, group, texts)),
-        (f"is_correct, reward.workers={workers}", lambda: pooled.correct(task, group, texts)),
-        ("scored (both), reward.workers=0", lambda: scored(local, task, group, texts)),
-        (f"scored (both), reward.workers={workers}", lambda: scored(pooled, task, group, texts)),
+
+    def before(prompts, completions, exs):  # no `correct`: `scored` calls `task.is_correct` bare, as it did
+        return local(prompts, completions, exs)
+
+    rows = [  # (table, row, call); rows of a table are timed in turn, `repeats` rounds, best kept
+        ("reward", "bare `task.reward` loop", lambda: [task.reward("q", t, **ex) for t, ex in zip(texts, examples)]),
+        ("reward", "deadline thread per sample (reward.workers=0)", lambda: local(["q"] * n, texts, examples)),
+        ("reward", f"worker processes (reward.workers={workers})", lambda: pooled(["q"] * n, texts, examples)),
+        ("scored", "before: rewards on deadline threads, is_correct bare", lambda: scored(before, task, group, texts)),
+        ("scored", "reward.workers=0: is_correct on deadline threads too", lambda: scored(local, task, group, texts)),
+        ("scored", f"reward.workers={workers}: both in the workers", lambda: scored(pooled, task, group, texts)),
     ]
-    print(f"\n| math verifier, {n} honest answers | answers/s | vs workers=0 |")
+    for _, _, call in rows:  # warm: zygotes forked, sympy imported
+        call()
+    best = [float("inf")] * len(rows)
+    for _ in range(repeats):
+        for i, (_, _, call) in enumerate(rows):
+            best[i] = min(best[i], _seconds(call))
+    before_of = {"reward": 1, "scored": 3}  # the path every reward took before worker processes
+    print(f"\n| math verifier, {n} honest answers | answers/s | vs before |")
     print("|---|---|---|")
-    base = {}
-    for name, fn in rows:
-        rate = n / _best(fn)
-        kind = name.split(",")[0] if not name.startswith("RewardRunner") else "reward"
-        base.setdefault(kind, rate) if "workers=0" in name else None
-        ratio = f"{rate / base[kind]:.2f}x" if kind in base and "bare" not in name else ""
-        print(f"| {name} | {rate:,.0f} | {ratio} |")
+    for i, (table, name, _) in enumerate(rows):
+        ratio = f"{best[before_of[table]] / best[i]:.2f}x" if i >= before_of[table] else ""
+        print(f"| {table}: {name} | {n / best[i]:,.0f} | {ratio} |")
 
 
 def hostile_steps(task, deadline: float, workers: int) -> None:

@@ -145,11 +145,12 @@ def test_a_worker_keeps_state_it_changes_to_itself():
     assert out.rewards == [1.0, 2.0] and calls == []
 
 
-def test_the_pool_replaces_breached_workers_and_counts(tmp_path):
+def test_the_pool_replaces_a_stalled_worker_keeps_one_past_a_memory_error_and_counts():
     pool = WorkerPool({"f": user_check}, size=1, memory_mb=256)
     results = pool.run("f", [(("p", "MEM"), {}), (("p", "72"), {}), (("p", "a" * 40 + "b"), {}), (("p", "0"), {})],
                        1.0)
     assert [r[0] for r in results] == [None, 0.5, None, 0.0]
     assert results[0][1].startswith("RewardMemory") and results[2][1].startswith("RewardTimeout")
-    assert pool.stats.memory == 1 and pool.stats.timeouts == 1 and pool.stats.forks >= 3
+    assert pool.stats.memory == 1 and pool.stats.timeouts == 1
+    assert pool.stats.forks == 2  # the first worker, and the one after the timeout; a MemoryError costs none
     pool.close()

@@ -13,12 +13,13 @@ ignores Ctrl-C (the trainer handles it) and exits when the trainer's end of its 
 
 `run(key, calls, timeout_s)` hands the calls out in small chunks; a worker answers each call as
 it finishes it. A call that runs past `timeout_s` (wall clock; RLIMIT_CPU, reset per call, is a
-backstop), raises ``MemoryError`` under the worker's memory budget (RLIMIT_AS: the worker's size
-when forked plus `memory_mb`) or whose worker dies gets an error starting with `TIMEOUT`,
-`MEMORY` or `CRASH`; its worker is killed and replaced, and the calls it had not started go to
-the others. Once a call holds its worker past `GRACE_S`, the calls still waiting get a worker
-each (at most `SURGE` more than `size`), so k hostile calls run out their deadlines side by side
-and a batch with k of them ends about one deadline after it started, not k.
+backstop) or whose worker dies gets an error starting with `TIMEOUT` or `CRASH`: its worker is
+killed and replaced, and the calls it had not started go to the others. A call that raises
+``MemoryError`` under the worker's memory budget (RLIMIT_AS: the worker's size when forked plus
+`memory_mb`) gets a `MEMORY` error and the worker goes on. Once a call holds its worker past
+`GRACE_S`, the calls still waiting get a worker each (at most `SURGE` more than `size`), so k
+hostile calls run out their deadlines side by side and a batch with k of them ends about one
+deadline after it started, not k.
 
 Inside a worker, every pool runs its calls inline: the worker itself is the bound. The worker's
 side (the zygote, the call loop, the limits) is `rlvr.rewards.zygote`.
@@ -346,8 +347,6 @@ class WorkerPool:
                 job.started = now
             if answers is None:
                 self._lost(job, jobs, selector, results, pending, timeout_s, killed=False)
-            elif any(status == "memory" for status, _ in answers):  # it answered, then left: the rest go back
-                self._lost(job, jobs, selector, results, pending, timeout_s, killed=False, answered=True)
             elif job.done == len(job.indices):
                 selector.unregister(worker.sock)
                 del jobs[worker]
@@ -360,15 +359,13 @@ class WorkerPool:
             for job in [j for j in jobs.values() if now - j.started > timeout_s]:
                 self._lost(job, jobs, selector, results, pending, timeout_s, killed=True)
 
-    def _lost(self, job, jobs, selector, results, pending, timeout_s, *, killed: bool, answered: bool = False) -> None:
-        """The job's worker is past its deadline or gone: its current call fails (unless it was
-        `answered`), the rest go back."""
+    def _lost(self, job, jobs, selector, results, pending, timeout_s, *, killed: bool) -> None:
+        """The job's worker is past its deadline or gone: its current call fails, the rest go back."""
         selector.unregister(job.worker.sock)
         del jobs[job.worker]
         job.worker.kill()
         left = job.indices[job.done:]
-        if answered or not left:
-            pending.extendleft(reversed(left))
+        if not left:
             return
         elapsed = time.monotonic() - job.started
         if killed or (timeout_s and elapsed >= timeout_s):  # RLIMIT_CPU ends it a little later

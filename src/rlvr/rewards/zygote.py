@@ -113,9 +113,10 @@ def _serve(sock: socket.socket, targets: dict[str, Callable], memory_mb: int) ->
                 outcome = ("memory", None)
             except BaseException as err:  # noqa: BLE001 - SystemExit too: this call's error, not the worker's
                 outcome = ("error", describe(err))
+            # After a MemoryError the worker goes on: what the call built is freed as the error unwinds, and
+            # a replacement would cost a fork per memory bomb. One that dies instead (the kernel's OOM
+            # killer, a C extension's abort) is replaced by the trainer.
             send(sock, _reply(outcome))
-            if outcome[0] == "memory":  # the heap may be left fragmented or half-built: start afresh
-                return
 
 
 def _close_inherited(keep: set[int]) -> None:
