@@ -254,10 +254,10 @@ class WorkerPool:
 
     def _give_back(self, worker: _Worker) -> None:
         with self._lock:
-            if len(self._procs.idle) < self.size:
+            if len(self._procs.idle) < 2 * self.size:  # rewards and is_correct are asked side by side
                 self._procs.idle.append(worker)
                 return
-        worker.kill()  # a surge worker
+        worker.kill()  # a surge worker beyond them
 
     def close(self) -> None:
         with self._lock:
