@@ -141,6 +141,17 @@ def test_async_and_batched_timeouts():
     assert out.rewards == [0.0] * 3 and out.metrics["ab/timeouts"] == 3.0
 
 
+def test_worker_config_is_checked():
+    r = load_config(None, []).reward
+    assert (r.workers, r.worker_memory_mb, r.math_workers, r.math_memory_mb) == (2, 2048, 2, 1024)
+    for override, rule in (("reward.workers=-1", ">= 0"), ("reward.math_workers=0", ">= 1"),
+                           ("reward.worker_memory_mb=-5", ">= 0")):
+        with pytest.raises(ConfigError, match=f"^{override.split('=')[0]}: must be {rule}"):
+            load_config(None, [override])
+    with pytest.raises(ConfigError, match="reward.workers"):
+        RewardRunner(nonfinite, workers=-1)
+
+
 def test_timeout_config_is_checked():
     assert load_config(None, []).reward.timeout_s == 10.0
     assert load_config(None, ["reward.timeout_s=0"]).reward.timeout_s == 0.0
