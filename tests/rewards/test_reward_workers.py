@@ -154,3 +154,15 @@ def test_the_pool_replaces_a_stalled_worker_keeps_one_past_a_memory_error_and_co
     assert pool.stats.memory == 1 and pool.stats.timeouts == 1
     assert pool.stats.forks == 2  # the first worker, and the one after the timeout; a MemoryError costs none
     pool.close()
+
+
+def test_workers_leave_ctrl_c_and_sigterm_to_the_trainer():
+    """A signal to the process group stops the trainer after its step; the step's rewards are still scored."""
+    import signal
+
+    def dispositions(prompt, completion, **ex):
+        ignored = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == (signal.SIG_IGN,) * 2
+        return float(ignored and os.getpid() != parent)
+
+    parent = os.getpid()
+    assert RewardRunner(dispositions, timeout_s=DEADLINE, workers=1)(["q"], ["a"], [{}]).rewards == [1.0]

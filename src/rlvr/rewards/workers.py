@@ -9,7 +9,8 @@ forked from it. The zygote is either a fork of the calling process made when the
 runs (``spawn=False``: closures and objects built in the trainer are there, as they are) or a
 fresh interpreter that imports the named ``module:function`` targets once (``spawn=True``: a
 clean image; the symbolic math checks). Each worker closes the sockets and pipes it inherited,
-ignores Ctrl-C (the trainer handles it) and exits when the trainer's end of its socket closes.
+ignores Ctrl-C and SIGTERM (the trainer handles them) and exits when the trainer's end of its socket
+closes.
 
 `run(key, calls, timeout_s)` hands the calls out in small chunks; a worker answers each call as
 it finishes it. A call that runs past `timeout_s` (wall clock; RLIMIT_CPU, reset per call, is a

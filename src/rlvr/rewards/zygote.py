@@ -5,7 +5,7 @@ code it is running in a worker.
 A worker sets RLIMIT_AS to its size when forked plus its memory budget, and before each call
 RLIMIT_CPU to the CPU time it has used plus the call's budget (SIGXCPU ends it: a backstop for the
 trainer's wall-clock deadline). The zygote closes the sockets and pipes it inherited (so their
-other ends see EOF when the trainer closes them), ignores Ctrl-C, replaces the standard streams
+other ends see EOF when the trainer closes them), ignores Ctrl-C and SIGTERM, replaces the standard streams
 (a lock another trainer thread held at the fork stays held in the copy), runs the `PRELOAD`
 hooks, and forks a worker per byte it reads on its control socket.
 """
@@ -138,7 +138,10 @@ def zygote(ctl: socket.socket, targets: dict[str, Callable], memory_mb: int) -> 
     """Fork a worker per byte received, hand back its pid and socket; exit when `ctl` closes."""
     global _in_worker
     _in_worker = True
+    # Ctrl-C and a scheduler's SIGTERM reach the whole process group: the trainer stops after its step,
+    # with the rewards of that step scored, so its workers ignore both and leave when it closes their sockets.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
     _close_inherited({ctl.fileno()})
     # fresh stream objects: a lock held by another trainer thread at the fork stays held in its copy
