@@ -9,7 +9,9 @@ Table 1, answers/s of the math file task's verifier on honest GSM8K-style comple
 bare; through `RewardRunner` in the trainer's process (``reward.workers=0``, each call on a
 deadline thread: the path every reward took before worker processes); through `RewardRunner` in
 ``--workers`` processes. Then the trainer's whole call (`rlvr.trainer.scoring.scored`: rewards and
-``is_correct``) as it was (``is_correct`` called bare), with ``reward.workers=0`` and in the workers.
+``is_correct``) as it was (``is_correct`` called bare), with ``reward.workers=0`` and in the workers
+(the file task's ``is_correct`` read off its reward call), and ``is_correct`` asked on its own in
+the workers (as for a task that does not declare it: the hostile steps below, a sum of two functions).
 
 Table 2, one `rlvr.trainer.scoring.scored` call (rewards and `is_correct`, the trainer's own call)
 of 16 completions with a weighted sum of the math verifier and a user function, k of them hostile:
@@ -89,8 +91,9 @@ def throughput(task, n: int, workers: int, deadline: float, repeats: int = 5) ->
     texts = [GSM8K_STYLE[i % len(GSM8K_STYLE)] for i in range(n)]
     examples = [{"answer": ANSWERS[i % len(ANSWERS)]} for i in range(n)]
     group = [Example("q", ANSWERS[i % len(ANSWERS)], {}) for i in range(n)]
-    local = RewardRunner(task.reward, name="task", timeout_s=deadline)
-    pooled = RewardRunner(task.reward, name="task", timeout_s=deadline, workers=workers)
+    # as the builder makes the task's verifier: its `is_correct` is read off the reward call
+    local = RewardRunner(task.reward, name="task", timeout_s=deadline, verifies=task)
+    pooled = RewardRunner(task.reward, name="task", timeout_s=deadline, workers=workers, verifies=task)
     want = [task.reward("q", t, **ex) for t, ex in zip(texts, examples)]
     assert local(["q"] * n, texts, examples).rewards == want == pooled(["q"] * n, texts, examples).rewards
 
@@ -102,8 +105,10 @@ def throughput(task, n: int, workers: int, deadline: float, repeats: int = 5) ->
         ("reward", "deadline thread per sample (reward.workers=0)", lambda: local(["q"] * n, texts, examples)),
         ("reward", f"worker processes (reward.workers={workers})", lambda: pooled(["q"] * n, texts, examples)),
         ("scored", "before: rewards on deadline threads, is_correct bare", lambda: scored(before, task, group, texts)),
-        ("scored", "reward.workers=0: is_correct on deadline threads too", lambda: scored(local, task, group, texts)),
-        ("scored", f"reward.workers={workers}: both in the workers", lambda: scored(pooled, task, group, texts)),
+        ("scored", "reward.workers=0: is_correct read off the rewards", lambda: scored(local, task, group, texts)),
+        ("scored", f"reward.workers={workers}: the same, in the workers", lambda: scored(pooled, task, group, texts)),
+        ("is_correct", f"asked on its own in the workers (reward.workers={workers})",
+         lambda: pooled.correct(task, group, texts)),
     ]
     for _, _, call in rows:  # warm: zygotes forked, sympy imported
         call()
@@ -115,7 +120,7 @@ def throughput(task, n: int, workers: int, deadline: float, repeats: int = 5) ->
     print(f"\n| math verifier, {n} honest answers | answers/s | vs before |")
     print("|---|---|---|")
     for i, (table, name, _) in enumerate(rows):
-        ratio = f"{best[before_of[table]] / best[i]:.2f}x" if i >= before_of[table] else ""
+        ratio = f"{best[before_of[table]] / best[i]:.2f}x" if i >= before_of.get(table, len(rows)) else ""
         print(f"| {table}: {name} | {n / best[i]:,.0f} | {ratio} |")
 
 

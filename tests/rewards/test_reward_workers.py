@@ -166,3 +166,21 @@ def test_workers_leave_ctrl_c_and_sigterm_to_the_trainer():
 
     parent = os.getpid()
     assert RewardRunner(dispositions, timeout_s=DEADLINE, workers=1)(["q"], ["a"], [{}]).rewards == [1.0]
+
+
+class _Refusing(MathFileTask):
+    def is_correct(self, completion, example):
+        raise AssertionError("asked although its reward call answers it")
+
+
+def test_a_file_tasks_correctness_is_read_off_its_reward_call(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"question": "q", "answer": "72"}) + "\n")
+    task = _Refusing(path=str(path), math_timeout_s=1.0)
+    runner = RewardRunner(task.reward, name="task", timeout_s=DEADLINE, workers=2, verifies=task)
+    texts = ["\\boxed{72}", "\\boxed{71}", HOSTILE["sympy"][0], "#### 72"]
+    out = scored(runner, task, _group(4), texts)
+    assert out.rewards.tolist() == [1.0, 0.0, 0.0, 1.0] and out.correct.tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert out.metrics["task/timeouts"] == 1.0
+    asked = scored(RewardRunner(task.reward, name="task", timeout_s=DEADLINE, workers=2), task, _group(2), texts[:2])
+    assert asked.correct.tolist() == [0.0, 0.0]  # not its own verifier: asked, and an error is "not correct"

@@ -203,7 +203,7 @@ def build_reward(config: Config, task) -> RewardRunner | RewardSum:
     verifier = getattr(task, "reward_batch", task.reward)
     if getattr(task, "in_process", False):  # a grader with its own sandbox: scored here
         verifier = with_task([TASK_VERIFIER], task)[0]
-    return RewardRunner(verifier, name="task", **reward_bounds(config))
+    return RewardRunner(verifier, name="task", verifies=task, **reward_bounds(config))
 
 
 def reward_bounds(config: Config) -> dict:

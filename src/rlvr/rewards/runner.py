@@ -94,13 +94,14 @@ class RewardRunner:
     """
 
     def __init__(self, fn: Callable, *, name: str | None = None, batched: bool | None = None,
-                 timeout_s: float = 0.0, workers: int = 0, memory_mb: int = 0):
+                 timeout_s: float = 0.0, workers: int = 0, memory_mb: int = 0, verifies: object = None):
         if not (isinstance(timeout_s, numbers.Real) and math.isfinite(timeout_s) and timeout_s >= 0):
             raise ConfigError(f"reward.timeout_s: must be a number >= 0 (0 = no limit), got {timeout_s!r}")
         if not (isinstance(workers, int) and workers >= 0):
             raise ConfigError(f"reward.workers: must be an integer >= 0 (0 = in the trainer's process), "
                               f"got {workers!r}")
         self.fn = fn
+        self.verifies = verifies  # the task whose own verifier `fn` is (`derives_correct`), else None
         self.timeout_s = float(timeout_s)
         self._warned_unscorable = False
         # each calling thread's own worker: batches scored at once (`collect.produce_ahead`) never queue
@@ -176,6 +177,12 @@ class RewardRunner:
 
     def _breach(self, error: str | None) -> str | None:
         return self._timeout_error() if error and error.startswith(TIMEOUT + ":") else error
+
+    def derives_correct(self, task) -> bool:
+        """Whether `task.is_correct` of a sample is "this call's reward is 1.0": `fn` is the task's own
+        verifier and the task declares ``correct_is_full_reward``. Then the trainer reads correctness
+        off the reward call and asks nothing twice (a completion that stalls the verifier does it once)."""
+        return self.verifies is task and getattr(task, "correct_is_full_reward", False)
 
     def correct_in_workers(self, task) -> bool:
         """Whether `correct` asks `task` in worker processes (then it may run beside a reward call)."""

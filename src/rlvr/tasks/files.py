@@ -97,6 +97,7 @@ class FileTask:
     """Shared loading, prompt building, filtering and splitting; subclasses score."""
 
     name = "file"
+    correct_is_full_reward = True  # `is_correct` is "`reward` is 1.0": the trainer reads it off the reward call
 
     def __init__(self, *, path: str, prompt_key: str = "question", answer_key: str = "answer",
                  tests_key: str = "tests", system_prompt: str = "", prompt_template: str = "{prompt}",

@@ -31,7 +31,10 @@ def scored(reward, task, group: list[Example], texts: list[str], token_ids: list
     # Correctness under the verifier's deadlines (`RewardRunner.correct`); asked beside the rewards when
     # both run in worker processes, so a completion that stalls both costs one deadline, not two.
     bounded = getattr(reward, "correct", None)
-    if bounded is not None and getattr(reward, "correct_in_workers", lambda task: False)(task):
+    if getattr(reward, "derives_correct", lambda task: False)(task):  # is_correct = "the reward is 1"
+        out = reward([ex.prompt for ex in group], texts, examples)
+        correct = [float(r == 1.0) for r in out.rewards]
+    elif bounded is not None and getattr(reward, "correct_in_workers", lambda task: False)(task):
         with ThreadPoolExecutor(1, thread_name_prefix="rlvr-correct") as side:
             verdicts = side.submit(bounded, task, group, texts)
             out = reward([ex.prompt for ex in group], texts, examples)
