@@ -1,5 +1,5 @@
 """How long each guard takes to stop hostile or hung work: the verifier's length bound, the reward
-runner's deadline (sync and async), the math worker's kill, the agent tool's deadline.
+runner's deadline (sync and async), the symbolic math pool's kill, the agent tool's deadline.
 
     python bench/guards.py [--repeats 5]
 
@@ -11,7 +11,7 @@ times them.
 - `countdown length bound`: `Countdown.reward` of three hostile completions ("(" * 10^6, a
   10^6-digit number, "9*" * 10^6 + "9") and of 10^6 spaces + "3+5*2", all four per call.
 - `reward timeout (sync)` / `(async)`: `RewardRunner(timeout_s=0.2)` over 3 rows, one hanging.
-- `math symbolic timeout`: the symbolic worker asked to hang, `timeout_s=0.5`: kill included.
+- `math symbolic timeout`: a sympy bomb (``9^{9^{9^{9}}}``) in the symbolic pool, `timeout_s=0.5`: kill included.
 - `agent tool timeout`: `ToolRegistry(timeout_s=0.2).call` of a tool that hangs.
 """
 
@@ -74,17 +74,11 @@ def _check_runner(runner: RewardRunner) -> None:
 
 
 def _math() -> Callable[[], float]:
-    worker, real_dumps = m._WORKER, m.json.dumps
-
     def call() -> float:
-        assert worker.equal("x", "x", 30.0)  # (re)starts the worker, outside the timed part
-        m.json.dumps = lambda obj: real_dumps({"op": "sleep", "s": 60})
-        try:
-            start = time.perf_counter()
-            assert worker.equal("a", "b", 0.5) is False  # the worker hangs: killed at the deadline
-            return time.perf_counter() - start
-        finally:
-            m.json.dumps = real_dumps
+        assert m.math_equal("x^2", "x \\cdot x", timeout_s=30.0)  # (re)starts a worker, outside the timed part
+        start = time.perf_counter()
+        assert m.math_equal("9^{9^{9^{9}}}", "5", timeout_s=0.5) is False  # a sympy bomb: killed at the deadline
+        return time.perf_counter() - start
     return call
 
 
@@ -125,7 +119,6 @@ def main() -> None:
                   f"{'yes' if max(ms) < budget else 'NO'} |")
     finally:
         RELEASE.set()
-        m._WORKER.close()
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ def test_every_column_reaches_the_reward_as_a_keyword(tmp_path):
         seen.append((prompt, target, numbers, columns))
         return float(completion.startswith(str(numbers[0])))
 
-    trainer = _trainer(tmp_path, reward)
+    # `seen` is this process's list: the function runs here, not in a reward worker (a fork, whose list it would fill)
+    trainer = _trainer(tmp_path, reward, overrides={"reward.workers": 0})
     final = trainer.train()
     assert seen and all(isinstance(t, int) and isinstance(n, list) and c == {} for _, t, n, c in seen)
     assert all(p == f"{n[0]} {n[1]} 1>{t}:" for p, t, n, _ in seen)  # the row's own columns
@@ -108,8 +109,8 @@ def test_a_task_and_a_model_object(tmp_path, tiny_model, tokenizer):
 
     got = []
     final = Trainer(tiny_model, lambda p, c, answer, meta, **ex: got.append(meta) or 0.5, Countdown(heldout_size=4),
-                    tokenizer=tokenizer, overrides={**TINY, "trainer.out_dir": str(tmp_path)},
-                    echo=lambda *a: None).train()
+                    tokenizer=tokenizer, overrides={**TINY, "trainer.out_dir": str(tmp_path), "reward.workers": 0},
+                    echo=lambda *a: None).train()  # workers=0: `got` is filled in this process, not a worker's
     assert final["step"] == 2 and final["reward/mean"] == 0.5
     assert got and all({"numbers", "target"} <= set(m) for m in got)  # a task's examples: answer and meta
     assert (tmp_path / "grpo_countdown_s0" / "checkpoints" / "step_000002" / "config.json").is_file()

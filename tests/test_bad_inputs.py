@@ -283,6 +283,8 @@ def test_a_dataset_dict_trains_on_train_and_holds_out_test():
 
 # ---------------------------------------------------------------------------------- reward functions
 
+# Functions that signal the trainer (os.getpid()) or count their calls in a global run with reward.workers=0:
+# in a reward worker, their pid and their globals would be the worker's.
 REWARDS = '''
 import math, os, signal, sys
 from pathlib import Path
@@ -361,7 +363,7 @@ def test_a_reward_that_never_scores_anything_says_so_once(rewards, tmp_path, cap
 
 def test_a_reward_that_is_sometimes_nan_is_counted(rewards, tmp_path, capsys):
     argv = ["train", *tiny("trainer.steps=2"), f"trainer.out_dir={tmp_path}", "trainer.name=r",
-            f"reward.fn={rewards}:nan_sometimes"]
+            f"reward.fn={rewards}:nan_sometimes", "reward.workers=0"]
     code, _, err = cli(argv, capsys)
     assert code == 0 and err == ""
     steps = metrics(tmp_path / "r")[1:]
@@ -632,7 +634,7 @@ def test_a_signal_stops_after_the_step_and_resume_continues(signal_name, code, r
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     base = ["train", *tiny("trainer.steps=3"), f"trainer.out_dir={tmp_path}", "trainer.name=r",
-            f"reward.fn={rewards}:term_once"]
+            f"reward.fn={rewards}:term_once", "reward.workers=0"]
     got, out, err = cli(base, capsys)
     assert got == code and err == f"interrupted: {signal_name}: run interrupted after step 1\n", (out, err)
     info = json.loads((tmp_path / "r" / "run.json").read_text())
@@ -644,7 +646,7 @@ def test_a_signal_stops_after_the_step_and_resume_continues(signal_name, code, r
 
 def test_a_second_signal_stops_at_once_and_leaves_no_partial_write(rewards, tmp_path, capsys):
     argv = ["train", *tiny("trainer.steps=3"), f"trainer.out_dir={tmp_path}", "trainer.name=r",
-            f"reward.fn={rewards}:term_twice"]
+            f"reward.fn={rewards}:term_twice", "reward.workers=0"]
     got, out, err = cli(argv, capsys)
     assert got == 143 and err.count("\n") == 1 and err.startswith("interrupted: SIGTERM"), (out, err)
     run = tmp_path / "r"
@@ -681,7 +683,7 @@ def test_a_resumed_runs_record_keeps_the_earlier_end_apart(rewards, tmp_path, ca
     monkeypatch.setenv("RLVR_TEST_MARKER", str(tmp_path / "sent"))
     monkeypatch.setenv("RLVR_TEST_SIGNAL", "SIGTERM")
     argv = ["train", *tiny("trainer.steps=2"), f"trainer.out_dir={tmp_path}", "trainer.name=r",
-            f"reward.fn={rewards}:term_once"]
+            f"reward.fn={rewards}:term_once", "reward.workers=0"]
     assert cli(argv, capsys)[0] == 143
     assert cli(["train", "--resume", str(tmp_path / "r")], capsys)[0] == 0
     info = json.loads((tmp_path / "r" / "run.json").read_text())

@@ -314,8 +314,9 @@ class Trainer:
         if TASK_VERIFIER in fns and self.task is not None:
             fns = with_task(fns, self.task)
         if fns:
-            reward = RewardSum(fns, self.reward_weights, columns=self.rows is not None,
-                               timeout_s=self.config.reward.timeout_s)
+            r = self.config.reward
+            reward = RewardSum(fns, self.reward_weights, columns=self.rows is not None, timeout_s=r.timeout_s,
+                               workers=r.workers, memory_mb=r.worker_memory_mb)
             if TASK_VERIFIER not in fns:  # else the builder binds the config's task, once it is built
                 objects["reward"] = reward
             provenance["reward_funcs"] = [

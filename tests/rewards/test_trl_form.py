@@ -111,7 +111,8 @@ def test_trl_rewards_train_through_the_trainer(tmp_path):
 
     overrides = {"trainer.steps": 2, "trainer.eval_every": 0, "trainer.save_every": 0, "trainer.threads": 1,
                  "rollout.prompts_per_step": 2, "rollout.group_size": 2, "rollout.max_new_tokens": 8,
-                 "algo.dynamic_sampling": False, "trainer.out_dir": str(tmp_path)}
+                 "algo.dynamic_sampling": False, "trainer.out_dir": str(tmp_path),
+                 "reward.workers": 0}  # `steps` and `pairs` are this process's lists, not a reward worker's
     steps, pairs = [], []
 
     def at_step(completions, trainer_state, completion_ids, **kwargs):

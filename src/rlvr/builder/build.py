@@ -29,7 +29,8 @@ from rlvr.models.causal_lm import context_length, enable_checkpointing, load_cau
 from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.models.policy import CausalPolicy
 from rlvr.protocols import RolloutEngine
-from rlvr.rewards.forms import with_task
+from rlvr.rewards import math_pool
+from rlvr.rewards.forms import TASK_VERIFIER, with_task
 from rlvr.rewards.process import DENSE
 from rlvr.rewards.runner import RewardRunner, RewardSum, load_reward_spec
 from rlvr.runtime.process import resolve_device
@@ -198,8 +199,19 @@ def build_reward(config: Config, task) -> RewardRunner | RewardSum:
                               f"reward.model_normalize=none")
         fns, weights = zip(*load_reward_spec(config.reward.fn, model_options=reward_model_options(config),
                                              judge_options=judge_options(config)))
-        return RewardSum(with_task(fns, task), weights, timeout_s=config.reward.timeout_s)
-    return RewardRunner(getattr(task, "reward_batch", task.reward), name="task", timeout_s=config.reward.timeout_s)
+        return RewardSum(with_task(fns, task), weights, **reward_bounds(config))
+    verifier = getattr(task, "reward_batch", task.reward)
+    if getattr(task, "in_process", False):  # a grader with its own sandbox: scored here
+        verifier = with_task([TASK_VERIFIER], task)[0]
+    return RewardRunner(verifier, name="task", verifies=task, **reward_bounds(config))
+
+
+def reward_bounds(config: Config) -> dict:
+    """The per-sample deadline and the worker processes of reward functions, and the symbolic
+    math checks' pool (process-wide, sized here)."""
+    r = config.reward
+    math_pool.configure(workers=r.math_workers, memory_mb=r.math_memory_mb)
+    return {"timeout_s": r.timeout_s, "workers": r.workers, "memory_mb": r.worker_memory_mb}
 
 
 def reward_model_options(config: Config) -> dict:

@@ -83,8 +83,16 @@ class RewardConfig:
     fn: str = ""
     """User reward `file.py:name` or `module:name` replacing the task's verifier; empty = task's."""
     timeout_s: float = 10.0
-    """Wall-clock limit of one reward call (a sample, or a whole batch for batched functions); a call past it
-    is an error (`reward/<name>/timeouts`), its thread left to finish on its own. 0 = no limit."""
+    """Wall-clock deadline of each sample's reward and `is_correct` (a batched call: the whole batch, then each
+    sample alone); a sample past it gets reward 0 (`reward/<name>/timeouts`). 0 = no limit."""
+    workers: int = ranged(2, ">= 0", "0 = in the trainer's process, where a call holding the GIL cannot be stopped")
+    """Processes that run reward functions and task verifiers, killed and replaced when a sample breaches."""
+    worker_memory_mb: int = ranged(2048, ">= 0", "0 = no limit")
+    """Memory a reward worker may add to its size when forked (RLIMIT_AS); a sample over it gets reward 0."""
+    math_workers: int = ranged(2, ">= 1")
+    """Processes for symbolic math checks (sympy via math-verify), each under `math_memory_mb`."""
+    math_memory_mb: int = ranged(1024, ">= 0", "0 = no limit")
+    """Memory a symbolic math worker may add to its size at start (RLIMIT_AS); past it the check is False."""
     model_batch_size: int = 16
     """Reward models named in `fn` (a saved model folder): pairs scored per forward (memory only)."""
     model_normalize: str = "none"

@@ -7,9 +7,12 @@ rewards are the one exception, imported only when named: ``reward_model``).
 - ``combine``: weighted sums and per-reward group ("decoupled") normalisation.
 - ``forms``: the call forms (per-sample, batched, TRL's ``fn(completions, **kwargs)``), by signature.
 - ``runner``: ``load_reward_fn("file.py:name")``, ``RewardRunner`` (per-sample error capture,
-  batched and async forms, ``None``/dict rewards, non-finite rewards, ``SystemExit`` and calls past
-  ``timeout_s`` counted as errors, ``RewardError`` when a whole step fails) and ``RewardSum``
-  (several functions, weighted; ``load_reward_spec`` reads ``reward.fn``'s form).
+  batched and async forms, ``None``/dict rewards, non-finite rewards and ``SystemExit`` counted as
+  errors, samples past ``timeout_s`` or a worker's memory scored 0 and counted, ``RewardError`` when
+  a whole step raises) and ``RewardSum`` (several functions, weighted; ``load_reward_spec`` reads
+  ``reward.fn``'s form).
+- ``workers``: the worker processes that run reward calls, each sample under its own deadline;
+  ``math_pool``: the symbolic math checks' pool.
 - ``reward_model``: ``RewardModel``, a sequence-classification reward model as a batched reward
   function (its own tokenizer and chat template, batch whitening, clipping); ``reward.fn`` names
   one by its folder, and ``task`` names the task's verifier to weigh against it;

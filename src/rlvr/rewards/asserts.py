@@ -15,15 +15,26 @@ values; the expected values and the comparisons never enter its process.
 Expressions the interpreter does not know (comprehensions, a call consuming a generator or a
 lambda, method calls, names other than the safe builtins) become probes as a whole: their one
 value travels out and the check tests it, so such a test is only as strong as that value (for
-``assert all(f(i) > 0 for i in ...)``, a claimed ``True``). A test that is not a single
-``assert`` statement runs inside the sandbox as a statement and is the one form a program that
-introspects the interpreter could forge (``Spec.forgeable``). Probes are all evaluated, so a
-probe that raises fails its test even where Python's ``and``/``or`` would have skipped it.
+``assert all(f(i) > 0 for i in ...)``, a claimed ``True``). A probe that names nothing but
+builtins and ``math`` (``sorted([3, 1, 2])``, ``[i * i for i in range(5)]``: the expected side of
+``assert f(x) == ...``) is a **reference** probe (`Spec.reference`): it never enters the
+candidate's sandbox, since its value is the expected one; the grader evaluates it in a sandbox
+run of its own, without the candidate's code.
+
+Values that come back are bounded before any check runs on them: a set or dict whose items share
+one hash more than `MAX_SAME_HASH` times (37,000 multiples of 2^61 − 1, all hashing to 0, take 30 s
+to put in a set) fails the test, as does a `set`/`frozenset`/`dict` call over such a sequence.
+
+A test that is not a single ``assert`` statement runs inside the sandbox as a statement and is
+the one form a program that introspects the interpreter could forge (``Spec.forgeable``). Probes
+are all evaluated, so a probe that raises fails its test even where Python's ``and``/``or`` would
+have skipped it.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import math
 import operator
 from dataclasses import dataclass
@@ -34,6 +45,7 @@ __all__ = ["Spec", "split_test", "evaluate_check", "deserialize", "CheckError"]
 
 MAX_ITEMS = 1 << 20  # longest str/list/tuple an operator may build here (the grader's memory stays small)
 MAX_INT_BITS = 1 << 16  # largest int an operator may build here
+MAX_SAME_HASH = 64  # items of one set or dict that may share a hash (each insert compares against all of them)
 
 SAFE_CALLS = {
     "abs": abs, "len": len, "sorted": sorted, "set": set, "frozenset": frozenset, "list": list, "tuple": tuple,
@@ -66,6 +78,7 @@ class Spec:
     probes: tuple[str, ...] = ()
     check: ast.expr | None = None
     forgeable: bool = False
+    reference: tuple[bool, ...] = ()  # per probe: names only builtins and math, so evaluated without the candidate
 
 
 def split_test(test: str) -> Spec:
@@ -85,7 +98,34 @@ def split_test(test: str) -> Spec:
         return Spec(source=test, forgeable=True)
     probes: list[str] = []
     check = _open(tree.body[0].test, probes)
-    return Spec(source=test, probes=tuple(probes), check=check)
+    return Spec(source=test, probes=tuple(probes), check=check, reference=tuple(map(is_reference, probes)))
+
+
+# Builtins through which a probe could still reach the candidate's namespace: such a probe is the candidate's.
+_REACHING = {"eval", "exec", "compile", "globals", "locals", "vars", "getattr", "__import__", "open", "input",
+             "breakpoint", "help", "exit", "quit", "setattr", "delattr", "hasattr", "dir", "id"}
+REFERENCE_NAMES = frozenset(n for n in dir(builtins) if not n.startswith("_") and n not in _REACHING) | {"math"}
+
+
+def is_reference(probe: str) -> bool:
+    """Whether a probe names nothing the candidate defines: only builtins, ``math`` and its own bound names.
+
+    >>> is_reference("sorted([3, 1, 2])"), is_reference("[i * i for i in range(4)]"), is_reference("f(2)")
+    (True, True, False)
+    """
+    try:
+        tree = parse(probe, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    loads, bound = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loads if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+            return False  # dunder walks (().__class__.__base__ ...) may reach anything
+    return loads - bound <= REFERENCE_NAMES
 
 
 def _is_safe_leaf(node: ast.AST) -> bool:
@@ -128,6 +168,22 @@ def _open_keyword(value, probes):
     return value
 
 
+def few_collisions(items) -> list:
+    """`items` as a list, after checking that no more than `MAX_SAME_HASH` of them share a hash (their
+    hashes are counted in a dict keyed by the hash values themselves, which do not collide)."""
+    items = list(items)
+    counts: dict[int, int] = {}
+    for item in items:
+        try:
+            h = hash(item)
+        except TypeError:
+            raise CheckError("unhashable item") from None
+        counts[h] = counts.get(h, 0) + 1
+        if counts[h] > MAX_SAME_HASH:
+            raise CheckError(f"more than {MAX_SAME_HASH} items share one hash")
+    return items
+
+
 def deserialize(value):
     """Inverse of the harness's strict JSON form (tagged tuples, sets, dicts and special floats)."""
     if isinstance(value, list):
@@ -136,9 +192,11 @@ def deserialize(value):
         if set(value) == {"__tuple__"}:
             return tuple(deserialize(v) for v in value["__tuple__"])
         if set(value) == {"__set__"}:
-            return {deserialize(v) for v in value["__set__"]}
+            return set(few_collisions(deserialize(v) for v in value["__set__"]))
         if set(value) == {"__dict__"}:
-            return {deserialize(k): deserialize(v) for k, v in value["__dict__"]}
+            pairs = [(deserialize(k), deserialize(v)) for k, v in value["__dict__"]]
+            few_collisions(k for k, _ in pairs)
+            return dict(pairs)
         if set(value) == {"__float__"} and value["__float__"] in ("nan", "inf", "-inf"):
             return float(value["__float__"])
         raise CheckError("malformed value")
@@ -238,5 +296,9 @@ def _eval(node: ast.expr, env: dict):  # noqa: C901 - one branch per node type r
         kwargs = {k.arg: _eval(k.value, env) for k in node.keywords if k.arg is not None}
         if any(isinstance(a, (str, list, tuple, set, dict)) and len(a) > MAX_ITEMS for a in args):
             raise CheckError("argument too large")
+        if fn in (set, frozenset, dict) and args and isinstance(args[0], (list, tuple)):
+            args[0] = few_collisions(args[0]) if fn is not dict else args[0]
+            if fn is dict:
+                few_collisions(k[0] if isinstance(k, (list, tuple)) and k else k for k in args[0])
         return _bounded(fn(*args, **kwargs))
     raise CheckError(f"{type(node).__name__} is not evaluated here")

@@ -12,7 +12,10 @@ Two kinds of tests (a row's ``tests`` field):
   evaluates the probes and prints their values as strict JSON (exact builtin types only; an
   object whose ``__eq__`` is always true cannot be serialised), and the parent evaluates every
   check on those values. Expected values and comparisons never enter the sandbox, so whatever a
-  program prints, it is graded like an honest program returning the printed values. Result
+  program prints, it is graded like an honest program returning the printed values. A probe
+  that names only builtins and ``math`` (the expected side, ``sorted([3, 1, 2])``) is evaluated
+  in a sandbox run of its own without the candidate's code (cached per set of such probes), so a
+  program that walks the harness's frames, ``gc``, ``/proc`` or its fds finds no expected value. Result
   lines are tagged with a per-run random nonce read from stdin (then replaced by
   ``/dev/null``), so ``print("PASSED")``, ``sys.exit(0)`` or ``os._exit(0)`` before the tests
   produce no tagged lines and FAIL; a malformed line fails its test only. A test that is not a
@@ -174,6 +177,28 @@ class CodeGrader:
     def __init__(self, sandbox: Sandbox | None = None, *, limits: Limits | None = None):
         self.sandbox = sandbox or Sandbox()
         self.limits = limits
+        self._references: dict[str, list | None] = {}  # reference probes (JSON) -> their values per test
+
+    def _reference_values(self, wanted: list[str]) -> None:
+        """Evaluate each row's reference probes (JSON lists of lists of sources) in a sandbox run without
+        the candidate, once per distinct list; None where the run failed."""
+        todo = [w for w in dict.fromkeys(wanted) if w not in self._references]
+        if not todo:
+            return
+        if len(self._references) > 4096:
+            self._references.clear()
+        nonce = secrets.token_hex(16)
+        jobs = [dict(source=_harness_source(), files={"solution.py": "import math\n"},
+                     stdin=nonce + "\n" + json.dumps([{"kind": "probes", "src": srcs} for srcs in json.loads(w)])
+                     + "\n", limits=self.limits) for w in todo]
+        for w, run in zip(todo, self.sandbox.run_many(jobs)):
+            count = len(json.loads(w))
+            records = {}
+            for line in run.stdout.splitlines() if run.verdict is Verdict.OK else []:
+                record = _parse_record(line, nonce, count) if line.startswith(nonce) else None
+                if record is not None and isinstance(record.get("values"), list):
+                    records.setdefault(record["i"], record["values"])
+            self._references[w] = [records.get(i) for i in range(count)]
 
     def grade(self, code: str, tests: list) -> Grade:
         return self.grade_many([(code, tests)])[0]
@@ -191,12 +216,16 @@ class CodeGrader:
             else:
                 specs = [split_test(str(t)) for t in tests]
                 nonce = secrets.token_hex(16)
-                sent = [{"kind": "stmt", "src": s.source} if s.forgeable else {"kind": "probes", "src": list(s.probes)}
+                sent = [{"kind": "stmt", "src": s.source} if s.forgeable else
+                        {"kind": "probes", "src": [p for p, ref in zip(s.probes, s.reference) if not ref]}
                         for s in specs]
                 stdin = nonce + "\n" + json.dumps(sent) + "\n"
-                plans.append(("assert", len(jobs), (specs, nonce)))
+                wanted = json.dumps([[p for p, ref in zip(s.probes, s.reference) if ref] for s in specs])
+                plans.append(("assert", len(jobs), (specs, nonce, wanted)))
                 jobs.append(dict(source=_harness_source(), files={"solution.py": code}, stdin=stdin,
                                  limits=self.limits))
+        self._reference_values([info[2] for kind, _, info in plans
+                                if kind == "assert" and any(any(s.reference) for s in info[0])])
         runs = self.sandbox.run_many(jobs)
         grades = []
         for kind, start, info in plans:
@@ -208,8 +237,8 @@ class CodeGrader:
                 passed = sum(v is Verdict.PASS for v in verdicts)
                 grades.append(Grade(_overall(verdicts, mine), passed, len(verdicts), verdicts))
             else:
-                specs, nonce = info
-                grades.append(_assert_grade(runs[start], specs, nonce))
+                specs, nonce, wanted = info
+                grades.append(_assert_grade(runs[start], specs, nonce, self._references.get(wanted)))
         return grades
 
 
@@ -239,11 +268,14 @@ def _parse_record(line: str, nonce: str, count: int) -> dict | None:
     return record
 
 
-def _check_passes(record: dict, spec: Spec) -> bool:
-    """The test's check, evaluated here on the probe values the sandbox reported."""
-    values = record.get("values")
-    if not isinstance(values, list) or len(values) != len(spec.probes):
+def _check_passes(record: dict, spec: Spec, reference: list | None) -> bool:
+    """The test's check, evaluated here on the probe values the candidate's run reported and the
+    reference probes' values from the run without it."""
+    values, reference = record.get("values"), list(reference or [])
+    if not isinstance(values, list) or len(values) + len(reference) != len(spec.probes):
         return False
+    values = list(values)
+    values = [reference.pop(0) if ref else values.pop(0) for ref in spec.reference] if reference else values
     try:
         env = {f"_v{i}": deserialize(v) for i, v in enumerate(values)}
         return bool(evaluate_check(spec.check, env))
@@ -251,7 +283,8 @@ def _check_passes(record: dict, spec: Spec) -> bool:
         return False
 
 
-def _assert_grade(run: RunResult, specs: list[Spec], nonce: str) -> Grade:
+def _assert_grade(run: RunResult, specs: list[Spec], nonce: str, references: list | None = None) -> Grade:
+    """The grade of one assert run; `references[i]`: test i's reference probe values (None: they failed)."""
     if run.verdict is Verdict.SANDBOX_ERROR:
         return Grade(Verdict.SANDBOX_ERROR, 0, len(specs), [Verdict.SANDBOX_ERROR] * len(specs), run.detail)
     results: dict[int, dict] = {}
@@ -269,7 +302,9 @@ def _assert_grade(run: RunResult, specs: list[Spec], nonce: str) -> Grade:
             verdicts.append(Verdict.RUNTIME_ERROR if not record["error"].startswith("AssertionError")
                             else Verdict.FAIL)
         elif not spec.forgeable:
-            verdicts.append(Verdict.PASS if _check_passes(record, spec) else Verdict.FAIL)
+            reference = references[i] if references and any(spec.reference) else None
+            ok = (reference is not None or not any(spec.reference)) and _check_passes(record, spec, reference)
+            verdicts.append(Verdict.PASS if ok else Verdict.FAIL)
         else:
             verdicts.append(Verdict.PASS if record.get("ok") is True else Verdict.FAIL)
     passed = sum(v is Verdict.PASS for v in verdicts)

@@ -92,4 +92,5 @@ def with_task(fns, task) -> list[Callable]:
         def verifier(prompt, completion, **example):
             return task.reward(prompt, completion, **example)
     verifier.__name__ = verifier.__qualname__ = "task"
+    verifier.in_process = getattr(task, "in_process", False)  # its grader keeps threads of its own
     return [verifier if fn is TASK_VERIFIER else fn for fn in fns]

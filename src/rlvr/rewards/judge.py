@@ -73,6 +73,7 @@ class GenerativeJudge:
     module doc. `engine` is needed for ``mode="score"`` only."""
 
     batched = True
+    in_process = True  # the judge model lives on the trainer's device: scored here, not in a forked reward worker
 
     def __init__(self, model, tokenizer, rubric: str, *, mode: str = "verdict",
                  verdicts: tuple[str, str] = ("Yes", "No"), engine=None, low: float = 0.0, high: float = 10.0,

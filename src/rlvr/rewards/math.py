@@ -20,9 +20,9 @@ decimals, ``a/b``, ``\\frac{a}{b}``, percentages, thousands separators) compared
 fractions: an integer reference exactly, a decimal reference within half a unit of the last
 place it states (never looser than 5e-7, math-verify's six-place rounding); (3) otherwise
 symbolic comparison with ``math-verify`` (LaTeX parsing via latex2sympy, sympy simplification)
-in a **separate worker process with a wall-clock limit**: sympy can hang on adversarial input,
-``signal.alarm`` only works in the main thread, so the parent kills and restarts the worker on
-timeout and scores the pair as not equal (counted in ``STATS``).
+in a **pool of worker processes** (``rlvr.rewards.math_pool``), each check under a deadline and
+each worker under a memory limit: past either, the worker is killed and replaced and the pair
+scores as not equal (counted in ``STATS``).
 
 Deviations from math-verify's own ``parse``/``verify`` on raw completions (measured on the
 labelled corpus in ``tests/rewards/``; see ``docs/rewards.md``):
@@ -38,14 +38,7 @@ labelled corpus in ``tests/rewards/``; see ``docs/rewards.md``):
 
 from __future__ import annotations
 
-import atexit
-import json
-import os
 import re
-import selectors
-import subprocess
-import sys
-import threading
 
 from rlvr.rewards.answers import (
     MAX_ANSWER_CHARS,
@@ -57,11 +50,9 @@ from rlvr.rewards.answers import (
     several_values,
     too_large,
 )
+from rlvr.rewards.math_pool import STATS, symbolic_equal
 
 __all__ = ["extract_answer", "normalize_answer", "parse_number", "math_equal", "math_reward", "STATS"]
-
-STATS = {"symbolic_checks": 0, "timeouts": 0, "worker_restarts": 0}
-"""Process-wide counters: how often the worker was asked, timed out, restarted."""
 
 _SYMBOLIC = re.compile(r"[\\{}^()\[\]a-zA-Z]")
 
@@ -105,7 +96,7 @@ def math_equal(pred: str | None, gold: str | None, *, timeout_s: float = 5.0) ->
         return verdict
     if too_large(p) or too_large(g):
         return False
-    return _WORKER.equal(p, g, timeout_s)
+    return symbolic_equal(p, g, timeout_s)
 
 
 def math_reward(prompt: str, completion: str, /, answer: str | None = None, *, strict: bool = False,
@@ -122,60 +113,3 @@ def math_reward(prompt: str, completion: str, /, answer: str | None = None, *, s
         return None
     gold = extract_answer(str(answer)) if ("####" in str(answer) or "\\boxed" in str(answer)) else str(answer)
     return 1.0 if math_equal(extract_answer(completion, strict=strict), gold) else 0.0
-
-
-class _Worker:
-    """A long-lived ``python -m rlvr.rewards._math_worker`` child answering one pair at a time."""
-
-    def __init__(self):
-        self.proc: subprocess.Popen | None = None
-        self.lock = threading.Lock()
-
-    def _start(self) -> None:
-        STATS["worker_restarts"] += self.proc is not None
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "rlvr.rewards._math_worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
-        if self._readline(60.0) != "ready":
-            self._kill()
-            raise RuntimeError("math worker failed to start")
-
-    def _readline(self, timeout_s: float) -> str | None:
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            if not sel.select(timeout_s):
-                return None
-        line = self.proc.stdout.readline()
-        return line.strip() if line else None
-
-    def _kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-    def equal(self, pred: str, gold: str, timeout_s: float) -> bool:
-        with self.lock:
-            if self.proc is None or self.proc.poll() is not None:
-                self._start()
-            STATS["symbolic_checks"] += 1
-            self.proc.stdin.write(json.dumps({"pred": pred, "gold": gold}) + "\n")
-            self.proc.stdin.flush()
-            line = self._readline(timeout_s)
-            if line is None:
-                STATS["timeouts"] += 1
-                self._kill()
-                return False
-            try:
-                return bool(json.loads(line)["equal"])
-            except (ValueError, KeyError):
-                return False
-
-    def close(self) -> None:
-        with self.lock:
-            self._kill()
-
-
-_WORKER = _Worker()
-atexit.register(_WORKER.close)
-

@@ -87,6 +87,7 @@ class RewardModel:
     trained here."""
 
     batched = True
+    in_process = True  # the model lives on the trainer's device: scored here, not in a forked reward worker
 
     def __init__(self, model, tokenizer=None, *, batch_size: int = 16, normalize: str = "none", clip: float = 0.0,
                  max_length: int | None = None, device: str | torch.device | None = None,

@@ -29,23 +29,30 @@ stops the run with one line naming the function and the first error.
 A reward function cannot stop or fool the run: a non-finite number (inf, -inf, NaN) is an error
 (``<name>/nonfinite``), never a reward; ``SystemExit`` or any other ``BaseException`` raised by
 the function is an error of that sample (only ``KeyboardInterrupt`` propagates, so Ctrl-C still
-stops the run); and with ``timeout_s`` > 0 a call that takes longer is an error
-(``<name>/timeouts``). Sync functions then run in a worker thread awaited with a deadline, async
-ones under ``asyncio.wait_for``. Python cannot kill a thread: a timed-out sync call keeps running
-in its (daemon) thread until it returns, and the runner moves on with a fresh thread; an async
-function that blocks without awaiting cannot be timed out at all. The ``nonfinite`` and
-``timeouts`` metrics appear in the steps where one occurred.
+stops the run). With ``workers`` > 0, sync functions run in worker processes
+(``rlvr.rewards.workers``), each sample under its own ``timeout_s`` deadline and the workers under
+a memory budget (``memory_mb``): a sample past its deadline (``<name>/timeouts``), over the memory
+budget (``<name>/memory``) or whose worker died (``<name>/crashes``) gets reward 0, its worker is
+killed and replaced, and the other samples are scored as if alone. This holds for functions that
+hold the GIL (a backtracking regex, C code), which no thread can stop. A batched or TRL-form call
+runs whole under one deadline; past it, its samples are scored one by one, each under its own.
+Functions that declare ``in_process = True`` (reward models and judges, which hold a model; tasks
+whose grader keeps its own sandbox) and async functions run in the trainer's process, as with
+``workers=0``: sync calls in a daemon thread awaited with the deadline (a call past it is
+abandoned to its thread, which Python cannot kill), async ones under ``asyncio.wait_for`` per sample
+(an async function that blocks without awaiting cannot be timed out). A worker is a fork of the
+trainer: what the function changes in its own globals stays in the worker. Breaches never raise
+``RewardError``: they are the sample's fault, not the function's. The ``nonfinite``, ``timeouts``,
+``memory`` and ``crashes`` metrics appear in the steps where one occurred.
 
 Several functions: ``RewardSum`` calls each (its metrics under its own name) and rewards the
 weighted sum; ``load_reward_spec("a.py:right, 0.2*a.py:short")`` reads the ``reward.fn`` form
-(comma-separated, each optionally ``WEIGHT*``).
+(comma-separated, each optionally ``WEIGHT*``; `rlvr.rewards.loading`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import inspect
 import json
 import math
@@ -54,103 +61,17 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rlvr.errors import ConfigError, RewardError
 from rlvr.rewards.calls import CallThread, Deadline, awaited, describe, run_coroutine, where
 from rlvr.rewards.combine import weighted_sum
-from rlvr.rewards.forms import COMPLETION_IDS, TASK_VERIFIER, TrainerState, batched, reward_form
+from rlvr.rewards.forms import COMPLETION_IDS, TrainerState, batched, reward_form
+from rlvr.rewards.loading import load_reward_fn, load_reward_spec, spec_entries  # noqa: F401  re-exported
+from rlvr.rewards.workers import BREACHES, CRASH, MEMORY, TIMEOUT, WorkerPool
 
 __all__ = ["RewardBatch", "RewardRunner", "RewardSum", "TrainerState", "batched", "load_reward_fn",
            "load_reward_spec", "reward_form"]
-
-def load_reward_fn(spec: str, *, base_dir: str | Path | None = None, model_options: dict[str, Any] | None = None,
-                   judge_options: dict[str, Any] | None = None) -> Callable:
-    """``"path/to/file.py:name"`` or ``"package.module:name"`` -> the callable; a saved model folder (holding
-    config.json) -> a ``RewardModel`` built with ``model_options`` (a ``ProcessRewardModel`` when they name a
-    step ``aggregate``); ``"judge:DIR"`` -> a ``GenerativeJudge`` built with ``judge_options``.
-
-    Relative paths resolve against ``base_dir`` (default: the current directory).
-    """
-    if spec.startswith("judge:"):  # a generative judge: torch is loaded only now
-        from rlvr.rewards.judge import JUDGE_PREFIX, load_judge
-
-        target = Path(spec.removeprefix(JUDGE_PREFIX))
-        return load_judge(target if target.is_absolute() else Path(base_dir or ".") / target, **(judge_options or {}))
-    folder = Path(spec) if Path(spec).is_absolute() else Path(base_dir or ".") / spec
-    if (folder / "config.json").is_file():  # a reward model: torch is loaded only now
-        from rlvr.rewards.reward_model import load_reward_model
-
-        return load_reward_model(folder, **(model_options or {}))
-    path_part, sep, name = spec.rpartition(":")
-    if not sep or not path_part or not name:
-        raise ConfigError(f"reward.fn={spec!r}: expected FILE.py:NAME or MODULE:NAME, e.g. my_rewards.py:score")
-    if path_part.endswith(".py") or "/" in path_part:
-        path = Path(path_part)
-        if not path.is_absolute():
-            path = Path(base_dir or ".") / path
-        if not path.is_file():
-            raise ConfigError(f"reward.fn={spec!r}: file {str(path)!r} not found")
-        mod_name = f"rlvr_user_reward_{abs(hash(str(path.resolve())))}"
-        loader_spec = importlib.util.spec_from_file_location(mod_name, path)
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[mod_name] = module
-        try:
-            loader_spec.loader.exec_module(module)
-        except Exception as err:
-            del sys.modules[mod_name]
-            raise ConfigError(f"reward.fn={spec!r}: importing {str(path)!r} failed: "
-                              f"{type(err).__name__}: {err}") from None
-    else:
-        try:
-            module = importlib.import_module(path_part)
-        except ImportError as err:
-            raise ConfigError(f"reward.fn={spec!r}: cannot import module {path_part!r}: {err}") from None
-    fn = getattr(module, name, None)
-    if fn is None:
-        public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
-        raise ConfigError(f"reward.fn={spec!r}: no {name!r} in {path_part!r}; "
-                          f"callables there: {', '.join(public) or 'none'}")
-    if not callable(fn):
-        raise ConfigError(f"reward.fn={spec!r}: {name!r} is not callable")
-    return fn
-
-
-def load_reward_spec(spec: str, *, base_dir: str | Path | None = None, model_options: dict[str, Any] | None = None,
-                     judge_options: dict[str, Any] | None = None) -> list[tuple[Callable, float]]:
-    """``"a.py:right, 0.2*a.py:short"`` -> [(right, 1.0), (short, 0.2)]: the ``reward.fn`` form,
-    one or several ``FILE.py:NAME`` / ``MODULE:NAME`` / reward-model folders separated by commas,
-    each optionally prefixed by its weight and ``*``; ``task`` is the task's own verifier
-    (``TASK_VERIFIER``, bound by ``rlvr.rewards.forms.with_task``), so ``"0.1*my.py:shaping, task"``
-    adds a shaping term to it, ``"task, 0.5*RM_DIR"`` weighs a learned reward against it and
-    ``"task, 0.5*judge:LM_DIR"`` a generative judge."""
-    out = []
-    for value, target in spec_entries(spec):
-        fn = TASK_VERIFIER if target == "task" else load_reward_fn(
-            target, base_dir=base_dir, model_options=model_options, judge_options=judge_options)
-        reward_form(fn, f"reward.fn={spec!r}")
-        out.append((fn, value))
-    return out
-
-
-def spec_entries(spec: str) -> list[tuple[float, str]]:
-    """The ``reward.fn`` form's (weight, target) pairs, nothing loaded (one-line errors for bad entries)."""
-    out = []
-    for item in (part.strip() for part in spec.split(",")):
-        if not item:
-            raise ConfigError(f"reward.fn={spec!r}: empty entry; separate functions by single commas")
-        weight, star, target = item.partition("*")
-        if not star:
-            weight, target = "1", item
-        try:
-            value = float(weight)
-        except ValueError:
-            raise ConfigError(f"reward.fn={spec!r}: weight {weight.strip()!r} of {target.strip()!r} is not a number; "
-                              f"write WEIGHT*FILE.py:NAME, e.g. 0.2*my_rewards.py:short") from None
-        out.append((value, target.strip()))
-    return out
-
 
 @dataclass
 class RewardBatch:
@@ -175,10 +96,14 @@ class RewardRunner:
     """
 
     def __init__(self, fn: Callable, *, name: str | None = None, batched: bool | None = None,
-                 timeout_s: float = 0.0):
+                 timeout_s: float = 0.0, workers: int = 0, memory_mb: int = 0, verifies: object = None):
         if not (isinstance(timeout_s, numbers.Real) and math.isfinite(timeout_s) and timeout_s >= 0):
             raise ConfigError(f"reward.timeout_s: must be a number >= 0 (0 = no limit), got {timeout_s!r}")
+        if not (isinstance(workers, int) and workers >= 0):
+            raise ConfigError(f"reward.workers: must be an integer >= 0 (0 = in the trainer's process), "
+                              f"got {workers!r}")
         self.fn = fn
+        self.verifies = verifies  # the task whose own verifier `fn` is (`derives_correct`), else None
         self.timeout_s = float(timeout_s)
         self._warned_unscorable = False
         # each calling thread's own worker: batches scored at once (`collect.produce_ahead`) never queue
@@ -189,6 +114,9 @@ class RewardRunner:
         # The __call__ method itself is inspected (an object with an ``async def __call__``), not callability.
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None))  # noqa: B004
+        # Worker processes, where a call can be stopped; a model (in_process) or an event loop stays here.
+        self.pool = None if (workers == 0 or self.is_async or getattr(fn, "in_process", False)) else WorkerPool(
+            {"fn": fn}, size=workers, memory_mb=memory_mb, name=f"reward {self.name}")
 
     def __call__(self, prompts: list[str], completions: list[str], examples: list[dict[str, Any]]) -> RewardBatch:
         n = len(completions)
@@ -241,7 +169,37 @@ class RewardRunner:
             async def gather():
                 return await asyncio.gather(*(one(p, c, ex) for p, c, ex in zip(prompts, completions, examples)))
             return run_coroutine(gather())
-        return [self._guarded(self.fn, (p, c), ex) for p, c, ex in zip(prompts, completions, examples)]
+        return self._calls_of([((p, c), ex) for p, c, ex in zip(prompts, completions, examples)])
+
+    def _calls_of(self, calls: list[tuple[tuple, dict]], fn: Callable | None = None) -> list[tuple[Any, str | None]]:
+        """Each call of `fn` (default: the function) under its own deadline, in the workers when there are."""
+        if self.pool is not None and fn is None:
+            return [(v, self._breach(e)) for v, e in self.pool.run("fn", calls, self.timeout_s)]
+        return [self._guarded(fn or self.fn, args, kwargs) for args, kwargs in calls]
+
+    def _breach(self, error: str | None) -> str | None:
+        return self._timeout_error() if error and error.startswith(TIMEOUT + ":") else error
+
+    def derives_correct(self, task) -> bool:
+        """Whether `task.is_correct` of a sample is "this call's reward is 1.0": `fn` is the task's own
+        verifier and the task declares ``correct_is_full_reward``. Then the trainer reads correctness
+        off the reward call and asks nothing twice (a completion that stalls the verifier does it once)."""
+        return self.verifies is task and getattr(task, "correct_is_full_reward", False)
+
+    def correct_in_workers(self, task) -> bool:
+        """Whether `correct` asks `task` in worker processes (then it may run beside a reward call)."""
+        if self.pool is None or getattr(task, "in_process", False):
+            return False
+        self.pool.register("correct", task.is_correct)  # before the workers fork, so they have it
+        return True
+
+    def correct(self, task, group: list, texts: list[str]) -> list[bool]:
+        """`task.is_correct` of each text under the same deadline and in the same workers as the rewards;
+        a breach or an error is "not correct". A task that declares ``in_process`` is asked here."""
+        calls = [((text, ex), {}) for text, ex in zip(texts, group)]
+        if self.correct_in_workers(task):
+            return [e is None and v is True for v, e in self.pool.run("correct", calls, self.timeout_s)]
+        return [e is None and bool(v) for v, e in self._calls_of(calls, task.is_correct)]
 
     def _call_trl(self, prompts, completions, examples, chats, ids) -> list[tuple[Any, str | None]]:
         """TRL's call: everything as keywords, the columns as lists (`GRPOTrainer._calculate_rewards`)."""
@@ -253,6 +211,11 @@ class RewardRunner:
         params = inspect.signature(self.fn).parameters
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             kwargs = {k: v for k, v in kwargs.items() if k in params}
+        if self.pool is not None:
+            def one(i):  # sample i alone, as TRL would pass a batch of one
+                return (), {k: (v if k == "trainer_state" else v[i:i + 1]) for k, v in
+                            {**kwargs, "completions": completions}.items()}
+            return self._pooled_batch(((), {**kwargs, "completions": completions}), one, len(completions))
         fn = self.fn
         return self._call_batched(prompts, completions, [],
                                   call=lambda _prompts, completions: fn(completions=completions, **kwargs))
@@ -261,6 +224,10 @@ class RewardRunner:
         keys = sorted({k for ex in examples for k in ex})
         columns = {k: [ex.get(k) for ex in examples] for k in keys}
         fn = call or self.fn
+        if self.pool is not None:
+            def one(i):
+                return ([prompts[i]], [completions[i]]), {k: v[i:i + 1] for k, v in columns.items()}
+            return self._pooled_batch(((list(prompts), list(completions)), columns), one, len(completions))
 
         def call(prompts, completions, **columns):
             values = fn(prompts, completions, **columns)
@@ -274,6 +241,25 @@ class RewardRunner:
         if error is not None:
             return [(None, error)] * len(completions)
         # An exception in a sample's place is that sample's error (a judge's unparsable verdict).
+        return [(None, describe(v)) if isinstance(v, BaseException) else (v, None) for v in values]
+
+    def _pooled_batch(self, whole: tuple[tuple, dict], one: Callable[[int], tuple[tuple, dict]],
+                      n: int) -> list[tuple[Any, str | None]]:
+        """A batched call in a worker under one deadline; past it (or over memory, or crashed),
+        each sample alone under its own, so only the samples that breach are lost."""
+        values, error = self._calls_of([whole])[0]
+        if error is not None and error.startswith(BREACHES) and n > 1:
+            parts = self._calls_of([one(i) for i in range(n)])
+            return [(None, e) if e is not None else (v[0], None) if isinstance(v, list) and len(v) == 1 else
+                    (None, "ValueError: a batch of one did not return one value") for v, e in parts]
+        if error is None and not isinstance(values, list):
+            values = list(values) if isinstance(values, tuple) else values
+            if not isinstance(values, list):
+                error = f"TypeError: a batched reward must return a list, got {type(values).__name__}"
+        if error is None and len(values) != n:
+            error = f"ValueError: returned {len(values)} values for {n} samples"
+        if error is not None:
+            return [(None, error)] * n
         return [(None, describe(v)) if isinstance(v, BaseException) else (v, None) for v in values]
 
     def _guarded(self, fn: Callable, args: tuple, kwargs: dict) -> tuple[Any, str | None]:
@@ -305,7 +291,7 @@ class RewardRunner:
             return None, describe(err)
 
     def _timeout_error(self) -> str:
-        return f"{TIMEOUT_ERROR}: took longer than reward.timeout_s={self.timeout_s:g}s"
+        return f"{TIMEOUT}: took longer than reward.timeout_s={self.timeout_s:g}s"
 
     def _collect(self, raw: list[tuple[Any, str | None]]) -> RewardBatch:
         rewards, errors, extra = [], [], {}
@@ -338,6 +324,8 @@ class RewardRunner:
                     reward = None
             if error is None and reward is None:
                 unscorable += 1
+            if error is not None and error.startswith(BREACHES):
+                reward = 0.0  # a completion that stalls or bloats the verifier earns nothing, and trains
             rewards.append(math.nan if reward is None else float(reward))
             errors.append(error)
         n_err = sum(e is not None for e in errors)
@@ -347,12 +335,13 @@ class RewardRunner:
             self._warned_unscorable = True  # once: a step of nothing scorable can be legitimate, a run of them not
             print(f"warning: reward {named} returned None (not scorable) for all {len(raw)} samples of a step: "
                   f"they do not train; return a number where the completion can be scored", file=sys.stderr)
-        if raw and n_err == len(raw):
+        if raw and n_err == len(raw) and not any(e.startswith(BREACHES) for e in errors):
             first = next(e for e in errors if e)
             raise RewardError(f"reward {named} failed on all {len(raw)} samples of this step; first error: {first}; "
                               f"fix the function so it returns a finite number (None = unscorable)")
         metrics = {f"{self.name}/errors": float(n_err), f"{self.name}/unscorable": float(unscorable)}
-        for kind, prefix in (("nonfinite", NONFINITE_ERROR), ("timeouts", TIMEOUT_ERROR)):
+        for kind, prefix in (("nonfinite", NONFINITE_ERROR), ("timeouts", TIMEOUT), ("memory", MEMORY),
+                             ("crashes", CRASH)):
             count = sum(bool(e) and e.startswith(prefix + ":") for e in errors)
             if count:
                 metrics[f"{self.name}/{kind}"] = float(count)
@@ -365,10 +354,9 @@ class RewardRunner:
 
 
 NONFINITE_ERROR = "NonFiniteReward"
-OWN_METRICS = ("mean", "errors", "unscorable", "nonfinite", "timeouts")
+OWN_METRICS = ("mean", "errors", "unscorable", "nonfinite", "timeouts", "memory", "crashes")
 """What `_collect` reports per reward function: a dict reward's side metric of one of these names
 would overwrite it, so such a key is an error."""
-TIMEOUT_ERROR = "RewardTimeout"
 
 
 class RewardSum:
@@ -391,13 +379,14 @@ class RewardSum:
     """
 
     def __init__(self, fns: Sequence[Callable], weights: Sequence[float] | None = None, *, columns: bool = False,
-                 timeout_s: float = 0.0):
+                 timeout_s: float = 0.0, workers: int = 0, memory_mb: int = 0):
         if not fns:
             raise ValueError("RewardSum needs at least one function")
         weights = [1.0] * len(fns) if weights is None else [float(w) for w in weights]
         if len(weights) != len(fns):
             raise ValueError(f"{len(weights)} weights for {len(fns)} reward functions")
-        self.runners = [RewardRunner(fn, name=name, timeout_s=timeout_s) for fn, name in zip(fns, _names(fns))]
+        self.runners = [RewardRunner(fn, name=name, timeout_s=timeout_s, workers=workers, memory_mb=memory_mb)
+                        for fn, name in zip(fns, _names(fns))]
         self.weights = dict(zip((r.name for r in self.runners), weights))
         self.columns = columns
         self._recent: dict[tuple[str, str, str], float] = {}
@@ -427,6 +416,16 @@ class RewardSum:
         self._recent = {(p, c, _key(ex)): r for p, c, ex, r in zip(prompts, completions, examples, rewards)}
         components = {r.name: b.rewards for r, b in zip(self.runners, parts)} if len(parts) > 1 else {}
         return RewardBatch(rewards, metrics, errors, components, dict(self.weights) if components else {})
+
+    def correct(self, task, group: list, texts: list[str]) -> list[bool]:
+        """`task.is_correct` per text, bounded as the rewards are (`RewardRunner.correct`)."""
+        return self._judge().correct(task, group, texts)
+
+    def correct_in_workers(self, task) -> bool:
+        return self._judge().correct_in_workers(task)
+
+    def _judge(self) -> RewardRunner:
+        return next((r for r in self.runners if r.pool is not None), self.runners[0])
 
     def score_one(self, prompt: str, completion: str, example: dict[str, Any]) -> float:
         """The weighted reward of one sample (nan = not scorable): from the last batch when it was

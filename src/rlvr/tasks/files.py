@@ -130,6 +130,7 @@ class FileTask:
     """Shared loading, prompt building, filtering and splitting; subclasses score."""
 
     name = "file"
+    correct_is_full_reward = True  # `is_correct` is "`reward` is 1.0": the trainer reads it off the reward call
 
     def __init__(self, *, path: str, prompt_key: str = "question", answer_key: str = "answer",
                  tests_key: str = "tests", system_prompt: str = "", prompt_template: str = "{prompt}",
@@ -304,10 +305,13 @@ class CodeFileTask(FileTask):
 
     ``reward`` returns ``{"reward": r, "verdict/<V>": 1.0}``, ``r`` None on SANDBOX_ERROR.
     ``reward_batch`` grades a whole batch over the sandbox's worker pool. Grades are cached per
-    (code, tests), so ``is_correct`` after ``reward`` does not rerun the program.
+    (code, tests), so ``is_correct`` after ``reward`` does not rerun the program. Graded in the
+    trainer's process (``in_process``): the programs run in the sandbox under its own limits, and
+    the grader's pool of threads and slot uids is the trainer's.
     """
 
     name = "code_file"
+    in_process = True
 
     def __init__(self, *, path: str, prompt_key: str = "prompt", all_or_nothing: bool = False,
                  sandbox_workers: int = 2, wall_s: float = 5.0, memory_mb: int = 512,

@@ -1,4 +1,7 @@
-"""Held-out evaluation on a list of Examples: greedy accuracy, and avg@k / pass@k of k samples."""
+"""Held-out evaluation on a list of Examples: greedy accuracy, and avg@k / pass@k of k samples.
+
+`judge(task, examples, texts) -> list[bool]`, when given, answers correctness in place of calling
+`task.is_correct` here: the run's verifier (`RewardRunner.correct`), with its per-sample deadlines."""
 
 from __future__ import annotations
 
@@ -9,9 +12,9 @@ from rlvr.agents.collect import is_agent_task
 from rlvr.codec import decode_completions, encode_prompts
 
 
-def greedy_accuracy(engine, tokenizer, task, examples, *, batch_size: int = 256) -> float:
+def greedy_accuracy(engine, tokenizer, task, examples, *, batch_size: int = 256, judge=None) -> float:
     """Fraction of `examples` whose greedy completion (engine at temperature 0) is correct."""
-    correct = greedy_verdicts(engine, tokenizer, task, examples, batch_size=batch_size)
+    correct = greedy_verdicts(engine, tokenizer, task, examples, batch_size=batch_size, judge=judge)
     return sum(correct) / max(len(correct), 1)
 
 
@@ -31,13 +34,14 @@ def accuracy_by_source(examples, verdicts: list[bool]) -> dict[str, float]:
     return {source: sum(v) / len(v) for source, v in hits.items()}
 
 
-def greedy_verdicts(engine, tokenizer, task, examples, *, batch_size: int = 256) -> list[bool]:
+def greedy_verdicts(engine, tokenizer, task, examples, *, batch_size: int = 256, judge=None) -> list[bool]:
     """Whether each example's greedy completion is correct (for paired comparisons of checkpoints)."""
-    return _correctness(engine, tokenizer, task, examples, temperature=0.0, first_seed=None, batch_size=batch_size)
+    return _correctness(engine, tokenizer, task, examples, temperature=0.0, first_seed=None, batch_size=batch_size,
+                        judge=judge)
 
 
 def sampled_scores(engine, tokenizer, task, examples, *, samples: int, temperature: float,
-                   batch_size: int = 256) -> tuple[float, float]:
+                   batch_size: int = 256, judge=None) -> tuple[float, float]:
     """(avg@k, pass@k) of `samples` completions per example at `temperature`.
 
     The policy RL optimises is the sampled one; greedy decoding can stay put while it improves
@@ -46,7 +50,7 @@ def sampled_scores(engine, tokenizer, task, examples, *, samples: int, temperatu
     are fixed (1,000,000 + index), so two checkpoints are scored on the same noise."""
     rows = [ex for ex in examples for _ in range(samples)]
     correct = _correctness(engine, tokenizer, task, rows, temperature=temperature, first_seed=1_000_000,
-                           batch_size=batch_size)
+                           batch_size=batch_size, judge=judge)
     if not correct:
         return 0.0, 0.0
     per_example = [correct[i:i + samples] for i in range(0, len(correct), samples)]
@@ -54,7 +58,7 @@ def sampled_scores(engine, tokenizer, task, examples, *, samples: int, temperatu
 
 
 def _correctness(engine, tokenizer, task, rows, *, temperature: float, first_seed: int | None,
-                 batch_size: int) -> list[bool]:
+                 batch_size: int, judge=None) -> list[bool]:
     """Whether each of `rows` is answered correctly, one completion each; seeds first_seed + index (0 if None)."""
     if is_agent_task(task):
         return agent_correctness(engine, tokenizer, task, rows, temperature=temperature, first_seed=first_seed,
@@ -67,5 +71,6 @@ def _correctness(engine, tokenizer, task, rows, *, temperature: float, first_see
         if first_seed is not None:
             seeds += torch.arange(start, start + len(chunk)) + first_seed
         texts = decode_completions(tokenizer, engine(ids, mask, seeds, temperature=temperature))
-        correct.extend(bool(task.is_correct(text, ex)) for text, ex in zip(texts, chunk))
+        correct.extend(judge(task, chunk, texts) if judge is not None else
+                       (bool(task.is_correct(text, ex)) for text, ex in zip(texts, chunk)))
     return correct

@@ -46,13 +46,15 @@ def evaluate(c: Components, probe, engine=None) -> dict[str, float]:
     t0 = now()
     engine = engine or c.engine
     heldout = c.task.heldout()
-    verdicts = greedy_verdicts(engine, c.tokenizer, c.task, heldout)
+    judge = getattr(c.reward, "correct", None)  # is_correct under the verifier's deadlines, in its workers
+    verdicts = greedy_verdicts(engine, c.tokenizer, c.task, heldout, judge=judge)
     metrics = {"eval/heldout_accuracy": sum(verdicts) / max(len(verdicts), 1),
                **{f"eval/heldout_accuracy/{s}": a for s, a in accuracy_by_source(heldout, verdicts).items()},
-               "eval/train_accuracy": greedy_accuracy(engine, c.tokenizer, c.task, probe)}
+               "eval/train_accuracy": greedy_accuracy(engine, c.tokenizer, c.task, probe, judge=judge)}
     if c.loop.eval_samples:
         metrics["eval/heldout_sampled_accuracy"], metrics["eval/heldout_pass_at_k"] = sampled_scores(
-            engine, c.tokenizer, c.task, heldout, samples=c.loop.eval_samples, temperature=c.loop.eval_temperature)
+            engine, c.tokenizer, c.task, heldout, samples=c.loop.eval_samples, temperature=c.loop.eval_temperature,
+            judge=judge)
     return {**metrics, "time/eval_s": now() - t0}
 
 

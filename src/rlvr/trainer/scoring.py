@@ -4,6 +4,7 @@ several reward functions, each one's own score."""
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import torch
@@ -27,8 +28,21 @@ def scored(reward, task, group: list[Example], texts: list[str], token_ids: list
     examples = [dataclasses.asdict(ex) for ex in group]
     if token_ids is not None:
         examples = [{**ex, COMPLETION_IDS: ids} for ex, ids in zip(examples, token_ids)]
-    out = reward([ex.prompt for ex in group], texts, examples)
-    correct = [float(task.is_correct(text, ex)) for ex, text in zip(group, texts)]
+    # Correctness under the verifier's deadlines (`RewardRunner.correct`); asked beside the rewards when
+    # both run in worker processes, so a completion that stalls both costs one deadline, not two.
+    bounded = getattr(reward, "correct", None)
+    if getattr(reward, "derives_correct", lambda task: False)(task):  # is_correct = "the reward is 1"
+        out = reward([ex.prompt for ex in group], texts, examples)
+        correct = [float(r == 1.0) for r in out.rewards]
+    elif bounded is not None and getattr(reward, "correct_in_workers", lambda task: False)(task):
+        with ThreadPoolExecutor(1, thread_name_prefix="rlvr-correct") as side:
+            verdicts = side.submit(bounded, task, group, texts)
+            out = reward([ex.prompt for ex in group], texts, examples)
+            correct = [float(c) for c in verdicts.result()]
+    else:
+        out = reward([ex.prompt for ex in group], texts, examples)
+        correct = [float(c) for c in (bounded(task, group, texts) if bounded is not None else
+                                      (task.is_correct(text, ex) for ex, text in zip(group, texts)))]
     components = weights = None
     names = ()
     if getattr(out, "components", None):  # a RewardSum of several functions

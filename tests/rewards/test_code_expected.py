@@ -1,0 +1,112 @@
+"""Expected values stay out of the candidate's sandbox, and values it sends back are bounded before
+any check runs on them in the trainer's process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+
+from rlvr.rewards.asserts import CheckError, deserialize, evaluate_check, split_test
+from rlvr.rewards.code import CodeGrader, _serialize
+from rlvr.rewards.sandbox import Limits, Sandbox, Verdict, detect_isolation
+
+BASE_UID = 63000
+CANARY = 48151623
+M61 = (1 << 61) - 1  # every multiple hashes to 0
+
+# Looks for the canary everywhere a program can look: the frames above it, every object the
+# collector tracks (strings inside them, code constants), its fds, /proc/self and its parent's
+# /proc entries, the files beside it. Defines f to return the expected value when found.
+HUNTER = '''
+import gc, os, sys
+CANARY = "4815" + "1623"  # written split: this source itself must not count
+
+
+def _texts(obj):
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for k, v in list(obj.items()):
+            yield from (x for x in (k, v) if isinstance(x, str))
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        yield from (x for x in list(obj) if isinstance(x, str))
+    elif hasattr(obj, "co_consts"):
+        yield from (repr(c) for c in obj.co_consts)
+
+
+def hunt():
+    hits = set()
+    frame = sys._getframe()
+    while frame is not None:
+        for scope in (frame.f_locals, frame.f_globals):
+            if any(CANARY in t for v in list(scope.values()) for t in _texts(v) if t is not CANARY):
+                hits.add("frame")
+        frame = frame.f_back
+    if any(CANARY in t for o in gc.get_objects() for t in _texts(o) if t is not CANARY):
+        hits.add("gc")
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if CANARY.encode() in os.pread(int(name), 1 << 20, 0):
+                hits.add("fd")
+        except OSError:
+            pass
+    paths = [f"/proc/{p}/{n}" for p in ("self", str(os.getppid())) for n in ("cmdline", "environ")]
+    paths += [n for n in os.listdir(".") if os.path.isfile(n) and n != "solution.py"]
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                if CANARY.encode() in f.read():
+                    hits.add(path)
+        except OSError:
+            pass
+    return hits
+
+
+FOUND = hunt()
+
+
+def f(x):
+    return [1, int(CANARY)] if FOUND | hunt() else [0]
+'''
+
+
+@pytest.fixture(scope="module")
+def grader():
+    if os.geteuid() != 0 or shutil.which("bwrap") is None or detect_isolation(base_uid=BASE_UID) != "bwrap":
+        pytest.skip("needs root and a working bubblewrap (CI has both)")
+    sandbox = Sandbox(workers=2, limits=Limits(wall_s=10.0, memory_mb=256), isolation="bwrap", base_uid=BASE_UID)
+    yield CodeGrader(sandbox)
+    sandbox.close()
+
+
+def test_a_program_hunting_for_the_expected_value_finds_nothing(grader):
+    reference = f"assert f(2) == [v for v in (1, {CANARY})]"  # the expected side: a reference probe
+    statement = f"x = f(2); assert x == [1, {CANARY}]"  # a statement runs inside: the control
+    assert split_test(reference).reference == (False, True)
+    hunted, control = grader.grade_many([(HUNTER, [reference]), (HUNTER, [statement])])
+    assert hunted.tests == [Verdict.FAIL]  # nothing to find: the expected value never entered
+    assert control.tests == [Verdict.PASS]  # the same hunt finds a value that does enter
+    honest = grader.grade(f"def f(x):\n    return [1, {CANARY}]\n", [reference, "assert f(0) != [v for v in (0,)]"])
+    assert honest.tests == [Verdict.PASS, Verdict.PASS] and honest.reward() == 1.0
+    wrong = grader.grade("def f(x):\n    return [1, 2]\n", [reference])
+    assert wrong.tests == [Verdict.FAIL]
+
+
+def test_a_broken_reference_probe_fails_its_test_only(grader):
+    grade = grader.grade("def f(x):\n    return 1\n", ["assert f(1) == int('x')", "assert f(1) == 1"])
+    assert grade.tests == [Verdict.FAIL, Verdict.PASS]
+
+
+def test_values_that_collide_in_a_hash_table_are_refused_quickly():
+    colliding = _serialize({M61 * i for i in range(1, 37_000)})
+    start = time.monotonic()
+    with pytest.raises(CheckError, match="share one hash"):
+        deserialize(colliding)
+    check = split_test("assert set(g()) == {1}").check
+    with pytest.raises(CheckError, match="share one hash"):
+        evaluate_check(check, {"_v0": [M61 * i for i in range(1, 37_000)]})
+    assert time.monotonic() - start < 5.0  # unbounded, the set alone takes about 30 s
+    assert deserialize(_serialize({M61 * i for i in range(1, 60)})) == {M61 * i for i in range(1, 60)}

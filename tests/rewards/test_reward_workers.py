@@ -1,0 +1,186 @@
+"""Reward functions and `is_correct` in worker processes: each sample under its own deadline and
+memory budget. Hostile completions (one that holds the GIL in a backtracking regex, a sympy bomb,
+a memory bomb, one that stalls a user function) cost their own sample, scored 0 and counted; the
+honest ones are scored exactly as alone; the step ends about one deadline after it started; the
+next step runs as usual."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+
+import pytest
+
+from rlvr.rewards.forms import TASK_VERIFIER, batched, with_task
+from rlvr.rewards.runner import RewardRunner, RewardSum
+from rlvr.rewards.workers import WorkerPool
+from rlvr.tasks.files import MathFileTask
+from rlvr.trainer.scoring import scored
+from rlvr.types import Example
+
+DEADLINE = 3.0
+HONEST = ["so \\boxed{72}", "I think \\boxed{71}", "#### 72", "\\boxed{\\frac{144}{2}}", "no idea",
+          "\\boxed{72.0}", "\\boxed{7 2}", "<answer>72</answer>"]
+HOSTILE = {  # class -> (completion, the metric that counts it)
+    "gil": ("a" * 40 + "b", "user_check/timeouts"),
+    "sympy": ("\\boxed{9^{9^{9^{9}}}}", "task/timeouts"),
+    "memory": ("MEM \\boxed{13}", "user_check/memory"),
+    "slow": ("SLOW \\boxed{13}", "user_check/timeouts"),
+}
+
+
+def user_check(prompt, completion, **example):
+    """A user's reward with the flaws users write: a backtracking regex, an expansion, a call that can hang."""
+    if completion.startswith("SLOW"):
+        time.sleep(60)
+    if completion.startswith("MEM"):
+        return float(len(bytearray(8 << 30)))
+    re.match(r"(a+)+$", completion)  # exponential on "aaa...b", inside C: holds the GIL
+    return 0.5 if "72" in completion else 0.0
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    path = tmp_path_factory.mktemp("math") / "rows.jsonl"
+    path.write_text("".join(json.dumps({"question": f"q{i}", "answer": "72"}) + "\n" for i in range(4)))
+    return MathFileTask(path=str(path), math_timeout_s=1.0)  # the symbolic check's own limit, inside the deadline
+
+
+def _reward(task):
+    return RewardSum(with_task([TASK_VERIFIER, user_check], task), [1.0, 1.0], timeout_s=DEADLINE, workers=2,
+                     memory_mb=512)
+
+
+def _group(n):
+    return [Example(f"q{i}", "72", {}) for i in range(n)]
+
+
+@pytest.mark.parametrize("count", [1, 4, 8])
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_a_step_with_hostile_completions_costs_one_deadline(task, kind, count):
+    reward = _reward(task)
+    honest = [HONEST[i % len(HONEST)] for i in range(16 - count)]
+    alone = [scored(reward, task, _group(1), [text]) for text in honest]
+    start = time.monotonic()
+    scored(reward, task, _group(16 - count), honest)  # warm, and the honest cost of the step
+    honest_s = time.monotonic() - start
+    completion, metric = HOSTILE[kind]
+    texts = honest[:8] + [completion] * count + honest[8:]
+    start = time.monotonic()
+    out = scored(reward, task, _group(16), texts)
+    elapsed = time.monotonic() - start
+    hostile = range(min(8, len(honest)), min(8, len(honest)) + count)
+    # k of them cost about one deadline, not k (one after another: 12 s for 4, 24 s for 8); the slack is for
+    # a loaded machine, where the forks and the honest work wait for cores (bench/reward_bounds.py times it)
+    assert elapsed < 2.5 * DEADLINE + honest_s, (elapsed, honest_s)
+    assert out.metrics[metric] == count
+    for i in hostile:
+        assert out.rewards[i].item() == 0.0 and out.correct[i].item() == 0.0
+    kept = [i for i in range(16) if i not in hostile]
+    assert [out.rewards[i].item() for i in kept] == [a.rewards[0].item() for a in alone]
+    assert [out.correct[i].item() for i in kept] == [a.correct[0].item() for a in alone]
+    again = scored(reward, task, _group(len(honest)), honest)  # the run goes on
+    assert again.rewards.tolist() == [a.rewards[0].item() for a in alone] and "user_check/timeouts" not in again.metrics
+
+
+def test_honest_scores_match_the_trainers_own_process(task):
+    inside = RewardSum(with_task([TASK_VERIFIER, user_check], task), [1.0, 1.0], timeout_s=DEADLINE)
+    texts = HONEST * 2
+    pooled, local = scored(_reward(task), task, _group(16), texts), scored(inside, task, _group(16), texts)
+    assert pooled.rewards.tolist() == local.rewards.tolist() and pooled.correct.tolist() == local.correct.tolist()
+    assert pooled.rewards.tolist()[:3] == [1.5, 0.0, 1.5]
+
+
+def test_closures_batched_and_trl_forms_run_in_workers():
+    seen = {"target": "72"}  # a closure over a dict: fork keeps it, no pickling
+
+    def closure(prompt, completion, **ex):
+        return float(completion == seen["target"]) + (os.getpid() != parent) * 10
+
+    @batched
+    def whole(prompts, completions, **cols):
+        if any(c.startswith("SLOW") for c in completions):
+            time.sleep(60 if len(completions) == 1 else DEADLINE * 2)  # alone, only the stalled one stalls
+        return [float(c == "72") for c in completions]
+
+    def trl(completions, **kwargs):
+        return [len(re.findall(r"(x+x+)+y", c)) * 0.0 + float(c == "72") for c in completions]
+
+    parent = os.getpid()
+    texts = ["72", "SLOW", "7", "x" * 40]
+    out = RewardRunner(closure, name="c", timeout_s=DEADLINE, workers=2)(["q"] * 4, texts, [{}] * 4)
+    assert out.rewards == [11.0, 10.0, 10.0, 10.0]  # scored in another process, the closure intact
+    out = RewardRunner(whole, name="b", timeout_s=DEADLINE, workers=2)(["q"] * 4, texts, [{}] * 4)
+    assert out.rewards == [1.0, 0.0, 0.0, 0.0] and out.metrics["b/timeouts"] == 1.0  # only the stalled one
+    out = RewardRunner(trl, name="t", timeout_s=DEADLINE, workers=2)(["q"] * 4, texts, [{}] * 4)
+    assert out.rewards == [1.0, 0.0, 0.0, 0.0] and out.metrics["t/timeouts"] == 1.0  # the GIL holder alone
+
+
+def test_a_crashing_worker_is_one_sample_and_errors_stay_errors():
+    def fragile(prompt, completion, **ex):
+        if completion == "die":
+            os._exit(3)
+        if completion == "raise":
+            raise ValueError("bad row")
+        return 1.0
+
+    out = RewardRunner(fragile, name="f", timeout_s=DEADLINE, workers=1)(["q"] * 4, ["a", "die", "raise", "b"],
+                                                                         [{}] * 4)
+    assert out.rewards[:2] == [1.0, 0.0] and math.isnan(out.rewards[2]) and out.rewards[3] == 1.0
+    assert out.metrics["f/crashes"] == 1.0 and out.errors[2] == "ValueError: bad row"
+
+
+def test_a_worker_keeps_state_it_changes_to_itself():
+    """Documented: a worker is a fork, so a reward's own globals change in the worker only."""
+    calls = []
+
+    def counting(prompt, completion, **ex):
+        calls.append(completion)
+        return float(len(calls))
+
+    out = RewardRunner(counting, timeout_s=DEADLINE, workers=1)(["q"] * 2, ["a", "b"], [{}] * 2)
+    assert out.rewards == [1.0, 2.0] and calls == []
+
+
+def test_the_pool_replaces_a_stalled_worker_keeps_one_past_a_memory_error_and_counts():
+    pool = WorkerPool({"f": user_check}, size=1, memory_mb=256)
+    results = pool.run("f", [(("p", "MEM"), {}), (("p", "72"), {}), (("p", "a" * 40 + "b"), {}), (("p", "0"), {})],
+                       1.0)
+    assert [r[0] for r in results] == [None, 0.5, None, 0.0]
+    assert results[0][1].startswith("RewardMemory") and results[2][1].startswith("RewardTimeout")
+    assert pool.stats.memory == 1 and pool.stats.timeouts == 1
+    assert pool.stats.forks == 2  # the first worker, and the one after the timeout; a MemoryError costs none
+    pool.close()
+
+
+def test_workers_leave_ctrl_c_and_sigterm_to_the_trainer():
+    """A signal to the process group stops the trainer after its step; the step's rewards are still scored."""
+    import signal
+
+    def dispositions(prompt, completion, **ex):
+        ignored = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == (signal.SIG_IGN,) * 2
+        return float(ignored and os.getpid() != parent)
+
+    parent = os.getpid()
+    assert RewardRunner(dispositions, timeout_s=DEADLINE, workers=1)(["q"], ["a"], [{}]).rewards == [1.0]
+
+
+class _Refusing(MathFileTask):
+    def is_correct(self, completion, example):
+        raise AssertionError("asked although its reward call answers it")
+
+
+def test_a_file_tasks_correctness_is_read_off_its_reward_call(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"question": "q", "answer": "72"}) + "\n")
+    task = _Refusing(path=str(path), math_timeout_s=1.0)
+    runner = RewardRunner(task.reward, name="task", timeout_s=DEADLINE, workers=2, verifies=task)
+    texts = ["\\boxed{72}", "\\boxed{71}", HOSTILE["sympy"][0], "#### 72"]
+    out = scored(runner, task, _group(4), texts)
+    assert out.rewards.tolist() == [1.0, 0.0, 0.0, 1.0] and out.correct.tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert out.metrics["task/timeouts"] == 1.0
+    asked = scored(RewardRunner(task.reward, name="task", timeout_s=DEADLINE, workers=2), task, _group(2), texts[:2])
+    assert asked.correct.tolist() == [0.0, 0.0]  # not its own verifier: asked, and an error is "not correct"
