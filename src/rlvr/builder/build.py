@@ -6,19 +6,19 @@ import functools
 import math
 import random
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
-from rlvr.agents.collect import TurnProcessReward, is_agent_task
+from rlvr.agents.collect import TurnProcessReward
+from rlvr.agents.task import is_agent_task
 from rlvr.algos._registry import needs_of
-from rlvr.algos.correction import importance_correction
 from rlvr.backends import ray_rollouts
+from rlvr.builder.plans import advantage_spec
 from rlvr.codec import prompt_lengths
 from rlvr.config import REGISTRY, Config, keywords, task_sections
 from rlvr.config.binding import bind, bind_named
-from rlvr.config.registries import companion, rollout_correction_on
+from rlvr.config.registries import companion
 from rlvr.engines.speculative import SpeculativeRollouts
 from rlvr.engines.torch_ar import generate
 from rlvr.engines.torch_block_diffusion import generate_block_diffusion
@@ -35,7 +35,8 @@ from rlvr.rewards.runner import RewardRunner, RewardSum, load_reward_spec
 from rlvr.runtime.process import resolve_device
 from rlvr.tasks import make_task
 from rlvr.tasks.finite import FiniteTrainSet
-from rlvr.trainer.step import LossSpec
+from rlvr.trainer.logit_stats import LOSS_STATS
+from rlvr.trainer.plan import AdvantageSpec, LossSpec
 
 
 def base_model(config: Config):
@@ -249,34 +250,27 @@ def judge_options(config: Config) -> dict:
 
 
 def build_loss(config: Config) -> LossSpec:
-    """The loss pieces named in `algo`, each with its hyperparameters bound (`bind`)."""
+    """The loss pieces named in `algo`, each with its hyperparameters bound (`bind`), and what the
+    objective and the aggregation declared they read. The KL coefficient is the run's step state
+    (`trainer.parts.StepState`); a KL in the reward and the rollout correction are the plan's."""
     a = config.algo
     kl_in_loss = a.kl_coef > 0 and a.kl_placement == "loss"
-    kl_in_reward = a.kl_coef > 0 and a.kl_placement == "reward"
     norm_length = a.norm_length if a.norm_length is not None else float(config.rollout.max_new_tokens)
+    objective = bind_named(config, "algo.objective", group_size=config.rollout.group_size)
+    aggregation = bind_named(config, "algo.aggregation", norm_length=norm_length)
+    declared = needs_of(objective)
     return LossSpec(
-        objective=bind_named(config, "algo.objective", group_size=config.rollout.group_size),
-        aggregation=bind_named(config, "algo.aggregation", norm_length=norm_length),
+        objective=objective,
+        aggregation=aggregation,
         kl_estimator=bind_named(config, "algo.kl_estimator") if kl_in_loss else None,
-        kl_coef=a.kl_coef,
         entropy_coef=a.entropy_coef,
-        correction=bind(importance_correction, a) if rollout_correction_on(config) else None,
-        reward_kl=bind_named(config, "algo.kl_estimator") if kl_in_reward else None,
         # `main`: the expert rows go through the objective itself (split_loss is not used)
         expert=bind_named(config, "expert.objective") if config.expert.per_step and config.expert.objective != "main"
         else None,
+        stats=tuple(s for s in LOSS_STATS if s in declared),
+        fields=tuple(sorted(declared)),
+        aggregation_fields=tuple(needs_of(aggregation)),
     )
-
-
-@dataclass(frozen=True)
-class AdvantageSpec:
-    """The advantage estimator named by `algo.advantage` and, for `gae`, the critic's targets,
-    both with their hyperparameters bound: `estimate(inputs) -> (advantages, metrics)`,
-    `returns(inputs) -> (B, T)`."""
-
-    estimate: Callable
-    returns: Callable | None = None
-    needs: frozenset[str] = frozenset()  # optional AdvantageInputs fields it declares (`_registry.needs`)
 
 
 def build_advantage(config: Config) -> AdvantageSpec:
@@ -284,7 +278,7 @@ def build_advantage(config: Config) -> AdvantageSpec:
     estimate = bind_named(config, "algo.advantage")
     targets = companion("algo.advantage", a.advantage)  # critic targets: the estimator trains a critic (gae)
     returns = bind(targets, a) if targets is not None else None
-    return AdvantageSpec(estimate, returns, needs_of(estimate))
+    return advantage_spec(estimate, returns)
 
 
 def build_verifier(config: Config, tokenizer):

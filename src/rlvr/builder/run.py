@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
-from rlvr.builder.components import build_components, tracker_names
+from rlvr.builder.components import build_components
+from rlvr.builder.plans import tracker_names
 from rlvr.config import Config, data_files, dump_yaml, to_dict
 from rlvr.runtime.process import Runtime
 from rlvr.tracking.run_dir import (
@@ -65,7 +66,7 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
     # SIGTERM/SIGINT: finish the step, checkpoint, record `interrupted`
     with StopSignals(echo) as stop, shard.failures():
         c = build_components(config, runtime=runtime, **objects)
-        engine = c.engine  # the loop may wrap it; the one built here is closed at the end (vLLM)
+        engine = c.rollout.engine  # the loop may wrap it; the one built here is closed at the end (vLLM)
         try:
             try:
                 with disk_errors(run, "resuming the run" if resume else "starting the run"):

@@ -62,6 +62,8 @@ def source_mix(scores: list[float], temperature: float) -> list[float]:
 class DUMP:
     """Per-source windows of |A| and draw counts; each slot's source drawn from softmax(UCB/τ)."""
 
+    reads_feedback = True
+
     def __init__(self, *, task: SourcedTask, rng: random.Random, group_size: int, seed: int, ucb_c: float = 1.0,
                  temperature: float = 0.1, window: int = 64):
         self.task, self.draws, self.group_size = task, rng, group_size

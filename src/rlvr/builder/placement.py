@@ -1,0 +1,272 @@
+"""Where a run's work runs: the threads and row pools of each side, the engine of each learner
+rank, the asynchronous rollout side (a thread here, or Ray actors), and what data-parallel
+(FSDP2) learners support. Resolved from the config once, like the plans (`builder.plans`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.backends import ray_rollouts
+from rlvr.backends.ray import RayEngine, RayReward, ensure_ray
+from rlvr.builder import build
+from rlvr.config import Config
+from rlvr.config.registries import engine_kind
+from rlvr.engines.snapshot import SharedEngine, SnapshotEngine
+from rlvr.errors import ConfigError
+from rlvr.protocols import BatchVerifier, RolloutEngine
+from rlvr.runtime.distributed import LeadEngine, RankEngine, Shard, side_group
+from rlvr.runtime.process import Runtime, available_cores, resolve_device, thread_budget
+from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode, split_engine
+from rlvr.trainer.parts import RolloutParts, RolloutSide
+from rlvr.trainer.plan import AsyncPlan
+
+DTYPES = {"": None, "float32": torch.float32, "bfloat16": torch.bfloat16}  # trainer.fsdp_*_dtype
+
+
+def asynchronous(config: Config) -> bool:
+    """Rollouts run ahead of the learner: `trainer.max_staleness` set, or the Ray backend."""
+    return config.trainer.max_staleness is not None or on_ray(config)
+
+
+def on_ray(config: Config) -> bool:
+    """The rollout side on Ray actors (not Ray-started learners, which sample as torchrun's do)."""
+    return ray_rollouts(config.trainer.backend, config.trainer.ray_learners)
+
+
+def shares_engine(config: Config) -> bool:
+    """An engine with its own weights under local asynchronous rollouts: the rollout side and the
+    learner's evaluation share the run's one engine (`snapshot.SharedEngine`); the rollout side pushes."""
+    return asynchronous(config) and not on_ray(config) and engine_kind(config).own_weights
+
+
+@dataclass(frozen=True)
+class ThreadLayout:
+    """The row pools of each side and the async plan (None for the synchronous loop)."""
+
+    learner_rows: RowPool | None
+    rollout_rows: RowPool | None = None
+    rows_mode: bool = False
+    rollout_worker_threads: int = 1
+    plan: AsyncPlan | None = None
+
+
+def _pool(threads: int) -> RowPool | None:
+    return RowPool(threads) if threads > 1 else None
+
+
+def thread_layout(config: Config, runtime: Runtime) -> ThreadLayout:
+    """Threads and row pools for each side of the run. Synchronous: the process's own (`runtime`).
+    Asynchronous with rows split over threads and a local backend: the two sides share all the
+    process's cores through one `rows.CoreLease`, each splitting its rows as the synchronous loop
+    does. Otherwise overlapping sides each get a fixed share (`runtime.thread_budget`), and sides
+    that alternate (`max_staleness=0`) each use what the synchronous loop would."""
+    if not asynchronous(config):
+        return ThreadLayout(runtime.rows)
+    t = config.trainer
+    max_staleness = t.max_staleness or 0
+    exact = t.staleness == "exact"
+    overlap = max_staleness > 0
+    workers = t.rollout_workers if on_ray(config) else 1
+    cores = available_cores(t.threads)
+    budget = thread_budget(cores, overlap=overlap, rollout_workers=workers)
+    kind = engine_kind(config)
+    own = kind.own_weights  # vLLM: never a second engine here (it is shared or on its workers)
+    # FSDP2 learners run each batch whole: lanes on another thread would unshard a layer mid-forward
+    rows_mode = not kind.batches_itself and not runtime.shard.fsdp and (
+        runtime.rows is not None or resolve_mode(t.thread_mode, config.model.kind) == "rows")
+    facts = {"learner": budget["learner"], "rollout_worker": budget["rollout_worker"],
+             "concurrent": budget["concurrent"], "rows_mode": rows_mode}
+    torch_threads = torch.get_num_threads()
+    if overlap and rows_mode and not on_ray(config) and cores > 1:  # either side on every core, never more in all
+        lease = CoreLease(cores)
+        plan = AsyncPlan(max_staleness, exact, learner_threads=1, rollout_threads=1, publish_merged=own,
+                         facts={"learner": cores, "rollout_worker": cores, "concurrent": cores, "rows_mode": True,
+                                "shared_cores": True})
+        return ThreadLayout(RowPool(cores, lease), RowPool(cores, lease), True, budget["rollout_worker"], plan)
+    if overlap:
+        learner = _pool(budget["learner"]) if rows_mode else None
+        rollout = _pool(budget["rollout_worker"]) if rows_mode else None
+        plan = AsyncPlan(max_staleness, exact, learner_threads=1 if rows_mode else budget["learner"],
+                         rollout_threads=1 if rows_mode else budget["rollout_worker"], publish_merged=own,
+                         facts=facts)
+        return ThreadLayout(learner, rollout, rows_mode, budget["rollout_worker"], plan)
+    plan = AsyncPlan(max_staleness, exact, learner_threads=torch_threads, rollout_threads=torch_threads,
+                     publish_merged=own, facts=facts)
+    return ThreadLayout(runtime.rows, runtime.rows, rows_mode, budget["rollout_worker"], plan)
+
+
+def learner_engine(config: Config, plain: torch.nn.Module, tokenizer, shard: Shard) -> RolloutEngine:
+    """The rollout engine over `plain`, the full weights. Of FSDP2 learners, an engine with its
+    own weights (vLLM) is rank 0's alone, in a process of its own (`LeadEngine`), fed the gathered
+    weights after every step, and so are Ray rollout workers under `trainer.ray_learners`; the
+    torch engine samples each rank's share (`RankEngine`)."""
+    t = config.trainer
+    if shard.fsdp and t.ray_learners and t.rollout_workers > 1:
+        workers = None
+        if shard.rank == 0:
+            workers = RayEngine(functools.partial(build.build_engine, config), plain, tokenizer,
+                                workers=t.rollout_workers, threads=t.threads or 1, rows_mode=False, version=0,
+                                own_weights=engine_kind(config).own_weights)
+        return LeadEngine(workers, plain, shard)
+    if not (shard.fsdp and engine_kind(config).own_weights):
+        return build.build_engine(config, plain, tokenizer)
+    lead = build.build_vllm_engine(config, plain, tokenizer, own_process=True) if shard.rank == 0 else None
+    return LeadEngine(lead, plain, shard)
+
+
+def check_learners(config: Config, shard: Shard) -> None:
+    """What data-parallel learners support so far: the synchronous loop (a critic too, sharded as
+    the policy), the asynchronous one with the torch engine (at η >= 1 on the exact schedule), and
+    minibatches of whole groups (and the expert rows after them) that split over the ranks."""
+    t = config.trainer
+    if on_ray(config):
+        raise ConfigError(f"trainer.backend: Ray runs the rollout side of one learner process; for {shard.size} "
+                          "FSDP2 learner(s) on Ray set trainer.ray_learners=N (Ray starts the ranks) and run "
+                          "without torchrun, or use trainer.backend=local")
+    if shard.size > 1 and t.max_staleness and t.staleness != "exact":  # each rank would pick its own version
+        raise ConfigError(f"trainer.staleness: {shard.size} data-parallel learners overlapping the update "
+                          f"(max_staleness {t.max_staleness}) sample every batch from one agreed version; "
+                          "set trainer.staleness=exact")
+    if shard.size > 1 and t.max_staleness is not None and engine_kind(config).own_weights:
+        raise ConfigError(f"rollout.engine: an engine with its own weights under trainer.max_staleness is not "
+                          f"supported with {shard.size} data-parallel learners yet (rank 0's engine would broadcast "
+                          "from the rollout thread); use rollout.engine=torch, or the synchronous loop")
+
+
+def check_fsdp_options(config: Config, shard: Shard) -> None:
+    """The FSDP2 options name a sharded learner, and CPU offload a model on a GPU (FSDP2's
+    offload copies the shards to an accelerator for each use: on a CPU there is none)."""
+    t = config.trainer
+    for name in ("fsdp_param_dtype", "fsdp_reduce_dtype"):
+        if getattr(t, name) not in DTYPES:
+            raise ConfigError(f"trainer.{name}: must be empty (the parameters' own dtype), 'float32' or 'bfloat16'")
+    given = [name for name, value in (("fsdp_param_dtype", t.fsdp_param_dtype), ("fsdp_reduce_dtype",
+             t.fsdp_reduce_dtype), ("fsdp_cpu_offload", t.fsdp_cpu_offload)) if value]
+    if given and not shard.fsdp:
+        raise ConfigError(f"trainer.{given[0]}: applies to FSDP2 learners only; set trainer.learners=fsdp "
+                          "or start the run with torchrun --nproc_per_node N")
+    if t.fsdp_cpu_offload and resolve_device(t.device, config.model.kind).type == "cpu":
+        raise ConfigError("trainer.fsdp_cpu_offload: needs a CUDA device (the model already lives in CPU memory "
+                          "on a CPU run); set it to false")
+
+
+@dataclass(frozen=True)
+class RolloutSides:
+    """How the asynchronous rollout side is made, resolved when the run is built; called with the
+    policy version it starts at (a resumed run's), it makes the side (`trainer.parts.RolloutSide`):
+    the sampler and the verifier on Ray actors, the run's own engine shared with evaluation (an
+    engine with its own weights), or snapshots of the weights sampled in threads of this process.
+
+    `make_engine(model, tokenizer)` and `make_verifier(tokenizer)` build an engine and a verifier
+    as the builder does: in Ray's worker processes, and for each snapshot of the weights."""
+
+    rollout: RolloutParts  # the run's own, whose engine and verifier the side replaces
+    model: torch.nn.Module  # what Ray's workers copy at the start
+    full_weights: torch.nn.Module  # what a snapshot copies: the plain full weights, never a shard
+    shard: Shard
+    layout: ThreadLayout
+    make_engine: Callable[[torch.nn.Module, object], RolloutEngine]
+    make_verifier: Callable[[object], BatchVerifier]
+    ray: bool = False
+    ray_address: str | None = None
+    cores: int = 1
+    rollout_workers: int = 1
+    reward_workers: int = 1
+    own_weights: bool = False
+    shared: bool = False  # `shares_engine`
+    lanes: int = 1
+    collective_timeout_s: float = 0.0
+
+    def __call__(self, start: int) -> RolloutSide:
+        if self.ray:
+            return self._on_ray(start)
+        r, threads = self.rollout, self.layout.plan.rollout_threads
+        if self.shared:
+            engine = SharedEngine(r.engine, start, exact=self.layout.plan.exact)
+            return RolloutSide(dataclasses.replace(r, engine=engine), engine, threads=threads, shared=True,
+                               lock=engine.lock)
+        shard = self.shard
+        side_shard = side_group(shard, self.collective_timeout_s) if shard.fsdp else shard
+        pad = r.tokenizer.pad_token_id
+
+        def make(model, rows: RowPool | None):
+            made = self.make_engine(model, r.tokenizer)
+            made = split_engine(made, rows, pad, model) if rows is not None else made
+            # data-parallel learners: this rank samples its share, exchanged on the rollout side's own group
+            return RankEngine(made, model, side_shard, pad) if shard.fsdp else made
+
+        lease = self.layout.rollout_rows.lease if self.layout.rollout_rows is not None else None
+        reward = r.reward if lease is None else ScoringWithoutCore(r.reward, lease)
+        lanes = []
+        for lane in range(self.lanes):  # a lane's own row pool: two maps at once never queue
+            rows = self.layout.rollout_rows
+            rows = RowPool(rows.workers, rows.lease) if lane and rows is not None else rows
+            engine = SnapshotEngine(self.full_weights, functools.partial(make, rows=rows), version=start)
+            lanes.append((dataclasses.replace(r, engine=engine, reward=reward), engine))
+        return RolloutSide(*lanes[0], threads=threads, lanes=tuple(lanes))
+
+    def _on_ray(self, start: int) -> RolloutSide:
+        ensure_ray(self.ray_address, self.cores)
+        r = self.rollout
+        engine = RayEngine(self.make_engine, self.model, r.tokenizer, workers=self.rollout_workers,
+                           threads=self.layout.rollout_worker_threads, rows_mode=self.layout.rows_mode,
+                           version=start, own_weights=self.own_weights)
+        reward = RayReward(self.make_verifier, r.tokenizer, workers=self.reward_workers)
+        # this process only tokenizes, decodes and checks answers for the rollout side
+        return RolloutSide(dataclasses.replace(r, engine=engine, reward=as_verifier(reward)), engine, threads=1,
+                           closers=(engine.close, reward.close), restarts=lambda: engine.restarts)
+
+
+def rollout_sides(config: Config, rollout: RolloutParts, model: torch.nn.Module, full_weights: torch.nn.Module,
+                  shard: Shard, layout: ThreadLayout) -> RolloutSides:
+    """The maker of the run's asynchronous rollout side (`RolloutSides`)."""
+    t = config.trainer
+    return RolloutSides(rollout, model, full_weights, shard, layout,
+                        make_engine=functools.partial(build.build_engine, config),
+                        make_verifier=functools.partial(build.build_verifier, config),
+                        ray=on_ray(config), ray_address=t.ray_address, cores=available_cores(t.threads),
+                        rollout_workers=t.rollout_workers, reward_workers=t.reward_workers,
+                        own_weights=engine_kind(config).own_weights, shared=shares_engine(config),
+                        lanes=t.rollout_lanes, collective_timeout_s=t.collective_timeout_s)
+
+
+class StepHooks:
+    """A verifier given the step hooks of `BatchVerifier` it lacks: `on_step_begin` a no-op where it
+    has none, `reads_step` whether it has one."""
+
+    def __init__(self, verifier):
+        self.verifier = verifier
+        self.reads_step = getattr(verifier, "reads_step", hasattr(verifier, "on_step_begin"))
+        self.on_step_begin = getattr(verifier, "on_step_begin", lambda step, steps: None)
+
+    def __call__(self, prompts, completions, examples):
+        return self.verifier(prompts, completions, examples)
+
+
+def as_verifier(verifier) -> BatchVerifier:
+    """`verifier` as a `BatchVerifier`: itself when it has both step hooks, else wrapped (`StepHooks`)."""
+    if hasattr(verifier, "on_step_begin") and hasattr(verifier, "reads_step"):
+        return verifier
+    return StepHooks(verifier)
+
+
+class ScoringWithoutCore:
+    """The verifier, called with the rollout side's core given back: scoring mostly waits (sandboxed
+    test processes, a judge, a remote service), and meanwhile the learner computes on that core."""
+
+    def __init__(self, verifier: BatchVerifier, lease: CoreLease):
+        self.verifier, self.lease = verifier, lease
+        self.reads_step = verifier.reads_step
+
+    def __call__(self, prompts, completions, examples):
+        with self.lease.released():
+            return self.verifier(prompts, completions, examples)
+
+    def on_step_begin(self, step: int, steps: int) -> None:
+        self.verifier.on_step_begin(step, steps)
