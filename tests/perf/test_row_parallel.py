@@ -204,9 +204,9 @@ def _step(model, batch, *, micro_batch_size, rows):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     spec = LossSpec(objective=functools.partial(ppo_clip, clip_low=0.2, clip_high=0.28),
-                    aggregation=AGGREGATIONS["seq_mean_token_mean"], kl_estimator=k3, kl_coef=0.1, entropy_coef=0.01)
+                    aggregation=AGGREGATIONS["seq_mean_token_mean"], kl_estimator=k3, entropy_coef=0.01)
     metrics = optimizer_step(policy, optimizer, scheduler, batch, spec, micro_batch_size=micro_batch_size,
-                             grad_clip=1.0, rows=rows)
+                             grad_clip=1.0, kl_coef=0.1, rows=rows)
     return metrics, [p.detach().clone() for p in model.parameters()]
 
 

@@ -53,7 +53,7 @@ def test_drift_and_clip_split_logged_with_kl_off(objective):
     new = torch.tensor([[-0.5, -2.5, -0.5], [-0.8, -3.0, 9.0]], requires_grad=True)  # 9.0 is padding
     batch = _batch()
     batch.advantages = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
-    spec = LossSpec(objective=objective, aggregation=AGGREGATIONS["token_mean"], kl_estimator=None, kl_coef=0.0,
+    spec = LossSpec(objective=objective, aggregation=AGGREGATIONS["token_mean"], kl_estimator=None,
                     entropy_coef=0.0)
     _, sums = micro_batch_loss(_FixedPolicy(new), batch, spec, num_tokens=5.0, num_seqs=2.0)
     expected_kl = float(((OLD - new.detach()) * MASK).sum())  # padding's 9.0 excluded

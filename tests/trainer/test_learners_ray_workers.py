@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from _learners import SMALL, checkpoint_weights, run_metrics, same_lines, same_weights, warm_start
 
-from rlvr.builder.components import check_learners
+from rlvr.builder.placement import check_learners
 from rlvr.cli import main
 from rlvr.config import load_config
 from rlvr.errors import ConfigError
