@@ -253,14 +253,14 @@ def test_rl_step_in_rows_mode_learns_the_same_as_ops(tmp_path):
     rows_config = load_config(None, [*common, "trainer.threads=2", "trainer.thread_mode=rows",
                                      "trainer.micro_batch_size=16"])
     rows = build_components(rows_config, runtime=configure_for(rows_config))
-    assert ops.rows is None and rows.rows is not None and torch.get_num_threads() == 1
+    assert ops.learner.rows is None and rows.learner.rows is not None and torch.get_num_threads() == 1
     for step in (1, 2):
         m_ops, _ = sync.rl_step(ops, step)
         m_rows, _ = sync.rl_step(rows, step)
         assert m_rows["reward/mean"] == m_ops["reward/mean"]
         assert m_rows["response/length_mean"] == m_ops["response/length_mean"]
         assert m_rows["loss/policy"] == pytest.approx(m_ops["loss/policy"], rel=1e-5, abs=1e-7)
-    for a, b in zip(ops.model.parameters(), rows.model.parameters()):
+    for a, b in zip(ops.learner.model.parameters(), rows.learner.model.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from rlvr.algos.aggregate import AGGREGATIONS
+from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.objectives import ppo_clip, reinforce
 from rlvr.batch import TrainBatch
-from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.builder.build import build_loss
 from rlvr.builder.plans import reward_kl
 from rlvr.config import load_config

@@ -30,7 +30,7 @@ The rollout side owns the prompt RNG and the sampler; each batch carries their s
 which is what a checkpoint of its step records, so a resumed run restarts the rollout side at
 the step after its checkpoint (batches generated past it are discarded, never trained twice).
 
-Cores (laid out by the builder, `components.thread_layout`): with rows split over threads
+Cores (laid out by the builder, `builder.placement.thread_layout`): with rows split over threads
 (`trainer.thread_mode=rows`, the default for causal models) the two sides share all of the
 process's cores through one `rows.CoreLease`: each holds a core
 while it works, and its row pool computes on the other one too whenever the other side waits (for
