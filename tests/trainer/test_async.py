@@ -132,7 +132,7 @@ def test_stale_batch_is_weighted_by_proximal_over_behaviour(monkeypatch):
                 for p in c.learner.model.parameters():
                     p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
             monkeypatch.setattr(sync, "optimizer_step", capture)
-            stale.staleness = 1
+            stale = dataclasses.replace(stale, staleness=1)
             results[fused], _ = sync.rl_step(c, 2, stale)
             monkeypatch.undo()
             batch, mask, proximal = seen["batch"], seen["batch"].completion_mask, seen["proximal"]

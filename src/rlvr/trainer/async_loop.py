@@ -57,6 +57,7 @@ learner's evaluation shares (`snapshot.SharedEngine`); Ray workers each start th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import threading
 from collections.abc import Callable
@@ -231,9 +232,9 @@ class LocalRollouts:
                 engine.push_weights(tensors, version)
             sync_s = now() - t1
             produced = roll(r, drawn, step, engine.policy_version)
-        produced.facts = rollout_facts(t1 - idle_since[lane], sync_s, produced.rollout_s)  # a core's wait is idle
+        facts = rollout_facts(t1 - idle_since[lane], sync_s, produced.rollout_s)  # a core's wait is idle
         idle_since[lane] = now()
-        return produced
+        return dataclasses.replace(produced, facts=facts)
 
     def _begin(self, step: int, last: int) -> None:
         """TRL-form rewards' `trainer_state`: the step whose batch is scored, as in the synchronous loop."""
@@ -264,9 +265,7 @@ class LocalRollouts:
             facts["async/worker_restarts"] = float(self.restarts())
 
         def finish() -> Produced:
-            produced = job()
-            produced.facts = facts
-            return produced
+            return dataclasses.replace(job(), facts=facts)
 
         if self.scoring is not None:
             return self.scoring.submit(finish)
@@ -335,7 +334,7 @@ class AsyncSteps:
     def step(self, step: int) -> tuple[dict[str, float], list[dict]]:
         t0 = now()
         produced, depth = self.rollouts.get()
-        produced.staleness = stale_by(produced, step)
+        produced = dataclasses.replace(produced, staleness=stale_by(produced, step))
         with self.lease.held() if self.lease is not None else contextlib.nullcontext():
             wait = now() - t0  # for a batch, then for a core
             t0 = now()

@@ -36,7 +36,7 @@ __all__ = ["Collected", "Drawn", "Produced", "collect", "draw", "draws_ahead", "
            "sample_seeds", "scores_ahead", "stale_by"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Produced:
     """One step's batch as the rollout side hands it to the learner, with what the rollout side's
     draws were: the learner's minibatch seed (drawn right after the prompts, the same draw in the
@@ -69,8 +69,7 @@ def produce(r: RolloutParts, step: int, version: int | None = None) -> Produced:
         sampler_metrics.update(calibrate(r, step, got.group[::r.plan.group_size], probe))
     produced = Produced(got, rollout_s, seed, sampler_metrics, r.rng.getstate(), r.sampler.state_dict(),
                         r.replay.state_dict() if r.replay is not None else None, version=version)
-    produced.staleness = stale_by(produced, step)
-    return produced
+    return replace(produced, staleness=stale_by(produced, step))
 
 
 def draws_ahead(r: RolloutParts) -> str:
@@ -127,8 +126,7 @@ def roll(r: RolloutParts, d: Drawn, step: int, version: int) -> Produced:
     got = _filled(r, step, version, r.plan.prompts_per_step, d.requests, first)
     produced = Produced(got, time.perf_counter() - t0, d.minibatch_seed, d.sampler_metrics, d.task_rng,
                         d.sampler_state, version=version)
-    produced.staleness = stale_by(produced, step)
-    return produced
+    return replace(produced, staleness=stale_by(produced, step))
 
 
 def produce_ahead(r: RolloutParts, step: int, version: int) -> tuple[Callable[[], Produced], float]:
@@ -146,8 +144,7 @@ def produce_ahead(r: RolloutParts, step: int, version: int) -> tuple[Callable[[]
         got = _filled(r, step, version, r.plan.prompts_per_step, sampled.requests, _score_round(r, sampled))
         produced = Produced(got, sample_s + time.perf_counter() - t1, d.minibatch_seed, d.sampler_metrics,
                             d.task_rng, d.sampler_state, version=version)
-        produced.staleness = stale_by(produced, step)
-        return produced
+        return replace(produced, staleness=stale_by(produced, step))
 
     return score_it, sample_s
 
