@@ -39,7 +39,7 @@ from rlvr.config.registries import engine_kind
 from rlvr.errors import ConfigError
 from rlvr.models.lora import AdapterDisabled
 from rlvr.models.value import ValueModel
-from rlvr.protocols import Task
+from rlvr.protocols import RolloutEngine, Task
 from rlvr.rewards.runner import RewardRunner
 from rlvr.runtime.distributed import LeadEngine, LeadReward, RankEngine, Shard, ShardedState, shard_model
 from rlvr.runtime.process import Runtime
@@ -49,6 +49,7 @@ from rlvr.sampling.replay import ReplayBuffer
 from rlvr.trainer.collect import draws_ahead
 from rlvr.trainer.expert import ExpertSource
 from rlvr.trainer.parts import Components, Critic, LearnerParts, RolloutParts, StepState
+from rlvr.trainer.plan import AdvantageSpec
 
 
 def build_components(config: Config, *, runtime: Runtime | None = None, model: torch.nn.Module | None = None,
@@ -139,8 +140,8 @@ def build_expert(config: Config, task: Task) -> ExpertSource | None:
     return ExpertSource(task, seed=config.seed, per_step=e.per_step, pool_size=e.pool_size)
 
 
-def build_rollout(config: Config, advantage, tokenizer, task: Task, reward, engine, plain: torch.nn.Module
-                  ) -> RolloutParts:
+def build_rollout(config: Config, advantage: AdvantageSpec, tokenizer, task: Task, reward, engine: RolloutEngine,
+                  plain: torch.nn.Module) -> RolloutParts:
     """The rollout side's parts: the run's prompt RNG and the sampler drawing with it, rollout
     replay, SPEC-RL's drafts, a process reward model's turn rewards, and their plan."""
     rng = random.Random(config.seed)
