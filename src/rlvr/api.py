@@ -291,7 +291,7 @@ class Trainer:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def _objects(self) -> tuple[dict, dict]:
-        """What `rlvr.trainer.sync.train` gets instead of building it from the config, and the
+        """What `rlvr.builder.run.train` gets instead of building it from the config, and the
         run.json entries that describe it."""
         from rlvr.rewards.forms import TASK_VERIFIER, with_task
         from rlvr.rewards.runner import RewardSum

@@ -26,7 +26,7 @@ from rlvr.types import Example
 
 
 class SourcedTask(Protocol):
-    """A task made of named sources (`rlvr.tasks.sources.Sources`)."""
+    """A task made of named sources (`rlvr.tasks.sources.Mixture`)."""
 
     sources: tuple[str, ...]
 

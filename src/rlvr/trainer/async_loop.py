@@ -49,7 +49,7 @@ each rank runs its batches whole: lanes of a row pool on the other side's idle c
 a layer mid-forward.
 
 Where the rollout side runs is the backend's business: a thread here (`LocalRollouts`), Ray
-actors behind the same seams in `ray_backend` (the sampler as a `WeightSyncEngine`, the verifier).
+actors behind the same seams in `backends.ray` (the sampler as a `WeightSyncEngine`, the verifier).
 With `rollout.engine=vllm` the local rollout side pushes into the run's one vLLM engine, which the
 learner's evaluation shares (`snapshot.SharedEngine`); Ray workers each start their own.
 """

@@ -2,7 +2,7 @@
 
 `run_loop` drives a schedule (`make_steps`: the synchronous one of `trainer.sync` or the
 asynchronous one of `trainer.async_loop`) as the run's `LoopPlan` says; it reads the plan and the
-components, never the config (`trainer.run.train` builds both and owns the run directory).
+components, never the config (`builder.run.train` builds both).
 """
 
 from __future__ import annotations
