@@ -13,12 +13,10 @@ import torch
 
 from rlvr.agents.collect import TurnProcessReward, is_agent_task
 from rlvr.algos._registry import needs_of
-from rlvr.algos.correction import importance_correction
 from rlvr.backends import ray_rollouts
 from rlvr.codec import prompt_lengths
 from rlvr.config import REGISTRY, Config, keywords, task_sections
-from rlvr.config.binding import bind, bind_named
-from rlvr.config.registries import companion, rollout_correction_on
+from rlvr.config.binding import bind, bound, companion_bound
 from rlvr.engines.speculative import SpeculativeRollouts
 from rlvr.engines.torch_ar import generate
 from rlvr.engines.torch_block_diffusion import generate_block_diffusion
@@ -86,7 +84,7 @@ def build_policy(config: Config, model, *, sharded: bool = False):
     if config.model.kind != "diffusion":
         return CausalPolicy(model, temperature=temperature, kernels=config.trainer.kernels, fast=not sharded,
                             checkpointing=config.trainer.gradient_checkpointing)
-    options = bind_named(config, "estimator.name").keywords
+    options = bound(config, "estimator.name").keywords
     policy = DiffusionPolicy(model, config.estimator.name, window=config.rollout.window, temperature=temperature,
                              **options)
     if isinstance(model, BlockDiffusionLM):  # decided once: block models denoise with clean earlier blocks
@@ -251,20 +249,16 @@ def judge_options(config: Config) -> dict:
 def build_loss(config: Config) -> LossSpec:
     """The loss pieces named in `algo`, each with its hyperparameters bound (`bind`)."""
     a = config.algo
-    kl_in_loss = a.kl_coef > 0 and a.kl_placement == "loss"
-    kl_in_reward = a.kl_coef > 0 and a.kl_placement == "reward"
-    norm_length = a.norm_length if a.norm_length is not None else float(config.rollout.max_new_tokens)
+    kl = bound(config, "algo.kl_estimator")  # chosen with algo.kl_coef > 0
     return LossSpec(
-        objective=bind_named(config, "algo.objective", group_size=config.rollout.group_size),
-        aggregation=bind_named(config, "algo.aggregation", norm_length=norm_length),
-        kl_estimator=bind_named(config, "algo.kl_estimator") if kl_in_loss else None,
+        objective=bound(config, "algo.objective"),
+        aggregation=bound(config, "algo.aggregation"),
+        kl_estimator=kl if a.kl_placement == "loss" else None,
         kl_coef=a.kl_coef,
         entropy_coef=a.entropy_coef,
-        correction=bind(importance_correction, a) if rollout_correction_on(config) else None,
-        reward_kl=bind_named(config, "algo.kl_estimator") if kl_in_reward else None,
-        # `main`: the expert rows go through the objective itself (split_loss is not used)
-        expert=bind_named(config, "expert.objective") if config.expert.per_step and config.expert.objective != "main"
-        else None,
+        correction=bound(config, "algo.rollout_correction"),
+        reward_kl=kl if a.kl_placement == "reward" else None,
+        expert=bound(config, "expert.objective"),  # None for `main`: the expert rows go through the objective
     )
 
 
@@ -280,10 +274,8 @@ class AdvantageSpec:
 
 
 def build_advantage(config: Config) -> AdvantageSpec:
-    a = config.algo
-    estimate = bind_named(config, "algo.advantage")
-    targets = companion("algo.advantage", a.advantage)  # critic targets: the estimator trains a critic (gae)
-    returns = bind(targets, a) if targets is not None else None
+    estimate = bound(config, "algo.advantage")
+    returns = companion_bound(config, "algo.advantage")  # critic targets: the estimator trains a critic (gae)
     return AdvantageSpec(estimate, returns, needs_of(estimate))
 
 

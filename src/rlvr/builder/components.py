@@ -31,7 +31,7 @@ from rlvr.backends import ray_rollouts
 from rlvr.backends.ray import RayEngine, RayReward, ensure_ray
 from rlvr.builder import build
 from rlvr.config import AlgoConfig, Config, SamplerConfig, derived_batch_numbers, to_dict
-from rlvr.config.binding import bind_named
+from rlvr.config.binding import bound
 from rlvr.config.registries import engine_kind, rollout_correction_on
 from rlvr.engines.snapshot import SharedEngine, SnapshotEngine
 from rlvr.errors import ConfigError
@@ -162,7 +162,7 @@ def check_lanes(config: Config, c: Components) -> None:
 
 def build_sampler(config: Config, task: Task, rng: random.Random):
     """The `sampler.name` sampler over `task`, drawing prompts with the run's prompt RNG `rng`."""
-    make = bind_named(config, "sampler.name", group_size=config.rollout.group_size, seed=config.seed)
+    make = bound(config, "sampler.name")
     sampler = make(task=task, rng=rng)
     if config.sampler.calibration_every and not hasattr(sampler, "predict"):
         raise ConfigError(f"sampler.calibration_every: sampler {config.sampler.name!r} predicts no pass rates; "

@@ -45,7 +45,7 @@ from rlvr.config.registries import (
     REGISTRY,
     Registry,
     all_entries,
-    chosen,
+    chosen_entries,
     hyperparameters,
     keywords,
     resolve,
@@ -79,7 +79,7 @@ __all__ = [
     "ModelConfig", "OptimConfig",
     "Registry", "RewardConfig", "RolloutConfig", "SamplerConfig", "SFTConfig", "Sudoku4TaskConfig", "TaskConfig",
     "TrainerConfig",
-    "all_entries", "all_keys", "chosen", "data_files", "derived_batch_numbers", "dump_yaml", "hyperparameters",
+    "all_entries", "all_keys", "chosen_entries", "data_files", "derived_batch_numbers", "dump_yaml", "hyperparameters",
     "keywords", "load_config", "load_with_sources", "parse_overrides", "read_recipe", "resolve", "section_type",
     "task_sections", "to_dict", "validate",
 ]
