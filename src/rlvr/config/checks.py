@@ -82,16 +82,16 @@ def _entry_requirements(config: Config) -> Iterator[Check]:
 def _unchosen_options(config: Config) -> Iterator[Check]:
     """A backend's or an entry's own option (`BACKEND_OPTIONS`, an `EngineKind`'s `options`) set away
     from its default while another is chosen: it would be ignored."""
-    owners = dict(BACKEND_OPTIONS)
+    owners = {key: (chooser, [value]) for key, (chooser, value) in BACKEND_OPTIONS.items()}
     for reg in REGISTRIES:
         entries = reg.entries()
-        if isinstance(entries, Mapping):
-            owners.update({key: (reg.key, name) for name, entry in entries.items()
-                           for key in getattr(entry, "options", ())})
-    for key, (chooser, owner) in owners.items():
+        for name, entry in entries.items() if isinstance(entries, Mapping) else ():
+            for key in getattr(entry, "options", ()):
+                owners.setdefault(key, (reg.key, []))[1].append(name)
+    for key, (chooser, names) in owners.items():
         chosen = _get(config, chooser)
-        yield (chosen == owner or _get(config, key) == _default(config, key), key,
-               f"only read with {chooser}={owner} ({chooser} is '{chosen}'); set {chooser}={owner} or remove it")
+        yield (chosen in names or _get(config, key) == _default(config, key), key,
+               f"only read with {chooser}={names[0]} ({chooser} is '{chosen}'); set {chooser}={names[0]} or remove it")
 
 
 def _default(config: Config, dotted: str) -> Any:
