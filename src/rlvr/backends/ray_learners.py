@@ -8,7 +8,7 @@ node and a port free there), RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (
 same node). Each actor then runs the run as that rank (`run_rank()`, what torchrun's process
 runs), so rank 0 alone writes run.json, the metrics and the checkpoints and the others
 follow it, exactly as under torchrun. With `trainer.rollout_workers` / `trainer.reward_workers` > 1
-rank 0 owns those actors (`runtime.distributed.LeadEngine`, `LeadReward`), scheduled outside the
+rank 0 owns those actors (`engines.ranks.LeadEngine`, `LeadReward`), scheduled outside the
 placement group on the CPUs `launch` leaves for them. The driver waits for every rank; a failed run is one line:
 the first rank's own error that is not a lost peer (`LearnerLost`, what the other ranks say when
 one stops), else the first lost peer; an actor that died names its rank.
@@ -30,7 +30,7 @@ import torch
 
 from rlvr.backends.ray import _ray, ensure_ray  # Ray is imported in that one module
 from rlvr.errors import ConfigError, LearnerLost, RunInterrupted
-from rlvr.runtime.distributed import STOP_KEY
+from rlvr.runtime.liveness import STOP_KEY
 from rlvr.tracking.run_dir import StopSignals
 
 PLACEMENT_TIMEOUT_S = 60.0  # the bundles fit the cluster now, or the run says they do not

@@ -34,24 +34,18 @@ from rlvr.config import AlgoConfig, Config, SamplerConfig, derived_batch_numbers
 from rlvr.config.binding import bound
 from rlvr.config.checks import check_fsdp_options, check_learners
 from rlvr.config.registries import engine_kind, rollout_correction_on
+from rlvr.engines.ranks import LeadEngine, LeadReward, RankEngine
+from rlvr.engines.rows import split_engine
 from rlvr.engines.snapshot import SharedEngine, SnapshotEngine
 from rlvr.errors import ConfigError
 from rlvr.models.lora import AdapterDisabled
 from rlvr.models.value import ValueModel
 from rlvr.protocols import PolicyModel, Task
 from rlvr.rewards.runner import RewardRunner
-from rlvr.runtime.distributed import (
-    ONE_PROCESS,
-    LeadEngine,
-    LeadReward,
-    RankEngine,
-    Shard,
-    ShardedState,
-    shard_model,
-    side_group,
-)
+from rlvr.runtime.distributed import ONE_PROCESS, Shard, side_group
+from rlvr.runtime.fsdp import ShardedState, shard_model
 from rlvr.runtime.process import Runtime, available_cores, resolve_device, thread_budget
-from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode, split_engine
+from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode
 from rlvr.sampling.base import GroupFilter, PassRateBand, ZeroVariance
 from rlvr.sampling.calibration import Calibration
 from rlvr.sampling.replay import ReplayBuffer

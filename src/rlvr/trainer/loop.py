@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from rlvr.kernels import native
 from rlvr.models.lora import load_adapter
-from rlvr.runtime.distributed import ShardedState, full_weights, load_sharded_optimizer
+from rlvr.runtime.fsdp import ShardedState, full_weights, load_sharded_optimizer
 from rlvr.tracking.progress import Progress
 from rlvr.tracking.run_dir import RunDir, StopSignals, now
 from rlvr.tracking.signal import NO_SIGNAL_STEPS, NoSignal

@@ -18,7 +18,8 @@ import torch
 from rlvr.models.value import ValueModel
 from rlvr.protocols import PolicyModel, RolloutEngine, Task
 from rlvr.rewards.runner import RewardRunner
-from rlvr.runtime.distributed import Shard, ShardedState
+from rlvr.runtime.distributed import Shard
+from rlvr.runtime.fsdp import ShardedState
 from rlvr.runtime.rows import RowPool
 from rlvr.sampling.base import GroupFilter, Sampler
 from rlvr.sampling.calibration import Calibration
@@ -172,7 +173,7 @@ class Components:
     asynchronous: AsyncPlan | None = None  # rollouts ahead of the learner; None = the synchronous loop
     # start version -> the rollout side, made by the builder (`components.rollout_side`)
     rollout_side: Callable[[int], RolloutSide] | None = None
-    # data-parallel learners (`runtime.distributed`): how the sharded model and optimizer are saved and
+    # data-parallel learners (`runtime.fsdp`): how the sharded model and optimizer are saved and
     # loaded, and the plain full-weight copy (the engine's) that checkpoints save; None = one process
     shards: ShardedState | None = None
     full_model: torch.nn.Module | None = None

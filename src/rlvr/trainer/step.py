@@ -15,7 +15,8 @@ import torch
 from rlvr.algos._registry import needs_of
 from rlvr.algos.aggregate import global_counts
 from rlvr.batch import TrainBatch
-from rlvr.runtime.distributed import ONE_PROCESS, Shard, scalar
+from rlvr.runtime.distributed import ONE_PROCESS, Shard
+from rlvr.runtime.fsdp import scalar
 from rlvr.trainer.expert import split_loss
 from rlvr.trainer.logit_stats import loss_outputs
 
