@@ -214,22 +214,17 @@ class Trainer:
 
     def train_here(self) -> dict:
         """`train` in this process (one rank of data-parallel learners under torchrun or Ray)."""
-        from rlvr.builder.run import train
+        from rlvr.builder.run import opened, train
         from rlvr.runtime.process import configure_for
-        from rlvr.tracking.run_dir import RunDir, disk_errors
 
         runtime = configure_for(self.config)  # first: data-parallel learners join each other here (torchrun)
         if runtime.shard.rank > 0:
             return self._follow(runtime)
-        with disk_errors(RunDir(self.run_dir), "resuming the run" if self.resume else "starting the run"):
-            if self._default_dir is not None:  # chosen and made in one step: another run may take the name now
-                run = RunDir.claim(self._default_dir)
-                self.run_dir = run.path
-            else:
-                run = RunDir(self.run_dir)
-                run.create(new=not self.resume)  # the lock, before anything is read for the resume or written
-        runtime.shard.broadcast(str(run.path))  # where the other learners' checkpoints are
-        try:
+        where = self._default_dir if self._default_dir is not None else self.run_dir
+        # a default name is chosen and made in one step: another run may take it now
+        with opened(where, resume=self.resume, claim=self._default_dir is not None, new=not self.resume) as run:
+            self.run_dir = run.path
+            runtime.shard.broadcast(str(run.path))  # where the other learners' checkpoints are
             done = self._finished(run)
             if done is not None:
                 return done
@@ -239,12 +234,6 @@ class Trainer:
                 final = train(self.config, run, command=self.command, resume=self.resume, echo=self.echo,
                               runtime=runtime, callbacks=self.callbacks, provenance=provenance,
                               config_changes=self.config_changes, **objects)
-        except BaseException:
-            if not self.resume:  # a run that could not start leaves no empty directory behind
-                run.remove_if_empty()
-            raise
-        finally:
-            run.release()
         self.echo(done_line(final, run.path))
         return final
 
@@ -279,15 +268,13 @@ class Trainer:
         (scratch / "checkpoints").symlink_to((self.run_dir / "checkpoints").resolve())
         if self.resume:  # what a resume reads of its run besides the checkpoints
             shutil.copy2(self.run_dir / "run.json", scratch / "run.json")
-        run = RunDir(scratch)
         try:
             with _quiet_transformers():
                 objects, provenance = self._objects()
-                return train(self.config, run, command=self.command, resume=self.resume, echo=_silent,
-                             runtime=runtime, callbacks=self.callbacks, provenance=provenance,
+                return train(self.config, RunDir(scratch), command=self.command, resume=self.resume,
+                             echo=_silent, runtime=runtime, callbacks=self.callbacks, provenance=provenance,
                              config_changes=self.config_changes, **objects)
         finally:
-            run.release()
             shutil.rmtree(scratch, ignore_errors=True)
 
     def _objects(self) -> tuple[dict, dict]:
