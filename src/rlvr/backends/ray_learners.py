@@ -23,8 +23,10 @@ continues it); the ranks' printed lines stay in Ray's worker logs (the driver pr
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import socket
+from collections.abc import Callable
 
 import torch
 
@@ -65,6 +67,27 @@ class _LearnerRank:
         except RunInterrupted as err:  # a stop the driver passed on (`ForwardedStops`): run.json says so
             return "interrupted", err.signal_name, err.exit_status, err.step
         return "ok", final, run_dir
+
+
+def train_ranks(make_trainer: Callable, config) -> tuple[dict, str]:
+    """Train on `trainer.ray_learners` Ray actors, each rank building its trainer with
+    `make_trainer()` (`rlvr.Trainer` from the config) and running it as one rank: (rank 0's final
+    line, the run directory)."""
+    from rlvr.runtime.process import available_cores, resolve_device
+
+    t = config.trainer
+    gpus = resolve_device(t.device, config.model.kind).type == "cuda"
+    threads = t.threads or max(1, available_cores() // t.ray_learners)  # each rank's CPU bundle
+    rollout_cpus = t.rollout_workers * (t.threads or 1) if t.rollout_workers > 1 else 0  # rank 0's actors
+    _, final, run_dir = launch(functools.partial(_train_rank, make_trainer), learners=t.ray_learners,
+                               threads=threads, gpus=gpus, address=t.ray_address, actor_cpus=rollout_cpus)
+    return final, run_dir
+
+
+def _train_rank(make_trainer: Callable) -> tuple[dict, str]:
+    """One Ray learner rank's run: (its final line, the run directory)."""
+    made = make_trainer()
+    return made.train_here(), str(made.run_dir)
 
 
 def rank_envs(where: list[tuple[str, str]], port: int) -> list[dict[str, str]]:

@@ -50,6 +50,21 @@ def _start_run(config: Config, run: RunDir, command: list[str], start: int, prov
     run.write_json("run.json", {**info, "status": "running"})
 
 
+def default_run_dir(config: Config, stem: str) -> Path:
+    """Where a run not given a directory goes: `trainer.out_dir/trainer.name`, or `<stem>_s<seed>`."""
+    return Path(config.trainer.out_dir) / (config.trainer.name or f"{stem}_s{config.seed}")
+
+
+def unused(path: Path) -> Path:
+    """`path`, or `path-2`, `path-3` ... when it exists: the name `opened(..., claim=True)` would take now
+    (it takes the first free one when the run starts: never an earlier run's)."""
+    candidate, suffix = path, 2
+    while candidate.exists():
+        candidate = path.with_name(f"{path.name}-{suffix}")
+        suffix += 1
+    return candidate
+
+
 @contextlib.contextmanager
 def opened(run: RunDir | Path, *, resume: bool, claim: bool = False, new: bool = False) -> Iterator[RunDir]:
     """The run directory `run`, made and locked before anything is read for a resume or written

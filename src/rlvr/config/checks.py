@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
+from rlvr.algos._registry import requirements_of  # torch-free: the declarations, not the math
 from rlvr.config.ranges import allowed, range_of
 from rlvr.config.registries import REGISTRIES, _get, chosen_entries, engine_kind
 from rlvr.config.schema import Config
@@ -70,8 +71,6 @@ def _range_errors(node: Any, prefix: str = "") -> list[str]:
 
 def _entry_requirements(config: Config) -> Iterator[Check]:
     """Each requirement an entry the config chooses declares (`Requirement`), the engine's included."""
-    from rlvr.algos._registry import requirements_of  # torch-free, but the algos package is not
-
     entries = [(c.key, c.name, c.entry) for c in chosen_entries(config)]
     entries.append(("rollout.engine", config.rollout.engine, engine_kind(config)))
     for key, name, entry in entries:
@@ -260,8 +259,6 @@ def _task_and_reward(config: Config) -> list[Check]:
          "must be a number of seconds >= 0, e.g. 10 (0 = no limit)"),
         (t.heldout_size >= 1 or heldout_file, "task.heldout_size",
          "must be >= 1: held-out accuracy is measured on these problems (evaluate less often with trainer.eval_every)"),
-        (not t.train_size or config.sampler.name != "dump", "task.train_size",
-         "sampler dump draws from the task's sources, not a finite train set; set task.train_size=0"),
     ]
 
 
