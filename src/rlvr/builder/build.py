@@ -13,7 +13,6 @@ import torch
 
 from rlvr.agents.collect import TurnProcessReward, is_agent_task
 from rlvr.algos._registry import needs_of
-from rlvr.backends import ray_rollouts
 from rlvr.codec import prompt_lengths
 from rlvr.config import REGISTRY, Config, keywords, task_sections
 from rlvr.config.binding import bind, bound, companion_bound
@@ -188,12 +187,6 @@ def build_reward(config: Config, task) -> RewardRunner | RewardSum:
     """The verifier: the user's `reward.fn` when set (one function or a weighted sum of several, where
     `task` names the task's own), otherwise the task's own (batched if it has one)."""
     if config.reward.fn:
-        t = config.trainer
-        on_ray = ray_rollouts(t.backend, t.ray_learners) or t.ray_learners > 0  # rank 0's reward workers too
-        if on_ray and t.reward_workers > 1 and config.reward.model_normalize == "batch":
-            raise ConfigError(f"reward.model_normalize=batch: each of trainer.reward_workers={t.reward_workers} would "
-                              f"whiten its own share of the batch; set trainer.reward_workers=1 or "
-                              f"reward.model_normalize=none")
         fns, weights = zip(*load_reward_spec(config.reward.fn, model_options=reward_model_options(config),
                                              judge_options=judge_options(config)))
         return RewardSum(with_task(fns, task), weights, timeout_s=config.reward.timeout_s)

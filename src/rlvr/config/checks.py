@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from rlvr.algos._registry import requirements_of  # torch-free: the declarations, not the math
 from rlvr.config.ranges import allowed, range_of
-from rlvr.config.registries import REGISTRIES, _get, chosen_entries, engine_kind
+from rlvr.config.registries import REGISTRIES, REGISTRY, _get, chosen_entries, engine_kind
 from rlvr.config.schema import Config
 from rlvr.errors import ConfigError
 
@@ -251,7 +251,9 @@ def _trainer(config: Config) -> list[Check]:
 
 def _task_and_reward(config: Config) -> list[Check]:
     """Values that types accept but that would silently train on something else (or nothing)."""
-    t = config.task
+    t, rw, tr = config.task, config.reward, config.trainer
+    ray_rewards = tr.ray_learners > 0 or tr.backend == "ray"  # Ray reward workers, of rank 0 under ray_learners too
+    sampler = REGISTRY["sampler.name"].get(config.sampler.name)
     section = getattr(t, t.name, None)
     heldout_file = bool(getattr(section, "heldout_path", None) or getattr(section, "heldout_split", None))
     return [
@@ -259,6 +261,12 @@ def _task_and_reward(config: Config) -> list[Check]:
          "must be a number of seconds >= 0, e.g. 10 (0 = no limit)"),
         (t.heldout_size >= 1 or heldout_file, "task.heldout_size",
          "must be >= 1: held-out accuracy is measured on these problems (evaluate less often with trainer.eval_every)"),
+        (not config.sampler.calibration_every or hasattr(sampler, "predict"), "sampler.calibration_every",
+         f"sampler {config.sampler.name!r} predicts no pass rates; use sampler.name=mopps, vade or dots, or set "
+         "sampler.calibration_every=0"),
+        (not rw.fn or not ray_rewards or tr.reward_workers <= 1 or rw.model_normalize != "batch",
+         "reward.model_normalize=batch", f"each of trainer.reward_workers={tr.reward_workers} would whiten its own "
+         "share of the batch; set trainer.reward_workers=1 or reward.model_normalize=none"),
     ]
 
 
