@@ -66,20 +66,6 @@ def bind(entry: Callable, section, registry: Registry | None = None, **elsewhere
     return functools.partial(entry, **bound)
 
 
-def _named(config: Config, key: str) -> tuple[str, Callable, Any, Registry]:
-    """(name, entry, section, registry) for the entry named by the config field `key`."""
-    registry = REGISTRY[key]
-    section, field = key.split(".")
-    name = getattr(getattr(config, section), field)
-    return name, registry.get(name), getattr(config, registry.section), registry
-
-
-def bind_named(config: Config, key: str, **elsewhere) -> Callable:
-    """The entry named by the config field `key`, bound from its registry's section."""
-    _, entry, section, registry = _named(config, key)
-    return bind(entry, section, registry, **elsewhere)
-
-
 @dataclass(frozen=True)
 class Binding:
     """One keyword of a chosen entry: the field that feeds it, its value and who set that value."""

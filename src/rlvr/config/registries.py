@@ -77,14 +77,6 @@ REGISTRY = {r.key: r for r in REGISTRIES}
 COMPANIONS = {"algo.advantage": {"gae": "rlvr.algos.advantages:gae_returns"}}
 """Functions that come with a chosen entry and share its hyperparameters: `gae`'s critic targets."""
 
-
-
-def companion(key: str, name: str) -> Callable | None:
-    """The function that comes with entry `name` of the registry at `key` (`COMPANIONS`), or None."""
-    source = COMPANIONS.get(key, {}).get(name)
-    return _import(source) if source else None
-
-
 CORRECTION = "rlvr.algos.correction:importance_correction"
 """The rollout correction (used when `algo.rollout_correction`); its keywords are `algo` fields."""
 
