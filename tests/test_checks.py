@@ -23,8 +23,8 @@ from rlvr.errors import ConfigError
 RECIPES = sorted((Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml"))
 
 
-@requires(Requirement({"model.kind": "diffusion", "rollout.group_size": (4, 8)},
-                      "toy reads the sampler's denoising steps; set model.kind=diffusion and rollout.group_size=4 or 8"))
+@requires(Requirement({"model.kind": "diffusion", "rollout.group_size": (4, 8)}, "toy reads the sampler's denoising "
+                      "steps; set model.kind=diffusion and rollout.group_size=4 or 8"))
 def toy(logp, old_logp, advantages, mask, *, clip_low: float = 0.3):
     return objectives.reinforce(logp, old_logp, advantages, mask)
 
