@@ -62,7 +62,7 @@ def test_a_null_field_of_an_unresolved_config_keeps_the_entry_default():
     rows = {r.keyword: (r.field, r.value, r.source) for r in explain(raw) if r.key == "algo.objective"}
     assert rows["clip_low"] == (ENTRY_DEFAULT, 3e-4, "entry default")  # GSPO's own width
     assert rows["clip_high"] == ("algo.clip_high", 0.01, "-")  # no sources given
-    assert binding.bind_named(raw, "algo.objective").keywords == {"clip_high": 0.01}
+    assert binding.bound(raw, "algo.objective").keywords == {"clip_high": 0.01}
 
 
 def test_sources_name_every_layer_and_load_config_is_unchanged():
@@ -130,5 +130,5 @@ def test_the_explanation_shows_what_the_builder_binds(recipe, overrides):
     if loss.expert is not None:
         assert _bound(rows, "expert.objective", config.expert.objective) == loss.expert.keywords
     if config.model.kind == "diffusion":
-        assert _bound(rows, "estimator.name", config.estimator.name) == binding.bind_named(
+        assert _bound(rows, "estimator.name", config.estimator.name) == binding.bound(
             config, "estimator.name").keywords

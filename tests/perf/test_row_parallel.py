@@ -20,12 +20,13 @@ from rlvr.algos.objectives import ppo_clip
 from rlvr.builder.components import build_components
 from rlvr.codec import encode_prompts
 from rlvr.config import load_config
+from rlvr.engines.rows import split_engine
 from rlvr.engines.torch_ar import generate
 from rlvr.errors import ConfigError
 from rlvr.kernels import native
 from rlvr.models.policy import CausalPolicy
 from rlvr.runtime.process import configure_for
-from rlvr.runtime.rows import CoreLease, RowPool, configure_threads, resolve_mode, split_engine, waiting
+from rlvr.runtime.rows import CoreLease, RowPool, configure_threads, resolve_mode, waiting
 from rlvr.trainer import sync
 from rlvr.trainer.step import LossSpec, optimizer_step
 

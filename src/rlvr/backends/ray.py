@@ -32,10 +32,11 @@ import weakref
 import torch
 
 from rlvr.batch import Rollouts, concat_rollouts
+from rlvr.engines.rows import split_engine
 from rlvr.engines.snapshot import SnapshotEngine, frozen_copy
 from rlvr.errors import ConfigError
 from rlvr.rewards.runner import RewardBatch
-from rlvr.runtime.rows import RowPool, split_engine
+from rlvr.runtime.rows import RowPool
 
 TIMEOUT_S = 600.0  # one batch of one worker; a hung worker fails the run instead of stalling it
 RESTART_ATTEMPTS = 3

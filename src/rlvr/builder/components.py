@@ -22,28 +22,22 @@ import torch
 from rlvr.agents.task import is_agent_task
 from rlvr.backends.ray import RayReward
 from rlvr.builder import build
-from rlvr.builder.placement import (
-    DTYPES,
-    as_verifier,
-    check_fsdp_options,
-    check_learners,
-    learner_engine,
-    rollout_sides,
-    shares_engine,
-    thread_layout,
-)
+from rlvr.builder.placement import DTYPES, as_verifier, learner_engine, rollout_sides, shares_engine, thread_layout
 from rlvr.builder.plans import check_statistics, fusable, loop_plan, needs_reference, rollout_plan, step_plan
 from rlvr.config import Config
-from rlvr.config.binding import bind_named
+from rlvr.config.binding import bound
+from rlvr.config.checks import check_fsdp_options, check_learners
 from rlvr.config.registries import engine_kind
+from rlvr.engines.ranks import LeadEngine, LeadReward, RankEngine
+from rlvr.engines.rows import split_engine
 from rlvr.errors import ConfigError
 from rlvr.models.lora import AdapterDisabled
 from rlvr.models.value import ValueModel
 from rlvr.protocols import RolloutEngine, Task
 from rlvr.rewards.runner import RewardRunner
-from rlvr.runtime.distributed import LeadEngine, LeadReward, RankEngine, Shard, ShardedState, shard_model
-from rlvr.runtime.process import Runtime
-from rlvr.runtime.rows import split_engine
+from rlvr.runtime.distributed import Shard
+from rlvr.runtime.fsdp import ShardedState, shard_model
+from rlvr.runtime.process import Runtime, resolve_device
 from rlvr.sampling.base import Sampler
 from rlvr.sampling.replay import ReplayBuffer
 from rlvr.trainer.collect import draws_ahead
@@ -60,7 +54,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     model, tokenizer = build.build_model(config) if model is None else (build.prepare_model(config, model), tokenizer)
     shard = runtime.shard
     plain = model  # what the engine samples with and the reference copies: the full weights
-    check_fsdp_options(config, shard)
+    check_fsdp_options(config, shard, resolve_device(config.trainer.device, config.model.kind).type)
     if shard.fsdp:  # FSDP2 learners: the engine keeps a plain copy, the learner trains shards
         check_learners(config, shard)
         plain = copy.deepcopy(model)
@@ -169,9 +163,5 @@ def check_lanes(config: Config, c: Components) -> None:
 
 def build_sampler(config: Config, task: Task, rng: random.Random) -> Sampler:
     """The `sampler.name` sampler over `task`, drawing prompts with the run's prompt RNG `rng`."""
-    make = bind_named(config, "sampler.name", group_size=config.rollout.group_size, seed=config.seed)
-    sampler = make(task=task, rng=rng)
-    if config.sampler.calibration_every and not hasattr(sampler, "predict"):
-        raise ConfigError(f"sampler.calibration_every: sampler {config.sampler.name!r} predicts no pass rates; "
-                          "use sampler.name=mopps, vade or dots, or set sampler.calibration_every=0")
-    return sampler
+    make = bound(config, "sampler.name")
+    return make(task=task, rng=rng)  # one that predicts pass rates where calibrated (config.checks)

@@ -1,6 +1,7 @@
 """Where a run's work runs: the threads and row pools of each side, the engine of each learner
-rank, the asynchronous rollout side (a thread here, or Ray actors), and what data-parallel
-(FSDP2) learners support. Resolved from the config once, like the plans (`builder.plans`).
+rank and the asynchronous rollout side (a thread here, or Ray actors). Resolved from the config
+once, like the plans (`builder.plans`); what data-parallel (FSDP2) learners support is checked
+in `config.checks`.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from rlvr.backends.ray import RayEngine, RayReward, ensure_ray
 from rlvr.builder import build
 from rlvr.config import Config
 from rlvr.config.registries import engine_kind
+from rlvr.engines.ranks import LeadEngine, RankEngine
+from rlvr.engines.rows import split_engine
 from rlvr.engines.snapshot import SharedEngine, SnapshotEngine
-from rlvr.errors import ConfigError
 from rlvr.protocols import BatchVerifier, RolloutEngine
-from rlvr.runtime.distributed import LeadEngine, RankEngine, Shard, side_group
-from rlvr.runtime.process import Runtime, available_cores, resolve_device, thread_budget
-from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode, split_engine
+from rlvr.runtime.distributed import Shard, side_group
+from rlvr.runtime.process import Runtime, available_cores, thread_budget
+from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode
 from rlvr.trainer.parts import RolloutParts, RolloutSide
 from rlvr.trainer.plan import AsyncPlan
 
@@ -118,42 +120,6 @@ def learner_engine(config: Config, plain: torch.nn.Module, tokenizer, shard: Sha
         return build.build_engine(config, plain, tokenizer)
     lead = build.build_vllm_engine(config, plain, tokenizer, own_process=True) if shard.rank == 0 else None
     return LeadEngine(lead, plain, shard)
-
-
-def check_learners(config: Config, shard: Shard) -> None:
-    """What data-parallel learners support so far: the synchronous loop (a critic too, sharded as
-    the policy), the asynchronous one with the torch engine (at η >= 1 on the exact schedule), and
-    minibatches of whole groups (and the expert rows after them) that split over the ranks."""
-    t = config.trainer
-    if on_ray(config):
-        raise ConfigError(f"trainer.backend: Ray runs the rollout side of one learner process; for {shard.size} "
-                          "FSDP2 learner(s) on Ray set trainer.ray_learners=N (Ray starts the ranks) and run "
-                          "without torchrun, or use trainer.backend=local")
-    if shard.size > 1 and t.max_staleness and t.staleness != "exact":  # each rank would pick its own version
-        raise ConfigError(f"trainer.staleness: {shard.size} data-parallel learners overlapping the update "
-                          f"(max_staleness {t.max_staleness}) sample every batch from one agreed version; "
-                          "set trainer.staleness=exact")
-    if shard.size > 1 and t.max_staleness is not None and engine_kind(config).own_weights:
-        raise ConfigError(f"rollout.engine: an engine with its own weights under trainer.max_staleness is not "
-                          f"supported with {shard.size} data-parallel learners yet (rank 0's engine would broadcast "
-                          "from the rollout thread); use rollout.engine=torch, or the synchronous loop")
-
-
-def check_fsdp_options(config: Config, shard: Shard) -> None:
-    """The FSDP2 options name a sharded learner, and CPU offload a model on a GPU (FSDP2's
-    offload copies the shards to an accelerator for each use: on a CPU there is none)."""
-    t = config.trainer
-    for name in ("fsdp_param_dtype", "fsdp_reduce_dtype"):
-        if getattr(t, name) not in DTYPES:
-            raise ConfigError(f"trainer.{name}: must be empty (the parameters' own dtype), 'float32' or 'bfloat16'")
-    given = [name for name, value in (("fsdp_param_dtype", t.fsdp_param_dtype), ("fsdp_reduce_dtype",
-             t.fsdp_reduce_dtype), ("fsdp_cpu_offload", t.fsdp_cpu_offload)) if value]
-    if given and not shard.fsdp:
-        raise ConfigError(f"trainer.{given[0]}: applies to FSDP2 learners only; set trainer.learners=fsdp "
-                          "or start the run with torchrun --nproc_per_node N")
-    if t.fsdp_cpu_offload and resolve_device(t.device, config.model.kind).type == "cpu":
-        raise ConfigError("trainer.fsdp_cpu_offload: needs a CUDA device (the model already lives in CPU memory "
-                          "on a CPU run); set it to false")
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.objectives import ADVANTAGE_FREE
 from rlvr.algos.shaping import overlong_penalty
 from rlvr.config import AlgoConfig, Config, SamplerConfig, derived_batch_numbers, to_dict
-from rlvr.config.binding import bind, bind_named
-from rlvr.config.registries import engine_kind, rollout_correction_on
+from rlvr.config.binding import bound
+from rlvr.config.registries import engine_kind
 from rlvr.errors import ConfigError
 from rlvr.protocols import DrawsPolicy, LogitStatsPolicy, PolicyModel
 from rlvr.runtime.distributed import ONE_PROCESS, Shard
@@ -44,13 +44,13 @@ BEHAVIOUR_WEIGHTS = functools.partial(importance_correction, correction_cap=math
 
 def reward_kl(config: Config):
     """The bound `algo.kl_estimator` when the KL lives in the reward (`algo.kl_placement=reward`), else None."""
-    a = config.algo
-    return bind_named(config, "algo.kl_estimator") if a.kl_coef > 0 and a.kl_placement == "reward" else None
+    kl = bound(config, "algo.kl_estimator")  # chosen with algo.kl_coef > 0
+    return kl if config.algo.kl_placement == "reward" else None
 
 
 def correction(config: Config):
     """The bound rollout correction (`algo.rollout_correction`: TIS/MIS weights), else None."""
-    return bind(importance_correction, config.algo) if rollout_correction_on(config) else None
+    return bound(config, "algo.rollout_correction")  # chosen when on (`registries.rollout_correction_on`)
 
 
 def advantage_spec(estimate, returns) -> AdvantageSpec:

@@ -39,7 +39,7 @@ threads computing never outnumber `trainer.threads`. Each side splits its rows a
 loop does. Other modes and the Ray backend give each side a fixed share (`runtime.thread_budget`).
 
 Data-parallel learners (FSDP2 ranks): each rank's rollout thread samples its share of every batch
-from a snapshot of the plain full weights (`distributed.RankEngine`) and the ranks exchange the
+from a snapshot of the plain full weights (`engines.ranks.RankEngine`) and the ranks exchange the
 shares on a process group of the rollout side's own (`distributed.side_group`): on the default
 group its collectives would pair up with the update's in a different order on each rank. The
 learner gathers the step's weights into the plain copy on every rank (`sync.push_weights`) and
@@ -49,7 +49,7 @@ each rank runs its batches whole: lanes of a row pool on the other side's idle c
 a layer mid-forward.
 
 Where the rollout side runs is the backend's business: a thread here (`LocalRollouts`), Ray
-actors behind the same seams in `ray_backend` (the sampler as a `WeightSyncEngine`, the verifier).
+actors behind the same seams in `backends.ray` (the sampler as a `WeightSyncEngine`, the verifier).
 With `rollout.engine=vllm` the local rollout side pushes into the run's one vLLM engine, which the
 learner's evaluation shares (`snapshot.SharedEngine`); Ray workers each start their own.
 """

@@ -53,7 +53,7 @@ def save_checkpoint(directory: Path, step: int, model, tokenizer, state: dict, *
                     shards=(), writer: bool = True) -> Path:
     """Write checkpoints/step_NNNNNN atomically and prune to the newest `keep_last`.
 
-    `shards` (`runtime.distributed.ShardedState`s, data-parallel learners: the policy's, the
+    `shards` (`runtime.fsdp.ShardedState`s, data-parallel learners: the policy's, the
     critic's): every rank writes its optimizer shards into the temp folder first; the `writer`
     (rank 0) writes the rest and renames.
     A write that fails (a full disk, a second signal) removes the partial temp folder before the

@@ -2,7 +2,7 @@
 
 `run_loop` drives a schedule (`make_steps`: the synchronous one of `trainer.sync` or the
 asynchronous one of `trainer.async_loop`) as the run's `LoopPlan` says; it reads the plan and the
-components, never the config (`trainer.run.train` builds both and owns the run directory).
+components, never the config (`builder.run.train` builds both).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from rlvr.kernels import native
 from rlvr.models.lora import load_adapter
-from rlvr.runtime.distributed import ShardedState, full_weights, load_sharded_optimizer
+from rlvr.runtime.fsdp import ShardedState, full_weights, load_sharded_optimizer
 from rlvr.tracking.progress import Progress
 from rlvr.tracking.run_dir import RunDir, StopSignals, now
 from rlvr.tracking.signal import NO_SIGNAL_STEPS, NoSignal

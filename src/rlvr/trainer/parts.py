@@ -20,7 +20,7 @@ import torch
 
 from rlvr.models.value import ValueModel
 from rlvr.protocols import BatchVerifier, PolicyModel, RolloutEngine, Task, WeightSyncEngine
-from rlvr.runtime.distributed import ShardedState
+from rlvr.runtime.fsdp import ShardedState
 from rlvr.runtime.rows import RowPool
 from rlvr.sampling.base import Sampler
 from rlvr.sampling.replay import ReplayBuffer

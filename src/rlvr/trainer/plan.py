@@ -167,7 +167,7 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class LoopPlan:
-    """The schedule around the steps (`trainer.sync.run_loop`) and what a run records."""
+    """The schedule around the steps (`trainer.loop.run_loop`) and what a run records."""
 
     steps: int
     eval_every: int

@@ -14,7 +14,8 @@ import torch
 from rlvr.algos.aggregate import global_counts
 from rlvr.batch import TrainBatch
 from rlvr.protocols import PolicyModel
-from rlvr.runtime.distributed import ONE_PROCESS, Shard, scalar
+from rlvr.runtime.distributed import ONE_PROCESS, Shard
+from rlvr.runtime.fsdp import scalar
 from rlvr.runtime.rows import RowPool
 from rlvr.trainer.expert import split_loss
 from rlvr.trainer.logit_stats import loss_outputs
