@@ -112,9 +112,8 @@ class _RewardWorker:
 
     def score(self, prompts, texts, examples, progress: tuple[int, int] | None = None) -> RewardBatch:
         """`progress` (step, steps): the step whose batch this is, for TRL-form rewards' `trainer_state`."""
-        begin = getattr(self.reward, "on_step_begin", None)
-        if progress is not None and begin is not None:
-            begin(*progress)
+        if progress is not None:  # the builder's verifier (`build_verifier`) is a `BatchVerifier`
+            self.reward.on_step_begin(*progress)
         return self.reward(prompts, texts, examples)
 
 
