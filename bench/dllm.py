@@ -52,7 +52,7 @@ def sampler_tradeoff(recipe: Path, overrides: list[str] = ()) -> str:
             cfg = load_config(recipe, [*overrides, f"rollout.diffusion_steps={steps}", f"rollout.block_length={block}"])
             engine = build.build_engine(cfg, model, tokenizer)
             t0 = time.perf_counter()
-            acc = greedy_accuracy(engine, tokenizer, task, task.heldout())
+            acc = greedy_accuracy(engine, tokenizer, task, task.heldout(), agent=False)
             rows.append(f"| {steps} | {block} | {length / steps:.0f} | {acc:.3f} | {time.perf_counter() - t0:.1f} |")
     return "\n".join(rows) + "\n"
 

@@ -55,7 +55,7 @@ def main() -> None:
     for label, overrides in SETTINGS:
         cfg = load_config(recipe, _merged(plain, args.overrides, overrides))
         engine = build.build_engine(cfg, model, tokenizer)
-        acc = greedy_accuracy(engine, tokenizer, task, heldout)
+        acc = greedy_accuracy(engine, tokenizer, task, heldout, agent=False)
         out = engine(ids, mask, torch.arange(len(heldout)), temperature=0.0)
         length = (out.completion_mask.sum(-1) - 1).float().mean()  # the mask runs up to and incl. EOS
         print(f"| {label} | {acc:.3f} | {out.forwards} | {length:.2f} |")

@@ -27,7 +27,7 @@ from rlvr.trainer.evaluate import greedy_verdicts
 def verdicts(config) -> list[bool]:
     model, tokenizer = build.build_model(config)
     task = build.build_task(config, tokenizer)
-    return greedy_verdicts(build.build_engine(config, model, tokenizer), tokenizer, task, task.heldout())
+    return greedy_verdicts(build.build_engine(config, model, tokenizer), tokenizer, task, task.heldout(), agent=False)
 
 
 def sign_test(fixed: int, broken: int) -> float:

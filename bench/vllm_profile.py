@@ -167,7 +167,7 @@ def the_batch(args, c):
     """The first step's rows: the prompts rlvr's trainer draws, G copies each, the trainer's seeds."""
     examples = prompt_stream(c, 1, args.prompts)
     group = [ex for ex in examples for _ in range(args.group)]
-    ids, mask = encode_prompts(c.tokenizer, [ex.prompt for ex in group])
+    ids, mask = encode_prompts(c.rollout.tokenizer, [ex.prompt for ex in group])
     return ids, mask, sample_seeds(c.plan.rollout.seed, 1, len(group)), 1.0
 
 
@@ -185,14 +185,14 @@ def profile(args) -> dict:
              "vllm_kv_cache_mb": args.kv_cache_mb or config.rollout.vllm_kv_cache_mb}
     config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, **cache))
     c = build_components(config, runtime=configure_for(config))
-    own = build_engine(rlvr_config(args, args.seed), c.model, c.tokenizer)
+    own = build_engine(rlvr_config(args, args.seed), c.learner.model, c.rollout.tokenizer)
     batch = the_batch(args, c)
     clock = Clock()
-    instrument(c.engine, clock)
+    instrument(c.rollout.engine, clock)
     vllm_runs, own_runs, tokens = [], [], {}
     for repeat in range(args.repeats + 1):  # the first of each: warm-up, not counted
         clock.reset()
-        sampled = timed_call(c.engine, clock, batch)
+        sampled = timed_call(c.rollout.engine, clock, batch)
         t0 = time.perf_counter()
         out = own(*batch[:3], temperature=batch[3])
         own_s = time.perf_counter() - t0
@@ -202,9 +202,9 @@ def profile(args) -> dict:
             scheduled = [n for n in clock.scheduled if n]
             own_runs.append(own_s)
             tokens = {"vLLM": int(sampled.lengths.sum()), "own sampler": int(out.lengths.sum())}
-    ops = op_table(c.engine, clock, batch, args.ops) if args.ops else ""
-    cache = cache_summary(c.engine, config)  # before the shutdown, which clears the block count
-    c.engine.close()
+    ops = op_table(c.rollout.engine, clock, batch, args.ops) if args.ops else ""
+    cache = cache_summary(c.rollout.engine, config)  # before the shutdown, which clears the block count
+    c.rollout.engine.close()
     prompt_tokens = int(batch[1].sum()), int(batch[1][::args.group].sum())
     return {"vllm": vllm_runs, "own": own_runs, "tokens": tokens, "ops": ops, "scheduled": scheduled,
             "prompt_tokens": prompt_tokens, "cache": cache}

@@ -148,10 +148,10 @@ def heldout_accuracy(model, tokenizer, task, max_new_tokens: int) -> float:
 def prompt_stream(c, steps: int, prompts: int):
     """The examples rlvr will draw, in order (collect() samples, then rl_step draws 62 bits)."""
     rng = random.Random()
-    rng.setstate(c.rng.getstate())
+    rng.setstate(c.rollout.rng.getstate())
     out = []
     for _ in range(steps):
-        out.extend(c.task.sample(prompts, rng))
+        out.extend(c.rollout.task.sample(prompts, rng))
         rng.getrandbits(62)
     return out
 
@@ -187,11 +187,13 @@ def run_rlvr(args, seed: int, engine: str = "torch") -> dict:
     c = build_components(config, runtime=configure_for(config))
     totals: dict[str, float] = {}
     if args.pass_mask:
-        c.policy.token_logprobs = _with_completion_mask(c.policy.token_logprobs, c.tokenizer.eos_token_id)
+        policy = c.learner.policy
+        policy.token_logprobs = _with_completion_mask(policy.token_logprobs, c.rollout.tokenizer.eos_token_id)
     # Bench-only instrumentation: time the reward, the training forward and the optimizer inside rl_step.
-    c.reward = _Timer(c.reward, totals, "reward")
-    c.policy.token_logprobs = _Timer(c.policy.token_logprobs, totals, "forward")
-    c.optimizer.step = _Timer(c.optimizer.step, totals, "optimizer")
+    timed = _Timer(c.rollout.reward, totals, "reward")
+    c = dataclasses.replace(c, rollout=dataclasses.replace(c.rollout, reward=timed))
+    c.learner.policy.token_logprobs = _Timer(c.learner.policy.token_logprobs, totals, "forward")
+    c.learner.optimizer.step = _Timer(c.learner.optimizer.step, totals, "optimizer")
     steps, cpu, breakdown, tokens, memory = [], [], [], [], []
     for step in range(1, args.steps + 1):
         totals.clear()
@@ -214,7 +216,7 @@ def run_rlvr(args, seed: int, engine: str = "torch") -> dict:
             "backward": update - totals.get("forward", 0.0) - totals.get("optimizer", 0.0),
             "optimizer": totals.get("optimizer", 0.0),
         })
-    acc = heldout_accuracy(c.model, c.tokenizer, c.task, args.max_new_tokens)
+    acc = heldout_accuracy(c.learner.model, c.rollout.tokenizer, c.rollout.task, args.max_new_tokens)
     return {"steps": steps, "cpu": cpu, "tokens": tokens, "breakdown": breakdown, "heldout": acc, "memory": memory}
 
 
@@ -232,7 +234,8 @@ def run_trl(args, seed: int, examples) -> dict:
 
     def countdown_reward(prompts, completions, idx, **_):
         group = [examples[i] for i in idx]
-        out = c.reward([ex.prompt for ex in group], completions, [dataclasses.asdict(ex) for ex in group])
+        out = c.rollout.reward([ex.prompt for ex in group], completions,
+                               [dataclasses.asdict(ex) for ex in group])
         return out.rewards
 
     if args.reward == "length":
@@ -279,7 +282,7 @@ def run_trl(args, seed: int, examples) -> dict:
             if "completions/mean_length" in record:
                 tokens.append(record["completions/mean_length"] * batch)
     torch.set_num_threads(args.threads)  # the HF Trainer may touch thread settings; restore ours
-    acc = heldout_accuracy(model, tokenizer, c.task, args.max_new_tokens)
+    acc = heldout_accuracy(model, tokenizer, c.rollout.task, args.max_new_tokens)
     return {"steps": steps, "cpu": cpu, "tokens": tokens, "heldout": acc, "memory": memory, "rollout": rollout}
 
 

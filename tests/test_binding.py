@@ -6,7 +6,7 @@ import pathlib
 import pytest
 
 from rlvr import config as cfg
-from rlvr.builder import build
+from rlvr.builder import build, plans
 from rlvr.config import binding, load_config, load_with_sources
 from rlvr.config.binding import DATA, ENTRY_DEFAULT, explain
 from rlvr.config.load import _build
@@ -62,7 +62,7 @@ def test_a_null_field_of_an_unresolved_config_keeps_the_entry_default():
     rows = {r.keyword: (r.field, r.value, r.source) for r in explain(raw) if r.key == "algo.objective"}
     assert rows["clip_low"] == (ENTRY_DEFAULT, 3e-4, "entry default")  # GSPO's own width
     assert rows["clip_high"] == ("algo.clip_high", 0.01, "-")  # no sources given
-    assert binding.bind_named(raw, "algo.objective").keywords == {"clip_high": 0.01}
+    assert binding.bound(raw, "algo.objective").keywords == {"clip_high": 0.01}
 
 
 def test_sources_name_every_layer_and_load_config_is_unchanged():
@@ -120,15 +120,15 @@ def test_the_explanation_shows_what_the_builder_binds(recipe, overrides):
     assert _bound(rows, "algo.advantage", a.advantage) == adv.estimate.keywords
     if adv.returns is not None:
         assert _bound(rows, "algo.advantage", "gae_returns") == adv.returns.keywords
-    kl = loss.kl_estimator or loss.reward_kl
+    kl, correction = loss.kl_estimator or plans.reward_kl(config), plans.correction(config)
     assert any(r.key == "algo.kl_estimator" for r in rows) == (kl is not None)
     if kl is not None:
         assert _bound(rows, "algo.kl_estimator", a.kl_estimator) == kl.keywords
-    if loss.correction is not None:
-        assert _bound(rows, "algo.rollout_correction", "importance_correction") == loss.correction.keywords
-    assert any(r.key == "algo.rollout_correction" for r in rows) == (loss.correction is not None)
+    if correction is not None:
+        assert _bound(rows, "algo.rollout_correction", "importance_correction") == correction.keywords
+    assert any(r.key == "algo.rollout_correction" for r in rows) == (correction is not None)
     if loss.expert is not None:
         assert _bound(rows, "expert.objective", config.expert.objective) == loss.expert.keywords
     if config.model.kind == "diffusion":
-        assert _bound(rows, "estimator.name", config.estimator.name) == binding.bind_named(
+        assert _bound(rows, "estimator.name", config.estimator.name) == binding.bound(
             config, "estimator.name").keywords

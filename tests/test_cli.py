@@ -141,3 +141,19 @@ def test_resume_with_overrides_after_the_option(tmp_path, capsys):
     steps = [json.loads(line)["step"] for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2, 3]
     assert "resume: " in _error(capsys, ["train", "--resume", str(tmp_path / "nothing")])
+
+
+@pytest.mark.parametrize("module", ["rlvr", "rlvr.cli"])
+def test_python_m_rlvr_is_the_command(module):
+    """`python -m rlvr` (what `torchrun ... -m rlvr train` runs) is the `rlvr` command, and the older
+    `-m rlvr.cli` still works: same config printed, same one-line error and exit code 2."""
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    ok = subprocess.run([sys.executable, "-m", module, "config", "rollout.group_size=3"], capture_output=True,
+                        text=True, env=env, timeout=120)
+    assert ok.returncode == 0 and "group_size: 3" in ok.stdout, ok.stderr
+    bad = subprocess.run([sys.executable, "-m", module, "config", "rollout.group_size=1"], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: rollout.group_size") and bad.stderr.count("\n") == 1

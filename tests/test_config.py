@@ -12,7 +12,7 @@ import yaml
 
 from rlvr import config as cfg
 from rlvr.algos import objectives
-from rlvr.builder import build
+from rlvr.builder import build, plans
 from rlvr.cli import main
 from rlvr.config import binding, load_config
 from rlvr.config.load import _build
@@ -108,9 +108,10 @@ def test_resolving_first_binds_the_same_values_as_binding_the_nulls(recipe):
 
     def calls(c):
         loss, adv = build.build_loss(c), build.build_advantage(c)
-        parts = [loss.objective, loss.aggregation, loss.kl_estimator, loss.correction, adv.estimate, adv.returns]
+        parts = [loss.objective, loss.aggregation, loss.kl_estimator, plans.reward_kl(c), plans.correction(c),
+                 adv.estimate, adv.returns]
         if c.model.kind == "diffusion":
-            parts.append(binding.bind_named(c, "estimator.name"))
+            parts.append(binding.bound(c, "estimator.name"))
         return [(p.func, {**cfg.keywords(p.func), **p.keywords}) if p else None for p in parts]
 
     assert calls(raw) == calls(resolved)
@@ -139,7 +140,7 @@ def test_the_builder_binds_values_from_other_sections():
 
 def test_estimator_and_task_options_reach_their_classes():
     c = load_config(ROOT / "recipes" / "dllm_spg_countdown.yaml", ["estimator.block_length=4"])
-    options = binding.bind_named(c, "estimator.name").keywords
+    options = binding.bound(c, "estimator.name").keywords
     assert options == {"n": 2, "beta": 1.5, "omega": 0.5, "bound": "mixture", "block_length": 4}
     task = build.build_task(load_config(None, ["task.countdown.num_count=4", "task.heldout_size=7"]))
     assert task.num_count == 4 and task.ordered and len(task.heldout()) == 7

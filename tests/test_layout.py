@@ -1,7 +1,7 @@
 """The package's shape: one meaning per folder, imports that point one way, small files.
 
-Folders depend on each other in one direction (base types <- algos <- models <- engines <-
-runtime, backends <- trainer <- builder <- sft, api/cli); the rules below are the ones a reader
+Folders depend on each other in one direction (base types <- algos <- config, models <- runtime <-
+engines <- backends <- trainer <- builder <- sft, api/cli); the rules below are the ones a reader
 relies on: the math imports only torch, rewards and tasks never import torch or the trainer,
 and optional extras are imported lazily in the one module that needs them.
 """
@@ -9,6 +9,7 @@ and optional extras are imported lazily in the one module that needs them.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -98,7 +99,8 @@ def test_no_import_cycle_between_folders():
     ("agents", {"trainer", "tasks", "tracking", "cli", "api"}),
     # the loop reads the plan and the components: it never reaches back into what builds them
     ("trainer", {"builder", "backends", "sft", "cli", "api"}),
-    ("runtime", {"trainer", "builder", "backends", "engines", "cli", "api"}),
+    ("runtime", {"trainer", "builder", "backends", "engines", "models", "cli", "api"}),
+    ("config", {"trainer", "builder", "backends", "engines", "runtime", "models", "cli", "api"}),
     ("backends", {"trainer", "builder", "cli", "api"}),
     ("sampling", {"trainer", "builder", "engines", "models", "cli", "api"}),
 ])
@@ -178,3 +180,83 @@ def _module_graph() -> dict[str, set[str]]:
 
 def test_no_import_cycle_between_files():
     _assert_acyclic(_module_graph())
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """What a module defines at its top level (functions, classes, assignments, `__all__`; and for a
+    package's `__init__`, what it imports: a name imported elsewhere is not that module's to point at)."""
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                found |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+                if isinstance(target, ast.Name) and target.id == "__all__":
+                    found |= {e.value for e in ast.walk(node.value) if isinstance(e, ast.Constant)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and path.name == "__init__.py":
+            found |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return found
+
+
+def _names_something(dotted: str, modules: dict[str, Path]) -> bool:
+    """`rlvr.a.b.c` names a module, or a top-level name of the longest module it starts with."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        module = ".".join(parts[:i])
+        if module in modules:
+            if i == len(parts):
+                return True
+            below = {m.rsplit(".", 1)[-1] for m in modules if m.rsplit(".", 1)[0] == module}
+            return parts[i] in _top_level_names(modules[module]) | below
+    return False
+
+
+def _prose(path: Path) -> list[str]:
+    """The text a reader follows pointers from: a markdown file whole, a module's docstrings and comments."""
+    text = path.read_text()
+    if path.suffix != ".py":
+        return [text]
+    tree = ast.parse(text)
+    # docstrings of modules, classes, functions and attributes: the bare strings
+    docs = [n.value.value for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
+             and isinstance(n.value.value, str)]
+    return docs + [line.split("#", 1)[1] for line in text.splitlines() if "#" in line]
+
+
+def test_every_module_named_in_docstrings_and_docs_exists():
+    """`rlvr.x.y` names and `src/rlvr/...` paths in docstrings, comments and the markdown docs, and
+    `x/y.py` paths in the code map of docs/usage.md, name modules (and top-level names) that exist:
+    a file moved or renamed leaves no pointer behind. A backticked `folder.module.name` without the
+    `rlvr.` is checked too unless it starts with a config field (`trainer.max_staleness`)."""
+    from rlvr.config import all_keys  # torch-free
+
+    repo = SRC.parent.parent
+    modules = _modules()
+    sections = {key.split(".")[0] + "." + key.split(".")[1] for key in all_keys() if key.count(".") >= 1}
+    folders = sorted({m.split(".")[1] for m in modules if m.count(".") >= 2} - {"config"})
+    relative = re.compile("`((?:" + "|".join(folders) + r")(?:\.[A-Za-z_]\w*){2,})")
+    stale = []
+    for path in [*SRC.rglob("*.py"), *(repo / "docs").rglob("*.md"), repo / "README.md"]:
+        where = str(path.relative_to(repo))
+        for text in _prose(path):
+            for match in re.finditer(r"(?<![\w./-])rlvr(?:\.[A-Za-z_]\w*)+", text):
+                stale += [] if _names_something(match.group(0), modules) else [(where, match.group(0))]
+            for match in re.finditer(r"src/rlvr/[\w./-]*\w", text):
+                stale += [] if (repo / match.group(0)).exists() else [(where, match.group(0))]
+            for match in relative.finditer(text):
+                name = match.group(1)
+                if ".".join(name.split(".")[:2]) not in sections and not _names_something(f"rlvr.{name}", modules):
+                    stale.append((where, name))
+    usage = (repo / "docs" / "usage.md").read_text()
+    code_map = usage[usage.index("## Reading the code"):]
+    code_map = code_map[:code_map.find("\n## ", 3)] if "\n## " in code_map[3:] else code_map
+    for match in re.finditer(r"`([\w/]+(?:\.py|/))`", code_map):
+        path = match.group(1)
+        if path.startswith("src/"):  # checked above
+            continue
+        found = (SRC / path).exists() if "/" in path.rstrip("/") else any(SRC.rglob(path.rstrip("/")))
+        if not path.startswith(("examples/", "tests/", "bench/")) and not found:
+            stale.append(("docs/usage.md (code map)", path))
+    assert not stale, f"pointers to modules that do not exist: {stale}"

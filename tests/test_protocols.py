@@ -89,13 +89,13 @@ def test_built_components_answer_through_the_protocols(kind):
     overrides = FAST if kind == "causal" else [*FAST, "model.kind=diffusion", "model.path=", "estimator.name=trace",
                                                "rollout.window=full"]
     c = build_components(load_config(None, overrides))
-    drawn = _check_task(c.task)
+    drawn = _check_task(c.rollout.task)
     # Per-row temperatures reach only the diffusion engine (rollout.greedy_in_group is refused for
     # causal models), so the causal engine is asked for greedy with one number.
     greedy = 0.0 if kind == "causal" else torch.zeros(2)
-    out = _check_engine(c.engine, c.tokenizer, [e.prompt for e in drawn[:2]], greedy)
-    counted = _check_policy(c.policy, c.model, out)
-    assert isinstance(c.policy, LogitStatsPolicy) == (kind == "causal")
+    out = _check_engine(c.rollout.engine, c.rollout.tokenizer, [e.prompt for e in drawn[:2]], greedy)
+    counted = _check_policy(c.learner.policy, c.learner.model, out)
+    assert isinstance(c.learner.policy, LogitStatsPolicy) == (kind == "causal")
     # The causal policy's fused training kernels (where they build) bypass the module forward, uncounted.
     assert counted >= (0 if kind == "causal" else 2)
 
@@ -120,12 +120,12 @@ def test_the_diffusion_trace_reaches_the_estimator_through_the_batch():
                                 "rollout.window=full", "rollout.temperature=1.0"])
     c = build_components(config)
     ids = torch.tensor([[1, 2, 3], [1, 2, 3]])
-    out = c.engine(ids, torch.ones_like(ids), torch.tensor([5, 6]), temperature=1.0)
+    out = c.rollout.engine(ids, torch.ones_like(ids), torch.tensor([5, 6]), temperature=1.0)
     assert out.trace is not None and out.trace.shape == out.completion_ids.shape
     batch = TrainBatch(out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask,
                        advantages=torch.zeros_like(out.completion_mask), trace=out.trace)
     with torch.no_grad():
-        logp, _ = c.policy.batch_logprobs(batch)
+        logp, _ = c.learner.policy.batch_logprobs(batch)
     assert torch.allclose(logp, out.logprobs, atol=1e-5)  # the replay scores exactly what was sampled
     metrics, _ = rl_step(c, 1)
     assert metrics["perf/forwards_per_update"] > 0  # counted by the policy, not a module global
@@ -148,7 +148,7 @@ def test_remax_baseline_comes_from_the_rollout_stage():
     from rlvr.trainer.collect import collect
 
     c = build_components(load_config(None, [*FAST, "algo.advantage=remax", "algo.dynamic_sampling=false"]))
-    got = collect(c, 1)
+    got = collect(c.rollout, 1)
     assert got.baseline_rewards is not None and got.baseline_rewards.shape == (2,)
     metrics, _ = rl_step(c, 1)
     assert "loss/policy" in metrics

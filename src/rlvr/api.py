@@ -52,13 +52,14 @@ run.json also records the rows' fingerprint and the reward functions' names and 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import math
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rlvr.api_ray import done_line
 from rlvr.errors import ConfigError
 from rlvr.tracking.resumable import check_code_outside, check_resumable, config_changes
 
@@ -79,7 +80,7 @@ class Trainer:
                  resume: bool | str | Path = False, allow_config_change: bool = False, trust_pickle: bool = False,
                  command: list[str] | None = None, echo: Callable = print):
         self.echo, self.command = echo, list(sys.argv if command is None else command)
-        self._allow_change = allow_config_change  # what a Ray learner rank rebuilds this trainer with (`api_ray`)
+        self._allow_change = allow_config_change  # what a Ray learner rank rebuilds this trainer with
         self._passed = [name for name, value in (("model", model), ("reward_funcs", reward_funcs), ("train_dataset",
                          train_dataset), ("eval_dataset", eval_dataset)) if value is not None and not (
                          name == "model" and isinstance(value, (str, Path)))]
@@ -118,8 +119,10 @@ class Trainer:
         self.correct_fn, self.prompt_key, self.system_prompt = correct_fn, prompt_key, system_prompt
         positive = sum(w for w in self.reward_weights if w > 0) if self.reward_weights else 1.0
         self.correct_threshold = positive if correct_threshold is None else float(correct_threshold)
-        self._default_dir = _default_run_dir(self.config, self._stem(recipe)) if run_dir is None else None
-        self.run_dir = _unused(self._default_dir) if run_dir is None else Path(run_dir)
+        from rlvr.builder.run import default_run_dir, unused
+
+        self._default_dir = default_run_dir(self.config, self._stem(recipe)) if run_dir is None else None
+        self.run_dir = unused(self._default_dir) if run_dir is None else Path(run_dir)
         self._check_run_dir()
 
     def _check_run_dir(self) -> None:
@@ -212,30 +215,37 @@ class Trainer:
     def train(self) -> dict:
         """Apply the process settings, run (or resume) the loop, return the final metrics line;
         with `trainer.ray_learners` on Ray actors, each one rank (`train_here`)."""
-        if self.config.trainer.ray_learners:
-            from rlvr.api_ray import train_on_ray
+        return self._train_on_ray() if self.config.trainer.ray_learners else self.train_here()
 
-            return train_on_ray(self)
-        return self.train_here()
+    def _train_on_ray(self) -> dict:
+        """Each Ray learner rank rebuilds this trainer from its config and trains as one rank
+        (`train_here`); rank 0's final line (a failure: one line)."""
+        from rlvr.backends.ray_learners import train_ranks
+
+        if self._passed:  # objects a file or this process defines do not travel to Ray's processes
+            raise ConfigError(f"{self._passed[0]}: trainer.ray_learners builds each rank from the config alone; "
+                              "name it in the config (model.path, reward.fn, task) or start the ranks with torchrun")
+        final, run_dir = train_ranks(functools.partial(
+            type(self), config=self.config, run_dir=self.run_dir, resume=self.resume,
+            allow_config_change=self._allow_change, trust_pickle=self.trust_pickle, command=self.command,
+            callbacks=self.callbacks), self.config)
+        self.run_dir = Path(run_dir)
+        self.echo(done_line(final, self.run_dir))
+        return final
 
     def train_here(self) -> dict:
         """`train` in this process (one rank of data-parallel learners under torchrun or Ray)."""
-        from rlvr.builder.run import train
+        from rlvr.builder.run import opened, train
         from rlvr.runtime.process import configure_for
-        from rlvr.tracking.run_dir import RunDir, disk_errors
 
         runtime = configure_for(self.config)  # first: data-parallel learners join each other here (torchrun)
         if runtime.shard.rank > 0:
             return self._follow(runtime)
-        with disk_errors(RunDir(self.run_dir), "resuming the run" if self.resume else "starting the run"):
-            if self._default_dir is not None:  # chosen and made in one step: another run may take the name now
-                run = RunDir.claim(self._default_dir)
-                self.run_dir = run.path
-            else:
-                run = RunDir(self.run_dir)
-                run.create(new=not self.resume)  # the lock, before anything is read for the resume or written
-        runtime.shard.broadcast(str(run.path))  # where the other learners' checkpoints are
-        try:
+        where = self._default_dir if self._default_dir is not None else self.run_dir
+        # a default name is chosen and made in one step: another run may take it now
+        with opened(where, resume=self.resume, claim=self._default_dir is not None, new=not self.resume) as run:
+            self.run_dir = run.path
+            runtime.shard.broadcast(str(run.path))  # where the other learners' checkpoints are
             done = self._finished(run)
             if done is not None:
                 return done
@@ -245,12 +255,6 @@ class Trainer:
                 final = train(self.config, run, command=self.command, resume=self.resume, echo=self.echo,
                               runtime=runtime, callbacks=self.callbacks, provenance=provenance,
                               config_changes=self.config_changes, trust_pickle=self.trust_pickle, **objects)
-        except BaseException:
-            if not self.resume:  # a run that could not start leaves no empty directory behind
-                run.remove_if_empty()
-            raise
-        finally:
-            run.release()
         self.echo(done_line(final, run.path))
         return final
 
@@ -285,19 +289,17 @@ class Trainer:
         (scratch / "checkpoints").symlink_to((self.run_dir / "checkpoints").resolve())
         if self.resume:  # what a resume reads of its run besides the checkpoints
             shutil.copy2(self.run_dir / "run.json", scratch / "run.json")
-        run = RunDir(scratch)
         try:
             with _quiet_transformers():
                 objects, provenance = self._objects()
-                return train(self.config, run, command=self.command, resume=self.resume, echo=_silent,
-                             runtime=runtime, callbacks=self.callbacks, provenance=provenance,
+                return train(self.config, RunDir(scratch), command=self.command, resume=self.resume,
+                             echo=_silent, runtime=runtime, callbacks=self.callbacks, provenance=provenance,
                              config_changes=self.config_changes, trust_pickle=self.trust_pickle, **objects)
         finally:
-            run.release()
             shutil.rmtree(scratch, ignore_errors=True)
 
     def _objects(self) -> tuple[dict, dict]:
-        """What `rlvr.trainer.sync.train` gets instead of building it from the config, and the
+        """What `rlvr.builder.run.train` gets instead of building it from the config, and the
         run.json entries that describe it."""
         from rlvr.rewards.forms import TASK_VERIFIER, with_task
         from rlvr.rewards.runner import RewardSum
@@ -486,19 +488,12 @@ def _callbacks(callbacks: Any) -> list:
     return out
 
 
-def _default_run_dir(config, stem: str) -> Path:
-    return Path(config.trainer.out_dir) / (config.trainer.name or f"{stem}_s{config.seed}")
-
-
-def _unused(path: Path) -> Path:
-    """`path`, or `path-2`, `path-3` ... when it exists: never overwrite an earlier run."""
-    candidate, suffix = path, 2
-    while candidate.exists():
-        candidate = path.with_name(f"{path.name}-{suffix}")
-        suffix += 1
-    return candidate
-
-
 def _is_sequence_classifier(item: Any) -> bool:
     """A `transformers` model with a classification head (`...ForSequenceClassification`)."""
     return type(item).__name__.endswith("ForSequenceClassification") and hasattr(item, "config")
+
+
+def done_line(final: dict, path) -> str:
+    """The line a finished run ends with."""
+    accuracy = final.get("eval/heldout_accuracy", math.nan)
+    return f"done: step {final.get('step')} held-out accuracy {accuracy:.3f} -> {path}"

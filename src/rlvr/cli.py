@@ -59,6 +59,7 @@ def cmd_eval(args) -> int:
 
     if args.n < 0:
         raise ConfigError(f"--n: must be >= 0 (0 = the whole held-out set, or 200 train problems), got {args.n}")
+    from rlvr.agents.task import is_agent_task
     from rlvr.builder.build import build_engine, build_model, build_task
     from rlvr.config import load_config
     from rlvr.tracking.resumable import python_objects
@@ -90,7 +91,7 @@ def cmd_eval(args) -> int:
     examples = task.heldout() if args.split == "heldout" else task.sample(args.n, random.Random(args.seed))
     examples = examples[: args.n] if args.n else examples
     engine = build_engine(config, model, tokenizer)
-    accuracy = greedy_accuracy(engine, tokenizer, task, examples)
+    accuracy = greedy_accuracy(engine, tokenizer, task, examples, agent=is_agent_task(task))
     print(f"{checkpoint.name}: greedy {args.split} accuracy {accuracy:.3f} on {len(examples)} problems")
     return 0
 

@@ -50,6 +50,33 @@ class RewardFn(Protocol):
 
 
 @runtime_checkable
+class BatchVerifier(Protocol):
+    """The run's verifier over a batch (`rlvr.rewards.runner.RewardRunner`, `RewardSum`, Ray's reward
+    workers): `verifier(prompts, completions, examples) -> RewardBatch`, and the step it scores.
+
+    `on_step_begin(step, steps)` tells it which step's batch comes next (TRL-form functions'
+    `trainer_state`); `reads_step` says whether its scores depend on that, so that a batch scored
+    ahead of the learner is scored with its own step set."""
+
+    reads_step: bool
+
+    def __call__(self, prompts: list[str], completions: list[str], examples: list[dict[str, Any]]) -> Any: ...
+
+    def on_step_begin(self, step: int, steps: int) -> None: ...
+
+    def judged(self, task: Task, group: list, completions: list[str],
+               examples: list[dict[str, Any]]) -> tuple[Any, list[bool]]:
+        """(the batch's `RewardBatch`, whether each completion is correct by `task.is_correct`): both
+        under the verifier's own bounds (`rlvr.rewards.runner.judge_batch`). `group`: the `Example`s."""
+        ...
+
+    def correct(self, task: Task, group: list, completions: list[str]) -> list[bool]:
+        """Whether each completion is correct by `task.is_correct`, under the verifier's own bounds
+        (held-out evaluation asks this)."""
+        ...
+
+
+@runtime_checkable
 class RolloutEngine(Protocol):
     """Turns B prompt rows into B completions: token ids in and out, behaviour log-probs per token.
 

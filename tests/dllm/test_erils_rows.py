@@ -81,7 +81,7 @@ def test_external_rows_get_the_gradient_of_their_likelihood_under_the_estimator(
     assert merged.expert.tolist() == [False] * 4 + [True] * 2
     assert merged.advantages[4:].abs().sum() == 0  # an oracle's rewards do not vary: source advantage 0
     spec = LossSpec(objective=ppo_clip, aggregation=AGGREGATIONS["seq_mean_token_mean"], kl_estimator=None,
-                    kl_coef=0.0, entropy_coef=0.0, expert=sft)
+                    entropy_coef=0.0, expert=sft)
     got = _grad(policy, merged, spec)
     assert got.norm() > 0
     # the same gradient as μ · mean over the external rows of −(token mean of the estimator's

@@ -10,11 +10,12 @@ import os
 import pytest
 import torch
 
+from rlvr.engines.ranks import LeadEngine
 from rlvr.engines.spawned import SpawnedEngine
 from rlvr.models.causal_lm import tiny_llama
 from rlvr.models.lora import merged_weights
 from rlvr.models.tokenizer import char_tokenizer
-from rlvr.runtime.distributed import LeadEngine, Shard
+from rlvr.runtime.distributed import Shard
 
 
 class Doubler:

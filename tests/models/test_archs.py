@@ -67,9 +67,9 @@ def test_architecture_trains_three_steps_in_bfloat16_and_exports_bfloat16(tmp_pa
 def test_model_dtype_auto_keeps_the_checkpoint_dtype(tmp_path, dtype):
     source = build_model_dir(tmp_path / "model", "qwen2", dtype=dtype)
     config = load_config(None, [*RUN, f"model.path={source}", "model.dtype=auto"])
-    assert next(build_components(config).model.parameters()).dtype == dtype
+    assert next(build_components(config).learner.model.parameters()).dtype == dtype
     # the default, float32, upcasts a bf16 checkpoint (fp32 master weights)
-    assert next(build_components(load_config(None, [*RUN, f"model.path={source}"])).model.parameters()).dtype \
+    assert next(build_components(load_config(None, [*RUN, f"model.path={source}"])).learner.model.parameters()).dtype \
         == torch.float32
 
 

@@ -129,17 +129,17 @@ def test_lora_trains_only_the_adapter_and_the_reference_is_the_base(length_rewar
     base, tokenizer = build.base_model(config)
     base_logp, _ = CausalPolicy(copy.deepcopy(base), fast=False).token_logprobs(*_batch(tokenizer))
     c = build_components(config, model=base, tokenizer=tokenizer)
-    state = {k: v.clone() for k, v in c.model.state_dict().items()}
-    assert {id(p) for group in c.optimizer.param_groups for p in group["params"]} == \
-        {id(p) for n, p in c.model.named_parameters() if "lora_" in n}
+    state = {k: v.clone() for k, v in c.learner.model.state_dict().items()}
+    assert {id(p) for group in c.learner.optimizer.param_groups for p in group["params"]} == \
+        {id(p) for n, p in c.learner.model.named_parameters() if "lora_" in n}
     for step in (1, 2, 3):
         rl_step(c, step)
-    after = c.model.state_dict()
+    after = c.learner.model.state_dict()
     changed = {k for k in state if not torch.equal(state[k], after[k])}
     assert changed and all("lora_" in k for k in changed)
     assert any("lora_B" in k for k in changed)
-    policy_logp, _ = c.policy.token_logprobs(*_batch(tokenizer))
-    reference_logp, _ = c.reference.token_logprobs(*_batch(tokenizer))
+    policy_logp, _ = c.learner.policy.token_logprobs(*_batch(tokenizer))
+    reference_logp, _ = c.learner.reference.token_logprobs(*_batch(tokenizer))
     assert not torch.allclose(policy_logp, base_logp, atol=1e-4)  # the adapter moved the policy
     torch.testing.assert_close(reference_logp, base_logp, rtol=0, atol=1e-6)
 

@@ -34,8 +34,8 @@ def test_the_real_recipe_builds_lora_bf16_and_the_strict_verifier(tmp_path, monk
                                 "task.math_file.max_prompt_length=200", "rollout.engine=torch"])  # vLLM: tests/engines
     assert load_config(REAL, [f"model.path={source}"]).rollout.engine == "vllm"
     c = build_components(config)
-    assert next(c.model.parameters()).dtype == torch.bfloat16 and c.task.strict
-    trainable = {n for n, p in c.model.named_parameters() if p.requires_grad}
+    assert next(c.learner.model.parameters()).dtype == torch.bfloat16 and c.rollout.task.strict
+    trainable = {n for n, p in c.learner.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     # Unchanged, its 512 new tokens do not fit the tiny model's 256 positions: caught at start.
     with pytest.raises(ConfigError, match="rollout.max_new_tokens"):

@@ -240,7 +240,7 @@ def test_on_policy_step_reuses_the_training_forward_for_old_logprobs(tiny_model,
     adv = torch.randn(len(ids), 1, generator=torch.Generator().manual_seed(0)) * out.completion_mask
     policy = CausalPolicy(tiny_model)
     spec = LossSpec(objective=functools.partial(ppo_clip, clip_low=0.2, clip_high=0.2),
-                    aggregation=AGGREGATIONS["seq_mean_token_mean"], kl_estimator=None, kl_coef=0.0, entropy_coef=0.01)
+                    aggregation=AGGREGATIONS["seq_mean_token_mean"], kl_estimator=None, entropy_coef=0.01)
     grads = []
     for reuse in (True, False):
         batch = TrainBatch(ids, mask, out.completion_ids, out.completion_mask, adv, rollout_logp=out.logprobs)

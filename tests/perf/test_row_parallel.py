@@ -20,12 +20,13 @@ from rlvr.algos.objectives import ppo_clip
 from rlvr.builder.components import build_components
 from rlvr.codec import encode_prompts
 from rlvr.config import load_config
+from rlvr.engines.rows import split_engine
 from rlvr.engines.torch_ar import generate
 from rlvr.errors import ConfigError
 from rlvr.kernels import native
 from rlvr.models.policy import CausalPolicy
 from rlvr.runtime.process import configure_for
-from rlvr.runtime.rows import CoreLease, RowPool, configure_threads, resolve_mode, split_engine, waiting
+from rlvr.runtime.rows import CoreLease, RowPool, configure_threads, resolve_mode, waiting
 from rlvr.trainer import sync
 from rlvr.trainer.step import LossSpec, optimizer_step
 
@@ -204,9 +205,9 @@ def _step(model, batch, *, micro_batch_size, rows):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     spec = LossSpec(objective=functools.partial(ppo_clip, clip_low=0.2, clip_high=0.28),
-                    aggregation=AGGREGATIONS["seq_mean_token_mean"], kl_estimator=k3, kl_coef=0.1, entropy_coef=0.01)
+                    aggregation=AGGREGATIONS["seq_mean_token_mean"], kl_estimator=k3, entropy_coef=0.01)
     metrics = optimizer_step(policy, optimizer, scheduler, batch, spec, micro_batch_size=micro_batch_size,
-                             grad_clip=1.0, rows=rows)
+                             grad_clip=1.0, kl_coef=0.1, rows=rows)
     return metrics, [p.detach().clone() for p in model.parameters()]
 
 
@@ -253,14 +254,14 @@ def test_rl_step_in_rows_mode_learns_the_same_as_ops(tmp_path):
     rows_config = load_config(None, [*common, "trainer.threads=2", "trainer.thread_mode=rows",
                                      "trainer.micro_batch_size=16"])
     rows = build_components(rows_config, runtime=configure_for(rows_config))
-    assert ops.rows is None and rows.rows is not None and torch.get_num_threads() == 1
+    assert ops.learner.rows is None and rows.learner.rows is not None and torch.get_num_threads() == 1
     for step in (1, 2):
         m_ops, _ = sync.rl_step(ops, step)
         m_rows, _ = sync.rl_step(rows, step)
         assert m_rows["reward/mean"] == m_ops["reward/mean"]
         assert m_rows["response/length_mean"] == m_ops["response/length_mean"]
         assert m_rows["loss/policy"] == pytest.approx(m_ops["loss/policy"], rel=1e-5, abs=1e-7)
-    for a, b in zip(ops.model.parameters(), rows.model.parameters()):
+    for a, b in zip(ops.learner.model.parameters(), rows.learner.model.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 

@@ -163,10 +163,9 @@ def test_batch_whitening_over_several_reward_workers_is_a_one_line_error(saved_r
     from rlvr.builder.build import build_reward
     from rlvr.config import load_config
 
-    config = load_config(None, [f"reward.fn={saved_rm}", "reward.model_normalize=batch", "trainer.backend=ray",
-                                "trainer.reward_workers=2"])
     with pytest.raises(ConfigError, match=r"reward.model_normalize=batch: each of trainer.reward_workers=2 would "
                                           r"whiten its own share"):
-        build_reward(config, task=None)
+        load_config(None, [f"reward.fn={saved_rm}", "reward.model_normalize=batch", "trainer.backend=ray",
+                           "trainer.reward_workers=2"])
     one = load_config(None, [f"reward.fn={saved_rm}", "reward.model_normalize=batch", "trainer.backend=ray"])
     assert build_reward(one, task=None).runners[0].fn.normalize == "batch"  # one worker whitens the whole batch

@@ -81,7 +81,7 @@ def test_the_probe_logs_calibration_and_leaves_the_run_unchanged():
     on = build_components(load_config(None, [*common, "sampler.calibration_every=1", "sampler.calibration_prompts=2",
                                              "sampler.calibration_rollouts=8"]))
     off = build_components(load_config(None, common))
-    a, b = produce(on, 1), produce(off, 1)
+    a, b = produce(on.rollout, 1), produce(off.rollout, 1)
     assert a.sampler_metrics["sampler/calibration_prompts"] == 2
     assert a.sampler_metrics["sampler/calibration_tokens"] > 0
     assert {"sampler/calibration_mae", "sampler/calibration_bias"} <= set(a.sampler_metrics)

@@ -4,6 +4,8 @@ prompt come back as whole groups."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -39,8 +41,8 @@ class Recording:
 
 def _collected(*overrides):
     c = build_components(load_config(None, [*FAST, *overrides]))
-    c.sampler = Recording(c.sampler)
-    return c, collect(c, 1)
+    c = dataclasses.replace(c, rollout=dataclasses.replace(c.rollout, sampler=Recording(c.rollout.sampler)))
+    return c, collect(c.rollout, 1)
 
 
 def test_micro_groups_give_the_completions_of_one_pass():
@@ -50,8 +52,8 @@ def test_micro_groups_give_the_completions_of_one_pass():
     for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "logprobs", "truncated"):
         assert torch.equal(getattr(whole.rollouts, name), getattr(parts.rollouts, name)), name
     assert torch.equal(whole.rewards, parts.rewards) and whole.texts == parts.texts
-    assert one.sampler.seen == four.sampler.seen  # whole groups only reach the sampler
-    assert [f.n_rollouts for f in four.sampler.seen] == [8, 8]
+    assert one.rollout.sampler.seen == four.rollout.sampler.seen  # whole groups only reach the sampler
+    assert [f.n_rollouts for f in four.rollout.sampler.seen] == [8, 8]
 
 
 def test_micro_group_size_must_divide_the_group():
@@ -64,7 +66,7 @@ def test_every_generated_group_reaches_the_sampler_with_its_kept_flag():
     # a fresh model scores 0 almost everywhere: under the DAPO filter most groups are dropped,
     # and each of the 3 rounds' 2 groups is still reported, with its rewards and tokens
     c, got = _collected("rollout.group_size=4", "algo.max_sampling_rounds=3")
-    seen = c.sampler.seen
+    seen = c.rollout.sampler.seen
     rounds = int(got.metrics["batch/sampling_rounds"])
     assert len(seen) == 2 * rounds
     kept = sum(f.kept for f in seen)
@@ -97,8 +99,9 @@ class TwoGroupsForTheFirst:
 
 def test_a_budget_of_several_groups_trains_as_whole_groups_of_one_prompt():
     c = build_components(load_config(None, [*FAST, "rollout.group_size=4", "algo.dynamic_sampling=false"]))
-    c.sampler = TwoGroupsForTheFirst(c.sampler, 4)
-    got = collect(c, 1)
+    sampler = TwoGroupsForTheFirst(c.rollout.sampler, 4)
+    c = dataclasses.replace(c, rollout=dataclasses.replace(c.rollout, sampler=sampler))
+    got = collect(c.rollout, 1)
     assert len(got.group) == 8 and len({ex.prompt for ex in got.group}) == 1
-    (f,) = c.sampler.feedback
+    (f,) = c.rollout.sampler.feedback
     assert f.n_rollouts == 8 and f.rewards == tuple(got.rewards.tolist())

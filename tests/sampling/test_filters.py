@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rlvr.builder.components import group_filter
+from rlvr.builder.plans import group_filter
 from rlvr.config import load_config
 from rlvr.errors import ConfigError
 from rlvr.sampling.base import PassRateBand, ZeroVariance, in_pass_band

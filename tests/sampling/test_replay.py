@@ -27,10 +27,10 @@ def test_buffer_slots_draws_and_state():
 
 def test_replayed_groups_join_the_batch_as_stale_rows():
     c = build_components(load_config(None, [*FAST, "rollout.replay_fraction=0.5"]))
-    first = produce(c, 1)
+    first = produce(c.rollout, 1)
     assert first.staleness == 0 and "batch/replayed_groups" not in first.got.metrics
     rl_step(c, 1, first)
-    second = produce(c, 2)
+    second = produce(c.rollout, 2)
     got = second.got
     assert got.metrics["batch/replayed_groups"] == 2.0 and len(got.group) == 16
     assert second.staleness == 1 and got.oldest_version == 0

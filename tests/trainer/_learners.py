@@ -1,4 +1,4 @@
-"""What the data-parallel learner tests share: a torchrun launch of `rlvr.cli train`, a run's
+"""What the data-parallel learner tests share: a torchrun launch of `rlvr train` (`-m rlvr`), a run's
 metrics and checkpointed weights, and the comparisons of two runs to float tolerance."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def torchrun(*args: str, ranks: int = 2) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-                           "-m", "rlvr.cli", "train", *args],
+                           "-m", "rlvr", "train", *args],
                           env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -105,6 +105,7 @@ def test_stale_batch_is_weighted_by_proximal_over_behaviour(monkeypatch):
     from rlvr.trainer import sync
     from rlvr.trainer.collect import produce
     from rlvr.trainer.logit_stats import no_grad_outputs
+    from rlvr.trainer.plan import ProximalSource
 
     real, seen = sync.optimizer_step, {}
 
@@ -124,13 +125,14 @@ def test_stale_batch_is_weighted_by_proximal_over_behaviour(monkeypatch):
         for fused in (True, False):
             c = build_components(load_config(None, [*TINY, "trainer.threads=1", *extra]))
             if not fused:  # the plan of a run that cannot fuse: the same batch through a separate pass
-                c.plan = dataclasses.replace(c.plan, stale=dataclasses.replace(c.plan.stale, source="pass"))
-            stale = produce(c, 1)  # sampled by version 0
+                c = dataclasses.replace(c, plan=dataclasses.replace(
+                    c.plan, stale=dataclasses.replace(c.plan.stale, source=ProximalSource.PASS)))
+            stale = produce(c.rollout, 1)  # sampled by version 0
             with torch.no_grad():  # an update happened since: the learner's weights moved
-                for p in c.model.parameters():
+                for p in c.learner.model.parameters():
                     p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
             monkeypatch.setattr(sync, "optimizer_step", capture)
-            stale.staleness = 1
+            stale = dataclasses.replace(stale, staleness=1)
             results[fused], _ = sync.rl_step(c, 2, stale)
             monkeypatch.undo()
             batch, mask, proximal = seen["batch"], seen["batch"].completion_mask, seen["proximal"]
@@ -173,7 +175,7 @@ def test_overlapping_sides_share_the_cores(tmp_path):
     try:
         assert steps.threads == {"learner": 2, "rollout_worker": 2, "concurrent": 2, "rows_mode": True,
                                  "shared_cores": True}
-        assert c.rows.workers == 2 and c.rows.lease is steps.lease and steps.lease.cores == 2
+        assert c.learner.rows.workers == 2 and c.learner.rows.lease is steps.lease and steps.lease.cores == 2
         assert torch.get_num_threads() == 1
         steps.step(1)
     finally:

@@ -98,7 +98,7 @@ def test_one_step_off_vllm_tags_each_batch_with_the_weights_that_sampled_it(tmp_
     config = load_config(None, [*VLLM, _reward(tmp_path), "trainer.threads=2", "trainer.max_staleness=1",
                                 "trainer.steps=4", "trainer.eval_every=0"])
     c = build_components(config, runtime=configure_for(config))
-    engine = c.engine  # the loop wraps it (snapshot.SharedEngine); closed here, as `train` does
+    engine = c.rollout.engine  # the loop wraps it (snapshot.SharedEngine); closed here, as `train` does
     batches, real_step = [], async_loop.rl_step
 
     def recording_step(c, step, produced):
@@ -106,21 +106,21 @@ def test_one_step_off_vllm_tags_each_batch_with_the_weights_that_sampled_it(tmp_
         return real_step(c, step, produced)
 
     monkeypatch.setattr(async_loop, "rl_step", recording_step)
-    versions = {0: published(c.model)}
+    versions = {0: published(c.learner.model)}
     steps = async_loop.AsyncSteps(c, 0)
     try:
         assert steps.threads["learner"] == steps.threads["rollout_worker"] == 1
         for step in range(1, 5):
             metrics, _ = steps.step(step)
             assert metrics["loss/policy"] == metrics["loss/policy"]  # finite, not NaN
-            versions[step] = published(c.model)
-        ids, mask = encode_prompts(c.tokenizer, [ex.prompt for ex in c.task.heldout()[:4]])
+            versions[step] = published(c.learner.model)
+        ids, mask = encode_prompts(c.rollout.tokenizer, [ex.prompt for ex in c.rollout.task.heldout()[:4]])
         evaluated = steps.engine(ids, mask, torch.arange(4), temperature=1.0)  # evaluation pushes the newest first
     finally:
         steps.close()
         engine.close()
 
-    reference = frozen_copy(c.model).eval()
+    reference = frozen_copy(c.learner.model).eval()
 
     def gap(rollouts, version: int) -> float:
         reference.load_state_dict(dict(versions[version]), strict=False)

@@ -45,7 +45,7 @@ def test_sampled_accuracy_averages_k_seeded_samples_per_problem():
         width = max(map(len, rows))
         return _rollouts([r + [tok.pad_token_id] * (width - len(r)) for r in rows], [len(r) for r in rows])
 
-    assert sampled_scores(engine, tok, task, examples, samples=4, temperature=0.7, batch_size=5)[0] == 0.5
+    assert sampled_scores(engine, tok, task, examples, agent=False, samples=4, temperature=0.7, batch_size=5)[0] == 0.5
     assert calls == [(5, 0.7), (5, 0.7), (2, 0.7)]  # 12 rows in batches of 5, at the asked temperature
 
 
@@ -68,7 +68,7 @@ def test_pass_at_k_counts_problems_with_any_right_sample():
         width = max(map(len, rows))
         return _rollouts([r + [tok.pad_token_id] * (width - len(r)) for r in rows], [len(r) for r in rows])
 
-    avg, passed = sampled_scores(engine, tok, task, examples, samples=4, temperature=1.0, batch_size=5)
+    avg, passed = sampled_scores(engine, tok, task, examples, agent=False, samples=4, temperature=1.0, batch_size=5)
     assert avg == pytest.approx(4 / 12) and passed == pytest.approx(2 / 3)
 
 

@@ -52,7 +52,7 @@ def test_expert_rows_reach_the_expert_objective_with_their_mask(tiny_model, toke
         return sft(logp, old_logp, expert_logp, advantages, mask)
 
     spec = LossSpec(objective=ppo_clip, aggregation=AGGREGATIONS["seq_mean_token_mean"], kl_estimator=None,
-                    kl_coef=0.0, entropy_coef=0.0, expert=recording)
+                    entropy_coef=0.0, expert=recording)
     _, sums = _grad(tiny_model, merged, spec)
     width = seen["mask"].shape[1]
     assert seen["rows"] == len(EXPERT)
@@ -70,7 +70,7 @@ def test_expert_rows_reach_the_expert_objective_with_their_mask(tiny_model, toke
 def test_on_policy_gradient_is_unchanged_at_zero_expert_weight(tiny_model, tokenizer, make_train_batch, aggregation):
     batch, _, merged = _merged(tiny_model, tokenizer, make_train_batch, 0.0, token_units=aggregation == "token_mean")
     spec = LossSpec(objective=partial(ppo_clip, clip_low=0.2, clip_high=0.2), aggregation=AGGREGATIONS[aggregation],
-                    kl_estimator=None, kl_coef=0.0, entropy_coef=0.01, expert=sft)
+                    kl_estimator=None, entropy_coef=0.01, expert=sft)
     alone, _ = _grad(tiny_model, batch, LossSpec(**{**spec.__dict__, "expert": None}))
     mixed, _ = _grad(tiny_model, merged, spec)
     assert alone.norm() > 0
@@ -83,7 +83,7 @@ def test_on_policy_gradient_is_unchanged_at_zero_expert_weight(tiny_model, token
 def test_full_expert_weight_is_sft_on_the_expert_rows(tiny_model, tokenizer, make_train_batch):
     _, part, merged = _merged(tiny_model, tokenizer, make_train_batch, 1.0)
     spec = LossSpec(objective=ppo_clip, aggregation=AGGREGATIONS["seq_mean_token_mean"], kl_estimator=None,
-                    kl_coef=0.0, entropy_coef=0.0, expert=sft)
+                    entropy_coef=0.0, expert=sft)
     mixed, _ = _grad(tiny_model, merged, spec)
     tiny_model.zero_grad()
     logp, _ = CausalPolicy(tiny_model).batch_logprobs(part)

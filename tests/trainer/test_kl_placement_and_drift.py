@@ -1,4 +1,5 @@
-"""`kl_placement=reward` charges `algo.kl_estimator`; the policy-drift metrics are always logged."""
+"""`kl_placement=reward` charges `algo.kl_estimator`; the adaptive controller moves β from the KL the step
+charged, in the reward or in the loss; the policy-drift metrics are always logged."""
 
 from functools import partial
 from types import SimpleNamespace
@@ -7,12 +8,15 @@ import pytest
 import torch
 
 from rlvr.algos.aggregate import AGGREGATIONS
+from rlvr.algos.kl import adaptive_kl_coef
 from rlvr.algos.objectives import ppo_clip, reinforce
 from rlvr.batch import TrainBatch
 from rlvr.builder.build import build_loss
+from rlvr.builder.plans import reward_kl
 from rlvr.config import load_config
+from rlvr.trainer.parts import StepState
 from rlvr.trainer.step import LossSpec, micro_batch_loss
-from rlvr.trainer.sync import _shaped_rewards
+from rlvr.trainer.sync import _adapt_kl, _shaped_rewards, charged_seq_kl
 
 OLD = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -4.0, 0.0]])
 REF = torch.tensor([[-1.5, -1.0, -0.5], [-0.1, -2.0, 0.0]])
@@ -31,11 +35,49 @@ def test_reward_placement_uses_the_configured_estimator(estimator):
     config = load_config(None, ["algo.kl_coef=0.5", "algo.kl_placement=reward", f"algo.kl_estimator={estimator}"])
     loss = build_loss(config)
     assert loss.kl_estimator is None  # nothing in the loss
-    c = SimpleNamespace(plan=SimpleNamespace(shaping=None), reference=object(), loss=loss)  # no overlong penalty
-    shaped = _shaped_rewards(c, torch.tensor([1.0, 0.0]), _batch(), torch.tensor([3, 2]))
+    c = SimpleNamespace(plan=SimpleNamespace(shaping=None, reward_kl=reward_kl(config)),  # no overlong penalty
+                        learner=SimpleNamespace(reference=object()), state=StepState(kl_coef=0.5))
+    shaped, charged = _shaped_rewards(c, torch.tensor([1.0, 0.0]), _batch(), torch.tensor([3, 2]))
     delta = (OLD - REF) * MASK
     per_token = {"k1": delta, "k2": 0.5 * delta**2, "k3": torch.exp(-delta) + delta - 1.0}[estimator] * MASK
+    torch.testing.assert_close(charged, per_token.sum(-1))
     torch.testing.assert_close(shaped, torch.tensor([1.0, 0.0]) - 0.5 * per_token.sum(-1))
+
+
+def test_the_controller_moves_with_the_kl_charged_in_the_reward():
+    """Hand vector: rows charged 0.3 and 0.1 (per-sequence KL 0.2) against a target of 0.1 give
+    e = clip(0.2 / 0.1 - 1, ±0.2) = 0.2 and β' = 0.5 · (1 + 0.2 · 2 / 10) = 0.52; the line logs
+    the β the step charged (0.5)."""
+    c = SimpleNamespace(plan=SimpleNamespace(kl_controller=partial(adaptive_kl_coef, kl_target=0.1, kl_horizon=10)),
+                        learner=SimpleNamespace(reference=object()), state=StepState(kl_coef=0.5))
+    metrics = {"response/length_mean": 3.0}
+    _adapt_kl(c, metrics, 2, torch.tensor([0.3, 0.1]))
+    assert metrics["kl/coef"] == 0.5 and c.state.kl_coef == pytest.approx(0.52)
+    # below the target it falls: seq KL 0.05 -> e = -0.5 clipped to -0.2 -> 0.52 · (1 - 0.04)
+    _adapt_kl(c, metrics, 2, torch.tensor([0.05, 0.05]))
+    assert c.state.kl_coef == pytest.approx(0.52 * 0.96)
+    # the KL in the loss: the update's mean per-token KL times the mean length, as before
+    assert charged_seq_kl({"actor/kl": 0.1, "response/length_mean": 3.0}, None) == pytest.approx(0.3)
+    assert charged_seq_kl({"response/length_mean": 3.0}, None) is None  # no KL charged: β stays
+
+
+@pytest.mark.parametrize("placement", ["reward", "loss"])
+def test_adaptive_beta_moves_under_both_placements(placement):
+    """Two steps of a run with `algo.kl_target` set: the KL of the first steps is far below the
+    target (the policy starts at the reference), so e = -0.2 each step and β falls by
+    (1 - 0.2 · B / horizon) per step, whether the KL lives in the reward or in the loss."""
+    from rlvr.builder.components import build_components
+    from rlvr.trainer.sync import rl_step
+
+    config = load_config(None, ["model.path=", "model.hidden_size=16", "model.num_layers=1", "model.num_heads=2",
+                                "model.intermediate_size=32", "rollout.max_new_tokens=6", "task.heldout_size=2",
+                                "rollout.prompts_per_step=2", "rollout.group_size=4", "algo.dynamic_sampling=false",
+                                "algo.kl_coef=0.05", f"algo.kl_placement={placement}", "algo.kl_target=1.0",
+                                "algo.kl_horizon=80", "trainer.threads=1"])
+    c = build_components(config)
+    logged = [rl_step(c, step)[0]["kl/coef"] for step in (1, 2)]
+    factor = 1 - 0.2 * 8 / 80
+    assert logged == pytest.approx([0.05, 0.05 * factor]) and c.state.kl_coef == pytest.approx(0.05 * factor ** 2)
 
 
 class _FixedPolicy:
@@ -53,7 +95,7 @@ def test_drift_and_clip_split_logged_with_kl_off(objective):
     new = torch.tensor([[-0.5, -2.5, -0.5], [-0.8, -3.0, 9.0]], requires_grad=True)  # 9.0 is padding
     batch = _batch()
     batch.advantages = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
-    spec = LossSpec(objective=objective, aggregation=AGGREGATIONS["token_mean"], kl_estimator=None, kl_coef=0.0,
+    spec = LossSpec(objective=objective, aggregation=AGGREGATIONS["token_mean"], kl_estimator=None,
                     entropy_coef=0.0)
     _, sums = micro_batch_loss(_FixedPolicy(new), batch, spec, num_tokens=5.0, num_seqs=2.0)
     expected_kl = float(((OLD - new.detach()) * MASK).sum())  # padding's 9.0 excluded

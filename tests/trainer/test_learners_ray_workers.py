@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 from _learners import SMALL, checkpoint_weights, run_metrics, same_lines, same_weights, warm_start
 
-from rlvr.builder.components import check_learners
 from rlvr.cli import main
 from rlvr.config import load_config
+from rlvr.config.checks import check_learners
 from rlvr.errors import ConfigError
 from rlvr.runtime.distributed import Shard
 

@@ -160,9 +160,9 @@ def test_otb_reads_the_trainers_sum_pi_squared(monkeypatch):
         seen["inputs"] = inp
         return c_estimate(inp)
 
-    c_estimate = c.advantage.estimate
-    spy.needs = needs_of(c_estimate)
-    c.advantage = dataclasses.replace(c.advantage, estimate=spy)
+    c_estimate = c.learner.advantage.estimate
+    c = dataclasses.replace(c, learner=dataclasses.replace(
+        c.learner, advantage=dataclasses.replace(c.learner.advantage, estimate=spy)))
     monkeypatch.setattr(sync, "optimizer_step", lambda policy, opt, sched, batch, spec, **kw: seen.update(batch=batch)
                         or {})
     monkeypatch.setattr(sync, "_minibatches", lambda groups, count, size, generator, extra=0: [
@@ -171,7 +171,7 @@ def test_otb_reads_the_trainers_sum_pi_squared(monkeypatch):
     inp, batch = seen["inputs"], seen["batch"]
     assert batch.old_logp is None  # the on-policy shortcut still holds for the loss
     with torch.no_grad():
-        logits, valid = _direct(c.model, batch)
+        logits, valid = _direct(c.learner.model, batch)
     probs = logits.softmax(-1)
     torch.testing.assert_close(inp.sum_pi_squared[valid], (probs ** 2).sum(-1)[valid], rtol=1e-5, atol=1e-6)
     direct_logp = torch.log_softmax(logits, -1).gather(-1, batch.completion_ids[..., None]).squeeze(-1)
@@ -195,9 +195,9 @@ def test_a_run_with_the_optimal_token_baseline_trains(tmp_path, capsys):
 def _expert_logp(c, examples, texts) -> float:
     from rlvr.trainer.expert import expert_part
 
-    part = expert_part(c.tokenizer, examples, texts)
+    part = expert_part(c.rollout.tokenizer, examples, texts)
     with torch.no_grad():
-        logp, _ = c.policy.batch_logprobs(part)
+        logp, _ = c.learner.policy.batch_logprobs(part)
     return float((logp * part.completion_mask).sum() / part.completion_mask.sum())
 
 
@@ -210,8 +210,9 @@ def test_shiq_trains_on_expert_rows_and_raises_their_likelihood():
     config = load_config("recipes/shiq_countdown.yaml", [*FAST, "expert.per_step=4", "expert.pool_size=4",
                                                          "optim.lr=3e-3", "optim.warmup_steps=0"])
     c = build_components(config)
-    assert c.reference is not None and c.loss.expert is None  # ShiQ's own reference; expert rows -> shiq
-    examples, texts = c.expert.solutions(c.expert.pool)
+    # ShiQ's own reference; the expert rows go through shiq
+    assert c.learner.reference is not None and c.learner.loss.expert is None
+    examples, texts = c.learner.expert.solutions(c.learner.expert.pool)
     before = _expert_logp(c, examples, texts)
     losses = [rl_step(c, step)[0]["loss/policy"] for step in range(1, 9)]
     after = _expert_logp(c, examples, texts)

@@ -22,7 +22,7 @@ def _grads(model, batch, spec, micro_batch_size):
     num_tokens = float(batch.completion_mask.sum())
     num_seqs = float((batch.completion_mask.sum(-1) > 0).sum())
     for mb in chunks:
-        loss, _ = micro_batch_loss(policy, mb, spec, num_tokens=num_tokens, num_seqs=num_seqs)
+        loss, _ = micro_batch_loss(policy, mb, spec, num_tokens=num_tokens, num_seqs=num_seqs, kl_coef=0.1)
         loss.backward()
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
@@ -34,8 +34,8 @@ def test_one_vs_four_micro_batches_same_gradient(tiny_model, make_train_batch, a
         rows, width = batch.completion_ids.shape
         batch.trace = (torch.arange(width)[None, :] // (1 + torch.arange(rows)[:, None] % 3)).contiguous()
     spec = LossSpec(objective=partial(ppo_clip, clip_low=0.2, clip_high=0.28),
-                    aggregation=partial(AGGREGATIONS[aggregation], norm_length=10.0), kl_estimator=k3, kl_coef=0.1,
-                    entropy_coef=0.01)
+                    aggregation=partial(AGGREGATIONS[aggregation], norm_length=10.0), kl_estimator=k3,
+                    entropy_coef=0.01, aggregation_fields=tuple(needs_of(AGGREGATIONS[aggregation])))
     whole = _grads(tiny_model, batch, spec, len(batch))
     split = _grads(tiny_model, batch, spec, len(batch) // 4)
     assert whole.norm() > 0
@@ -47,7 +47,7 @@ def test_on_policy_loss_is_minus_mean_advantage(tiny_model, make_train_batch):
     batch = make_train_batch(tiny_model, PROMPTS, with_old=False)
     batch.ref_logp = None
     spec = LossSpec(objective=ppo_clip, aggregation=AGGREGATIONS["seq_mean_token_mean"], kl_estimator=None,
-                    kl_coef=0.0, entropy_coef=0.0)
+                    entropy_coef=0.0)
     loss, sums = micro_batch_loss(CausalPolicy(tiny_model), batch, spec,
                                   num_tokens=float(batch.completion_mask.sum()), num_seqs=float(len(batch)))
     per_seq_adv = batch.advantages.sum(-1) / batch.completion_mask.sum(-1)
@@ -77,12 +77,13 @@ def test_greedy_in_group_collects_the_greedy_decode_as_each_groups_last_row():
                          ["rollout.prompts_per_step=2", "rollout.group_size=3", "rollout.greedy_in_group=true",
                           "trainer.threads=1"])
     c = build_components(config)
-    got = collect(c, 1).rollouts
+    got = collect(c.rollout, 1).rollouts
     r = config.rollout
-    greedy = c.engine(got.prompt_ids[2::3], got.prompt_mask[2::3], torch.zeros(2, dtype=torch.long), temperature=0.0)
+    greedy = c.rollout.engine(got.prompt_ids[2::3], got.prompt_mask[2::3], torch.zeros(2, dtype=torch.long),
+                              temperature=0.0)
     assert torch.equal(got.completion_ids[2::3], greedy.completion_ids)
     rows = torch.tensor([0, 1, 3, 4])  # the others are ordinary samples with their own seeds
-    sampled = c.engine(got.prompt_ids[rows], got.prompt_mask[rows], sample_seeds(config.seed, 1, 6)[rows],
+    sampled = c.rollout.engine(got.prompt_ids[rows], got.prompt_mask[rows], sample_seeds(config.seed, 1, 6)[rows],
                        temperature=r.temperature)
     assert torch.equal(got.completion_ids[rows], sampled.completion_ids)
 
@@ -99,7 +100,7 @@ def test_kept_log_probs_are_the_forward_before_the_update_in_row_order(tiny_mode
     policy = CausalPolicy(tiny_model, temperature=1.0)
     before = no_grad_outputs(policy, batch, 64)["logp"]
     spec = LossSpec(objective=ppo_clip, aggregation=AGGREGATIONS["seq_mean_token_mean"], kl_estimator=None,
-                    kl_coef=0.0, entropy_coef=0.0)
+                    entropy_coef=0.0)
     optimizer = torch.optim.SGD(tiny_model.parameters(), lr=0.5)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     kept = []

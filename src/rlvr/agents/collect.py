@@ -26,10 +26,6 @@ from rlvr.rewards.process import step_rewards
 from rlvr.types import Example
 
 
-def is_agent_task(task) -> bool:
-    return hasattr(task, "make_env") and hasattr(task, "settings")
-
-
 @dataclass
 class AgentBatch:
     trajectories: list[Trajectory]

@@ -28,6 +28,12 @@ def is_heldout_key(key: str) -> bool:
     return int.from_bytes(digest[:8], "big") % HELDOUT_BUCKETS == 0
 
 
+def is_agent_task(task) -> bool:
+    """Whether `task`'s examples are episodes of an environment (`AgentTask`'s `make_env` and
+    `settings`): asked once, by whoever builds a run or an evaluation, never by the loop."""
+    return hasattr(task, "make_env") and hasattr(task, "settings")
+
+
 @dataclass(frozen=True)
 class AgentSettings:
     """The loop's limits for a task (set from the task's config section)."""

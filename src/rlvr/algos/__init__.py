@@ -12,7 +12,7 @@ trainer log-prob mismatch), `kl.adaptive_kl_coef`, `returns.gae_returns` (critic
 Everything here imports only torch and the standard library (a test checks it). Functions take
 plain tensors and keyword-only hyperparameters whose defaults are their papers'; the trainer
 binds each chosen function's hyperparameters once from the config fields of the same names
-(`rlvr.builder.build.bind`), so a name means the same thing everywhere it appears.
+(`rlvr.config.binding.bind`), so a name means the same thing everywhere it appears.
 `docs/papers.md` lists every method, its paper and its deviations.
 """
 

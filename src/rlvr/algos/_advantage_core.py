@@ -40,12 +40,6 @@ class AdvantageInputs:
     trace: Tensor | None = None  # (B, T) long: masked-diffusion step that committed each token (lightning)
 
 
-def rollout_inputs(needs: frozenset[str], trace: Tensor | None) -> dict:
-    """The `AdvantageInputs` fields read off the rollouts, for an estimator that declared them
-    (`needs`): the diffusion sampler's per-token commit steps (LightningRL's tokens per forward)."""
-    return {"trace": trace} if "trace" in needs else {}
-
-
 def wide(x: Tensor, *others: Tensor | None) -> torch.dtype:
     """The dtype the statistics run in: the widest of `x`, `others` and float32 (promote a
     float64 input, never demote it: a float64 group whose rewards differ by 1e-8 must not be

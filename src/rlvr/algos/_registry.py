@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 
 def lookup(registry: Mapping[str, Callable], kind: str, name: str) -> Callable:
@@ -30,6 +32,49 @@ def needs_of(fn: Callable) -> frozenset[str]:
     while hasattr(fn, "func"):
         fn = fn.func
     return getattr(fn, "needs", frozenset())
+
+
+SET = object()
+"""A `Requirement` value: any non-empty value (`model.teacher_path`)."""
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """What an entry needs of the rest of the config, stated once on the entry and enforced by
+    `rlvr.config.checks` whenever the config chooses it. Every field in `fields` (dotted name ->
+    the value it must have: one value, a tuple of allowed values, or `SET`) must hold, or the run
+    is refused with the one line `<field>: <fix>`; `field` "" names the field that chose the entry
+    (`algo.objective`) and `{name}` in `fix` is replaced by the entry's name."""
+
+    fields: Mapping[str, Any]
+    fix: str
+    field: str = ""
+
+    def met(self, value_of: Callable[[str], Any]) -> bool:
+        """Whether the config (`value_of(dotted) -> value`) gives every field a value it allows."""
+        for dotted, allowed in self.fields.items():
+            value = value_of(dotted)
+            ok = bool(value) if allowed is SET else value in allowed if isinstance(allowed, tuple) else value == allowed
+            if not ok:
+                return False
+        return True
+
+
+def requires(*requirements: Requirement) -> Callable[[Callable], Callable]:
+    """Decorator: the entry runs only where the config meets these (`Requirement`); the config
+    checks read them from the chosen entries, so a new method states its needs here, once."""
+    def mark(fn: Callable) -> Callable:
+        fn.requires = tuple(requirements)
+        return fn
+    return mark
+
+
+def requirements_of(entry: Any) -> tuple[Requirement, ...]:
+    """What `entry` (or the function under a `functools.partial`) declared with `requires`, or an
+    engine kind's `requires` field; empty if nothing."""
+    while hasattr(entry, "func"):
+        entry = entry.func
+    return tuple(getattr(entry, "requires", ()))
 
 
 OBJECTIVE_NEEDS = ("logsumexp", "logit", "ref_logp", "ref_logsumexp", "token_rewards", "draws", "old_draws",

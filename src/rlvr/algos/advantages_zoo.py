@@ -61,7 +61,7 @@ from rlvr.algos._advantage_core import (
     whiten,
     working_mask,
 )
-from rlvr.algos._registry import needs
+from rlvr.algos._registry import Requirement, needs, requires
 
 __all__ = ["gdpo", "gpg", "grpo_passk", "optimal_token_baseline", "optimal_token_baseline_multi_turn"]
 
@@ -168,6 +168,12 @@ def _otb_baselines(returns: Tensor, w_cum: Tensor, mask: Tensor, group_size: int
     return base
 
 
+_CAUSAL_OTB = Requirement({"model.kind": "causal"}, "the optimal token baseline reads sum_v pi_v^2 of the logits, "
+                          "which a diffusion likelihood estimator does not have; use model.kind=causal or another "
+                          "estimator")
+
+
+@requires(_CAUSAL_OTB)
 @needs("old_logp", "sum_pi_squared")
 def optimal_token_baseline(inp: AdvantageInputs, *, zero_tail: bool = True) -> tuple[Tensor, dict[str, float]]:
     """OTB: A_{i,t} = G_{i,t} - B_t with B_t = sum_i G_{i,t} W_{i,t} / (sum_i W_{i,t} + 1e-8) over the
@@ -178,6 +184,7 @@ def optimal_token_baseline(inp: AdvantageInputs, *, zero_tail: bool = True) -> t
     return adv, {"scorable_frac": row_valid(inp.rewards).float().mean().item()}
 
 
+@requires(_CAUSAL_OTB)
 @needs("old_logp", "sum_pi_squared")
 def optimal_token_baseline_multi_turn(inp: AdvantageInputs, *,
                                       zero_tail: bool = True) -> tuple[Tensor, dict[str, float]]:

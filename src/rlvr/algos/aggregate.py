@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor
 
-from rlvr.algos._registry import lookup, needs
+from rlvr.algos._registry import Requirement, lookup, needs, requires
 
 __all__ = [
     "AGGREGATIONS",
@@ -150,6 +150,8 @@ def seq_mean_token_sum_norm(
     return _row_sums(loss_tok, mask).sum() / denom
 
 
+@requires(Requirement({"model.kind": "diffusion"}, "step_mean averages over the diffusion sampler's steps; set "
+                     "model.kind=diffusion or use seq_mean_token_mean"))
 @needs("trace")
 def step_mean(
     loss_tok: Tensor,

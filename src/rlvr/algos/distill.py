@@ -25,9 +25,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlvr.algos._registry import needs
+from rlvr.algos._registry import SET, Requirement, needs, requires
 
 
+@requires(Requirement({"model.teacher_path": SET}, "reverse_kl_distill trains toward a teacher; set "
+                     "model.teacher_path to its checkpoint", field="model.teacher_path"))
 @needs("ref_logp")
 def reverse_kl_distill(logp, old_logp, advantages, mask, *, ref_logp: Tensor,
                        log_ratio_clamp: float = 20.0) -> tuple[Tensor, dict[str, Tensor]]:

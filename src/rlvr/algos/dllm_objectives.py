@@ -71,7 +71,7 @@ import math
 import torch
 from torch import Tensor
 
-from rlvr.algos._registry import needs
+from rlvr.algos._registry import Requirement, needs, requires
 
 
 def bgpo_surrogate(draws: Tensor, old_draws: Tensor, advantages: Tensor, *, clip_low: float = 0.2,
@@ -89,6 +89,9 @@ def bgpo_surrogate(draws: Tensor, old_draws: Tensor, advantages: Tensor, *, clip
                                 "clip_frac_high": high.float().mean(-1)}
 
 
+@requires(Requirement({"model.kind": "diffusion", "estimator.name": "bgpo"}, "bgpo reads the per-draw ELBO "
+                     "estimates of estimator.name=bgpo; set model.kind=diffusion and estimator.name=bgpo, or use "
+                     "ppo_clip"))
 @needs("draws", "old_draws")
 def bgpo(logp, old_logp, advantages, mask, *, draws: Tensor, old_draws: Tensor, clip_low: float = 0.2,
          clip_high: float = 0.2) -> tuple[Tensor, dict[str, Tensor]]:
@@ -131,6 +134,9 @@ def block_product_ppo(logp, old_logp, advantages, mask, *, block_length: int, cl
                              clip_low=clip_low, clip_high=clip_high)
 
 
+@requires(Requirement({"model.kind": "diffusion", "estimator.name": "trace", "estimator.shrink": (None, 0, 1)},
+                     "dipo takes each sampler step's joint ratio of the trace estimator's values; set "
+                     "model.kind=diffusion, estimator.name=trace and estimator.shrink=1"))
 @needs("trace")
 def dipo(logp, old_logp, advantages, mask, *, trace: Tensor, clip_low: float = 0.2,
          clip_high: float = 0.2) -> tuple[Tensor, dict[str, Tensor]]:

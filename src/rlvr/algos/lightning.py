@@ -48,7 +48,7 @@ from rlvr.algos._advantage_core import (
     whiten,
     working_mask,
 )
-from rlvr.algos._registry import needs
+from rlvr.algos._registry import Requirement, needs, requires
 
 __all__ = ["lightning", "tokens_per_forward"]
 
@@ -70,6 +70,8 @@ def _group_advantage(values: Tensor, group_size: int, adv_eps: float) -> tuple[T
     return adv.reshape(-1), ~st.constant.reshape(-1)
 
 
+@requires(Requirement({"model.kind": "diffusion"}, "lightning reads each row's denoising steps from the diffusion "
+                     "sampler; set model.kind=diffusion or use grpo"))
 @needs("trace")
 def lightning(inp: AdvantageInputs, *, speed_weight: float = 1.0, nll_coef: float = 0.0, correct_at: float = 1.0,
               tpf_filter: bool = True, adv_eps: float = 1e-6) -> tuple[Tensor, dict[str, float]]:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlvr.algos._registry import needs
+from rlvr.algos._registry import Requirement, needs, requires
 
 
 def _reverse_cumsum(x: Tensor) -> Tensor:
@@ -69,6 +69,8 @@ def shiq_loss(logp: Tensor, ref_logp: Tensor, lse: Tensor, ref_lse: Tensor, toke
     return 0.5 * shiq_residuals(logp, ref_logp, lse, ref_lse, token_rewards, mask, beta=beta) ** 2
 
 
+@requires(Requirement({"model.kind": "causal"}, "shiq reads the logits' logsumexp, which a diffusion likelihood "
+                     "estimator does not have; use model.kind=causal or another objective"))
 @needs("logsumexp", "ref_logp", "ref_logsumexp", "token_rewards")
 def shiq(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, logsumexp: Tensor, ref_logp: Tensor,
          ref_logsumexp: Tensor, token_rewards: Tensor, shiq_beta: float = 0.1) -> tuple[Tensor, dict[str, Tensor]]:

@@ -47,7 +47,7 @@ from rlvr.algos._advantage_core import (
     whiten,
     working_mask,
 )
-from rlvr.algos._registry import needs
+from rlvr.algos._registry import Requirement, needs, requires
 
 __all__ = [
     "discounted_returns",
@@ -130,6 +130,10 @@ def _gae_raw(inp: AdvantageInputs, gamma: float, lam: float) -> tuple[Tensor, Te
     return adv, mask
 
 
+@requires(Requirement({"model.lora.r": 0}, "the GAE critic is not implemented with LoRA; use a critic-free advantage "
+                     "such as grpo, or set it to 0", field="model.lora.r"),
+          Requirement({"expert.per_step": 0}, "expert rows have no critic values; use a critic-free advantage such as "
+                      "grpo, or set it to 0", field="expert.per_step"))
 def gae(
     inp: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0, adv_eps: float = 1e-6
 ) -> tuple[Tensor, dict[str, float]]:

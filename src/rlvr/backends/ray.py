@@ -32,10 +32,11 @@ import weakref
 import torch
 
 from rlvr.batch import Rollouts, concat_rollouts
+from rlvr.engines.rows import split_engine
 from rlvr.engines.snapshot import SnapshotEngine, frozen_copy
 from rlvr.errors import ConfigError
 from rlvr.rewards.runner import RewardBatch
-from rlvr.runtime.rows import RowPool, split_engine
+from rlvr.runtime.rows import RowPool
 
 TIMEOUT_S = 600.0  # one batch of one worker; a hung worker fails the run instead of stalling it
 RESTART_ATTEMPTS = 3
@@ -111,9 +112,8 @@ class _RewardWorker:
 
     def score(self, prompts, texts, examples, progress: tuple[int, int] | None = None) -> RewardBatch:
         """`progress` (step, steps): the step whose batch this is, for TRL-form rewards' `trainer_state`."""
-        begin = getattr(self.reward, "on_step_begin", None)
-        if progress is not None and begin is not None:
-            begin(*progress)
+        if progress is not None:  # the builder's verifier (`build_verifier`) is a `BatchVerifier`
+            self.reward.on_step_begin(*progress)
         return self.reward(prompts, texts, examples)
 
 

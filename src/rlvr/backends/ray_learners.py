@@ -8,7 +8,7 @@ node and a port free there), RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (
 same node). Each actor then runs the run as that rank (`run_rank()`, what torchrun's process
 runs), so rank 0 alone writes run.json, the metrics and the checkpoints and the others
 follow it, exactly as under torchrun. With `trainer.rollout_workers` / `trainer.reward_workers` > 1
-rank 0 owns those actors (`runtime.distributed.LeadEngine`, `LeadReward`), scheduled outside the
+rank 0 owns those actors (`engines.ranks.LeadEngine`, `LeadReward`), scheduled outside the
 placement group on the CPUs `launch` leaves for them. The driver waits for every rank; a failed run is one line:
 the first rank's own error that is not a lost peer (`LearnerLost`, what the other ranks say when
 one stops), else the first lost peer; an actor that died names its rank.
@@ -23,14 +23,16 @@ continues it); the ranks' printed lines stay in Ray's worker logs (the driver pr
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import socket
+from collections.abc import Callable
 
 import torch
 
 from rlvr.backends.ray import _ray, ensure_ray  # Ray is imported in that one module
 from rlvr.errors import ConfigError, LearnerLost, RunInterrupted
-from rlvr.runtime.distributed import STOP_KEY
+from rlvr.runtime.liveness import STOP_KEY
 from rlvr.tracking.run_dir import StopSignals
 
 PLACEMENT_TIMEOUT_S = 60.0  # the bundles fit the cluster now, or the run says they do not
@@ -65,6 +67,27 @@ class _LearnerRank:
         except RunInterrupted as err:  # a stop the driver passed on (`ForwardedStops`): run.json says so
             return "interrupted", err.signal_name, err.exit_status, err.step
         return "ok", final, run_dir
+
+
+def train_ranks(make_trainer: Callable, config) -> tuple[dict, str]:
+    """Train on `trainer.ray_learners` Ray actors, each rank building its trainer with
+    `make_trainer()` (`rlvr.Trainer` from the config) and running it as one rank: (rank 0's final
+    line, the run directory)."""
+    from rlvr.runtime.process import available_cores, resolve_device
+
+    t = config.trainer
+    gpus = resolve_device(t.device, config.model.kind).type == "cuda"
+    threads = t.threads or max(1, available_cores() // t.ray_learners)  # each rank's CPU bundle
+    rollout_cpus = t.rollout_workers * (t.threads or 1) if t.rollout_workers > 1 else 0  # rank 0's actors
+    _, final, run_dir = launch(functools.partial(_train_rank, make_trainer), learners=t.ray_learners,
+                               threads=threads, gpus=gpus, address=t.ray_address, actor_cpus=rollout_cpus)
+    return final, run_dir
+
+
+def _train_rank(make_trainer: Callable) -> tuple[dict, str]:
+    """One Ray learner rank's run: (its final line, the run directory)."""
+    made = make_trainer()
+    return made.train_here(), str(made.run_dir)
 
 
 def rank_envs(where: list[tuple[str, str]], port: int) -> list[dict[str, str]]:

@@ -6,19 +6,17 @@ import functools
 import math
 import random
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
-from rlvr.agents.collect import TurnProcessReward, is_agent_task
+from rlvr.agents.collect import TurnProcessReward
+from rlvr.agents.task import is_agent_task
 from rlvr.algos._registry import needs_of
-from rlvr.algos.correction import importance_correction
-from rlvr.backends import ray_rollouts
+from rlvr.builder.plans import advantage_spec
 from rlvr.codec import prompt_lengths
 from rlvr.config import REGISTRY, Config, keywords, task_sections
-from rlvr.config.binding import bind, bind_named
-from rlvr.config.registries import companion, rollout_correction_on
+from rlvr.config.binding import bind, bound, companion_bound
 from rlvr.engines.speculative import SpeculativeRollouts
 from rlvr.engines.torch_ar import generate
 from rlvr.engines.torch_block_diffusion import generate_block_diffusion
@@ -36,7 +34,8 @@ from rlvr.rewards.runner import RewardRunner, RewardSum, load_reward_spec
 from rlvr.runtime.process import resolve_device
 from rlvr.tasks import make_task
 from rlvr.tasks.finite import FiniteTrainSet
-from rlvr.trainer.step import LossSpec
+from rlvr.trainer.logit_stats import LOSS_STATS
+from rlvr.trainer.plan import AdvantageSpec, LossSpec
 
 
 def base_model(config: Config):
@@ -87,7 +86,7 @@ def build_policy(config: Config, model, *, sharded: bool = False):
     if config.model.kind != "diffusion":
         return CausalPolicy(model, temperature=temperature, kernels=config.trainer.kernels, fast=not sharded,
                             checkpointing=config.trainer.gradient_checkpointing)
-    options = bind_named(config, "estimator.name").keywords
+    options = bound(config, "estimator.name").keywords
     policy = DiffusionPolicy(model, config.estimator.name, window=config.rollout.window, temperature=temperature,
                              **options)
     if isinstance(model, BlockDiffusionLM):  # decided once: block models denoise with clean earlier blocks
@@ -191,12 +190,6 @@ def build_reward(config: Config, task) -> RewardRunner | RewardSum:
     """The verifier: the user's `reward.fn` when set (one function or a weighted sum of several, where
     `task` names the task's own), otherwise the task's own (batched if it has one)."""
     if config.reward.fn:
-        t = config.trainer
-        on_ray = ray_rollouts(t.backend, t.ray_learners) or t.ray_learners > 0  # rank 0's reward workers too
-        if on_ray and t.reward_workers > 1 and config.reward.model_normalize == "batch":
-            raise ConfigError(f"reward.model_normalize=batch: each of trainer.reward_workers={t.reward_workers} would "
-                              f"whiten its own share of the batch; set trainer.reward_workers=1 or "
-                              f"reward.model_normalize=none")
         fns, weights = zip(*load_reward_spec(config.reward.fn, model_options=reward_model_options(config),
                                              judge_options=judge_options(config)))
         return RewardSum(with_task(fns, task), weights, **reward_bounds(config))
@@ -261,42 +254,30 @@ def judge_options(config: Config) -> dict:
 
 
 def build_loss(config: Config) -> LossSpec:
-    """The loss pieces named in `algo`, each with its hyperparameters bound (`bind`)."""
+    """The loss pieces named in `algo`, each with its hyperparameters bound (`bind`), and what the
+    objective and the aggregation declared they read. The KL coefficient is the run's step state
+    (`trainer.parts.StepState`); a KL in the reward and the rollout correction are the plan's."""
     a = config.algo
-    kl_in_loss = a.kl_coef > 0 and a.kl_placement == "loss"
-    kl_in_reward = a.kl_coef > 0 and a.kl_placement == "reward"
-    norm_length = a.norm_length if a.norm_length is not None else float(config.rollout.max_new_tokens)
+    kl = bound(config, "algo.kl_estimator")  # chosen with algo.kl_coef > 0
+    objective = bound(config, "algo.objective")
+    aggregation = bound(config, "algo.aggregation")
+    declared = needs_of(objective)
     return LossSpec(
-        objective=bind_named(config, "algo.objective", group_size=config.rollout.group_size),
-        aggregation=bind_named(config, "algo.aggregation", norm_length=norm_length),
-        kl_estimator=bind_named(config, "algo.kl_estimator") if kl_in_loss else None,
-        kl_coef=a.kl_coef,
+        objective=objective,
+        aggregation=aggregation,
+        kl_estimator=kl if a.kl_placement == "loss" else None,
         entropy_coef=a.entropy_coef,
-        correction=bind(importance_correction, a) if rollout_correction_on(config) else None,
-        reward_kl=bind_named(config, "algo.kl_estimator") if kl_in_reward else None,
-        # `main`: the expert rows go through the objective itself (split_loss is not used)
-        expert=bind_named(config, "expert.objective") if config.expert.per_step and config.expert.objective != "main"
-        else None,
+        expert=bound(config, "expert.objective"),  # None for `main`: the expert rows go through the objective
+        stats=tuple(s for s in LOSS_STATS if s in declared),
+        fields=tuple(sorted(declared)),
+        aggregation_fields=tuple(needs_of(aggregation)),
     )
 
 
-@dataclass(frozen=True)
-class AdvantageSpec:
-    """The advantage estimator named by `algo.advantage` and, for `gae`, the critic's targets,
-    both with their hyperparameters bound: `estimate(inputs) -> (advantages, metrics)`,
-    `returns(inputs) -> (B, T)`."""
-
-    estimate: Callable
-    returns: Callable | None = None
-    needs: frozenset[str] = frozenset()  # optional AdvantageInputs fields it declares (`_registry.needs`)
-
-
 def build_advantage(config: Config) -> AdvantageSpec:
-    a = config.algo
-    estimate = bind_named(config, "algo.advantage")
-    targets = companion("algo.advantage", a.advantage)  # critic targets: the estimator trains a critic (gae)
-    returns = bind(targets, a) if targets is not None else None
-    return AdvantageSpec(estimate, returns, needs_of(estimate))
+    estimate = bound(config, "algo.advantage")
+    returns = companion_bound(config, "algo.advantage")  # critic targets: the estimator trains a critic (gae)
+    return advantage_spec(estimate, returns)
 
 
 def build_verifier(config: Config, tokenizer):

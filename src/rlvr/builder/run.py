@@ -1,17 +1,22 @@
 """A training run: build its components and plans from the config, then run the loop in its directory.
 
-`train()` owns the run directory (config.yaml, run.json, resume, signals, the exit record); the
-builder (`builder.components`) is the one place that reads the config, and the loop
-(`trainer.loop`) runs what it built.
+This module owns the run directory's life: `opened` makes (or claims) and locks it, removes it
+again when a run that could not start left nothing in it, and releases it; `train()` writes what
+it holds (config.yaml, run.json, resume, signals, the exit record). The builder
+(`builder.components`) is the one place that reads the config, and the loop (`trainer.loop`) runs
+what it built.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import torch
 
-from rlvr.builder.components import build_components, tracker_names
+from rlvr.builder.components import build_components
+from rlvr.builder.plans import tracker_names
 from rlvr.config import Config, data_files, dump_yaml, to_dict
 from rlvr.runtime.process import Runtime
 from rlvr.tracking.run_dir import (
@@ -46,6 +51,48 @@ def _start_run(config: Config, run: RunDir, command: list[str], start: int, prov
     run.write_json("run.json", {**info, "status": "running"})
 
 
+def default_run_dir(config: Config, stem: str) -> Path:
+    """Where a run not given a directory goes: `trainer.out_dir/trainer.name`, or `<stem>_s<seed>`."""
+    return Path(config.trainer.out_dir) / (config.trainer.name or f"{stem}_s{config.seed}")
+
+
+def unused(path: Path) -> Path:
+    """`path`, or `path-2`, `path-3` ... when it exists: the name `opened(..., claim=True)` would take now
+    (it takes the first free one when the run starts: never an earlier run's)."""
+    candidate, suffix = path, 2
+    while candidate.exists():
+        candidate = path.with_name(f"{path.name}-{suffix}")
+        suffix += 1
+    return candidate
+
+
+@contextlib.contextmanager
+def opened(run: RunDir | Path, *, resume: bool, claim: bool = False, new: bool = False) -> Iterator[RunDir]:
+    """The run directory `run`, made and locked before anything is read for a resume or written
+    (`claim`: a default name, taken in one step, `-2`, `-3` ... where taken; `new`: refused if it
+    already holds a run), removed again when a run that could not start (not `resume`) left
+    nothing in it, and released at the end. Inside an outer `opened` of the same directory (its
+    lock already held here) it only yields it: the outer one owns its life."""
+    if isinstance(run, RunDir) and run.lock.held:
+        yield run
+        return
+    what = "resuming the run" if resume else "starting the run"
+    with disk_errors(run if isinstance(run, RunDir) else RunDir(run), what):
+        if claim:
+            run = RunDir.claim(run.path if isinstance(run, RunDir) else run)
+        else:
+            run = run if isinstance(run, RunDir) else RunDir(run)
+            run.create(new=new)
+    try:
+        yield run
+    except BaseException:
+        if not resume:  # a run that could not start leaves no empty directory behind
+            run.remove_if_empty()
+        raise
+    finally:
+        run.release()
+
+
 def train(config: Config, run: RunDir, *, command: list[str], resume: bool = False, echo=print,
           runtime: Runtime | None = None, callbacks: Sequence = (), provenance: dict | None = None,
           config_changes: dict | None = None, trust_pickle: bool = False, **objects) -> dict:
@@ -67,34 +114,28 @@ def train(config: Config, run: RunDir, *, command: list[str], resume: bool = Fal
     # SIGTERM/SIGINT: finish the step, checkpoint, record `interrupted`
     with StopSignals(echo) as stop, shard.failures():
         c = build_components(config, runtime=runtime, **objects)
-        engine = c.engine  # the loop may wrap it; the one built here is closed at the end (vLLM)
+        engine = c.rollout.engine  # the loop may wrap it; the one built here is closed at the end (vLLM)
         try:
-            try:
+            with opened(run, resume=resume):
                 with disk_errors(run, "resuming the run" if resume else "starting the run"):
-                    run.create()
                     run.reserve()  # first: a resume on a full disk stops before it changes anything
                     start = resume_run(c, run, trust_pickle=trust_pickle) if resume else 0
                     if start >= config.trainer.steps:
                         echo(nothing_left_message(run.path, start, config.trainer.steps))
                         return run.read_json("run.json").get("final") or {"step": start}
                     _start_run(config, run, command, start, provenance or {}, config_changes)
-            except BaseException:
-                if not resume:  # a run that could not start leaves no empty directory behind
-                    run.remove_if_empty()
-                raise
-            with recorded_exit(run), disk_errors(run, "training"), shard.failures():
-                steps = make_steps(c, start)
-                try:
-                    line = run_loop(c, run, start, echo, list(callbacks), stop, steps)
-                finally:
-                    steps.close()
-            if stop.received:
-                finish_manifest(run, "interrupted", exit_status=stop.exit_status, signal=stop.received,
-                                final=line, runtime=runtime_facts(c))
-                stop.check(line.get("step"))
-            finish_manifest(run, "finished", exit_status=0, final=line, runtime=runtime_facts(c))
+                with recorded_exit(run), disk_errors(run, "training"), shard.failures():
+                    steps = make_steps(c, start)
+                    try:
+                        line = run_loop(c, run, start, echo, list(callbacks), stop, steps)
+                    finally:
+                        steps.close()
+                if stop.received:
+                    finish_manifest(run, "interrupted", exit_status=stop.exit_status, signal=stop.received,
+                                    final=line, runtime=runtime_facts(c))
+                    stop.check(line.get("step"))
+                finish_manifest(run, "finished", exit_status=0, final=line, runtime=runtime_facts(c))
         finally:
-            run.release()
             if hasattr(engine, "close"):
                 engine.close()
     return line

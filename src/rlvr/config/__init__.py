@@ -14,10 +14,13 @@ defaults, and each such keyword is a config field of the same name in the entry'
 defaults, the config is rejected until that field is set (no precedence rule to remember).
 Fields of entries that are not chosen stay null. Every name that picks a registry entry, and
 every option with a fixed set of values, is checked against its registry on loading, so a typo
-fails at `rlvr config` already.
+fails at `rlvr config` already. What an entry needs of the rest of the config (a diffusion model,
+a teacher, no LoRA ...) it declares itself (`Requirement`), and `rlvr.config.checks` enforces it
+whenever the config chooses the entry, with the cross-field rules by subject.
 
 `rlvr config --explain recipes/dapo_countdown.yaml algo.clip_low=0.1` prints, instead of the
-config, one row per keyword of every chosen entry (objective, advantage, aggregation, KL
+config, one row per keyword of every chosen entry (`chosen_entries`, the list the builder binds
+from: objective, advantage, aggregation, KL
 estimator when `algo.kl_coef > 0`, rollout correction when on, likelihood estimator, task,
 expert objective): the field that feeds it (`algo.clip_high`; `rollout.group_size` for a value
 the builder passes from another section; `(data)` for one the registry passes at call time;
@@ -45,7 +48,7 @@ from rlvr.config.registries import (
     REGISTRY,
     Registry,
     all_entries,
-    chosen,
+    chosen_entries,
     hyperparameters,
     keywords,
     resolve,
@@ -79,7 +82,7 @@ __all__ = [
     "ModelConfig", "OptimConfig",
     "Registry", "RewardConfig", "RolloutConfig", "SamplerConfig", "SFTConfig", "Sudoku4TaskConfig", "TaskConfig",
     "TrainerConfig",
-    "all_entries", "all_keys", "chosen", "data_files", "derived_batch_numbers", "dump_yaml", "hyperparameters",
+    "all_entries", "all_keys", "chosen_entries", "data_files", "derived_batch_numbers", "dump_yaml", "hyperparameters",
     "keywords", "load_config", "load_with_sources", "parse_overrides", "read_recipe", "resolve", "section_type",
     "task_sections", "to_dict", "validate",
 ]

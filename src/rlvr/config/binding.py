@@ -14,16 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlvr.config.registries import (
-    COMPANIONS,
-    CORRECTION,
     ELSEWHERE,
     REGISTRY,
     Registry,
-    _import,
+    chosen_entries,
     hyperparameters,
     keywords,
-    rollout_correction_on,
-    task_sections,
+    section_values,
 )
 from rlvr.config.schema import Config
 
@@ -69,20 +66,6 @@ def bind(entry: Callable, section, registry: Registry | None = None, **elsewhere
     return functools.partial(entry, **bound)
 
 
-def _named(config: Config, key: str) -> tuple[str, Callable, Any, Registry]:
-    """(name, entry, section, registry) for the entry named by the config field `key`."""
-    registry = REGISTRY[key]
-    section, field = key.split(".")
-    name = getattr(getattr(config, section), field)
-    return name, registry.get(name), getattr(config, registry.section), registry
-
-
-def bind_named(config: Config, key: str, **elsewhere) -> Callable:
-    """The entry named by the config field `key`, bound from its registry's section."""
-    _, entry, section, registry = _named(config, key)
-    return bind(entry, section, registry, **elsewhere)
-
-
 @dataclass(frozen=True)
 class Binding:
     """One keyword of a chosen entry: the field that feeds it, its value and who set that value."""
@@ -113,40 +96,38 @@ def _rows(key: str, name: str, entry: Callable, section, registry: Registry | No
     return rows or [Binding(key, name, NONE, "-", None, "-")]  # chosen, with nothing to bind
 
 
+EXPLAIN_ORDER = ("algo.objective", "algo.advantage", "algo.aggregation", "sampler.name", "algo.kl_estimator",
+                 "estimator.name", "expert.objective", "algo.rollout_correction", "task.name")
+"""The order `rlvr config --explain` lists the chosen entries in: the loss first, the task last."""
+
+
 def explain(config: Config, sources: Mapping[str, str] = {}) -> list[Binding]:
-    """One row per keyword of every entry this config uses, bound as the builder binds it
-    (`rlvr.builder.build`): the objective with `group_size`, the aggregation with `norm_length`,
-    the KL estimator when `algo.kl_coef > 0`, the rollout correction when on, the likelihood
-    estimator for a diffusion model, the sampler with `group_size` and `seed`, the task with
-    `task.heldout_size` and `seed`, and the expert
-    objective when expert rows are on. `sources`: dotted field -> who set it (`load_with_sources`)."""
-    a = config.algo
-    norm_length = a.norm_length if a.norm_length is not None else float(config.rollout.max_new_tokens)
-    named = [("algo.objective", {"group_size": config.rollout.group_size}), ("algo.advantage", {}),
-             ("algo.aggregation", {"norm_length": norm_length}),
-             ("sampler.name", {"group_size": config.rollout.group_size, "seed": config.seed})]
-    if a.kl_coef > 0:
-        named.append(("algo.kl_estimator", {}))
-    if config.model.kind == "diffusion":
-        named.append(("estimator.name", {}))
-    if config.expert.per_step and config.expert.objective != "main":
-        named.append(("expert.objective", {}))
+    """One row per keyword of every entry this config uses (`chosen_entries`, the list the builder
+    binds from, conditions included), bound as the builder binds it. `sources`: dotted field -> who
+    set it (`load_with_sources`)."""
     rows = []
-    for key, elsewhere in named:
-        name, entry, section, registry = _named(config, key)
-        rows += _rows(key, name, entry, section, registry, f"{registry.section}.", sources, **elsewhere)
-        companion = COMPANIONS.get(key, {}).get(name)
-        if companion:  # gae's critic targets share its hyperparameters
-            rows += _rows(key, companion.split(":")[1], _import(companion), section, None, "algo.", sources)
-    if rollout_correction_on(config):
-        rows += _rows("algo.rollout_correction", "importance_correction", _import(CORRECTION), a, None, "algo.",
-                      sources)
-    t = config.task
-    registry = REGISTRY["task.name"]
-    section = getattr(t, t.name) or task_sections()[t.name]()  # unresolved config: the section's defaults
-    rows += _rows("task.name", t.name, registry.get(t.name), section, registry, f"task.{t.name}.", sources,
-                  heldout_size=t.heldout_size, seed=config.seed)
+    for choice in sorted(chosen_entries(config), key=lambda c: EXPLAIN_ORDER.index(c.key)):
+        rows += _rows(choice.key, choice.name, choice.entry, section_values(config, choice), choice.registry,
+                      f"{choice.section}.", sources, **choice.elsewhere)
     return rows
+
+
+def bound(config: Config, key: str) -> Callable | None:
+    """The entry chosen by the config field `key` (`algo.objective`), bound as `explain` shows it;
+    None where this config does not use one (`algo.kl_estimator` with `algo.kl_coef=0`). The
+    companion of an entry (`gae_returns`) is `companion_bound`."""
+    for choice in chosen_entries(config):
+        if choice.key == key and (choice.registry is not None or key not in REGISTRY):
+            return bind(choice.entry, section_values(config, choice), choice.registry, **choice.elsewhere)
+    return None
+
+
+def companion_bound(config: Config, key: str) -> Callable | None:
+    """The function that comes with the entry chosen by `key` (`gae`'s `gae_returns`), bound; None if none."""
+    for choice in chosen_entries(config):
+        if choice.key == key and choice.registry is None and key in REGISTRY:
+            return bind(choice.entry, section_values(config, choice), None, **choice.elsewhere)
+    return None
 
 
 def _shown(row: Binding) -> str:

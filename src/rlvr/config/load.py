@@ -1,4 +1,5 @@
-"""Reading a config: a YAML recipe (or a mapping) plus dotted overrides -> a checked, resolved `Config`."""
+"""Reading a config: a YAML recipe (or a mapping) plus dotted overrides -> a resolved `Config`,
+checked by `rlvr.config.checks`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import dataclasses
 import difflib
 import math
 import os
-import re
 import reprlib
 import types
 import typing
@@ -16,13 +16,11 @@ from typing import Any
 
 import yaml
 
-from rlvr.config.block_checks import block_checks, schedule_checks
+from rlvr.config.checks import validate
 from rlvr.config.paths import is_path_field, path_value
-from rlvr.config.ranges import allowed, range_of
 from rlvr.config.recipes import packaged_recipe
-from rlvr.config.registries import _get, engine_kind, resolve
+from rlvr.config.registries import _get, resolve
 from rlvr.config.schema import Config, section_type
-from rlvr.config.spec_checks import spec_checks
 from rlvr.config.trl_names import alias_hint, translate, trl_tree
 from rlvr.errors import ConfigError
 from rlvr.inputs import read_bytes
@@ -261,202 +259,6 @@ def load_with_sources(recipe: str | Path | dict | None = None,
         if sources[key] == "entry default":
             sources[key] = f"from {other} ({sources[other]})"
     return config, sources
-
-
-def _range_errors(node: Any, prefix: str = "") -> list[str]:
-    """Every field given a range in the schema (``ranged``) whose value, when not null, is outside it."""
-    errors = []
-    for f in dataclasses.fields(node):
-        value = getattr(node, f.name)
-        if dataclasses.is_dataclass(value):
-            errors += _range_errors(value, f"{prefix}{f.name}.")
-        elif (rule := range_of(f)) is not None and value is not None and not allowed(f, value):
-            inside = "in " if rule[0] in "[(" else ""
-            errors.append(f"{prefix}{f.name}: must be {inside}{rule}, got {value!r}; "
-                          "fix the value in the recipe or override")
-    return errors
-
-
-BACKEND_OPTIONS = {  # option -> (the field choosing its backend, the value that uses it)
-    "trainer.rollout_workers": ("trainer.backend", "ray"), "trainer.reward_workers": ("trainer.backend", "ray"),
-    "trainer.ray_address": ("trainer.backend", "ray"), "trainer.ray_learners": ("trainer.backend", "ray"),
-    "rollout.vllm_kv_cache_mb": ("rollout.engine", "vllm"),
-    "rollout.vllm_block_size": ("rollout.engine", "vllm"), "rollout.vllm_max_model_len": ("rollout.engine", "vllm"),
-}
-"""Options read only by one backend: set to anything but their default under another, they would be ignored."""
-
-
-def _backend_checks(config: Config) -> list[tuple[bool, str, str]]:
-    defaults = schema_defaults()
-    checks = []
-    for key, (chooser, backend) in BACKEND_OPTIONS.items():
-        chosen = _get(config, chooser)
-        checks.append((chosen == backend or _get(config, key) == defaults[key], key,
-                       f"only read with {chooser}={backend} ({chooser} is '{chosen}'); set {chooser}={backend} "
-                       f"or remove it"))
-    return checks
-
-
-def _cross_checks(config: Config) -> list[tuple[bool, str, str]]:
-    """Ranges that depend on another field (the single-field ones are declared in the schema)."""
-    a, r, e, m, t = config.algo, config.rollout, config.estimator, config.model, config.trainer
-    diffusion = m.kind == "diffusion"
-    blocks = r.max_new_tokens // n if (n := r.block_length or m.block_size) and r.max_new_tokens % n == 0 else 1
-    steps = r.diffusion_steps or r.max_new_tokens
-    return [
-        (a.pass_k is None or a.pass_k <= r.group_size, "algo.pass_k",
-         f"must be at most rollout.group_size ({r.group_size}): pass@k draws k of a group's completions"),
-        (t.rollout_lanes == 1 or (t.max_staleness or 0) >= 1, "trainer.rollout_lanes",
-         "more than 1 needs trainer.max_staleness >= 1 (lanes roll out batches ahead of the update); set "
-         "trainer.max_staleness or trainer.rollout_lanes=1"),
-        (t.rollout_lanes == 1 or t.backend == "local", "trainer.rollout_lanes",
-         "more than 1 is for the local rollout side; on Ray set trainer.rollout_workers instead"),
-        (t.rollout_lanes == 1 or not engine_kind(config).own_weights, "trainer.rollout_lanes",
-         "more than 1 needs lanes with their own copies of the weights, which an engine with its own weights "
-         "(one engine) does not have; set rollout.engine=torch or trainer.rollout_lanes=1"),
-        (e.t_min is None or e.t_max is None or e.t_min < e.t_max, "estimator.t_min",
-         f"must be below estimator.t_max ({e.t_max})"),
-        (not diffusion or not r.block_length or r.max_new_tokens % r.block_length == 0, "rollout.block_length",
-         f"must divide rollout.max_new_tokens ({r.max_new_tokens}), or be 0 (the whole window)"),
-        (not diffusion or r.threshold is not None or steps % blocks == 0 and steps >= blocks, "rollout.diffusion_steps",
-         f"must be a multiple of the number of blocks ({blocks} = max_new_tokens / block_length), or 0"),
-        (not diffusion or r.repetition_penalty == 1, "rollout.repetition_penalty", "the causal samplers only; set 1"),
-        (bool(m.path) or m.hidden_size % m.num_heads == 0, "model.num_heads",
-         f"must divide model.hidden_size ({m.hidden_size}) for a fresh tiny model"),
-        (not config.trainer.ray_learners or config.trainer.learners == "fsdp", "trainer.ray_learners",
-         "starts FSDP2 learners; set trainer.learners=fsdp as well (or trainer.ray_learners=0)"),
-    ]
-
-
-def _or(value, default):
-    """`value`, or `default` where it is null (a 0 stays 0)."""
-    return default if value is None else value
-
-
-def validate(config: Config) -> None:
-    """The schema's declared ranges and choices (``ranged``, ``choice``), then the checks that
-    span fields or read more than a value's range."""
-    errors = _range_errors(config)
-    if errors:
-        raise ConfigError(errors[0])
-    checks = [
-        (config.model.kind == "causal" or not (config.rollout.top_k or config.rollout.min_p), "rollout.top_k",
-         "top_k and min_p truncate the causal samplers only (the diffusion sampler unmasks by confidence); set 0"),
-        (math.isfinite(config.reward.timeout_s) and config.reward.timeout_s >= 0, "reward.timeout_s",
-         "must be a number of seconds >= 0, e.g. 10 (0 = no limit)"),
-        (config.rollout.prompts_per_step % config.trainer.minibatches == 0, "trainer.minibatches",
-         f"must divide rollout.prompts_per_step ({config.rollout.prompts_per_step}) so groups stay whole"),
-        (config.model.kind == "causal" or not config.algo.advantage.startswith("optimal_token_baseline"),
-         "algo.advantage", "the optimal token baseline reads sum_v pi_v^2 of the logits, which a diffusion "
-         "likelihood estimator does not have; use model.kind=causal or another estimator"),
-        (config.model.kind == "causal" or config.algo.objective != "shiq", "algo.objective",
-         "shiq reads the logits' logsumexp, which a diffusion likelihood estimator does not have; "
-         "use model.kind=causal or another objective"),
-        (config.algo.objective != "bgpo" or config.model.kind == "diffusion" and config.estimator.name == "bgpo",
-         "algo.objective", "bgpo reads the per-draw ELBO estimates of estimator.name=bgpo; set model.kind=diffusion "
-         "and estimator.name=bgpo, or use ppo_clip"),
-        (config.algo.objective != "dipo" or config.model.kind == "diffusion" and config.estimator.name == "trace"
-         and (config.estimator.shrink or 1) == 1, "algo.objective", "dipo takes each sampler step's joint ratio of the "
-         "trace estimator's values; set model.kind=diffusion, estimator.name=trace and estimator.shrink=1"),
-        (config.algo.advantage != "lightning" or config.model.kind == "diffusion", "algo.advantage",
-         "lightning reads each row's denoising steps from the diffusion sampler; set model.kind=diffusion or use grpo"),
-        (not config.rollout.igpo or config.model.kind == "diffusion" and config.rollout.engine == "torch",
-         "rollout.igpo", "inpaints the diffusion sampler's window; set model.kind=diffusion (torch engine) or false"),
-        (config.rollout.igpo_hint_low <= config.rollout.igpo_hint_high, "rollout.igpo_hint_low",
-         "must be <= rollout.igpo_hint_high"),
-        (config.algo.objective != "reverse_kl_distill" or bool(config.model.teacher_path), "model.teacher_path",
-         "reverse_kl_distill trains toward a teacher; set model.teacher_path to its checkpoint"),
-        (not config.model.teacher_path or config.model.lora.r == 0, "model.teacher_path",
-         "a teacher replaces the LoRA base as the reference; set model.lora.r=0 or drop the teacher"),
-        (0 <= config.algo.overlong_buffer <= config.rollout.max_new_tokens, "algo.overlong_buffer",
-         "must be between 0 (off) and rollout.max_new_tokens"),
-        (_or(config.algo.pass_rate_low, 0.0) < _or(config.algo.pass_rate_high, 1.0),
-         "algo.pass_rate_high", "must be above algo.pass_rate_low (the band keeps low < p < high)"),
-        (config.model.kind in ("causal", "diffusion"), "model.kind", "must be 'causal' or 'diffusion'"),
-        (config.rollout.micro_group_size >= 0 and (config.rollout.micro_group_size == 0
-                                                   or config.rollout.group_size % config.rollout.micro_group_size == 0),
-         "rollout.micro_group_size", "must be 0 (one pass) or divide rollout.group_size"),
-        (not engine_kind(config).causal_only or config.model.kind == "causal", "rollout.engine",
-         f"{config.rollout.engine} samples causal models only (the diffusion sampler is rlvr's own); "
-         "use rollout.engine=torch"),
-        (config.rollout.vllm_block_size >= 0 and config.rollout.vllm_block_size % 16 == 0, "rollout.vllm_block_size",
-         "must be 0 (vLLM's default) or a multiple of 16 (32 on CPU)"),
-        (re.fullmatch(r"auto|cpu|cuda(:\d+)?", config.trainer.device) is not None, "trainer.device",
-         "must be 'auto', 'cpu', 'cuda' or 'cuda:N'"),
-        (config.model.dtype == "float32" or config.model.kind == "causal", "model.dtype",
-         f"{config.model.dtype} is implemented for model.kind=causal only; use float32"),
-        (config.trainer.device in ("auto", "cpu") or config.model.kind == "causal", "trainer.device",
-         "diffusion models run on the CPU only; use auto or cpu"),
-        (bool(config.model.lora.target_modules), "model.lora.target_modules",
-         "must name modules, e.g. [q_proj, v_proj] or all-linear"),
-        (not config.model.lora.r or config.model.kind == "causal", "model.lora.r",
-         "LoRA is implemented for model.kind=causal only; set it to 0"),
-        (not config.model.lora.r or config.algo.advantage != "gae", "model.lora.r",
-         "the GAE critic is not implemented with LoRA; use a critic-free advantage such as grpo, or set it to 0"),
-        (not config.rollout.greedy_in_group or config.model.kind == "diffusion", "rollout.greedy_in_group",
-         "is implemented for model.kind=diffusion only; set it to false"),
-        (config.trainer.thread_mode != "rows" or config.model.kind == "causal", "trainer.thread_mode",
-         "'rows' splits causal-model batches only; use 'ops' with model.kind=diffusion"),
-        *_expert_checks(config), *block_checks(config), *spec_checks(config), *schedule_checks(config),
-    ]
-    for ok, name, fix in checks + _input_checks(config) + _cross_checks(config) + _backend_checks(config):
-        if not ok:
-            raise ConfigError(f"{name}: {fix}")
-
-
-def _expert_checks(config: Config) -> list[tuple[bool, str, str]]:
-    e = config.expert
-    on = e.per_step > 0
-    return [
-        (e.per_step >= 0, "expert.per_step", "must be >= 0 (0 = no expert rows)"),
-        (e.pool_size >= 0, "expert.pool_size", "must be >= 0 (0 = a fresh problem every row)"),
-        (0 <= e.weight <= 1 and (e.weight_final is None or 0 <= e.weight_final <= 1), "expert.weight",
-         "μ must be in [0, 1] (weight and weight_final)"),
-        (e.decay_steps >= 0, "expert.decay_steps", "must be >= 0 (0 = constant μ)"),
-        (not on or config.model.kind != "diffusion" or config.estimator.name not in ("trace", "bgpo"),
-         "expert.per_step", f"expert rows have no sampler trace or old per-draw estimates for "
-         f"estimator.name={config.estimator.name}; use another estimator (e.g. mean_field) or set it to 0"),
-        (not on or config.algo.advantage != "gae", "expert.per_step",
-         "expert rows have no critic values; use a critic-free advantage such as grpo, or set it to 0"),
-    ]
-
-
-TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow")
-
-
-def _input_checks(config: Config) -> list[tuple[bool, str, str]]:
-    """Values that types accept but that would silently train something else (or nothing)."""
-    a, o, t = config.algo, config.optim, config.task
-    section = getattr(t, t.name, None)
-    heldout_file = bool(getattr(section, "heldout_path", None) or getattr(section, "heldout_split", None))
-    trackers = [n.strip() for n in config.trainer.trackers.split(",") if n.strip()]
-    unknown = [n for n in trackers if n not in TRACKERS]
-    greedy_varies = config.model.kind == "diffusion" and config.rollout.remasking == "random"
-    return [
-        (a.clip_low is None or a.clip_low >= 0, "algo.clip_low", "must be >= 0 (the ratio floor is 1 - clip_low)"),
-        (a.clip_high is None or a.clip_high >= 0, "algo.clip_high",
-         "must be >= 0 (the ratio ceiling is 1 + clip_high)"),
-        (t.heldout_size >= 1 or heldout_file, "task.heldout_size",
-         "must be >= 1: held-out accuracy is measured on these problems (evaluate less often with trainer.eval_every)"),
-        (o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0 (0 = no warmup)"),
-        (config.sft.warmup_steps >= 0, "sft.warmup_steps", "must be >= 0 (0 = no warmup)"),
-        (a.critic_warmup_steps >= 0, "algo.critic_warmup_steps", "must be >= 0"),
-        (o.weight_decay >= 0, "optim.weight_decay", "must be >= 0 (0 = none), e.g. 0.01"),
-        (0 <= o.beta1 < 1, "optim.beta1", "must be in [0, 1), e.g. 0.9"),
-        (0 <= o.beta2 < 1, "optim.beta2", "must be in [0, 1), e.g. 0.99"),
-        (o.grad_clip >= 0, "optim.grad_clip", "must be >= 0 (0 = off)"),
-        (0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", "must be in [0, 1]"),
-        (config.sft.steps >= 1, "sft.steps", "must be >= 1"),
-        (config.sft.batch_size >= 1, "sft.batch_size", "must be >= 1"),
-        (config.trainer.eval_every >= 0, "trainer.eval_every", "must be >= 0 (0 = only at start and end)"),
-        (config.trainer.save_every >= 0, "trainer.save_every", "must be >= 0 (0 = only at the end)"),
-        (config.trainer.samples_per_step >= 0, "trainer.samples_per_step", "must be >= 0"),
-        (config.rollout.temperature > 0 or greedy_varies, "rollout.temperature",
-         "0 (greedy) gives every completion of a group the same text, so every group's rewards tie, its "
-         "advantages are 0 and nothing trains; use a temperature > 0, e.g. 1.0"),
-        (not unknown, "trainer.trackers",
-         f"unknown tracker {unknown[0] if unknown else ''!r}; valid: {', '.join(TRACKERS)} (comma-separated)"),
-    ]
 
 
 def to_dict(config: Config) -> dict:

@@ -77,14 +77,6 @@ REGISTRY = {r.key: r for r in REGISTRIES}
 COMPANIONS = {"algo.advantage": {"gae": "rlvr.algos.advantages:gae_returns"}}
 """Functions that come with a chosen entry and share its hyperparameters: `gae`'s critic targets."""
 
-
-
-def companion(key: str, name: str) -> Callable | None:
-    """The function that comes with entry `name` of the registry at `key` (`COMPANIONS`), or None."""
-    source = COMPANIONS.get(key, {}).get(name)
-    return _import(source) if source else None
-
-
 CORRECTION = "rlvr.algos.correction:importance_correction"
 """The rollout correction (used when `algo.rollout_correction`); its keywords are `algo` fields."""
 
@@ -134,25 +126,63 @@ Entry = tuple[str, Callable, Registry | None]
 """(label, function or class, the registry that says which of its keywords are data; None = none are)."""
 
 
-def chosen(config: Config) -> dict[str, list[Entry]]:
-    """Section -> the entries this config uses whose hyperparameters live there. The names are
-    checked here: an unknown one is a one-line ConfigError."""
-    used: dict[str, list[Entry]] = {"algo": [], "estimator": [], "expert": [], "sampler": []}
+@dataclass(frozen=True)
+class Choice:
+    """One entry a config uses: what `rlvr config --explain` shows, what `resolve` fills null
+    fields from, what the builder binds and what the checks hold to the entry's requirements."""
+
+    key: str
+    """The config field that chose it (`algo.objective`; `algo.rollout_correction` for the correction)."""
+    name: str
+    """The entry's name (`ppo_clip`; `gae_returns`, `importance_correction` for those functions)."""
+    entry: Any
+    """The registered function or class."""
+    registry: Registry | None
+    """The registry that says which of its keywords are data; None: all are hyperparameters."""
+    section: str
+    """Dotted path of the section holding its hyperparameters (`algo`, `task.countdown`)."""
+    elsewhere: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Keywords bound from other sections (`group_size` from `rollout.group_size`)."""
+
+
+def chosen_entries(config: Config) -> tuple[Choice, ...]:
+    """Every entry this config uses, with the conditions under which each is used, in the
+    registries' order: the advantage (and `gae`'s critic targets), the objective with
+    `group_size`, the aggregation with `norm_length`, the KL estimator when `algo.kl_coef > 0`,
+    the likelihood estimator for a diffusion model, the sampler with `group_size` and `seed`, the
+    expert objective when expert rows go through one of their own, the rollout correction when on
+    and the task with `task.heldout_size` and `seed`. The names are checked here: an unknown one is
+    a one-line ConfigError."""
+    a, r = config.algo, config.rollout
+    norm_length = a.norm_length if a.norm_length is not None else float(r.max_new_tokens)
+    used = {"algo.kl_estimator": a.kl_coef > 0, "estimator.name": config.model.kind == "diffusion",
+            # `main`: the expert rows go through the objective itself
+            "expert.objective": bool(config.expert.per_step) and config.expert.objective != "main"}
+    elsewhere = {"algo.objective": {"group_size": r.group_size}, "algo.aggregation": {"norm_length": norm_length},
+                 "sampler.name": {"group_size": r.group_size, "seed": config.seed}}
+    out = []
     for reg in REGISTRIES:
-        if reg.section not in used:
+        if reg.section not in ("algo", "estimator", "expert", "sampler") or not used.get(reg.key, True):
             continue
         name = _get(config, reg.key)
-        used[reg.section].append((name, reg.get(name), reg))
-        companion = COMPANIONS.get(reg.key, {}).get(name)
-        if companion:
-            used[reg.section].append((companion.split(":")[1], _import(companion), None))
-    if config.model.kind != "diffusion":
-        used["estimator"] = []  # causal models have exact log-probs: no estimator runs
-    if config.expert.per_step == 0:
-        used["expert"] = []  # no expert rows: the expert objective's knobs stay null
-    if config.algo.rollout_correction:
-        used["algo"].append(("importance_correction", _import(CORRECTION), None))
-    return used
+        out.append(Choice(reg.key, name, reg.get(name), reg, reg.section, elsewhere.get(reg.key, {})))
+        extra = COMPANIONS.get(reg.key, {}).get(name)
+        if extra:
+            out.append(Choice(reg.key, extra.split(":")[1], _import(extra), None, reg.section))
+    if rollout_correction_on(config):
+        out.append(Choice("algo.rollout_correction", "importance_correction", _import(CORRECTION), None, "algo"))
+    t, tasks = config.task, REGISTRY["task.name"]
+    out.append(Choice("task.name", t.name, tasks.get(t.name), tasks, f"task.{t.name}",
+                      {"heldout_size": t.heldout_size, "seed": config.seed}))
+    return tuple(out)
+
+
+def section_values(config: Config, choice: Choice) -> Any:
+    """The section object `choice` binds from (an unresolved config's empty task section: its defaults)."""
+    values = _get(config, choice.section)
+    if values is None and choice.section.startswith("task."):
+        values = task_sections()[choice.section.split(".", 1)[1]]()
+    return values
 
 
 def _get(config: Any, dotted: str) -> Any:
@@ -225,7 +255,10 @@ def resolve(config: Config) -> Config:
     if config.algo.rollout_correction is None:
         config = dataclasses.replace(config, algo=dataclasses.replace(
             config.algo, rollout_correction=rollout_correction_on(config)))
-    used = chosen(config)
+    used: dict[str, list[Entry]] = {"algo": [], "estimator": [], "expert": [], "sampler": []}
+    for choice in chosen_entries(config):
+        if choice.section in used:
+            used[choice.section].append((choice.name, choice.entry, choice.registry))
     for section in used:
         _check_read(config, section, used[section])
     algo = _fill(config.algo, "algo.", used["algo"])
@@ -246,8 +279,11 @@ def resolve(config: Config) -> Config:
 FILLED_ANYWAY = {"algo.norm_length"}
 """Hyperparameter fields that `resolve` fills whatever is chosen (saved configs hold them)."""
 
-SECTION_RUNS = {"estimator": "likelihood estimators run with model.kind=diffusion only",
-                "expert": "the expert objective runs with expert.per_step > 0"}
+SECTION_RUNS = {"estimator": ("likelihood estimators run with model.kind=diffusion only",
+                              lambda config: config.model.kind == "diffusion"),
+                "expert": ("the expert objective runs with expert.per_step > 0",
+                           lambda config: config.expert.per_step > 0)}
+"""Sections whose entries run only under a condition: why, and the condition."""
 
 
 def _readers(section: str) -> dict[str, list[str]]:
@@ -283,7 +319,8 @@ def _check_read(config: Config, section: str, used: list[Entry]) -> None:
             REGISTRY[f"{section}.{key}"].get(value)
         now = sorted({r.split("=")[0] for r in readers})
         current = ", ".join(f"{k} is {_get(config, k)!r}" for k in now)
-        why = f"; {SECTION_RUNS[section]}" if section in SECTION_RUNS and not used else ""
+        idle = section in SECTION_RUNS and not SECTION_RUNS[section][1](config)
+        why = f"; {SECTION_RUNS[section][0]}" if idle else ""
         raise ConfigError(f"{section}.{key}={value!r}: read only by {', '.join(readers)} ({current}{why}); "
                           f"choose one of those or remove {section}.{key}")
 

@@ -428,7 +428,7 @@ class TrainerConfig:
     `threads`-CPU bundle each), each sampling its share of the batch itself unless `rollout_workers` /
     `reward_workers` > 1 (then rank 0's actors do, outside the bundles); 0 = Ray runs the rollout side."""
     collective_timeout_s: float = 600.0
-    """Data-parallel learners (`torchrun --nproc_per_node N -m rlvr.cli train`): seconds a collective waits
+    """Data-parallel learners (`torchrun --nproc_per_node N -m rlvr train`): seconds a collective waits
     for the other ranks before the run stops with an error (a rank that died or hangs)."""
     learners: str = choice("auto", ("auto", "fsdp"))
     """How the learner trains: `auto` = FSDP2 shards when torchrun starts more than one process, else one

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlvr.algos._registry import Requirement
+
 
 @dataclass(frozen=True)
 class EngineKind:
@@ -23,9 +25,20 @@ class EngineKind:
     trainer keeps one thread of its own (the engine's threads share the cores)."""
     causal_only: bool
     """Samples causal LMs only (the masked-diffusion sampler is rlvr's own)."""
+    options: tuple[str, ...] = ()
+    """Config fields only this engine reads: set under another engine, they are refused (they would be ignored)."""
+
+    @property
+    def requires(self) -> tuple[Requirement, ...]:
+        """What the config must give this engine (`rlvr.config.checks` enforces it when chosen)."""
+        if not self.causal_only:
+            return ()
+        return (Requirement({"model.kind": "causal"}, "{name} samples causal models only (the diffusion sampler is "
+                            "rlvr's own); use rollout.engine=torch"),)
 
 
 ENGINES = {
     "torch": EngineKind(own_weights=False, exact_logprobs=True, batches_itself=False, causal_only=False),
-    "vllm": EngineKind(own_weights=True, exact_logprobs=False, batches_itself=True, causal_only=True),
+    "vllm": EngineKind(own_weights=True, exact_logprobs=False, batches_itself=True, causal_only=True,
+                       options=("rollout.vllm_kv_cache_mb", "rollout.vllm_block_size", "rollout.vllm_max_model_len")),
 }

@@ -66,10 +66,15 @@ from dataclasses import dataclass
 
 import torch
 
+from rlvr.algos._registry import Requirement, requires
 from rlvr.models.prefix_block import prefix_block
 from rlvr.noise import mix32, uniform_noise
 
 WINDOWS = ("eos", "full")
+NO_EXPERT_ROWS = Requirement({"expert.per_step": 0}, "expert rows have no sampler trace or old per-draw estimates for "
+                             "estimator.name={name}; use another estimator (e.g. mean_field) or set it to 0",
+                             field="expert.per_step")
+"""Of estimators that read what only the sampler's own rows carry (a trace, the old policy's draws)."""
 SPG_BOUNDS = ("elbo", "eubo", "mixture")  # `spg`'s bound for negative advantages
 
 
@@ -330,6 +335,7 @@ def _bgpo_entropy(ctx: Corruptor, n: int) -> torch.Tensor:
     return _entropy_mean(*_elbo_draw_value(ctx, 0, n, True, True)[1:])
 
 
+@requires(NO_EXPERT_ROWS)
 def bgpo(ctx: Corruptor, *, n: int = 16, antithetic: bool = False, with_entropy: bool = False):
     """BGPO: the `elbo_mc` estimate (same masks for the same n), each draw back-propagated alone."""
     def piece(j):
@@ -399,6 +405,7 @@ def spg(ctx: Corruptor, *, advantages: torch.Tensor | None = None, n: int = 2, b
     return torch.where((adv >= 0)[:, None], elbo, upper), entropy
 
 
+@requires(NO_EXPERT_ROWS)
 def trace(ctx: Corruptor, *, trace: torch.Tensor | None = None, shrink: int = 1, with_entropy: bool = False):
     """TraceRL (shrink σ) / CJ-GRPO (σ = 1): log p(y_k | state before the merged step that committed
     y_k), the state being the completion with every token of that or a later step masked.

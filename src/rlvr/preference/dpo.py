@@ -18,6 +18,7 @@ import random
 
 import torch
 
+from rlvr.agents.task import is_agent_task
 from rlvr.algos.preference import DPO_LOSSES, dpo_loss
 from rlvr.batch import TrainBatch
 from rlvr.builder import build
@@ -65,7 +66,8 @@ def _evaluate(config, policy, reference, tokenizer, heldout, task, engine) -> di
             _, m = pair_loss(policy, reference, pair_batch(tokenizer, heldout), beta=p.beta, loss_type=p.loss)
         out["eval/heldout_pair_accuracy"] = m["accuracy"]
     if not p.data:
-        out["eval/heldout_accuracy"] = greedy_accuracy(engine, tokenizer, task, task.heldout())
+        out["eval/heldout_accuracy"] = greedy_accuracy(engine, tokenizer, task, task.heldout(),
+                                                       agent=is_agent_task(task))
     return out
 
 

@@ -60,6 +60,7 @@ import numbers
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,6 +193,9 @@ class RewardRunner:
             return False
         self.pool.register("correct", task.is_correct)  # before the workers fork, so they have it
         return True
+
+    def judged(self, task, group: list, texts: list[str], examples: list[dict]) -> tuple[RewardBatch, list[bool]]:
+        return judge_batch(self, task, group, texts, examples)
 
     def correct(self, task, group: list, texts: list[str]) -> list[bool]:
         """`task.is_correct` of each text under the same deadline and in the same workers as the rewards;
@@ -417,12 +421,18 @@ class RewardSum:
         components = {r.name: b.rewards for r, b in zip(self.runners, parts)} if len(parts) > 1 else {}
         return RewardBatch(rewards, metrics, errors, components, dict(self.weights) if components else {})
 
+    def judged(self, task, group: list, texts: list[str], examples: list[dict]) -> tuple[RewardBatch, list[bool]]:
+        return judge_batch(self, task, group, texts, examples)
+
     def correct(self, task, group: list, texts: list[str]) -> list[bool]:
         """`task.is_correct` per text, bounded as the rewards are (`RewardRunner.correct`)."""
         return self._judge().correct(task, group, texts)
 
     def correct_in_workers(self, task) -> bool:
         return self._judge().correct_in_workers(task)
+
+    def derives_correct(self, task) -> bool:  # a sum's reward of 1 is not the task's verdict
+        return False
 
     def _judge(self) -> RewardRunner:
         return next((r for r in self.runners if r.pool is not None), self.runners[0])
@@ -456,3 +466,22 @@ def _names(fns: Sequence[Callable]) -> list[str]:
 
 def _key(example: dict[str, Any]) -> str:
     return json.dumps(example, sort_keys=True, default=str)
+
+
+def judge_batch(verifier: RewardRunner | RewardSum, task, group: list, texts: list[str],
+                examples: list[dict]) -> tuple[RewardBatch, list[bool]]:
+    """The rewards of a batch and each completion's `task.is_correct`, under the verifier's deadlines:
+    read off the reward call where correctness is "the reward is 1" (`derives_correct`), else asked
+    beside the reward call when both run in worker processes, so a completion that stalls both costs
+    one deadline, not two."""
+    prompts = [ex.prompt for ex in group]
+    if verifier.derives_correct(task):
+        out = verifier(prompts, texts, examples)
+        return out, [r == 1.0 for r in out.rewards]
+    if not verifier.correct_in_workers(task):
+        out = verifier(prompts, texts, examples)
+        return out, verifier.correct(task, group, texts)
+    with ThreadPoolExecutor(1, thread_name_prefix="rlvr-correct") as side:
+        verdicts = side.submit(verifier.correct, task, group, texts)
+        out = verifier(prompts, texts, examples)
+        return out, verdicts.result()

@@ -22,9 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from rlvr.batch import Rollouts, concat_rollouts
-from rlvr.kernels.decoder import shared_weights
-
 _HOLDING = threading.local()  # .lease: the CoreLease whose core this thread holds (or held last)
 
 
@@ -215,17 +212,3 @@ def configure_threads(threads: int, mode: str) -> RowPool | None:
     workers = threads or torch.get_num_threads()
     torch.set_num_threads(1)
     return RowPool(workers) if workers > 1 else None
-
-
-def split_engine(engine, pool: RowPool, pad_id: int, model=None):
-    """A rollout engine that samples each worker's share of the rows and stacks the results
-    (same samples as the whole batch: every row has its own seed). With `model` the workers'
-    decoders prepare its weights once per batch (`kernels.decoder.shared_weights`)."""
-
-    def run(prompt_ids, prompt_mask, seeds, **kwargs) -> Rollouts:
-        with shared_weights(model) if model is not None else contextlib.nullcontext():
-            parts = pool.map(lambda rows: engine(prompt_ids[rows], prompt_mask[rows], seeds[rows], **kwargs),
-                             len(seeds))
-        return concat_rollouts(parts, pad_id) if parts else engine(prompt_ids, prompt_mask, seeds, **kwargs)
-
-    return run

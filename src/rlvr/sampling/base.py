@@ -65,6 +65,10 @@ class GroupFeedback:
 class Sampler(Protocol):
     """Chooses prompts and budgets; learns from every generated group."""
 
+    reads_feedback: bool
+    """Whether its proposals depend on the feedback it observed (False: uniform draws, so a batch's
+    prompts can be drawn before the batches ahead of it are scored)."""
+
     def propose(self, step: int, n_prompts: int, budget: int) -> list[Request]:
         """Requests for step `step`: `n_prompts` group slots, their `n_rollouts` summing to `budget`.
         Called again within a step when a filter asks for a refill."""
@@ -91,6 +95,8 @@ def spread(requests_per_slot: list[Example], group_size: int) -> list[Request]:
 
 class Uniform:
     """Uniform task draws with the run's prompt RNG; it keeps no state of its own."""
+
+    reads_feedback = False
 
     def __init__(self, *, task: Task, rng: random.Random, group_size: int):
         self.task, self.rng, self.group_size = task, rng, group_size

@@ -44,6 +44,8 @@ def predicted_rates(queries: torch.Tensor, keys: torch.Tensor, rates: torch.Tens
 class DOTS:
     """`reference` random candidates plus the ones predicted nearest a 0.5 success rate."""
 
+    reads_feedback = True
+
     def __init__(self, *, task: Task, rng: random.Random, group_size: int, seed: int, candidates: float = 4.0,
                  reference: int = 2, temperature: float = 0.1, window: int = 256, dims: int = 64):
         self.task, self.draws, self.group_size, self.candidates = task, rng, group_size, candidates

@@ -121,6 +121,8 @@ class PosteriorSampler:
     a private generator seeded from (`seed`, `stream`), and their state as plain data. A subclass
     takes its own knobs with their defaults and passes the rest (`**common`) on."""
 
+    reads_feedback = True
+
     stream = "posterior"
 
     def __init__(self, *, task: Task, rng: random.Random, group_size: int, seed: int, candidates: float,

@@ -20,13 +20,14 @@ import random
 from collections import deque
 from typing import Protocol
 
+from rlvr.algos._registry import Requirement
 from rlvr.errors import ConfigError
 from rlvr.sampling.base import GroupFeedback, Request
 from rlvr.types import Example
 
 
 class SourcedTask(Protocol):
-    """A task made of named sources (`rlvr.tasks.sources.Sources`)."""
+    """A task made of named sources (`rlvr.tasks.sources.Mixture`)."""
 
     sources: tuple[str, ...]
 
@@ -61,6 +62,10 @@ def source_mix(scores: list[float], temperature: float) -> list[float]:
 
 class DUMP:
     """Per-source windows of |A| and draw counts; each slot's source drawn from softmax(UCB/τ)."""
+
+    reads_feedback = True
+    requires = (Requirement({"task.train_size": 0}, "sampler dump draws from the task's sources, not a finite train "
+                            "set; set task.train_size=0", field="task.train_size"),)
 
     def __init__(self, *, task: SourcedTask, rng: random.Random, group_size: int, seed: int, ucb_c: float = 1.0,
                  temperature: float = 0.1, window: int = 64):

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from rlvr.agents.batch import to_rollouts
-from rlvr.agents.collect import demonstrations, is_agent_task
+from rlvr.agents.collect import demonstrations
+from rlvr.agents.task import is_agent_task
 from rlvr.builder import build
 from rlvr.codec import completion_batch, encode_prompts
 from rlvr.config import Config, dump_yaml
@@ -129,7 +130,7 @@ def sft(config: Config, out_dir: str | Path, *, overwrite: bool = False, echo=pr
     accuracy = math.nan  # chat rows: no task to be accurate on
     if not config.sft.data:
         engine = build.build_engine(config, model, tokenizer)
-        accuracy = greedy_accuracy(engine, tokenizer, task, task.heldout())
+        accuracy = greedy_accuracy(engine, tokenizer, task, task.heldout(), agent=is_agent_task(task))
         echo(f"sft done: greedy held-out accuracy {accuracy:.3f}")
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)

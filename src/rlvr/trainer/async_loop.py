@@ -30,7 +30,7 @@ The rollout side owns the prompt RNG and the sampler; each batch carries their s
 which is what a checkpoint of its step records, so a resumed run restarts the rollout side at
 the step after its checkpoint (batches generated past it are discarded, never trained twice).
 
-Cores (laid out by the builder, `components.thread_layout`): with rows split over threads
+Cores (laid out by the builder, `builder.placement.thread_layout`): with rows split over threads
 (`trainer.thread_mode=rows`, the default for causal models) the two sides share all of the
 process's cores through one `rows.CoreLease`: each holds a core
 while it works, and its row pool computes on the other one too whenever the other side waits (for
@@ -39,7 +39,7 @@ threads computing never outnumber `trainer.threads`. Each side splits its rows a
 loop does. Other modes and the Ray backend give each side a fixed share (`runtime.thread_budget`).
 
 Data-parallel learners (FSDP2 ranks): each rank's rollout thread samples its share of every batch
-from a snapshot of the plain full weights (`distributed.RankEngine`) and the ranks exchange the
+from a snapshot of the plain full weights (`engines.ranks.RankEngine`) and the ranks exchange the
 shares on a process group of the rollout side's own (`distributed.side_group`): on the default
 group its collectives would pair up with the update's in a different order on each rank. The
 learner gathers the step's weights into the plain copy on every rank (`sync.push_weights`) and
@@ -49,7 +49,7 @@ each rank runs its batches whole: lanes of a row pool on the other side's idle c
 a layer mid-forward.
 
 Where the rollout side runs is the backend's business: a thread here (`LocalRollouts`), Ray
-actors behind the same seams in `ray_backend` (the sampler as a `WeightSyncEngine`, the verifier).
+actors behind the same seams in `backends.ray` (the sampler as a `WeightSyncEngine`, the verifier).
 With `rollout.engine=vllm` the local rollout side pushes into the run's one vLLM engine, which the
 learner's evaluation shares (`snapshot.SharedEngine`); Ray workers each start their own.
 """
@@ -57,6 +57,7 @@ learner's evaluation shares (`snapshot.SharedEngine`); Ray workers each start th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import threading
 from collections.abc import Callable
@@ -69,8 +70,7 @@ from rlvr.protocols import WeightSyncEngine
 from rlvr.runtime.rows import CoreLease
 from rlvr.tracking.run_dir import now
 from rlvr.trainer.collect import Drawn, Produced, draw, produce, produce_ahead, roll, scores_ahead, stale_by
-from rlvr.trainer.plan import Components
-from rlvr.trainer.scoring import reads_step
+from rlvr.trainer.parts import Components, RolloutParts
 from rlvr.trainer.sync import rl_step
 
 
@@ -131,19 +131,23 @@ def rollout_facts(idle_s: float, sync_s: float, rollout_s: float) -> dict[str, f
 class LocalRollouts:
     """The rollout side in a thread of this process: generates steps `start+1 .. last` into a bounded queue."""
 
-    def __init__(self, c: Components, engine: WeightSyncEngine, *, start: int, last: int, max_staleness: int,
-                 threads: int, lease: CoreLease | None = None, exact: bool = False, lanes: tuple = ()):
-        self.c = c  # the run's task, reward, RNG and sampler, with its own engine
+    def __init__(self, r: RolloutParts, engine: WeightSyncEngine, *, start: int, last: int, max_staleness: int,
+                 threads: int, lease: CoreLease | None = None, exact: bool = False,
+                 lanes: tuple[tuple[RolloutParts, WeightSyncEngine], ...] = (),
+                 lock: contextlib.AbstractContextManager | None = None, restarts: Callable[[], int] | None = None):
+        self.r = r  # the run's task, reward, RNG and sampler, with its own engine
         self.engine, self.max_staleness, self.threads = engine, max_staleness, threads
-        self.lanes = lanes  # (components, engine) of each lane (`trainer.rollout_lanes` > 1), else ()
+        self.lanes = lanes  # (parts, engine) of each lane (`trainer.rollout_lanes` > 1), else ()
+        self.lock = lock or contextlib.nullcontext()  # a `SharedEngine`'s: one version a batch
+        self.restarts = restarts  # the dead workers the engine's backend restarted so far; None = it restarts none
         self.lease = lease  # the process's cores, shared with the learner (None = a fixed share)
         self.exact = exact
         self.slot = WeightSlot(engine.policy_version, keep=exact)
         self.queue: queue.Queue = queue.Queue(maxsize=max(1, max_staleness))  # of Futures, in step order
         # score-ahead: every batch admitted and not yet trained (at most η + 1) can be in scoring at once
         self.scoring = ThreadPoolExecutor(max_staleness + 1, thread_name_prefix="rlvr-scoring") \
-            if scores_ahead(c) else None
-        self.reads_step, self.step_lock = reads_step(c.reward), threading.Lock()
+            if scores_ahead(r) else None
+        self.reads_step, self.step_lock = r.reward.reads_step, threading.Lock()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run_lanes if len(lanes) > 1 else self._run, args=(start, last),
                                        name="rlvr-rollouts", daemon=True)
@@ -158,7 +162,7 @@ class LocalRollouts:
                 version, tensors = self._admitted(step, self.engine.policy_version)
                 with self.lease.held() if self.lease is not None else contextlib.nullcontext():
                     idle += now() - t0  # waiting for a core counts as idle
-                    with getattr(self.engine, "lock", contextlib.nullcontext()):  # a SharedEngine: one version a batch
+                    with self.lock:
                         t0 = now()
                         if tensors is not None:
                             self.engine.push_weights(tensors, version)
@@ -195,9 +199,9 @@ class LocalRollouts:
         try:
             for step in range(start + 1, last + 1):
                 lane = self._next(free)
-                c, engine = self.lanes[lane]
+                r, engine = self.lanes[lane]
                 version, tensors = self._admitted(step, engine.policy_version)
-                drawn = draw(c, step)
+                drawn = draw(r, step)
                 job = pool.submit(self._roll_lane, lane, step, drawn, version, tensors, idle_since)
                 job.add_done_callback(lambda _, lane=lane: free.put(lane))
                 self._put(job)
@@ -220,30 +224,30 @@ class LocalRollouts:
     def _roll_lane(self, lane: int, step: int, drawn: Drawn, version: int, tensors: list | None,
                    idle_since: list[float]) -> Produced:
         """The batch of `step` rolled out and scored in lane `lane`, on a core of its own while it computes."""
-        c, engine = self.lanes[lane]
+        r, engine = self.lanes[lane]
         torch.set_num_threads(self.threads)  # this thread's intra-op share, as the rollout thread's
         with self.lease.held() if self.lease is not None else contextlib.nullcontext():
             t1 = now()
             if tensors is not None:
                 engine.push_weights(tensors, version)
             sync_s = now() - t1
-            produced = roll(c, drawn, step, engine.policy_version)
-        produced.facts = rollout_facts(t1 - idle_since[lane], sync_s, produced.rollout_s)  # a core's wait is idle
+            produced = roll(r, drawn, step, engine.policy_version)
+        facts = rollout_facts(t1 - idle_since[lane], sync_s, produced.rollout_s)  # a core's wait is idle
         idle_since[lane] = now()
-        return produced
+        return dataclasses.replace(produced, facts=facts)
 
     def _begin(self, step: int, last: int) -> None:
         """TRL-form rewards' `trainer_state`: the step whose batch is scored, as in the synchronous loop."""
-        getattr(self.c.reward, "on_step_begin", lambda step, steps: None)(step, last)
+        self.r.reward.on_step_begin(step, last)
 
     def _sample(self, step: int, last: int, version: int) -> tuple[Callable[[], Produced], float]:
         """(the job that scores the batch, the seconds sampling took); the job is the whole
         `produce` when its sampling reads a reward (`collect.scores_ahead`)."""
         if self.scoring is None:
             self._begin(step, last)
-            produced = produce(self.c, step, version)
+            produced = produce(self.r, step, version)
             return (lambda: produced), produced.rollout_s
-        job, sample_s = produce_ahead(self.c, step, version)
+        job, sample_s = produce_ahead(self.r, step, version)
 
         def scored_at_its_step() -> Produced:  # batches scored at once each set their step in turn
             with self.step_lock if self.reads_step else contextlib.nullcontext():
@@ -257,13 +261,11 @@ class LocalRollouts:
         next batch's sampling and the update), or at once when nothing is scored ahead."""
         job, sample_s = batch
         facts = rollout_facts(idle, sync_s, sample_s)  # the sampling thread's own share: scoring runs beside it
-        if hasattr(self.engine, "restarts"):  # a backend that restarts dead workers counts them
-            facts["async/worker_restarts"] = float(self.engine.restarts)
+        if self.restarts is not None:  # a backend that restarts dead workers counts them
+            facts["async/worker_restarts"] = float(self.restarts())
 
         def finish() -> Produced:
-            produced = job()
-            produced.facts = facts
-            return produced
+            return dataclasses.replace(job(), facts=facts)
 
         if self.scoring is not None:
             return self.scoring.submit(finish)
@@ -319,19 +321,20 @@ class AsyncSteps:
         self._restore_threads = torch.get_num_threads()
         torch.set_num_threads(plan.learner_threads)
         side = c.rollout_side(start)
-        self.lease = c.rows.lease if c.rows is not None else None  # the cores both sides share, if they do
+        rows = c.learner.rows
+        self.lease = rows.lease if rows is not None else None  # the cores both sides share, if they do
         self._closers = side.closers
-        self.rollouts = LocalRollouts(side.components, side.engine, start=start, last=c.loop.steps,
+        self.rollouts = LocalRollouts(side.rollout, side.engine, start=start, last=c.loop.steps,
                                       max_staleness=self.max_staleness, threads=side.threads, lease=self.lease,
-                                      exact=plan.exact, lanes=side.lanes)
+                                      exact=plan.exact, lanes=side.lanes, lock=side.lock, restarts=side.restarts)
         self.engine = side.engine.evaluator(lambda: self.rollouts.slot.wait(0, -1, self.rollouts.stop)) \
-            if side.shared else c.engine
+            if side.shared else c.rollout.engine
         self._state = None
 
     def step(self, step: int) -> tuple[dict[str, float], list[dict]]:
         t0 = now()
         produced, depth = self.rollouts.get()
-        produced.staleness = stale_by(produced, step)
+        produced = dataclasses.replace(produced, staleness=stale_by(produced, step))
         with self.lease.held() if self.lease is not None else contextlib.nullcontext():
             wait = now() - t0  # for a batch, then for a core
             t0 = now()
@@ -339,7 +342,8 @@ class AsyncSteps:
             work = now() - t0
             t0 = now()
             # sharded learners: the plain copy, which `rl_step` gathered the step's weights into on every rank
-            self.rollouts.publish(published(self.c.full_weights, merged=self.c.asynchronous.publish_merged), step)
+            self.rollouts.publish(published(self.c.learner.full_weights, merged=self.c.asynchronous.publish_merged),
+                                  step)
             publish_s = now() - t0
         metrics.update(produced.facts)
         metrics.update(step_facts(produced.staleness, self.max_staleness, depth=depth, wait_s=wait,

@@ -22,7 +22,7 @@ from rlvr.runtime.safe_load import TRUST_FLAG, UntrustedPickle, load_trainer_sta
 from rlvr.safe_io import atomic_write_text, clear_temp
 from rlvr.tracking.run_dir import disk_full, disk_full_message
 from rlvr.tracking.run_files import checkpoint_dirs, read_checksums
-from rlvr.trainer.collect import Collected
+from rlvr.trainer.scoring import Collected
 from rlvr.types import Example
 
 STATE_FILE = "trainer_state.pt"
@@ -68,7 +68,7 @@ def save_checkpoint(directory: Path, step: int, model, tokenizer, state: dict, *
                     shards=(), writer: bool = True) -> Path:
     """Write checkpoints/step_NNNNNN atomically and prune to the newest `keep_last`.
 
-    `shards` (`runtime.distributed.ShardedState`s, data-parallel learners: the policy's, the
+    `shards` (`runtime.fsdp.ShardedState`s, data-parallel learners: the policy's, the
     critic's): every rank writes its optimizer shards into the temp folder first; the `writer`
     (rank 0) writes the rest and renames.
     A write that fails (a full disk, a second signal) removes the partial temp folder before the

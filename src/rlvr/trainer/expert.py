@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 
@@ -30,19 +29,23 @@ from rlvr.batch import TrainBatch, concat_train_batches
 from rlvr.codec import completion_batch, encode_prompts
 from rlvr.errors import ConfigError
 from rlvr.models.likelihood import window_mask
+from rlvr.protocols import BatchVerifier, PolicyModel, Task
 from rlvr.trainer.logit_stats import reward_tokens
+from rlvr.trainer.parts import ExpertRows
+from rlvr.trainer.plan import Canvas, ExpertPlan
 from rlvr.trainer.scoring import score
 from rlvr.types import Example
+
+__all__ = ["Canvas", "ExpertSource", "add_expert_rows", "canvas_part", "expert_part", "extend", "external_advantages",
+           "split_loss"]
 
 
 class ExpertSource:
     """The expert problems of a run: a fixed pool of `pool_size` (or fresh draws) and their solutions."""
 
-    def __init__(self, task, *, seed: int, per_step: int, pool_size: int):
+    def __init__(self, task: Task, *, seed: int, per_step: int, pool_size: int):
         self.task, self.seed, self.per_step = task, seed, per_step
         self.pool = task.sample(pool_size, random.Random(f"expert-pool/{seed}")) if pool_size else None
-        if not hasattr(task, "solution"):
-            raise ConfigError(f"expert.per_step: task {type(task).__name__} has no reference solutions; set it to 0")
 
     def draw(self, step: int) -> list[Example]:
         """This step's expert problems: distinct pool entries while the pool is large enough."""
@@ -81,14 +84,6 @@ def _expert_batch(tokenizer, examples: list[Example], completion_ids: torch.Tens
     zeros = torch.zeros_like(completion_mask)
     return TrainBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages=zeros.clone(),
                       rollout_logp=zeros, expert=torch.ones(len(examples), dtype=torch.bool))
-
-
-class Canvas(NamedTuple):
-    """A diffusion model's generation window: the length every completion has, and which of its
-    tokens are the completion (`rollout.window`: `eos` up to the first EOS, `full` all)."""
-
-    gen_length: int
-    window: str
 
 
 def canvas_part(tokenizer, examples: list[Example], texts: list[str],
@@ -183,29 +178,29 @@ def split_loss(objective: Callable, expert_objective: Callable, logp: torch.Tens
     return loss, metrics
 
 
-def add_expert_rows(c, batch: TrainBatch, rewards: torch.Tensor, step: int,
-                    logprobs: Callable) -> tuple[TrainBatch, dict]:
-    """The step's batch with `c.expert`'s rows appended (`extend`), and their metrics.
-    `logprobs(policy, part, stats)`: the loop's no-grad pass, {"logp", *stats}."""
-    examples, texts = c.expert.solutions(c.expert.draw(step))
-    e = c.plan.expert
+def add_expert_rows(source: ExpertRows, e: ExpertPlan, batch: TrainBatch, rewards: torch.Tensor, step: int, *,
+                    tokenizer, task: Task, reward: BatchVerifier, policies: dict[str, PolicyModel | None],
+                    group_size: int, logprobs: Callable) -> tuple[TrainBatch, dict]:
+    """The step's batch with `source`'s rows appended (`extend`), and their metrics. `policies`:
+    the `old` (the learner's) and `ref` (the reference) policies; `logprobs(policy, part, stats)`:
+    the loop's no-grad pass, {"logp", *stats}."""
+    examples, texts = source.solutions(source.draw(step))
     dropped = {}
     if e.canvas is None:
-        part = expert_part(c.tokenizer, examples, texts)
+        part = expert_part(tokenizer, examples, texts)
     else:  # length control: only solutions that fit the diffusion window, EOS-padded to it
-        part, kept = canvas_part(c.tokenizer, examples, texts, e.canvas)
+        part, kept = canvas_part(tokenizer, examples, texts, e.canvas)
         dropped = {"expert/dropped_too_long": float(len(kept) - sum(kept))}
         examples, texts = [x for x, k in zip(examples, kept) if k], [t for t, k in zip(texts, kept) if k]
     if not examples:
         return batch, dropped
-    expert_rewards, correct, _ = score(c.reward, c.task, examples, texts)
+    expert_rewards, correct, _ = score(reward, task, examples, texts)
     mu = e.mu(step)
-    policies = {"old": c.policy, "ref": c.reference}
     merged = extend(batch, part, onpolicy_rewards=rewards,
                     expert_rewards=expert_rewards, mu=mu, keep_onpolicy=e.keep_onpolicy,
-                    token_units=e.token_units, pad_id=c.tokenizer.pad_token_id,
+                    token_units=e.token_units, pad_id=tokenizer.pad_token_id,
                     logprobs=lambda kind, part, stats: logprobs(policies[kind], part, stats),
-                    advantage=e.advantage, group_size=c.plan.rollout.group_size)
+                    advantage=e.advantage, group_size=group_size)
     adv = merged.advantages[merged.expert].sum(-1) / merged.completion_mask[merged.expert].sum(-1).clamp(min=1)
     return merged, {"expert/mu": mu, "expert/rows": float(len(examples)), "expert/accuracy": float(correct.mean()),
                     "expert/advantage_mean": float(adv.mean()), **dropped}

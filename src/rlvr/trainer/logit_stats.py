@@ -1,7 +1,9 @@
 """What the loop computes for entries that read more of the logits than the sampled token's
 log-prob: the no-grad passes of the old policy and the reference, with the statistics the chosen
 objective and advantage estimator declared (`rlvr.algos._registry.needs`), and the data keywords
-the update step hands the objective.
+the update step hands the objective. The builder resolves the declarations into the plan
+(`plan.Passes`, `plan.LossSpec.stats` and `.fields`) and checks that the policy gives what they
+ask (`builder.plans.check_statistics`); this module reads only those.
 
 Nothing here runs for an entry that declares nothing: the passes then ask the policy for log-probs
 only (`batch_logprobs`), exactly as before. A statistic comes from the forward that gives the
@@ -13,10 +15,10 @@ from __future__ import annotations
 import torch
 
 from rlvr.algos._advantage_core import AdvantageInputs, token_level_rewards
-from rlvr.algos._registry import BEHAVIOUR_NEEDS, needs_of
 from rlvr.batch import TrainBatch
-from rlvr.protocols import DrawsPolicy, LogitStatsPolicy, PolicyModel
+from rlvr.protocols import PolicyModel
 from rlvr.runtime.distributed import ONE_PROCESS, Shard
+from rlvr.trainer.plan import AdvantageSpec, LossSpec, Passes
 
 LOSS_STATS = ("logsumexp", "logit", "draws")
 """Objective needs that the update step's own forward provides (with gradients)."""
@@ -25,17 +27,12 @@ ROW_STATS = frozenset({"draws"})
 
 
 def _policy_outputs(policy: PolicyModel, mb: TrainBatch, stats: tuple[str, ...], with_entropy: bool = False):
-    """(log-probs, entropy, {stat: (B, Tc)}): `batch_logprobs` when no stat is asked."""
+    """(log-probs, entropy, {stat: (B, Tc)}): `batch_logprobs` when no stat is asked, a masked-diffusion
+    policy's per-draw estimates for `draws` (BGPO), else a causal policy's logit statistics."""
     if not stats:
         return (*policy.batch_logprobs(mb, with_entropy=with_entropy), {})
-    if stats == ("draws",):  # per-draw likelihood estimates (BGPO), a masked-diffusion policy's
-        if not isinstance(policy, DrawsPolicy):
-            raise TypeError(f"{type(policy).__name__} has no per-draw estimates: the objective needs "
-                            "model.kind=diffusion with estimator.name=bgpo")
+    if stats == ("draws",):
         return policy.batch_draws(mb, with_entropy=with_entropy)
-    if not isinstance(policy, LogitStatsPolicy):
-        raise TypeError(f"{type(policy).__name__} returns no logit statistics ({', '.join(stats)}): "
-                        "the chosen objective or advantage estimator needs a causal LM policy")
     return policy.batch_token_stats(mb, with_entropy=with_entropy, stats=stats)
 
 
@@ -60,44 +57,32 @@ def no_grad_outputs(policy: PolicyModel, batch: TrainBatch, micro_batch_size: in
     return {key: value.to(mask.device) * (1 if key in ROW_STATS else mask) for key, value in out.items()}
 
 
-def advantage_stats(advantage) -> tuple[str, ...]:
-    """The logit statistics the bound advantage estimator declared (its `AdvantageInputs` fields
-    other than `old_logp`, which every old-policy pass gives)."""
-    return tuple(sorted((needs_of(advantage) & BEHAVIOUR_NEEDS) - {"old_logp"}))
-
-
-def old_pass(policy: PolicyModel, batch: TrainBatch, advantage, micro_batch_size: int, rows,
-             needed: bool, objective=None,
+def old_pass(policy: PolicyModel, batch: TrainBatch, advantage: AdvantageSpec, passes: Passes,
+             micro_batch_size: int, rows, needed: bool,
              shard: Shard = ONE_PROCESS) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
     """(old log-probs or None, the `AdvantageInputs` keywords the estimator declared). The pass
     runs when the loop needs old log-probs (`needed`) or the estimator declared anything (the
     optimal token baseline reads the behaviour policy's log-probs and Σπ², as verl computes them in
     its old-log-prob pass); the log-probs are returned only when `needed`, so the on-policy
-    shortcut (ρ ≡ 1) stays as it is. When the log-probs are needed and `objective` declared
-    `old_draws` (BGPO), the same forwards also set `batch.old_draws`."""
-    declared = needs_of(advantage) & BEHAVIOUR_NEEDS
+    shortcut (ρ ≡ 1) stays as it is. When the log-probs are needed and the objective declared
+    `old_draws` (BGPO, `passes.old_draws`), the same forwards also set `batch.old_draws`."""
+    declared = advantage.behaviour
     if not needed and not declared:
         return None, {}
-    draws = ("draws",) if needed and "old_draws" in needs_of(objective) else ()
-    out = no_grad_outputs(policy, batch, micro_batch_size, rows, advantage_stats(advantage) + draws, shard)
+    draws = ("draws",) if needed and passes.old_draws else ()
+    out = no_grad_outputs(policy, batch, micro_batch_size, rows, passes.old_stats + draws, shard)
     batch.old_draws = out.get("draws")
     inputs = {"old_logp": out["logp"]} if "old_logp" in declared else {}
     inputs.update({k: out[k] for k in declared if k in out})
     return (out["logp"] if needed else None), inputs
 
 
-def reference_pass(reference: PolicyModel, batch: TrainBatch, objective, micro_batch_size: int, rows,
+def reference_pass(reference: PolicyModel, batch: TrainBatch, passes: Passes, micro_batch_size: int, rows,
                    shard: Shard = ONE_PROCESS) -> None:
     """Set `batch.ref_logp` (and `batch.ref_logsumexp` when the objective declared it)."""
-    stats = ("logsumexp",) if "ref_logsumexp" in needs_of(objective) else ()
-    out = no_grad_outputs(reference, batch, micro_batch_size, rows, stats, shard)
+    out = no_grad_outputs(reference, batch, micro_batch_size, rows, passes.reference_stats, shard)
     batch.ref_logp = out["logp"]
     batch.ref_logsumexp = out.get("logsumexp")
-
-
-def needs_reference(objective) -> bool:
-    """The objective reads the reference's log-probs (ShiQ): a reference is built whatever `algo.kl_coef`."""
-    return bool(needs_of(objective) & {"ref_logp", "ref_logsumexp"})
 
 
 def reward_tokens(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -107,18 +92,16 @@ def reward_tokens(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(rewards)[:, None], torch.full_like(placed, float("nan")), placed)
 
 
-def loss_outputs(policy: PolicyModel, mb: TrainBatch, objective):
+def loss_outputs(policy: PolicyModel, mb: TrainBatch, spec: LossSpec):
     """The update step's forward: (log-probs, entropy, the objective's data keywords)."""
-    declared = needs_of(objective)
-    logp, entropy, extra = _policy_outputs(policy, mb, tuple(s for s in LOSS_STATS if s in declared),
-                                           with_entropy=True)
+    logp, entropy, extra = _policy_outputs(policy, mb, spec.stats, with_entropy=True)
     # on-policy (no old pass) the old draws are this forward's, detached: ρ ≡ 1 per draw, as old_logp
     draws = extra.get("draws")
     old_draws = mb.old_draws if mb.old_draws is not None or draws is None else draws.detach()
     fields = {"ref_logp": mb.ref_logp, "ref_logsumexp": mb.ref_logsumexp, "token_rewards": mb.token_rewards,
               "old_draws": old_draws, "trace": mb.trace}
     data = {}
-    for name in sorted(declared):
+    for name in spec.fields:
         value = extra.get(name, fields.get(name))
         if value is None:
             raise ValueError(f"the objective needs {name!r}, which this batch does not carry")

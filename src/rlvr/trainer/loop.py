@@ -2,12 +2,11 @@
 
 `run_loop` drives a schedule (`make_steps`: the synchronous one of `trainer.sync` or the
 asynchronous one of `trainer.async_loop`) as the run's `LoopPlan` says; it reads the plan and the
-components, never the config (`trainer.run.train` builds both and owns the run directory).
+components, never the config (`builder.run.train` builds both).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 import sys
@@ -18,7 +17,7 @@ from safetensors.torch import load_file
 
 from rlvr.kernels import native
 from rlvr.models.lora import load_adapter
-from rlvr.runtime.distributed import ShardedState, full_weights, load_sharded_optimizer
+from rlvr.runtime.fsdp import ShardedState, full_weights, load_sharded_optimizer
 from rlvr.tracking.progress import Progress
 from rlvr.tracking.run_dir import RunDir, StopSignals, now
 from rlvr.tracking.signal import NO_SIGNAL_STEPS, NoSignal
@@ -33,7 +32,7 @@ from rlvr.trainer.checkpoint import (
     set_rng_state,
 )
 from rlvr.trainer.evaluate import accuracy_by_source, greedy_accuracy, greedy_verdicts, sampled_scores
-from rlvr.trainer.plan import Components
+from rlvr.trainer.parts import Components, Critic
 from rlvr.trainer.sync import SyncSteps, push_weights
 
 TRAIN_PROBE_SEED = 20_240_601  # fixed training-distribution probe for the memorisation check
@@ -44,17 +43,19 @@ def evaluate(c: Components, probe, engine=None) -> dict[str, float]:
     accuracy, and sampled scores when `loop.eval_samples`, with `engine` (None = the run's: a
     schedule may evaluate through its own view of it)."""
     t0 = now()
-    engine = engine or c.engine
-    heldout = c.task.heldout()
-    judge = getattr(c.reward, "correct", None)  # is_correct under the verifier's deadlines, in its workers
-    verdicts = greedy_verdicts(engine, c.tokenizer, c.task, heldout, judge=judge)
+    r = c.rollout
+    engine = engine or r.engine
+    agent = r.plan.agent
+    heldout = r.task.heldout()
+    judge = r.reward.correct  # is_correct under the verifier's deadlines, in its workers
+    verdicts = greedy_verdicts(engine, r.tokenizer, r.task, heldout, agent=agent, judge=judge)
     metrics = {"eval/heldout_accuracy": sum(verdicts) / max(len(verdicts), 1),
                **{f"eval/heldout_accuracy/{s}": a for s, a in accuracy_by_source(heldout, verdicts).items()},
-               "eval/train_accuracy": greedy_accuracy(engine, c.tokenizer, c.task, probe, judge=judge)}
+               "eval/train_accuracy": greedy_accuracy(engine, r.tokenizer, r.task, probe, agent=agent, judge=judge)}
     if c.loop.eval_samples:
         metrics["eval/heldout_sampled_accuracy"], metrics["eval/heldout_pass_at_k"] = sampled_scores(
-            engine, c.tokenizer, c.task, heldout, samples=c.loop.eval_samples, temperature=c.loop.eval_temperature,
-            judge=judge)
+            engine, r.tokenizer, r.task, heldout, agent=agent, samples=c.loop.eval_samples,
+            temperature=c.loop.eval_temperature, judge=judge)
     return {**metrics, "time/eval_s": now() - t0}
 
 
@@ -64,60 +65,65 @@ def make_steps(c: Components, start: int) -> SyncSteps | AsyncSteps:
 
 
 def _checkpoint(c: Components, run: RunDir, step: int, rollout_state: dict) -> Path:
-    state = {"scheduler": c.scheduler.state_dict(), "rng": rng_state(), "task_rng": rollout_state["task_rng"],
-             "kl_coef": c.loss.kl_coef}
-    if c.shards is None:  # sharded learners save the optimizer's shards beside (`ShardedState`)
-        state["optimizer"] = c.optimizer.state_dict()
-    if c.critic is not None:
-        state.update(_critic_state(c))
+    learner = c.learner
+    state = {"scheduler": learner.scheduler.state_dict(), "rng": rng_state(), "task_rng": rollout_state["task_rng"],
+             "kl_coef": c.state.kl_coef}
+    if learner.shards is None:  # sharded learners save the optimizer's shards beside (`ShardedState`)
+        state["optimizer"] = learner.optimizer.state_dict()
+    if learner.critic is not None:
+        state.update(_critic_state(learner.critic))
     state["sampler"] = rollout_state["sampler"]
-    if c.replay is not None:
+    if c.rollout.replay is not None:
         state["replay"] = rollout_state["replay"]
-    return save_checkpoint(run.checkpoints, step, c.full_weights, c.tokenizer, state, keep_last=c.loop.keep_last,
-                           shards=tuple(s for s in (c.shards, c.critic_shards) if s is not None),
+    critic_shards = learner.critic.shards if learner.critic is not None else None
+    return save_checkpoint(run.checkpoints, step, learner.full_weights, c.rollout.tokenizer, state,
+                           keep_last=c.loop.keep_last,
+                           shards=tuple(s for s in (learner.shards, critic_shards) if s is not None),
                            writer=c.loop.writer)
 
 
-def _critic_state(c: Components) -> dict:
+def _critic_state(critic: Critic) -> dict:
     """The critic's weights, full (gathered from sharded learners: a collective), and its
     optimizer's state where one process trains it (sharded learners save its shards beside)."""
-    if c.critic_shards is None:
-        return {"critic": c.critic.state_dict(), "critic_optimizer": c.critic_optimizer.state_dict()}
-    return {"critic": full_weights(c.critic.state_dict().items())}
+    if critic.shards is None:
+        return {"critic": critic.model.state_dict(), "critic_optimizer": critic.optimizer.state_dict()}
+    return {"critic": full_weights(critic.model.state_dict().items())}
 
 
-def _load_critic(c: Components, checkpoint: Path, state: dict, trust_pickle: bool) -> None:
-    """The critic's weights and optimizer state into `c`, whichever number of learners saved them."""
+def _load_critic(critic: Critic, checkpoint: Path, state: dict, trust_pickle: bool) -> None:
+    """The critic's weights and optimizer state, whichever number of learners saved them."""
     optimizer = state.get("critic_optimizer")  # None: the learners saved its shards
-    if c.critic_shards is not None:
-        c.critic_shards.load(checkpoint, state["critic"], optimizer, trust_pickle=trust_pickle)
+    if critic.shards is not None:
+        critic.shards.load(checkpoint, state["critic"], optimizer, trust_pickle=trust_pickle)
         return
-    c.critic.load_state_dict(state["critic"])
+    critic.model.load_state_dict(state["critic"])
     if optimizer is not None:
-        c.critic_optimizer.load_state_dict(optimizer)
+        critic.optimizer.load_state_dict(optimizer)
     else:
-        load_sharded_optimizer(c.critic, c.critic_optimizer, checkpoint / ShardedState.CRITIC_FOLDER,
+        load_sharded_optimizer(critic.model, critic.optimizer, checkpoint / ShardedState.CRITIC_FOLDER,
                                trust_pickle=trust_pickle)
 
 
 def _load_model_and_optimizer(c: Components, checkpoint: Path, optimizer: dict | None, trust_pickle: bool) -> None:
     """The checkpoint's weights and optimizer state into `c`, whichever number of learners saved
     it: `optimizer` is the state one process saved, None where the learners saved its shards."""
-    full = c.full_weights  # sharded learners: load their full copy first
+    learner = c.learner
+    full = learner.full_weights  # sharded learners: load their full copy first
     if c.loop.adapter_checkpoints:  # the checkpoint holds the adapter; the base is rebuilt as loaded
         load_adapter(full, checkpoint)
     else:
         full.load_state_dict(load_file(str(checkpoint / "model.safetensors")), strict=False)
-        if hasattr(full, "tie_weights"):  # HF drops tied copies on save; re-tie after loading
+        if c.loop.retie:  # HF drops tied copies on save; re-tie after loading
             full.tie_weights()
-    if c.shards is not None:  # the full copy's trained weights into the shards; the optimizer resharded
-        c.shards.load(checkpoint, {n: p.detach() for n, p in full.named_parameters() if p.requires_grad}, optimizer,
-                      trust_pickle=trust_pickle)
+    if learner.shards is not None:  # the full copy's trained weights into the shards; the optimizer resharded
+        learner.shards.load(checkpoint, {n: p.detach() for n, p in full.named_parameters() if p.requires_grad},
+                            optimizer, trust_pickle=trust_pickle)
         return
     if optimizer is not None:
-        c.optimizer.load_state_dict(optimizer)
+        learner.optimizer.load_state_dict(optimizer)
     else:  # saved by sharded learners, resumed by one process
-        load_sharded_optimizer(c.model, c.optimizer, checkpoint / ShardedState.FOLDER, trust_pickle=trust_pickle)
+        load_sharded_optimizer(learner.model, learner.optimizer, checkpoint / ShardedState.FOLDER,
+                               trust_pickle=trust_pickle)
 
 
 def resume_run(c: Components, run: RunDir, *, trust_pickle: bool = False) -> int:
@@ -129,26 +135,27 @@ def resume_run(c: Components, run: RunDir, *, trust_pickle: bool = False) -> int
         run.truncate_after(-1)
         return 0
     state = load_state(checkpoint, trust_pickle=trust_pickle)
-    configured = list(c.scheduler.base_lrs)  # optim.* as this run's config sets them
+    learner, r = c.learner, c.rollout
+    configured = list(learner.scheduler.base_lrs)  # optim.* as this run's config sets them
     settings = [{k: v for k, v in group.items() if k not in ("params", "lr", "initial_lr")}
-                for group in c.scheduler.optimizer.param_groups]
+                for group in learner.scheduler.optimizer.param_groups]
     _load_model_and_optimizer(c, checkpoint, state.get("optimizer"), trust_pickle)
-    c.scheduler.load_state_dict(state["scheduler"])
-    for group, setting in zip(c.scheduler.optimizer.param_groups, settings):
+    learner.scheduler.load_state_dict(state["scheduler"])
+    for group, setting in zip(learner.scheduler.optimizer.param_groups, settings):
         group.update(setting)  # weight decay, betas: the saved groups carry the values the run started with
-    _keep_learning_rate(c.scheduler, configured)
-    if c.critic is not None:
-        _restore("critic", lambda: _load_critic(c, checkpoint, state, trust_pickle))
+    _keep_learning_rate(learner.scheduler, configured)
+    if learner.critic is not None:
+        _restore("critic", lambda: _load_critic(learner.critic, checkpoint, state, trust_pickle))
     if "sampler" in state:  # checkpoints written before samplers were checkpointed had uniform draws
-        _restore("sampler", lambda: c.sampler.load_state_dict(state["sampler"]))
-    if c.replay is not None:
-        _restore("replay", lambda: c.replay.load_state_dict(state["replay"]))
+        _restore("sampler", lambda: r.sampler.load_state_dict(state["sampler"]))
+    if r.replay is not None:
+        _restore("replay", lambda: r.replay.load_state_dict(state["replay"]))
     if c.plan.kl_controller is not None:  # adaptive: the coefficient is state; fixed: the config's (a changed one too)
-        c.loss = dataclasses.replace(c.loss, kl_coef=state["kl_coef"])
+        c.state.kl_coef = state["kl_coef"]
     set_rng_state(state["rng"])
-    c.rng.setstate(state["task_rng"])
+    r.rng.setstate(state["task_rng"])
     if c.loop.push_on_resume:  # an engine with its own weights was started from the initial ones
-        push_weights(c)
+        push_weights(learner, c.plan, r.engine)
     run.truncate_after(state["step"])
     return state["step"]
 
@@ -184,7 +191,8 @@ def runtime_facts(c: Components) -> dict:
     row workers, whether the allocator keeps freed memory, and the causal sampler's engines
     (`loop.facts`), with the reasons the decoder fell back to eager ops if the C++ extension could
     not run."""
-    threads = {"torch_threads": torch.get_num_threads(), "row_workers": c.rows.workers if c.rows else 0,
+    rows = c.learner.rows
+    threads = {"torch_threads": torch.get_num_threads(), "row_workers": rows.workers if rows else 0,
                "heap_kept": c.heap_kept}
     if not c.loop.facts:
         return threads
@@ -204,9 +212,11 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
     trackers = make_trackers(list(t.trackers), run.path, resume_step=start if start else None) if t.writer else []
     for tracker in trackers:
         tracker.log_config(t.config_tree)
-    probe = c.task.sample(len(c.task.heldout()), random.Random(TRAIN_PROBE_SEED))
-    begin = getattr(c.reward, "on_step_begin", lambda step, steps: None)  # TRL-form rewards' `trainer_state`
-    begin(start + 1, t.steps)  # for what runs before the first step (its evaluation); each step then by its schedule
+    task = c.rollout.task
+    probe = task.sample(len(task.heldout()), random.Random(TRAIN_PROBE_SEED))
+    # TRL-form rewards' `trainer_state`, for what runs before the first step (its evaluation); each step
+    # then by its schedule
+    c.rollout.reward.on_step_begin(start + 1, t.steps)
     if start == 0:
         for key, value in t.batch_numbers.items():
             echo(f"  {key:<42} {value}")

@@ -1,31 +1,34 @@
-"""What a run is made of (`Components`) and what its steps do (the plans), decided once: the
-builder resolves the plans from the config and from what the engine, the policy and the registry
-entries declare, and freezes them.
+"""What a run's steps do, decided once: the builder resolves these plans from the config and from
+what the engine, the policy and the registry entries declare, and freezes them.
 
-The loop reads these fields and the components; it never reads the config, compares a registry or
-engine name, or asks an `isinstance` what mode it is in. A new method adds a field here (or a
-declaration on its entry) and the builder sets it; the step does not grow a branch on a name.
+The loop reads these fields; it never reads the config or a registry entry's declarations,
+compares a registry or engine name, or asks an `isinstance` what mode it is in. A new method adds
+a field here (or a declaration on its entry) and the builder sets it; the step does not grow a
+branch on a name. This module is a leaf of the trainer: the loop's modules import it, it imports
+none of them.
 """
 
 from __future__ import annotations
 
-import random
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
-import torch
-
-from rlvr.models.value import ValueModel
-from rlvr.protocols import PolicyModel, RolloutEngine, Task
-from rlvr.rewards.runner import RewardRunner
-from rlvr.runtime.distributed import Shard, ShardedState
-from rlvr.runtime.rows import RowPool
-from rlvr.sampling.base import GroupFilter, Sampler
+from rlvr.runtime.distributed import Shard
+from rlvr.sampling.base import GroupFilter
 from rlvr.sampling.calibration import Calibration
-from rlvr.sampling.replay import ReplayBuffer
-from rlvr.trainer.expert import Canvas, ExpertSource
-from rlvr.trainer.inpaint import InpaintPlan
-from rlvr.trainer.step import LossSpec
+
+
+class ProximalSource(enum.Enum):
+    """Where the old (proximal) policy's log-probs of a batch come from."""
+
+    NONE = "none"
+    """On-policy: the update's own detached log-probs stand in (ratio 1)."""
+    PASS = "pass"
+    """A no-grad forward over the batch before the update."""
+    FUSED = "fused"
+    """The update's own forward keeps them (`trainer.proximal`, one optimizer step per batch)."""
 
 
 @dataclass(frozen=True)
@@ -33,12 +36,72 @@ class Proximal:
     """Where the old (proximal) policy's log-probs of one kind of batch come from, and the
     behaviour weights pi_old / pi_behav its tokens get."""
 
-    source: str
-    """`none`: on-policy, the update's own detached log-probs stand in (ratio 1); `pass`: a no-grad
-    forward over the batch before the update; `fused`: the update's own forward keeps them
-    (`trainer.proximal`, one optimizer step per batch)."""
+    source: ProximalSource
     weights: Callable | None
     """(old_logp, rollout_logp, mask) -> (weights, metrics); None = unweighted."""
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """The resolved loss: registry functions with their hyperparameters already bound (the
+    builder binds them from the config once), called by the update step with data only, and what
+    their declarations ask of the update's forward and of the batch, resolved with them."""
+
+    objective: Callable  # (logp, old_logp, advantages, mask) -> (loss (B, T), metrics)
+    aggregation: Callable  # (loss_tok, mask, *, num_tokens, num_seqs) -> scalar
+    kl_estimator: Callable | None  # (logp, ref_logp, *, old_logp) -> (B, T); None = no KL term in the loss
+    entropy_coef: float
+    # (logp, old_logp, expert_logp, advantages, mask) -> (loss, metrics) on expert rows; None = no expert
+    # rows, or `expert.objective=main` (the objective trains them too)
+    expert: Callable | None = None
+    # (old_logp, rollout_logp, mask) -> (weights, metrics) applied to this forward's detached log-probs: the
+    # proximal policy of a step with one update (`rlvr.trainer.proximal`); None = the weights come with the batch
+    proximal_weights: Callable | None = None
+    stats: tuple[str, ...] = ()  # what the update's forward gives beside log-probs (`logit_stats.LOSS_STATS`)
+    fields: tuple[str, ...] = ()  # the objective's data keywords, in order (`logit_stats.loss_outputs`)
+    aggregation_fields: tuple[str, ...] = ()  # `TrainBatch` fields the aggregation reads by name (CJ-GRPO's trace)
+
+
+@dataclass(frozen=True)
+class AdvantageSpec:
+    """The advantage estimator named by `algo.advantage` and, for `gae`, the critic's targets,
+    both with their hyperparameters bound: `estimate(inputs) -> (advantages, metrics)`,
+    `returns(inputs) -> (B, T)`; and which optional `AdvantageInputs` it declared it reads."""
+
+    estimate: Callable
+    returns: Callable | None = None
+    needs: frozenset[str] = frozenset()  # optional AdvantageInputs fields it declares (`_registry.needs`)
+    behaviour: tuple[str, ...] = ()  # of them, those the old-policy pass computes (`_registry.BEHAVIOUR_NEEDS`)
+    components: bool = False  # it reads each reward function's own score and weight (GDPO)
+    trace: bool = False  # it reads the diffusion sampler's commit steps (LightningRL)
+
+
+@dataclass(frozen=True)
+class Passes:
+    """What the no-grad passes compute beside log-probs, from what the advantage estimator and the
+    objective declared (`rlvr.algos._registry.needs`)."""
+
+    old_stats: tuple[str, ...] = ()  # logit statistics the old-policy pass adds for the advantage (Σπ²)
+    old_draws: bool = False  # the objective reads the old policy's per-draw estimates (BGPO)
+    reference_stats: tuple[str, ...] = ()  # ("logsumexp",): the objective reads the reference's (ShiQ)
+
+
+class Canvas(NamedTuple):
+    """A diffusion model's generation window: the length every completion has, and which of its
+    tokens are the completion (`rollout.window`: `eos` up to the first EOS, `full` all)."""
+
+    gen_length: int
+    window: str
+
+
+@dataclass(frozen=True)
+class InpaintPlan:
+    """IGPO's knobs, resolved from `rollout.igpo_*` (`trainer.inpaint`)."""
+
+    hint_low: float   # the injected share of the reference is η ~ U[hint_low, hint_high] per group
+    hint_high: float
+    max_replace: int  # k = ⌊λ G⌋ hinted completions per group, and at most k replaced rows
+    gen_length: int
 
 
 @dataclass(frozen=True)
@@ -55,6 +118,8 @@ class RolloutPlan:
     greedy_baseline: bool  # one greedy completion per prompt scored for the advantage (ReMax)
     inpaint: InpaintPlan | None = None  # IGPO: hinted completions for groups with no correct one; None = off
     calibration: Calibration | None = None  # the Monte-Carlo probe of the sampler's predictions; None = off
+    agent: bool = False  # multi-turn episodes of an agent task: its environments act and score (`rlvr.agents`)
+    sampler_feedback: bool = False  # the sampler's proposals read the verdicts it observed (not uniform draws)
 
 
 @dataclass(frozen=True)
@@ -86,8 +151,14 @@ class StepPlan:
     token_rewards: bool  # the objective learns from per-token rewards (it declared `token_rewards`)
     value_clip: float  # the critic's value clip (with a critic)
     critic_warmup_steps: int  # steps that train only the critic (with a critic)
-    kl_controller: Callable | None  # (coef, seq_kl, n) -> new coef: the adaptive KL; None = fixed
+    # (coef, seq_kl, n) -> new coef: the adaptive KL, moved by the per-sequence KL the step charged where it
+    # lives (the loss's, or the reward's); None = fixed
+    kl_controller: Callable | None
     expert: ExpertPlan | None
+    passes: Passes = Passes()
+    # (logp, ref_logp, *, old_logp) -> (B, T): the bound `algo.kl_estimator` when the KL lives in the reward
+    # (`algo.kl_placement=reward`), charged there times the step's coefficient; None = not
+    reward_kl: Callable | None = None
     shard: Shard = Shard()  # this learner's rank of the data-parallel ranks: the update trains its share of the rows
     # the engine loads the weights LoRA-merged under the base model's names (vLLM); False: the learner's own
     # parameters, as named in its module (the data-parallel learners' full copy takes the trained ones)
@@ -96,7 +167,7 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class LoopPlan:
-    """The schedule around the steps (`trainer.sync.run_loop`) and what a run records."""
+    """The schedule around the steps (`trainer.loop.run_loop`) and what a run records."""
 
     steps: int
     eval_every: int
@@ -106,6 +177,7 @@ class LoopPlan:
     eval_temperature: float
     trackers: tuple[str, ...]
     adapter_checkpoints: bool  # checkpoints hold a LoRA adapter: a resume loads it into the built base
+    retie: bool  # the model ties weights that a Hugging Face save drops: tie them again after loading
     push_on_resume: bool  # the engine holds its own weights, started from the initial ones: push the resumed
     facts: dict  # what the run records of its engines beside the measured ones (run.json `runtime`)
     batch_numbers: dict  # the derived batch vocabulary, printed at the start
@@ -126,59 +198,3 @@ class AsyncPlan:
     rollout_threads: int  # torch's intra-op threads in the rollout thread
     publish_merged: bool  # the rollout engine holds its own weights: publish them LoRA-merged, as it loads them
     facts: dict  # the layout as the run records it
-
-
-@dataclass(frozen=True)
-class RolloutSide:
-    """The asynchronous rollout side as the builder made it: the components it rolls out with (its
-    own engine, and the verifier it scores with), that engine, torch's threads in its thread, what
-    to close at the end, and whether the engine is the run's own, shared with evaluation."""
-
-    components: Components
-    engine: object  # a `WeightSyncEngine`: the learner's published weights are pushed into it
-    threads: int
-    closers: tuple[Callable[[], None], ...] = ()
-    shared: bool = False  # `snapshot.SharedEngine`: evaluation samples through `engine.evaluator`
-    # `trainer.rollout_lanes`: (components, engine) of each lane, the first being the two above; () = one
-    lanes: tuple = ()
-
-
-@dataclass
-class Components:
-    model: torch.nn.Module
-    tokenizer: object  # a `transformers` tokenizer (pad, eos and, for diffusion models, mask ids set)
-    policy: PolicyModel
-    reference: PolicyModel | None  # frozen initial policy, when a KL term is on or the objective reads it
-    task: Task
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    loss: LossSpec
-    advantage: object  # a bound advantage estimator: (AdvantageInputs) -> (advantages (B, T), metrics)
-    rng: random.Random
-    reward: RewardRunner
-    engine: RolloutEngine
-    plan: StepPlan
-    loop: LoopPlan
-    critic: ValueModel | None = None
-    critic_optimizer: torch.optim.Optimizer | None = None
-    sampler: Sampler | None = None  # which prompts a step rolls out, and how many completions each
-    replay: ReplayBuffer | None = None  # rollout replay: recent groups reused in later batches; None = off
-    speculative: Callable | None = None  # SPEC-RL (`engines.speculative.SpeculativeRollouts`); None = off
-    rows: RowPool | None = None  # batches split over worker threads (None = torch's own threads)
-    heap_kept: bool = False  # glibc keeps freed memory mapped (runtime/allocator.py)
-    expert: ExpertSource | None = None  # off-policy expert rows (config section `expert`); None = off
-    # agent tasks: (batch, tokenizer, prompts) -> the batch with a process reward model's dense turn rewards added
-    turn_reward: Callable | None = None
-    asynchronous: AsyncPlan | None = None  # rollouts ahead of the learner; None = the synchronous loop
-    # start version -> the rollout side, made by the builder (`components.rollout_side`)
-    rollout_side: Callable[[int], RolloutSide] | None = None
-    # data-parallel learners (`runtime.distributed`): how the sharded model and optimizer are saved and
-    # loaded, and the plain full-weight copy (the engine's) that checkpoints save; None = one process
-    shards: ShardedState | None = None
-    full_model: torch.nn.Module | None = None
-    critic_shards: ShardedState | None = None  # the sharded critic's and its optimizer's (PPO/GAE)
-
-    @property
-    def full_weights(self) -> torch.nn.Module:
-        """The model with every weight in full: the plain copy of sharded learners, else the model."""
-        return self.model if self.full_model is None else self.full_model

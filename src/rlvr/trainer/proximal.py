@@ -8,9 +8,9 @@ micro-batches' gradients accumulate before the weights move), so that forward's 
 are pi_prox, and the separate forward over the whole batch before the update is not needed: it cost
 about a third of the update (0.057 of 0.157 CPU-seconds per step at the default scale, 1 thread).
 
-Whether a run's steps can do this is the builder's decision (`components.fusable`, recorded as
-`Proximal.source == "fused"` in the step plan). The weights are computed per micro-batch inside the
-loss (`step.LossSpec.proximal_weights`; every weight is a function of its own token or row), the
+Whether a run's steps can do this is the builder's decision (`builder.plans.fusable`, recorded as
+`ProximalSource.FUSED` in the step plan). The weights are computed per micro-batch inside the
+loss (`plan.LossSpec.proximal_weights`; every weight is a function of its own token or row), the
 forward's log-probs are kept, and the gap and behaviour metrics are computed from them after the
 update: the same numbers as from a separate forward, up to float rounding between a no-grad and a
 training forward (the clip ratio is then exactly 1 in value, which it is up to that rounding

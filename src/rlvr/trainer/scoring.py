@@ -1,16 +1,45 @@
 """The verifier's verdicts on a batch of completions, as tensors: rewards, correctness and, with
-several reward functions, each one's own score."""
+several reward functions, each one's own score; and a scored batch (`Collected`)."""
 
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
+from rlvr.agents.batch import TurnTensors
+from rlvr.batch import Rollouts
+from rlvr.protocols import BatchVerifier, Task
 from rlvr.rewards.forms import COMPLETION_IDS
 from rlvr.types import Example
+
+
+@dataclass(frozen=True)
+class Collected:
+    """A scored batch: B rows, grouped contiguously by prompt (G rows each). Frozen: a step that
+    changes it (a replacement, a filter, a merge) makes a new one (`dataclasses.replace`)."""
+
+    group: list[Example]       # the example of each row
+    rollouts: Rollouts
+    texts: list[str]
+    rewards: torch.Tensor      # (B,) task reward, NaN = not scorable
+    correct: torch.Tensor      # (B,) 1.0 where the verifier says correct
+    metrics: dict[str, float]
+    baseline_rewards: torch.Tensor | None = None  # (P,) reward of each prompt's greedy completion (ReMax)
+    turns: TurnTensors | None = None  # agent tasks: the per-turn tensors
+    components: torch.Tensor | None = None  # (B, K) each reward function's score when there are several
+    component_weights: torch.Tensor | None = None  # (K,) their weights in `rewards`
+    oldest_version: int | None = None  # rollout replay: the policy version of its oldest replayed group
+    component_names: tuple[str, ...] = ()  # (K,) their names
+
+    def component_inputs(self, wanted: bool) -> dict:
+        """The `AdvantageInputs` fields of the reward components when the estimator reads them
+        (`wanted`: GDPO); none without several reward functions."""
+        if not wanted or self.components is None:
+            return {}
+        return {"reward_components": self.components, "reward_weights": self.component_weights}
 
 
 class Scored(NamedTuple):
@@ -22,30 +51,18 @@ class Scored(NamedTuple):
     names: tuple[str, ...] = ()  # (K,) their names (`reward/<name>/...`)
 
 
-def scored(reward, task, group: list[Example], texts: list[str], token_ids: list[list[int]] | None = None) -> Scored:
+def scored(reward: BatchVerifier, task: Task, group: list[Example], texts: list[str],
+           token_ids: list[list[int]] | None = None) -> Scored:
     """The verifier's scores of `texts`, with the per-function components when it has several.
     `token_ids`: each completion's token ids, handed to TRL-form reward functions (`completion_ids`)."""
     examples = [dataclasses.asdict(ex) for ex in group]
     if token_ids is not None:
         examples = [{**ex, COMPLETION_IDS: ids} for ex, ids in zip(examples, token_ids)]
-    # Correctness under the verifier's deadlines (`RewardRunner.correct`); asked beside the rewards when
-    # both run in worker processes, so a completion that stalls both costs one deadline, not two.
-    bounded = getattr(reward, "correct", None)
-    if getattr(reward, "derives_correct", lambda task: False)(task):  # is_correct = "the reward is 1"
-        out = reward([ex.prompt for ex in group], texts, examples)
-        correct = [float(r == 1.0) for r in out.rewards]
-    elif bounded is not None and getattr(reward, "correct_in_workers", lambda task: False)(task):
-        with ThreadPoolExecutor(1, thread_name_prefix="rlvr-correct") as side:
-            verdicts = side.submit(bounded, task, group, texts)
-            out = reward([ex.prompt for ex in group], texts, examples)
-            correct = [float(c) for c in verdicts.result()]
-    else:
-        out = reward([ex.prompt for ex in group], texts, examples)
-        correct = [float(c) for c in (bounded(task, group, texts) if bounded is not None else
-                                      (task.is_correct(text, ex) for ex, text in zip(group, texts)))]
+    out, verdicts = reward.judged(task, group, texts, examples)  # correctness under the verifier's bounds
+    correct = [float(c) for c in verdicts]
     components = weights = None
     names = ()
-    if getattr(out, "components", None):  # a RewardSum of several functions
+    if out.components:  # a RewardSum of several functions
         names = tuple(out.components)
         components = torch.tensor([out.components[n] for n in names], dtype=torch.float32).T
         weights = torch.tensor([out.weights.get(n, 1.0) for n in names], dtype=torch.float32)
@@ -53,12 +70,7 @@ def scored(reward, task, group: list[Example], texts: list[str], token_ids: list
                   weights, names)
 
 
-def score(reward, task, group: list[Example], texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def score(reward: BatchVerifier, task: Task, group: list[Example],
+          texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(rewards (B,), correct (B,), reward metrics). Unscorable or failed samples are NaN."""
     return scored(reward, task, group, texts)[:3]
-
-
-def reads_step(reward) -> bool:
-    """Whether the verifier's scores depend on the step it was told last (`on_step_begin`: TRL-form
-    functions' `trainer_state`), so a batch scored ahead must be scored with its own step set."""
-    return getattr(reward, "reads_step", hasattr(reward, "on_step_begin"))

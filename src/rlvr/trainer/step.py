@@ -7,45 +7,30 @@ the whole optimizer step, computed before the first micro-batch, so gradients do
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
-from rlvr.algos._registry import needs_of
 from rlvr.algos.aggregate import global_counts
 from rlvr.batch import TrainBatch
-from rlvr.runtime.distributed import ONE_PROCESS, Shard, scalar
+from rlvr.protocols import PolicyModel
+from rlvr.runtime.distributed import ONE_PROCESS, Shard
+from rlvr.runtime.fsdp import scalar
+from rlvr.runtime.rows import RowPool
 from rlvr.trainer.expert import split_loss
 from rlvr.trainer.logit_stats import loss_outputs
+from rlvr.trainer.plan import LossSpec
+
+__all__ = ["LossSpec", "micro_batch_loss", "optimizer_step"]
 
 
-@dataclass(frozen=True)
-class LossSpec:
-    """The resolved loss: registry functions with their hyperparameters already bound (the
-    builder binds them from the config once), called here with data only."""
-
-    objective: Callable  # (logp, old_logp, advantages, mask) -> (loss (B, T), metrics)
-    aggregation: Callable  # (loss_tok, mask, *, num_tokens, num_seqs) -> scalar
-    kl_estimator: Callable | None  # (logp, ref_logp, *, old_logp) -> (B, T); None = no KL term in the loss
-    kl_coef: float
-    entropy_coef: float
-    correction: Callable | None = None  # (old_logp, rollout_logp, mask) -> (weights, metrics); None = off
-    reward_kl: Callable | None = None  # the bound `algo.kl_estimator` when the KL lives in the reward; None = not
-    # (logp, old_logp, expert_logp, advantages, mask) -> (loss, metrics) on expert rows; None = no expert
-    # rows, or `expert.objective=main` (the objective trains them too)
-    expert: Callable | None = None
-    # (old_logp, rollout_logp, mask) -> (weights, metrics) applied to this forward's detached log-probs: the
-    # proximal policy of a step with one update (`rlvr.trainer.proximal`); None = the weights come with the batch
-    proximal_weights: Callable | None = None
-
-
-def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: float, num_seqs: float,
-                     keep: list | None = None):
-    """This micro-batch's share of the step loss, and its per-token metric sums (masked); `keep`
-    (a list) gets the forward's detached log-probs appended."""
+def micro_batch_loss(policy: PolicyModel, mb: TrainBatch, spec: LossSpec, *, num_tokens: float, num_seqs: float,
+                     kl_coef: float = 0.0, keep: list | None = None):
+    """This micro-batch's share of the step loss, and its per-token metric sums (masked); `kl_coef`
+    weighs the KL term of `spec.kl_estimator`; `keep` (a list) gets the forward's detached log-probs
+    appended."""
     # An objective that declared more than log-probs (ShiQ's logsumexp) gets it from this same forward.
-    logp, entropy, data = loss_outputs(policy, mb, spec.objective)
+    logp, entropy, data = loss_outputs(policy, mb, spec)
     mb = mb.to(logp.device)  # the loss runs where the model does
     if keep is not None:
         keep.append(logp.detach())
@@ -55,9 +40,9 @@ def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: floa
         loss_tok, tok_metrics = spec.objective(logp, old, mb.advantages, mask, **data)
     else:  # off-policy expert rows in the batch: each side gets its own objective
         loss_tok, tok_metrics = split_loss(spec.objective, spec.expert, logp, old, mb, mask, data)
-    if spec.kl_estimator is not None and spec.kl_coef > 0:
+    if spec.kl_estimator is not None and kl_coef > 0:
         kl_tok = spec.kl_estimator(logp, mb.ref_logp, old_logp=old)
-        loss_tok = loss_tok + spec.kl_coef * kl_tok
+        loss_tok = loss_tok + kl_coef * kl_tok
         tok_metrics = {**tok_metrics, "kl": kl_tok.detach()}
     if spec.entropy_coef:
         loss_tok = loss_tok - spec.entropy_coef * entropy
@@ -68,7 +53,7 @@ def micro_batch_loss(policy, mb: TrainBatch, spec: LossSpec, *, num_tokens: floa
     if mb.sample_weight is not None:
         loss_tok = loss_tok * mb.sample_weight.to(loss_tok.device)[:, None]
     # an aggregation that declared batch fields gets them by name (CJ-GRPO's per-step mean: the trace)
-    declared = {name: getattr(mb, name) for name in needs_of(spec.aggregation)}
+    declared = {name: getattr(mb, name) for name in spec.aggregation_fields}
     loss = spec.aggregation(loss_tok, mask, num_tokens=num_tokens, num_seqs=num_seqs, **declared)
     sums = {name: float((value.detach() * mask).sum()) for name, value in tok_metrics.items()}
     sums.update(_drift_sums(logp, old, mask, sums))
@@ -92,10 +77,12 @@ def _drift_sums(logp, old, mask, sums: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def optimizer_step(policy, optimizer, scheduler, batch: TrainBatch, spec: LossSpec, *,
-                   micro_batch_size: int, grad_clip: float, rows=None, keep: list | None = None,
-                   shard: Shard = ONE_PROCESS) -> dict[str, float]:
-    """One optimizer step over `batch`, accumulated over micro-batches. Returns metrics.
+def optimizer_step(policy: PolicyModel, optimizer: torch.optim.Optimizer,
+                   scheduler: torch.optim.lr_scheduler.LRScheduler, batch: TrainBatch, spec: LossSpec, *,
+                   micro_batch_size: int, grad_clip: float, kl_coef: float = 0.0, rows: RowPool | None = None,
+                   keep: list | None = None, shard: Shard = ONE_PROCESS) -> dict[str, float]:
+    """One optimizer step over `batch`, accumulated over micro-batches, the KL term weighed by
+    `kl_coef`. Returns metrics.
 
     `rows` (a `runtime.rows.RowPool`, optional) splits each micro-batch over worker threads. `keep`
     (a list) gets the detached log-probs of the step's forwards, in `batch`'s row order. `shard`:
@@ -112,7 +99,7 @@ def optimizer_step(policy, optimizer, scheduler, batch: TrainBatch, spec: LossSp
     totals: dict[str, float] = {}
     loss_value = 0.0
     for mb in chunks:
-        for loss, sums in _backward(policy, mb, spec, counts, rows, keep, shard.size):
+        for loss, sums in _backward(policy, mb, spec, {**counts, "kl_coef": kl_coef}, rows, keep, shard.size):
             loss_value += loss
             for key, value in sums.items():
                 totals[key] = totals.get(key, 0.0) + value
@@ -136,7 +123,7 @@ def _no_tokens(batch: TrainBatch) -> TrainBatch:
     return replace(row, completion_mask=torch.zeros_like(row.completion_mask))
 
 
-def _backward(policy, mb: TrainBatch, spec: LossSpec, counts: dict, rows,
+def _backward(policy: PolicyModel, mb: TrainBatch, spec: LossSpec, counts: dict, rows: RowPool | None,
               keep: list | None, ranks: int = 1) -> list[tuple[float, dict]]:
     """Accumulate `mb`'s gradient into `.grad`; its (loss, metric sums), one per piece of rows.
 

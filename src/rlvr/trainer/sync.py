@@ -13,29 +13,35 @@ from typing import NamedTuple
 
 import torch
 
-from rlvr.algos._advantage_core import rollout_inputs
 from rlvr.algos.advantages import AdvantageInputs
 from rlvr.batch import TrainBatch
 from rlvr.models.lora import merged_weights
+from rlvr.protocols import WeightSyncEngine
 from rlvr.runtime.memory import PEAKS
 from rlvr.tracking.run_dir import now
 from rlvr.trainer.collect import Produced, produce, sample_seeds
 from rlvr.trainer.critic import critic_step, critic_values
 from rlvr.trainer.expert import add_expert_rows
 from rlvr.trainer.logit_stats import no_grad_outputs, old_pass, reference_pass, reward_tokens
-from rlvr.trainer.plan import Components
+from rlvr.trainer.parts import Components, LearnerParts
+from rlvr.trainer.plan import ProximalSource, StepPlan
 from rlvr.trainer.proximal import gap_metrics, placed
+from rlvr.trainer.scoring import Collected
 from rlvr.trainer.step import optimizer_step
 
 
-def _shaped_rewards(c: Components, rewards: torch.Tensor, batch: TrainBatch, lengths: torch.Tensor):
-    """Task reward + DAPO overlong penalty - β·KL (when KL lives in the reward)."""
+def _shaped_rewards(c: Components, rewards: torch.Tensor, batch: TrainBatch,
+                    lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(task reward + DAPO overlong penalty - β·KL, the (B,) per-sequence KL charged in the reward
+    or None when the KL does not live there)."""
     shaped = rewards.clone()
     if c.plan.shaping is not None:
         shaped = shaped + c.plan.shaping(lengths)
-    if c.reference is not None and c.loss.reward_kl is not None:
-        shaped = shaped - c.loss.kl_coef * reward_kl(c.loss.reward_kl, batch)
-    return shaped
+    charged = None
+    if c.learner.reference is not None and c.plan.reward_kl is not None:
+        charged = reward_kl(c.plan.reward_kl, batch)
+        shaped = shaped - c.state.kl_coef * charged
+    return shaped, charged
 
 
 def reward_kl(estimator, batch: TrainBatch) -> torch.Tensor:
@@ -69,12 +75,13 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     peaks = {}
     plan.shard.mark(step, "rollout")  # where this rank is, for naming a hung one (data-parallel learners)
     if produced is None:
-        produced = produce(c, step)
+        produced = produce(c.rollout, step)
         peaks["rollout"] = PEAKS.end()
     got = produced.got
     rollouts, rewards = got.rollouts, got.rewards
     timings, t0 = {"rollout": produced.rollout_s}, now()
-    forwards_before = c.policy.forwards
+    learner = c.learner
+    forwards_before = learner.policy.forwards
     proximal = plan.stale if produced.staleness > 0 else plan.fresh
     plan.shard.mark(step, "logprob")
 
@@ -83,32 +90,37 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
         mask = mask * (~rollouts.truncated)[:, None].float()
     batch = TrainBatch(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, mask,
                        advantages=torch.zeros_like(mask), rollout_logp=rollouts.logprobs, trace=rollouts.trace)
-    for policy in (c.policy, c.reference):  # common random numbers: one step seed, shared
+    for policy in (learner.policy, learner.reference):  # common random numbers: one step seed, shared
         if policy is not None:
             policy.begin_step(int(sample_seeds(plan.rollout.seed, step, 1)[0]))
-    kept = [] if proximal.source == "fused" else None  # pi_prox from the update's own forward (proximal.py)
+    kept = [] if proximal.source is ProximalSource.FUSED else None  # pi_prox from the update's own forward
     # The old-policy pass, with what the advantage estimator declared (the optimal token baseline's Σπ²).
-    batch.old_logp, behaviour_inputs = old_pass(c.policy, batch, c.advantage.estimate, micro, c.rows,
-                                                needed=proximal.source == "pass", objective=c.loss.objective,
+    batch.old_logp, behaviour_inputs = old_pass(learner.policy, batch, learner.advantage, plan.passes, micro,
+                                                learner.rows, needed=proximal.source is ProximalSource.PASS,
                                                 shard=plan.shard)
     if batch.old_logp is not None and proximal.weights is not None:
         batch.loss_weights = proximal.weights(batch.old_logp, rollouts.logprobs, mask)[0]
-    if c.reference is not None:  # its log-probs, and its logsumexp when the objective declared it (ShiQ)
-        reference_pass(c.reference, batch, c.loss.objective, micro, c.rows, plan.shard)
-    old_values = critic_values(c.critic, batch, micro, plan.shard) if c.critic is not None else None
-    shaped = _shaped_rewards(c, rewards, batch, rollouts.lengths)
+    if learner.reference is not None:  # its log-probs, and its logsumexp when the objective declared it (ShiQ)
+        reference_pass(learner.reference, batch, plan.passes, micro, learner.rows, plan.shard)
+    critic = learner.critic
+    old_values = critic_values(critic.model, batch, micro, plan.shard) if critic is not None else None
+    shaped, charged_kl = _shaped_rewards(c, rewards, batch, rollouts.lengths)
     if plan.token_rewards:  # an objective that learns from rewards, not advantages
         batch.token_rewards = reward_tokens(shaped, mask)
+    advantage = learner.advantage
     inputs = AdvantageInputs(rewards=shaped, group_size=group_size, response_mask=mask, values=old_values,
                              baseline_rewards=got.baseline_rewards, **_turn_inputs(got.turns), **behaviour_inputs,
-                             **got.component_inputs(c.advantage.needs),
-                             **rollout_inputs(c.advantage.needs, rollouts.trace))
-    batch.advantages, adv_metrics = c.advantage.estimate(inputs)
-    returns = c.advantage.returns(inputs) if c.critic is not None else None
+                             **got.component_inputs(advantage.components),
+                             **({"trace": rollouts.trace} if advantage.trace else {}))
+    batch.advantages, adv_metrics = advantage.estimate(inputs)
+    returns = advantage.returns(inputs) if critic is not None else None
     expert_metrics = {}
-    if c.expert is not None:  # off-policy expert rows after the groups (trainer/expert.py)
-        batch, expert_metrics = add_expert_rows(c, batch, rewards, step, lambda policy, part, stats: no_grad_outputs(
-            policy, part, micro, c.rows, stats, plan.shard))
+    if learner.expert is not None:  # off-policy expert rows after the groups (trainer/expert.py)
+        r = c.rollout
+        batch, expert_metrics = add_expert_rows(
+            learner.expert, plan.expert, batch, rewards, step, tokenizer=r.tokenizer, task=r.task, reward=r.reward,
+            policies={"old": learner.policy, "ref": learner.reference}, group_size=group_size,
+            logprobs=lambda policy, part, stats: no_grad_outputs(policy, part, micro, learner.rows, stats, plan.shard))
     timings["logprob"], t0 = now() - t0, now()
     peaks["logprob"] = PEAKS.end()
 
@@ -123,8 +135,8 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     gap, behaviour = gap_metrics(old_logp, rollouts.logprobs, mask, proximal.weights)
     if plan.push_weights:
         plan.shard.mark(step, "weight_sync")
-        timings["weight_sync"] = push_weights(c)
-    forwards = c.policy.forwards - forwards_before
+        timings["weight_sync"] = push_weights(learner, plan, c.rollout.engine)
+    forwards = learner.policy.forwards - forwards_before
 
     metrics = _step_metrics(rewards, got.correct, rollouts, group_size, timings, batch)
     metrics.update(got.metrics)
@@ -144,7 +156,7 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     metrics.update(expert_metrics)
     for key in sorted({k for m in updates.metrics for k in m}):
         metrics[key] = sum(m.get(key, 0.0) for m in updates.metrics) / len(updates.metrics)
-    _adapt_kl(c, metrics, len(batch))
+    _adapt_kl(c, metrics, len(batch), charged_kl)
     return metrics, _samples(step, got, rewards, plan.samples_per_step)
 
 
@@ -158,29 +170,31 @@ def _update(c: Components, step: int, batch: TrainBatch, old_values, returns, se
     """Every minibatch update of the step (`ppo_epochs` passes over `minibatches` of whole groups):
     the critic's, then the policy's once the critic's warm-up is over. `fused`: (a list that keeps
     the forward's log-probs, the weights applied to them) when the update's own forward gives pi_prox."""
-    plan = c.plan
+    plan, learner = c.plan, c.learner
     group_size = plan.rollout.group_size
     updates: list[dict] = []
     generator = torch.Generator().manual_seed(seed)
-    train_policy = c.critic is None or step > plan.critic_warmup_steps
-    spec = c.loss if fused is None else dataclasses.replace(c.loss, proximal_weights=fused[1])
+    critic = learner.critic
+    train_policy = critic is None or step > plan.critic_warmup_steps
+    spec = learner.loss if fused is None else dataclasses.replace(learner.loss, proximal_weights=fused[1])
     for _ in range(plan.ppo_epochs):
         for rows in _minibatches(rollout_rows // group_size, plan.minibatches, group_size, generator,
                                  extra=len(batch) - rollout_rows):
             m = {}
-            if c.critic is not None:
-                m.update(critic_step(c.critic, c.critic_optimizer, batch.select(rows), old_values[rows], returns[rows],
-                                     value_clip=plan.value_clip, micro_batch_size=plan.micro_batch_size,
+            if critic is not None:
+                m.update(critic_step(critic.model, critic.optimizer, batch.select(rows), old_values[rows],
+                                     returns[rows], value_clip=plan.value_clip, micro_batch_size=plan.micro_batch_size,
                                      grad_clip=plan.grad_clip, shard=plan.shard))
             if train_policy:
-                m.update(optimizer_step(c.policy, c.optimizer, c.scheduler, batch.select(rows), spec,
+                m.update(optimizer_step(learner.policy, learner.optimizer, learner.scheduler, batch.select(rows), spec,
                                         micro_batch_size=plan.micro_batch_size, grad_clip=plan.grad_clip,
-                                        rows=c.rows, keep=None if fused is None else fused[0], shard=plan.shard))
+                                        kl_coef=c.state.kl_coef, rows=learner.rows,
+                                        keep=None if fused is None else fused[0], shard=plan.shard))
             updates.append(m)
     return Updates(updates, rows)
 
 
-def _samples(step: int, got, rewards: torch.Tensor, count: int) -> list[dict]:
+def _samples(step: int, got: Collected, rewards: torch.Tensor, count: int) -> list[dict]:
     """A few of the step's rollouts, evenly spaced, with each reward function's own score when there
     are several (`rewards`). An unscorable or failed sample's reward is NaN here; JSON has no NaN,
     so samples.jsonl says null."""
@@ -198,13 +212,13 @@ def _samples(step: int, got, rewards: torch.Tensor, count: int) -> list[dict]:
     return records[:count]
 
 
-def push_weights(c: Components) -> float:
+def push_weights(learner: LearnerParts, plan: StepPlan, engine: WeightSyncEngine) -> float:
     """Send the trainer's weights (LoRA: merged) to an engine that holds its own copy, tagged with
     the optimizer-step count; returns the seconds it took. Rollouts come only at the start of a step,
     so one push after a step's last optimizer step serves every rollout that follows it."""
     t0 = now()
-    weights = merged_weights(c.model) if c.plan.push_merged else list(c.model.named_parameters())
-    c.engine.push_weights(weights, version=c.scheduler.last_epoch)
+    weights = merged_weights(learner.model) if plan.push_merged else list(learner.model.named_parameters())
+    engine.push_weights(weights, version=learner.scheduler.last_epoch)
     return now() - t0
 
 
@@ -216,14 +230,26 @@ def _turn_inputs(turns) -> dict:
             "turn_valid": turns.valid}
 
 
-def _adapt_kl(c: Components, metrics: dict, n: int) -> None:
-    """Adaptive KL controller (PPO-style): move β toward the target per-sequence KL."""
-    if c.reference is not None:
-        metrics["kl/coef"] = c.loss.kl_coef
-    if c.plan.kl_controller is None or "actor/kl" not in metrics:
+def charged_seq_kl(metrics: dict, charged: torch.Tensor | None) -> float | None:
+    """The batch mean of the per-sequence KL the step charged: in the reward, the mean of the rows'
+    charged sums (`charged`, (B,)); in the loss, the update's mean per-token KL times the mean
+    completion length; None when the step charged none."""
+    if charged is not None:
+        return float(charged.mean())
+    if "actor/kl" in metrics:
+        return metrics["actor/kl"] * metrics["response/length_mean"]
+    return None
+
+
+def _adapt_kl(c: Components, metrics: dict, n: int, charged: torch.Tensor | None) -> None:
+    """Adaptive KL controller (PPO-style): move β toward the target per-sequence KL, from the KL
+    the step charged wherever it lives (the loss or the reward)."""
+    if c.learner.reference is not None:
+        metrics["kl/coef"] = c.state.kl_coef
+    seq_kl = charged_seq_kl(metrics, charged)
+    if c.plan.kl_controller is None or seq_kl is None:
         return
-    seq_kl = metrics["actor/kl"] * metrics["response/length_mean"]
-    c.loss = dataclasses.replace(c.loss, kl_coef=c.plan.kl_controller(c.loss.kl_coef, seq_kl, n))
+    c.state.kl_coef = c.plan.kl_controller(c.state.kl_coef, seq_kl, n)
 
 
 def _step_metrics(rewards, correct, rollouts, group_size, timings, batch) -> dict[str, float]:
@@ -257,18 +283,17 @@ class SyncSteps:
 
     def __init__(self, c: Components):
         self.c = c
-        self.engine = c.engine  # what evaluation samples with
-        self._begin = getattr(c.reward, "on_step_begin", lambda step, steps: None)  # TRL's `trainer_state`
+        self.engine = c.rollout.engine  # what evaluation samples with
 
     def step(self, step: int) -> tuple[dict[str, float], list[dict]]:
-        self._begin(step, self.c.loop.steps)  # the schedule that scores a step says which it is
+        self.c.rollout.reward.on_step_begin(step, self.c.loop.steps)  # TRL's `trainer_state`: which step scores
         return rl_step(self.c, step)
 
     def rollout_state(self) -> dict:
         """The prompt RNG and the sampler as of the last trained step: what its checkpoint records."""
-        c = self.c
-        return {"task_rng": c.rng.getstate(), "sampler": c.sampler.state_dict(),
-                "replay": c.replay.state_dict() if c.replay is not None else None}
+        r = self.c.rollout
+        return {"task_rng": r.rng.getstate(), "sampler": r.sampler.state_dict(),
+                "replay": r.replay.state_dict() if r.replay is not None else None}
 
     def close(self) -> None:
         pass
