@@ -21,7 +21,7 @@ import torch
 from cli_lines import cli, one_line
 
 from rlvr.cli import main
-from rlvr.runtime.distributed import load_sharded_optimizer
+from rlvr.runtime.fsdp import load_sharded_optimizer
 from rlvr.runtime.safe_load import UntrustedPickle
 from rlvr.trainer.checkpoint import CHECKSUM_FILE, STATE_FILE, _digests, load_state
 
