@@ -10,9 +10,8 @@ import textwrap
 
 import pytest
 
-from rlvr.rewards import uids
-from rlvr.rewards.sandbox import Sandbox
-from rlvr.rewards.uids import allocate_uids, release_uids
+from rlvr.rewards.sandbox import Sandbox, uids
+from rlvr.rewards.sandbox.uids import allocate_uids, release_uids
 
 HOLDER = textwrap.dedent("""
     import sys
