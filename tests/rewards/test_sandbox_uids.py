@@ -15,7 +15,8 @@ from rlvr.rewards.sandbox.uids import allocate_uids, release_uids
 
 HOLDER = textwrap.dedent("""
     import sys
-    from rlvr.rewards import sandbox, uids
+    from rlvr.rewards import sandbox
+    from rlvr.rewards.sandbox import uids
     if sys.argv[1] == "sandbox":
         sb = sandbox.Sandbox(workers=3, isolation="none", base_uid=63000)
         start = sb.uid_range.start

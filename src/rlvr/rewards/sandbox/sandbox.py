@@ -17,7 +17,11 @@ import warnings
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
-from rlvr.rewards.sandbox import cgroup, devices, launch, netns, seccomp
+import rlvr.rewards.sandbox.cgroup as cgroup
+import rlvr.rewards.sandbox.devices as devices
+import rlvr.rewards.sandbox.launch as launch
+import rlvr.rewards.sandbox.netns as netns
+import rlvr.rewards.sandbox.seccomp as seccomp
 from rlvr.rewards.sandbox.procs import become_subreaper, is_subreaper, reap, sweep_uid
 from rlvr.rewards.sandbox.results import Limits, RunResult, Verdict, classify
 
