@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from rlvr.rewards import sandbox as sbx
+import rlvr.rewards.sandbox.sandbox as sbx
 from rlvr.rewards.sandbox import Limits, Sandbox, Verdict
 
 FAST = Limits(wall_s=2.0, memory_mb=256)

@@ -10,13 +10,13 @@ import textwrap
 
 import pytest
 
-from rlvr.rewards import uids
-from rlvr.rewards.sandbox import Sandbox
-from rlvr.rewards.uids import allocate_uids, release_uids
+from rlvr.rewards.sandbox import Sandbox, uids
+from rlvr.rewards.sandbox.uids import allocate_uids, release_uids
 
 HOLDER = textwrap.dedent("""
     import sys
-    from rlvr.rewards import sandbox, uids
+    from rlvr.rewards import sandbox
+    from rlvr.rewards.sandbox import uids
     if sys.argv[1] == "sandbox":
         sb = sandbox.Sandbox(workers=3, isolation="none", base_uid=63000)
         start = sb.uid_range.start

@@ -235,7 +235,7 @@ def test_a_failed_atomic_write_names_the_target_and_leaves_no_temp(tmp_path, mon
 
 
 def test_the_sandbox_uid_registry_refuses_a_shared_folder_and_never_writes_through_its_links(user, tmp_path):
-    from rlvr.rewards.uids import allocate_uids, release_uids
+    from rlvr.rewards.sandbox.uids import allocate_uids, release_uids
 
     shared = tmp_path / "shared"
     shared.mkdir()
