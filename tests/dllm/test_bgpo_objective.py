@@ -9,7 +9,8 @@ from test_memory import _Meter
 
 from rlvr.algos.dllm_objectives import bgpo_objective, bgpo_surrogate
 from rlvr.batch import TrainBatch
-from rlvr.builder.build import build_loss, build_policy
+from rlvr.builder.build import build_advantage, build_loss, build_policy
+from rlvr.builder.plans import passes
 from rlvr.config import load_config
 from rlvr.errors import ConfigError
 from rlvr.models.diffusion_lm import DiffusionConfig, tiny_diffusion_lm
@@ -66,7 +67,8 @@ def test_the_recipe_trains_with_bgpo_objective_off_policy_too():
     adv = torch.tensor([1.0, -0.5, 2.0, -1.5])
     batch = _batch(SEQS, adv)
     # the old-policy pass the loop runs before a multi-update step also keeps the per-draw estimates
-    batch.old_logp, _ = old_pass(policy, batch, lambda x: x, 4, None, needed=True, objective=spec.objective)
+    advantage = build_advantage(config)
+    batch.old_logp, _ = old_pass(policy, batch, advantage, passes(spec, advantage), 4, None, needed=True)
     old_draws = batch.old_draws.clone()
     assert old_draws.shape == (4, 3)
     _perturb(model)  # the second update: the policy has moved, d_j != 0

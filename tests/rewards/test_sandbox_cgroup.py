@@ -14,7 +14,7 @@ import pytest
 from _page_cache import clean_files_under_usr, evict
 from _threads import in_thread
 
-from rlvr.rewards import sandbox as sbx
+import rlvr.rewards.sandbox.sandbox as sbx
 from rlvr.rewards.sandbox import Limits, Sandbox, Verdict, cgroup
 from rlvr.rewards.sandbox.results import classify
 

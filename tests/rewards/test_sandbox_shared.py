@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from _threads import in_thread
 
-from rlvr.rewards import sandbox as sbx
+import rlvr.rewards.sandbox.sandbox as sbx
 from rlvr.rewards.sandbox import Limits, Sandbox, Verdict, devices, netns
 
 ROOT = os.geteuid() == 0
