@@ -6,7 +6,7 @@ import pathlib
 import pytest
 
 from rlvr import config as cfg
-from rlvr.builder import build
+from rlvr.builder import build, plans
 from rlvr.config import binding, load_config, load_with_sources
 from rlvr.config.binding import DATA, ENTRY_DEFAULT, explain
 from rlvr.config.load import _build
@@ -120,13 +120,14 @@ def test_the_explanation_shows_what_the_builder_binds(recipe, overrides):
     assert _bound(rows, "algo.advantage", a.advantage) == adv.estimate.keywords
     if adv.returns is not None:
         assert _bound(rows, "algo.advantage", "gae_returns") == adv.returns.keywords
-    kl = loss.kl_estimator or loss.reward_kl
+    kl = loss.kl_estimator or plans.reward_kl(config)
     assert any(r.key == "algo.kl_estimator" for r in rows) == (kl is not None)
     if kl is not None:
         assert _bound(rows, "algo.kl_estimator", a.kl_estimator) == kl.keywords
-    if loss.correction is not None:
-        assert _bound(rows, "algo.rollout_correction", "importance_correction") == loss.correction.keywords
-    assert any(r.key == "algo.rollout_correction" for r in rows) == (loss.correction is not None)
+    correction = plans.correction(config)
+    if correction is not None:
+        assert _bound(rows, "algo.rollout_correction", "importance_correction") == correction.keywords
+    assert any(r.key == "algo.rollout_correction" for r in rows) == (correction is not None)
     if loss.expert is not None:
         assert _bound(rows, "expert.objective", config.expert.objective) == loss.expert.keywords
     if config.model.kind == "diffusion":

@@ -12,7 +12,7 @@ import yaml
 
 from rlvr import config as cfg
 from rlvr.algos import objectives
-from rlvr.builder import build
+from rlvr.builder import build, plans
 from rlvr.cli import main
 from rlvr.config import binding, load_config
 from rlvr.config.load import _build
@@ -108,7 +108,8 @@ def test_resolving_first_binds_the_same_values_as_binding_the_nulls(recipe):
 
     def calls(c):
         loss, adv = build.build_loss(c), build.build_advantage(c)
-        parts = [loss.objective, loss.aggregation, loss.kl_estimator, loss.correction, adv.estimate, adv.returns]
+        parts = [loss.objective, loss.aggregation, loss.kl_estimator, plans.reward_kl(c), plans.correction(c),
+                 adv.estimate, adv.returns]
         if c.model.kind == "diffusion":
             parts.append(binding.bind_named(c, "estimator.name"))
         return [(p.func, {**cfg.keywords(p.func), **p.keywords}) if p else None for p in parts]
