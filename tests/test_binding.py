@@ -120,10 +120,11 @@ def test_the_explanation_shows_what_the_builder_binds(recipe, overrides):
     assert _bound(rows, "algo.advantage", a.advantage) == adv.estimate.keywords
     if adv.returns is not None:
         assert _bound(rows, "algo.advantage", "gae_returns") == adv.returns.keywords
-    kl, correction = loss.kl_estimator or plans.reward_kl(config), plans.correction(config)
+    kl = loss.kl_estimator or plans.reward_kl(config)
     assert any(r.key == "algo.kl_estimator" for r in rows) == (kl is not None)
     if kl is not None:
         assert _bound(rows, "algo.kl_estimator", a.kl_estimator) == kl.keywords
+    correction = plans.correction(config)
     if correction is not None:
         assert _bound(rows, "algo.rollout_correction", "importance_correction") == correction.keywords
     assert any(r.key == "algo.rollout_correction" for r in rows) == (correction is not None)
