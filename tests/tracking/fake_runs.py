@@ -37,3 +37,11 @@ def make_run(root: Path, name: str, *, seed: int, overrides: tuple[str, ...] = (
                                               "git_dirty": False, "started": "2026-01-01T00:00:00+00:00",
                                               "status": status, "final": lines[-1]}))
     return run
+
+
+def tiny_run_args(steps: int) -> list[str]:
+    """`rlvr train` arguments for a real run of a 1-layer model in seconds, a checkpoint every step."""
+    return ["model.path=", "model.hidden_size=16", "model.num_layers=1", "model.num_heads=2",
+            "model.intermediate_size=32", "rollout.prompts_per_step=2", "rollout.group_size=2",
+            "rollout.max_new_tokens=4", "task.heldout_size=2", "trainer.threads=1", f"trainer.steps={steps}",
+            "trainer.eval_every=0", "trainer.save_every=1"]

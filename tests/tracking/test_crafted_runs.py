@@ -19,16 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 from cli_lines import cli, one_line
+from fake_runs import tiny_run_args
 
 from rlvr.cli import main
 from rlvr.runtime.fsdp import load_sharded_optimizer
 from rlvr.runtime.safe_load import UntrustedPickle
 from rlvr.trainer.checkpoint import CHECKSUM_FILE, STATE_FILE, _digests, load_state
 
-TINY = ["model.path=", "model.hidden_size=16", "model.num_layers=1", "model.num_heads=2",
-        "model.intermediate_size=32", "rollout.prompts_per_step=2", "rollout.group_size=2",
-        "rollout.max_new_tokens=4", "task.heldout_size=2", "trainer.threads=1", "trainer.steps=1",
-        "trainer.eval_every=0", "trainer.save_every=1"]
+TINY = tiny_run_args(steps=1)
 
 
 class Payload:

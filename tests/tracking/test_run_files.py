@@ -13,13 +13,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from fake_runs import tiny_run_args
 
 from rlvr.cli import main
 
-TINY = ["model.path=", "model.hidden_size=16", "model.num_layers=1", "model.num_heads=2",
-        "model.intermediate_size=32", "rollout.prompts_per_step=2", "rollout.group_size=2",
-        "rollout.max_new_tokens=4", "task.heldout_size=2", "trainer.threads=1", "trainer.steps=2",
-        "trainer.eval_every=0", "trainer.save_every=1"]
+TINY = tiny_run_args(steps=2)
 
 
 @pytest.fixture(scope="module")
