@@ -32,8 +32,8 @@ sample ever runs outside it:
 
 After the run the group is emptied (``cgroup.kill``, else SIGKILL of every member, then its CPU
 quota lifted so the dying can free their memory at once), before the tree is waited for; its peak
-memory and limit events are read, what it still has charged is reclaimed (above
-``RECLAIM_ABOVE``), and it is removed. A fresh group per sample, not a reused one: the page cache
+memory and limit events are read, what it still has charged is reclaimed (``SampleCgroup.reclaim``,
+whatever its size), and it is removed. A fresh group per sample, not a reused one: the page cache
 a sample faults in stays charged to its group after it exits, so a reused group would start the
 next sample with the last one's charges against its limit and peak; ``rmdir`` alone would hand
 them to the parent, the trainer's group.
@@ -59,13 +59,10 @@ TCP_SHARE = 4
 the memory limit, and only once it has a limit: a sample's is 1/TCP_SHARE of its memory limit
 (without one, a 256 MB sample held 1.8 GB of unread loopback TCP). cgroup v2 charges them to
 ``memory.max``."""
-RECLAIM_ABOVE = 1 << 20
-"""A sample's group still charged with more than this once its processes are gone (page cache,
-kernel memory such as the dentries of the paths it looked up) is reclaimed before its removal,
-which would otherwise hand the charge to the parent, the trainer's group. Below it the group is
-removed as it is: what a bwrap run leaves is 0.36-0.96 MB of kernel memory (121 ordinary
-samples, median 0.63), which ``memory.force_empty`` retries on for about 1 ms without freeing
-most of it, and which the parent does not keep (300 samples grew it by under 1 MB either way)."""
+WARM_AGAIN_ABOVE = 1 << 20
+"""A sample's group found charged with more than this at its removal read files in (an ordinary
+bwrap run leaves 0.36-0.96 MB of kernel memory, 121 samples, median 0.63): its reclaim may have
+dropped start-up files the sandbox warmed, so the sandbox warms them again (``Sandbox._warm``)."""
 _PERIOD_US = 100_000
 _counter = itertools.count()
 
@@ -303,20 +300,23 @@ class SampleCgroup:
             return None
 
     def reclaim(self) -> int | None:
-        """Free what the (empty) group still has charged when it is more than ``RECLAIM_ABOVE``:
-        removing it would hand the charge to the parent, the trainer's group, which would then
-        grow with every sample graded (measured: 8 MB read per sample, 96 MB after 12; 40 MB of
-        dentries a sample that looks up 200,000 missing paths). ``memory.force_empty`` on v1,
+        """Free what the (empty) group still has charged, whatever its size: removing it would hand
+        the charge to the parent, the trainer's group, which would then grow with every sample
+        graded (8 MB read per sample: 96 MB after 12; the dentries of 1,500 missing paths a
+        sample, 0.25 MB below any line: 4.5 MB after 16), and the page cache a sample read in would
+        stay cached for the next sample to find (an exact channel, ``/proc/self/pagemap``'s present
+        bit or a fault's kind telling which pages are cached). ``memory.force_empty`` on v1,
         ``memory.reclaim`` of the whole charge on v2; best effort (a refusal leaves the charge to
-        the parent). The charge found, None when unreadable (then reclaimed anyway)."""
+        the parent). Costs about 0.6 ms a sample (the kernel retries on kernel memory it cannot
+        free yet). The charge found, None when unreadable (then reclaimed anyway)."""
         charged = self.charged_bytes()
-        if charged is not None and charged <= RECLAIM_ABOVE:
+        if charged == 0:
             return charged
         try:
             if self.version == 1:
                 _write(self._file("", "memory.force_empty"), "0")
-            elif charged:
-                _write(self._file("memory.reclaim", ""), str(charged))
+            else:
+                _write(self._file("memory.reclaim", ""), str(charged or 1 << 30))
         except OSError:  # EAGAIN: not all of it could be reclaimed; EBUSY: a member left
             pass
         return charged

@@ -43,7 +43,7 @@ _cgroup_lock = threading.Lock()
 _warm_times: dict[tuple[str, str], float] = {}  # (interpreter, isolation) -> when its trusted run last ran here
 _CLOSED = "sandbox: closed; make a new Sandbox"
 REWARM_S = 60.0
-"""A sample whose group still held more than ``cgroup.RECLAIM_ABOVE`` at its removal makes the
+"""A sample whose group still held more than ``cgroup.WARM_AGAIN_ABOVE`` at its removal makes the
 sandbox repeat its trusted run, at most this often: pages that run charged here may have been
 evicted since and read back by samples (a sample that reads other files repeats it needlessly,
 once a minute at most, in that sample's own call)."""
@@ -212,8 +212,8 @@ class Sandbox:
         binaries and libraries, the interpreter's start-up and ``WARM_SOURCE``'s modules, read by
         one trusted run outside any sample group, once per interpreter and isolation mode in this
         process. Otherwise the first sample to read them holds their pages, its group's reclaim
-        drops them, and every later sample reads them from disk again into a group that then
-        needs a reclaim pass (about 1 ms) before its removal. ``again`` (from ``run``, in its
+        drops them, and every later sample reads them from disk again (into a group whose reclaim
+        drops them once more). ``again`` (from ``run``, in its
         ``slot``) repeats it, at most once per ``REWARM_S``. Never in a probe, whose mode may not work."""
         key = (self.python, self.isolation)
         last = _warm_times.get(key)
@@ -272,7 +272,7 @@ class Sandbox:
         self._held.count = getattr(self._held, "count", 0) + 1
         try:
             result = self._run_in_slot(slot, source, stdin, files or {}, argv or [], limits or self.limits)
-            if (result.extra.get("memory_left_bytes") or 0) > cgroup.RECLAIM_ABOVE:
+            if (result.extra.get("memory_left_bytes") or 0) > cgroup.WARM_AGAIN_ABOVE:
                 self._warm(slot, again=True)
             return result
         finally:
