@@ -5,6 +5,7 @@ checkout's sandbox, interleaved.
                             [--hold-mb 0]
     python bench/sandbox.py --hostile     # every program of tests/rewards/test_hostile.py, alone
     python bench/sandbox.py --channel     # the page-cache timing channel left between samples
+    python bench/sandbox.py --exact       # the exact channels: page cache (pagemap, fault kind), futexes
     python bench/sandbox.py --chain       # the execs of the chain, each before python, then bwrap and all
     python bench/sandbox.py --phases      # a sample cgroup's life and the uid sweep, step by step
 
@@ -29,12 +30,17 @@ directory).
 ``--phases`` times, from a worker thread, each step the sandbox takes around a bare ``print(1)``
 born in a sample cgroup (after one run outside any group, as a new sandbox makes): making the
 group, killing its members, reading its events and peak, reclaiming what it holds (its charge
-read, then ``memory.force_empty`` on v1 above ``cgroup.RECLAIM_ABOVE``), removing it,
+read, then ``memory.force_empty`` on v1, whatever it holds), removing it,
 sweeping the slot uid (which runs only where the group cannot prove the sample gone).
 ``--channel`` measures what the seccomp filter leaves of the page-cache channel: a sample reads
 the files of a shared folder under ``/usr`` whose bit is 1 (the harness has evicted them all
 first), and a receiver, running at the same time or next, times a one-byte read of each
 (< 20 us: cached); it prints the bits it decodes, three times each way.
+``--exact`` measures the exact channels: a sample reads in the pages of a shared file under
+``/usr`` whose bit is 1, and a receiver, next or at the same time, reads them from
+``/proc/self/pagemap``'s present bits and from the kind of each page's fault; and two samples at
+the same time pass bits by ``FUTEX_WAIT``/``FUTEX_WAKE`` on a word of ``/usr/bin/python3``. Three
+times each, printing the bits decoded.
 """
 
 from __future__ import annotations
@@ -103,14 +109,7 @@ def _serve(hold_mb: int) -> None:
 
 def _hostile() -> None:
     """Each program of the hostile suite alone, with the suite's limits: verdict, time, peak memory."""
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[1] / "tests" / "rewards" / "test_hostile.py"
-    sys.path.insert(0, str(path.parent))  # the suite's helper modules beside it
-    spec = importlib.util.spec_from_file_location("hostile", path)
-    suite = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(suite)
+    suite = _suite("test_hostile")
     listener = suite.Listener()
     host = {"port": listener.port}
     with Sandbox(workers=1, limits=suite.LIMITS, isolation="bwrap") as sb:
@@ -174,6 +173,92 @@ def _channel(bits: str = "10110011100011111011001110001111") -> None:
                     right = sum(a == b for a, b in zip(got, bits))
                     print(f"{order:10s} sent {bits} decoded {got}  {right}/{len(bits)} bits  "
                           f"read {min(us):.1f}-{max(us):.1f} us")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+FUTEX = r'''
+import ctypes, errno, json, os, sys, time
+role, bits, slot_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+fd = os.open("/usr/bin/python3", os.O_RDONLY)
+base = libc.mmap(None, 4096, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED: the file's first page, as every sample has it
+words = [base + 4 * (i + 1) for i in range(len(bits))]
+def futex(addr, op, val, timeout=None):
+    ts = None
+    if timeout is not None:
+        ts = (ctypes.c_long * 2)(int(timeout), int((timeout % 1) * 1e9))
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(202), ctypes.c_void_p(addr), ctypes.c_int(op), ctypes.c_int(val), ts,
+                     ctypes.c_void_p(0), ctypes.c_int(0))
+    return r if r >= 0 else errno.errorcode[ctypes.get_errno()]
+if role == "recv":  # waits on each word in turn: woken = 1, timed out = 0
+    got = ""
+    for addr in words:
+        value = ctypes.c_int.from_address(addr).value
+        got += "1" if futex(addr, 0, value, slot_s) == 0 else "0"
+    print(json.dumps({"futex": got}))
+else:  # wakes the word of each 1 until a waiter is there
+    until = time.monotonic() + 3 * slot_s * len(bits)
+    for addr, bit in zip(words, bits):
+        while bit == "1" and time.monotonic() < until and futex(addr, 1, 1) != 1:
+            time.sleep(0.001)
+    print("sent")
+'''
+
+
+def _suite(name: str):
+    """A module of ``tests/rewards`` (its programs and helpers), loaded from its file."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "tests" / "rewards" / f"{name}.py"
+    sys.path.insert(0, str(path.parent))  # the suite's helper modules beside it
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _exact_channels(rounds: int = 3) -> None:
+    """Exact channels between samples: the page cache read through ``/proc/self/pagemap`` and the
+    kind of a fault (``tests/rewards/test_sandbox_host.py``'s probe), to the next sample and to
+    one running at the same time; shared futexes on ``/usr/bin/python3`` (concurrent only)."""
+    host = _suite("test_sandbox_host")
+    bits, page = host.BITS, host.PAGE
+    folder = f"/usr/local/share/rlvr-exact-{os.getpid()}"
+    os.makedirs(folder)
+    blob = f"{folder}/0.bin"
+    try:
+        with open(blob, "wb") as f:
+            f.write(os.urandom((len(bits) + 1) * page))
+            f.flush()
+            os.fsync(f.fileno())
+        with Sandbox(workers=2, isolation="bwrap", limits=Limits(wall_s=10)) as sb:
+            print(f"sent {bits} ({len(bits)} bits) each time; decoded bits right of {len(bits)}")
+            for order in ("next", "concurrent"):
+                for _ in range(rounds):
+                    fd = os.open(blob, os.O_RDONLY)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                    os.pread(fd, page, 0)  # the anchor page, cached by the harness
+                    os.close(fd)
+                    waits = ("0", "0") if order == "next" else ("2.0", "0.7")
+                    send = dict(source=host.PAGE_CACHE_PROBE, argv=[blob, "send", bits, waits[0]])
+                    recv = dict(source=host.PAGE_CACHE_PROBE, argv=[blob, "recv", bits, waits[1]])
+                    runs = sb.run_many([send, recv]) if order == "concurrent" else [sb.run(**send), sb.run(**recv)]
+                    got = json.loads(runs[1].stdout)
+                    print(f"page cache {order:10s} " + "  ".join(
+                        f"{k} {v} {sum(a == b for a, b in zip(v, bits))}" for k, v in got.items()))
+            for _ in range(rounds):
+                runs = sb.run_many([dict(source=FUTEX, argv=["send", bits, "0.05"]),
+                                    dict(source=FUTEX, argv=["recv", bits, "0.05"])])
+                got = json.loads(runs[1].stdout)["futex"]
+                print(f"futex      concurrent futex {got} {sum(a == b for a, b in zip(got, bits))} "
+                      f"in {runs[1].elapsed:.2f} s")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -275,6 +360,7 @@ def main() -> None:
     parser.add_argument("--hold-mb", type=int, default=0, help="memory both sandboxes' processes hold first")
     parser.add_argument("--hostile", action="store_true", help="run the hostile suite's programs, one by one")
     parser.add_argument("--channel", action="store_true", help="measure the page-cache timing channel")
+    parser.add_argument("--exact", action="store_true", help="measure the exact channels between samples")
     parser.add_argument("--phases", action="store_true", help="time a sample cgroup's steps one by one")
     parser.add_argument("--chain", action="store_true", help="time the execs of the sandbox's chain one by one")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -285,6 +371,8 @@ def main() -> None:
         return _hostile()
     if args.channel:
         return _channel()
+    if args.exact:
+        return _exact_channels()
     if args.chain:
         return _chain(args.repeats)
     if args.phases:

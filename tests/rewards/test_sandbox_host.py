@@ -156,8 +156,9 @@ def test_a_sample_cannot_write_back_the_hosts_dirty_memory(sandbox, tmp_path):
 PAGE = 4096
 BITS = "101100111000101"  # one page each, after an anchor page that the harness keeps cached
 PAGE_CACHE_PROBE = r'''
-import json, mmap, os, resource, struct, sys
+import json, mmap, os, resource, struct, sys, time
 path, role, bits = sys.argv[1], sys.argv[2], sys.argv[3]
+wait = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0  # the sender stays, the receiver starts, this late
 PAGE = 4096
 fd = os.open(path, os.O_RDONLY)
 def mapped():
@@ -166,8 +167,10 @@ def mapped():
     return m
 if role == "send":  # reads in the pages whose bit is 1 (a few KB: far below any size line)
     m = mapped()
-    print(sum(m[(i + 1) * PAGE] for i, b in enumerate(bits) if b == "1"))
+    print(sum(m[(i + 1) * PAGE] for i, b in enumerate(bits) if b == "1"), flush=True)
+    time.sleep(wait)
     sys.exit()
+time.sleep(wait)
 out = {}
 m = mapped()
 m[0]  # the anchor, cached: a minor fault, and fault-around maps every cached page beside it
