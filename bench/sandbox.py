@@ -30,7 +30,7 @@ directory).
 ``--phases`` times, from a worker thread, each step the sandbox takes around a bare ``print(1)``
 born in a sample cgroup (after one run outside any group, as a new sandbox makes): making the
 group, killing its members, reading its events and peak, reclaiming what it holds (its charge
-read, then ``memory.force_empty`` on v1, whatever it holds), removing it,
+read, then its limit lowered to 0 on v1, whatever it holds), removing it,
 sweeping the slot uid (which runs only where the group cannot prove the sample gone).
 ``--channel`` measures what the seccomp filter leaves of the page-cache channel: a sample reads
 the files of a shared folder under ``/usr`` whose bit is 1 (the harness has evicted them all

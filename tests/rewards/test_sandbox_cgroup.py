@@ -215,7 +215,7 @@ def test_slot_uid_taken_in_the_exec_chain(mode):
 _KERNEL_FILES = {
     2: {"memory.max": "max", "memory.swap.max": "max", "memory.oom.group": "0", "pids.max": "max",
         "cpu.max": "max 100000", "cgroup.procs": "", "cgroup.kill": "", "memory.current": "0",
-        "memory.reclaim": "", "memory.peak": "0"},
+        "memory.reclaim": "", "memory.peak": "0", "memory.stat": ""},
     1: {"memory.limit_in_bytes": "max", "memory.memsw.limit_in_bytes": "max", "memory.kmem.tcp.limit_in_bytes": "max",
         "memory.force_empty": "", "memory.max_usage_in_bytes": "0", "pids.max": "max", "cpu.cfs_period_us": "100000",
         "cpu.cfs_quota_us": "-1", "cgroup.procs": "", "tasks": "", "memory.usage_in_bytes": "0"},
@@ -251,8 +251,8 @@ def test_sample_group_limits_kill_reclaim_and_removal(version, charged, tmp_path
     """The whole life of a sample group on a fake hierarchy of either version: the optional limits
     written where the kernel has them (no swap, the OOM kill of the whole group on v2; swap and the
     TCP-buffer counter at a quarter of the memory on v1), the group killed at once (``cgroup.kill``
-    on v2) and its CPU quota lifted, its page cache reclaimed (``memory.reclaim`` of what it holds
-    on v2, ``memory.force_empty`` on v1) before it is removed, whatever it holds (a small charge too:
+    on v2) and its CPU quota lifted, its page cache reclaimed (``memory.reclaim`` of what
+    ``memory.stat`` counts reclaimable on v2, its limit lowered to 0 on v1) before it is removed, whatever it holds (a small charge too:
     the page cache a sample leaves is a channel to the next), and no reclaim pass for a group that
     holds nothing."""
     _fake_kernel(monkeypatch, version)
@@ -294,8 +294,11 @@ def test_sample_group_limits_kill_reclaim_and_removal(version, charged, tmp_path
                                                               real_write(path, value)))
     with open(os.path.join(mem, "memory.current" if version == 2 else "memory.usage_in_bytes"), "w") as f:
         f.write(str(charged))
+    if version == 2:  # what the kernel counts reclaimable: file pages and reclaimable slab, in bytes
+        with open(os.path.join(mem, "memory.stat"), "w") as f:
+            f.write(f"anon 0\nfile {charged // 2}\nkernel 8192\nslab_reclaimable 4096\nslab_unreclaimable 4096\n")
     assert group.remove() == charged
-    expected = [("memory.reclaim", str(charged))] if version == 2 else [("memory.force_empty", "0")]
+    expected = [("memory.reclaim", str(charged // 2 + 4096))] if version == 2 else [("memory.limit_in_bytes", "0")]
     assert reclaimed == (expected if charged else [])
     assert not any(os.path.exists(d) for d in group.dirs)
 
