@@ -252,9 +252,9 @@ def test_sample_group_limits_kill_reclaim_and_removal(version, charged, tmp_path
     written where the kernel has them (no swap, the OOM kill of the whole group on v2; swap and the
     TCP-buffer counter at a quarter of the memory on v1), the group killed at once (``cgroup.kill``
     on v2) and its CPU quota lifted, its page cache reclaimed (``memory.reclaim`` of what
-    ``memory.stat`` counts reclaimable on v2, its limit lowered to 0 on v1) before it is removed, whatever it holds (a small charge too:
-    the page cache a sample leaves is a channel to the next), and no reclaim pass for a group that
-    holds nothing."""
+    ``memory.stat`` counts reclaimable on v2, its limit lowered to 0 on v1) before it is removed,
+    whatever it holds (a small charge too: the page cache a sample leaves is a channel to the
+    next), and no reclaim pass for a group that holds nothing."""
     _fake_kernel(monkeypatch, version)
     parents = {"": str(tmp_path)} if version == 2 else {c: str(tmp_path / c) for c in cgroup.CONTROLLERS}
     for p in parents.values():

@@ -84,7 +84,7 @@ def call(number, *args):
     r = libc.syscall(ctypes.c_long(number), *[ctypes.c_long(a) for a in args])
     return r if r >= 0 else errno.errorcode[ctypes.get_errno()]
 usr = os.open("/usr/bin/python3", os.O_RDONLY)
-own = os.open("/work/own", os.O_WRONLY | os.O_CREAT, 0o600)
+own = os.open("own", os.O_WRONLY | os.O_CREAT, 0o600)
 os.write(own, b"x" * 65536)
 ldt = ctypes.create_string_buffer(16)
 Q_SYNC = 0x800001 << 8  # QCMD(Q_SYNC, USRQUOTA)

@@ -37,8 +37,8 @@ import time
 
 from rlvr.rewards.sandbox.results import Limits
 
-__all__ = ["ENV", "SETUP_S", "WAKE_BURST", "WAKE_INTERVAL_S", "CHROOT", "gate", "bwrap_prefix", "admit", "setpriv_prefix", "uid_prefix", "shquote",
-           "execute", "Ended"]
+__all__ = ["ENV", "SETUP_S", "WAKE_BURST", "WAKE_INTERVAL_S", "CHROOT", "gate", "bwrap_prefix", "admit",
+           "setpriv_prefix", "uid_prefix", "shquote", "execute", "Ended"]
 
 # RLIMIT_NPROC is -p in dash and busybox, -u in bash (whose -p is the read-only pipe size).
 _LIMITS = ('ulimit -t "$1" && ulimit -S -t "$2" && ulimit -v "$3" && ulimit -f "$4" && ulimit -n "$5" && ulimit -c 0 '
