@@ -9,12 +9,14 @@ Design. Every program runs in its own process tree:
    next to threads; see ``launch``), ``oom_score_adj`` 1000 so the
    kernel's OOM killer picks sandboxed code before the trainer, a reader that drains stdout and
    stderr concurrently with a byte cap, a wall-clock ``SIGKILL`` of the process group, then
-   ``wait()`` so no zombie is left.
+   ``wait()`` so no zombie is left. The reader's wake-ups are bounded (``launch.WAKE_BURST``):
+   its CPU is the trainer's.
 2. **A cgroup per sample** (``cgroup``), born into (v1) or joined before the first exec: memory
    for the sample as a whole (tmpfs, shm and memfd pages included, no swap), ``pids.max`` and
    ``cpu.max``, so many processes or sessions cannot add up past one sample's share. Its peak
-   memory and limit events are read from the host side into ``RunResult.extra``; it is emptied
-   and removed after the run.
+   memory and limit events are read from the host side into ``RunResult.extra``; it is emptied,
+   reclaimed (the page cache and kernel memory it still holds, which would pass to the trainer
+   and, the page cache, to the next sample) and removed after the run.
 3. **Unprivileged uid per worker slot.** As root, slot ``k`` runs as uid/gid ``uid_range[k]``:
    root ignores ``RLIMIT_NPROC``, and one uid per slot keeps a fork bomb in one sample from
    starving the others. After every run every process of that uid is killed (a backstop that also
@@ -29,9 +31,10 @@ Design. Every program runs in its own process tree:
    sandbox's device directory, ``devices``, or bwrap's) with a sized ``/dev/shm``, a size-capped
    ``/tmp``; the program's files copied to ``/task`` and the root read-only; a fresh size-capped
    tmpfs as its working directory ``/work``; ``--die-with-parent`` so killing our ``bwrap``
-   tears the pid namespace down; a seccomp filter (``seccomp``) against namespace, mount, tracing, BPF,
-   io_uring, keyring and module syscalls and the calls that evict or probe the shared page cache,
-   with an allow-list of socket families (``AF_UNIX``;
+   tears the pid namespace down; a seccomp filter (``seccomp``) that decides every syscall of the
+   kernel's table: namespace, mount, tracing, BPF, io_uring, keyring and module syscalls and the
+   calls that evict or probe the shared page cache refused, the host's writeback (``sync`` and
+   its family) answered without running, an allow-list of socket families (``AF_UNIX``;
    ``AF_INET``/``AF_INET6`` only with ``Limits.inet``). Without bwrap, as root: ``unshare`` of net/pid/ipc/uts
    with a shell as pid 1 (the program must not be pid 1: pid 1 ignores SIGXCPU). Neither: rlimits
    only. Anything short of the full stack prints one loud warning per process, never a silent

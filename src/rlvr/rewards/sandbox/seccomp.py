@@ -189,7 +189,10 @@ def _build(inet: bool) -> bytes:
     import pyseccomp as seccomp  # lazily: needs libseccomp.so at import
 
     f = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
-    f.set_attr(seccomp.Attr.CTL_OPTIMIZE, 2)  # a binary tree over the syscall numbers, not a linear chain
+    try:
+        f.set_attr(seccomp.Attr.CTL_OPTIMIZE, 2)  # a binary tree over the syscall numbers, not a linear chain
+    except (OSError, RuntimeError, ValueError):  # libseccomp before 2.5: the chain
+        pass
     deny = seccomp.ERRNO(errno.EPERM)
     for action, names in ((deny, DENIED), (seccomp.ERRNO(0), NO_OP)):
         for name in names:
