@@ -140,8 +140,10 @@ def _fresh_fork_hooks() -> None:
     from a trainer thread while another may be inside such a walk, and the copied set's iteration
     state then makes every later fork of the zygote spin in the hook. Nothing in the zygote logs."""
     machinery = sys.modules.get("loguru._locks_machinery")
+    if machinery is None:
+        return
     for name in ("logger_locks", "handler_locks"):
-        if machinery is not None and hasattr(machinery, name):
+        if hasattr(machinery, name):
             setattr(machinery, name, weakref.WeakSet())
 
 
