@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from rlvr.rewards.pyast import parse
 
-__all__ = ["Spec", "split_test", "evaluate_check", "deserialize", "CheckError"]
+__all__ = ["Spec", "split_test", "evaluate_check", "deserialize", "CheckError", "BoundError"]
 
 MAX_ITEMS = 1 << 20  # longest str/list/tuple an operator may build here (the grader's memory stays small)
 MAX_INT_BITS = 1 << 16  # largest int an operator may build here
@@ -67,6 +67,11 @@ _UNARY = {ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos
 
 class CheckError(Exception):
     """The check cannot be evaluated on these values (a wrong type, an oversized result): the test fails."""
+
+
+class BoundError(CheckError):
+    """The values are over a bound on the checks' cost (too large, too many shared hashes): the test
+    fails, and the grade counts it (a program built to stall the grader, not a wrong answer)."""
 
 
 @dataclass(frozen=True)
@@ -180,7 +185,7 @@ def few_collisions(items) -> list:
             raise CheckError("unhashable item") from None
         counts[h] = counts.get(h, 0) + 1
         if counts[h] > MAX_SAME_HASH:
-            raise CheckError(f"more than {MAX_SAME_HASH} items share one hash")
+            raise BoundError(f"more than {MAX_SAME_HASH} items share one hash")
     return items
 
 
@@ -216,19 +221,19 @@ def _equal(a, b) -> bool:
 
 def _bounded(value):
     if isinstance(value, (str, list, tuple)) and len(value) > MAX_ITEMS:
-        raise CheckError("result too large")
+        raise BoundError("result too large")
     if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
-        raise CheckError("integer too large")
+        raise BoundError("integer too large")
     return value
 
 
 def _binary(op: ast.operator, a, b):
     if isinstance(op, ast.Pow) and isinstance(b, int) and abs(b) > 4096 and not isinstance(a, float):
-        raise CheckError("exponent too large")
+        raise BoundError("exponent too large")
     if isinstance(op, ast.Mult):
         for seq, n in ((a, b), (b, a)):
             if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * max(n, 0) > MAX_ITEMS:
-                raise CheckError("result too large")
+                raise BoundError("result too large")
     return _bounded(_BINARY[type(op)](a, b))
 
 
@@ -295,7 +300,7 @@ def _eval(node: ast.expr, env: dict):  # noqa: C901 - one branch per node type r
         args = [_eval(a, env) for a in node.args]
         kwargs = {k.arg: _eval(k.value, env) for k in node.keywords if k.arg is not None}
         if any(isinstance(a, (str, list, tuple, set, dict)) and len(a) > MAX_ITEMS for a in args):
-            raise CheckError("argument too large")
+            raise BoundError("argument too large")
         if fn in (set, frozenset, dict) and args and isinstance(args[0], (list, tuple)):
             args[0] = few_collisions(args[0]) if fn is not dict else args[0]
             if fn is dict:
