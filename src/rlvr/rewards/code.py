@@ -260,7 +260,7 @@ class CodeGrader:
         are graded as alone."""
         calls = [((run, specs, nonce, self._references.get(wanted)), {}) for run, specs, nonce, wanted in asserts]
         grades = []
-        for (run, specs, _, _), (grade, error) in zip(asserts, self.checks.run("grade", calls, self.check_timeout_s)):
+        for (_, specs, _, _), (grade, error) in zip(asserts, self.checks.run("grade", calls, self.check_timeout_s)):
             if error is not None or not isinstance(grade, Grade):
                 error = clean_detail(error or "a check worker returned no grade")
                 grade = Grade(Verdict.FAIL, 0, len(specs), [Verdict.FAIL] * len(specs), f"grading: {error}", error)
@@ -315,7 +315,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
 
 
 def clean_detail(text: str, limit: int = DETAIL_CHARS) -> str:
-    """A detail fit to keep and print: at most `limit` characters, control characters made one space.
+    r"""A detail fit to keep and print: at most `limit` characters, control characters made one space.
 
     >>> clean_detail("Error: \x1b[2Jgone\x00" + "x" * 300)[:20], len(clean_detail("y" * 10_000))
     ('Error:  [2Jgone xxxx', 200)
