@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
-__all__ = ["CallThread", "Deadline", "awaited", "where", "describe", "run_coroutine"]
+__all__ = ["CallThread", "Deadline", "awaited", "where", "describe", "run_coroutine", "one_shot"]
 
 
 class CallThread:
@@ -38,6 +38,19 @@ class CallThread:
                 future.set_exception(err)
             if self.stuck:  # abandoned: its caller has moved on to a fresh worker
                 return
+
+
+def one_shot(fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Future:
+    """`fn(*args, **kwargs)` in a daemon thread of its own, which ends with the call (if it ever does)."""
+    future: Future = Future()
+
+    def serve():
+        try:
+            future.set_result(fn(*args, **(kwargs or {})))
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting caller
+            future.set_exception(err)
+    threading.Thread(target=serve, name="rlvr-reward-call", daemon=True).start()
+    return future
 
 
 class Deadline(Exception):  # noqa: N818 - a marker, never escapes the runner

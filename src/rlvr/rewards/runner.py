@@ -59,13 +59,14 @@ import math
 import numbers
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.errors import ConfigError, RewardError
-from rlvr.rewards.calls import CallThread, Deadline, awaited, describe, run_coroutine, where
+from rlvr.rewards.calls import CallThread, Deadline, awaited, describe, one_shot, run_coroutine, where
 from rlvr.rewards.combine import weighted_sum
 from rlvr.rewards.forms import COMPLETION_IDS, TrainerState, batched, reward_form
 from rlvr.rewards.loading import load_reward_fn, load_reward_spec, spec_entries  # noqa: F401  re-exported
@@ -167,16 +168,61 @@ class RewardRunner:
                 except asyncio.CancelledError as err:  # the function's own, not a timeout
                     return None, describe(err)
 
+            done: dict[int, tuple[Any, str | None]] = {}
+
             async def gather():
-                return await asyncio.gather(*(one(p, c, ex) for p, c, ex in zip(prompts, completions, examples)))
-            return run_coroutine(gather())
+                async def kept(i, p, c, ex):
+                    done[i] = await one(p, c, ex)
+                await asyncio.gather(*(kept(i, *call) for i, call in enumerate(zip(prompts, completions, examples))))
+            return self._bounded_loop(gather, done, len(completions))
         return self._calls_of([((p, c), ex) for p, c, ex in zip(prompts, completions, examples)])
+
+    def _bounded_loop(self, gather: Callable, done: dict, n: int) -> list[tuple[Any, str | None]]:
+        """The samples' coroutines on an event loop of their own thread, waited for one deadline (plus a
+        second's grace for `wait_for` to fire): a coroutine that blocks the loop without awaiting stalls
+        the loop's other samples too, but not the step; the samples unanswered by then time out."""
+        if not self.timeout_s:
+            run_coroutine(gather())
+        else:
+            try:
+                one_shot(asyncio.run, (gather(),)).result(timeout=self.timeout_s + 1.0)
+            except TimeoutError:
+                pass  # the loop is abandoned to its thread, as a stalled sync call is
+        return [done.get(i, (None, self._timeout_error())) for i in range(n)]
 
     def _calls_of(self, calls: list[tuple[tuple, dict]], fn: Callable | None = None) -> list[tuple[Any, str | None]]:
         """Each call of `fn` (default: the function) under its own deadline, in the workers when there are."""
         if self.pool is not None and fn is None:
             return [(v, self._breach(e)) for v, e in self.pool.run("fn", calls, self.timeout_s)]
-        return [self._guarded(fn or self.fn, args, kwargs) for args, kwargs in calls]
+        fn, out = fn or self.fn, []
+        for i, (args, kwargs) in enumerate(calls):
+            out.append(self._guarded(fn, args, kwargs))
+            if out[-1][1] == self._timeout_error() and i + 1 < len(calls):
+                return out + self._side_by_side(fn, calls[i + 1:])
+        return out
+
+    def _side_by_side(self, fn: Callable, calls: list[tuple[tuple, dict]]) -> list[tuple[Any, str | None]]:
+        """After a call ran out its deadline, the batch's other calls each in a thread of its own, all
+        under one more deadline: a function that never returns costs two deadlines a step, not one per
+        sample, and every sample still has a whole deadline."""
+        futures = [one_shot(fn, args, kwargs) for args, kwargs in calls]
+        end = time.monotonic() + self.timeout_s
+        out = []
+        for future in futures:
+            try:
+                out.append((future.result(timeout=max(0.0, end - time.monotonic())), None))
+            except KeyboardInterrupt:
+                raise
+            except TimeoutError:
+                if not future.done():
+                    out.append((None, self._timeout_error()))
+                elif future.exception() is None:  # it finished just now
+                    out.append((future.result(), None))
+                else:  # the function's own TimeoutError
+                    out.append((None, describe(future.exception())))
+            except BaseException as err:  # noqa: BLE001 - one bad sample must not stop the run
+                out.append((None, describe(err)))
+        return out
 
     def _breach(self, error: str | None) -> str | None:
         return self._timeout_error() if error and error.startswith(TIMEOUT + ":") else error
