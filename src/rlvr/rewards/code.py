@@ -18,9 +18,19 @@ Two kinds of tests (a row's ``tests`` field):
   program that walks the harness's frames, ``gc``, ``/proc`` or its fds finds no expected value. Result
   lines are tagged with a per-run random nonce read from stdin (then replaced by
   ``/dev/null``), so ``print("PASSED")``, ``sys.exit(0)`` or ``os._exit(0)`` before the tests
-  produce no tagged lines and FAIL; a malformed line fails its test only. A test that is not a
-  single ``assert`` statement runs inside as a statement (passed when it raises nothing): the
-  one form a program that introspects the interpreter could forge.
+  produce no tagged lines and FAIL; a malformed line fails its test only. A test of several
+  statements with its asserts at the top level (``s = Stack(); s.push(1); assert s.pop() == 1``)
+  is a script: its statements run inside in order, each assert's probes are evaluated where the
+  assert stands, and the checks stay here; a name bound to an expected value (``want = [1, 2]``)
+  that no statement reads stays here too. What does enter with a script is what its statements
+  hold (inputs, and any expected value a statement itself compares, as in ``ok = f(1) == 2``). A
+  test with an assert inside a loop, a function or another compound statement runs inside as a
+  statement (passed when it raises nothing): the one form a program that introspects the
+  interpreter could forge, its expected values within the program's reach.
+
+The checks run on values the program chose, so they run in check workers (`CodeGrader.checks`,
+processes of their own): each sample's checks under ``check_timeout_s``, a breach failing that
+sample's tests and counted (`Grade.breach`, the task's ``check_breaches`` metric).
 
 Reward = fraction of tests passed, or 1/0 with ``all_or_nothing``. ``SANDBOX_ERROR`` (our
 fault) gives reward ``None`` (not scorable) and is counted, never turned into a silent zero.
@@ -125,8 +135,16 @@ def _main():
         return
     for i, t in enumerate(tests):
         try:
-            if t["kind"] == "probes":
-                values = [eval(src, ns) for src in t["src"]]
+            if t["kind"] in ("probes", "script"):
+                if t["kind"] == "probes":
+                    values = [eval(src, ns) for src in t["src"]]
+                else:  # statements run in order, each assert's probes where it stands
+                    values = []
+                    for step in t["steps"]:
+                        if "exec" in step:
+                            exec(step["exec"], ns)
+                        else:
+                            values += [eval(src, ns) for src in step["probes"]]
                 try:
                     values = [_serialize(v) for v in values]
                 except BaseException:
@@ -229,9 +247,7 @@ class CodeGrader:
             else:
                 specs = [split_test(str(t)) for t in tests]
                 nonce = secrets.token_hex(16)
-                sent = [{"kind": "stmt", "src": s.source} if s.forgeable else
-                        {"kind": "probes", "src": [p for p, ref in zip(s.probes, s.reference) if not ref]}
-                        for s in specs]
+                sent = [_sent(s) for s in specs]
                 stdin = nonce + "\n" + json.dumps(sent) + "\n"
                 wanted = json.dumps([[p for p, ref in zip(s.probes, s.reference) if ref] for s in specs])
                 plans.append(("assert", len(jobs), (specs, nonce, wanted)))
@@ -266,6 +282,19 @@ class CodeGrader:
                 grade = Grade(Verdict.FAIL, 0, len(specs), [Verdict.FAIL] * len(specs), f"grading: {error}", error)
             grades.append(grade)
         return grades
+
+
+def _sent(spec: Spec) -> dict:
+    """What of a test enters the candidate's sandbox: its probes (not the reference ones), its script's
+    statements and probes in order, or, for a test that cannot be split, the whole statement."""
+    def own(first, end):
+        return [p for p, ref in zip(spec.probes[first:end], spec.reference[first:end]) if not ref]
+    if spec.forgeable:
+        return {"kind": "stmt", "src": spec.source}
+    if spec.steps:
+        return {"kind": "script", "steps": [{"exec": step[1]} if step[0] == "exec" else {"probes": own(*step[1:])}
+                                            for step in spec.steps]}
+    return {"kind": "probes", "src": own(0, len(spec.probes))}
 
 
 def _stdio_verdict(run: RunResult, expected: str) -> Verdict:
