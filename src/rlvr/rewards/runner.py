@@ -197,7 +197,8 @@ class RewardRunner:
         fn, out = fn or self.fn, []
         for i, (args, kwargs) in enumerate(calls):
             out.append(self._guarded(fn, args, kwargs))
-            if out[-1][1] == self._timeout_error() and i + 1 < len(calls):
+            error = out[-1][1]
+            if error is not None and error.startswith(TIMEOUT + ":") and i + 1 < len(calls):
                 return out + self._side_by_side(fn, calls[i + 1:])
         return out
 
