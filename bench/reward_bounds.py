@@ -49,6 +49,7 @@ from test_code_checks import HOSTILE as HOSTILE_CODE  # noqa: E402
 from test_code_checks import TESTS as CODE_TESTS  # noqa: E402
 from test_reward_workers import HONEST, HOSTILE, sleepy, sleepy_async, user_check  # noqa: E402  (defined once)
 
+from rlvr.builder.placement import as_verifier  # noqa: E402
 from rlvr.rewards import math_pool  # noqa: E402
 from rlvr.rewards.code import grade_asserts  # noqa: E402
 from rlvr.rewards.forms import TASK_VERIFIER, with_task  # noqa: E402
@@ -110,8 +111,9 @@ def throughput(task, n: int, workers: int, deadline: float, repeats: int = 5) ->
     want = [task.reward("q", t, **ex) for t, ex in zip(texts, examples)]
     assert local(["q"] * n, texts, examples).rewards == want == pooled(["q"] * n, texts, examples).rewards
 
-    def before(prompts, completions, exs):  # no `correct`: `scored` calls `task.is_correct` bare, as it did
+    def bare(prompts, completions, exs):  # no `correct`: `task.is_correct` is called bare, as it was
         return local(prompts, completions, exs)
+    before = as_verifier(bare)
 
     rows = [  # (table, row, call); rows of a table are timed in turn, `repeats` rounds, best kept
         ("reward", "bare `task.reward` loop", lambda: [task.reward("q", t, **ex) for t, ex in zip(texts, examples)]),

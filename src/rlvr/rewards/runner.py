@@ -52,21 +52,19 @@ weighted sum; ``load_reward_spec("a.py:right, 0.2*a.py:short")`` reads the ``rew
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import math
 import numbers
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.errors import ConfigError, RewardError
-from rlvr.rewards.calls import CallThread, Deadline, awaited, describe, one_shot, run_coroutine, where
+from rlvr.rewards.calls import CallThread, Deadline, awaited, describe, each_awaited, run_coroutine, side_by_side, where
 from rlvr.rewards.combine import weighted_sum
 from rlvr.rewards.forms import COMPLETION_IDS, TrainerState, batched, reward_form
 from rlvr.rewards.loading import load_reward_fn, load_reward_spec, spec_entries  # noqa: F401  re-exported
@@ -150,45 +148,10 @@ class RewardRunner:
     # Each call path returns a list of (value, error-string-or-None).
 
     def _call_each(self, prompts, completions, examples) -> list[tuple[Any, str | None]]:
+        calls = [((p, c), ex) for p, c, ex in zip(prompts, completions, examples)]
         if self.is_async:
-            async def contained(p, c, ex):
-                # Caught inside the coroutine: asyncio re-raises a task's SystemExit out of the loop.
-                try:
-                    return await self.fn(p, c, **ex), None
-                except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C; wait_for's timeout
-                    raise
-                except BaseException as err:  # noqa: BLE001 - SystemExit included: one sample, not the run
-                    return None, describe(err)
-
-            async def one(p, c, ex):
-                try:
-                    return await awaited(contained(p, c, ex), self.timeout_s)
-                except Deadline:
-                    return None, self._timeout_error()
-                except asyncio.CancelledError as err:  # the function's own, not a timeout
-                    return None, describe(err)
-
-            done: dict[int, tuple[Any, str | None]] = {}
-
-            async def gather():
-                async def kept(i, p, c, ex):
-                    done[i] = await one(p, c, ex)
-                await asyncio.gather(*(kept(i, *call) for i, call in enumerate(zip(prompts, completions, examples))))
-            return self._bounded_loop(gather, done, len(completions))
-        return self._calls_of([((p, c), ex) for p, c, ex in zip(prompts, completions, examples)])
-
-    def _bounded_loop(self, gather: Callable, done: dict, n: int) -> list[tuple[Any, str | None]]:
-        """The samples' coroutines on an event loop of their own thread, waited for one deadline (plus a
-        second's grace for `wait_for` to fire): a coroutine that blocks the loop without awaiting stalls
-        the loop's other samples too, but not the step; the samples unanswered by then time out."""
-        if not self.timeout_s:
-            run_coroutine(gather())
-        else:
-            try:
-                one_shot(asyncio.run, (gather(),)).result(timeout=self.timeout_s + 1.0)
-            except TimeoutError:
-                pass  # the loop is abandoned to its thread, as a stalled sync call is
-        return [done.get(i, (None, self._timeout_error())) for i in range(n)]
+            return each_awaited(self.fn, calls, self.timeout_s, self._timeout_error())
+        return self._calls_of(calls)
 
     def _calls_of(self, calls: list[tuple[tuple, dict]], fn: Callable | None = None) -> list[tuple[Any, str | None]]:
         """Each call of `fn` (default: the function) under its own deadline, in the workers when there are."""
@@ -199,30 +162,7 @@ class RewardRunner:
             out.append(self._guarded(fn, args, kwargs))
             error = out[-1][1]
             if error is not None and error.startswith(TIMEOUT + ":") and i + 1 < len(calls):
-                return out + self._side_by_side(fn, calls[i + 1:])
-        return out
-
-    def _side_by_side(self, fn: Callable, calls: list[tuple[tuple, dict]]) -> list[tuple[Any, str | None]]:
-        """After a call ran out its deadline, the batch's other calls each in a thread of its own, all
-        under one more deadline: a function that never returns costs two deadlines a step, not one per
-        sample, and every sample still has a whole deadline."""
-        futures = [one_shot(fn, args, kwargs) for args, kwargs in calls]
-        end = time.monotonic() + self.timeout_s
-        out = []
-        for future in futures:
-            try:
-                out.append((future.result(timeout=max(0.0, end - time.monotonic())), None))
-            except KeyboardInterrupt:
-                raise
-            except TimeoutError:
-                if not future.done():
-                    out.append((None, self._timeout_error()))
-                elif future.exception() is None:  # it finished just now
-                    out.append((future.result(), None))
-                else:  # the function's own TimeoutError
-                    out.append((None, describe(future.exception())))
-            except BaseException as err:  # noqa: BLE001 - one bad sample must not stop the run
-                out.append((None, describe(err)))
+                return out + side_by_side(fn, calls[i + 1:], self.timeout_s, error)
         return out
 
     def _breach(self, error: str | None) -> str | None:
