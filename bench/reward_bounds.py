@@ -24,7 +24,8 @@ each pool's processes after the runs.
 
 Table 4 (``--code``; needs a working sandbox), the code task: honest programs graded per second with
 the checks in check workers against the checks in the trainer's process (the path before), timed in
-turn; then a 16-completion step with k programs that flood the checks' hash tables (``flood``:
+turn (best of 4 rounds, which goes first alternating); then a 16-completion step with k programs
+that flood the checks' hash tables (``flood``:
 37,000 multiples of 2^61 − 1, a set of them takes 30 s to build unbounded) or forge a result record
 holding such a set (``forged``).
 
@@ -182,7 +183,7 @@ class _Inline:
         return [(grade_asserts(*args, **kwargs), None) for args, kwargs in calls]
 
 
-def code_steps(n: int, deadline: float, repeats: int = 3) -> None:
+def code_steps(n: int, deadline: float, repeats: int = 4) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rows = Path(tmp) / "rows.jsonl"
         rows.write_text(json.dumps({"prompt": "write f", "tests": CODE_TESTS}) + "\n")
@@ -191,8 +192,8 @@ def code_steps(n: int, deadline: float, repeats: int = 3) -> None:
         items = [(HONEST_CODE[i % len(HONEST_CODE)], CODE_TESTS) for i in range(n)]
         want = [g.tests for g in grader.grade_many(items)]
         best = {"in check workers": float("inf"), "in the trainer's process (before)": float("inf")}
-        for _ in range(repeats):
-            for name, checks in zip(best, (pooled, _Inline())):
+        for r in range(repeats):  # in turn, the first of each round alternating (the first runs slower here)
+            for name, checks in list(zip(best, (pooled, _Inline())))[::1 if r % 2 else -1]:
                 grader.checks = checks
                 start = time.perf_counter()
                 assert [g.tests for g in grader.grade_many(items)] == want
