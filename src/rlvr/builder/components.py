@@ -93,7 +93,8 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     build.check_reward_components(config, reward)
     if shard.fsdp and config.trainer.ray_learners and config.trainer.reward_workers > 1:
         reward = LeadReward(RayReward(functools.partial(build.build_verifier, config), tokenizer,
-                                      workers=config.trainer.reward_workers) if shard.rank == 0 else None, shard)
+                                      workers=config.trainer.reward_workers, local=reward)
+                            if shard.rank == 0 else None, shard)
     expert = build_expert(config, task)
     rollout = build_rollout(config, advantage, tokenizer, task, reward, engine, plain)
     plan = step_plan(config, loss, advantage, fused=fusable(config, policy, advantage) and not shard.fsdp,

@@ -183,7 +183,7 @@ class RolloutSides:
         engine = RayEngine(self.make_engine, self.model, r.tokenizer, workers=self.rollout_workers,
                            threads=self.layout.rollout_worker_threads, rows_mode=self.layout.rows_mode,
                            version=start, own_weights=self.own_weights)
-        reward = RayReward(self.make_verifier, r.tokenizer, workers=self.reward_workers)
+        reward = RayReward(self.make_verifier, r.tokenizer, workers=self.reward_workers, local=r.reward)
         # this process only tokenizes, decodes and checks answers for the rollout side
         return RolloutSide(dataclasses.replace(r, engine=engine, reward=as_verifier(reward)), engine, threads=1,
                            closers=(engine.close, reward.close), restarts=lambda: engine.restarts)

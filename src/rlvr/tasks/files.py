@@ -363,6 +363,7 @@ class CodeFileTask(FileTask):
 
         out = {"reward": grade.reward(self.all_or_nothing)}
         out.update({f"verdict/{v.value}": float(grade.verdict is v) for v in Verdict if v is not Verdict.OK})
+        out["check_breaches"] = float(bool(grade.breach))  # the checks on its values ran past their bound
         return out
 
     def reward(self, prompt: str, completion: str, /, meta: dict | None = None, **example) -> dict:
