@@ -64,7 +64,8 @@ def test_a_port_in_use_is_refused_before_starting(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(ConfigError, match=rf"^rollout.server_port: port {port} on 127.0.0.1 is in use \(server 0\)"):
+        refused = rf"^rollout.server_port: port {port} on 127.0.0.1 is in use \(server 0\)"
+        with pytest.raises(ConfigError, match=refused):
             fleet.launch(0, tmp_path, port, fleet.ServerOptions(), tmp_path)
     assert not list(tmp_path.iterdir())  # nothing was started
 

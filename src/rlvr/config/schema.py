@@ -207,7 +207,8 @@ class RolloutConfig:
     vllm_max_model_len: int = ranged(0, ">= 0", "0 = the model config's")
     """vLLM engine: longest prompt + completion it accepts, 0 = the model config's `max_position_embeddings`."""
     servers: int = ranged(1, ">= 1", "e.g. 2")
-    """vllm_server engine: vLLM server processes (data-parallel replicas) rlvr starts; requests go to the least loaded."""
+    """vllm_server engine: vLLM server processes (data-parallel replicas) rlvr starts; each request goes to the
+    least loaded."""
     server_urls: str = ""
     """vllm_server engine: comma-separated addresses of running servers to attach to instead (rlvr starts none);
     each must run vLLM 0.32 with `--served-model-name rlvr` and rlvr's weight transfer (docs/usage.md)."""
@@ -220,6 +221,9 @@ class RolloutConfig:
     or the run ends with one line naming it (`fail`)."""
     weight_bucket_mb: int = ranged(64, ">= 1", "e.g. 64")
     """vllm_server engine: MiB of weights per transfer bucket (one shared-memory file each)."""
+    lora_sync: str = choice("adapter", ("adapter", "merged"))
+    """vllm_server engine under LoRA: push the adapter alone, served by vLLM unmerged (`adapter`), or the
+    weights with the adapter folded in (`merged`, in fp32 then cast)."""
 
 
 @dataclass(frozen=True)

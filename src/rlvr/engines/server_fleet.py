@@ -49,6 +49,8 @@ class ServerOptions:
     seed: int = 0
     start_timeout_s: float = 300.0
     host: str = "127.0.0.1"
+    lora_rank: int = 0
+    """> 0: serve LoRA adapters up to this rank (adapter-only weight sync)."""
 
 
 @dataclass
@@ -105,10 +107,25 @@ def server_command(model_dir: Path, port: int, o: ServerOptions) -> list[str]:
         args += ["--max-model-len", str(o.max_model_len)]
     if o.block_size:
         args += ["--block-size", str(o.block_size)]
+    if o.lora_rank:  # two adapters at once: the newest is loaded before the one it replaces is unloaded
+        args += ["--enable-lora", "--max-lora-rank", str(lora_rank_slot(o.lora_rank)), "--max-loras", "2"]
     return args
 
 
-def server_env(index: int) -> dict[str, str]:
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The `--max-lora-rank` values vLLM 0.32 accepts."""
+
+
+def lora_rank_slot(rank: int) -> int:
+    """The smallest rank vLLM accepts that holds `rank`."""
+    for slot in LORA_RANKS:
+        if slot >= rank:
+            return slot
+    raise ConfigError(f"model.lora.r: {rank} is above vLLM's largest LoRA rank {LORA_RANKS[-1]}; "
+                      "lower it or set rollout.lora_sync=merged")
+
+
+def server_env(index: int, lora: bool = False) -> dict[str, str]:
     """The child's environment: dev mode (the weight-transfer and pause routes), rlvr importable by
     vLLM's workers (the extension), no launcher variables, and on a CPU one core per replica."""
     from rlvr.engines.spawned import LAUNCHER_VARS
@@ -119,6 +136,8 @@ def server_env(index: int) -> dict[str, str]:
     source = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH", "")) if p)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    if lora:  # /v1/load_lora_adapter and /v1/unload_lora_adapter
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if cores and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:  # replicas on distinct cores, not all on core 0
@@ -135,7 +154,8 @@ def launch(index: int, model_dir: Path, port: int, options: ServerOptions, log_d
     log = log_dir / f"vllm-server-{index}.log"
     with open(log, "ab") as out:
         process = subprocess.Popen(server_command(model_dir, port, options), stdout=out, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, env=server_env(index), start_new_session=True)
+                                   stdin=subprocess.DEVNULL, env=server_env(index, bool(options.lora_rank)),
+                                   start_new_session=True)
     return Server(index, f"http://{options.host}:{port}", process, log, port)
 
 

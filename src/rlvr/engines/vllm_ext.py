@@ -15,11 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from safetensors.torch import load_file
-from vllm.distributed.weight_transfer.base import (WeightTransferEngine, WeightTransferInitInfo,
-                                                   WeightTransferUpdateInfo)
+from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
-from vllm.model_executor.model_loader.reload.layerwise import (finalize_layerwise_reload,
-                                                               initialize_layerwise_reload)
+from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload, initialize_layerwise_reload
 
 BACKEND = "rlvr_shm"
 

@@ -67,6 +67,14 @@ def padded(choices: list[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor
     return ids, mask.float(), logprobs
 
 
+def adapter_key(name: str) -> str:
+    """peft's parameter name -> its saved name: the adapter's own name dropped
+    (`...q_proj.lora_A.default.weight` -> `...q_proj.lora_A.weight`), as `save_pretrained` writes it."""
+    head, sep, tail = name.partition(".lora_")
+    kind, _, rest = tail.partition(".")
+    return f"{head}{sep}{kind}.{rest.split('.', 1)[-1]}"
+
+
 class ServerEngine:
     """`engine(prompt_ids, prompt_mask, seeds, *, temperature) -> Rollouts` from vLLM servers;
     `push_weights(named_tensors, version)` after each update; `close()` stops the servers it started."""
@@ -74,12 +82,14 @@ class ServerEngine:
     def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]], hf_config, *, max_new_tokens: int,
                  eos_id: int, pad_id: int, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
                  repetition_penalty: float = 1.0, servers: int = 1, urls: tuple[str, ...] = (), port: int = 0,
-                 options: fleet.ServerOptions = fleet.ServerOptions(), on_crash: str = "restart",
-                 bucket_mb: int = 64):
+                 options: fleet.ServerOptions | None = None, on_crash: str = "restart",
+                 bucket_mb: int = 64, lora_config=None):
         self.max_new_tokens, self.eos_id, self.pad_id = max_new_tokens, eos_id, pad_id
         self.top_p, self.top_k, self.min_p, self.repetition_penalty = top_p, top_k, min_p, repetition_penalty
-        self.options, self.on_crash, self.bucket_bytes = options, on_crash, bucket_mb << 20
+        self.options, self.on_crash, self.bucket_bytes = options or fleet.ServerOptions(), on_crash, bucket_mb << 20
         self.policy_version = 0
+        self.lora_config = lora_config  # peft's LoraConfig: pushes of adapter tensors load a vLLM LoRA adapter
+        self.adapter: str | None = None  # the adapter requests name (None: the base model)
         self.last_push: tuple[float, int] = (0.0, 0)  # (seconds, bytes) of the latest push
         self._dir = Path(tempfile.mkdtemp(prefix="rlvr-vllm-server-"))
         shm = Path("/dev/shm")
@@ -131,7 +141,10 @@ class ServerEngine:
                               ) from None
         if answer.status_code != 200:
             raise fleet.ServerDown(f"{server.name}: {route} answered {answer.status_code}: {answer.text[:300]}")
-        return answer.json()
+        try:
+            return answer.json()
+        except ValueError:  # the LoRA routes answer in plain text
+            return answer.text
 
     # sampling
 
@@ -141,7 +154,7 @@ class ServerEngine:
         temps = temperature.tolist() if isinstance(temperature, torch.Tensor) else [float(temperature)] * rows
         prompts = [[t for t, m in zip(ids, keep) if m] for ids, keep in zip(prompt_ids.tolist(), prompt_mask.tolist())]
         runs = group_runs(prompts, seeds.tolist(), temps)
-        bodies = [{"model": fleet.MODEL_NAME, "token_ids": prompts[start],
+        bodies = [{"model": self.adapter or fleet.MODEL_NAME, "token_ids": prompts[start],
                    "sampling_params": self._params(temps[start], int(seeds[start]), n)} for start, n in runs]
         for server in self.servers:  # a reused block may round differently from a recomputed one
             self._with_restart(server, lambda s: self._post(s, "/reset_prefix_cache", timeout=60))
@@ -196,12 +209,18 @@ class ServerEngine:
             self._init_transfer(server)
             if self._files:
                 self._push_to(server, self._files, self.policy_version)
+            if self.adapter:
+                self._load_adapter(server, self.adapter, self._wire / self.adapter)
 
     # weights
 
     def push_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Write the weights (HF names; LoRA merged) in buckets to shared memory, then load them on
-        every server through vLLM's weight-update protocol, tagged with `version`."""
+        every server through vLLM's weight-update protocol, tagged with `version`. LoRA adapter
+        tensors alone (peft's names, `.lora_A.`/`.lora_B.`) load as a vLLM LoRA adapter instead."""
+        named_tensors = list(named_tensors)
+        if self.lora_config is not None and named_tensors and all(".lora_" in name for name, _ in named_tensors):
+            return self._push_adapter(named_tensors, version)
         t0 = time.perf_counter()
         parts = buckets(named_tensors, self.bucket_bytes)
         files = []
@@ -219,6 +238,34 @@ class ServerEngine:
         self._files, self.policy_version = files, version
         nbytes = sum(t.numel() * t.element_size() for part in parts for t in part.values())
         self.last_push = (time.perf_counter() - t0, nbytes)
+
+    def _push_adapter(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Save the adapter as a PEFT directory under a new name per version (vLLM keys its caches
+        by name, and a reload in place would let requests read half-written files), load it on
+        every server, route requests to it, then unload and delete the one it replaces."""
+        from safetensors.torch import save_file
+
+        t0 = time.perf_counter()
+        name = f"{fleet.MODEL_NAME}-v{version}"
+        if name == self.adapter:  # the same version again (a resumed run's first push): already served
+            return
+        path = self._wire / name
+        path.mkdir()
+        tensors = {adapter_key(key): t.detach().to("cpu").contiguous() for key, t in named_tensors}
+        save_file(tensors, str(path / "adapter_model.safetensors"))
+        self.lora_config.save_pretrained(str(path))
+        with ThreadPoolExecutor(max_workers=len(self.servers)) as pool:
+            list(pool.map(lambda s: self._with_restart(s, lambda t: self._load_adapter(t, name, path)), self.servers))
+        old, self.adapter, self.policy_version = self.adapter, name, version
+        if old is not None:
+            for server in self.servers:
+                self._with_restart(server, lambda t: self._post(t, "/v1/unload_lora_adapter", {"lora_name": old},
+                                                                timeout=60))
+            shutil.rmtree(self._wire / old, ignore_errors=True)
+        self.last_push = (time.perf_counter() - t0, sum(t.numel() * t.element_size() for t in tensors.values()))
+
+    def _load_adapter(self, server: fleet.Server, name: str, path: Path) -> None:
+        self._post(server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, timeout=600)
 
     def _push_to(self, server: fleet.Server, files: list[Path], version: int) -> None:
         self._post(server, "/start_weight_update", {}, timeout=600)
