@@ -87,9 +87,8 @@ def test_push_puts_the_trainers_weights_in_every_replica(setup):
                        max_seq_len=64, seed=5).eval()
     server.bucket_bytes = 40_000  # several buckets for this 0.26 MB model
     server.push_weights(list(moved.named_parameters()), version=3)
-    seconds, nbytes = server.last_push
-    assert nbytes == sum(p.numel() * 4 for p in moved.parameters()) and seconds > 0
     assert server.policy_version == 3 and len(server._files) > 3
+    assert sum(f.stat().st_size for f in server._files) > sum(p.numel() * 4 for p in moved.parameters())
     new = server(ids, mask, seeds, temperature=1.0)
     assert set(server.served) == {0, 1}
     assert (new.logprobs - _teacher_forced(moved, new)).abs().max() < 2e-5  # the new weights, on both replicas

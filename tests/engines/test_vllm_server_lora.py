@@ -61,9 +61,9 @@ def test_adapter_pushes_match_the_trainers_peft_model_after_each_step():
             assert (out.logprobs - _teacher_forced(model, out)).abs().max() < 1e-4
             model.train()
         assert (_teacher_forced(model, first) - first.logprobs).abs().max() > 0.05  # the adapters moved
-        seconds, nbytes = engine.last_push
         merged = sum(t.numel() * t.element_size() for _, t in merged_weights(model))
-        assert nbytes == sum(p.numel() * 4 for _, p in adapters) and nbytes * 4 < merged
+        sent = sum(f.stat().st_size for f in (engine._wire / f"rlvr-v{STEPS}").iterdir())
+        assert sum(p.numel() * 4 for _, p in adapters) < sent < merged / 4
         assert sorted(p.name for p in engine._wire.iterdir()) == [f"rlvr-v{STEPS}"]  # older adapters deleted
     finally:
         engine.close()

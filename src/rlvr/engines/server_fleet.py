@@ -25,6 +25,7 @@ from pathlib import Path
 
 import requests
 
+from rlvr.engines.vllm import SHM_BACKEND
 from rlvr.errors import ConfigError
 
 MODEL_NAME = "rlvr"
@@ -101,7 +102,7 @@ def server_command(model_dir: Path, port: int, o: ServerOptions) -> list[str]:
             "--served-model-name", MODEL_NAME, "--skip-tokenizer-init", "--dtype", o.dtype, "--enforce-eager",
             "--seed", str(o.seed), "--logprobs-mode", "processed_logprobs", "--enable-scale-out",
             "--generation-config", "vllm", "--worker-extension-cls", EXTENSION,
-            "--weight-transfer-config", json.dumps({"backend": "rlvr_shm"}),
+            "--weight-transfer-config", json.dumps({"backend": SHM_BACKEND}),
             "--kv-cache-memory-bytes", str(o.kv_cache_mb << 20), "--host", o.host, "--port", str(port)]
     if o.max_model_len:
         args += ["--max-model-len", str(o.max_model_len)]

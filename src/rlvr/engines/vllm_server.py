@@ -11,7 +11,7 @@ fewest requests in flight.
 Weights move through vLLM's own update protocol (`/start_weight_update`, `/update_weights` per
 bucket, `/finish_weight_update` with the policy version as vLLM's weight version), over the
 `rlvr_shm` backend (`engines.vllm_ext`: safetensors buckets on `/dev/shm`), the path that works on
-a CPU. `last_push` records the seconds and bytes of the latest push.
+a CPU.
 
 A server that dies is named in one line; with `on_crash="restart"` it is started again on its port,
 given the newest weights (their bucket files are kept until the next push) and its requests are
@@ -25,7 +25,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
-import time
 import warnings
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +35,7 @@ import torch
 
 from rlvr.batch import Rollouts
 from rlvr.engines import server_fleet as fleet
-from rlvr.engines.vllm import group_runs, save_for_engine
+from rlvr.engines.vllm import SHM_BACKEND, group_runs, save_for_engine
 from rlvr.errors import ConfigError
 
 
@@ -90,7 +89,6 @@ class ServerEngine:
         self.policy_version = 0
         self.lora_config = lora_config  # peft's LoraConfig: pushes of adapter tensors load a vLLM LoRA adapter
         self.adapter: str | None = None  # the adapter requests name (None: the base model)
-        self.last_push: tuple[float, int] = (0.0, 0)  # (seconds, bytes) of the latest push
         self._dir = Path(tempfile.mkdtemp(prefix="rlvr-vllm-server-"))
         shm = Path("/dev/shm")
         self._wire = Path(tempfile.mkdtemp(prefix="rlvr-weights-", dir=shm if shm.is_dir() else None))
@@ -130,7 +128,7 @@ class ServerEngine:
         except fleet.ServerDown as err:
             raise ConfigError(f"rollout.server_urls: {server.name} refused rlvr's weight transfer ({err}); start it "
                               "with VLLM_SERVER_DEV_MODE=1 --worker-extension-cls " + fleet.EXTENSION +
-                              " --weight-transfer-config '{\"backend\": \"rlvr_shm\"}'") from None
+                              f" --weight-transfer-config '{{\"backend\": \"{SHM_BACKEND}\"}}'") from None
 
     def _post(self, server: fleet.Server, route: str, body: dict | None = None, timeout: float | None = None):
         try:
@@ -221,7 +219,6 @@ class ServerEngine:
         named_tensors = list(named_tensors)
         if self.lora_config is not None and named_tensors and all(".lora_" in name for name, _ in named_tensors):
             return self._push_adapter(named_tensors, version)
-        t0 = time.perf_counter()
         parts = buckets(named_tensors, self.bucket_bytes)
         files = []
         from safetensors.torch import save_file
@@ -236,8 +233,6 @@ class ServerEngine:
             if old not in files:
                 old.unlink(missing_ok=True)
         self._files, self.policy_version = files, version
-        nbytes = sum(t.numel() * t.element_size() for part in parts for t in part.values())
-        self.last_push = (time.perf_counter() - t0, nbytes)
 
     def _push_adapter(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
         """Save the adapter as a PEFT directory under a new name per version (vLLM keys its caches
@@ -245,7 +240,6 @@ class ServerEngine:
         every server, route requests to it, then unload and delete the one it replaces."""
         from safetensors.torch import save_file
 
-        t0 = time.perf_counter()
         name = f"{fleet.MODEL_NAME}-v{version}"
         if name == self.adapter:  # the same version again (a resumed run's first push): already served
             return
@@ -262,7 +256,6 @@ class ServerEngine:
                 self._with_restart(server, lambda t: self._post(t, "/v1/unload_lora_adapter", {"lora_name": old},
                                                                 timeout=60))
             shutil.rmtree(self._wire / old, ignore_errors=True)
-        self.last_push = (time.perf_counter() - t0, sum(t.numel() * t.element_size() for t in tensors.values()))
 
     def _load_adapter(self, server: fleet.Server, name: str, path: Path) -> None:
         self._post(server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, timeout=600)
