@@ -129,3 +129,14 @@ def test_server_command_loopback_and_rlvr_backend(tmp_path):
     assert json.loads(flag("--weight-transfer-config")) == {"backend": "rlvr_shm"}
     assert flag("--max-model-len") == "64" and flag("--block-size") == "32"
     assert "--max-model-len" not in fleet.server_command(Path("/m"), 1, fleet.ServerOptions())
+
+
+def test_attaching_and_starting_servers_are_not_mixed():
+    from rlvr.config import load_config
+
+    with pytest.raises(ConfigError, match=r"rollout.server_urls: attaches to running servers .* leave rollout.servers"):
+        load_config(None, ["rollout.engine=vllm_server", "rollout.server_urls=http://127.0.0.1:8000",
+                           "rollout.servers=2"])
+    with pytest.raises(ConfigError, match=r"rollout.servers.*only read with rollout.engine=vllm_server"):
+        load_config(None, ["rollout.servers=2"])
+    assert load_config(None, ["rollout.engine=vllm_server", "rollout.servers=2"]).rollout.servers == 2

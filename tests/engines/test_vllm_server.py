@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 
 import pytest
 import torch
@@ -19,6 +21,7 @@ pytestmark = pytest.mark.vllm
 
 MAX_NEW = 8
 PROMPT_LEN = 40
+LONGEST = 256  # positions: the partial-rollout test samples long completions
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +32,12 @@ def setup():
 
     tokenizer = char_tokenizer()
     model = tiny_llama(len(tokenizer), hidden_size=64, num_layers=2, num_heads=2, intermediate_size=64,
-                       max_seq_len=64, seed=0).eval()
+                       max_seq_len=LONGEST, seed=0).eval()
     common = dict(max_new_tokens=MAX_NEW, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
     server = ServerEngine(list(model.named_parameters()), model.config, servers=2, on_crash="fail",
-                          options=ServerOptions(kv_cache_mb=16, block_size=32, max_model_len=64), **common)
+                          options=ServerOptions(kv_cache_mb=16, block_size=32, max_model_len=LONGEST), **common)
     local = VLLMEngine(list(model.named_parameters()), model.config, kv_cache_mb=16, block_size=32,
-                       max_model_len=64, **common)
+                       max_model_len=LONGEST, **common)
     yield model, tokenizer, server, local
     local.close()
     server.close()
@@ -84,7 +87,7 @@ def test_push_puts_the_trainers_weights_in_every_replica(setup):
     ids, mask, seeds = _prompts(tokenizer, 8, group=1, seed=1)
     old = server(ids, mask, seeds, temperature=1.0)
     moved = tiny_llama(len(tokenizer), hidden_size=64, num_layers=2, num_heads=2, intermediate_size=64,
-                       max_seq_len=64, seed=5).eval()
+                       max_seq_len=LONGEST, seed=5).eval()
     server.bucket_bytes = 40_000  # several buckets for this 0.26 MB model
     server.push_weights(list(moved.named_parameters()), version=3)
     assert server.policy_version == 3 and len(server._files) > 3
@@ -99,12 +102,52 @@ def test_push_puts_the_trainers_weights_in_every_replica(setup):
     assert (again.logprobs - old.logprobs).abs().max() < 1e-5
 
 
+def test_a_push_during_a_call_keeps_its_generations_and_tags_each_token_with_its_version(setup):
+    """Partial rollouts: a push while long completions are in flight freezes them, swaps the weights
+    and resumes them (KV recomputed). Each token's behaviour log-prob is the teacher-forced one
+    under the version that sampled it (prefix included), and `versions` says which one that was."""
+    model, tokenizer, server, _ = setup
+    other = tiny_llama(len(tokenizer), hidden_size=64, num_layers=2, num_heads=2, intermediate_size=64,
+                       max_seq_len=LONGEST, seed=5).eval()
+    models = {0: model, 1: other}  # version parity -> weights
+    ids, mask, seeds = _prompts(tokenizer, 8, group=1, seed=3)
+    saved = server.max_new_tokens
+    server.max_new_tokens = LONGEST - PROMPT_LEN
+    try:
+        server.push_weights(list(model.named_parameters()), version=10)
+        t0 = time.perf_counter()
+        server(ids, mask, seeds, temperature=1.0)
+        took = time.perf_counter() - t0
+        for attempt in range(4):  # the push must land while tokens are being sampled
+            result = {}
+            call = threading.Thread(target=lambda got=result: got.update(out=server(ids, mask, seeds, temperature=1.0)))
+            call.start()
+            time.sleep(took * (0.3 + 0.1 * attempt))
+            server.push_weights(list(other.named_parameters()), version=11 + 2 * attempt)
+            call.join()
+            out = result["out"]
+            used = set(out.versions[out.completion_mask.bool()].tolist())
+            if len(used) == 2:
+                break
+            server.push_weights(list(model.named_parameters()), version=12 + 2 * attempt)
+        assert used == {10, 11 + 2 * attempt}, used
+        real = out.completion_mask.bool()
+        assert (out.versions[~real] == -1).all() and (out.versions.diff(dim=-1)[real[:, 1:]] >= 0).all()
+        for version in used:
+            tagged = real & (out.versions == version)
+            expected = _teacher_forced(models[version % 2], out)
+            assert (out.logprobs - expected)[tagged].abs().max() < 2e-5
+            assert (out.logprobs - _teacher_forced(models[1 - version % 2], out))[tagged].abs().max() > 0.1
+    finally:
+        server.max_new_tokens = saved
+
+
 def test_a_killed_replica_is_named_in_one_line_then_restarted_with_the_newest_weights(setup):
     from rlvr.engines.server_fleet import ServerDown
 
     model, tokenizer, server, _ = setup
     moved = tiny_llama(len(tokenizer), hidden_size=64, num_layers=2, num_heads=2, intermediate_size=64,
-                       max_seq_len=64, seed=7).eval()
+                       max_seq_len=LONGEST, seed=7).eval()
     server.push_weights(list(moved.named_parameters()), version=5)
     ids, mask, seeds = _prompts(tokenizer, 8, group=2, seed=2)
     before = server(ids, mask, seeds, temperature=1.0)

@@ -53,6 +53,17 @@ def buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
     return [b for b in out if b]
 
 
+def token_versions(choices: list[dict], width: int, start: int) -> torch.Tensor:
+    """(B, width) long: the weight version vLLM reports for each output token (`weight_versions`
+    spans `{version, start, end}`); a server's weights before rlvr's first push are `start`'s."""
+    out = torch.full((len(choices), width), -1, dtype=torch.long)
+    for row, choice in enumerate(choices):
+        for span in choice.get("weight_versions") or ():
+            version = span["version"]
+            out[row, span["start"]:span["end"]] = int(version) if str(version).lstrip("-").isdigit() else start
+    return out
+
+
 def padded(choices: list[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ids, mask, log-probs) (B, longest), right-padded, of the server's choices."""
     tokens = [c["token_ids"] for c in choices]
@@ -161,7 +172,8 @@ class ServerEngine:
         choices = [c for a in answers for c in sorted(a["choices"], key=lambda c: c["index"])]
         ids, mask, logprobs = padded(choices, self.pad_id)
         truncated = torch.tensor([c["finish_reason"] == "length" for c in choices], dtype=torch.bool)
-        return Rollouts(prompt_ids, prompt_mask, ids, mask, logprobs, truncated.view(rows))
+        versions = token_versions(choices, ids.shape[1], 0).masked_fill(mask == 0, -1)
+        return Rollouts(prompt_ids, prompt_mask, ids, mask, logprobs, truncated.view(rows), versions=versions)
 
     def _params(self, temperature: float, seed: int, n: int) -> dict:
         sampled = temperature > 0  # greedy: the model's argmax, no truncation or penalty (as VLLMEngine)
@@ -261,10 +273,17 @@ class ServerEngine:
         self._post(server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, timeout=600)
 
     def _push_to(self, server: fleet.Server, files: list[Path], version: int) -> None:
-        self._post(server, "/start_weight_update", {}, timeout=600)
-        for path in files:
-            self._post(server, "/update_weights", {"update_info": {"path": str(path)}}, timeout=600)
-        self._post(server, "/finish_weight_update", {"weight_version": str(version)}, timeout=600)
+        """Partial rollouts: requests in flight are frozen (`keep`), not aborted or awaited; their KV
+        cache is dropped with the pause, so on resume they recompute it under the new weights and go
+        on sampling, each token tagged with the version that sampled it (`Rollouts.versions`)."""
+        self._post(server, "/pause?mode=keep", timeout=600)
+        try:
+            self._post(server, "/start_weight_update", {}, timeout=600)
+            for path in files:
+                self._post(server, "/update_weights", {"update_info": {"path": str(path)}}, timeout=600)
+            self._post(server, "/finish_weight_update", {"weight_version": str(version)}, timeout=600)
+        finally:
+            self._post(server, "/resume", timeout=600)
 
     def close(self) -> None:
         """Stop the servers this engine started (idempotent) and delete its files."""
