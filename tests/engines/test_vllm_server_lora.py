@@ -69,6 +69,7 @@ def test_adapter_pushes_match_the_trainers_peft_model_after_each_step():
         engine.close()
 
 
+@pytest.mark.slow
 def test_rlvr_train_with_servers_pushes_the_adapter_alone(tmp_path):
     """3 LoRA steps on a started server: every push moves the adapter only (its bytes, not the
     model's), and the server's log-probs keep up with the trainer's at every step."""
