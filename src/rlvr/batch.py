@@ -67,6 +67,7 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
     tp = max(p.prompt_ids.shape[1] for p in parts)
     tc = max(p.completion_ids.shape[1] for p in parts)
     traced = all(p.trace is not None for p in parts)
+    versioned = all(p.versions is not None for p in parts)
     return Rollouts(
         prompt_ids=torch.cat([_pad_to(p.prompt_ids, tp, pad_id, left=True) for p in parts]),
         prompt_mask=torch.cat([_pad_to(p.prompt_mask, tp, 0, left=True) for p in parts]),
@@ -76,6 +77,7 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         truncated=torch.cat([p.truncated for p in parts]),
         trace=torch.cat([_pad_to(p.trace, tc, 0, left=False) for p in parts]) if traced else None,
         forwards=sum(p.forwards for p in parts),
+        versions=torch.cat([_pad_to(p.versions, tc, -1, left=False) for p in parts]) if versioned else None,
     )
 
 
