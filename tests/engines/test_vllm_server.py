@@ -13,6 +13,7 @@ import time
 
 import pytest
 import torch
+from _teacher_forced import teacher_forced
 
 from rlvr.models.causal_lm import tiny_llama
 from rlvr.models.tokenizer import char_tokenizer
@@ -53,19 +54,6 @@ def _prompts(tokenizer, rows: int, group: int, seed: int = 0):
     return ids.repeat_interleave(group, 0), mask.repeat_interleave(group, 0), seeds
 
 
-@torch.no_grad()
-def _teacher_forced(model, out, temperature: float = 1.0) -> torch.Tensor:
-    rows = []
-    for i in range(len(out)):
-        prompt = out.prompt_ids[i][out.prompt_mask[i].bool()]
-        n = int(out.completion_mask[i].sum())
-        ids = torch.cat([prompt, out.completion_ids[i, :n]])[None]
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float() / temperature
-        logp = logits.log_softmax(-1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
-        rows.append(torch.cat([logp, torch.zeros(out.completion_ids.shape[1] - n)]))
-    return torch.stack(rows)
-
-
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_two_replicas_sample_what_the_in_process_engine_samples(setup, temperature):
     model, tokenizer, server, local = setup
@@ -76,7 +64,7 @@ def test_two_replicas_sample_what_the_in_process_engine_samples(setup, temperatu
     assert torch.equal(out.completion_ids, ref.completion_ids)
     assert torch.equal(out.completion_mask, ref.completion_mask) and torch.equal(out.truncated, ref.truncated)
     assert (out.logprobs - ref.logprobs).abs().max() < 1e-5
-    assert (out.logprobs - _teacher_forced(model, out, temperature)).abs().max() < 2e-5
+    assert (out.logprobs - teacher_forced(model, out, temperature)).abs().max() < 2e-5
     assert len({tuple(row) for row in out.completion_ids.tolist()}) == len(out)  # seeds differ within a group
     served = {i: server.served[i] - before[i] for i in before}
     assert sorted(served) == [0, 1] and min(served.values()) >= 1 and sum(served.values()) == 4  # one request a group
@@ -94,8 +82,8 @@ def test_push_puts_the_trainers_weights_in_every_replica(setup):
     assert sum(f.stat().st_size for f in server._files) > sum(p.numel() * 4 for p in moved.parameters())
     new = server(ids, mask, seeds, temperature=1.0)
     assert set(server.served) == {0, 1}
-    assert (new.logprobs - _teacher_forced(moved, new)).abs().max() < 2e-5  # the new weights, on both replicas
-    assert (_teacher_forced(moved, old) - old.logprobs).abs().max() > 0.1
+    assert (new.logprobs - teacher_forced(moved, new)).abs().max() < 2e-5  # the new weights, on both replicas
+    assert (teacher_forced(moved, old) - old.logprobs).abs().max() > 0.1
     server.push_weights(list(model.named_parameters()), version=4)
     again = server(ids, mask, seeds, temperature=1.0)
     assert torch.equal(again.completion_ids, old.completion_ids)
@@ -135,9 +123,9 @@ def test_a_push_during_a_call_keeps_its_generations_and_tags_each_token_with_its
         assert (out.versions[~real] == -1).all() and (out.versions.diff(dim=-1)[real[:, 1:]] >= 0).all()
         for version in used:
             tagged = real & (out.versions == version)
-            expected = _teacher_forced(models[version % 2], out)
+            expected = teacher_forced(models[version % 2], out)
             assert (out.logprobs - expected)[tagged].abs().max() < 2e-5
-            assert (out.logprobs - _teacher_forced(models[1 - version % 2], out))[tagged].abs().max() > 0.1
+            assert (out.logprobs - teacher_forced(models[1 - version % 2], out))[tagged].abs().max() > 0.1
     finally:
         server.max_new_tokens = saved
 
@@ -163,4 +151,4 @@ def test_a_killed_replica_is_named_in_one_line_then_restarted_with_the_newest_we
         after = server(ids, mask, seeds, temperature=1.0)
     assert victim.exit_code() is None
     assert torch.equal(after.completion_ids, before.completion_ids)  # the restarted replica got version 5
-    assert (after.logprobs - _teacher_forced(moved, after)).abs().max() < 2e-5
+    assert (after.logprobs - teacher_forced(moved, after)).abs().max() < 2e-5

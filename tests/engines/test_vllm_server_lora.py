@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _teacher_forced import teacher_forced
 
 from rlvr.models.causal_lm import tiny_llama
 from rlvr.models.tokenizer import char_tokenizer
@@ -13,19 +14,6 @@ from rlvr.models.tokenizer import char_tokenizer
 pytestmark = pytest.mark.vllm
 
 STEPS = 3
-
-
-@torch.no_grad()
-def _teacher_forced(model, out) -> torch.Tensor:
-    rows = []
-    for i in range(len(out)):
-        prompt = out.prompt_ids[i][out.prompt_mask[i].bool()]
-        n = int(out.completion_mask[i].sum())
-        ids = torch.cat([prompt, out.completion_ids[i, :n]])[None]
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
-        logp = logits.log_softmax(-1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
-        rows.append(torch.cat([logp, torch.zeros(out.completion_ids.shape[1] - n)]))
-    return torch.stack(rows)
 
 
 def test_adapter_pushes_match_the_trainers_peft_model_after_each_step():
@@ -58,9 +46,9 @@ def test_adapter_pushes_match_the_trainers_peft_model_after_each_step():
             assert engine.adapter == f"rlvr-v{step}" and engine.policy_version == step
             out = engine(ids, mask, seeds, temperature=1.0)
             model.eval()
-            assert (out.logprobs - _teacher_forced(model, out)).abs().max() < 1e-4
+            assert (out.logprobs - teacher_forced(model, out)).abs().max() < 1e-4
             model.train()
-        assert (_teacher_forced(model, first) - first.logprobs).abs().max() > 0.05  # the adapters moved
+        assert (teacher_forced(model, first) - first.logprobs).abs().max() > 0.05  # the adapters moved
         merged = sum(t.numel() * t.element_size() for _, t in merged_weights(model))
         sent = sum(f.stat().st_size for f in (engine._wire / f"rlvr-v{STEPS}").iterdir())
         assert sum(p.numel() * 4 for _, p in adapters) < sent < merged / 4
