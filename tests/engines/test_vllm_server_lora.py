@@ -58,9 +58,12 @@ def test_adapter_pushes_match_the_trainers_peft_model_after_each_step():
 
 
 @pytest.mark.slow
-def test_rlvr_train_with_servers_pushes_the_adapter_alone(tmp_path):
-    """3 LoRA steps on a started server: every push moves the adapter only (its bytes, not the
-    model's), and the server's log-probs keep up with the trainer's at every step."""
+@pytest.mark.parametrize("staleness", [None, 0])
+def test_rlvr_train_with_servers_pushes_the_adapter_alone(tmp_path, staleness):
+    """3 LoRA steps on a started server, in the synchronous loop and the asynchronous one at η = 0 (whose
+    rollout side publishes and pushes the adapter itself): every push moves the adapter only (its bytes,
+    not the model's), and the server's log-probs keep up with the trainer's at every step (a batch
+    sampled without the newest adapter would be far off)."""
     pytest.importorskip("peft")
     import json
 
@@ -75,8 +78,15 @@ def test_rlvr_train_with_servers_pushes_the_adapter_alone(tmp_path):
             "rollout.engine=vllm_server", "rollout.vllm_kv_cache_mb=16", "rollout.vllm_max_model_len=64",
             "rollout.server_on_crash=fail", f"reward.fn={reward}:score", "algo.dynamic_sampling=false",
             f"trainer.out_dir={tmp_path}", "trainer.name=run"]
+    if staleness is not None:  # the rollout side publishes and pushes the adapter alone
+        args += [f"trainer.max_staleness={staleness}", "trainer.threads=1"]
     assert main(args) == 0
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    if staleness is not None:
+        steps = [m for m in lines if m.get("step", 0) > 0 and "async/staleness" in m]
+        assert len(steps) == 3 and max(m["async/staleness"] for m in steps) == 0
+        assert all(m["rollout/mismatch_kl"] < 1e-6 for m in steps)
+        return
     steps = [m for m in lines if m.get("step", 0) > 0 and "time/weight_sync_s" in m]
     assert len(steps) == 3
     # hidden 64, 2 layers, rank 4, all-linear: q,k,v,o (64x64 each) and gate,up,down (64x64) adapters, fp32
