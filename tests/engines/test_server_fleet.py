@@ -139,4 +139,6 @@ def test_attaching_and_starting_servers_are_not_mixed():
                            "rollout.servers=2"])
     with pytest.raises(ConfigError, match=r"rollout.servers.*only read with rollout.engine=vllm_server"):
         load_config(None, ["rollout.servers=2"])
+    with pytest.raises(ConfigError, match=r"trainer.backend: rollout.engine=vllm_server runs its servers from this"):
+        load_config(None, ["rollout.engine=vllm_server", "trainer.backend=ray"])
     assert load_config(None, ["rollout.engine=vllm_server", "rollout.servers=2"]).rollout.servers == 2
