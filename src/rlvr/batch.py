@@ -24,6 +24,9 @@ class Rollouts:
     truncated: torch.Tensor        # (B,) bool, True when max_new_tokens ended the sample
     trace: torch.Tensor | None = None  # (B, Tc) long: diffusion samplers' step at which each token was committed
     forwards: int = 0              # model forwards the engine took for this batch (a cost measure)
+    # (B, Tc) long: the policy version that sampled each token, where weights can change during a call
+    # (a server engine's partial rollouts); None: all from the engine's `policy_version`
+    versions: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -35,8 +38,10 @@ class Rollouts:
     def select(self, rows: torch.Tensor | slice) -> Rollouts:
         """The rows `rows` (an index tensor or a slice), in that order."""
         trace = None if self.trace is None else self.trace[rows]
+        versions = None if self.versions is None else self.versions[rows]
         return Rollouts(self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows],
-                        self.completion_mask[rows], self.logprobs[rows], self.truncated[rows], trace, self.forwards)
+                        self.completion_mask[rows], self.logprobs[rows], self.truncated[rows], trace, self.forwards,
+                        versions)
 
 
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,6 +67,7 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
     tp = max(p.prompt_ids.shape[1] for p in parts)
     tc = max(p.completion_ids.shape[1] for p in parts)
     traced = all(p.trace is not None for p in parts)
+    versioned = all(p.versions is not None for p in parts)
     return Rollouts(
         prompt_ids=torch.cat([_pad_to(p.prompt_ids, tp, pad_id, left=True) for p in parts]),
         prompt_mask=torch.cat([_pad_to(p.prompt_mask, tp, 0, left=True) for p in parts]),
@@ -71,6 +77,7 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         truncated=torch.cat([p.truncated for p in parts]),
         trace=torch.cat([_pad_to(p.trace, tc, 0, left=False) for p in parts]) if traced else None,
         forwards=sum(p.forwards for p in parts),
+        versions=torch.cat([_pad_to(p.versions, tc, -1, left=False) for p in parts]) if versioned else None,
     )
 
 

@@ -17,6 +17,7 @@ from rlvr.builder.plans import advantage_spec
 from rlvr.codec import prompt_lengths
 from rlvr.config import REGISTRY, Config, keywords, task_sections
 from rlvr.config.binding import bind, bound, companion_bound
+from rlvr.config.registries import adapter_sync
 from rlvr.engines.speculative import SpeculativeRollouts
 from rlvr.engines.torch_ar import generate
 from rlvr.engines.torch_block_diffusion import generate_block_diffusion
@@ -99,6 +100,8 @@ def build_engine(config: Config, model, tokenizer) -> RolloutEngine:
     r = config.rollout
     if r.engine == "vllm":
         return build_vllm_engine(config, model, tokenizer)
+    if r.engine == "vllm_server":
+        return build_server_engine(config, model, tokenizer)
     if config.model.kind != "diffusion":
         return functools.partial(generate, model, max_new_tokens=r.max_new_tokens, eos_id=tokenizer.eos_token_id,
                                  pad_id=tokenizer.pad_token_id, top_p=r.top_p, engine=r.decode_engine,
@@ -143,6 +146,29 @@ def build_vllm_engine(config: Config, model, tokenizer, *, own_process: bool = F
         block_size=r.vllm_block_size, max_model_len=r.vllm_max_model_len, seed=config.seed,
         rows=r.prompts_per_step * r.group_size)
     return SpawnedEngine(start) if own_process else start()
+
+
+def build_server_engine(config: Config, model, tokenizer):
+    """vLLM server processes started from `model`'s current weights (LoRA: merged), or the running
+    servers of `rollout.server_urls`, which get those weights at once."""
+    from rlvr.engines.server_fleet import ServerOptions
+    from rlvr.engines.vllm_server import ServerEngine
+    from rlvr.models.lora import base_weights, merged_weights
+
+    r = config.rollout
+    base = model.get_base_model() if hasattr(model, "peft_config") else model
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    adapters = adapter_sync(config)  # the servers apply the adapter themselves: they start from the base alone
+    options = ServerOptions(dtype=dtype, max_model_len=r.vllm_max_model_len, kv_cache_mb=r.vllm_kv_cache_mb,
+                            block_size=r.vllm_block_size, seed=config.seed, start_timeout_s=r.server_start_timeout_s,
+                            lora_rank=config.model.lora.r if adapters else 0)
+    urls = tuple(u.strip() for u in r.server_urls.split(",") if u.strip())
+    weights = base_weights(model) if adapters else merged_weights(model)
+    return ServerEngine(weights, base.config, max_new_tokens=r.max_new_tokens, eos_id=tokenizer.eos_token_id,
+                        pad_id=tokenizer.pad_token_id, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
+                        repetition_penalty=r.repetition_penalty, servers=r.servers, urls=urls, port=r.server_port,
+                        options=options, on_crash=r.server_on_crash, bucket_mb=r.weight_bucket_mb,
+                        lora_config=model.peft_config["default"] if adapters else None)
 
 
 def build_task(config: Config, tokenizer=None):

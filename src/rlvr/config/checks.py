@@ -146,6 +146,11 @@ def _rollout(config: Config) -> list[Check]:
          "rollout.micro_group_size", "must be 0 (one pass) or divide rollout.group_size"),
         (r.vllm_block_size >= 0 and r.vllm_block_size % 16 == 0, "rollout.vllm_block_size",
          "must be 0 (vLLM's default) or a multiple of 16 (32 on CPU)"),
+        (not r.server_urls or (r.servers == 1 and r.server_port == 0), "rollout.server_urls",
+         "attaches to running servers (one per address): leave rollout.servers and rollout.server_port unset"),
+        (r.engine != "vllm_server" or t.backend == "local", "trainer.backend",
+         "rollout.engine=vllm_server runs its servers from this process (Ray rollout workers would each start "
+         "their own); use trainer.backend=local, or rollout.engine=vllm on Ray"),
         (not r.greedy_in_group or diffusion, "rollout.greedy_in_group",
          "is implemented for model.kind=diffusion only; set it to false"),
         (not r.igpo or diffusion and r.engine == "torch", "rollout.igpo",

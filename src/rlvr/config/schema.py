@@ -197,7 +197,8 @@ class RolloutConfig:
     """Who samples causal-model rollouts: `torch` (rlvr's own sampler, reading the trainer's weights) or `vllm`
     (the `vllm` extra: vLLM in the trainer's process with its own copy of the weights, pushed after every
     update, and with `trainer.backend=ray` one more in each rollout worker; turns on
-    `algo.rollout_correction` unless set)."""
+    `algo.rollout_correction` unless set), or `vllm_server` (vLLM server processes, `rollout.servers` replicas,
+    weights pushed through vLLM's weight-update protocol; the `vllm` options below apply to it too)."""
     vllm_kv_cache_mb: int = ranged(64, ">= 1", "e.g. 64")
     """vLLM engine: KV-cache size in MiB (vLLM's own default takes most of the machine's memory). One that
     cannot hold a step's rows makes vLLM sample them in turns; the engine then warns with the size that can."""
@@ -205,6 +206,24 @@ class RolloutConfig:
     """vLLM engine: KV-cache block size in tokens (a multiple of 32 on CPU), 0 = vLLM's default."""
     vllm_max_model_len: int = ranged(0, ">= 0", "0 = the model config's")
     """vLLM engine: longest prompt + completion it accepts, 0 = the model config's `max_position_embeddings`."""
+    servers: int = ranged(1, ">= 1", "e.g. 2")
+    """vllm_server engine: vLLM server processes (data-parallel replicas) rlvr starts; each request goes to the
+    least loaded."""
+    server_urls: str = ""
+    """vllm_server engine: comma-separated addresses of running servers to attach to instead (rlvr starts none);
+    each must run vLLM 0.32 with `--served-model-name rlvr` and rlvr's weight transfer (docs/usage.md)."""
+    server_port: int = ranged(0, ">= 0", "0 = free ports")
+    """vllm_server engine: the first started server's port (the next ones count up), on 127.0.0.1."""
+    server_start_timeout_s: float = ranged(300.0, "> 0", "e.g. 300")
+    """vllm_server engine: seconds a started server may take to answer /health before the run stops."""
+    server_on_crash: str = choice("restart", ("restart", "fail"))
+    """vllm_server engine: a started server that dies is started again with the newest weights (`restart`),
+    or the run ends with one line naming it (`fail`)."""
+    weight_bucket_mb: int = ranged(64, ">= 1", "e.g. 64")
+    """vllm_server engine: MiB of weights per transfer bucket (one shared-memory file each)."""
+    lora_sync: str = choice("adapter", ("adapter", "merged"))
+    """vllm_server engine under LoRA: push the adapter alone, served by vLLM unmerged (`adapter`), or the
+    weights with the adapter folded in (`merged`, in fp32 then cast)."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import torch
 
 from rlvr.algos.advantages import AdvantageInputs
 from rlvr.batch import TrainBatch
-from rlvr.models.lora import merged_weights
+from rlvr.models.lora import adapter_weights, merged_weights
 from rlvr.protocols import WeightSyncEngine
 from rlvr.runtime.memory import PEAKS
 from rlvr.tracking.run_dir import now
@@ -135,7 +135,7 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     gap, behaviour = gap_metrics(old_logp, rollouts.logprobs, mask, proximal.weights)
     if plan.push_weights:
         plan.shard.mark(step, "weight_sync")
-        timings["weight_sync"] = push_weights(learner, plan, c.rollout.engine)
+        timings["weight_sync"], pushed = push_weights(learner, plan, c.rollout.engine)
     forwards = learner.policy.forwards - forwards_before
 
     metrics = _step_metrics(rewards, got.correct, rollouts, group_size, timings, batch)
@@ -150,6 +150,8 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     if forwards:  # module forwards (dLLM estimators); the fused causal fast path bypasses the module
         metrics["perf/forwards_per_update"] = forwards / max(sum(1 for m in updates.metrics if "actor/grad_norm" in m),
                                                              1)
+    if plan.push_weights:
+        metrics["perf/weight_sync_mb"] = pushed / 2**20  # what one push moved
     metrics["perf/peak_rss_mb"] = PEAKS.lifetime  # the process's, since it started
     metrics.update({f"perf/peak_rss_mb/{phase}": mb for phase, mb in peaks.items()})
     metrics.update({f"adv/{k}": v for k, v in adv_metrics.items()})
@@ -212,14 +214,18 @@ def _samples(step: int, got: Collected, rewards: torch.Tensor, count: int) -> li
     return records[:count]
 
 
-def push_weights(learner: LearnerParts, plan: StepPlan, engine: WeightSyncEngine) -> float:
-    """Send the trainer's weights (LoRA: merged) to an engine that holds its own copy, tagged with
-    the optimizer-step count; returns the seconds it took. Rollouts come only at the start of a step,
-    so one push after a step's last optimizer step serves every rollout that follows it."""
+def push_weights(learner: LearnerParts, plan: StepPlan, engine: WeightSyncEngine) -> tuple[float, int]:
+    """Send the trainer's weights (LoRA: merged, or the adapter alone) to an engine that holds its own
+    copy, tagged with the optimizer-step count; returns the seconds it took and the bytes it sent.
+    Rollouts come only at the start of a step, so one push after a step's last optimizer step serves
+    every rollout that follows it."""
     t0 = now()
-    weights = merged_weights(learner.model) if plan.push_merged else list(learner.model.named_parameters())
+    if plan.push_adapter:
+        weights = adapter_weights(learner.model)
+    else:
+        weights = merged_weights(learner.model) if plan.push_merged else list(learner.model.named_parameters())
     engine.push_weights(weights, version=learner.scheduler.last_epoch)
-    return now() - t0
+    return now() - t0, sum(t.numel() * t.element_size() for _, t in weights)
 
 
 def _turn_inputs(turns) -> dict:
