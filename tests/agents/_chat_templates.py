@@ -24,16 +24,3 @@ CHAT_TEMPLATES = {
         "{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
     ),
 }
-
-# A Hermes-style template that renders assistant `tool_calls` as `<tool_call>{json}</tool_call>`
-# (what an OpenAI-style agent sends back) and tool results as their own turn; a newline after each
-# message, so after the assistant's EOS (the glue a token-exact splice must insert after the sampled EOS).
-HERMES = (
-    "{%- if tools %}<|system|>tools: {{ tools | tojson }}\n{% endif %}"
-    "{%- for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
-    "{%- for c in m.get('tool_calls') or [] %}<tool_call>"
-    "{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}</tool_call>"
-    "{%- endfor %}"
-    "{%- if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\\n' }}{% endfor %}"
-    "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
-)

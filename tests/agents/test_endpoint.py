@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 import torch
-from _blackbox import reverse_agent
-from _chat_templates import HERMES
+from _blackbox import TOOLS, reverse_agent
 
 from rlvr.agents.agent_fn import AgentFnTask
 from rlvr.agents.batch import to_rollouts
 from rlvr.agents.collect import rollout_batch
+from rlvr.agents.sessions import render
 from rlvr.models.tokenizer import char_tokenizer
 
 pytest.importorskip("fastapi")
@@ -23,9 +23,7 @@ COMPACT = '<tool_call>{"name":"reverse","arguments":{"text":"abc"}}</tool_call>'
 
 @pytest.fixture
 def chat_tok():
-    tok = char_tokenizer()
-    tok.chat_template = HERMES
-    return tok
+    return char_tokenizer()  # no chat template of its own: the endpoint's plain one (Hermes tool calls)
 
 
 def _task(agent=reverse_agent, **kw):
@@ -61,11 +59,10 @@ def test_blackbox_agent_trains_on_the_ids_the_engine_sampled(chat_tok, scripted)
     tool_obs = chat_tok.decode(t0.ids[t0.turns[0].end:t0.turns[1].start])
     assert tool_obs == "\n<|tool|>cba\n<|assistant|>"
     # a message-level re-render would have trained on other ids: the sampled compact JSON comes back spaced
-    again = chat_tok(chat_tok.apply_chat_template([
+    again = chat_tok(render(chat_tok, [
         {"role": "system", "content": "answer with the reversed word"}, {"role": "user", "content": "reverse abc"},
         {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
-            "name": "reverse", "arguments": {"text": "abc"}}}]}], tools=None, tokenize=False),
-        add_special_tokens=False).input_ids
+            "name": "reverse", "arguments": '{"text": "abc"}'}}]}], TOOLS, False), add_special_tokens=False).input_ids
     assert again[:t0.turns[0].end] != t0.ids[:t0.turns[0].end]
     r = to_rollouts(got.trajectories, chat_tok.pad_token_id)
     assert r.completion_mask.sum() == sum(sum(t.mask) for t in got.trajectories)
@@ -110,3 +107,90 @@ def test_a_crashing_or_hung_agent_fails_only_its_episode(chat_tok, scripted):
     crashed, hung, fine = got.trajectories
     assert crashed.finish == hung.finish == "env_error" and fine.finish == "done" and fine.reward == 1.0
     assert "agent bug" in crashed.error and "TimeoutError" in hung.error and hung.counts["env_timeouts"] == 1
+
+
+def _malformed(rng, url: str, token: str) -> list[tuple[str, dict, bytes]]:
+    """100 bad requests: (url, headers, body)."""
+    import json
+    good = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    chat = url + "/chat/completions"
+    bodies = [
+        b"{", b"not json", b"\xff\xfe\x00", b"[]", b"3", b'"text"', b"null", b"{}",
+        json.dumps({"messages": []}).encode(), json.dumps({"messages": "hi"}).encode(),
+        json.dumps({"messages": [{"role": "robot", "content": "hi"}]}).encode(),
+        json.dumps({"messages": [{"role": None, "content": "hi"}]}).encode(),
+        json.dumps({"messages": [{"role": 5}]}).encode(),
+        json.dumps({"messages": [{"role": "user", "content": {"a": 1}}]}).encode(),
+        json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).encode(),
+        json.dumps({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}).encode(),
+        json.dumps({"messages": [{"role": "assistant", "content": "x"}]}).encode(),
+        json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 2}).encode(),
+        json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True}).encode(),
+        json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}).encode(),
+        json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": True}).encode(),
+        json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": "all"}).encode(),
+        json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}).encode(),
+        json.dumps({"messages": [{"role": "tool", "content": "x", "tool_call_id": 7}]}).encode(),
+        b"[" * 100_000 + b"]" * 100_000,  # deep nesting
+    ]
+    out = []
+    for i in range(100):
+        kind = i % 5
+        if kind == 0:  # no token, or a wrong one
+            headers = {} if i % 10 else {"Authorization": "Bearer wrong"}
+            out.append((chat, headers, json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode()))
+        elif kind == 1:  # a huge body
+            out.append((chat, good, b'{"messages": "' + b"a" * (1 << 21) + b'"}'))
+        elif kind == 2:  # fuzzed bytes
+            out.append((chat, good, bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 300)))))
+        elif kind == 3:  # wrong roles, wrong fields
+            out.append((chat, good, bodies[rng.randrange(len(bodies))]))
+        else:  # an episode that is not running, a completion without a prompt
+            out.append((url.replace("/e/", "/e/0") + "/chat/completions", good,
+                        json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode())
+                       if i % 10 == 4 else (url + "/completions", good, b'{"prompt": 3}'))
+    return out
+
+
+def test_the_endpoint_refuses_malformed_requests_and_training_is_unchanged(chat_tok, scripted):
+    import random
+
+    import httpx
+
+    statuses = []
+
+    async def fuzzing_agent(client, example):  # attacks its own endpoint, then plays as usual
+        async with httpx.AsyncClient(timeout=30) as http:
+            for url, headers, body in _malformed(random.Random(0), str(client.base_url).rstrip("/"), client.api_key):
+                statuses.append((await http.post(url, headers=headers, content=body)).status_code)
+        return await reverse_agent(client, example)
+
+    runs = []
+    for agent in (reverse_agent, fuzzing_agent):
+        engine = scripted(chat_tok, [[COMPACT, "cba"]])
+        task = _task(agent)
+        try:
+            runs.append(rollout_batch(engine, chat_tok, task, _examples(task, 1), torch.arange(1), temperature=1.0))
+        finally:
+            task.close()
+        runs[-1].prompts = engine.prompts
+    assert len(statuses) == 100 and all(400 <= s < 500 for s in statuses), statuses
+    assert {401, 413, 400, 404} <= set(statuses)
+    (clean,), (fuzzed,) = runs[0].trajectories, runs[1].trajectories
+    assert fuzzed.ids == clean.ids and fuzzed.logprobs == clean.logprobs and fuzzed.mask == clean.mask
+    assert fuzzed.reward == clean.reward == 1.0 and runs[1].prompts == runs[0].prompts
+
+
+def test_models_route_needs_the_token(chat_tok):
+    import httpx
+
+    task = _task()
+    try:
+        endpoint = task.endpoint.start()
+        url = endpoint.url("x") + "/models"
+        assert httpx.get(url).status_code == 401
+        got = httpx.get(url, headers={"Authorization": f"Bearer {endpoint.token}"}).json()
+        assert got["data"][0]["max_model_len"] == 2000
+        assert endpoint.url("x").startswith("http://127.0.0.1:")
+    finally:
+        task.close()

@@ -78,10 +78,24 @@ def normalized(messages: list[dict]) -> list[dict]:
     return [{k: v for k, v in template_messages([m])[0].items() if v not in (None, "", [])} for m in messages]
 
 
+# For tokenizers without a chat template (the character models): role-tagged messages, tool calls in
+# Hermes blocks, the tools' schemas in a leading system line, a newline after each message.
+PLAIN_TEMPLATE = (
+    "{%- if tools %}<|system|>tools: {{ tools | tojson }}{{ '\\n' }}{% endif %}"
+    "{%- for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+    "{%- for c in m.get('tool_calls') or [] %}<tool_call>"
+    "{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}</tool_call>"
+    "{%- endfor %}"
+    "{%- if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\\n' }}{% endfor %}"
+    "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
 def render(tokenizer, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
+    template = None if getattr(tokenizer, "chat_template", None) else PLAIN_TEMPLATE
     try:
         return tokenizer.apply_chat_template(template_messages(messages), tools=tools or None, tokenize=False,
-                                             add_generation_prompt=generation)
+                                             add_generation_prompt=generation, chat_template=template)
     except Exception as err:  # noqa: BLE001 - a template refusing the messages is the request's fault
         raise CallError(400, "invalid_request_error", f"messages: the chat template refused them: "
                         f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]) from None
