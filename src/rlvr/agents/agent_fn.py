@@ -206,8 +206,9 @@ def _answer(future: Future, value) -> None:
 def run_agent(agent, url: str, token: str, example: dict, *, timeout_s: float, report) -> threading.Thread:
     """Start `agent(client, example)` in a daemon thread with an event loop of its own; `report(outcome)`
     gets its return value or the exception that ended it."""
+    import openai
+
     async def main():
-        import openai
         client = openai.AsyncOpenAI(base_url=url, api_key=token, max_retries=0, timeout=timeout_s)
         try:
             return await asyncio.wait_for(agent(client, example), timeout_s)
@@ -276,6 +277,7 @@ class AgentFnTask:
                          temperature) -> list[Trajectory]:
         """One episode per example, each a run of the agent through the endpoint."""
         endpoint = self.endpoint.start()
+        import openai  # here, once: importing it in many agent threads at once can deadlock on the import lock
         rnd = Round(engine, tokenizer, examples, seeds, temperature, self.settings, batch_wait_s=self.batch_wait_s,
                     episode_timeout_s=self.episode_timeout_s)
         endpoint.submit = rnd.submit

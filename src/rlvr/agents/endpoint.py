@@ -187,6 +187,7 @@ class Endpoint:
         if self._thread is not None:
             return self
         try:
+            import fastapi  # noqa: F401 - imported in this thread, not first in the server's
             import uvicorn
         except ImportError:
             raise ImportError("the agent endpoint needs fastapi and uvicorn: pip install -e '.[serve]'") from None
