@@ -126,7 +126,7 @@ class Round:
 
     def _prompt(self, ep: Episode, call: dict) -> list[int] | CallError:
         if ep.calls >= self.settings.max_turns:
-            return CallError(400, "turn_limit", f"this episode has made its {self.settings.max_turns} calls (max_turns)")
+            return CallError(400, "turn_limit", f"this episode made its {self.settings.max_turns} calls (max_turns)")
         try:
             if call["kind"] == "chat":
                 ids, kept = chat_prompt(ep, self.tokenizer, call["messages"], call["tools"])
@@ -206,7 +206,7 @@ def _answer(future: Future, value) -> None:
 def run_agent(agent, url: str, token: str, example: dict, *, timeout_s: float, report) -> threading.Thread:
     """Start `agent(client, example)` in a daemon thread with an event loop of its own; `report(outcome)`
     gets its return value or the exception that ended it."""
-    import openai
+    import openai  # in the calling thread: agent threads importing it at once deadlock on the import lock
 
     async def main():
         client = openai.AsyncOpenAI(base_url=url, api_key=token, max_retries=0, timeout=timeout_s)
@@ -277,7 +277,6 @@ class AgentFnTask:
                          temperature) -> list[Trajectory]:
         """One episode per example, each a run of the agent through the endpoint."""
         endpoint = self.endpoint.start()
-        import openai  # here, once: importing it in many agent threads at once can deadlock on the import lock
         rnd = Round(engine, tokenizer, examples, seeds, temperature, self.settings, batch_wait_s=self.batch_wait_s,
                     episode_timeout_s=self.episode_timeout_s)
         endpoint.submit = rnd.submit
