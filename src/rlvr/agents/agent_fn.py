@@ -176,7 +176,7 @@ class Round:
             content, tool_calls = parse_tool_calls(text, names, f"call_{ep.key[:8]}_{ep.calls}")
             reply = {"role": "assistant", "content": content, **({"tool_calls": tool_calls} if tool_calls else {})}
             finish = "tool_calls" if tool_calls and ended else finish
-        ep.records.append(Record(call.get("messages"), call.get("prompt"), reply, prompt_ids + new))
+        ep.records.append(Record(call.get("messages"), reply, prompt_ids + new))
         return _response(call, ep, reply, text, finish, prompt_ids, new, logprobs, self.tokenizer)
 
 

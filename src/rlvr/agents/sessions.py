@@ -127,7 +127,6 @@ class Record:
     """One answered call: what the agent sent, the prompt the engine was fed, what it sampled."""
 
     messages: list[dict] | None   # chat: the request's messages; completions: None
-    prompt_text: str | None       # completions: the request's prompt
     reply: dict | None            # chat: the assistant message returned
     kept_ids: list[int]           # prompt + sampled ids: what the next call must extend
 
@@ -195,8 +194,6 @@ def begin_call(ep: Episode, prompt_ids: list[int], kept: int) -> None:
     t = ep.traj
     delta = prompt_ids[kept:]
     t.add(delta, None, trained=False, turn=len(t.turns) - 1)
-    if t.turns:
-        t.turns[-1].obs_end = len(t.ids)
 
 
 def end_call(ep: Episode, ids: list[int], logprobs: list[float], *, ended: bool, cut: bool) -> str:
@@ -216,6 +213,8 @@ def finish_episode(ep: Episode, outcome: float | dict | Exception | None, pad_pr
         t = Trajectory(ids=[], prompt_len=len(pad_prompt), drifted=False)
         t.add(pad_prompt, None, trained=False, turn=-1)
     t.done = True
+    if ep.drifts:
+        t.count("drifts", ep.drifts)  # history rewrites: each one began a new chain
     if isinstance(outcome, Exception):
         t.count("env_errors")
         if isinstance(outcome, TimeoutError):
