@@ -194,3 +194,31 @@ def test_models_route_needs_the_token(chat_tok):
         assert endpoint.url("x").startswith("http://127.0.0.1:")
     finally:
         task.close()
+
+
+def test_completions_extend_the_kept_ids_and_logprobs_come_back(chat_tok, scripted):
+    seen = {}
+
+    async def completer(client, example):
+        first = await client.completions.create(model="m", prompt=example["prompt"], logprobs=1)
+        text = example["prompt"] + first.choices[0].text + "<eos> more:"
+        second = await client.completions.create(model="m", prompt=text)
+        seen["first"], seen["second"] = first.model_dump(), second.model_dump()
+        return 1.0
+
+    engine = scripted(chat_tok, [["ab", "cd"]])
+    task = _task(completer)
+    try:
+        got = rollout_batch(engine, chat_tok, task, _examples(task, 1), torch.arange(1), temperature=1.0)
+    finally:
+        task.close()
+    (t,) = got.trajectories
+    first, second = seen["first"], seen["second"]
+    assert first["choices"][0]["token_ids"] == chat_tok("ab", add_special_tokens=False).input_ids + [2]
+    assert [x["logprob"] for x in first["choices"][0]["logprobs"]["content"]] == pytest.approx(
+        [engine.logprob(0, 0, j) for j in range(3)])
+    # the second prompt is the first prompt, the sampled ids (EOS included) and the new text's ids
+    assert second["prompt_token_ids"] == first["prompt_token_ids"] + first["choices"][0]["token_ids"] + \
+        chat_tok(" more:", add_special_tokens=False).input_ids
+    assert not t.drifted and sum(t.mask) == 6
+    assert t.ids == second["prompt_token_ids"] + second["choices"][0]["token_ids"]

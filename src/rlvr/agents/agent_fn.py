@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import queue
 import random
 import threading
@@ -236,7 +237,7 @@ class AgentFnTask:
     def __init__(self, agent, examples, *, max_turns: int = 4, max_total_tokens: int = 256,
                  episode_timeout_s: float = 120.0, batch_wait_s: float = 0.2, train_drifted: bool = False,
                  max_body_bytes: int = 1 << 20, heldout_size: int = 64):
-        if not asyncio.iscoroutinefunction(agent):
+        if not inspect.iscoroutinefunction(agent):
             raise ConfigError("agent: must be an `async def run(client, example)` function")
         if max_turns < 1 or max_total_tokens < 2 or episode_timeout_s <= 0 or batch_wait_s < 0:
             raise ConfigError("AgentFnTask: needs max_turns >= 1, max_total_tokens >= 2, episode_timeout_s > 0, "
