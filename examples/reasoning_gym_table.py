@@ -30,7 +30,8 @@ def run(name: str, knobs: dict, seed: int, steps: int, out: str) -> dict:
     metrics = [json.loads(line) for line in (runs[-1] / "metrics.jsonl").read_text().splitlines()]
     heldout = [m["eval/heldout_accuracy"] for m in metrics if "eval/heldout_accuracy" in m]
     rewards = [m["reward/mean"] for m in metrics if "reward/mean" in m]
-    return {"before": heldout[0], "after": heldout[-1], "r_first": sum(rewards[:5]) / 5, "r_last": sum(rewards[-5:]) / 5}
+    return {"before": heldout[0], "after": heldout[-1],
+            "r_first": sum(rewards[:5]) / 5, "r_last": sum(rewards[-5:]) / 5}
 
 
 def main() -> None:
