@@ -222,3 +222,27 @@ def test_completions_extend_the_kept_ids_and_logprobs_come_back(chat_tok, script
         chat_tok(" more:", add_special_tokens=False).input_ids
     assert not t.drifted and sum(t.mask) == 6
     assert t.ids == second["prompt_token_ids"] + second["choices"][0]["token_ids"]
+
+
+def test_trainer_runs_a_blackbox_agent_end_to_end(tmp_path):
+    """`rlvr.Trainer` on an `AgentFnTask`: a fresh tiny model's two-turn episodes through the endpoint
+    are trained on (both turns' ids in the loss), evaluated and logged."""
+    from rlvr import Trainer
+
+    async def two_turns(client, example):
+        messages = [{"role": "user", "content": example["prompt"]}]
+        first = await client.chat.completions.create(model="policy", messages=messages)
+        messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "content": "ok"}]
+        second = await client.chat.completions.create(model="policy", messages=messages)
+        return (second.choices[0].message.content or "").count("a") / 4
+
+    task = AgentFnTask(two_turns, [{"prompt": f"say {w}"} for w in "abcdefgh"], max_turns=2, max_total_tokens=96,
+                       batch_wait_s=2.0, heldout_size=2)
+    try:
+        final = Trainer("", train_dataset=task, overrides={
+            "trainer.steps": 2, "rollout.prompts_per_step": 2, "rollout.group_size": 2, "rollout.max_new_tokens": 4,
+            "model.max_seq_len": 128, "trainer.eval_every": 0, "trainer.out_dir": str(tmp_path)}).train()
+    finally:
+        task.close()
+    assert final["agent/turns_mean"] == 2.0 and final["agent/env_errors"] == 0.0 and final["agent/drifted"] == 0.0
+    assert 2.0 <= final["agent/action_tokens_mean"] <= 8.0  # up to 4 sampled ids in each of the two turns
