@@ -125,7 +125,7 @@ def _malformed(rng, url: str, token: str) -> list[tuple[str, dict, bytes]]:
         json.dumps({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}).encode(),
         json.dumps({"messages": [{"role": "assistant", "content": "x"}]}).encode(),
         json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 2}).encode(),
-        json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True}).encode(),
+        json.dumps({"messages": [{"role": "user", "content": "x"}], "stream_options": "yes"}).encode(),
         json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}).encode(),
         json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": True}).encode(),
         json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": "all"}).encode(),
@@ -246,3 +246,38 @@ def test_trainer_runs_a_blackbox_agent_end_to_end(tmp_path):
         task.close()
     assert final["agent/turns_mean"] == 2.0 and final["agent/env_errors"] == 0.0 and final["agent/drifted"] == 0.0
     assert 2.0 <= final["agent/action_tokens_mean"] <= 8.0  # up to 4 sampled ids in each of the two turns
+
+
+def test_a_streamed_chat_answer_reassembles_to_the_plain_one(chat_tok, scripted):
+    got = {}
+
+    async def streamer(client, example):
+        messages = [{"role": "user", "content": example["prompt"]}]
+        stream = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True,
+                                                      stream_options={"include_usage": True})
+        content, calls, finish, usage = "", {}, None, None
+        async for chunk in stream:
+            usage = chunk.usage or usage
+            for choice in chunk.choices:
+                content += choice.delta.content or ""
+                for c in choice.delta.tool_calls or []:
+                    calls.setdefault(c.index, {"id": c.id, "name": c.function.name, "arguments": ""})
+                    calls[c.index]["arguments"] += c.function.arguments or ""
+                finish = choice.finish_reason or finish
+        got.update(content=content, calls=calls, finish=finish, usage=usage)
+        messages.append({"role": "assistant", "content": content or None, "tool_calls": [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in calls.values()]})
+        messages.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": "cba"})
+        final = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        return float(final.choices[0].message.content == "cba")
+
+    engine = scripted(chat_tok, [[COMPACT, "cba"]])
+    task = _task(streamer)
+    try:
+        (t,) = rollout_batch(engine, chat_tok, task, _examples(task, 1), torch.arange(1), temperature=1.0).trajectories
+    finally:
+        task.close()
+    assert got["finish"] == "tool_calls" and got["calls"][0]["name"] == "reverse" and got["content"] == ""
+    assert got["calls"][0]["arguments"] == '{"text": "abc"}' and got["usage"].completion_tokens == len(COMPACT) + 1
+    assert t.reward == 1.0 and not t.drifted and len(t.turns) == 2  # the streamed reply, echoed, extends the ids

@@ -11,11 +11,14 @@ daemon thread on 127.0.0.1 at a free port and answers, per episode, under
 - `GET /models`.
 
 Every answer carries the exact ids (`prompt_token_ids`, `choices[0].token_ids`, as vLLM's
-`return_token_ids` does). What the engine samples is the run's business: the run's temperature and
-per-call token limit apply, the request's sampling fields (`temperature`, `top_p`, `seed`, `stop`)
-are ignored, so the behaviour log-probs are the ones the trainer corrects for. `n` > 1 and
-`stream` are refused. The work itself (rendering, batching, the engine) happens in the thread that
-drives the rollout (`agents.agent_fn`); the handlers only check and queue.
+`return_token_ids` does). `stream: true` (chat) gets the same answer as server-sent events once it
+is sampled: a role chunk, the content, the tool calls, the finish reason, a usage chunk when
+`stream_options.include_usage` asks, `[DONE]`. What the engine samples is the run's business:
+the run's temperature and per-call token limit apply, the request's sampling fields
+(`temperature`, `top_p`, `seed`, `stop`) are ignored, so the behaviour log-probs are the ones the
+trainer corrects for. `n` > 1 is refused. The work itself (rendering, batching, the engine)
+happens in the thread that drives the rollout (`agents.agent_fn`); the handlers only check and
+queue.
 
 Hostile input: the run's bearer token is required (401 without it; compared in constant time);
 bodies over `max_body_bytes` get 413 without being read past the limit; anything not a
@@ -71,11 +74,13 @@ def _check_message(i: int, m) -> None:
 
 def _common(body: dict) -> dict:
     _need(body.get("n", 1) == 1, "n: only n=1 is served (one sample per call; run the call again for more)")
-    _need(not body.get("stream"), "stream: not served; send stream=false")
+    options = body.get("stream_options") or {}
+    _need(isinstance(options, dict), "stream_options: must be an object")
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     _need(limit is None or isinstance(limit, int) and not isinstance(limit, bool) and limit > 0,
           "max_tokens: must be a positive integer")
-    return {"max_tokens": limit, "logprobs": bool(body.get("logprobs"))}
+    return {"max_tokens": limit, "logprobs": bool(body.get("logprobs")), "stream": bool(body.get("stream")),
+            "usage_chunk": bool(options.get("include_usage"))}
 
 
 def check_chat(body) -> dict:
@@ -97,7 +102,31 @@ def check_chat(body) -> dict:
 def check_completion(body) -> dict:
     _need(isinstance(body, dict), "body: must be a JSON object")
     _need(isinstance(body.get("prompt"), str) and body["prompt"], "prompt: must be a non-empty string")
+    _need(not body.get("stream"), "stream: served for chat completions only; send stream=false")
     return {"kind": "completion", "prompt": body["prompt"], **_common(body)}
+
+
+def sse_chunks(answer: dict, usage_chunk: bool) -> list[str]:
+    """A whole chat answer as the server-sent events of a stream (one delta per part)."""
+    choice, head = answer["choices"][0], {k: answer[k] for k in ("id", "created", "model")}
+    message = choice["message"]
+
+    def chunk(delta: dict, finish=None, **extra) -> str:
+        body = {**head, "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, **extra}]}
+        return f"data: {json.dumps(body)}\n\n"
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    if message.get("content"):
+        out.append(chunk({"content": message["content"]}, logprobs=choice["logprobs"]))
+    for i, call in enumerate(message.get("tool_calls") or []):
+        out.append(chunk({"tool_calls": [{"index": i, **call}]}))
+    out.append(chunk({}, choice["finish_reason"], token_ids=choice["token_ids"]))
+    if usage_chunk:
+        usage = {**head, "object": "chat.completion.chunk", "choices": [], "usage": answer["usage"],
+                 "prompt_token_ids": answer["prompt_token_ids"]}
+        out.append(f"data: {json.dumps(usage)}\n\n")
+    return [*out, "data: [DONE]\n\n"]
 
 
 def error_body(code: str, message: str) -> dict:
@@ -107,7 +136,7 @@ def error_body(code: str, message: str) -> dict:
 def make_app(token: str, submit: Submit, *, max_body_bytes: int, call_timeout_s: float, model_name: str,
              max_model_len: int):
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, StreamingResponse
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     bearer = f"Bearer {token}".encode()
@@ -149,6 +178,8 @@ def make_app(token: str, submit: Submit, *, max_body_bytes: int, call_timeout_s:
             return fail(err.status, err.code, str(err))
         if isinstance(answer, CallError):
             return fail(answer.status, answer.code, str(answer))
+        if call["stream"] and call["kind"] == "chat":
+            return StreamingResponse(iter(sse_chunks(answer, call["usage_chunk"])), media_type="text/event-stream")
         return JSONResponse(answer)
 
     @app.post("/e/{episode}/v1/chat/completions")
