@@ -30,6 +30,14 @@ def _task(agent=reverse_agent, **kw):
     return AgentFnTask(agent, EXAMPLES, batch_wait_s=kw.pop("batch_wait_s", 5.0), **{"max_total_tokens": 2000, **kw})
 
 
+def _roll(engine, tok, task, n):
+    """`rollout_batch` of the first `n` examples through `task`'s endpoint (closed afterwards)."""
+    try:
+        return rollout_batch(engine, tok, task, _examples(task, n), torch.arange(n), temperature=1.0)
+    finally:
+        task.close()
+
+
 def _examples(task, n):
     from rlvr.types import Example
     return [Example(e["prompt"], e["answer"]) for e in EXAMPLES][:n]
@@ -37,11 +45,7 @@ def _examples(task, n):
 
 def test_blackbox_agent_trains_on_the_ids_the_engine_sampled(chat_tok, scripted):
     engine = scripted(chat_tok, [[COMPACT, "cba"], ["god"]])
-    task = _task()
-    try:
-        got = rollout_batch(engine, chat_tok, task, _examples(task, 2), torch.arange(2), temperature=1.0)
-    finally:
-        task.close()
+    got = _roll(engine, chat_tok, _task(), 2)
     t0, t1 = got.trajectories
     assert [t0.reward, t1.reward] == [1.0, 1.0] and t0.success and not t0.drifted and not t1.drifted
     assert len(t0.turns) == 2 and len(t1.turns) == 1 and t0.counts["tool_calls"] == 1
@@ -76,11 +80,7 @@ def test_a_rewritten_history_is_counted_as_drift_and_kept_out_of_the_loss(chat_t
         return float(reply.choices[0].message.content == example["answer"])
 
     engine = scripted(chat_tok, [["x", "cba"]])
-    task = _task(forgetful)
-    try:
-        got = rollout_batch(engine, chat_tok, task, _examples(task, 1), torch.arange(1), temperature=1.0)
-    finally:
-        task.close()
+    got = _roll(engine, chat_tok, _task(forgetful), 1)
     (t,) = got.trajectories
     assert t.reward == 1.0 and t.drifted and got.metrics["agent/drifted"] == 1.0
     assert got.rollouts.completion_mask.sum() == 0  # drifted: out of the loss (train_drifted=False)
@@ -168,11 +168,7 @@ def test_the_endpoint_refuses_malformed_requests_and_training_is_unchanged(chat_
     runs = []
     for agent in (reverse_agent, fuzzing_agent):
         engine = scripted(chat_tok, [[COMPACT, "cba"]])
-        task = _task(agent)
-        try:
-            runs.append(rollout_batch(engine, chat_tok, task, _examples(task, 1), torch.arange(1), temperature=1.0))
-        finally:
-            task.close()
+        runs.append(_roll(engine, chat_tok, _task(agent), 1))
         runs[-1].prompts = engine.prompts
     assert len(statuses) == 100 and all(400 <= s < 500 for s in statuses), statuses
     assert {401, 413, 400, 404} <= set(statuses)
@@ -207,11 +203,7 @@ def test_completions_extend_the_kept_ids_and_logprobs_come_back(chat_tok, script
         return 1.0
 
     engine = scripted(chat_tok, [["ab", "cd"]])
-    task = _task(completer)
-    try:
-        got = rollout_batch(engine, chat_tok, task, _examples(task, 1), torch.arange(1), temperature=1.0)
-    finally:
-        task.close()
+    got = _roll(engine, chat_tok, _task(completer), 1)
     (t,) = got.trajectories
     first, second = seen["first"], seen["second"]
     assert first["choices"][0]["token_ids"] == chat_tok("ab", add_special_tokens=False).input_ids + [2]
@@ -273,11 +265,7 @@ def test_a_streamed_chat_answer_reassembles_to_the_plain_one(chat_tok, scripted)
         return float(final.choices[0].message.content == "cba")
 
     engine = scripted(chat_tok, [[COMPACT, "cba"]])
-    task = _task(streamer)
-    try:
-        (t,) = rollout_batch(engine, chat_tok, task, _examples(task, 1), torch.arange(1), temperature=1.0).trajectories
-    finally:
-        task.close()
+    (t,) = _roll(engine, chat_tok, _task(streamer), 1).trajectories
     assert got["finish"] == "tool_calls" and got["calls"][0]["name"] == "reverse" and got["content"] == ""
     assert got["calls"][0]["arguments"] == '{"text": "abc"}' and got["usage"].completion_tokens == len(COMPACT) + 1
     assert t.reward == 1.0 and not t.drifted and len(t.turns) == 2  # the streamed reply, echoed, extends the ids
