@@ -50,11 +50,18 @@ def base_model(config: Config):
     return load_causal_lm(m.path, seed=config.seed, dtype=m.dtype, **size)
 
 
-def teacher_model(config: Config):
-    """The model at `model.teacher_path` (same kind, tokenizer and device as the student)."""
+def teacher_model(config: Config, tokenizer=None):
+    """The model at `model.teacher_path` (same kind and device as the student). Its tokenizer must be
+    the student's (`tokenizer`, when given): a teacher's log-prob of a token id means nothing under
+    another vocabulary, so one with another is refused in one line."""
     teacher = replace(config, model=replace(config.model, path=config.model.teacher_path, lora=replace(
         config.model.lora, r=0)))
-    return build_model(teacher)[0]
+    model, teacher_tokenizer = build_model(teacher)
+    if tokenizer is not None and teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise ConfigError(f"model.teacher_path: {config.model.teacher_path} has another tokenizer than the student "
+                          f"({len(teacher_tokenizer)} vs {len(tokenizer)} tokens, or other ids); distil from a "
+                          f"teacher that shares the student's tokenizer")
+    return model
 
 
 def build_model(config: Config):

@@ -74,7 +74,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     with_reference = a.kl_coef > 0 or needs_reference(loss)
     frozen = copy.deepcopy(plain).requires_grad_(False) if with_reference and not lora else None
     if config.model.teacher_path:  # on-policy distillation: the reference is the teacher checkpoint
-        frozen = build.teacher_model(config).requires_grad_(False)
+        frozen = build.teacher_model(config, tokenizer).requires_grad_(False)
     policy = build.build_policy(config, model, sharded=shard.fsdp)
     reference = build.build_policy(config, frozen) if frozen is not None else None
     if with_reference and lora:
