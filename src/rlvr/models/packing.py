@@ -197,11 +197,15 @@ def head_function(lm):
     return logits
 
 
-def packed_hidden(lm, prompt_ids, prompt_mask, completion_ids, lengths, *, share: bool):
+def body_of(lm):
+    """The decoder body of a transformers causal LM (its hidden states, before the head)."""
+    return getattr(lm, lm.base_model_prefix)
+
+
+def packed_hidden(body, prompt_ids, prompt_mask, completion_ids, lengths, *, share: bool):
     """(hidden (M, H), index (M,)): the final hidden states predicting each scored completion token
-    (flat index into (B, Tc)), from one padding-free forward of `lm`'s decoder body."""
+    (flat index into (B, Tc)), from one padding-free forward of the decoder `body`."""
     ids, positions, layout, pick, index = pack_layout(prompt_ids, prompt_mask, completion_ids, lengths, share=share)
-    body = getattr(lm, lm.base_model_prefix)
     stand_in = torch.zeros(1, 1, 1, 1, dtype=torch.bool, device=ids.device)  # masks are the layout's
     hidden = body(input_ids=ids, attention_mask=stand_in, position_ids=positions, use_cache=False,
                   pack=layout).last_hidden_state
@@ -233,8 +237,8 @@ def probe(model, *, share: bool) -> str | None:
         with torch.no_grad():
             head = head_function(lm)
             args = [x.to(weight.device) for x in (prompt_ids, prompt_mask, completion_ids, lengths)]
-            hidden, index = packed_hidden(lm, *args, share=share)
-            again, _ = packed_hidden(lm, args[0], args[1], moved.to(weight.device), args[3], share=share)
+            hidden, index = packed_hidden(body_of(lm), *args, share=share)
+            again, _ = packed_hidden(body_of(lm), args[0], args[1], moved.to(weight.device), args[3], share=share)
             ours, theirs = head(hidden).float(), _padded_logits(model, *args[:3]).flatten(0, 1)[index]
     except Exception as err:  # any failure inside the model's code means "not this path"
         return f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}".rstrip(": ")

@@ -197,7 +197,7 @@ class CausalPolicy:
         lengths = (torch.full(completion_ids.shape[:1], completion_ids.shape[1], device=device)
                    if completion_mask is None else _up_to_last_one(completion_mask.to(device)).sum(-1).long())
         with self._recompute():
-            hidden, index = packing.packed_hidden(lm, prompt_ids, prompt_mask, completion_ids, lengths,
+            hidden, index = packing.packed_hidden(packing.body_of(lm), prompt_ids, prompt_mask, completion_ids, lengths,
                                                   share=self.packing == "shared")
         head = packing.head_function(lm)
         return self._scored_outputs(head, lm.get_output_embeddings().weight.shape[0], hidden, index, completion_ids,

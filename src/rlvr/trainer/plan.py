@@ -163,6 +163,7 @@ class StepPlan:
     # the engine loads the weights LoRA-merged under the base model's names (vLLM); False: the learner's own
     # parameters, as named in its module (the data-parallel learners' full copy takes the trained ones)
     push_merged: bool = True
+    micro_batch_tokens: int = 0  # > 0: forwards under this token budget, not micro_batch_size rows (trainer.budget)
 
 
 @dataclass(frozen=True)
