@@ -22,9 +22,9 @@ from rlvr.engines.torch_ar import generate
 from rlvr.engines.torch_block_diffusion import generate_block_diffusion
 from rlvr.engines.torch_diffusion import generate_diffusion
 from rlvr.errors import ConfigError
-from rlvr.models.block_diffusion import BlockCorruptor, BlockDiffusionLM, load_diffusion_or_block_lm
 from rlvr.kernels.weights import supports
 from rlvr.models import packing
+from rlvr.models.block_diffusion import BlockCorruptor, BlockDiffusionLM, load_diffusion_or_block_lm
 from rlvr.models.causal_lm import context_length, enable_checkpointing, load_causal_lm
 from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.models.policy import CausalPolicy

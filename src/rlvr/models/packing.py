@@ -136,7 +136,7 @@ def layout_attention(query, key, value, layout: PackLayout, *, scaling=None, dro
 
 def _eager_of(module):
     """The model's own eager attention function (models define their own)."""
-    return getattr(sys.modules[type(module).__module__], "eager_attention_forward")
+    return sys.modules[type(module).__module__].eager_attention_forward
 
 
 def _wrapper(original: str):

@@ -16,8 +16,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rlvr.kernels import training
-from rlvr.models import packing
 from rlvr.kernels.weights import LlamaWeights, supports
+from rlvr.models import packing
 
 CHUNK_ELEMENTS = 1 << 24
 """The fast path computes the LM head in row chunks once tokens × vocabulary exceeds this (64 MB
