@@ -50,7 +50,8 @@ def spread_lengths(group: int, low: int, high: int, gen: torch.Generator) -> lis
 
 def make_batch(tokenizer, args):
     """(prompt ids, prompt mask (left-padded), completion ids, completion mask), P·G rows."""
-    questions = [json.loads(line)["question"] for line in (ROOT / "data" / "gsm8k_fixture.jsonl").read_text().splitlines()]
+    fixture = (ROOT / "data" / "gsm8k_fixture.jsonl").read_text().splitlines()
+    questions = [json.loads(line)["question"] for line in fixture]
     gen = torch.Generator().manual_seed(args.seed)
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": questions[i % len(questions)]}],
                                              add_generation_prompt=True, tokenize=True) for i in range(args.prompts)]
@@ -83,8 +84,8 @@ def child(args) -> None:
     tokenizer = bpe_tokenizer()
     shape = {**QWEN2_05B, "num_hidden_layers": args.layers}
     if args.width:
-        shape.update(hidden_size=args.width, intermediate_size=4 * args.width, num_attention_heads=max(2, args.width // 64),
-                     num_key_value_heads=2)
+        shape.update(hidden_size=args.width, intermediate_size=4 * args.width,
+                     num_attention_heads=max(2, args.width // 64), num_key_value_heads=2)
     torch.manual_seed(0)
     import transformers
 
@@ -155,11 +156,13 @@ def main(argv=None) -> None:
             row["logp_rel"] = float((logp - reference).abs().max() / reference.abs().max())
             rows.append(row)
     first = rows[0]
-    print(f"Qwen2 {first['params_m']:.1f}M params, {args.dtype}, {'LoRA r=' + str(args.lora) if args.lora else 'full'}; "
+    weights = f"LoRA r={args.lora}" if args.lora else "full"
+    print(f"Qwen2 {first['params_m']:.1f}M params, {args.dtype}, {weights}; "
           f"{args.prompts} prompts x {args.group} completions of {args.min_len}-{args.max_len} tokens; "
           f"{first['real_tokens']} real tokens in {first['padded_positions']} padded positions "
           f"({1 - first['real_tokens'] / first['padded_positions']:.0%} padding); {args.threads} thread(s)")
-    print("| layout | fwd+bwd CPU s | wall s | real tokens / CPU s | speed-up | peak RSS MB (step's growth) | logp vs padded |")
+    print("| layout | fwd+bwd CPU s | wall s | real tokens / CPU s | speed-up | peak RSS MB (step's growth) "
+          "| logp vs padded |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['layout']} | {r['cpu_s']:.2f} | {r['wall_s']:.2f} | {r['real_tokens'] / r['cpu_s']:.0f} | "

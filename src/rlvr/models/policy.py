@@ -124,7 +124,7 @@ class CausalPolicy:
         self.fast = fast
         self.kernels = kernels  # "cpp": the fast path's layers run as C++ calls forward and backward
         self._module = None
-        self.forwards = 0  # module forwards (the fused fast path bypasses the module and is not counted)
+        self.forwards = 0  # model forwards, padded or packed (the fused fast path is not counted)
         model.register_forward_hook(self._count_forward)
 
     def _count_forward(self, module, args, output) -> None:
@@ -196,6 +196,7 @@ class CausalPolicy:
         prompt_ids, prompt_mask, completion_ids = (x.to(device) for x in (prompt_ids, prompt_mask, completion_ids))
         lengths = (torch.full(completion_ids.shape[:1], completion_ids.shape[1], device=device)
                    if completion_mask is None else _up_to_last_one(completion_mask.to(device)).sum(-1).long())
+        self.forwards += 1  # one forward of the model's own layers, as the padded path's module call counts
         with self._recompute():
             hidden, index = packing.packed_hidden(packing.body_of(lm), prompt_ids, prompt_mask, completion_ids, lengths,
                                                   share=self.packing == "shared")

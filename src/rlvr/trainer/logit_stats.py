@@ -67,7 +67,8 @@ def no_grad_outputs(policy: PolicyModel, batch: TrainBatch, micro_batch_size: in
 
 def old_pass(policy: PolicyModel, batch: TrainBatch, advantage: AdvantageSpec, passes: Passes,
              micro_batch_size: int, rows, needed: bool,
-             shard: Shard = ONE_PROCESS, micro_batch_tokens: int = 0) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+             shard: Shard = ONE_PROCESS,
+             micro_batch_tokens: int = 0) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
     """(old log-probs or None, the `AdvantageInputs` keywords the estimator declared). The pass
     runs when the loop needs old log-probs (`needed`) or the estimator declared anything (the
     optimal token baseline reads the behaviour policy's log-probs and Σπ², as verl computes them in
