@@ -179,6 +179,10 @@ class _Timer:
         finally:
             self.totals[self.name] = self.totals.get(self.name, 0.0) + time.perf_counter() - t0
 
+    def __getattr__(self, name):  # the wrapped object's other methods (the reward runner's `judged`), timed too
+        attr = getattr(self.fn, name)
+        return _Timer(attr, self.totals, self.name) if callable(attr) else attr
+
 
 def _with_completion_mask(token_logprobs, eos_id: int):
     """Emulates the proposed trainer change (pass `completion_mask=` to token_logprobs) until the
