@@ -24,7 +24,7 @@ re-padded grids, not flash-attention varlen (CUDA's flash kernels are not used b
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,8 @@ class PackLayout:
     prompt_lens: torch.Tensor
     owner: torch.Tensor
     fed_lens: torch.Tensor
+    # what every layer's attention recomputes otherwise: cells and masks, per sliding window
+    _plans: dict = field(default_factory=dict, compare=False, repr=False)
 
     def cells(self, lens: torch.Tensor):
         """(row, column) of each packed token of the part whose row lengths are `lens`."""
@@ -99,33 +101,47 @@ def _window(allowed: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, win
     return allowed & ((q_pos[..., :, None] - k_pos[..., None, :]) < window)
 
 
+def _attention_plan(layout: PackLayout, window: int | None, device):
+    """The cells and masks of `layout_attention` for one sliding window (None = causal), built once
+    per forward: (prompt cells, completion cells, prompt mask (Tp, Tp), completion mask (R, 1, Tc, Tp + Tc))."""
+    if window in layout._plans:
+        return layout._plans[window]
+    tp = int(layout.prompt_lens.max())
+    p_cells = layout.cells(layout.prompt_lens)
+    cols_p = torch.arange(tp, device=device)
+    causal_p = _window(cols_p[None, :] <= cols_p[:, None], cols_p, cols_p, window)
+    c_cells, mask = None, None
+    r = len(layout.fed_lens)
+    if r:
+        tc = int(layout.fed_lens.max())
+        c_cells = layout.cells(layout.fed_lens)
+        p_len = layout.prompt_lens[layout.owner]                                # (R,)
+        cols_c = torch.arange(tc, device=device)
+        q_pos = p_len[:, None] + cols_c[None, :]                                # (R, Tc) positions
+        see_p = _window((cols_p[None, None, :] < p_len[:, None, None]).expand(r, tc, tp), q_pos, cols_p, window)
+        see_c = _window((cols_c[None, :] <= cols_c[:, None]).expand(r, tc, tc), cols_c, cols_c, window)
+        mask = torch.cat([see_p, see_c], dim=-1)[:, None]                       # (R, 1, Tc, Tp + Tc)
+    layout._plans[window] = plan = (p_cells, c_cells, causal_p, mask)
+    return plan
+
+
 def layout_attention(query, key, value, layout: PackLayout, *, scaling=None, dropout: float = 0.0,
                      sliding_window: int | None = None) -> torch.Tensor:
     """Attention of a packed forward: (1, h, N, d) q and (1, kv, N, d) k/v -> (1, N, h, d).
     Prompts attend causally to themselves; a completion row to its whole prompt and causally to
     its own earlier tokens (`sliding_window`, when set, counts positions as transformers does)."""
+    (p_row, p_col), c_cells, causal_p, mask = _attention_plan(layout, sliding_window, query.device)
     n_p = int(layout.prompt_lens.sum())
     q_p, q_c = query[0].split([n_p, query.shape[2] - n_p], dim=1)
     k_p, k_c = key[0].split([n_p, key.shape[2] - n_p], dim=1)
     v_p, v_c = value[0].split([n_p, value.shape[2] - n_p], dim=1)
-    u, tp = len(layout.prompt_lens), int(layout.prompt_lens.max())
-    p_row, p_col = layout.cells(layout.prompt_lens)
+    u, tp = len(layout.prompt_lens), causal_p.shape[0]
     kp, vp = _grid(k_p, p_row, p_col, u, tp), _grid(v_p, p_row, p_col, u, tp)   # (U, kv, Tp, d)
-    cols_p = torch.arange(tp, device=query.device)
-    causal_p = _window(cols_p[None, :] <= cols_p[:, None], cols_p, cols_p, sliding_window)
     out_p = F.scaled_dot_product_attention(_grid(q_p, p_row, p_col, u, tp), kp, vp, attn_mask=causal_p,
                                            dropout_p=dropout, scale=scaling, enable_gqa=True)
     outs = [out_p[p_row, :, p_col]]                                             # (n_p, h, d)
-    r = len(layout.fed_lens)
-    if r:
-        tc = int(layout.fed_lens.max())
-        c_row, c_col = layout.cells(layout.fed_lens)
-        p_len = layout.prompt_lens[layout.owner]                                # (R,)
-        cols_c = torch.arange(tc, device=query.device)
-        q_pos = p_len[:, None] + cols_c[None, :]                                # (R, Tc) positions
-        see_p = _window((cols_p[None, None, :] < p_len[:, None, None]).expand(r, tc, tp), q_pos, cols_p, sliding_window)
-        see_c = _window((cols_c[None, :] <= cols_c[:, None]).expand(r, tc, tc), cols_c, cols_c, sliding_window)
-        mask = torch.cat([see_p, see_c], dim=-1)[:, None]                       # (R, 1, Tc, Tp + Tc)
+    if c_cells is not None:
+        (c_row, c_col), (r, tc) = c_cells, (mask.shape[0], mask.shape[2])
         keys = torch.cat([kp[layout.owner], _grid(k_c, c_row, c_col, r, tc)], dim=2)
         values = torch.cat([vp[layout.owner], _grid(v_c, c_row, c_col, r, tc)], dim=2)
         out_c = F.scaled_dot_product_attention(_grid(q_c, c_row, c_col, r, tc), keys, values, attn_mask=mask,

@@ -106,7 +106,8 @@ class CausalPolicy:
 
     Llama-family models use `rlvr.kernels.training` (each distinct prompt is run once for its
     whole group; same log-probs and gradients as the plain forward, tests/perf); `fast=False` or
-    any other model runs the plain `transformers` forward.
+    any other model runs the plain `transformers` forward: padding-free (`models.packing`) when
+    `packing` names a layout, else one padded row per completion.
     """
 
     exact_logprobs = True  # its training forward gives the log-probs themselves (the step may keep them)
