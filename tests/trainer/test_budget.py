@@ -81,10 +81,10 @@ def test_whole_step_invariant_to_the_token_budget(tiny_model, make_train_batch):
     rows, w_rows, kept_rows = _step(tiny_model, batch, micro_batch_size=len(batch))
     tokens, w_tokens, kept_tokens = _step(tiny_model, batch, micro_batch_size=len(batch),
                                           micro_batch_tokens=longest + 3)
-    assert tokens["perf/tokens_per_micro_batch"] < rows["perf/tokens_per_micro_batch"]  # several forwards
+    assert len(budget.token_bins(batch, longest + 3)) > 1  # several forwards
+    assert rows.keys() == tokens.keys()
     for key, value in rows.items():
-        if not key.startswith("perf/"):
-            assert tokens[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+        assert tokens[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
     moved = (w_rows - torch.cat([p.detach().flatten() for p in tiny_model.parameters()])).abs().max()
     assert moved > 0 and (w_tokens - w_rows).abs().max() <= 1e-5 * moved
     assert torch.allclose(kept_tokens, kept_rows, atol=1e-6)  # kept log-probs back in batch order

@@ -122,7 +122,7 @@ def layout_metrics(batch: TrainBatch, forwards: int) -> dict[str, float]:
     forward's positions (every row at the batch's prompt + completion width) that are padding;
     `perf/shared_prompt_share`, the share of the real tokens that are repeated prompts (computed
     once per group by the shared-prompt forward); `perf/tokens_per_micro_batch`, real tokens per
-    forward (over `forwards` forwards, all ranks)."""
+    forward (over `forwards` forwards, all ranks). Logged every step (`trainer.sync.rl_step`)."""
     prompt, completion = _lengths(batch)
     real = float(prompt.sum() + completion.sum())
     width = batch.prompt_ids.shape[1] + batch.completion_ids.shape[1]

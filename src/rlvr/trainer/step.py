@@ -121,7 +121,6 @@ def optimizer_step(policy: PolicyModel, optimizer: torch.optim.Optimizer,
     metrics = {f"actor/{k}": v / counts["num_tokens"] for k, v in totals.items()}
     metrics.update({"loss/policy": loss_value, "actor/grad_norm": scalar(grad_norm),
                     "actor/lr": scheduler.get_last_lr()[0]})
-    metrics.update(budget.layout_metrics(batch, len(picks) * shard.size))
     return metrics
 
 

@@ -19,6 +19,7 @@ from rlvr.models.lora import merged_weights
 from rlvr.protocols import WeightSyncEngine
 from rlvr.runtime.memory import PEAKS
 from rlvr.tracking.run_dir import now
+from rlvr.trainer.budget import layout_metrics, micro_batches
 from rlvr.trainer.collect import Produced, produce, sample_seeds
 from rlvr.trainer.critic import critic_step, critic_values
 from rlvr.trainer.expert import add_expert_rows
@@ -153,6 +154,9 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
         metrics["perf/forwards_per_update"] = forwards / max(sum(1 for m in updates.metrics if "actor/grad_norm" in m),
                                                              1)
     metrics["perf/peak_rss_mb"] = PEAKS.lifetime  # the process's, since it started
+    # padding a padded forward would carry, prompts a shared one computes once, tokens per forward
+    metrics.update(layout_metrics(batch, plan.shard.size * len(micro_batches(batch, plan.shard, micro,
+                                                                             plan.micro_batch_tokens))))
     metrics.update({f"perf/peak_rss_mb/{phase}": mb for phase, mb in peaks.items()})
     metrics.update({f"adv/{k}": v for k, v in adv_metrics.items()})
     metrics.update(expert_metrics)
