@@ -77,7 +77,7 @@ def rss_mb() -> float:
 
 def child(args) -> None:
     """One layout: build, warm up, time one forward + backward; JSON on stdout, log-probs to --out."""
-    from rlvr.builder.build import packing_mode
+    from rlvr.models import packing
     from rlvr.models.policy import CausalPolicy
 
     torch.set_num_threads(args.threads)
@@ -97,9 +97,10 @@ def child(args) -> None:
 
         model = apply_lora(model, r=args.lora, alpha=2 * args.lora, dropout=0.0, target_modules="all-linear")
     model.train()
-    mode = packing_mode(args.layout, model, sharded=False)
-    if args.layout != "padded" and mode is None:
-        raise SystemExit(f"{args.layout}: the model did not pass the packing probe")
+    mode = None if args.layout == "padded" else args.layout
+    reason = mode and packing.prepare(model, mode)  # the probe (`trainer.packing`), here past the fast path
+    if reason:
+        raise SystemExit(f"{args.layout}: the model did not pass the packing probe: {reason}")
     policy = CausalPolicy(model, fast=False, packing=mode)
     batch = make_batch(tokenizer, args)
 
