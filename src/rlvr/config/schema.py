@@ -366,7 +366,7 @@ class TrainerConfig:
     bin-packed into micro-batches under it and balanced over data-parallel ranks; memory only,
     results equal to float rounding. 0 = `micro_batch_size` rows per forward."""
     packing: str = choice("auto", ("auto", "padded", "packed", "shared"))
-    """Training forward of models off the fast path (bf16, LoRA, a GPU, FSDP-free non-Llama models):
+    """Training forward of models off the fast path (bf16, LoRA, a GPU, or not Llama/Qwen2):
     `packed` = the rows of a micro-batch in one padding-free sequence, `shared` = the same with each
     group's prompt computed once, `padded` = one padded row per completion; `auto` = `shared`. A model
     that cannot pack exactly (probed when built) keeps `padded` with a notice. float32 CPU Llama/Qwen2
