@@ -3,7 +3,7 @@
 A random Qwen2 with Qwen2.5-0.5B's layer shape (width 896, MLP 4864, 14 heads, 2 KV heads; 8 of its 24
 layers by default) over the 512-token BPE tokenizer trained on the project's task text
 (tests/models/_archs.py), prompted with the GSM8K fixture's questions through the tokenizer's chat
-template (a system prompt and the question: about 150 tokens), groups of 8, and completions whose
+template (a system prompt and the question: 100 tokens on average), groups of 8, and completions whose
 lengths spread from a few tokens to the 128-token cap within each group.
 
 How the spread is made (an EOS bias, written into the weights so both trainers sample the same

@@ -42,7 +42,7 @@ differ, so every group trains in both). With bf16 weights both run without autoc
 `bf16=False` on a bf16 model): the same arithmetic the checkpoint's dtype implies.
 
 `--workload spread` is the RL-shaped workload of bench/spread.py: a 120M Qwen2 (Qwen2.5-0.5B's layer
-shape, `--layers` 8), GSM8K-fixture prompts of about 150 tokens through the chat template, and
+shape, `--layers` 8), GSM8K-fixture prompts of about 100 tokens through the chat template, and
 completion lengths spread from a few tokens to the cap within each group (an EOS bias written into
 the weights, so both trainers sample the same distribution); the length reward in both.
 
