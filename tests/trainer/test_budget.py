@@ -96,3 +96,15 @@ def test_no_grad_pass_invariant_to_the_token_budget(tiny_model, make_train_batch
     rows = no_grad_outputs(policy, batch, len(batch))["logp"]
     tokens = no_grad_outputs(policy, batch, len(batch), micro_batch_tokens=40)["logp"]
     assert rows.abs().sum() > 0 and torch.allclose(tokens, rows, atol=1e-6)
+
+
+def test_critic_values_invariant_to_the_token_budget(tiny_model, make_train_batch):
+    from rlvr.models.value import ValueModel
+    from rlvr.trainer.critic import critic_values
+
+    batch = make_train_batch(tiny_model, PROMPTS)
+    critic = ValueModel(tiny_model)
+    torch.nn.init.normal_(critic.head.weight, std=0.5)
+    rows = critic_values(critic, batch, len(batch))
+    tokens = critic_values(critic, batch, len(batch), micro_batch_tokens=40)
+    assert rows.abs().sum() > 0 and torch.allclose(tokens, rows, atol=1e-6)
