@@ -163,5 +163,7 @@ def test_packing_mode_keeps_llama_fast_path_and_padded_choice():
                                            max_seq_len=32, seed=0), sharded=False) is None
     assert packing_mode("auto", _model("qwen2"), sharded=False) is None  # fp32 CPU Qwen2: the fast path too
     assert packing_mode("padded", _model("mistral_window"), sharded=False) is None
-    assert packing_mode("auto", _model("mistral_window"), sharded=False) == "shared"
+    model = _model("mistral_window")
+    assert packing_mode("auto", model, sharded=False) == "shared"
+    assert model.config._attn_implementation == "sdpa"  # an exported or pickled model carries nothing of rlvr's
     assert packing_mode("packed", _model("mistral_window"), sharded=True) is None  # FSDP: the root's forward

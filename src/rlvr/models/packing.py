@@ -6,10 +6,11 @@ How it works (measured in transformers 5.19 on CPU, fp32: ≤ 1e-6 from the padd
 1. `pack_layout` strips the prompts' left padding and the completions' right padding and lays the
    tokens out as [prompt 0 | prompt 1 | … | completion 0 | completion 1 | …]; positions restart
    at 0 in every prompt and a completion continues from its own prompt's length.
-2. The model keeps its attention implementation for everything else; `PackedAttention` registers a
-   wrapper of it (`AttentionInterface`) that, when a forward carries a `pack` layout, runs SDPA on
-   two grids: the prompts causally, and each completion against [its prompt, itself causally].
-   Without a layout (the sampler, the padded path) the wrapped implementation runs unchanged.
+2. `use_packed_attention` replaces transformers' registered function for the model's attention
+   implementation (sdpa, flash) by a wrapper of it (`AttentionInterface`) that, when a forward
+   carries a `pack` layout, runs SDPA on two grids: the prompts causally, and each completion
+   against [its prompt, itself causally]. Without a layout (the sampler, the padded path, any other
+   model) the wrapper calls the original unchanged, and the model keeps its implementation's name.
    A 4-D stand-in mask is passed so transformers builds no (N, N) packed-sequence mask.
 3. The decoder body returns hidden states; the rows predicting completion tokens are gathered and
    the head runs on them in row chunks (`chunked_head_logprobs`), so no (tokens × vocabulary)
@@ -23,15 +24,12 @@ re-padded grids, not flash-attention varlen (CUDA's flash kernels are not used b
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from rlvr.kernels.weights import unique_prompts
-
-_WRAPPED: dict[str, str] = {}  # original attention implementation -> the registered wrapper's name
 
 
 @dataclass(frozen=True)
@@ -150,19 +148,18 @@ def layout_attention(query, key, value, layout: PackLayout, *, scaling=None, dro
     return torch.cat(outs)[None]
 
 
-def _eager_of(module):
-    """The model's own eager attention function (models define their own)."""
-    return sys.modules[type(module).__module__].eager_attention_forward
+WRAPPABLE = ("sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4")
+"""Attention implementations the packing wrapper can stand in for (registered under the same
+name: the model keeps its implementation's name, so a pickled or exported model carries nothing
+of rlvr's). Eager attention is each model's own function, which no registry serves: not packed."""
 
 
-def _wrapper(original: str):
-    """An attention function that serves packed forwards and passes everything else to `original`."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+def _wrapper(original):
+    """An attention function that serves packed forwards and calls `original` for everything else."""
 
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, pack=None, **kwargs):
         if pack is None:
-            fn = _eager_of(module) if original == "eager" else ALL_ATTENTION_FUNCTIONS[original]
-            return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+            return original(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         unsupported = [k for k in ("softcap", "s_aux", "sinks", "position_bias") if kwargs.get(k) is not None]
         if unsupported or not getattr(module, "is_causal", True):
             raise NotImplementedError(f"packed attention does not support {unsupported or 'bidirectional layers'}")
@@ -170,21 +167,25 @@ def _wrapper(original: str):
         return layout_attention(query, key, value, pack, scaling=scaling, dropout=dropout,
                                 sliding_window=window if window else None), None
 
+    attention.packs = True
     return attention
 
 
 def use_packed_attention(model) -> None:
-    """Switch `model` (a transformers PreTrainedModel) to the packing wrapper of its attention."""
+    """Make `model`'s attention implementation serve packed forwards: transformers' registered
+    function for its name is replaced, once per process, by `_wrapper` of it. Without a `pack`
+    layout the wrapper calls the original with the same arguments: every other forward (the
+    sampler, the padded path, any other model) computes exactly what it did. ValueError for an
+    implementation outside `WRAPPABLE`."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    original = model.config._attn_implementation
-    if original in _WRAPPED.values():
-        return
-    name = _WRAPPED.setdefault(original, f"rlvr_packed_{original}")
-    AttentionInterface.register(name, _wrapper(original))
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
-    model.set_attn_implementation(name)
+    name = model.config._attn_implementation
+    if name not in WRAPPABLE:
+        raise ValueError(f"{name} attention (the packed forward wraps {', '.join(WRAPPABLE)})")
+    current = ALL_ATTENTION_FUNCTIONS[name]
+    if not getattr(current, "packs", False):
+        AttentionInterface.register(name, _wrapper(current))
 
 
 def causal_lm_of(model):
@@ -286,12 +287,9 @@ def prepare(model, mode: str) -> str | None:
     lm = causal_lm_of(model)
     if not hasattr(lm, "base_model_prefix") or not hasattr(lm.config, "_attn_implementation"):
         return "not a transformers model"
-    previous = lm.config._attn_implementation
     try:
         use_packed_attention(lm)
-    except Exception as err:  # an implementation transformers will not wrap (remote code, a kernel hub entry)
+    except Exception as err:  # an implementation the wrapper cannot stand in for (eager, remote code)
         return f"{type(err).__name__}: {err}"
     reason = probe(model, share=mode == "shared")
-    if reason is not None:
-        lm.set_attn_implementation(previous)
     return reason
