@@ -6,7 +6,7 @@
 The model is a random Qwen2 with Qwen2.5-0.5B's layer shape (width 896, MLP 4864, 14 heads, 2 KV
 heads; `--layers` of its 24) over the 512-token BPE tokenizer trained on the project's task text
 (tests/models/_archs.py); the prompts are the GSM8K fixture's questions through the tokenizer's chat
-template (about 90 tokens with this tokenizer, no system prompt); each group's G completions have lengths spread
+template (42 tokens on average with this tokenizer, no system prompt); each group's G completions have lengths spread
 geometrically from `--min-len` to `--max-len` (shuffled within the group), random token ids: the
 length spread of real RL completions, which the padded forward pays for as its longest row.
 
