@@ -118,6 +118,36 @@ def agreement(args, work: Path) -> None:
         other, _ = CausalPolicy(model.to(args.device), fast=False).token_logprobs(prompt, mask, completion)
     gap = float((cpu - other.cpu()).abs().max())
     emit(check="logprob_agreement", device=args.device, max_abs_diff=gap, ok=gap < 1e-4)
+    packed_agreement(args, model.to(args.device), prompt, mask, completion)
+
+
+def packed_agreement(args, model, prompt, mask, completion) -> None:
+    """On `args.device`, fp32: the padding-free forwards (`trainer.packing`) against the padded one,
+    log-probs and gradients of one batch with completions of spread lengths (models/packing.py)."""
+    from rlvr.models import packing
+    from rlvr.models.policy import CausalPolicy
+
+    completion_mask = (torch.arange(completion.shape[1])[None] < torch.tensor([[16], [3], [9], [1], [12], [7], [16],
+                                                                              [5]])).float()
+    outs = {}
+    for mode in (None, "packed", "shared"):
+        reason = packing.prepare(model, mode) if mode else None
+        if reason:
+            emit(check="packed_agreement", mode=mode, skipped=reason)
+            return
+        model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        logp, _ = CausalPolicy(model, fast=False, packing=mode).token_logprobs(
+            prompt, mask, completion, completion_mask=completion_mask)
+        (logp.cpu() * completion_mask).sum().backward()
+        grad = torch.cat([p.grad.flatten().cpu() for p in model.parameters() if p.grad is not None])
+        outs[mode] = ((logp.detach().cpu() * completion_mask), grad, time.perf_counter() - t0)
+    for mode in ("packed", "shared"):
+        logp_rel = float((outs[mode][0] - outs[None][0]).abs().max() / outs[None][0].abs().max())
+        grad_rel = float((outs[mode][1] - outs[None][1]).abs().max() / outs[None][1].abs().max())
+        emit(check="packed_agreement", mode=mode, device=args.device, logp_rel=logp_rel, grad_rel=grad_rel,
+             seconds=round(outs[mode][2], 3), padded_seconds=round(outs[None][2], 3),
+             ok=logp_rel < 1e-4 and grad_rel < 1e-3)
 
 
 def trl_side_by_side(args, model_dir: Path, reward: str) -> None:

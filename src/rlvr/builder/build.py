@@ -23,6 +23,8 @@ from rlvr.engines.torch_ar import generate
 from rlvr.engines.torch_block_diffusion import generate_block_diffusion
 from rlvr.engines.torch_diffusion import generate_diffusion
 from rlvr.errors import ConfigError
+from rlvr.kernels.weights import supports
+from rlvr.models import packing
 from rlvr.models.block_diffusion import BlockCorruptor, BlockDiffusionLM, load_diffusion_or_block_lm
 from rlvr.models.causal_lm import context_length, enable_checkpointing, load_causal_lm
 from rlvr.models.diffusion_policy import DiffusionPolicy
@@ -93,13 +95,30 @@ def build_policy(config: Config, model, *, sharded: bool = False):
     temperature = config.rollout.temperature
     if config.model.kind != "diffusion":
         return CausalPolicy(model, temperature=temperature, kernels=config.trainer.kernels, fast=not sharded,
-                            checkpointing=config.trainer.gradient_checkpointing)
+                            checkpointing=config.trainer.gradient_checkpointing,
+                            packing=packing_mode(config.trainer.packing, model, sharded=sharded))
     options = bound(config, "estimator.name").keywords
     policy = DiffusionPolicy(model, config.estimator.name, window=config.rollout.window, temperature=temperature,
                              **options)
     if isinstance(model, BlockDiffusionLM):  # decided once: block models denoise with clean earlier blocks
         policy.corruptor = BlockCorruptor
     return policy
+
+
+def packing_mode(asked: str, model, *, sharded: bool) -> str | None:
+    """The policy's padding-free layout (`packed`, `shared`) or None (the padded forward, or the
+    Llama fast path). A model the probe finds inexact keeps the padded forward, with one line."""
+    if asked == "padded" or supports(model):
+        return None
+    mode = "shared" if asked == "auto" else asked
+    if sharded:  # FSDP gathers the root's weights in its forward, which the packed body call bypasses
+        return None
+    reason = packing.prepare(model, mode)
+    if reason is None:
+        return mode
+    print(f"rlvr: trainer.packing={asked}: {type(packing.causal_lm_of(model)).__name__} cannot pack rows exactly "
+          f"({reason}); training with the padded forward", file=sys.stderr, flush=True)
+    return None
 
 
 def build_engine(config: Config, model, tokenizer) -> RolloutEngine:

@@ -117,6 +117,9 @@ def build_critic(config: Config, plain: torch.nn.Module, shard: Shard) -> Critic
     own optimizer; sharded learners shard it as the policy."""
     t, o = config.trainer, config.optim
     model = ValueModel(plain)
+    mode = build.packing_mode(t.packing, plain, sharded=shard.fsdp)
+    if mode is not None:  # the probe passed on the policy's architecture: the body packs the same way
+        model.use_packing(mode)
     if shard.fsdp:
         shard_model(model, param_dtype=DTYPES[t.fsdp_param_dtype], reduce_dtype=DTYPES[t.fsdp_reduce_dtype],
                     offload=t.fsdp_cpu_offload, in_float32=(model.head,))

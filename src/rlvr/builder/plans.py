@@ -178,7 +178,8 @@ def step_plan(config: Config, loss: LossSpec, advantage: AdvantageSpec, *, fused
         value_clip=a.value_clip, critic_warmup_steps=a.critic_warmup_steps, kl_controller=kl_controller,
         expert=_expert_plan(config, loss), shard=shard, push_merged=not shard.fsdp,
         push_adapter=adapter_sync(config) and not shard.fsdp,
-        passes=passes(loss, advantage), reward_kl=reward_kl(config))
+        passes=passes(loss, advantage), reward_kl=reward_kl(config),
+        micro_batch_tokens=t.micro_batch_tokens)
 
 
 def loop_plan(config: Config, shard: Shard = ONE_PROCESS, *, retie: bool = False) -> LoopPlan:

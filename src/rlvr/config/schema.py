@@ -380,6 +380,16 @@ class TrainerConfig:
     """Passes over each rollout batch."""
     micro_batch_size: int = ranged(64, ">= 1")
     """Completions per forward; memory only, never changes results."""
+    micro_batch_tokens: int = ranged(0, ">= 0", "0 = micro_batch_size rows per forward")
+    """Token budget per forward (prompt + completion tokens, a shared prompt counted once), rows
+    bin-packed into micro-batches under it and balanced over data-parallel ranks; memory only,
+    results equal to float rounding. 0 = `micro_batch_size` rows per forward."""
+    packing: str = choice("auto", ("auto", "padded", "packed", "shared"))
+    """Training forward of models off the fast path (bf16, LoRA, a GPU, or not Llama/Qwen2):
+    `packed` = the rows of a micro-batch in one padding-free sequence, `shared` = the same with each
+    group's prompt computed once, `padded` = one padded row per completion; `auto` = `shared`. A model
+    that cannot pack exactly (probed when built) keeps `padded` with a notice. float32 CPU Llama/Qwen2
+    models keep the fast path (already padding-free, prompts shared); FSDP learners stay padded."""
     eval_every: int = 250
     """Steps between greedy held-out evaluations (0 = only at start and end)."""
     eval_samples: int = ranged(0, ">= 0", "0 = greedy evaluation only")

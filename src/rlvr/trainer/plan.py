@@ -165,6 +165,7 @@ class StepPlan:
     push_merged: bool = True
     # the engine serves LoRA adapters unmerged: push the adapter's own tensors alone (peft's names)
     push_adapter: bool = False
+    micro_batch_tokens: int = 0  # > 0: forwards under this token budget, not micro_batch_size rows (trainer.budget)
 
 
 @dataclass(frozen=True)

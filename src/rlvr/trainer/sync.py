@@ -19,6 +19,7 @@ from rlvr.models.lora import adapter_weights, merged_weights
 from rlvr.protocols import WeightSyncEngine
 from rlvr.runtime.memory import PEAKS
 from rlvr.tracking.run_dir import now
+from rlvr.trainer.budget import layout_metrics, micro_batches
 from rlvr.trainer.collect import Produced, produce, sample_seeds
 from rlvr.trainer.critic import critic_step, critic_values
 from rlvr.trainer.expert import add_expert_rows
@@ -97,13 +98,14 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     # The old-policy pass, with what the advantage estimator declared (the optimal token baseline's Σπ²).
     batch.old_logp, behaviour_inputs = old_pass(learner.policy, batch, learner.advantage, plan.passes, micro,
                                                 learner.rows, needed=proximal.source is ProximalSource.PASS,
-                                                shard=plan.shard)
+                                                shard=plan.shard, micro_batch_tokens=plan.micro_batch_tokens)
     if batch.old_logp is not None and proximal.weights is not None:
         batch.loss_weights = proximal.weights(batch.old_logp, rollouts.logprobs, mask)[0]
     if learner.reference is not None:  # its log-probs, and its logsumexp when the objective declared it (ShiQ)
-        reference_pass(learner.reference, batch, plan.passes, micro, learner.rows, plan.shard)
+        reference_pass(learner.reference, batch, plan.passes, micro, learner.rows, plan.shard, plan.micro_batch_tokens)
     critic = learner.critic
-    old_values = critic_values(critic.model, batch, micro, plan.shard) if critic is not None else None
+    old_values = (critic_values(critic.model, batch, micro, plan.shard, plan.micro_batch_tokens)
+                  if critic is not None else None)
     shaped, charged_kl = _shaped_rewards(c, rewards, batch, rollouts.lengths)
     if plan.token_rewards:  # an objective that learns from rewards, not advantages
         batch.token_rewards = reward_tokens(shaped, mask)
@@ -120,7 +122,8 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
         batch, expert_metrics = add_expert_rows(
             learner.expert, plan.expert, batch, rewards, step, tokenizer=r.tokenizer, task=r.task, reward=r.reward,
             policies={"old": learner.policy, "ref": learner.reference}, group_size=group_size,
-            logprobs=lambda policy, part, stats: no_grad_outputs(policy, part, micro, learner.rows, stats, plan.shard))
+            logprobs=lambda policy, part, stats: no_grad_outputs(policy, part, micro, learner.rows, stats, plan.shard,
+                                                                 plan.micro_batch_tokens))
     timings["logprob"], t0 = now() - t0, now()
     peaks["logprob"] = PEAKS.end()
 
@@ -153,6 +156,9 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     if plan.push_weights:
         metrics["perf/weight_sync_mb"] = pushed / 2**20  # what one push moved
     metrics["perf/peak_rss_mb"] = PEAKS.lifetime  # the process's, since it started
+    # padding a padded forward would carry, prompts a shared one computes once, tokens per forward
+    metrics.update(layout_metrics(batch, plan.shard.size * len(micro_batches(batch, plan.shard, micro,
+                                                                             plan.micro_batch_tokens))))
     metrics.update({f"perf/peak_rss_mb/{phase}": mb for phase, mb in peaks.items()})
     metrics.update({f"adv/{k}": v for k, v in adv_metrics.items()})
     metrics.update(expert_metrics)
@@ -186,12 +192,14 @@ def _update(c: Components, step: int, batch: TrainBatch, old_values, returns, se
             if critic is not None:
                 m.update(critic_step(critic.model, critic.optimizer, batch.select(rows), old_values[rows],
                                      returns[rows], value_clip=plan.value_clip, micro_batch_size=plan.micro_batch_size,
-                                     grad_clip=plan.grad_clip, shard=plan.shard))
+                                     grad_clip=plan.grad_clip, shard=plan.shard,
+                                     micro_batch_tokens=plan.micro_batch_tokens))
             if train_policy:
                 m.update(optimizer_step(learner.policy, learner.optimizer, learner.scheduler, batch.select(rows), spec,
                                         micro_batch_size=plan.micro_batch_size, grad_clip=plan.grad_clip,
                                         kl_coef=c.state.kl_coef, rows=learner.rows,
-                                        keep=None if fused is None else fused[0], shard=plan.shard))
+                                        keep=None if fused is None else fused[0], shard=plan.shard,
+                                        micro_batch_tokens=plan.micro_batch_tokens))
             updates.append(m)
     return Updates(updates, rows)
 
