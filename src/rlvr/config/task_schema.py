@@ -43,6 +43,18 @@ class ArithmeticTaskConfig:
 
 
 @dataclass(frozen=True)
+class CountShapesTaskConfig:
+    """Knobs of `rlvr.tasks.visual.shapes.CountShapes` (null = the class's own default)."""
+
+    min_shapes: int | None = None
+    """Fewest shapes in a picture (1..16)."""
+    max_shapes: int | None = None
+    """Most shapes in a picture (min_shapes..16): the difficulty knob."""
+    size: int | None = None
+    """Picture side in pixels."""
+
+
+@dataclass(frozen=True)
 class Sudoku4TaskConfig:
     """Knobs of `rlvr.tasks.sudoku.Sudoku4` (null = the class's own default)."""
 
@@ -198,6 +210,8 @@ class TaskConfig:
     """Knobs of task `sudoku4`."""
     arithmetic: ArithmeticTaskConfig | None = None
     """Knobs of task `arithmetic` (addition, one source per digit count)."""
+    count_shapes: CountShapesTaskConfig | None = None
+    """Knobs of task `count_shapes` (a vision-language model counts coloured shapes in a picture)."""
     math_file: MathFileTaskConfig | None = None
     """Knobs of task `math_file`."""
     code_file: CodeFileTaskConfig | None = None

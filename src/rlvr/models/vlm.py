@@ -159,12 +159,17 @@ class VisionPrompts:
         prompt_ids, prompt_mask = left_pad(ids, self.tokenizer.pad_token_id)
         return prompt_ids, prompt_mask, {"vision": VisionRows(rows)}
 
-    def _encode_one(self, ex, index: int) -> tuple[list[int], dict]:
+    def check_row(self, ex, index: int) -> list:
+        """`ex`'s images; a ValueError naming the row and field unless there is one placeholder per image."""
         images = list(ex.meta.get("images") or [])
         placeholders = ex.prompt.count(self.image_token)
         if not images or placeholders != len(images):
             raise ValueError(f"row {index}: prompt holds {placeholders} {self.image_token} placeholder(s) for "
                              f"{len(images)} image(s) in field 'images'; a vision-language model needs one per image")
+        return images
+
+    def _encode_one(self, ex, index: int) -> tuple[list[int], dict]:
+        images = self.check_row(ex, index)
         out = self.processor(text=[ex.prompt], images=[images], return_tensors="pt")
         ids = out.pop("input_ids")[0].tolist()
         out.pop("attention_mask", None)

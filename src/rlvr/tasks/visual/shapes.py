@@ -109,5 +109,9 @@ class CountShapes:
         """
         return 1.0 if completion.strip() == str(example.get("answer")) else 0.0
 
+    def solution(self, example: Example) -> str:
+        """The reference completion (the supervised warm start's target)."""
+        return example.answer
+
     def is_correct(self, completion: str, example: Example) -> bool:
         return self.reward(example.prompt, completion, answer=example.answer) == 1.0
