@@ -25,13 +25,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ASSET))
     parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--lr", type=float, default=1e-3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as base:
         model, processor = tiny_vlm(seed=0)
         model.save_pretrained(base)
         processor.save_pretrained(base)
         config = load_config(None, [f"model.path={base}", "task.name=count_shapes", "task.heldout_size=200",
-                                    f"sft.steps={args.steps}", "sft.batch_size=32", "sft.lr=1e-3",
+                                    f"sft.steps={args.steps}", "sft.batch_size=32", f"sft.lr={args.lr}",
                                     "sft.warmup_steps=10", "rollout.max_new_tokens=3", "trainer.threads=1"])
         result = sft(config, args.out, overwrite=True)
     recorded = Path(args.out) / "sft_config.yaml"  # the base was a temporary folder: say what it was

@@ -105,6 +105,16 @@ class MathFileTaskConfig(FileTaskConfig):
 
 
 @dataclass(frozen=True)
+class ImageQATaskConfig(MathFileTaskConfig):
+    """Knobs of `rlvr.tasks.visual.image_qa.ImageQATask` (null = the class's own default)."""
+
+    max_pixels: int | None = ranged(None, ">= 1", "pixels")
+    """Largest image (width × height) a row may name; a larger one is refused before training."""
+    max_images: int | None = ranged(None, ">= 1")
+    """Most images one row may name."""
+
+
+@dataclass(frozen=True)
 class CodeFileTaskConfig(FileTaskConfig):
     """Knobs of `rlvr.tasks.files.CodeFileTask` (null = the class's own default)."""
 
@@ -214,6 +224,8 @@ class TaskConfig:
     """Knobs of task `count_shapes` (a vision-language model counts coloured shapes in a picture)."""
     math_file: MathFileTaskConfig | None = None
     """Knobs of task `math_file`."""
+    image_qa: ImageQATaskConfig | None = None
+    """Knobs of task `image_qa` (questions about images from a JSONL file, for vision-language models)."""
     code_file: CodeFileTaskConfig | None = None
     """Knobs of task `code_file`."""
     agent_calculator: CalculatorTaskConfig | None = None
