@@ -26,14 +26,17 @@ def main() -> None:
     parser.add_argument("--out", default=str(ASSET))
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--colours", type=int, default=1, help="task.count_shapes.colours")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as base:
         model, processor = tiny_vlm(seed=0)
         model.save_pretrained(base)
         processor.save_pretrained(base)
         config = load_config(None, [f"model.path={base}", "task.name=count_shapes", "task.heldout_size=200",
+                                    f"task.count_shapes.colours={args.colours}",
                                     f"sft.steps={args.steps}", "sft.batch_size=32", f"sft.lr={args.lr}",
-                                    "sft.warmup_steps=10", "rollout.max_new_tokens=3", "trainer.threads=1"])
+                                    "sft.warmup_steps=10", "rollout.max_new_tokens=3", "trainer.threads=1",
+                                    "model.train_vision=true"])  # from scratch: the vision tower learns too
         result = sft(config, args.out, overwrite=True)
     recorded = Path(args.out) / "sft_config.yaml"  # the base was a temporary folder: say what it was
     recorded.write_text("# model.path: rlvr.models.vlm.tiny_vlm(seed=0), built by bench/vlm_warmstart.py\n"

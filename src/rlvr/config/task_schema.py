@@ -49,7 +49,9 @@ class CountShapesTaskConfig:
     min_shapes: int | None = None
     """Fewest shapes in a picture (1..16)."""
     max_shapes: int | None = None
-    """Most shapes in a picture (min_shapes..16): the difficulty knob."""
+    """Most shapes in a picture (min_shapes..16): a difficulty knob."""
+    colours: int | None = None
+    """Colours in use, from red, green, blue (1..3): 1 = count every shape; more = find the asked colour."""
     size: int | None = None
     """Picture side in pixels."""
 

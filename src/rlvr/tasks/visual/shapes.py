@@ -1,9 +1,10 @@
 """count_shapes: how many shapes of one colour does a rendered picture hold?
 
 A `size`² RGB picture on a white ground holds `min_shapes`..`max_shapes` filled shapes (squares
-or discs) of three colours, one per cell of a 4×4 grid with a jitter; the prompt asks for one
-colour (``"<image>red?"``), the answer is the count as digits. Difficulty knob: `max_shapes`
-(more shapes, larger counts). Seeded and infinite: a layout is a pure function of its RNG draws.
+or discs) in the first `colours` of red, green and blue, one per cell of a 4×4 grid with a
+jitter; the prompt asks for one colour (``"<image>red?"``), the answer is the count as digits.
+Difficulty knobs: `max_shapes` (more shapes, larger counts) and `colours` (1: count every shape;
+2-3: find the asked colour among the others too). Seeded and infinite: a layout is a pure function of its RNG draws.
 Held-out split: a stable hash of the layout puts one layout in ``HELDOUT_BUCKETS`` in the held-out
 bucket, which `sample` never draws, so the two sets are disjoint. Reward 1.0 for the exact count
 (surrounding whitespace ignored), else 0.0.
@@ -51,14 +52,17 @@ class CountShapes:
 
     name = "count_shapes"
 
-    def __init__(self, *, min_shapes: int = 1, max_shapes: int = 6, size: int = 64, heldout_size: int = 200,
-                 seed: int = 0):
+    def __init__(self, *, min_shapes: int = 1, max_shapes: int = 6, colours: int = 3, size: int = 64,
+                 heldout_size: int = 200, seed: int = 0):
         if not 1 <= min_shapes <= max_shapes <= GRID * GRID:
             raise ValueError(f"count_shapes: need 1 <= min_shapes <= max_shapes <= {GRID * GRID}; "
                              f"got min_shapes={min_shapes}, max_shapes={max_shapes}")
+        if not 1 <= colours <= len(COLOURS):
+            raise ValueError(f"count_shapes: colours must be 1..{len(COLOURS)}; got {colours}")
         if size < 4 * GRID:
             raise ValueError(f"count_shapes: size must be at least {4 * GRID} pixels; got {size}")
         self.min_shapes, self.max_shapes, self.size = min_shapes, max_shapes, size
+        self.palette = list(COLOURS)[:colours]  # red, green, blue in that order
         self.heldout_size = heldout_size
         self._rng = random.Random(seed)
         self._heldout = self._heldout_set()
@@ -68,9 +72,9 @@ class CountShapes:
         cell = self.size // GRID
         slack = cell - max(3, cell * 5 // 8)
         cells = sorted(rng.sample(range(GRID * GRID), n))
-        layout = tuple((c, rng.choice(sorted(COLOURS)), rng.choice(("square", "disc")), rng.randint(0, slack),
+        layout = tuple((c, rng.choice(self.palette), rng.choice(("square", "disc")), rng.randint(0, slack),
                         rng.randint(0, slack)) for c in cells)
-        return layout, rng.choice(sorted(COLOURS))
+        return layout, rng.choice(self.palette)
 
     def example(self, layout, colour: str) -> Example:
         count = sum(1 for shape in layout if shape[1] == colour)
