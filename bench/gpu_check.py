@@ -136,10 +136,12 @@ def vlm(args, work: Path) -> None:
     model.save_pretrained(directory)
     processor.save_pretrained(directory)
     run = [f"model.path={directory}", f"model.dtype={args.dtype}", f"trainer.device={args.device}",
-           "task.name=count_shapes", "task.heldout_size=8", "model.lora.r=8", f"rollout.prompts_per_step={args.prompts}",
-           f"rollout.group_size={args.group}", "rollout.max_new_tokens=4", "trainer.thread_mode=ops",
+           "task.name=count_shapes", "task.heldout_size=8", "model.lora.r=8",
+           f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}", "rollout.max_new_tokens=4",
+           "trainer.thread_mode=ops",
            "trainer.eval_every=0", "optim.lr=1e-4", "optim.warmup_steps=1", f"trainer.steps={args.steps}",
-           "algo.entropy_coef=0.01", f"trainer.out_dir={work}", "trainer.name=vlm_run", f"trainer.save_every={args.steps}"]
+           "algo.entropy_coef=0.01", f"trainer.out_dir={work}", "trainer.name=vlm_run",
+           f"trainer.save_every={args.steps}"]
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()

@@ -44,8 +44,8 @@ def _weights(folder):
 
 def test_train_updates_the_language_model_and_keeps_the_vision_tower(warm_dir, tmp_path):
     vlm_dir = warm_dir
-    assert main(["train", f"model.path={vlm_dir}", *SHORT, "trainer.steps=2", "trainer.eval_every=1", f"trainer.out_dir={tmp_path}",
-                 "trainer.name=run", "trainer.save_every=2"]) == 0
+    assert main(["train", f"model.path={vlm_dir}", *SHORT, "trainer.steps=2", "trainer.eval_every=1",
+                 f"trainer.out_dir={tmp_path}", "trainer.name=run", "trainer.save_every=2"]) == 0
     run = tmp_path / "run"
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("eval/heldout_accuracy" in line for line in lines)
@@ -87,7 +87,8 @@ def test_sft_on_images_writes_a_reloadable_warm_start(vlm_dir, warm_dir):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["task.name=countdown"], r"task: row 0: prompt holds 0 <image> placeholder\(s\) for 0 image\(s\) in field 'images'"),
+    (["task.name=countdown"],
+     r"task: row 0: prompt holds 0 <image> placeholder\(s\) for 0 image\(s\) in field 'images'"),
     (["rollout.repetition_penalty=1.1"], "rollout.repetition_penalty: not supported with a vision-language model"),
     (["trainer.thread_mode=rows", "trainer.threads=2"], "trainer.thread_mode: a vision-language model"),
 ])

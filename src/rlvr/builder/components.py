@@ -23,8 +23,8 @@ from rlvr.agents.task import is_agent_task
 from rlvr.backends.ray import RayReward
 from rlvr.builder import build
 from rlvr.builder.placement import DTYPES, as_verifier, learner_engine, rollout_sides, shares_engine, thread_layout
-from rlvr.builder.vision import check_vision_run
 from rlvr.builder.plans import check_statistics, fusable, loop_plan, needs_reference, rollout_plan, step_plan
+from rlvr.builder.vision import check_vision_run
 from rlvr.config import Config
 from rlvr.config.binding import bound
 from rlvr.config.checks import check_fsdp_options, check_learners

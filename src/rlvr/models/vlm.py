@@ -118,7 +118,7 @@ def freeze_vision(model, *, train_vision: bool = False) -> None:
 def image_token_id(model) -> int:
     """The id of the image placeholder, which neither sampler nor trainer lets a completion hold."""
     config = getattr(model, "config", None)
-    config = getattr(model.get_base_model(), "config") if hasattr(model, "peft_config") else config
+    config = model.get_base_model().config if hasattr(model, "peft_config") else config
     value = getattr(config, "image_token_id", None)
     return value if value is not None else config.image_token_index
 

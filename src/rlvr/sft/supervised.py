@@ -21,8 +21,8 @@ import torch
 from rlvr.agents.batch import to_rollouts
 from rlvr.agents.collect import demonstrations
 from rlvr.agents.task import is_agent_task
-from rlvr.builder import build
 from rlvr.batch import TrainBatch
+from rlvr.builder import build
 from rlvr.builder.vision import is_vision_model
 from rlvr.codec import completion_batch, encode_examples, encode_prompts
 from rlvr.config import Config, dump_yaml
