@@ -30,8 +30,6 @@ IMAGE_TOKEN = "<image>"
 IDEFICS3_SPECIALS = ("<fake_token_around_image>", IMAGE_TOKEN, "<global-img>", "<end_of_utterance>")
 SUPPORTED_FAMILIES = ("idefics3", "smolvlm", "llava")
 """`model_type`s whose text model runs on 1-D positions with no per-token extras."""
-TEXT_LAYERS = r".*(text_model|language_model)\..*"
-"""Module names of the language model inside a VLM (LoRA goes there; the vision tower is apart)."""
 
 
 def is_vlm_dir(directory: Path) -> bool:

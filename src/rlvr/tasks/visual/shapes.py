@@ -27,13 +27,13 @@ IMAGE = "<image>"
 
 
 def render(layout: tuple[tuple[int, str, str, int, int], ...], size: int) -> Image.Image:
-    """The picture of `layout`: (cell, colour, kind, dx, dy) per shape; kind `square` or `disc`."""
+    """The picture of `layout`: (cell, colour, kind, shift x, shift y) per shape; kind `square` or `disc`."""
     im = Image.new("RGB", (size, size), (255, 255, 255))
     draw = ImageDraw.Draw(im)
     cell = size // GRID
     side = max(3, cell * 5 // 8)
-    for index, colour, kind, dx, dy in layout:
-        x0, y0 = (index % GRID) * cell + dx, (index // GRID) * cell + dy
+    for index, colour, kind, shift_x, shift_y in layout:
+        x0, y0 = (index % GRID) * cell + shift_x, (index // GRID) * cell + shift_y
         box = (x0, y0, x0 + side - 1, y0 + side - 1)
         (draw.rectangle if kind == "square" else draw.ellipse)(box, fill=COLOURS[colour])
     return im
