@@ -132,3 +132,22 @@ def test_a_text_only_directory_is_refused_by_family(tmp_path):
     assert not is_vlm_dir(tmp_path)
     with pytest.raises(ConfigError, match="model.path"):
         load_vlm(str(tmp_path), tmp_path)
+
+
+def test_micro_groups_give_each_row_its_own_images_and_reassemble_them():
+    from rlvr.batch import Rollouts
+    from rlvr.multimodal import VisionRows
+    from rlvr.trainer.collect import generate
+
+    rows = VisionRows([{"pixel_values": torch.full((1, 1), float(i))} for i in range(4)])
+
+    def engine(ids, mask, seeds, *, temperature, vision):
+        assert [float(r["pixel_values"]) for r in vision.rows] == ids[:, 0].float().tolist()  # row i, image i
+        return Rollouts(ids, mask, ids.clone(), torch.ones(ids.shape), torch.zeros(ids.shape),
+                        torch.zeros(len(ids), dtype=torch.bool), vision=vision)
+
+    ids = torch.arange(4)[:, None]
+    out = generate(engine, ids, torch.ones_like(ids), torch.arange(4), 1.0, group_size=2, micro_group_size=1,
+                   pad_id=0, extras={"vision": rows})
+    assert [float(r["pixel_values"]) for r in out.vision.rows] == [0.0, 1.0, 2.0, 3.0]
+    assert out.completion_ids[:, 0].tolist() == [0, 1, 2, 3]
