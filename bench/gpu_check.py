@@ -154,7 +154,8 @@ def vlm(args, work: Path) -> None:
          params_m=round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
          s_per_run=round(seconds, 1), steps=args.steps, max_rollout_logprob_gap=max(gaps, default=None),
          peak_gpu_mem_gb=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None)
-    exported = export_run(work / "vlm_run", work / "vlm_export")
+    # float32: a few small LoRA steps are below bf16's resolution, and the export refuses to round them away
+    exported = export_run(work / "vlm_run", work / "vlm_export", dtype="float32")
     emit(check="vlm_export", verified=exported.verified, path=str(exported.path))
 
 
