@@ -34,7 +34,7 @@ def test_the_dry_run_goes_through_every_part_on_the_cpu(tmp_path):
         by_check.setdefault(r["check"], []).append(r)
     assert not [r for r in records if r.get("failed")], done.stdout[-3000:]
     assert by_check["versions"][0]["torch"] and by_check["logprob_agreement"][0]["ok"]
-    assert {r["mode"] for r in by_check["grpo"]} == {"full", "lora"}
+    assert {"full", "lora"} <= {r["mode"] for r in by_check["grpo"]}  # and the fsdp modes
     assert all(r["s_per_step"] > 0 and r["completion_tokens_per_s"] > 0 for r in by_check["grpo"])
     assert len(by_check["build"]) == 1  # built once, reused by the later parts
     assert "trl" in by_check  # a result, or the reason it was skipped
