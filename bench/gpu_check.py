@@ -150,6 +150,45 @@ def packed_agreement(args, model, prompt, mask, completion) -> None:
              ok=logp_rel < 1e-4 and grad_rel < 1e-3)
 
 
+def vlm(args, work: Path) -> None:
+    """A tiny Idefics3 (built in code) in `args.dtype` with LoRA on its language model: GRPO steps on
+    count_shapes on the device, the sampler's log-probs against the trainer's with images, then
+    `rlvr export` and a reload through AutoModelForImageTextToText."""
+    from rlvr.cli import main as main_cli
+    from rlvr.models.vlm import tiny_vlm
+    from rlvr.tracking.export import export_run
+
+    cuda = args.device.startswith("cuda")
+    directory = work / "vlm"
+    size = {} if args.tiny else dict(hidden_size=512, intermediate_size=1536, num_layers=8, vision_layers=6,
+                                      num_heads=8)
+    model, processor = tiny_vlm(seed=0, **size)
+    model.save_pretrained(directory)
+    processor.save_pretrained(directory)
+    run = [f"model.path={directory}", f"model.dtype={args.dtype}", f"trainer.device={args.device}",
+           "task.name=count_shapes", "task.heldout_size=8", "model.lora.r=8",
+           f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}", "rollout.max_new_tokens=4",
+           "trainer.thread_mode=ops",
+           "trainer.eval_every=0", "optim.lr=1e-4", "optim.warmup_steps=1", f"trainer.steps={args.steps}",
+           "algo.entropy_coef=0.01", f"trainer.out_dir={work}", "trainer.name=vlm_run",
+           f"trainer.save_every={args.steps}"]
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    if main_cli(["train", *run]) != 0:
+        sys.exit("error: the VLM run failed (its line above says why)")
+    seconds = time.perf_counter() - t0
+    rows = [json.loads(line) for line in (work / "vlm_run" / "metrics.jsonl").read_text().splitlines()]
+    gaps = [v for r in rows for k, v in r.items() if k.endswith("rollout_logprob_gap")]
+    emit(check="vlm", mode="lora", device=args.device, dtype=args.dtype,
+         params_m=round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
+         s_per_run=round(seconds, 1), steps=args.steps, max_rollout_logprob_gap=max(gaps, default=None),
+         peak_gpu_mem_gb=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None)
+    # float32: a few small LoRA steps are below bf16's resolution, and the export refuses to round them away
+    exported = export_run(work / "vlm_run", work / "vlm_export", dtype="float32")
+    emit(check="vlm_export", verified=exported.verified, path=str(exported.path))
+
+
 def trl_side_by_side(args, model_dir: Path, reward: str) -> None:
     """TRL's GRPOTrainer on the same model, prompts, group size and completion length, when it imports."""
     try:
@@ -211,8 +250,8 @@ def main(argv=None) -> None:
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--vocab", type=int, default=151_936, help="tokenizer padded to this many ids (Qwen2's)")
-    p.add_argument("--only", nargs="+", default=["agree", "full", "lora", "fsdp", "trl"],
-                   choices=["agree", "full", "lora", "fsdp", "trl"])
+    p.add_argument("--only", nargs="+", default=["agree", "full", "lora", "fsdp", "trl", "vlm"],
+                   choices=["agree", "full", "lora", "fsdp", "trl", "vlm"])
     p.add_argument("--work", default="", help="scratch directory (default: a temporary one)")
     args = p.parse_args(argv)
     if args.tiny:
@@ -227,6 +266,8 @@ def main(argv=None) -> None:
          cuda=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, work=str(work))
     if "agree" in args.only:
         agreement(args, work)
+    if "vlm" in args.only:
+        vlm(args, work)
     if not {"full", "lora", "fsdp", "trl"} & set(args.only):
         return
     model_dir, reward = work / "model", reward_file(work)

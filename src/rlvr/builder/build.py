@@ -13,6 +13,7 @@ import torch
 from rlvr.agents.collect import TurnProcessReward
 from rlvr.agents.task import is_agent_task
 from rlvr.algos._registry import needs_of
+from rlvr.builder import vision
 from rlvr.builder.plans import advantage_spec
 from rlvr.codec import prompt_lengths
 from rlvr.config import REGISTRY, Config, keywords, task_sections
@@ -46,6 +47,9 @@ def base_model(config: Config):
     m = config.model
     size = dict(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                 intermediate_size=m.intermediate_size, max_seq_len=m.max_seq_len)
+    loaded = vision.load_if_vision(config)  # an image-text-to-text checkpoint: (model, VisionPrompts)
+    if loaded is not None:
+        return loaded
     if m.kind == "diffusion":  # float32 only (config validation)
         return load_diffusion_or_block_lm(m.path or None, seed=config.seed, block_size=m.block_size,
                                           shift_logits=m.shift_logits, **size)
@@ -84,7 +88,8 @@ def prepare_model(config: Config, model):
         from rlvr.models.lora import apply_lora
 
         model = apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
-                           target_modules=lora.target_modules)
+                           target_modules=vision.lora_targets(config, model))
+    vision.prepare_vision(config, model)
     return model
 
 
@@ -93,6 +98,8 @@ def build_policy(config: Config, model, *, sharded: bool = False):
     `sharded` (FSDP): the plain module forward, which gathers each layer's shards (the fast path
     reads the weights themselves)."""
     temperature = config.rollout.temperature
+    if vision.is_vision_model(model):
+        return vision.vision_policy(config, model)
     if config.model.kind != "diffusion":
         return CausalPolicy(model, temperature=temperature, kernels=config.trainer.kernels, fast=not sharded,
                             checkpointing=config.trainer.gradient_checkpointing,
@@ -128,6 +135,8 @@ def build_engine(config: Config, model, tokenizer) -> RolloutEngine:
         return build_vllm_engine(config, model, tokenizer)
     if r.engine == "vllm_server":
         return build_server_engine(config, model, tokenizer)
+    if vision.is_vision_model(model):
+        return vision.vision_engine(config, model, tokenizer)
     if config.model.kind != "diffusion":
         return functools.partial(generate, model, max_new_tokens=r.max_new_tokens, eos_id=tokenizer.eos_token_id,
                                  pad_id=tokenizer.pad_token_id, top_p=r.top_p, engine=r.decode_engine,

@@ -24,6 +24,7 @@ from rlvr.backends.ray import RayReward
 from rlvr.builder import build
 from rlvr.builder.placement import DTYPES, as_verifier, learner_engine, rollout_sides, shares_engine, thread_layout
 from rlvr.builder.plans import check_statistics, fusable, loop_plan, needs_reference, rollout_plan, step_plan
+from rlvr.builder.vision import check_vision_run
 from rlvr.config import Config
 from rlvr.config.binding import bound
 from rlvr.config.checks import check_fsdp_options, check_learners
@@ -84,6 +85,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     task = task if task is not None else build.build_task(config, tokenizer)
     build.check_context(config, plain, tokenizer, task)
     layout = thread_layout(config, runtime)
+    check_vision_run(config, plain, tokenizer, task, rows_split=layout.learner_rows is not None, sharded=shard.fsdp)
     engine = learner_engine(config, plain, tokenizer, shard)
     if layout.learner_rows is not None and not engine_kind(config).batches_itself:
         engine = split_engine(engine, layout.learner_rows, tokenizer.pad_token_id, model)

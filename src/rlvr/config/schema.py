@@ -76,6 +76,9 @@ class ModelConfig:
     `transformers` forward)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters (causal models)."""
+    train_vision: bool = False
+    """Vision-language models: train the vision tower and connector too (LoRA `all-linear` then covers
+    them); false = frozen, only the language model trains."""
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,20 @@ class ArithmeticTaskConfig:
 
 
 @dataclass(frozen=True)
+class CountShapesTaskConfig:
+    """Knobs of `rlvr.tasks.visual.shapes.CountShapes` (null = the class's own default)."""
+
+    min_shapes: int | None = None
+    """Fewest shapes in a picture (1..16)."""
+    max_shapes: int | None = None
+    """Most shapes in a picture (min_shapes..16): a difficulty knob."""
+    colours: int | None = None
+    """Colours in use, from red, green, blue (1..3): 1 = count every shape; more = find the asked colour."""
+    size: int | None = None
+    """Picture side in pixels."""
+
+
+@dataclass(frozen=True)
 class Sudoku4TaskConfig:
     """Knobs of `rlvr.tasks.sudoku.Sudoku4` (null = the class's own default)."""
 
@@ -90,6 +104,16 @@ class MathFileTaskConfig(FileTaskConfig):
     strict: bool | None = None
     """Read the final answer only from `\\boxed{}`, `<answer>…</answer>` or `#### X` (the class's
     default); false adds the lenient fallbacks ("the answer is X", the last number)."""
+
+
+@dataclass(frozen=True)
+class ImageQATaskConfig(MathFileTaskConfig):
+    """Knobs of `rlvr.tasks.visual.image_qa.ImageQATask` (null = the class's own default)."""
+
+    max_pixels: int | None = ranged(None, ">= 1", "pixels")
+    """Largest image (width × height) a row may name; a larger one is refused before training."""
+    max_images: int | None = ranged(None, ">= 1")
+    """Most images one row may name."""
 
 
 @dataclass(frozen=True)
@@ -198,8 +222,12 @@ class TaskConfig:
     """Knobs of task `sudoku4`."""
     arithmetic: ArithmeticTaskConfig | None = None
     """Knobs of task `arithmetic` (addition, one source per digit count)."""
+    count_shapes: CountShapesTaskConfig | None = None
+    """Knobs of task `count_shapes` (a vision-language model counts coloured shapes in a picture)."""
     math_file: MathFileTaskConfig | None = None
     """Knobs of task `math_file`."""
+    image_qa: ImageQATaskConfig | None = None
+    """Knobs of task `image_qa` (questions about images from a JSONL file, for vision-language models)."""
     code_file: CodeFileTaskConfig | None = None
     """Knobs of task `code_file`."""
     agent_calculator: CalculatorTaskConfig | None = None

@@ -21,13 +21,17 @@ import torch
 from rlvr.agents.batch import to_rollouts
 from rlvr.agents.collect import demonstrations
 from rlvr.agents.task import is_agent_task
+from rlvr.batch import TrainBatch
 from rlvr.builder import build
-from rlvr.codec import completion_batch, encode_prompts
+from rlvr.builder.vision import is_vision_model
+from rlvr.codec import completion_batch, encode_examples, encode_prompts
 from rlvr.config import Config, dump_yaml
 from rlvr.errors import ConfigError, DiskFull
 from rlvr.models.block_diffusion import BlockDiffusionLM, block_diffusion_loss
 from rlvr.models.causal_lm import resolve_model_path
 from rlvr.models.policy import CausalPolicy
+from rlvr.models.vlm import image_token_id
+from rlvr.models.vlm_policy import VisionPolicy
 from rlvr.safe_io import free_space, kind_of, mark_made, removable_folder, remove_made_folder, temp_folder_for
 from rlvr.sft.chat import chat_rollouts, load_conversations, sample_conversations
 from rlvr.sft.diffusion import diffusion_sft, masked_diffusion_loss
@@ -49,9 +53,21 @@ def masked_sft_loss(policy: CausalPolicy, rollouts) -> torch.Tensor:
     return -(logp * rollouts.completion_mask).sum() / rollouts.completion_mask.sum().clamp(min=1)
 
 
+def vision_sft_loss(policy: VisionPolicy, tokenizer, examples, completions: list[str]) -> torch.Tensor:
+    """`sft_loss` for examples with images (a vision-language model's `VisionPrompts` encodes them)."""
+    prompt_ids, prompt_mask, extras = encode_examples(tokenizer, examples)
+    completion_ids, completion_mask = completion_batch(tokenizer, completions)
+    logp, _ = policy.batch_logprobs(TrainBatch(prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                               torch.zeros_like(completion_mask), vision=extras["vision"]))
+    return -(logp * completion_mask).sum() / completion_mask.sum()
+
+
 def _step_loss(policy, tokenizer, task, conversations, batch_size: int, rng: random.Random) -> torch.Tensor:
     """One step's loss: chat rows (assistant turns only), scripted agent episodes (the
     demonstrator's actions only), or the task's procedural solutions."""
+    if isinstance(policy, VisionPolicy):
+        examples = task.sample(batch_size, rng)
+        return vision_sft_loss(policy, tokenizer, examples, [task.solution(e) for e in examples])
     if conversations is not None:
         return masked_sft_loss(policy, chat_rollouts(tokenizer, sample_conversations(conversations, batch_size, rng)))
     examples = task.sample(batch_size, rng)
@@ -65,7 +81,8 @@ def _causal_sft(model, tokenizer, task, config: Config, echo) -> None:
     s = config.sft
     optimizer, scheduler = build.build_optimizer(model.parameters(), lr=s.lr, warmup_steps=s.warmup_steps,
                                                  total_steps=s.steps, schedule=s.schedule)
-    policy, rng = CausalPolicy(model), random.Random(config.seed)
+    policy = VisionPolicy(model, image_id=image_token_id(model)) if is_vision_model(model) else CausalPolicy(model)
+    rng = random.Random(config.seed)
     conversations = load_conversations(s.data) if s.data else None
     model.train()
     for step in range(1, s.steps + 1):

@@ -90,7 +90,8 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     if plan.overlong_filter:  # DAPO: a truncated completion has no verdict on its ending; drop it from the loss
         mask = mask * (~rollouts.truncated)[:, None].float()
     batch = TrainBatch(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, mask,
-                       advantages=torch.zeros_like(mask), rollout_logp=rollouts.logprobs, trace=rollouts.trace)
+                       advantages=torch.zeros_like(mask), rollout_logp=rollouts.logprobs, trace=rollouts.trace,
+                       vision=rollouts.vision)
     for policy in (learner.policy, learner.reference):  # common random numbers: one step seed, shared
         if policy is not None:
             policy.begin_step(int(sample_seeds(plan.rollout.seed, step, 1)[0]))
