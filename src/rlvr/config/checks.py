@@ -64,7 +64,8 @@ def _range_errors(node: Any, prefix: str = "") -> list[str]:
             errors += _range_errors(value, f"{prefix}{f.name}.")
         elif (rule := range_of(f)) is not None and value is not None and not allowed(f, value):
             inside = "in " if rule[0] in "[(" else ""
-            errors.append(f"{prefix}{f.name}: must be {inside}{rule}, got {value!r}; "
+            got = f"{value!r}" if len(repr(value)) <= 24 else f"{value:.3g}"  # 10**30 reads as 1e+30
+            errors.append(f"{prefix}{f.name}: must be {inside}{rule}, got {got}; "
                           "fix the value in the recipe or override")
     return errors
 
@@ -202,6 +203,8 @@ def _algo(config: Config) -> list[Check]:
         (a.clip_high is None or a.clip_high >= 0, "algo.clip_high",
          "must be >= 0 (the ratio ceiling is 1 + clip_high)"),
         (a.critic_warmup_steps >= 0, "algo.critic_warmup_steps", "must be >= 0"),
+        (a.cov_lb is None or a.cov_ub is None or a.cov_lb < a.cov_ub, "algo.cov_lb",
+         f"must be below algo.cov_ub ({a.cov_ub}): Clip-Cov drops tokens whose covariance is between them"),
         (e.t_min is None or e.t_max is None or e.t_min < e.t_max, "estimator.t_min",
          f"must be below estimator.t_max ({e.t_max})"),
     ]
