@@ -64,7 +64,8 @@ def _range_errors(node: Any, prefix: str = "") -> list[str]:
             errors += _range_errors(value, f"{prefix}{f.name}.")
         elif (rule := range_of(f)) is not None and value is not None and not allowed(f, value):
             inside = "in " if rule[0] in "[(" else ""
-            got = f"{value!r}" if len(repr(value)) <= 24 else f"{value:.3g}"  # 10**30 reads as 1e+30
+            big = isinstance(value, int) and abs(value) >= 10**24  # shown as a power of ten, not 400 digits
+            got = f"~1e+{value.bit_length() * 30103 // 100000}" if big else repr(value)
             errors.append(f"{prefix}{f.name}: must be {inside}{rule}, got {got}; "
                           "fix the value in the recipe or override")
     return errors
