@@ -1,0 +1,37 @@
+"""Run folders and output paths as a user's disk holds them: a report never replaces a file rlvr did not
+write (without --force), and a run config of another shape is one line from every command that reads it."""
+
+from __future__ import annotations
+
+import pytest
+from cli_lines import cli, one_line
+from fake_runs import make_run
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    return [make_run(tmp_path, f"r{seed}", seed=seed, steps=5) for seed in (0, 1)]
+
+
+@pytest.mark.parametrize("where", ["beside the first run", "--out"])
+def test_a_report_keeps_a_file_the_user_had(where, two_runs, tmp_path, capsys):
+    mine = tmp_path / ("report.html" if where == "beside the first run" else "notes.html")
+    mine.write_text("my notes\n")
+    argv = ["report", *map(str, two_runs)] + (["--out", str(mine)] if where == "--out" else [])
+    one_line(*cli(argv, capsys), "is not a report rlvr wrote", "--force")
+    assert mine.read_text() == "my notes\n"
+    assert cli([*argv, "--force"], capsys)[0] == 0 and "rlvr report" in mine.read_text()
+    assert cli(argv, capsys)[0] == 0  # a page rlvr wrote is rewritten as before
+
+
+def test_a_single_runs_own_report_is_rewritten(two_runs, capsys):
+    (two_runs[0] / "report.html").write_text("stale\n")  # inside the run: the run's own page
+    assert cli(["report", str(two_runs[0])], capsys)[0] == 0
+    assert "rlvr report" in (two_runs[0] / "report.html").read_text()
+
+
+@pytest.mark.parametrize("argv", [["runs", "list"], ["report"], ["runs", "compare"]])
+def test_a_config_section_of_another_shape_is_one_line(argv, two_runs, tmp_path, capsys):
+    (two_runs[0] / "config.yaml").write_text("seed: 0\ntrainer: [1, 2]\n")
+    extra = ["--out", str(tmp_path / "cmp")] if argv[-1] == "compare" else []
+    one_line(*cli([*argv, *map(str, two_runs), *extra], capsys), "'trainer' is a list, not a section or a value")
