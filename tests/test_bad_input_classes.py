@@ -178,3 +178,17 @@ def test_a_wandb_mode_wandb_does_not_know_is_one_line(tmp_path, monkeypatch):
         make_trackers(["wandb"], tmp_path)
     assert not (tmp_path / "wandb").exists()
 
+
+
+# ---------------------------------------------------------------------------------- output paths
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+@pytest.mark.parametrize("how", ["name_too_long", "a_file_as_out_dir"])
+def test_a_run_path_the_os_refuses_is_one_line(command, how, tmp_path, capsys):
+    (tmp_path / "plain").write_text("x\n")
+    out_dir, name = (tmp_path, "c" * 300) if how == "name_too_long" else (tmp_path / "plain", "r")
+    place = ([f"trainer.out_dir={out_dir}", f"trainer.name={name}"] if command == "train"
+             else ["--out", str(out_dir / name), "sft.steps=1"])
+    err = _error(capsys, [command, *TINY, *place])
+    assert "cannot use the path" in err and "choose another path" in err and len(err) < 300, err
+    assert (tmp_path / "plain").read_text() == "x\n" and sorted(p.name for p in tmp_path.iterdir()) == ["plain"]

@@ -35,3 +35,16 @@ def test_a_config_section_of_another_shape_is_one_line(argv, two_runs, tmp_path,
     (two_runs[0] / "config.yaml").write_text("seed: 0\ntrainer: [1, 2]\n")
     extra = ["--out", str(tmp_path / "cmp")] if argv[-1] == "compare" else []
     one_line(*cli([*argv, *map(str, two_runs), *extra], capsys), "'trainer' is a list, not a section or a value")
+
+
+@pytest.mark.parametrize("how", ["name_too_long", "file_in_the_path"])
+@pytest.mark.parametrize("command", ["report", "compare", "plot"])
+def test_an_output_path_the_os_refuses_is_one_line(command, how, two_runs, tmp_path, capsys):
+    (tmp_path / "plain").write_text("x\n")
+    out = tmp_path / ("b" * 300 if how == "name_too_long" else "plain/out")
+    argv = {"report": ["report", *map(str, two_runs), "--out", f"{out}.html"],
+            "compare": ["runs", "compare", *map(str, two_runs), "--out", str(out)],
+            "plot": ["runs", "plot", *map(str, two_runs), "--out", f"{out}.png"]}[command]
+    says = "longer than the file system allows" if how == "name_too_long" else "a part of it is a file, not a folder"
+    one_line(*cli(argv, capsys), "cannot use the path", says, "choose another path")
+    assert (tmp_path / "plain").read_text() == "x\n"
