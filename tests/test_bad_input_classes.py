@@ -192,3 +192,52 @@ def test_a_run_path_the_os_refuses_is_one_line(command, how, tmp_path, capsys):
     err = _error(capsys, [command, *TINY, *place])
     assert "cannot use the path" in err and "choose another path" in err and len(err) < 300, err
     assert (tmp_path / "plain").read_text() == "x\n" and sorted(p.name for p in tmp_path.iterdir()) == ["plain"]
+
+
+# ---------------------------------------------------------------------------------- rm and dpo
+
+@pytest.mark.parametrize("command", ["dpo", "rm"])
+def test_sigterm_during_a_preference_run_records_it_and_keeps_the_weights(command, tmp_path, capsys, monkeypatch):
+    """SIGTERM once killed `rlvr dpo` / `rlvr rm` outright: run.json stayed `running` for good."""
+    import os
+    import signal
+
+    from rlvr.preference.run import PreferenceRun
+
+    log = PreferenceRun.log
+
+    def log_then_signal(self, step, metrics):
+        log(self, step, metrics)
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(PreferenceRun, "log", log_then_signal)
+    capsys.readouterr()
+    code = main([command, *TINY, f"trainer.out_dir={tmp_path}", "trainer.name=p", "preference.steps=4",
+                 "preference.pairs=4", "preference.heldout_pairs=2", "preference.batch_size=2"])
+    err = capsys.readouterr().err
+    assert code == 143 and "Traceback" not in err, err
+    manifest = json.loads((tmp_path / "p" / "run.json").read_text())
+    assert manifest["status"] == "interrupted" and manifest["signal"] == "SIGTERM", manifest
+    steps = [json.loads(line)["step"] for line in (tmp_path / "p" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1]
+    assert [p.name for p in (tmp_path / "p" / "checkpoints").iterdir() if p.name.startswith("step_")] == ["step_000001"]
+
+
+@pytest.mark.parametrize(("margin", "says"), [('"big"', "margin 'big'"), ("1e999", "margin inf"),
+                                              ("true", "margin True")])
+def test_a_pair_margin_that_is_not_a_number_is_one_line(margin, says, tmp_path, capsys):
+    data = tmp_path / "pairs.jsonl"
+    row = '{"prompt": "3 4>7:", "chosen": "3+4", "rejected": "3*4", "margin": %s}\n' % margin
+    data.write_text(row * 4)
+    err = _error(capsys, ["rm", *TINY, f"trainer.out_dir={tmp_path}", f"preference.data={data}",
+                          "preference.steps=1"])
+    assert "preference.data:" in err and says in err and "finite number" in err, err
+
+
+@pytest.mark.parametrize(("overrides", "field"), [
+    (["preference.process=true", "preference.step_separator="], "preference.step_separator"),
+    (["reward.model_steps=min", "reward.model_step_separator="], "reward.model_step_separator"),
+])
+def test_an_empty_step_separator_is_one_line(overrides, field, capsys):
+    assert _error(capsys, ["config", *overrides]).startswith(f"error: {field}: must not be empty")

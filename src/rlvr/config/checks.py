@@ -286,6 +286,10 @@ def _optim(config: Config) -> list[Check]:
         (s.warmup_steps >= 0, "sft.warmup_steps", "must be >= 0 (0 = no warmup)"),
         (s.steps >= 1, "sft.steps", "must be >= 1"),
         (s.batch_size >= 1, "sft.batch_size", "must be >= 1"),
+        (bool(config.preference.step_separator) or not config.preference.process, "preference.step_separator",
+         "must not be empty: it splits each solution into the steps a process reward model scores, e.g. ','"),
+        (bool(config.reward.model_step_separator) or not config.reward.model_steps, "reward.model_step_separator",
+         "must not be empty: it splits each completion into the steps the process reward model scores, e.g. '\\n\\n'"),
     ]
 
 
