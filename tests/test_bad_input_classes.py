@@ -228,7 +228,7 @@ def test_sigterm_during_a_preference_run_records_it_and_keeps_the_weights(comman
                                               ("true", "margin True")])
 def test_a_pair_margin_that_is_not_a_number_is_one_line(margin, says, tmp_path, capsys):
     data = tmp_path / "pairs.jsonl"
-    row = '{"prompt": "3 4>7:", "chosen": "3+4", "rejected": "3*4", "margin": %s}\n' % margin
+    row = '{"prompt": "3 4>7:", "chosen": "3+4", "rejected": "3*4", "margin": MARGIN}\n'.replace("MARGIN", margin)
     data.write_text(row * 4)
     err = _error(capsys, ["rm", *TINY, f"trainer.out_dir={tmp_path}", f"preference.data={data}",
                           "preference.steps=1"])

@@ -186,7 +186,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     report.add_argument("run", nargs="+", help="run directory (several: one page comparing them)")
     report.add_argument("--out", help="HTML path (default: RUN/report.html; several runs: report.html beside the "
                                       "first)")
-    report.add_argument("--force", action="store_true", help="replace a file at the output path that rlvr did not write")
+    report.add_argument("--force", action="store_true",
+                        help="replace a file at the output path that rlvr did not write")
     report.add_argument("--sample-steps", type=_positive, default=40, help="most steps whose rollouts are shown")
     report.set_defaults(fn=cmd_report)
 

@@ -48,3 +48,48 @@ def test_an_output_path_the_os_refuses_is_one_line(command, how, two_runs, tmp_p
     says = "longer than the file system allows" if how == "name_too_long" else "a part of it is a file, not a folder"
     one_line(*cli(argv, capsys), "cannot use the path", says, "choose another path")
     assert (tmp_path / "plain").read_text() == "x\n"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from fake_runs import tiny_run_args
+
+    from rlvr.cli import main
+
+    root = tmp_path_factory.mktemp("trained")
+    assert main(["train", *tiny_run_args(steps=1), f"trainer.out_dir={root}", "trainer.name=run"]) == 0
+    return root / "run"
+
+
+def test_a_killed_export_leaves_no_temp_folder(trained, tmp_path, capsys, monkeypatch):
+    import os
+    import signal
+
+    import rlvr.tracking.export as export
+
+    def mark_then_term(folder, command):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(export, "mark_made", mark_then_term)
+    code, err = cli(["export", str(trained), str(tmp_path / "out")], capsys)
+    assert code == 143 and "SIGTERM" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither the export nor its temp folder
+
+
+def test_two_exports_to_one_folder_do_not_both_succeed(trained, tmp_path, capsys, monkeypatch):
+    """The other export renames its folder into place while this one writes: this one says so and
+    leaves that one as it is (once it silently replaced it, and both exited 0)."""
+    import rlvr.tracking.export as export
+
+    out = tmp_path / "out"
+    made = export.mark_made
+
+    def the_other_finishes_first(folder, command):
+        made(folder, command)
+        out.mkdir()
+        (out / "theirs.txt").write_text("the other export\n")
+
+    monkeypatch.setattr(export, "mark_made", the_other_finishes_first)
+    one_line(*cli(["export", str(trained), str(out)], capsys), "was written by another command while this export ran")
+    assert [p.name for p in out.iterdir()] == ["theirs.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -27,7 +27,8 @@ def ranged(default: Any, rule: str, note: str = "") -> Any:
     ``[0, 1]``, ``(0, 1]``, or ``finite`` (any real number); ``note`` says what the edge values mean (shown with
     the error). Every rule also refuses inf, NaN and ints outside int64 (they overflow below the schema)."""
     if rule != "finite" and _INTERVAL.fullmatch(rule) is None and _BOUND.fullmatch(rule) is None:
-        raise ValueError(f"range {rule!r}: expected '> x', '>= x', '< x', '<= x', 'finite' or an interval like '(0, 1]'")
+        raise ValueError(f"range {rule!r}: expected '> x', '>= x', '< x', '<= x', 'finite' or an interval "
+                         "like '(0, 1]'")
     return dataclasses.field(default=default, metadata={"range": rule, "note": note})
 
 

@@ -69,7 +69,6 @@ class PreferenceRun:
         metrics)`, backward, clip, AdamW; metrics logged under `kind/`, evaluations every
         `preference.eval_every`, checkpoints every `preference.save_every` and at the end; the
         run's exit recorded either way. Returns the last metrics line."""
-        p = self.config.preference
         try:
             with StopSignals(self.echo) as stop:  # SIGTERM/SIGINT: stop after the step, its weights saved
                 self._steps(model, tokenizer, optimizer, scheduler, step_loss, evaluate, kind=kind, stop=stop)
