@@ -241,3 +241,12 @@ def test_a_pair_margin_that_is_not_a_number_is_one_line(margin, says, tmp_path, 
 ])
 def test_an_empty_step_separator_is_one_line(overrides, field, capsys):
     assert _error(capsys, ["config", *overrides]).startswith(f"error: {field}: must not be empty")
+
+
+def test_dpo_without_solutions_does_not_say_sft(tmp_path, capsys):
+    """The message once named `rlvr sft` to a user who ran `rlvr dpo`."""
+    code = tmp_path / "code.jsonl"
+    code.write_text('{"prompt": "f", "tests": ["assert True"]}\n' * 4)
+    err = _error(capsys, ["dpo", *TINY, "task.name=code_file", f"task.code_file.path={code}",
+                          f"trainer.out_dir={tmp_path}", "preference.steps=1"])
+    assert "no reference solution (what rlvr sft, rm and dpo train on" in err and "for rlvr sft;" not in err
