@@ -45,7 +45,7 @@ class PreferenceConfig:
     """AdamW learning rate."""
     beta: float = ranged(0.1, "> 0", "0 or below trains toward the rejected answer")
     """`rlvr dpo`: the temperature β on the log-ratio margin (IPO: its regulariser τ)."""
-    loss: str = choice("sigmoid", ("sigmoid", "ipo"))
+    loss: str = "sigmoid"
     """`rlvr dpo`: `sigmoid` (DPO) or `ipo` (IPO, on per-token mean log-ratios)."""
     margin: float = ranged(0.0, "finite")
     """`rlvr rm`: the Bradley–Terry margin m in −log σ(r_w − r_l − m) for pairs without their own `margin`."""
