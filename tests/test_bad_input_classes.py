@@ -80,6 +80,7 @@ OVERFLOW = [  # (override, the field the error names): each was accepted, then o
     ("expert.per_step=-1", "expert.per_step"), ("trainer.samples_per_step=-3", "trainer.samples_per_step"),
     ("task.countdown.num_count=1", "task.countdown.num_count"),
     ("reward.model_normalize=whiten", "reward.model_normalize"),  # a fixed set, checked whatever reads it
+    ("reward.judge_verdicts=Y,Y", "reward.judge_verdicts"), ("reward.judge_verdicts=Good", "reward.judge_verdicts"),
 ]
 
 

@@ -288,9 +288,17 @@ def _optim(config: Config) -> list[Check]:
         (s.batch_size >= 1, "sft.batch_size", "must be >= 1"),
         (bool(config.preference.step_separator) or not config.preference.process, "preference.step_separator",
          "must not be empty: it splits each solution into the steps a process reward model scores, e.g. ','"),
+        (_two_verdicts(config.reward.judge_verdicts), "reward.judge_verdicts",
+         f"must be two different verdicts, the good one first, e.g. Yes,No (got {config.reward.judge_verdicts!r})"),
         (bool(config.reward.model_step_separator) or not config.reward.model_steps, "reward.model_step_separator",
          "must not be empty: it splits each completion into the steps the process reward model scores, e.g. '\\n\\n'"),
     ]
+
+
+def _two_verdicts(text: str) -> bool:
+    """`Yes,No`: two non-empty verdicts that differ (`Y,Y` makes every judged reward 0.5)."""
+    parts = [v.strip() for v in text.split(",")]
+    return len(parts) == 2 and all(parts) and parts[0] != parts[1]
 
 
 class World(Protocol):
