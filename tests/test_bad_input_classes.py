@@ -250,3 +250,16 @@ def test_dpo_without_solutions_does_not_say_sft(tmp_path, capsys):
     err = _error(capsys, ["dpo", *TINY, "task.name=code_file", f"task.code_file.path={code}",
                           f"trainer.out_dir={tmp_path}", "preference.steps=1"])
     assert "no reference solution (what rlvr sft, rm and dpo train on" in err and "for rlvr sft;" not in err
+
+
+@pytest.mark.parametrize("command", ["dpo", "rm"])
+def test_a_pair_longer_than_the_models_positions_is_one_line(command, tmp_path, capsys):
+    """A fresh tiny model has model.max_seq_len=64 positions; a 200-character answer once trained past them."""
+    data = tmp_path / "pairs.jsonl"
+    rows = [{"prompt": "3 4>7:", "chosen": "3+4", "rejected": "3*4"}] * 3
+    rows.append({"prompt": "3 4>7:", "chosen": "3+4", "rejected": "4" * 200})
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    err = _error(capsys, [command, *TINY, f"trainer.out_dir={tmp_path}", f"preference.data={data}",
+                          "preference.steps=1", "preference.heldout_pairs=1"])
+    assert "preference.data: pair 4 is" in err and "over the model's 64 positions" in err, err
+    assert not list(tmp_path.glob("*/metrics.jsonl"))  # refused before any run was started

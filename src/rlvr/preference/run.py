@@ -17,7 +17,7 @@ from rlvr.preference.pairs import Pair, load_pairs, verifier_pairs
 from rlvr.tracking.run_dir import RunDir, StopSignals, atomic_write_text, finish_manifest, manifest
 from rlvr.trainer.checkpoint import save_checkpoint
 
-__all__ = ["PreferenceRun", "split_pairs"]
+__all__ = ["PreferenceRun", "check_pairs_fit", "split_pairs"]
 
 
 def split_pairs(config: Config, task) -> tuple[list[Pair], list[Pair]]:
@@ -37,6 +37,21 @@ def split_pairs(config: Config, task) -> tuple[list[Pair], list[Pair]]:
     if not train:
         raise ConfigError("preference.pairs: the verifier ranked no pair; raise preference.pairs")
     return train, heldout
+
+
+def check_pairs_fit(pairs: list[Pair], tokenizer, model) -> None:
+    """Refuse (one line) a pair whose prompt and longer answer exceed the model's positions
+    (`max_position_embeddings`): past them the model trains on positions it has no embedding for."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not isinstance(limit, int):
+        return
+    for i, pair in enumerate(pairs):
+        prompt = len(tokenizer.encode(pair.prompt, add_special_tokens=False))
+        longest = max(len(tokenizer.encode(text, add_special_tokens=False)) for text in (pair.chosen, pair.rejected))
+        if prompt + longest + 2 > limit:  # + BOS and EOS
+            raise ConfigError(f"preference.data: pair {i + 1} is {prompt + longest + 2} tokens (prompt and its longer "
+                              f"answer), over the model's {limit} positions; shorten or drop that pair, or use a "
+                              f"model with more (model.max_seq_len for a fresh tiny model)")
 
 
 class PreferenceRun:
