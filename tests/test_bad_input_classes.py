@@ -263,3 +263,16 @@ def test_a_pair_longer_than_the_models_positions_is_one_line(command, tmp_path, 
                           "preference.steps=1", "preference.heldout_pairs=1"])
     assert "preference.data: pair 4 is" in err and "over the model's 64 positions" in err, err
     assert not list(tmp_path.glob("*/metrics.jsonl"))  # refused before any run was started
+
+
+def test_a_reward_model_run_is_not_resumed_or_evaluated_as_a_policy(tmp_path, capsys):
+    """`--resume` of an `rlvr rm` run was a KeyError; `rlvr eval` of one scored a classifier as a generator."""
+    assert main(["rm", *TINY, f"trainer.out_dir={tmp_path}", "trainer.name=r", "preference.steps=1",
+                 "preference.pairs=4", "preference.heldout_pairs=2", "preference.batch_size=2"]) == 0
+    run = tmp_path / "r"
+    before = (run / "run.json").read_text()
+    err = _error(capsys, ["train", *TINY, "--resume", str(run)])
+    assert "is a `rlvr rm` run, which `rlvr train --resume` cannot continue" in err, err
+    err = _error(capsys, ["eval", str(run), "--n", "2"])
+    assert "is a reward model (`rlvr rm`)" in err and "reward.fn" in err, err
+    assert (run / "run.json").read_text() == before
