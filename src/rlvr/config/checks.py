@@ -183,6 +183,10 @@ def _rollout(config: Config) -> list[Check]:
          "must be 0 with rollout.speculative (whole groups)"),
         (not spec or t.max_staleness is None and t.backend == "local", "rollout.speculative",
          "implemented for the synchronous local loop; unset trainer.max_staleness and use trainer.backend=local"),
+        # a draft is the previous completion of the same prompt: a procedural task draws fresh ones forever
+        (not spec or config.task.train_size or hasattr(getattr(config.task, config.task.name, None), "path"),
+         "rollout.speculative", "has nothing to draft: a procedural task with task.train_size=0 never repeats a "
+         "prompt; set task.train_size=N (e.g. 64) or rollout.speculative=false"),
     ]
 
 
