@@ -125,11 +125,13 @@ def _keep_users_file(out: Path, option: str) -> None:
     """Refuse to write over a file at `out` that is not a page rlvr wrote (it carries `GENERATOR`)."""
     from rlvr.tracking.report import GENERATOR
 
+    if kind_of(out) is not None:  # a link, folder, pipe or device: the writer refuses it with its own line
+        return
     try:
         with out.open("rb") as f:
             head = f.read(4096)
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return  # nothing there to lose (a directory is refused by the writer with its own line)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # nothing there to lose
     except OSError as e:
         raise ConfigError(f"{option}: cannot read '{out}' ({e.strerror}); choose another path with --out") from None
     if GENERATOR.encode() not in head:
