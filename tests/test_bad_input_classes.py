@@ -277,3 +277,24 @@ def test_a_reward_model_run_is_not_resumed_or_evaluated_as_a_policy(tmp_path, ca
     err = _error(capsys, ["eval", str(run), "--n", "2"])
     assert "is a reward model (`rlvr rm`)" in err and "reward.fn" in err, err
     assert (run / "run.json").read_text() == before
+
+
+def test_a_chat_row_longer_than_the_models_positions_is_one_line(tmp_path, capsys):
+    """Chat SFT once trained past the model's positions (`sft.data` rows are rendered whole)."""
+    from rlvr.models.causal_lm import tiny_llama
+    from rlvr.models.tokenizer import char_tokenizer
+
+    tokenizer = char_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}|{% endfor %}"
+    base = tmp_path / "base"
+    tiny_llama(len(tokenizer), hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_seq_len=48,
+               seed=0).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    short = {"messages": [{"role": "user", "content": "2+2"}, {"role": "assistant", "content": "4"}]}
+    long = {"messages": [{"role": "user", "content": "2+2"}, {"role": "assistant", "content": "4" * 100}]}
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps(short) + "\n" + json.dumps(long) + "\n")
+    err = _error(capsys, ["sft", f"model.path={base}", f"sft.data={data}", "sft.steps=1", "trainer.threads=1",
+                          "--out", str(tmp_path / "out")])
+    assert "sft.data: conversation 2 is" in err and "over the model's 48 positions" in err, err
+    assert not (tmp_path / "out").exists()
