@@ -298,3 +298,19 @@ def test_a_chat_row_longer_than_the_models_positions_is_one_line(tmp_path, capsy
                           "--out", str(tmp_path / "out")])
     assert "sft.data: conversation 2 is" in err and "over the model's 48 positions" in err, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("threads", "local", "fix"), [
+    (1, 4, "start at most 2 ranks here (torchrun --nproc_per_node 2)"),  # once: "set trainer.threads=1", as it was
+    (2, 2, "set trainer.threads=1 or start fewer ranks"),
+])
+def test_too_many_ranks_for_the_cores_names_a_fix_that_changes_something(threads, local, fix, monkeypatch):
+    import torch
+
+    from rlvr.runtime.distributed import init_learners
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", str(local))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+    with pytest.raises(ConfigError, match=r"trainer\.threads: .*; " + fix.replace("(", r"\(").replace(")", r"\)")):
+        init_learners(device=torch.device("cpu"), threads=threads, cores=2, timeout_s=1.0)

@@ -199,8 +199,10 @@ def init_learners(*, device: torch.device, threads: int, cores: int, timeout_s: 
     if size == 1 and not fsdp:
         return ONE_PROCESS
     if device.type == "cpu" and local * threads > cores:
+        fix = (f"start at most {cores} ranks here (torchrun --nproc_per_node {cores})" if local > cores else
+               f"set trainer.threads={cores // local} or start fewer ranks")  # threads=1 cannot go lower
         raise ConfigError(f"trainer.threads: {local} ranks x {threads} thread(s) exceed the {cores} cores of this "
-                          f"machine; set trainer.threads={max(1, cores // local)} or start fewer ranks")
+                          f"machine; {fix}")
     if not torch.distributed.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
