@@ -28,9 +28,20 @@ def cmd_train(args) -> int:
         raise ConfigError("--allow-config-change: only applies with --resume RUN_DIR")
     if args.trust_pickle and not args.resume:
         raise ConfigError("--trust-pickle: only applies with --resume RUN_DIR")
+    if args.resume and (kind := _preference_kind(args.resume)):
+        raise ConfigError(f"--resume: '{args.resume}' is a `rlvr {kind}` run, which `rlvr train --resume` cannot "
+                          f"continue; start a new `rlvr {kind}` run")
     Trainer(config=recipe, overrides=overrides, resume=args.resume or False,
             allow_config_change=args.allow_config_change, trust_pickle=args.trust_pickle, command=sys.argv).train()
     return 0
+
+
+def _preference_kind(run: str | Path) -> str | None:
+    """`rm` or `dpo` when `run` is a run of those commands (its run.json says so), else None."""
+    from rlvr.tracking.run_files import read_manifest
+
+    kind = read_manifest(Path(run), tolerant=True).get("trainer")
+    return kind if kind in ("rm", "dpo") else None
 
 
 def cmd_sft(args) -> int:
@@ -74,6 +85,9 @@ def cmd_eval(args) -> int:
         raise ConfigError(f"eval: '{run}' trained on a {passed.replace('_', ' ')} passed from Python, "
                           f"which `rlvr eval` cannot rebuild; its held-out accuracy is eval/heldout_accuracy "
                           f"in metrics.jsonl")
+    if _preference_kind(run) == "rm":
+        raise ConfigError(f"eval: '{run}' is a reward model (`rlvr rm`): it scores completions, it writes none; "
+                          f"export it (rlvr export RUN DIR) and name DIR in reward.fn to train with it")
     checkpoint = latest_checkpoint(run / "checkpoints")
     if checkpoint is None:
         raise ConfigError(f"eval: '{run}' has no checkpoint yet; train longer or lower trainer.save_every")

@@ -33,7 +33,7 @@ from rlvr.models.policy import CausalPolicy
 from rlvr.models.vlm import image_token_id
 from rlvr.models.vlm_policy import VisionPolicy
 from rlvr.safe_io import free_space, kind_of, mark_made, removable_folder, remove_made_folder, temp_folder_for
-from rlvr.sft.chat import chat_rollouts, load_conversations, sample_conversations
+from rlvr.sft.chat import chat_rollouts, check_conversations_fit, load_conversations, sample_conversations
 from rlvr.sft.diffusion import diffusion_sft, masked_diffusion_loss
 from rlvr.tracking.run_dir import disk_full
 from rlvr.trainer.evaluate import greedy_accuracy
@@ -133,7 +133,9 @@ def sft(config: Config, out_dir: str | Path, *, overwrite: bool = False, echo=pr
     if config.sft.data and config.model.kind == "diffusion":
         raise ConfigError("sft.data: chat SFT trains causal models; set model.kind=causal or drop sft.data")
     if config.sft.data:
-        chat_rollouts(tokenizer, load_conversations(config.sft.data)[:1])  # a missing template says so now
+        conversations = load_conversations(config.sft.data)
+        chat_rollouts(tokenizer, conversations[:1])  # a missing template says so now
+        check_conversations_fit(tokenizer, conversations, model)
     elif not is_agent_task(task):  # agent tasks train on scripted episodes; a task without solutions says so now
         task.solution(task.sample(1, random.Random(config.seed))[0])
     s = config.sft

@@ -260,7 +260,8 @@ class FileTask:
         solution = example.meta.get("solution")
         if not solution:
             where = example.meta.get("source", f"task.{self.name}")
-            raise ConfigError(f"{where}: no reference solution for rlvr sft; it needs {self.solution_hint}")
+            raise ConfigError(f"{where}: no reference solution (what rlvr sft, rm and dpo train on and expert rows "
+                              f"show); it needs {self.solution_hint}")
         return solution
 
 

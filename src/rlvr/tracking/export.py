@@ -19,13 +19,16 @@ low-learning-rate LoRA run's update is mostly below bfloat16's resolution.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import shutil
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlvr.errors import ConfigError
+from rlvr.errors import ConfigError, RunInterrupted
 from rlvr.safe_io import (
     kind_of,
     mark_made,
@@ -168,8 +171,6 @@ def _copy_adapter(checkpoint: Path, tmp: Path) -> None:
 
 def export_run(run: str | Path, out: str | Path, *, step: int | None = None, force: bool = False,
                adapter: bool = False, dtype: str = "auto") -> Exported:
-    from rlvr.models.lora import ADAPTER_WEIGHTS, peft_loads
-
     run, out = Path(run), Path(out)
     if not (run / "config.yaml").is_file():
         raise ConfigError(f"export: '{run}' is not a run directory (no config.yaml)")
@@ -207,6 +208,35 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None, for
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_folder_for(out)
+    with _term_raises():  # a SIGTERM unwinds through the `finally` below: no temp folder is left
+        _write(run, out, tmp, checkpoint, model, tokenizer, auto, adapter=adapter, lora=lora, record=record,
+               force=force)
+    return Exported(path=out, checkpoint=checkpoint, verified=True, merge=record)
+
+
+@contextlib.contextmanager
+def _term_raises():
+    """SIGTERM raises `RunInterrupted` (exit 143) here instead of ending the process at once, so
+    cleanup runs; in the main thread only, where Python delivers signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_interrupted(signum, frame):
+        raise RunInterrupted("SIGTERM", 128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _write(run: Path, out: Path, tmp: Path, checkpoint: Path, model, tokenizer, auto, *, adapter: bool, lora: bool,
+           record, force: bool) -> None:
+    """Write the export into `tmp`, check that it reloads, then rename it to `out`; `tmp` is removed either way."""
+    from rlvr.models.lora import ADAPTER_WEIGHTS, peft_loads
+
     try:
         _copy_adapter(checkpoint, tmp) if adapter else model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -222,8 +252,10 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None, for
                 else _same_weights(model, _auto_class(tmp).from_pretrained(tmp, dtype="auto")))
         if not same:
             raise RuntimeError(f"export: reloaded weights in {tmp} differ from {checkpoint}")
+        if not force and out.exists() and any(out.iterdir()):  # another export to it finished meanwhile
+            raise ConfigError(f"export: '{out}' was written by another command while this export ran; this one is "
+                              f"discarded: choose a new directory, or pass --force to replace that one")
         remove_made_folder(out, "export --force", reads=[run])  # checked again: it may have changed meanwhile
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return Exported(path=out, checkpoint=checkpoint, verified=True, merge=record)
