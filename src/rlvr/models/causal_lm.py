@@ -26,6 +26,15 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
 """`org/name` (optionally `@revision`): a Hugging Face Hub model id, when no local directory has that path."""
 
 
+def hf_command() -> str:
+    """The Hub's command-line tool as the installed huggingface-hub ships it: `hf` (0.34 and later),
+    else the older `huggingface-cli`."""
+    from huggingface_hub import __version__
+
+    major, minor = (int(part) for part in re.findall(r"\d+", __version__)[:2])
+    return "hf" if (major, minor) >= (0, 34) else "huggingface-cli"
+
+
 def hub_snapshot(repo: str) -> Path:
     """The snapshot directory of Hub model `org/name[@revision]`, downloaded into the Hugging Face
     cache unless it is there; only the cache is read when `HF_HUB_OFFLINE` is set (read at the call,
@@ -40,10 +49,10 @@ def hub_snapshot(repo: str) -> Path:
     except LocalEntryNotFoundError:
         where = "with HF_HUB_OFFLINE set" if offline else "and the Hub cannot be reached"
         raise ConfigError(f"model.path: '{repo}' is no local directory and not in the Hugging Face cache {where}; "
-                          f"download it once (huggingface-cli download {repo_id}) or pass a local directory") from None
+                          f"download it once ({hf_command()} download {repo_id}) or pass a local directory") from None
     except RepositoryNotFoundError:
         raise ConfigError(f"model.path: '{repo}' is no local directory and no Hub model (or a gated one: log in "
-                          f"with huggingface-cli login); check the id") from None
+                          f"with {hf_command()} {'auth login' if hf_command() == 'hf' else 'login'}); check the id") from None
     except (HfHubHTTPError, OSError, ValueError) as err:
         reason = (str(err).strip().splitlines() or [""])[0][:200]
         raise ConfigError(f"model.path: fetching '{repo}' from the Hub failed ({type(err).__name__}: {reason}); "
