@@ -186,10 +186,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args, extra = p.parse_known_args(argv)
     unknown = [item for item in extra if item.startswith("-") or not hasattr(args, "args")]
     if unknown:
-        p.error(f"unrecognized arguments: {' '.join(unknown)}")
+        p.error(f"unrecognized arguments: {' '.join(unknown)}{_flag_hint(sys.argv[1:] if argv is None else argv) if hasattr(args, 'args') else ''}")
     if extra:
         args.args = [*args.args, *extra]
     return args
+
+
+def _flag_hint(argv: list[str]) -> str:
+    """For `--num_generations 4` (a TRL launch flag, or an rlvr key written as a flag): the
+    override that means it, `num_generations=4`."""
+    from rlvr.config import all_keys
+    from rlvr.config.trl_names import TRL_NAMES
+
+    for i, item in enumerate(argv):
+        name, eq, value = item[2:].partition("=") if item.startswith("--") else ("", "", "")
+        name = name.replace("-", "_") if name.replace("-", "_") in TRL_NAMES else name
+        if name in TRL_NAMES or name in all_keys():
+            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                value = argv[i + 1]
+            return f"; overrides are KEY=VALUE without dashes: write {name}={value or 'VALUE'}"
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:
