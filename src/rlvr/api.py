@@ -30,9 +30,12 @@ settings and loop. Every bad argument raises `ConfigError` with one line naming 
   ``correct_fn(prompt, completion, **columns) -> bool`` when given, else the weighted reward
   reaching `correct_threshold` (default: the sum of the positive weights, i.e. every function at
   1.0). A `Task` decides correctness itself.
-- **callbacks**: objects with any of ``on_step_end(step, metrics)``, ``on_evaluate(step, metrics)``,
-  ``on_checkpoint(step, path)``, or plain callables (called as ``on_step_end``); a hook returning
-  False stops the run after that step, with a final checkpoint.
+- **callbacks**: objects with any of ``on_step_begin(step)``, ``on_step_end(step, metrics)``,
+  ``on_evaluate(step, metrics)``, ``on_checkpoint(step, path)``, plain callables (called as
+  ``on_step_end``), or `transformers.TrainerCallback`s called as TRL calls them (`rlvr.callbacks`); a
+  hook returning False stops the run after that step, with a final checkpoint.
+- TRL's **args** (a `GRPOConfig` or its dict), **peft_config** (a `peft.LoraConfig`) and
+  **processing_class** (the tokenizer) are taken as TRL's `GRPOTrainer` takes them (`rlvr.trl_objects`).
 - **run_dir**: default ``<trainer.out_dir>/<name>_s<seed>`` with the recipe's name (or
   ``grpo_countdown`` for the built-in task, ``grpo_dataset`` for rows), never an existing run
   (``-2``, ``-3`` ... are appended); ``resume=True`` (or ``resume=RUN_DIR``) continues `run_dir`
@@ -60,12 +63,12 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rlvr.callbacks import callback_list
 from rlvr.errors import ConfigError
 from rlvr.tracking.resumable import check_code_outside, check_resumable, config_changes
 
 __all__ = ["Trainer", "train"]
 
-HOOKS = ("on_step_end", "on_evaluate", "on_checkpoint")
 HELDOUT_SHARE = 5  # rows without an eval_dataset hold out at most 1/HELDOUT_SHARE of themselves
 
 
@@ -78,7 +81,19 @@ class Trainer:
                  system_prompt: str = "", correct_fn: Callable | None = None,
                  correct_threshold: float | None = None, callbacks: Any = (), run_dir: str | Path | None = None,
                  resume: bool | str | Path = False, allow_config_change: bool = False, trust_pickle: bool = False,
-                 command: list[str] | None = None, echo: Callable = print):
+                 command: list[str] | None = None, echo: Callable = print, args: Any = None, peft_config: Any = None,
+                 processing_class: Any = None, **unknown: Any):
+        from rlvr.trl_objects import (
+            bind_callbacks,
+            epoch_steps,
+            merged,
+            peft_overrides,
+            processing_tokenizer,
+            refuse_unknown,
+            trl_overrides,
+        )
+
+        refuse_unknown(unknown, train_dataset)
         self.echo, self.command = echo, list(sys.argv if command is None else command)
         self._allow_change = allow_config_change  # what a Ray learner rank rebuilds this trainer with
         self._passed = [name for name, value in (("model", model), ("reward_funcs", reward_funcs), ("train_dataset",
@@ -100,8 +115,11 @@ class Trainer:
             read_config(Path(run_dir))  # an emptied or edited config.yaml is refused, not read as the defaults
             config = Path(run_dir) / "config.yaml" if config is None else config
         overrides = _override_list(overrides)
+        trl, notes, epochs = trl_overrides(args)
+        trl += peft_overrides(peft_config)
+        tokenizer = processing_tokenizer(processing_class, tokenizer, model)
         self._model, self._tokenizer = _model_argument(model, tokenizer, overrides)
-        self.config, recipe = _load(config, overrides)
+        self.config, recipe = _load(config, merged(trl, overrides))  # the caller's overrides win over TRL's args
         if self.resume and reward_funcs is None:  # before any reward file is imported
             check_code_outside(Path(run_dir), self.config.reward.fn)
         if not isinstance(prompt_key, str) or not prompt_key:
@@ -110,9 +128,16 @@ class Trainer:
         if self.rows is not None and self.heldout_rows is None and len(self.rows) < HELDOUT_SHARE:
             raise ConfigError(f"train_dataset: {len(self.rows)} rows hold out none (at most a fifth); pass "
                               f"eval_dataset=... or at least {HELDOUT_SHARE} rows")
+        if epochs is not None and self.rows is not None:  # TRL's epochs over the rows: trainer.steps
+            trl.append(epoch_steps(epochs, len(self.rows), self.config.rollout.prompts_per_step))
+            self.config = _load(config, merged(trl, overrides))[0]
+        elif epochs is not None:
+            notes.append(f"num_train_epochs={epochs:g}: a task has no epochs; set max_steps")
+        for note in notes:
+            echo(f"note: args: {note}")
         self._prompt_options(prompt_key, system_prompt, correct_fn, correct_threshold)
         self.reward_funcs, self.reward_weights = self._reward_arguments(reward_funcs, reward_weights)
-        self.callbacks = _callbacks(callbacks)
+        self.callbacks = callback_list(callbacks)
         if self.resume:
             check_resumable(Path(run_dir), rows=self.rows is not None, task=self.task is not None)
             self.config_changes = config_changes(Path(run_dir), self.config, allowed=allow_config_change)
@@ -124,6 +149,8 @@ class Trainer:
         self._default_dir = default_run_dir(self.config, self._stem(recipe)) if run_dir is None else None
         self.run_dir = unused(self._default_dir) if run_dir is None else Path(run_dir)
         self._check_run_dir()
+        bind_callbacks(self.callbacks, args, self.config, self.run_dir, rows=self.rows, model=self._model,
+                       tokenizer=self._tokenizer)
 
     def _check_run_dir(self) -> None:
         if not self.resume and (self.run_dir / "config.yaml").exists():
@@ -215,7 +242,11 @@ class Trainer:
     def train(self) -> dict:
         """Apply the process settings, run (or resume) the loop, return the final metrics line;
         with `trainer.ray_learners` on Ray actors, each one rank (`train_here`)."""
-        return self._train_on_ray() if self.config.trainer.ray_learners else self.train_here()
+        try:
+            return self._train_on_ray() if self.config.trainer.ray_learners else self.train_here()
+        finally:
+            for cb in self.callbacks:  # TrainerCallbacks' on_train_end, as TRL calls it
+                getattr(cb, "finish", lambda: None)()
 
     def _train_on_ray(self) -> dict:
         """Each Ray learner rank rebuilds this trainer from its config and trains as one rank
@@ -455,36 +486,6 @@ def _numbers(values: Any, argument: str) -> list[float]:
         out = [float(v) for v in values]
     except (TypeError, ValueError):
         raise ConfigError(f"{argument}: expected a list of numbers, got {values!r}") from None
-    return out
-
-
-class _StepHook:
-    """A plain callable used as a callback: called as ``fn(step, metrics)`` after each step."""
-
-    def __init__(self, fn: Callable):
-        self.fn = fn
-
-    def on_step_end(self, step: int, metrics: dict):
-        return self.fn(step, metrics)
-
-
-def _callbacks(callbacks: Any) -> list:
-    if callbacks is None:
-        return []
-    items = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
-    out = []
-    for i, cb in enumerate(items):
-        flat = [hook for hook in HOOKS if hasattr(cb, hook) and not callable(getattr(cb, hook))]
-        if flat:  # would fail at its first call, in the middle of the run
-            raise ConfigError(f"callbacks[{i}]: {type(cb).__name__}.{flat[0]} is not callable "
-                              f"({type(getattr(cb, flat[0])).__name__}); make it a method")
-        if any(hasattr(cb, hook) for hook in HOOKS):
-            out.append(cb)
-        elif callable(cb):
-            out.append(_StepHook(cb))
-        else:
-            raise ConfigError(f"callbacks[{i}]: {type(cb).__name__} has none of {', '.join(HOOKS)} and is not "
-                              f"callable; define one of those methods")
     return out
 
 

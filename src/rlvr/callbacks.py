@@ -113,9 +113,9 @@ class TrainerCallbackHooks:
         self.args = self.state = self.control = None
         self.kwargs: dict = {}
         self._begun = self._ended = False
-        self._rows_per_step = 0.0
+        self._epoch_per_step = 0.0
 
-    def bind(self, args: Any, *, max_steps: int, rows_per_epoch: float, logging_steps: int, save_steps: int,
+    def bind(self, args: Any, *, max_steps: int, epoch_per_step: float, logging_steps: int, save_steps: int,
              eval_steps: int, kwargs: dict) -> None:
         """The run's numbers (known once its config is), then ``on_init_end`` as TRL calls it; once (a
         Ray learner's trainer, rebuilt with these callbacks, binds them again)."""
@@ -127,7 +127,7 @@ class TrainerCallbackHooks:
         self.state = TrainerState(max_steps=max_steps, logging_steps=logging_steps, save_steps=save_steps,
                                   eval_steps=eval_steps)
         self.control = TrainerControl()
-        self._rows_per_step = rows_per_epoch
+        self._epoch_per_step = epoch_per_step
         self._event("on_init_end")
 
     def _event(self, name: str, **extra) -> bool:
@@ -143,8 +143,8 @@ class TrainerCallbackHooks:
             self._begun = True
             self._event("on_train_begin")
         self.state.global_step = step
-        if self._rows_per_step:
-            self.state.epoch = step * self._rows_per_step
+        if self._epoch_per_step:
+            self.state.epoch = step * self._epoch_per_step
 
     def on_step_begin(self, step: int) -> bool:
         self._at(step - 1)

@@ -25,11 +25,22 @@ from typing import Any
 
 from rlvr.errors import ConfigError
 
-__all__ = ["epoch_steps", "peft_overrides", "processing_tokenizer", "training_arguments", "trl_overrides"]
+__all__ = ["bind_callbacks", "epoch_steps", "merged", "peft_overrides", "processing_tokenizer", "refuse_unknown",
+           "trl_overrides"]
+
+# TRL's `GRPOTrainer` arguments rlvr.Trainer has no counterpart for: what to do instead.
+TRL_ONLY = {
+    "optimizers": "rlvr builds the optimizer and schedule from optim.* (overrides={'optim.lr': ...})",
+    "reward_processing_classes": "a reward model's tokenizer is the one saved in its folder (reward.fn=DIR)",
+    "rollout_func": "multi-turn rollouts are an agent task (docs/custom-environment.md)",
+    "tools": "tools belong to an agent task (docs/custom-environment.md)",
+    "environment_factory": "environments are agent tasks (docs/custom-environment.md)",
+}
 
 # Names of a `TrainingArguments` dump that are bookkeeping (tokens, loggers, resolved defaults), not the job.
 BOOKKEEPING = {"disable_tqdm", "hub_token", "accelerator_config", "debug", "pad_to_multiple_of", "logging_dir",
-               "logging_steps", "logging_first_step", "logging_strategy", "run_name", "push_to_hub", "hub_model_id"}
+               "logging_steps", "logging_first_step", "logging_strategy", "run_name", "push_to_hub", "hub_model_id",
+               "use_cpu", "dataloader_pin_memory"}
 LORA_FIELDS = {"r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "target_modules": "target_modules"}
 LORA_BOOKKEEPING = {"task_type", "peft_type", "auto_mapping", "peft_version", "base_model_name_or_path", "revision",
                     "inference_mode"}
@@ -82,6 +93,19 @@ def trl_overrides(args: Any) -> tuple[list[str], list[str], float | None]:
     return [f"{key}={json.dumps(value)}" for key, value in _dotted(tree)], notes, epochs
 
 
+def merged(trl: list[str], overrides: list[str]) -> list[str]:
+    """TRL's overrides, less the fields the caller's `overrides` set (theirs win), then the caller's.
+
+    >>> merged(["rollout.group_size=4", "optim.lr=1e-06"], ["num_generations=2"])
+    ['optim.lr=1e-06', 'num_generations=2']
+    """
+    from rlvr.config.trl_names import TRL_NAMES
+
+    keys = [item.split("=", 1)[0].strip() for item in overrides]
+    own = set(keys) | {field for key in keys if key in TRL_NAMES for field in TRL_NAMES[key].fields()}
+    return [item for item in trl if item.split("=", 1)[0] not in own] + overrides
+
+
 def _dotted(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
     out = []
     for key, value in tree.items():
@@ -92,13 +116,13 @@ def _dotted(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
-def epoch_steps(epochs: float, rows: int, prompts_per_step: int) -> int:
-    """Steps (rollout batches) of `epochs` passes over `rows` prompts.
+def epoch_steps(epochs: float, rows: int, prompts_per_step: int) -> str:
+    """The `trainer.steps` override of `epochs` passes over `rows` prompts (steps are rollout batches).
 
     >>> epoch_steps(3.0, 40, 8)
-    15
+    'trainer.steps=15'
     """
-    return max(1, math.ceil(epochs * rows / prompts_per_step))
+    return f"trainer.steps={max(1, math.ceil(epochs * rows / prompts_per_step))}"
 
 
 def peft_overrides(peft_config: Any) -> list[str]:
@@ -150,13 +174,44 @@ def _same_source(a: str, b: str) -> bool:
         return False
 
 
-def training_arguments(given: Any, *, out_dir: Path, steps: int, lr: float, seed: int, cpu: bool) -> Any:
+def refuse_unknown(unknown: dict[str, Any], train_dataset: Any) -> None:
+    """One line for a keyword `rlvr.Trainer` does not take (a TRL one: what to do instead), and for
+    TRL's `args` given in `train_dataset`'s place (TRL's third positional argument)."""
+    if unknown:
+        name = next(iter(unknown))
+        fix = TRL_ONLY.get(name, "see help(rlvr.Trainer) for the arguments; config fields go in overrides=")
+        raise ConfigError(f"{name}: not an rlvr.Trainer argument; {fix}")
+    if type(train_dataset).__name__.endswith(("Config", "Arguments")) and hasattr(train_dataset, "to_dict"):
+        raise ConfigError(f"train_dataset: got a {type(train_dataset).__name__}; pass it as args=... (rlvr.Trainer's "
+                          f"third positional argument is train_dataset)")
+
+
+def training_arguments(given: Any, *, out_dir: Path, steps: int, lr: float, seed: int) -> Any:
     """What a `TrainerCallback` gets as ``args``: TRL's object as given, else `TrainingArguments`
     holding the run's numbers."""
+    import torch
     from transformers import TrainingArguments
 
     if isinstance(given, TrainingArguments):
         return given
     logging = dict(given).get("logging_steps", 10) if isinstance(given, Mapping) else 10
     return TrainingArguments(output_dir=str(out_dir), max_steps=steps, learning_rate=lr, seed=seed,
-                             logging_steps=logging, report_to=[], use_cpu=cpu, bf16=False)
+                             logging_steps=logging, report_to=[], use_cpu=not torch.cuda.is_available(), bf16=False)
+
+
+def bind_callbacks(callbacks: list, given: Any, config: Any, run_dir: Path, *, rows: list | None, model: Any,
+                   tokenizer: Any) -> None:
+    """`transformers.TrainerCallback`s get the run's numbers (``args``, ``state``) as TRL's do, and
+    ``on_init_end``."""
+    from rlvr.callbacks import TrainerCallbackHooks
+
+    hooks = [cb for cb in callbacks if isinstance(cb, TrainerCallbackHooks)]
+    if not hooks:
+        return
+    t = config.trainer
+    args = training_arguments(given, out_dir=run_dir, steps=t.steps, lr=config.optim.lr, seed=config.seed)
+    share = config.rollout.prompts_per_step / len(rows) if rows else 0.0  # of an epoch, per step
+    for cb in hooks:
+        cb.bind(args, max_steps=t.steps, epoch_per_step=share, logging_steps=args.logging_steps,
+                save_steps=t.save_every, eval_steps=t.eval_every,
+                kwargs={"model": model, "processing_class": tokenizer})
