@@ -63,6 +63,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rlvr.api_rewards import probe_rows, reward_arguments
 from rlvr.callbacks import callback_list
 from rlvr.errors import ConfigError
 from rlvr.tracking.resumable import check_code_outside, check_resumable, config_changes
@@ -136,7 +137,8 @@ class Trainer:
         for note in notes:
             echo(f"note: args: {note}")
         self._prompt_options(prompt_key, system_prompt, correct_fn, correct_threshold)
-        self.reward_funcs, self.reward_weights = self._reward_arguments(reward_funcs, reward_weights)
+        self.reward_funcs, self.reward_weights = reward_arguments(self.config, self.rows, reward_funcs, reward_weights)
+        self.reward_lines = probe_rows(self.reward_funcs, self.reward_weights, self.rows, prompt_key)
         self.callbacks = callback_list(callbacks)
         if self.resume:
             check_resumable(Path(run_dir), rows=self.rows is not None, task=self.task is not None)
@@ -172,63 +174,6 @@ class Trainer:
             if given:
                 raise ConfigError(f"{given[0]}: applies to rows passed as train_dataset; a task builds its own "
                                   f"prompts and decides correctness itself")
-
-    def _reward_arguments(self, reward_funcs, reward_weights) -> tuple[list[Callable], list[float]]:
-        """The reward functions and weights: the arguments, else the config's `reward.fn`."""
-        from rlvr.rewards.forms import TASK_VERIFIER
-        from rlvr.rewards.runner import load_reward_fn, load_reward_spec, reward_form, spec_entries
-
-        if reward_funcs is None:
-            names_task = self.config.reward.fn and any(target == "task" for _, target in
-                                                       spec_entries(self.config.reward.fn))
-            if names_task and self.rows is None:  # the builder weighs the task's verifier in (it builds the task)
-                return [], []
-            if self.config.reward.fn:
-                fns, weights = (list(x) for x in zip(*load_reward_spec(self.config.reward.fn,
-                                                                        **self._model_options())))
-                if self.rows is not None and TASK_VERIFIER in fns:
-                    raise ConfigError(f"reward.fn={self.config.reward.fn!r}: 'task' names a task's own verifier, "
-                                      f"and rows passed as train_dataset have none; name reward functions only")
-            elif self.rows is not None:
-                raise ConfigError("reward_funcs: rows need reward functions; pass a callable, 'file.py:name' or a "
-                                  "list of them (or set reward.fn)")
-            elif reward_weights is not None:
-                raise ConfigError("reward_weights: given without reward_funcs; the task's own verifier has no weights")
-            else:
-                return [], []
-        else:
-            items = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-            if not items:
-                raise ConfigError("reward_funcs: empty list; pass at least one function")
-            fns = []
-            for i, item in enumerate(items):
-                where = "reward_funcs" if len(items) == 1 else f"reward_funcs[{i}]"
-                if isinstance(item, (str, Path)):
-                    try:
-                        item = load_reward_fn(str(item), **self._model_options())
-                    except ConfigError as err:
-                        raise ConfigError(str(err).replace("reward.fn=", f"{where}=", 1)) from None
-                elif _is_sequence_classifier(item):  # an in-memory reward model, as TRL takes one
-                    from rlvr.rewards.reward_model import make_reward_model
-
-                    item = make_reward_model(item, **self._model_options()["model_options"])
-                elif not callable(item):
-                    raise ConfigError(f"{where}: expected a callable or 'file.py:name', got {type(item).__name__}")
-                reward_form(item, where)
-                fns.append(item)
-            weights = [1.0] * len(fns)
-        if reward_weights is not None:
-            weights = _numbers(reward_weights, "reward_weights")
-            if len(weights) != len(fns):
-                raise ConfigError(f"reward_weights: {len(weights)} weights for {len(fns)} reward functions; "
-                                  f"give one per function")
-        return fns, weights
-
-    def _model_options(self) -> dict:
-        """The keywords of `load_reward_fn` for learned rewards: reward models' and judges' options."""
-        from rlvr.builder.build import judge_options, reward_model_options
-
-        return {"model_options": reward_model_options(self.config), "judge_options": judge_options(self.config)}
 
     def _stem(self, recipe: str | None) -> str:
         if recipe:
@@ -283,11 +228,26 @@ class Trainer:
             with _quiet_transformers():
                 objects, provenance = self._objects()
                 self.echo(f"run directory: {run.path}")
+                for line in self._start_lines():
+                    self.echo(line)
                 final = train(self.config, run, command=self.command, resume=self.resume, echo=self.echo,
                               runtime=runtime, callbacks=self.callbacks, provenance=provenance,
                               config_changes=self.config_changes, trust_pickle=self.trust_pickle, **objects)
         self.echo(done_line(final, run.path))
         return final
+
+    def _start_lines(self) -> list[str]:
+        """What accuracy counts, and what each reward function returned on a row (its probe)."""
+        from rlvr.api_rewards import watch_accuracy
+        from rlvr.rewards.probe import accuracy_meaning
+
+        from rlvr.rewards.runner import RewardSum
+
+        names = RewardSum(self.reward_funcs, self.reward_weights).names if self.rows is not None else []
+        self.callbacks = watch_accuracy(self.callbacks, self.rows is not None and self.correct_fn is None,
+                                        self.correct_threshold, self.config.trainer.steps, self.echo)
+        return [accuracy_meaning(names, self.reward_weights, self.correct_threshold, self.correct_fn,
+                                 self.task if self.rows is None else None), *self.reward_lines]
 
     def _finished(self, run) -> dict | None:
         """A resumed run with no steps left: its final line (said in one line), else None."""
@@ -479,19 +439,6 @@ def _dataset_arguments(train_dataset: Any, eval_dataset: Any, prompt_key: str):
         return train_dataset, None, None
     heldout = dataset_rows(eval_dataset, "eval_dataset", prompt_key) if eval_dataset is not None else None
     return None, dataset_rows(train_dataset, "train_dataset", prompt_key), heldout
-
-
-def _numbers(values: Any, argument: str) -> list[float]:
-    try:
-        out = [float(v) for v in values]
-    except (TypeError, ValueError):
-        raise ConfigError(f"{argument}: expected a list of numbers, got {values!r}") from None
-    return out
-
-
-def _is_sequence_classifier(item: Any) -> bool:
-    """A `transformers` model with a classification head (`...ForSequenceClassification`)."""
-    return type(item).__name__.endswith("ForSequenceClassification") and hasattr(item, "config")
 
 
 def done_line(final: dict, path) -> str:

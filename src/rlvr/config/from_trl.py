@@ -37,6 +37,7 @@ UNSET = {"max_steps": -1}  # TRL's "not set" values other than None (max_steps: 
 BATCH_NAMES = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
                "generation_batch_size")
 TRL_BATCH_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "num_generations": 8}
+LAUNCHERS = ("--", "accelerate ", "python", "torchrun ", "trl ")  # how a pasted TRL command line starts
 # Names read with others rather than one by one (`convert`).
 JOB_NAMES = {*BATCH_NAMES, "warmup_ratio", "max_prompt_length", "num_processes"}
 
@@ -103,7 +104,7 @@ def read_trl_args(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"--from-trl: '{path}' is not a file; give a GRPOConfig as JSON/YAML or a file of "
                           f"'--flag value' arguments")
     text = read_text(path, "--from-trl", MAX_BYTES)
-    if text.lstrip().startswith(("--", "accelerate ", "python", "torchrun ", "trl ")) or path.suffix in (".sh", ".txt", ".args"):
+    if text.lstrip().startswith(LAUNCHERS) or path.suffix in (".sh", ".txt", ".args"):
         return parse_flags(text)
     try:
         tree = json.loads(text) if path.suffix == ".json" else load_yaml(text, f"--from-trl '{path}'")
@@ -119,8 +120,8 @@ def convert(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
     >>> tree, notes = convert({"num_generations": 4, "beta": 0.04, "gradient_accumulation_steps": 1,
     ...                        "logging_steps": 5})
-    >>> tree, notes[0].endswith(": logging_steps")
-    ({'rollout': {'prompts_per_step': 2, 'group_size': 4}, 'trainer': {'minibatches': 1}, 'algo': {'kl_coef': 0.04}}, True)
+    >>> tree["rollout"], tree["algo"], notes[0].endswith(": logging_steps")
+    ({'prompts_per_step': 2, 'group_size': 4}, {'kl_coef': 0.04}, True)
     """
     tree: dict[str, Any] = {}
     values, notes = _job(values, tree)
