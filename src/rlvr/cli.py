@@ -106,6 +106,13 @@ def cmd_config(args) -> int:
             raise ConfigError("--from-trl: takes the TRL file alone; apply overrides to the recipe it prints")
         print(recipe_from_trl(args.from_trl), end="")
         return 0
+    if args.from_verl:
+        from rlvr.config.from_verl import recipe_from_verl
+
+        if args.args or args.explain:
+            raise ConfigError("--from-verl: takes the verl file alone; apply overrides to the recipe it prints")
+        print(recipe_from_verl(args.from_verl), end="")
+        return 0
     recipe, overrides = _split(args.args)
     if args.explain:
         from rlvr.config.binding import explain, table
@@ -169,6 +176,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("args", nargs="*", help="[RECIPE.yaml] [key.sub=value ...]")
     c.add_argument("--from-trl", metavar="FILE",
                    help="print an rlvr recipe for TRL's GRPOConfig arguments (JSON/YAML, or '--flag value' text)")
+    c.add_argument("--from-verl", metavar="FILE",
+                   help="print an rlvr recipe for a verl config (its YAML, or a run script's key=value overrides)")
     c.add_argument("--explain", action="store_true",
                    help="instead: each chosen entry's keywords, the field that feeds each, its value and source")
     c.set_defaults(fn=cmd_config)
