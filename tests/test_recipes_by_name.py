@@ -79,7 +79,7 @@ def test_every_packaged_recipe_finds_its_files_from_an_empty_folder(tmp_path, mo
         checked += len(files)
     assert checked >= 60  # the packaged checkpoints of most recipes, the fixtures of the file tasks
     fixture = load_config("gsm8k_fixture").task.math_file.path
-    assert Path(fixture).parent.name == "data" and Path(fixture).parent.parent == packaged_recipe("gsm8k_fixture").parent
+    assert Path(fixture).parent == packaged_recipe("gsm8k_fixture").parent / "data"
 
 
 def test_a_file_task_recipe_trains_by_name_from_an_empty_folder(tmp_path, monkeypatch):

@@ -240,7 +240,6 @@ class Trainer:
         """What accuracy counts, and what each reward function returned on a row (its probe)."""
         from rlvr.api_rewards import watch_accuracy
         from rlvr.rewards.probe import accuracy_meaning
-
         from rlvr.rewards.runner import RewardSum
 
         names = RewardSum(self.reward_funcs, self.reward_weights).names if self.rows is not None else []

@@ -195,7 +195,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args, extra = p.parse_known_args(argv)
     unknown = [item for item in extra if item.startswith("-") or not hasattr(args, "args")]
     if unknown:
-        p.error(f"unrecognized arguments: {' '.join(unknown)}{_flag_hint(sys.argv[1:] if argv is None else argv) if hasattr(args, 'args') else ''}")
+        hint = _flag_hint(sys.argv[1:] if argv is None else argv) if hasattr(args, "args") else ""
+        p.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if extra:
         args.args = [*args.args, *extra]
     return args

@@ -6,7 +6,7 @@ from pathlib import Path
 from rlvr.models.tiny_archs import (  # noqa: F401  re-exported
     ARCHS,
     BOS,
-    BOS_CHAT_TEMPLATE,
+    CHAT_TEMPLATE,
     QWEN2_05B,
     bpe_tokenizer,
     build_model_dir,
@@ -15,3 +15,5 @@ from rlvr.models.tiny_archs import (  # noqa: F401  re-exported
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+BOS_CHAT_TEMPLATE = "{{ bos_token }}" + CHAT_TEMPLATE
+"""Llama-3 style: the template itself emits the BOS token."""

@@ -26,6 +26,9 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
 """`org/name` (optionally `@revision`): a Hugging Face Hub model id, when no local directory has that path."""
 
 
+LOGIN = {"hf": "auth login", "huggingface-cli": "login"}  # each CLI's login subcommand
+
+
 def hf_command() -> str:
     """The Hub's command-line tool as the installed huggingface-hub ships it: `hf` (0.34 and later),
     else the older `huggingface-cli`."""
@@ -52,7 +55,7 @@ def hub_snapshot(repo: str) -> Path:
                           f"download it once ({hf_command()} download {repo_id}) or pass a local directory") from None
     except RepositoryNotFoundError:
         raise ConfigError(f"model.path: '{repo}' is no local directory and no Hub model (or a gated one: log in "
-                          f"with {hf_command()} {'auth login' if hf_command() == 'hf' else 'login'}); check the id") from None
+                          f"with {hf_command()} {LOGIN[hf_command()]}); check the id") from None
     except (HfHubHTTPError, OSError, ValueError) as err:
         reason = (str(err).strip().splitlines() or [""])[0][:200]
         raise ConfigError(f"model.path: fetching '{repo}' from the Hub failed ({type(err).__name__}: {reason}); "

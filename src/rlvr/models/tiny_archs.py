@@ -29,8 +29,6 @@ PAD, BOS, EOS = 0, 1, 2
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 """ChatML, as Qwen2 uses: no BOS in the template (the prompt encoder adds the tokenizer's)."""
-BOS_CHAT_TEMPLATE = "{{ bos_token }}" + CHAT_TEMPLATE
-"""Llama-3 style: the template itself emits the BOS token."""
 
 # (config class name, its size fields). Every model: 2 layers, width 32, 256 positions.
 ARCHS = {

@@ -6,7 +6,6 @@ import sys
 
 from tqdm import tqdm
 
-
 # What the bar shows: reward and accuracy over every completion generated (TRL's `reward`), and with a
 # group filter (dynamic sampling) the reward of the groups kept for training beside them.
 ALL_REWARD, ALL_ACCURACY = "reward/generated_mean", "reward/generated_accuracy"
