@@ -131,7 +131,7 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
 def parse_overrides(text: str) -> dict[str, Any]:
     """A verl command's Hydra overrides (`key=value`, `+key=value`), the launcher before them skipped.
 
-    >>> parse_overrides("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo \\\\\\n data.train_batch_size=8 $@")
+    >>> parse_overrides("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo data.train_batch_size=8 $@")
     {'algorithm.adv_estimator': 'grpo', 'data.train_batch_size': 8}
     """
     values = {}
