@@ -14,8 +14,9 @@ settings and loop. Every bad argument raises `ConfigError` with one line naming 
 - **model**: None (the config's `model.path`), a local Hugging Face directory (or ``rlvr:NAME``,
   a packaged checkpoint; ``""`` a fresh tiny model), or a model object (a `transformers`
   model: checkpoints use its ``save_pretrained``) with its `tokenizer`.
-- **train_dataset**: None (the config's task), a `Task` (``rlvr.protocols.Task``), or rows: a list
-  of dicts or a ``datasets.Dataset``, the prompt in column `prompt_key`
+- **train_dataset**: None (the config's task), a `Task` (``rlvr.protocols.Task``), rows: a list
+  of dicts or a ``datasets.Dataset``, or a name (a JSONL/Parquet/CSV file, a ``datasets`` folder or a
+  Hub dataset id through the cache: ``rlvr.tasks.named``), the prompt in column `prompt_key`
   (``rlvr.tasks.dataset.DatasetTask``). Every other column reaches the reward functions as a
   keyword argument. Held out: `eval_dataset` rows, else ``task.heldout_size`` rows (at most a fifth
   of the rows) chosen by a stable hash of the prompt, as the file tasks do. A ``DatasetDict`` trains
@@ -425,7 +426,12 @@ def _is_task(value: Any) -> bool:
 def _dataset_arguments(train_dataset: Any, eval_dataset: Any, prompt_key: str):
     """(task, rows, held-out rows): a Task object, or rows (with optional held-out rows)."""
     from rlvr.tasks.dataset import dataset_rows, dataset_splits
+    from rlvr.tasks.named import named_dataset
 
+    if isinstance(train_dataset, (str, Path)):  # a file, a datasets folder or a Hub id, as TRL's dataset_name
+        train_dataset = named_dataset(train_dataset)
+    if isinstance(eval_dataset, (str, Path)):
+        eval_dataset = named_dataset(eval_dataset, "eval_dataset")
     train_dataset, eval_dataset, _ = dataset_splits(train_dataset, eval_dataset)
     if all(callable(getattr(train_dataset, name, None)) for name in ("reset", "step")) and not _is_task(train_dataset):
         raise ConfigError(f"train_dataset: {getattr(train_dataset, '__name__', type(train_dataset).__name__)} is an "
