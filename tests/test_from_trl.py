@@ -100,3 +100,17 @@ def test_a_trl_flag_on_rlvr_train_says_how_to_write_it(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--num_generations", "4"])
     assert "write num_generations=4" in capsys.readouterr().err
+
+
+def test_the_dataset_and_reward_funcs_of_a_launch_line_carry_over(tmp_path):
+    rows = tmp_path / "deepmath.jsonl"
+    rows.write_text(json.dumps({"prompt": "1+1=?", "solution": "2"}) + "\n")
+    tree, notes = convert({"dataset_name": str(rows), "reward_funcs": ["accuracy_reward", "think_format_reward",
+                                                                        "my_rewards.length"]})
+    assert tree["task"] == {"name": "math_file", "math_file": {"path": str(rows), "prompt_key": "prompt",
+                                                               "answer_key": "solution"}}
+    assert tree["reward"] == {"fn": "task, trl.rewards:think_format_reward, my_rewards:length"} and not notes
+    hub, notes = convert({"dataset_name": "trl-lib/DeepMath-103K", "reward_funcs": "accuracy_reward"})
+    assert "task" not in hub and "reward" not in hub
+    assert notes[0].startswith("dataset_name='trl-lib/DeepMath-103K': a recipe's task reads a local file")
+    assert notes[1].startswith("reward_funcs: accuracy_reward reads the dataset's solution column")

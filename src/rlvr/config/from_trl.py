@@ -39,7 +39,8 @@ BATCH_NAMES = ("per_device_train_batch_size", "gradient_accumulation_steps", "st
 TRL_BATCH_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "num_generations": 8}
 LAUNCHERS = ("--", "accelerate ", "python", "torchrun ", "trl ")  # how a pasted TRL command line starts
 # Names read with others rather than one by one (`convert`).
-JOB_NAMES = {*BATCH_NAMES, "warmup_ratio", "max_prompt_length", "num_processes"}
+JOB_NAMES = {*BATCH_NAMES, "warmup_ratio", "max_prompt_length", "num_processes", "dataset_name", "reward_funcs"}
+MATH_REWARD = "accuracy_reward"  # TRL's math-verify reward: rlvr's math_file verifier means the same
 
 
 def _scalar(text: str) -> Any:
@@ -201,11 +202,37 @@ def _job(values: dict[str, Any], tree: dict) -> tuple[dict[str, Any], list[str]]
         _set(tree, "optim.warmup_steps", math.ceil(ratio * steps))
     elif ratio:
         notes.append(f"warmup_ratio={ratio}: TRL takes it of max_steps, which is not set; set optim.warmup_steps")
+    notes += _dataset(values.pop("dataset_name", None), values.pop("reward_funcs", None), tree)
     length = values.pop("max_prompt_length", None)
     if length:
         notes.append(f"max_prompt_length={length}: TRL truncates prompts, rlvr's file tasks drop longer ones "
                      f"(task.<file task>.max_prompt_length={length}); rows passed in Python keep every prompt")
     return values, notes
+
+
+def _dataset(name: Any, funcs: Any, tree: dict) -> list[str]:
+    """TRL's script arguments `dataset_name` (a local file or folder: a math task over its `prompt` and
+    `solution` columns) and `reward_funcs` (TRL's `accuracy_reward` is that task's verifier; other
+    names are `reward.fn` entries: `trl.rewards:NAME`, or `module:name` for `module.name`)."""
+    notes = []
+    local = bool(name) and Path(str(name)).expanduser().exists()
+    if local:
+        for key, value in (("task.name", "math_file"), ("task.math_file.path", str(name)),
+                           ("task.math_file.prompt_key", "prompt"), ("task.math_file.answer_key", "solution")):
+            _set(tree, key, value)
+    elif name:
+        notes.append(f"dataset_name={name!r}: a recipe's task reads a local file; rlvr.Trainer(train_dataset="
+                     f"{str(name)!r}) reads a Hub dataset through the cache, or download it and set "
+                     f"task.math_file.path")
+    names = [funcs] if isinstance(funcs, str) else list(funcs or [])
+    entries = ["task" if n == MATH_REWARD else f"{n.rpartition('.')[0]}:{n.rpartition('.')[2]}" if "." in n
+               else f"trl.rewards:{n}" for n in names if local or n != MATH_REWARD]
+    if entries and entries != ["task"]:
+        _set(tree, "reward.fn", ", ".join(entries))
+    if MATH_REWARD in names and not local:
+        notes.append(f"reward_funcs: {MATH_REWARD} reads the dataset's solution column, which a recipe's task "
+                     f"gives only for a local dataset_name")
+    return notes
 
 
 def _set(tree: dict, key: str, value: Any) -> None:
