@@ -139,7 +139,8 @@ class Trainer:
             echo(f"note: args: {note}")
         self._prompt_options(prompt_key, system_prompt, correct_fn, correct_threshold)
         self.reward_funcs, self.reward_weights = reward_arguments(self.config, self.rows, reward_funcs, reward_weights)
-        self.reward_lines = probe_rows(self.reward_funcs, self.reward_weights, self.rows, prompt_key)
+        self.reward_lines = probe_rows(self.reward_funcs, self.reward_weights, self.rows, prompt_key,
+                                       self.config.trainer.steps)
         self.callbacks = callback_list(callbacks)
         if self.resume:
             check_resumable(Path(run_dir), rows=self.rows is not None, task=self.task is not None)

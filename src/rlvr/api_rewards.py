@@ -85,7 +85,8 @@ def _numbers(values: Any, argument: str) -> list[float]:
     return out
 
 
-def probe_rows(fns: list[Callable], weights: list[float], rows: list | None, prompt_key: str) -> list[str]:
+def probe_rows(fns: list[Callable], weights: list[float], rows: list | None, prompt_key: str,
+               steps: int) -> list[str]:
     """Each reward function called once on the first row (`rlvr.rewards.probe.probe_rewards`): lines
     for the run's start; none without rows (a task's examples come from its build)."""
     from rlvr.rewards.forms import TASK_VERIFIER
@@ -94,7 +95,7 @@ def probe_rows(fns: list[Callable], weights: list[float], rows: list | None, pro
 
     if rows is None or not fns or TASK_VERIFIER in fns:
         return []
-    return probe_rewards(fns, RewardSum(fns, weights).names, rows[0], prompt_key)
+    return probe_rewards(fns, RewardSum(fns, weights).names, rows[0], prompt_key, steps)
 
 
 class AccuracyWatch:

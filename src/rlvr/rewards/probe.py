@@ -8,7 +8,9 @@ wrong type. An exception the function raises on the probe's completions is not r
 completion may be what it cannot score); it is said as a note. `probe_rewards` returns one line per
 function (its form, the columns it reads, what it returned) for the run's first lines.
 
-The probe completions are ``""`` and ``"0"``: what any completion may be, not a correct answer.
+The probe completions are ``""`` and ``"0"``: what any completion may be, not a correct answer
+(TRL-form functions get empty ``completion_ids``: no tokenizer is loaded yet). The calls are real:
+a function that records its calls sees these two first.
 """
 
 from __future__ import annotations
@@ -49,12 +51,12 @@ def _reads(fn: Callable, form: str) -> tuple[list[str], bool]:
     return named, any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def _call(fn: Callable, form: str, prompt: Any, columns: dict) -> Any:
+def _call(fn: Callable, form: str, prompt: Any, columns: dict, steps: int) -> Any:
     if form == "trl":
         completions = ([[{"role": "assistant", "content": c}] for c in PROBE] if isinstance(prompt, list)
                        else list(PROBE))
         kwargs = {**{k: [v] * len(PROBE) for k, v in columns.items()}, "prompts": [prompt] * len(PROBE),
-                  "trainer_state": TrainerState()}
+                  "trainer_state": TrainerState(0, steps), COMPLETION_IDS: [[] for _ in PROBE]}  # no tokenizer yet
         if not _reads(fn, form)[1]:
             params = inspect.signature(fn).parameters
             kwargs = {k: v for k, v in kwargs.items() if k in params}
@@ -84,9 +86,11 @@ def _check(where: str, name: str, form: str, values: Any) -> str:
     return ", ".join("None" if v is None else f"{(v.get('reward') if isinstance(v, dict) else v)!r}" for v in values)
 
 
-def probe_rewards(fns: Sequence[Callable], names: Sequence[str], row: dict, prompt_key: str) -> list[str]:
+def probe_rewards(fns: Sequence[Callable], names: Sequence[str], row: dict, prompt_key: str,
+                  steps: int = 0) -> list[str]:
     """One line per function; `ConfigError` naming the function and the fix when its call cannot work
-    on the rows (`row` is one of them, `prompt_key` its prompt column)."""
+    on the rows (`row` is one of them, `prompt_key` its prompt column; `steps` the run's, for TRL's
+    ``trainer_state``, whose ``global_step`` is 0 as at the first step)."""
     columns = {k: v for k, v in row.items() if k != prompt_key}
     prompt = row[prompt_key]
     lines = []
@@ -100,7 +104,7 @@ def probe_rewards(fns: Sequence[Callable], names: Sequence[str], row: dict, prom
                               f"{', '.join(sorted(columns)) or 'none besides ' + repr(prompt_key)}); rename the "
                               f"parameter or add the column")
         with ThreadPoolExecutor(1) as pool:  # a function that hangs is the run's deadlines' business, not the probe's
-            future = pool.submit(_call, fn, form, prompt, columns)
+            future = pool.submit(_call, fn, form, prompt, columns, steps)
             try:
                 values, error = future.result(timeout=PROBE_TIMEOUT_S), None
             except FutureTimeout:
@@ -109,7 +113,7 @@ def probe_rewards(fns: Sequence[Callable], names: Sequence[str], row: dict, prom
                 raise ConfigError(f"{where}: {name} reads {err.args[0]!r}, which the rows lack (their columns: "
                                   f"{', '.join(sorted(columns))}); rename the key or add the column") from None
             except TypeError as err:
-                if "argument" in str(err):
+                if f"{getattr(fn, '__name__', '?')}() " in str(err) and "argument" in str(err):  # the call itself
                     raise ConfigError(f"{where}: {name} cannot be called as {form} reward: {err}") from None
                 values, error = None, f"TypeError: {err}"
             except Exception as err:  # noqa: BLE001 - the probe's completions may be unscorable; said, not fatal
