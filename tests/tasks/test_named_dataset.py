@@ -33,7 +33,7 @@ def test_a_file_and_a_saved_folder(tmp_path):
     assert _trainer(str(jsonl)).rows == ROWS
     datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "saved"))
     assert _trainer(tmp_path / "saved").rows == ROWS
-    with pytest.raises(ConfigError, match=r"^train_dataset: '.*rows.txt' is a .txt file; give a .jsonl"):
+    with pytest.raises(ConfigError, match=r"^train_dataset: '.*rows.txt' is not .jsonl, .json, .parquet"):
         (tmp_path / "rows.txt").write_text("x")
         _trainer(str(tmp_path / "rows.txt"))
 
@@ -58,5 +58,5 @@ def test_a_hub_dataset_id_through_the_cache_offline(tmp_path):
     assert run.returncode == 0 and run.stdout.split()[-1] == "20", run.stderr[-2000:]
     missing = subprocess.run([sys.executable, "-c", code.replace("acme/rows", "acme/none")], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=300)
-    assert "train_dataset: cannot read dataset 'acme/none'" in missing.stderr
+    assert "train_dataset: cannot read dataset 'acme/none'" in missing.stderr, missing.stderr[-2000:]
     assert "(hf download acme/none --repo-type dataset)" in missing.stderr

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from rlvr.errors import ConfigError
+from rlvr.hub import LOGIN, hf_command
 from rlvr.models.tokenizer import char_tokenizer
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -24,18 +25,6 @@ REQUIRED = "???"
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
 """`org/name` (optionally `@revision`): a Hugging Face Hub model id, when no local directory has that path."""
-
-
-LOGIN = {"hf": "auth login", "huggingface-cli": "login"}  # each CLI's login subcommand
-
-
-def hf_command() -> str:
-    """The Hub's command-line tool as the installed huggingface-hub ships it: `hf` (0.34 and later),
-    else the older `huggingface-cli`."""
-    from huggingface_hub import __version__
-
-    major, minor = (int(part) for part in re.findall(r"\d+", __version__)[:2])
-    return "hf" if (major, minor) >= (0, 34) else "huggingface-cli"
 
 
 def hub_snapshot(repo: str) -> Path:
