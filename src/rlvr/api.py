@@ -15,7 +15,7 @@ settings and loop. Every bad argument raises `ConfigError` with one line naming 
   a packaged checkpoint; ``""`` a fresh tiny model), or a model object (a `transformers`
   model: checkpoints use its ``save_pretrained``) with its `tokenizer`.
 - **train_dataset**: None (the config's task), a `Task` (``rlvr.protocols.Task``), rows: a list
-  of dicts or a ``datasets.Dataset``, or a name (a JSONL/Parquet/CSV file, a ``datasets`` folder or a
+  of dicts or a ``datasets.Dataset``, or a name (a JSONL/JSON/Parquet file, a ``datasets`` folder or a
   Hub dataset id through the cache: ``rlvr.tasks.named``), the prompt in column `prompt_key`
   (``rlvr.tasks.dataset.DatasetTask``). Every other column reaches the reward functions as a
   keyword argument. Held out: `eval_dataset` rows, else ``task.heldout_size`` rows (at most a fifth
