@@ -120,6 +120,13 @@ def cmd_config(args) -> int:
             raise ConfigError("--from-trl: takes the TRL file alone; apply overrides to the recipe it prints")
         print(recipe_from_trl(args.from_trl), end="")
         return 0
+    if args.from_verl:
+        from rlvr.config.from_verl import recipe_from_verl
+
+        if args.args or args.explain:
+            raise ConfigError("--from-verl: takes the verl file alone; apply overrides to the recipe it prints")
+        print(recipe_from_verl(args.from_verl), end="")
+        return 0
     recipe, overrides = _split(args.args)
     if args.explain:
         from rlvr.config.binding import explain, table
@@ -183,6 +190,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("args", nargs="*", help="[RECIPE.yaml] [key.sub=value ...]")
     c.add_argument("--from-trl", metavar="FILE",
                    help="print an rlvr recipe for TRL's GRPOConfig arguments (JSON/YAML, or '--flag value' text)")
+    c.add_argument("--from-verl", metavar="FILE",
+                   help="print an rlvr recipe for a verl config (its YAML, or a run script's key=value overrides)")
     c.add_argument("--explain", action="store_true",
                    help="instead: each chosen entry's keywords, the field that feeds each, its value and source")
     c.set_defaults(fn=cmd_config)
@@ -200,10 +209,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args, extra = p.parse_known_args(argv)
     unknown = [item for item in extra if item.startswith("-") or not hasattr(args, "args")]
     if unknown:
-        p.error(f"unrecognized arguments: {' '.join(unknown)}")
+        hint = _flag_hint(sys.argv[1:] if argv is None else argv) if hasattr(args, "args") else ""
+        p.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if extra:
         args.args = [*args.args, *extra]
     return args
+
+
+def _flag_hint(argv: list[str]) -> str:
+    """For `--num_generations 4` (a TRL launch flag, or an rlvr key written as a flag): the
+    override that means it, `num_generations=4`."""
+    from rlvr.config import all_keys
+    from rlvr.config.trl_names import TRL_NAMES
+
+    for i, item in enumerate(argv):
+        name, eq, value = item[2:].partition("=") if item.startswith("--") else ("", "", "")
+        name = name.replace("-", "_") if name.replace("-", "_") in TRL_NAMES else name
+        if name in TRL_NAMES or name in all_keys():
+            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                value = argv[i + 1]
+            return f"; overrides are KEY=VALUE without dashes: write {name}={value or 'VALUE'}"
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:

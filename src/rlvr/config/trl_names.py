@@ -97,13 +97,15 @@ TRL_NAMES: dict[str, TrlName] = {t.trl: t for t in (
         "tensorboard": {"trainer.trackers": "tensorboard"}, "mlflow": {"trainer.trackers": "mlflow"}}),
     TrlName("gradient_accumulation_steps", 1, note=(
         "rlvr accumulates by itself: each optimizer step takes rollout.prompts_per_step x rollout.group_size / "
-        "trainer.minibatches completions, and trainer.micro_batch_size splits the forwards for memory only")),
+        "trainer.minibatches completions, and trainer.micro_batch_size splits the forwards for memory only; "
+        "`--from-trl` and `args=` convert it with the batch sizes")),
     TrlName("per_device_train_batch_size", 8, note=(
         "rlvr counts prompts: set rollout.prompts_per_step (= TRL's batch of completions / num_generations), and "
-        "trainer.micro_batch_size for memory")),
+        "trainer.micro_batch_size for memory; `--from-trl` and `args=` convert it with num_generations")),
     TrlName("num_train_epochs", 3.0, note="rlvr runs trainer.steps rollout batches; set trainer.steps"),
     TrlName("generation_batch_size", None, note=(
-        "set rollout.prompts_per_step (prompts per rollout batch) and trainer.minibatches")),
+        "set rollout.prompts_per_step (prompts per rollout batch) and trainer.minibatches; `--from-trl` and "
+        "`args=` convert it")),
 )}
 
 

@@ -348,12 +348,14 @@ def _filled(r: RolloutParts, step: int, version: int, n_prompts: int, requests: 
     if flt is None:
         records = feedback(requests, first, None, step=step, version=version, group_size=group_size)
         r.sampler.observe(step, records)
-        return replace(first, metrics={**first.metrics, **_cost(records)})
+        return replace(first, metrics={**first.metrics, **_cost(records), **generated_scores([first])})
     kept, generated, kept_groups, batch, rounds, every = [], 0, 0, first, 0, []
+    rolled = []  # every round's batch, kept or not: what `generated_scores` averages
     while True:
         if rounds:
             requests, batch = _one_round(r, step, rounds, n_prompts)
         rounds += 1
+        rolled.append(batch)
         generated += n_prompts
         keep = flt.keep(batch.rewards, batch.correct, group_size)
         records = feedback(requests, batch, keep, step=step, version=version, group_size=group_size)
@@ -369,7 +371,19 @@ def _filled(r: RolloutParts, step: int, version: int, n_prompts: int, requests: 
         kept = [first]
     merged = _merge(kept, r.tokenizer.pad_token_id, n_prompts * group_size)
     return replace(merged, metrics={**first.metrics, "batch/kept_group_rate": kept_groups / generated,
-                                    "batch/sampling_rounds": float(rounds), **_cost(every)})
+                                    "batch/sampling_rounds": float(rounds), **_cost(every),
+                                    **generated_scores(rolled)})
+
+
+def generated_scores(batches: list[Collected]) -> dict[str, float]:
+    """Reward and accuracy over every completion the step generated, the groups a filter dropped
+    included (TRL's `reward`); `reward/mean` and `reward/accuracy` are over the trained batch."""
+    rewards = torch.cat([b.rewards for b in batches])
+    scored = rewards[~torch.isnan(rewards)]
+    correct = torch.cat([b.correct for b in batches])
+    return {"reward/generated_mean": float(scored.mean()) if len(scored) else 0.0,
+            "reward/generated_max": float(scored.max()) if len(scored) else 0.0,
+            "reward/generated_accuracy": float(correct.float().mean()) if len(correct) else 0.0}
 
 
 def _cost(records: list[GroupFeedback]) -> dict[str, float]:

@@ -243,6 +243,7 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
             stop.adopt(shard.agree_stop(stop.received))
         if stop.received and (step == start + 1 or shard.size == 1):  # ranks stop only where they agreed
             break
+        _notify(callbacks, "on_step_begin", step)
         metrics, samples = steps.step(step)  # it tells the verifier the step it scores (`trainer_state`)
         evaluated = step == t.steps or (t.eval_every and step % t.eval_every == 0)
         if evaluated:
