@@ -72,7 +72,7 @@ def test_every_row_loads_into_the_config_schema():
             value = {"model.path": "rlvr:countdown-warmstart", "model.lora.target_modules": "all-linear",
                      "task.math_file.path": str(FIXTURE), "task.math_file.heldout_path": str(FIXTURE),
                      "task.math_file.prompt_key": "question", "trainer.out_dir": "out", "rollout.top_p": 0.9,
-                     "algo.dual_clip": 3.0}.get(v.key, 2)
+                     "algo.dual_clip": 3.0, "optim.lr": 1e-6}.get(v.key, 2)
             if v.key in ("algo.std_normalize", "algo.dynamic_sampling", "trainer.gradient_checkpointing"):
                 value = True
             extra = {"data.train_files": str(FIXTURE)} if v.key.startswith("task.math_file.") else {}

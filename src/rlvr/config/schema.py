@@ -210,8 +210,7 @@ class RolloutConfig:
     vllm_max_model_len: int = ranged(0, ">= 0", "0 = the model config's")
     """vLLM engine: longest prompt + completion it accepts, 0 = the model config's `max_position_embeddings`."""
     servers: int = ranged(1, ">= 1", "e.g. 2")
-    """vllm_server engine: vLLM server processes (data-parallel replicas) rlvr starts; each request goes to the
-    least loaded."""
+    """vllm_server engine: vLLM servers (data-parallel replicas) rlvr starts; requests go to the least busy."""
     server_urls: str = ""
     """vllm_server engine: comma-separated addresses of running servers to attach to instead (rlvr starts none);
     each must run vLLM 0.32 with `--served-model-name rlvr` and rlvr's weight transfer (docs/usage.md)."""
@@ -220,8 +219,7 @@ class RolloutConfig:
     server_start_timeout_s: float = ranged(300.0, "> 0", "e.g. 300")
     """vllm_server engine: seconds a started server may take to answer /health before the run stops."""
     server_on_crash: str = choice("restart", ("restart", "fail"))
-    """vllm_server engine: a started server that dies is started again with the newest weights (`restart`),
-    or the run ends with one line naming it (`fail`)."""
+    """vllm_server engine: a started server that dies restarts with the newest weights, or the run ends (`fail`)."""
     weight_bucket_mb: int = ranged(64, ">= 1", "e.g. 64")
     """vllm_server engine: MiB of weights per transfer bucket (one shared-memory file each)."""
     lora_sync: str = choice("adapter", ("adapter", "merged"))
@@ -384,15 +382,12 @@ class TrainerConfig:
     micro_batch_size: int = ranged(64, ">= 1")
     """Completions per forward; memory only, never changes results."""
     micro_batch_tokens: int = ranged(0, ">= 0", "0 = micro_batch_size rows per forward")
-    """Token budget per forward (prompt + completion tokens, a shared prompt counted once), rows
-    bin-packed into micro-batches under it and balanced over data-parallel ranks; memory only,
-    results equal to float rounding. 0 = `micro_batch_size` rows per forward."""
+    """Token budget per forward (a shared prompt counted once): rows bin-packed under it, balanced over ranks;
+    memory only, results equal to float rounding. 0 = `micro_batch_size` rows per forward."""
     packing: str = choice("auto", ("auto", "padded", "packed", "shared"))
-    """Training forward of models off the fast path (bf16, LoRA, a GPU, or not Llama/Qwen2):
-    `packed` = the rows of a micro-batch in one padding-free sequence, `shared` = the same with each
-    group's prompt computed once, `padded` = one padded row per completion; `auto` = `shared`. A model
-    that cannot pack exactly (probed when built) keeps `padded` with a notice. float32 CPU Llama/Qwen2
-    models keep the fast path (already padding-free, prompts shared); FSDP learners stay padded."""
+    """Training forward off the fast path (bf16, LoRA, GPU, not Llama/Qwen2): `packed` = a micro-batch's rows
+    in one padding-free sequence, `shared` = also each group's prompt once, `padded`; `auto` = `shared`,
+    or `padded` with a notice for a model that cannot pack exactly (probed when built; FSDP learners too)."""
     eval_every: int = ranged(250, ">= 0", "0 = only at start and end")
     """Steps between greedy held-out evaluations (0 = only at start and end)."""
     eval_samples: int = ranged(0, ">= 0", "0 = greedy evaluation only")

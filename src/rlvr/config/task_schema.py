@@ -46,13 +46,13 @@ class ArithmeticTaskConfig:
 class CountShapesTaskConfig:
     """Knobs of `rlvr.tasks.visual.shapes.CountShapes` (null = the class's own default)."""
 
-    min_shapes: int | None = None
+    min_shapes: int | None = ranged(None, "[1, 16]")
     """Fewest shapes in a picture (1..16)."""
-    max_shapes: int | None = None
+    max_shapes: int | None = ranged(None, "[1, 16]")
     """Most shapes in a picture (min_shapes..16): a difficulty knob."""
-    colours: int | None = None
+    colours: int | None = ranged(None, "[1, 3]")
     """Colours in use, from red, green, blue (1..3): 1 = count every shape; more = find the asked colour."""
-    size: int | None = None
+    size: int | None = ranged(None, "[16, 1024]", "pixels")
     """Picture side in pixels."""
 
 
