@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import threading
 import time
 
 import pytest
@@ -236,3 +237,32 @@ def test_an_async_reward_that_blocks_its_loop_ends_the_step_at_the_deadline():
     out = runner(["q"] * 4, ["72", "block", "72", "72"], [{}] * 4)
     assert time.monotonic() - start < 3.0
     assert out.rewards[1] == 0.0 and out.metrics["a/timeouts"] >= 1.0  # samples behind it on its loop may too
+
+
+class _SpinsInACopy(set):
+    """Stands in for loguru's lock set as a fork from a thread can copy it: in a forked copy, the walk in
+    the child's own after-fork hook passes, and every later walk (the copy's own forks) spins."""
+
+    def __init__(self, owner: int):
+        super().__init__()
+        self.owner, self.walks = owner, 0
+
+    def __iter__(self):
+        if os.getpid() != self.owner:
+            self.walks += 1
+            while self.walks > 1:
+                time.sleep(0.01)
+        return super().__iter__()
+
+
+def test_the_zygote_walks_fresh_lock_sets_in_loguru_fork_hooks(monkeypatch):
+    """vLLM imports loguru, whose fork hooks walk two lock sets; the zygote is forked from a trainer thread
+    and its copies can be mid-walk, so every later fork of the zygote would spin: it starts fresh ones."""
+    machinery = pytest.importorskip("loguru._locks_machinery")
+    monkeypatch.setattr(machinery, "handler_locks", _SpinsInACopy(os.getpid()))
+    pool, done = WorkerPool({"f": user_check}, size=1), []
+    caller = threading.Thread(target=lambda: done.append(pool.run("f", [(("p", "72"), {})], 5.0)), daemon=True)
+    caller.start()
+    caller.join(60)
+    assert done == [[(0.5, None)]], "the zygote's first fork of a worker spun in loguru's fork hook"
+    pool.close()

@@ -22,6 +22,7 @@ import socket
 import stat
 import struct
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -134,6 +135,16 @@ def _close_inherited(keep: set[int]) -> None:
             os.close(fd)
 
 
+def _fresh_fork_hooks() -> None:
+    """Empty the lock sets that loguru's fork hooks walk (vLLM imports loguru): the zygote is forked
+    from a trainer thread while another may be inside such a walk, and the copied set's iteration
+    state then makes every later fork of the zygote spin in the hook. Nothing in the zygote logs."""
+    machinery = sys.modules.get("loguru._locks_machinery")
+    for name in ("logger_locks", "handler_locks"):
+        if machinery is not None and hasattr(machinery, name):
+            setattr(machinery, name, weakref.WeakSet())
+
+
 def zygote(ctl: socket.socket, targets: dict[str, Callable], memory_mb: int) -> None:
     """Fork a worker per byte received, hand back its pid and socket; exit when `ctl` closes."""
     global _in_worker
@@ -147,6 +158,7 @@ def zygote(ctl: socket.socket, targets: dict[str, Callable], memory_mb: int) -> 
     # fresh stream objects: a lock held by another trainer thread at the fork stays held in its copy
     sys.stdout = open(1, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
+    _fresh_fork_hooks()
     for preload in PRELOAD:
         preload()
     while True:
