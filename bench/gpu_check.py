@@ -118,6 +118,75 @@ def agreement(args, work: Path) -> None:
         other, _ = CausalPolicy(model.to(args.device), fast=False).token_logprobs(prompt, mask, completion)
     gap = float((cpu - other.cpu()).abs().max())
     emit(check="logprob_agreement", device=args.device, max_abs_diff=gap, ok=gap < 1e-4)
+    packed_agreement(args, model.to(args.device), prompt, mask, completion)
+
+
+def packed_agreement(args, model, prompt, mask, completion) -> None:
+    """On `args.device`, fp32: the padding-free forwards (`trainer.packing`) against the padded one,
+    log-probs and gradients of one batch with completions of spread lengths (models/packing.py)."""
+    from rlvr.models import packing
+    from rlvr.models.policy import CausalPolicy
+
+    completion_mask = (torch.arange(completion.shape[1])[None] < torch.tensor([[16], [3], [9], [1], [12], [7], [16],
+                                                                              [5]])).float()
+    outs = {}
+    for mode in (None, "packed", "shared"):
+        reason = packing.prepare(model, mode) if mode else None
+        if reason:
+            emit(check="packed_agreement", mode=mode, skipped=reason)
+            return
+        model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        logp, _ = CausalPolicy(model, fast=False, packing=mode).token_logprobs(
+            prompt, mask, completion, completion_mask=completion_mask)
+        (logp.cpu() * completion_mask).sum().backward()
+        grad = torch.cat([p.grad.flatten().cpu() for p in model.parameters() if p.grad is not None])
+        outs[mode] = ((logp.detach().cpu() * completion_mask), grad, time.perf_counter() - t0)
+    for mode in ("packed", "shared"):
+        logp_rel = float((outs[mode][0] - outs[None][0]).abs().max() / outs[None][0].abs().max())
+        grad_rel = float((outs[mode][1] - outs[None][1]).abs().max() / outs[None][1].abs().max())
+        emit(check="packed_agreement", mode=mode, device=args.device, logp_rel=logp_rel, grad_rel=grad_rel,
+             seconds=round(outs[mode][2], 3), padded_seconds=round(outs[None][2], 3),
+             ok=logp_rel < 1e-4 and grad_rel < 1e-3)
+
+
+def vlm(args, work: Path) -> None:
+    """A tiny Idefics3 (built in code) in `args.dtype` with LoRA on its language model: GRPO steps on
+    count_shapes on the device, the sampler's log-probs against the trainer's with images, then
+    `rlvr export` and a reload through AutoModelForImageTextToText."""
+    from rlvr.cli import main as main_cli
+    from rlvr.models.vlm import tiny_vlm
+    from rlvr.tracking.export import export_run
+
+    cuda = args.device.startswith("cuda")
+    directory = work / "vlm"
+    size = {} if args.tiny else dict(hidden_size=512, intermediate_size=1536, num_layers=8, vision_layers=6,
+                                      num_heads=8)
+    model, processor = tiny_vlm(seed=0, **size)
+    model.save_pretrained(directory)
+    processor.save_pretrained(directory)
+    run = [f"model.path={directory}", f"model.dtype={args.dtype}", f"trainer.device={args.device}",
+           "task.name=count_shapes", "task.heldout_size=8", "model.lora.r=8",
+           f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}", "rollout.max_new_tokens=4",
+           "trainer.thread_mode=ops",
+           "trainer.eval_every=0", "optim.lr=1e-4", "optim.warmup_steps=1", f"trainer.steps={args.steps}",
+           "algo.entropy_coef=0.01", f"trainer.out_dir={work}", "trainer.name=vlm_run",
+           f"trainer.save_every={args.steps}"]
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    if main_cli(["train", *run]) != 0:
+        sys.exit("error: the VLM run failed (its line above says why)")
+    seconds = time.perf_counter() - t0
+    rows = [json.loads(line) for line in (work / "vlm_run" / "metrics.jsonl").read_text().splitlines()]
+    gaps = [v for r in rows for k, v in r.items() if k.endswith("rollout_logprob_gap")]
+    emit(check="vlm", mode="lora", device=args.device, dtype=args.dtype,
+         params_m=round(sum(p.numel() for p in model.parameters()) / 1e6, 2),
+         s_per_run=round(seconds, 1), steps=args.steps, max_rollout_logprob_gap=max(gaps, default=None),
+         peak_gpu_mem_gb=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None)
+    # float32: a few small LoRA steps are below bf16's resolution, and the export refuses to round them away
+    exported = export_run(work / "vlm_run", work / "vlm_export", dtype="float32")
+    emit(check="vlm_export", verified=exported.verified, path=str(exported.path))
 
 
 def trl_side_by_side(args, model_dir: Path, reward: str) -> None:
@@ -181,8 +250,8 @@ def main(argv=None) -> None:
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--vocab", type=int, default=151_936, help="tokenizer padded to this many ids (Qwen2's)")
-    p.add_argument("--only", nargs="+", default=["agree", "full", "lora", "fsdp", "trl"],
-                   choices=["agree", "full", "lora", "fsdp", "trl"])
+    p.add_argument("--only", nargs="+", default=["agree", "full", "lora", "fsdp", "trl", "vlm"],
+                   choices=["agree", "full", "lora", "fsdp", "trl", "vlm"])
     p.add_argument("--work", default="", help="scratch directory (default: a temporary one)")
     args = p.parse_args(argv)
     if args.tiny:
@@ -197,6 +266,8 @@ def main(argv=None) -> None:
          cuda=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, work=str(work))
     if "agree" in args.only:
         agreement(args, work)
+    if "vlm" in args.only:
+        vlm(args, work)
     if not {"full", "lora", "fsdp", "trl"} & set(args.only):
         return
     model_dir, reward = work / "model", reward_file(work)

@@ -9,12 +9,14 @@
 #   4. runs the same full fine-tuning through the FSDP2 learner at world size 1
 #      (trainer.learners=fsdp: NCCL on CUDA, gloo on a CPU), in bf16, then with fp32 shards,
 #      bf16 compute, fp32 reduce and (CUDA) the shards offloaded to CPU memory;
-#   5. runs TRL's GRPOTrainer on the same work when trl (and datasets) import.
+#   5. runs TRL's GRPOTrainer on the same work when trl (and datasets) import;
+#   6. trains a small Idefics3 vision-language model (built in code) with LoRA in bf16 on the
+#      count_shapes task, printing the sampler-vs-trainer log-prob gap, then exports and reloads it.
 # Each part has its own time limit so the whole fits in 11 minutes (PARTS runs fewer); output is JSON lines.
 #
 #   bash bench/gpu_check.sh                      # on the GPU machine
 #   bash bench/gpu_check.sh --device cpu --tiny  # dry run of the same code paths on a CPU
-#   PARTS="agree fsdp" bash bench/gpu_check.sh    # only these parts (agree full lora fsdp trl)
+#   PARTS="agree fsdp" bash bench/gpu_check.sh    # only these parts (agree full lora fsdp trl vlm)
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -56,7 +58,7 @@ EOF
 part() {  # part LIMIT_S NAME ARGS...: one measurement in its own process, killed past its limit
   local limit=$1 name=$2
   shift 2
-  [[ " ${PARTS:-agree full lora fsdp trl} " == *" $name "* ]] || return 0
+  [[ " ${PARTS:-agree full lora fsdp trl vlm} " == *" $name "* ]] || return 0
   say "$name (limit ${limit}s)"
   timeout --signal=TERM --kill-after=10 "$limit" "$PY" "$ROOT/bench/gpu_check.py" --work "$WORK" "$@" "${ARGS[@]}"
   local rc=$?
@@ -68,5 +70,6 @@ part 200 full --only full     # includes building the 0.5B model (reused by the 
 part 120 lora --only lora
 part 150 fsdp --only fsdp
 part 90 trl --only trl
+part 120 vlm --only vlm
 say "done in $((SECONDS - START))s"
 rm -rf "$WORK"

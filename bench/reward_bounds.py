@@ -2,7 +2,7 @@
 the trainer's process and in worker processes, and the time of a 16-completion step with 0, 1, 4
 and 8 hostile completions of each class.
 
-    python bench/reward_bounds.py [--n 2048] [--deadline 2] [--workers 2]
+    python bench/reward_bounds.py [--n 2048] [--deadline 2] [--workers 2] [--code] [--only math|code|never]
 
 Table 1, answers/s of the math file task's verifier on honest GSM8K-style completions (a mix of
 ``#### N``, ``\\boxed{N}``, fractions and wrong answers), best of 5 rounds timed in turn: called
@@ -21,6 +21,16 @@ tower the symbolic check never finishes), ``memory`` (the user function allocate
 
 Table 3, the pools' cost: processes forked, calls answered, and the proportional memory (PSS) of
 each pool's processes after the runs.
+
+Table 4 (``--code``; needs a working sandbox), the code task: honest programs graded per second with
+the checks in check workers against the checks in the trainer's process (the path before), timed in
+turn (best of 4 rounds, which goes first alternating); then a 16-completion step with k programs
+that flood the checks' hash tables (``flood``:
+37,000 multiples of 2^61 − 1, a set of them takes 30 s to build unbounded) or forge a result record
+holding such a set (``forged``).
+
+Table 5, a reward function that never returns (it sleeps), 128 samples a step, two steps: with
+``--workers`` processes, in the trainer's process (``reward.workers=0``), and as an ``async`` function.
 """
 
 from __future__ import annotations
@@ -35,12 +45,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "rewards"))
 
-from test_reward_workers import HONEST, HOSTILE, user_check  # noqa: E402  (the hostile classes, defined once)
+from test_code_checks import HONEST as HONEST_CODE  # noqa: E402
+from test_code_checks import HOSTILE as HOSTILE_CODE  # noqa: E402
+from test_code_checks import TESTS as CODE_TESTS  # noqa: E402
+from test_reward_workers import HONEST, HOSTILE, sleepy, sleepy_async, user_check  # noqa: E402  (defined once)
 
+from rlvr.builder.placement import as_verifier  # noqa: E402
 from rlvr.rewards import math_pool  # noqa: E402
+from rlvr.rewards.code import grade_asserts  # noqa: E402
 from rlvr.rewards.forms import TASK_VERIFIER, with_task  # noqa: E402
 from rlvr.rewards.runner import RewardRunner, RewardSum  # noqa: E402
-from rlvr.tasks.files import MathFileTask  # noqa: E402
+from rlvr.tasks.files import CodeFileTask, MathFileTask  # noqa: E402
 from rlvr.trainer.scoring import scored  # noqa: E402
 from rlvr.types import Example  # noqa: E402
 
@@ -97,8 +112,9 @@ def throughput(task, n: int, workers: int, deadline: float, repeats: int = 5) ->
     want = [task.reward("q", t, **ex) for t, ex in zip(texts, examples)]
     assert local(["q"] * n, texts, examples).rewards == want == pooled(["q"] * n, texts, examples).rewards
 
-    def before(prompts, completions, exs):  # no `correct`: `scored` calls `task.is_correct` bare, as it did
+    def bare(prompts, completions, exs):  # no `correct`: `task.is_correct` is called bare, as it was
         return local(prompts, completions, exs)
+    before = as_verifier(bare)
 
     rows = [  # (table, row, call); rows of a table are timed in turn, `repeats` rounds, best kept
         ("reward", "bare `task.reward` loop", lambda: [task.reward("q", t, **ex) for t, ex in zip(texts, examples)]),
@@ -160,12 +176,85 @@ def costs(reward) -> None:
               f"{pss:.0f} |")
 
 
+class _Inline:
+    """The checks in the trainer's process, as they ran before check workers."""
+
+    def run(self, key, calls, timeout_s):
+        return [(grade_asserts(*args, **kwargs), None) for args, kwargs in calls]
+
+
+def code_steps(n: int, deadline: float, repeats: int = 4) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = Path(tmp) / "rows.jsonl"
+        rows.write_text(json.dumps({"prompt": "write f", "tests": CODE_TESTS}) + "\n")
+        task = CodeFileTask(path=str(rows))
+        grader, pooled = task.grader, task.grader.checks
+        items = [(HONEST_CODE[i % len(HONEST_CODE)], CODE_TESTS) for i in range(n)]
+        want = [g.tests for g in grader.grade_many(items)]
+        best = {"in check workers": float("inf"), "in the trainer's process (before)": float("inf")}
+        for r in range(repeats):  # in turn, the first of each round alternating (the first runs slower here)
+            for name, checks in list(zip(best, (pooled, _Inline())))[::1 if r % 2 else -1]:
+                grader.checks = checks
+                start = time.perf_counter()
+                assert [g.tests for g in grader.grade_many(items)] == want
+                best[name] = min(best[name], time.perf_counter() - start)
+        grader.checks = pooled
+        before = best["in the trainer's process (before)"]
+        print(f"\n| code task, {n} honest programs x {len(CODE_TESTS)} asserts | programs/s | vs before |")
+        print("|---|---|---|")
+        for name, seconds in best.items():
+            print(f"| checks {name} | {n / seconds:.1f} | {before / seconds:.2f}x |")
+        reward = RewardSum(with_task([TASK_VERIFIER], task), [1.0], timeout_s=30.0, workers=2)
+        print("\n| 16 programs | hostile | step s | honest alone s | hostile scored 0 | counted |")
+        print("|---|---|---|---|---|---|")
+        for kind in ("flood", "forged"):
+            for count in (1, 4, 8):
+                honest = [f"```python\n{HONEST_CODE[i % len(HONEST_CODE)]}```" for i in range(16 - count)]
+                texts = honest[:8] + [f"```python\n{HOSTILE_CODE[kind]}```"] * count + honest[8:]
+                group = [Example("write f", "", {"tests": CODE_TESTS}) for _ in texts]
+                task._cache.clear()
+                start = time.monotonic()
+                scored(reward, task, group[:len(honest)], honest)
+                alone = time.monotonic() - start
+                task._cache.clear()
+                start = time.monotonic()
+                out = scored(reward, task, group, texts)
+                step = time.monotonic() - start
+                zero = all(out.rewards[i].item() == 0.0 for i in range(min(8, len(honest)), 8 + count))
+                print(f"| {kind} | {count} | {step:.2f} | {alone:.2f} | {'yes' if zero else 'NO'} | "
+                      f"{round(out.metrics['user/check_breaches'] * 16)} |")
+        grader.sandbox.close()
+
+
+def never_returning(deadline: float, workers: int) -> None:
+    print(f"\n| a reward that never returns, 128 samples, deadline {deadline:g} s | step 1 s | step 2 s | timeouts |")
+    print("|---|---|---|---|")
+    for name, fn, w in ((f"reward.workers={workers}", sleepy, workers), ("reward.workers=0", sleepy, 0),
+                        ("async", sleepy_async, 0)):
+        runner = RewardRunner(fn, name="s", timeout_s=deadline, workers=w)
+        steps = []
+        for _ in range(2):
+            start = time.monotonic()
+            out = runner(["q"] * 128, [str(i) for i in range(128)], [{}] * 128)
+            steps.append(time.monotonic() - start)
+        print(f"| {name} | {steps[0]:.2f} | {steps[1]:.2f} | {int(out.metrics['s/timeouts'])} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=2048, help="honest answers per throughput run")
     parser.add_argument("--deadline", type=float, default=2.0, help="reward.timeout_s")
     parser.add_argument("--workers", type=int, default=2, help="reward.workers")
+    parser.add_argument("--code", action="store_true", help="also the code task's tables (needs a sandbox)")
+    parser.add_argument("--code-n", type=int, default=48, help="honest programs per code throughput round")
+    parser.add_argument("--only", choices=["math", "code", "never"], help="one part only")
     args = parser.parse_args()
+    if args.only == "code" or (args.code and args.only is None):
+        code_steps(args.code_n, args.deadline)
+    if args.only in (None, "never"):
+        never_returning(args.deadline, args.workers)
+    if args.only not in (None, "math"):
+        return
     with tempfile.TemporaryDirectory() as tmp:
         rows = Path(tmp) / "rows.jsonl"
         rows.write_text(json.dumps({"question": "q", "answer": "72"}) + "\n")

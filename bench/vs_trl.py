@@ -3,6 +3,7 @@
     pip install -e ".[bench]"
     python bench/vs_trl.py --seeds 0 1 2 --steps 30 --threads 2
     python bench/vs_trl.py --model DIR --lora 8 --dtype bfloat16 --reward length ...
+    python bench/vs_trl.py --workload spread --lora 8 --prompts 4 --group 8 --max-new-tokens 128 --seeds 0 1 ...
 
 
 Same model (the packaged Countdown warm start, a 1.06M-parameter Llama), same character
@@ -40,6 +41,11 @@ and `--reward length` scores both with `bench/length_reward.py` (an untrained mo
 differ, so every group trains in both). With bf16 weights both run without autocast (TRL
 `bf16=False` on a bf16 model): the same arithmetic the checkpoint's dtype implies.
 
+`--workload spread` is the RL-shaped workload of bench/spread.py: a 120M Qwen2 (Qwen2.5-0.5B's layer
+shape, `--layers` 8), GSM8K-fixture prompts of about 100 tokens through the chat template, and
+completion lengths spread from a few tokens to the cap within each group (an EOS bias written into
+the weights, so both trainers sample the same distribution); the length reward in both.
+
 TRL is imported here only; the library never needs it.
 """
 
@@ -59,6 +65,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from roofline import attention_flops_per_token, matmul_gflops, param_count  # noqa: E402
+from spread import spread_model, spread_overrides  # noqa: E402
 
 from rlvr.builder.components import build_components  # noqa: E402
 from rlvr.codec import decode_completions, encode_prompts  # noqa: E402
@@ -70,6 +77,7 @@ from rlvr.trainer.sync import rl_step  # noqa: E402
 
 WARM_START = "rlvr:countdown-warmstart"
 LENGTH_REWARD = Path(__file__).resolve().parent / "length_reward.py"
+LAYOUT_METRICS = ("perf/padding_share", "perf/shared_prompt_share", "perf/tokens_per_micro_batch")
 
 
 def _proc_status_mb(field: str) -> float:
@@ -112,6 +120,8 @@ def rlvr_config(args, seed: int, engine: str = "torch"):
         model.append(f"rollout.vllm_kv_cache_mb={args.vllm_kv_cache_mb}")
     if args.reward == "length":
         model.append(f"reward.fn={LENGTH_REWARD}:length_reward")
+    if getattr(args, "workload", "countdown") == "spread":
+        model += spread_overrides()
     return load_config(None, [*model, f"rollout.engine={engine}",
         f"seed={seed}", f"model.path={args.model_path}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
@@ -169,6 +179,10 @@ class _Timer:
         finally:
             self.totals[self.name] = self.totals.get(self.name, 0.0) + time.perf_counter() - t0
 
+    def __getattr__(self, name):  # the wrapped object's other methods (the reward runner's `judged`), timed too
+        attr = getattr(self.fn, name)
+        return _Timer(attr, self.totals, self.name) if callable(attr) else attr
+
 
 def _with_completion_mask(token_logprobs, eos_id: int):
     """Emulates the proposed trainer change (pass `completion_mask=` to token_logprobs) until the
@@ -194,7 +208,7 @@ def run_rlvr(args, seed: int, engine: str = "torch") -> dict:
     c = dataclasses.replace(c, rollout=dataclasses.replace(c.rollout, reward=timed))
     c.learner.policy.token_logprobs = _Timer(c.learner.policy.token_logprobs, totals, "forward")
     c.learner.optimizer.step = _Timer(c.learner.optimizer.step, totals, "optimizer")
-    steps, cpu, breakdown, tokens, memory = [], [], [], [], []
+    steps, cpu, breakdown, tokens, memory, layout = [], [], [], [], [], []
     for step in range(1, args.steps + 1):
         totals.clear()
         rss0 = reset_peak_rss()
@@ -206,6 +220,7 @@ def run_rlvr(args, seed: int, engine: str = "torch") -> dict:
         phases = {k.rsplit("/", 1)[1]: v for k, v in metrics.items() if k.startswith("perf/peak_rss_mb/")}
         memory.append((max(phases.values()), max(phases.values()) - rss0, phases))
         tokens.append(metrics["response/length_mean"] * args.prompts * args.group)
+        layout.append({k: v for k, v in metrics.items() if k in LAYOUT_METRICS})
         update = metrics["time/update_s"]
         breakdown.append({
             "weight_sync": metrics.get("time/weight_sync_s", 0.0),
@@ -217,7 +232,8 @@ def run_rlvr(args, seed: int, engine: str = "torch") -> dict:
             "optimizer": totals.get("optimizer", 0.0),
         })
     acc = heldout_accuracy(c.learner.model, c.rollout.tokenizer, c.rollout.task, args.max_new_tokens)
-    return {"steps": steps, "cpu": cpu, "tokens": tokens, "breakdown": breakdown, "heldout": acc, "memory": memory}
+    return {"steps": steps, "cpu": cpu, "tokens": tokens, "breakdown": breakdown, "heldout": acc, "memory": memory,
+            "layout": layout}
 
 
 def run_trl(args, seed: int, examples) -> dict:
@@ -338,13 +354,20 @@ def main(argv=None) -> None:
     p.add_argument("--lora", type=int, default=0, help="LoRA rank on every linear layer in both (0 = full)")
     p.add_argument("--reward", default="task", choices=["task", "length"],
                    help="task: the Countdown verifier; length: bench/length_reward.py (for untrained models)")
+    p.add_argument("--workload", default="countdown", choices=["countdown", "spread"],
+                   help="spread: bench/spread.py's 120M model, GSM8K prompts, spread completion lengths")
+    p.add_argument("--layers", type=int, default=8, help="--workload spread: layers of the 120M model")
     args = p.parse_args(argv)
+    if args.workload == "spread":
+        args.reward = "length"  # an untrained model: the length reward gives its groups distinct rewards
     torch.set_num_threads(args.threads)
     print(f"# load before: {os.getloadavg()}  threads={args.threads}  torch {torch.__version__}")
     if args.memory_vocab:
         memory_probe(args)
         return
     with tempfile.TemporaryDirectory() as scratch:
+        if args.workload == "spread" and not args.model:
+            args.model = spread_model(scratch, layers=args.layers, dtype=args.dtype)
         args.model_path = args.model or (WARM_START if args.scale == 1 else large_model(scratch))
         (_compare_engines if args.engine == "vllm" else _compare)(args)
 
@@ -475,6 +498,10 @@ def _compare(args) -> None:
     keys = ["rollout", "reward", "logprob", "forward", "backward", "optimizer"]
     parts = {key: median([b[key] for _, _, _, o in results for b in o["breakdown"][k:]]) for key in keys}
     print("\nrlvr median time per step (s): " + ", ".join(f"{key} {v:.4f}" for key, v in parts.items()))
+    layouts = [m for _, _, _, o in results for m in o["layout"]]
+    if layouts and all(layouts):
+        print("rlvr training batch, median per step: " + ", ".join(
+            f"{key.split('/')[1]} {median([m[key] for m in layouts]):.3f}" for key in LAYOUT_METRICS))
     print(f"\nroofline: float32 matmul at the model's shapes, {args.threads} threads, best of {len(rates)} "
           "measurements (one after each seed; range in brackets): "
           + ", ".join(f"{name} {v:.0f} ({min(r[name] for r in rates):.0f}-{v:.0f})" for name, v in gflops.items())

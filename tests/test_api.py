@@ -194,7 +194,7 @@ def test_config_object_dict_and_list_overrides(tmp_path):
     ({"train_dataset": [{"question": "x"}]}, "train_dataset[0]: field 'prompt' missing"),
     ({"train_dataset": [{"question": "x"}], "prompt_key": "q"}, "set prompt_key"),
     ({"train_dataset": [{"prompt": 3}]}, "train_dataset[0]: field 'prompt' must be a string"),
-    ({"eval_dataset": "rows.jsonl"}, "eval_dataset: expected a list of dicts"),
+    ({"eval_dataset": "rows.jsonl"}, "eval_dataset: 'rows.jsonl' is no file or folder and no Hub dataset id"),
     ({"model": object()}, "model: expected a model directory"),
     ({"model": "", "tokenizer": object()}, "tokenizer: only used with a model object"),
     ({"overrides": "seed=3"}, "overrides: expected a list"),

@@ -429,7 +429,7 @@ def test_sft_on_a_file_task_without_solutions(tmp_path, capsys):
     assert_one_line_error(*cli(argv, capsys), "task.math_file.solution_key")
     code = _jsonl(tmp_path / "code.jsonl", [{"prompt": "f", "tests": ["assert True"]}] * 4)
     argv = ["sft", *TINY, "task.name=code_file", f"task.code_file.path={code}", "--out", str(tmp_path / "w")]
-    assert_one_line_error(*cli(argv, capsys), "no reference solution for rlvr sft")
+    assert_one_line_error(*cli(argv, capsys), "no reference solution (what rlvr sft, rm and dpo train on")
     assert not (tmp_path / "w").exists()
 
 

@@ -214,7 +214,7 @@ def test_docs_config_md_is_current():
     ("estimator.name=x", "estimator.name: unknown likelihood estimator 'x'; valid: ar_order, bgpo,"),
     ("estimator.bound=x", "estimator.bound: unknown SPG bound 'x'; valid: elbo, eubo, mixture"),
     ("task.name=x", "task.name: unknown task 'x'; valid: agent_calculator, agent_countdown_python, agent_guess, "
-                    "agent_lookup, arithmetic, code_file, countdown, math_file, sudoku4"),
+                    "agent_lookup, arithmetic, code_file, count_shapes, countdown, image_qa, math_file, sudoku4"),
     ("rollout.remasking=x", "rollout.remasking: unknown remasking 'x'; valid: entropy, low_confidence, margin, random"),
     ("rollout.window=x", "rollout.window: unknown window 'x'; valid: eos, full"),
     ("algo.correction_mode=x", "algo.correction_mode: unknown correction mode 'x'; valid: mask, truncate"),

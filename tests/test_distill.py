@@ -41,3 +41,21 @@ def test_the_distillation_recipe_names_a_teacher():
     assert load_config("recipes/dllm_topd_countdown.yaml").model.teacher_path == "rlvr:countdown-dllm-warmstart"
     with pytest.raises(ConfigError, match="model.teacher_path"):
         load_config(None, ["algo.objective=reverse_kl_distill"])
+
+
+def test_a_teacher_with_another_tokenizer_is_refused_in_one_line(tmp_path):
+    from rlvr.builder.build import teacher_model
+    from rlvr.models.causal_lm import tiny_llama
+    from rlvr.models.tokenizer import char_tokenizer
+
+    student_tok = char_tokenizer()
+    for name, tok in (("same", char_tokenizer()), ("other", char_tokenizer("abc0123456789"))):
+        tiny_llama(len(tok), hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_seq_len=32,
+                   seed=0).save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    config = load_config(None, [f"model.teacher_path={tmp_path / 'same'}"])
+    assert teacher_model(config, student_tok).config.vocab_size == len(student_tok)
+    config = load_config(None, [f"model.teacher_path={tmp_path / 'other'}"])
+    with pytest.raises(ConfigError, match=r"^model.teacher_path: .* has another tokenizer than the student \(17 vs "
+                                          r"101 tokens"):
+        teacher_model(config, student_tok)

@@ -123,7 +123,7 @@ def test_the_results_index_links_every_section():
 
 def test_docs_are_short():
     limits = {REPO / "README.md": 200, **{p: 300 for p in (REPO / "docs" / "results").glob("*.md")},
-              REPO / "docs" / "results.md": 100}
+              REPO / "docs" / "results.md": 130}  # the index: one line a section
     long = [f"{p.relative_to(REPO)}: {n} lines" for p, limit in limits.items()
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > limit]
     assert not long, "over the length limit:\n" + "\n".join(long)

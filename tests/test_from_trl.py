@@ -11,6 +11,7 @@ import yaml
 from rlvr.cli import main
 from rlvr.config import load_config
 from rlvr.config.from_trl import convert, parse_flags, recipe_from_trl
+from rlvr.errors import ConfigError
 
 
 def test_flags_parse_as_trls_argument_parser_reads_them():
@@ -40,10 +41,39 @@ def test_a_full_grpo_config_dump_converts_to_what_it_sets(tmp_path):
 
 
 def test_a_changed_value_without_an_rlvr_field_is_noted():
-    tree, notes = convert({"gradient_accumulation_steps": 4, "lr_scheduler_type": "linear", "epsilon": 0.2,
+    tree, notes = convert({"lr_scheduler_type": "cosine_with_restarts", "epsilon": 0.2,
                            "epsilon_high": 0.28, "model_name_or_path": "Qwen/Qwen2.5-0.5B"})
     assert tree == {"algo": {"clip_low": 0.2, "clip_high": 0.28}, "model": {"path": "Qwen/Qwen2.5-0.5B"}}
-    assert len(notes) == 1 and notes[0].startswith("gradient_accumulation_steps=4: rlvr accumulates by itself")
+    assert len(notes) == 1 and notes[0].startswith("lr_scheduler_type='cosine_with_restarts': has no rlvr equivalent")
+
+
+@pytest.mark.parametrize(("trl", "prompts", "minibatches"), [
+    ({"per_device_train_batch_size": 8, "num_generations": 8}, 1, 1),  # TRL's defaults: one prompt per step
+    ({"per_device_train_batch_size": 16, "num_generations": 4}, 4, 1),
+    ({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "num_generations": 8}, 2, 1),
+    ({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "steps_per_generation": 8,
+      "num_generations": 8}, 4, 4),  # one generation, four optimizer steps
+    ({"per_device_train_batch_size": 4, "generation_batch_size": 32, "num_generations": 8}, 4, 8),
+    ({"num_processes": 4, "per_device_train_batch_size": 4, "num_generations": 8}, 2, 1),  # the processes' batch
+])
+def test_batch_sizes_become_prompts_per_step_as_grpo_config_derives_them(trl, prompts, minibatches):
+    tree, _ = convert(trl)
+    assert (tree["rollout"]["prompts_per_step"], tree["trainer"]["minibatches"]) == (prompts, minibatches)
+    assert tree["rollout"]["group_size"] == trl["num_generations"]
+
+
+def test_a_pasted_launch_line_with_warmup_ratio_and_max_prompt_length(tmp_path):
+    line = tmp_path / "launch.sh"
+    line.write_text("accelerate launch --config_file zero3.yaml --num_processes 2 trl/scripts/grpo.py \\\n"
+                    "  --model_name_or_path Qwen/Qwen2-0.5B-Instruct --per_device_train_batch_size 4 \\\n"
+                    "  --num_generations 4 --max_steps 200 --warmup_ratio 0.05 --max_prompt_length 256\n")
+    tree = yaml.safe_load(recipe_from_trl(line))
+    assert tree["rollout"] == {"prompts_per_step": 2, "group_size": 4} and tree["optim"] == {"warmup_steps": 10}
+    assert tree["model"]["path"] == "Qwen/Qwen2-0.5B-Instruct" and tree["trainer"]["steps"] == 200
+    text = recipe_from_trl(line)
+    assert "# not converted: max_prompt_length=256: TRL truncates prompts" in text and "num_processes=2" in text
+    with pytest.raises(ConfigError, match="must be a multiple of num_generations=3"):
+        convert({"per_device_train_batch_size": 4, "num_generations": 3})
 
 
 def test_the_cli_prints_a_recipe_train_accepts(tmp_path, capsys):
@@ -64,3 +94,23 @@ def test_the_cli_prints_a_recipe_train_accepts(tmp_path, capsys):
     (tmp_path / "bad.json").write_text(json.dumps({"num_generations": 0}))
     assert main(["config", "--from-trl", str(tmp_path / "bad.json")]) == 2  # loaded: rlvr's own check names it
     assert "rollout.group_size" in capsys.readouterr().err
+
+
+def test_a_trl_flag_on_rlvr_train_says_how_to_write_it(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--num_generations", "4"])
+    assert "write num_generations=4" in capsys.readouterr().err
+
+
+def test_the_dataset_and_reward_funcs_of_a_launch_line_carry_over(tmp_path):
+    rows = tmp_path / "deepmath.jsonl"
+    rows.write_text(json.dumps({"prompt": "1+1=?", "solution": "2"}) + "\n")
+    tree, notes = convert({"dataset_name": str(rows), "reward_funcs": ["accuracy_reward", "think_format_reward",
+                                                                        "my_rewards.length"]})
+    assert tree["task"] == {"name": "math_file", "math_file": {"path": str(rows), "prompt_key": "prompt",
+                                                               "answer_key": "solution"}}
+    assert tree["reward"] == {"fn": "task, trl.rewards:think_format_reward, my_rewards:length"} and not notes
+    hub, notes = convert({"dataset_name": "trl-lib/DeepMath-103K", "reward_funcs": "accuracy_reward"})
+    assert "task" not in hub and "reward" not in hub
+    assert notes[0].startswith("dataset_name='trl-lib/DeepMath-103K': a recipe's task reads a local file")
+    assert notes[1].startswith("reward_funcs: accuracy_reward reads the dataset's solution column")

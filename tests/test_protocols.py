@@ -144,6 +144,22 @@ def test_rollouts_keep_their_trace_through_select_and_concat():
     assert concat_rollouts([a, rows(1, 2, None)], pad_id=0).trace is None
 
 
+def test_rollouts_keep_their_per_token_versions_through_concat_and_select():
+    def rows(versions):
+        n, width = versions.shape
+        return Rollouts(torch.ones(n, 2, dtype=torch.long), torch.ones(n, 2, dtype=torch.long),
+                        torch.ones(n, width, dtype=torch.long), (versions >= 0).float(), torch.zeros(n, width),
+                        torch.zeros(n, dtype=torch.bool), versions=versions)
+
+    a, b = rows(torch.tensor([[4, 4, 5], [4, 5, -1]])), rows(torch.tensor([[5, 5]]))
+    both = concat_rollouts([a, b], pad_id=0)
+    assert both.versions.tolist() == [[4, 4, 5], [4, 5, -1], [5, 5, -1]]  # padding is version -1
+    assert both.select(torch.tensor([2, 1])).versions.tolist() == [[5, 5, -1], [4, 5, -1]]
+    plain = Rollouts(*[torch.ones(1, 2, dtype=torch.long)] * 3, torch.ones(1, 2), torch.zeros(1, 2),
+                     torch.zeros(1, dtype=torch.bool))
+    assert concat_rollouts([a, plain], pad_id=0).versions is None
+
+
 def test_remax_baseline_comes_from_the_rollout_stage():
     from rlvr.trainer.collect import collect
 

@@ -47,3 +47,48 @@ def test_rlvr_train_by_name(tmp_path, monkeypatch, capsys):
     assert (run / "config.yaml").is_file() and "aggregation: token_mean" in (run / "config.yaml").read_text()
     assert main(["train", "no_such_recipe"]) == 2
     assert "packaged recipe's name, e.g. grpo_countdown (`rlvr recipes` lists them)" in capsys.readouterr().err
+
+
+def _files(config) -> list[str]:
+    """Every file or folder a config names: data and model paths (packaged `rlvr:` checkpoints too)."""
+    import dataclasses
+
+    from rlvr.config.paths import RECIPE_RELATIVE
+    from rlvr.models.causal_lm import ASSETS, BUILTIN_PREFIX, REQUIRED
+
+    out, stack = [], [config]
+    while stack:
+        node = stack.pop()
+        for f in dataclasses.fields(node):
+            value = getattr(node, f.name)
+            if dataclasses.is_dataclass(value):
+                stack.append(value)
+            elif f.name in RECIPE_RELATIVE and isinstance(value, str) and value and value != REQUIRED:
+                out.append(str(ASSETS / value[len(BUILTIN_PREFIX):]) if value.startswith(BUILTIN_PREFIX) else value)
+    return out
+
+
+def test_every_packaged_recipe_finds_its_files_from_an_empty_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no data/, no recipes/, no tests/ here
+    checked = 0
+    for name, path in packaged_recipes().items():
+        files = _files(load_config(name))
+        missing = [f for f in files if not Path(f).exists()]
+        assert not missing, f"{name}: {missing} not found from an empty folder"
+        assert "python tests/" not in path.read_text(), f"{name} runs a script of the repository's tests/"
+        checked += len(files)
+    assert checked >= 60  # the packaged checkpoints of most recipes, the fixtures of the file tasks
+    fixture = load_config("gsm8k_fixture").task.math_file.path
+    assert Path(fixture).parent == packaged_recipe("gsm8k_fixture").parent / "data"
+
+
+def test_a_file_task_recipe_trains_by_name_from_an_empty_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "gsm8k_fixture", *SHORT]) == 0
+    assert (tmp_path / "runs" / "gsm8k_fixture_s0" / "checkpoints" / "step_000001").is_dir()
+    (tmp_path / "data").mkdir()  # a recipe of the user's own reads its data beside itself, not the cwd's
+    own = tmp_path / "mine"
+    (own / "data").mkdir(parents=True)
+    (own / "data" / "rows.jsonl").write_text((ROOT / "data" / "gsm8k_fixture.jsonl").read_text())
+    (own / "r.yaml").write_text("task:\n  name: math_file\n  math_file:\n    path: data/rows.jsonl\n")
+    assert load_config(own / "r.yaml").task.math_file.path == str(own / "data" / "rows.jsonl")

@@ -14,8 +14,9 @@ settings and loop. Every bad argument raises `ConfigError` with one line naming 
 - **model**: None (the config's `model.path`), a local Hugging Face directory (or ``rlvr:NAME``,
   a packaged checkpoint; ``""`` a fresh tiny model), or a model object (a `transformers`
   model: checkpoints use its ``save_pretrained``) with its `tokenizer`.
-- **train_dataset**: None (the config's task), a `Task` (``rlvr.protocols.Task``), or rows: a list
-  of dicts or a ``datasets.Dataset``, the prompt in column `prompt_key`
+- **train_dataset**: None (the config's task), a `Task` (``rlvr.protocols.Task``), rows: a list
+  of dicts or a ``datasets.Dataset``, or a name (a JSONL/JSON/Parquet file, a ``datasets`` folder or a
+  Hub dataset id through the cache: ``rlvr.tasks.named``), the prompt in column `prompt_key`
   (``rlvr.tasks.dataset.DatasetTask``). Every other column reaches the reward functions as a
   keyword argument. Held out: `eval_dataset` rows, else ``task.heldout_size`` rows (at most a fifth
   of the rows) chosen by a stable hash of the prompt, as the file tasks do. A ``DatasetDict`` trains
@@ -30,9 +31,12 @@ settings and loop. Every bad argument raises `ConfigError` with one line naming 
   ``correct_fn(prompt, completion, **columns) -> bool`` when given, else the weighted reward
   reaching `correct_threshold` (default: the sum of the positive weights, i.e. every function at
   1.0). A `Task` decides correctness itself.
-- **callbacks**: objects with any of ``on_step_end(step, metrics)``, ``on_evaluate(step, metrics)``,
-  ``on_checkpoint(step, path)``, or plain callables (called as ``on_step_end``); a hook returning
-  False stops the run after that step, with a final checkpoint.
+- **callbacks**: objects with any of ``on_step_begin(step)``, ``on_step_end(step, metrics)``,
+  ``on_evaluate(step, metrics)``, ``on_checkpoint(step, path)``, plain callables (called as
+  ``on_step_end``), or `transformers.TrainerCallback`s called as TRL calls them (`rlvr.callbacks`); a
+  hook returning False stops the run after that step, with a final checkpoint.
+- TRL's **args** (a `GRPOConfig` or its dict), **peft_config** (a `peft.LoraConfig`) and
+  **processing_class** (the tokenizer) are taken as TRL's `GRPOTrainer` takes them (`rlvr.trl_objects`).
 - **run_dir**: default ``<trainer.out_dir>/<name>_s<seed>`` with the recipe's name (or
   ``grpo_countdown`` for the built-in task, ``grpo_dataset`` for rows), never an existing run
   (``-2``, ``-3`` ... are appended); ``resume=True`` (or ``resume=RUN_DIR``) continues `run_dir`
@@ -60,12 +64,13 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rlvr.api_rewards import probe_rows, reward_arguments
+from rlvr.callbacks import callback_list
 from rlvr.errors import ConfigError
 from rlvr.tracking.resumable import check_code_outside, check_resumable, config_changes
 
 __all__ = ["Trainer", "train"]
 
-HOOKS = ("on_step_end", "on_evaluate", "on_checkpoint")
 HELDOUT_SHARE = 5  # rows without an eval_dataset hold out at most 1/HELDOUT_SHARE of themselves
 
 
@@ -78,7 +83,19 @@ class Trainer:
                  system_prompt: str = "", correct_fn: Callable | None = None,
                  correct_threshold: float | None = None, callbacks: Any = (), run_dir: str | Path | None = None,
                  resume: bool | str | Path = False, allow_config_change: bool = False, trust_pickle: bool = False,
-                 command: list[str] | None = None, echo: Callable = print):
+                 command: list[str] | None = None, echo: Callable = print, args: Any = None, peft_config: Any = None,
+                 processing_class: Any = None, **unknown: Any):
+        from rlvr.trl_objects import (
+            bind_callbacks,
+            epoch_steps,
+            merged,
+            peft_overrides,
+            processing_tokenizer,
+            refuse_unknown,
+            trl_overrides,
+        )
+
+        refuse_unknown(unknown, train_dataset)
         self.echo, self.command = echo, list(sys.argv if command is None else command)
         self._allow_change = allow_config_change  # what a Ray learner rank rebuilds this trainer with
         self._passed = [name for name, value in (("model", model), ("reward_funcs", reward_funcs), ("train_dataset",
@@ -100,8 +117,11 @@ class Trainer:
             read_config(Path(run_dir))  # an emptied or edited config.yaml is refused, not read as the defaults
             config = Path(run_dir) / "config.yaml" if config is None else config
         overrides = _override_list(overrides)
+        trl, notes, epochs = trl_overrides(args)
+        trl += peft_overrides(peft_config)
+        tokenizer = processing_tokenizer(processing_class, tokenizer, model)
         self._model, self._tokenizer = _model_argument(model, tokenizer, overrides)
-        self.config, recipe = _load(config, overrides)
+        self.config, recipe = _load(config, merged(trl, overrides))  # the caller's overrides win over TRL's args
         if self.resume and reward_funcs is None:  # before any reward file is imported
             check_code_outside(Path(run_dir), self.config.reward.fn)
         if not isinstance(prompt_key, str) or not prompt_key:
@@ -110,9 +130,18 @@ class Trainer:
         if self.rows is not None and self.heldout_rows is None and len(self.rows) < HELDOUT_SHARE:
             raise ConfigError(f"train_dataset: {len(self.rows)} rows hold out none (at most a fifth); pass "
                               f"eval_dataset=... or at least {HELDOUT_SHARE} rows")
+        if epochs is not None and self.rows is not None:  # TRL's epochs over the rows: trainer.steps
+            trl.append(epoch_steps(epochs, len(self.rows), self.config.rollout.prompts_per_step))
+            self.config = _load(config, merged(trl, overrides))[0]
+        elif epochs is not None:
+            notes.append(f"num_train_epochs={epochs:g}: a task has no epochs; set max_steps")
+        for note in notes:
+            echo(f"note: args: {note}")
         self._prompt_options(prompt_key, system_prompt, correct_fn, correct_threshold)
-        self.reward_funcs, self.reward_weights = self._reward_arguments(reward_funcs, reward_weights)
-        self.callbacks = _callbacks(callbacks)
+        self.reward_funcs, self.reward_weights = reward_arguments(self.config, self.rows, reward_funcs, reward_weights)
+        self.reward_lines = probe_rows(self.reward_funcs, self.reward_weights, self.rows, prompt_key,
+                                       self.config.trainer.steps)
+        self.callbacks = callback_list(callbacks)
         if self.resume:
             check_resumable(Path(run_dir), rows=self.rows is not None, task=self.task is not None)
             self.config_changes = config_changes(Path(run_dir), self.config, allowed=allow_config_change)
@@ -124,6 +153,8 @@ class Trainer:
         self._default_dir = default_run_dir(self.config, self._stem(recipe)) if run_dir is None else None
         self.run_dir = unused(self._default_dir) if run_dir is None else Path(run_dir)
         self._check_run_dir()
+        bind_callbacks(self.callbacks, args, self.config, self.run_dir, rows=self.rows, model=self._model,
+                       tokenizer=self._tokenizer)
 
     def _check_run_dir(self) -> None:
         if not self.resume and (self.run_dir / "config.yaml").exists():
@@ -146,63 +177,6 @@ class Trainer:
                 raise ConfigError(f"{given[0]}: applies to rows passed as train_dataset; a task builds its own "
                                   f"prompts and decides correctness itself")
 
-    def _reward_arguments(self, reward_funcs, reward_weights) -> tuple[list[Callable], list[float]]:
-        """The reward functions and weights: the arguments, else the config's `reward.fn`."""
-        from rlvr.rewards.forms import TASK_VERIFIER
-        from rlvr.rewards.runner import load_reward_fn, load_reward_spec, reward_form, spec_entries
-
-        if reward_funcs is None:
-            names_task = self.config.reward.fn and any(target == "task" for _, target in
-                                                       spec_entries(self.config.reward.fn))
-            if names_task and self.rows is None:  # the builder weighs the task's verifier in (it builds the task)
-                return [], []
-            if self.config.reward.fn:
-                fns, weights = (list(x) for x in zip(*load_reward_spec(self.config.reward.fn,
-                                                                        **self._model_options())))
-                if self.rows is not None and TASK_VERIFIER in fns:
-                    raise ConfigError(f"reward.fn={self.config.reward.fn!r}: 'task' names a task's own verifier, "
-                                      f"and rows passed as train_dataset have none; name reward functions only")
-            elif self.rows is not None:
-                raise ConfigError("reward_funcs: rows need reward functions; pass a callable, 'file.py:name' or a "
-                                  "list of them (or set reward.fn)")
-            elif reward_weights is not None:
-                raise ConfigError("reward_weights: given without reward_funcs; the task's own verifier has no weights")
-            else:
-                return [], []
-        else:
-            items = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-            if not items:
-                raise ConfigError("reward_funcs: empty list; pass at least one function")
-            fns = []
-            for i, item in enumerate(items):
-                where = "reward_funcs" if len(items) == 1 else f"reward_funcs[{i}]"
-                if isinstance(item, (str, Path)):
-                    try:
-                        item = load_reward_fn(str(item), **self._model_options())
-                    except ConfigError as err:
-                        raise ConfigError(str(err).replace("reward.fn=", f"{where}=", 1)) from None
-                elif _is_sequence_classifier(item):  # an in-memory reward model, as TRL takes one
-                    from rlvr.rewards.reward_model import make_reward_model
-
-                    item = make_reward_model(item, **self._model_options()["model_options"])
-                elif not callable(item):
-                    raise ConfigError(f"{where}: expected a callable or 'file.py:name', got {type(item).__name__}")
-                reward_form(item, where)
-                fns.append(item)
-            weights = [1.0] * len(fns)
-        if reward_weights is not None:
-            weights = _numbers(reward_weights, "reward_weights")
-            if len(weights) != len(fns):
-                raise ConfigError(f"reward_weights: {len(weights)} weights for {len(fns)} reward functions; "
-                                  f"give one per function")
-        return fns, weights
-
-    def _model_options(self) -> dict:
-        """The keywords of `load_reward_fn` for learned rewards: reward models' and judges' options."""
-        from rlvr.builder.build import judge_options, reward_model_options
-
-        return {"model_options": reward_model_options(self.config), "judge_options": judge_options(self.config)}
-
     def _stem(self, recipe: str | None) -> str:
         if recipe:
             return Path(recipe).stem
@@ -215,7 +189,11 @@ class Trainer:
     def train(self) -> dict:
         """Apply the process settings, run (or resume) the loop, return the final metrics line;
         with `trainer.ray_learners` on Ray actors, each one rank (`train_here`)."""
-        return self._train_on_ray() if self.config.trainer.ray_learners else self.train_here()
+        try:
+            return self._train_on_ray() if self.config.trainer.ray_learners else self.train_here()
+        finally:
+            for cb in self.callbacks:  # TrainerCallbacks' on_train_end, as TRL calls it
+                getattr(cb, "finish", lambda: None)()
 
     def _train_on_ray(self) -> dict:
         """Each Ray learner rank rebuilds this trainer from its config and trains as one rank
@@ -252,11 +230,25 @@ class Trainer:
             with _quiet_transformers():
                 objects, provenance = self._objects()
                 self.echo(f"run directory: {run.path}")
+                for line in self._start_lines():
+                    self.echo(line)
                 final = train(self.config, run, command=self.command, resume=self.resume, echo=self.echo,
                               runtime=runtime, callbacks=self.callbacks, provenance=provenance,
                               config_changes=self.config_changes, trust_pickle=self.trust_pickle, **objects)
         self.echo(done_line(final, run.path))
         return final
+
+    def _start_lines(self) -> list[str]:
+        """What accuracy counts, and what each reward function returned on a row (its probe)."""
+        from rlvr.api_rewards import watch_accuracy
+        from rlvr.rewards.probe import accuracy_meaning
+        from rlvr.rewards.runner import RewardSum
+
+        names = RewardSum(self.reward_funcs, self.reward_weights).names if self.rows is not None else []
+        self.callbacks = watch_accuracy(self.callbacks, self.rows is not None and self.correct_fn is None,
+                                        self.correct_threshold, self.config.trainer.steps, self.echo)
+        return [accuracy_meaning(names, self.reward_weights, self.correct_threshold, self.correct_fn,
+                                 self.task if self.rows is None else None), *self.reward_lines]
 
     def _finished(self, run) -> dict | None:
         """A resumed run with no steps left: its final line (said in one line), else None."""
@@ -435,7 +427,12 @@ def _is_task(value: Any) -> bool:
 def _dataset_arguments(train_dataset: Any, eval_dataset: Any, prompt_key: str):
     """(task, rows, held-out rows): a Task object, or rows (with optional held-out rows)."""
     from rlvr.tasks.dataset import dataset_rows, dataset_splits
+    from rlvr.tasks.named import named_dataset
 
+    if isinstance(train_dataset, (str, Path)):  # a file, a datasets folder or a Hub id, as TRL's dataset_name
+        train_dataset = named_dataset(train_dataset)
+    if isinstance(eval_dataset, (str, Path)):
+        eval_dataset = named_dataset(eval_dataset, "eval_dataset")
     train_dataset, eval_dataset, _ = dataset_splits(train_dataset, eval_dataset)
     if all(callable(getattr(train_dataset, name, None)) for name in ("reset", "step")) and not _is_task(train_dataset):
         raise ConfigError(f"train_dataset: {getattr(train_dataset, '__name__', type(train_dataset).__name__)} is an "
@@ -448,49 +445,6 @@ def _dataset_arguments(train_dataset: Any, eval_dataset: Any, prompt_key: str):
         return train_dataset, None, None
     heldout = dataset_rows(eval_dataset, "eval_dataset", prompt_key) if eval_dataset is not None else None
     return None, dataset_rows(train_dataset, "train_dataset", prompt_key), heldout
-
-
-def _numbers(values: Any, argument: str) -> list[float]:
-    try:
-        out = [float(v) for v in values]
-    except (TypeError, ValueError):
-        raise ConfigError(f"{argument}: expected a list of numbers, got {values!r}") from None
-    return out
-
-
-class _StepHook:
-    """A plain callable used as a callback: called as ``fn(step, metrics)`` after each step."""
-
-    def __init__(self, fn: Callable):
-        self.fn = fn
-
-    def on_step_end(self, step: int, metrics: dict):
-        return self.fn(step, metrics)
-
-
-def _callbacks(callbacks: Any) -> list:
-    if callbacks is None:
-        return []
-    items = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
-    out = []
-    for i, cb in enumerate(items):
-        flat = [hook for hook in HOOKS if hasattr(cb, hook) and not callable(getattr(cb, hook))]
-        if flat:  # would fail at its first call, in the middle of the run
-            raise ConfigError(f"callbacks[{i}]: {type(cb).__name__}.{flat[0]} is not callable "
-                              f"({type(getattr(cb, flat[0])).__name__}); make it a method")
-        if any(hasattr(cb, hook) for hook in HOOKS):
-            out.append(cb)
-        elif callable(cb):
-            out.append(_StepHook(cb))
-        else:
-            raise ConfigError(f"callbacks[{i}]: {type(cb).__name__} has none of {', '.join(HOOKS)} and is not "
-                              f"callable; define one of those methods")
-    return out
-
-
-def _is_sequence_classifier(item: Any) -> bool:
-    """A `transformers` model with a classification head (`...ForSequenceClassification`)."""
-    return type(item).__name__.endswith("ForSequenceClassification") and hasattr(item, "config")
 
 
 def done_line(final: dict, path) -> str:

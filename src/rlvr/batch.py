@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from rlvr.multimodal import VisionRows
+
 
 @dataclass
 class Rollouts:
@@ -24,6 +26,10 @@ class Rollouts:
     truncated: torch.Tensor        # (B,) bool, True when max_new_tokens ended the sample
     trace: torch.Tensor | None = None  # (B, Tc) long: diffusion samplers' step at which each token was committed
     forwards: int = 0              # model forwards the engine took for this batch (a cost measure)
+    # (B, Tc) long: the policy version that sampled each token, where weights can change during a call
+    # (a server engine's partial rollouts); None: all from the engine's `policy_version`
+    versions: torch.Tensor | None = None
+    vision: VisionRows | None = None  # B rows of the prompts' image tensors (vision-language models)
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -35,8 +41,11 @@ class Rollouts:
     def select(self, rows: torch.Tensor | slice) -> Rollouts:
         """The rows `rows` (an index tensor or a slice), in that order."""
         trace = None if self.trace is None else self.trace[rows]
+        versions = None if self.versions is None else self.versions[rows]
+        vision = None if self.vision is None else self.vision[rows]
         return Rollouts(self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows],
-                        self.completion_mask[rows], self.logprobs[rows], self.truncated[rows], trace, self.forwards)
+                        self.completion_mask[rows], self.logprobs[rows], self.truncated[rows], trace, self.forwards,
+                        versions=versions, vision=vision)
 
 
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,6 +71,7 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
     tp = max(p.prompt_ids.shape[1] for p in parts)
     tc = max(p.completion_ids.shape[1] for p in parts)
     traced = all(p.trace is not None for p in parts)
+    versioned = all(p.versions is not None for p in parts)
     return Rollouts(
         prompt_ids=torch.cat([_pad_to(p.prompt_ids, tp, pad_id, left=True) for p in parts]),
         prompt_mask=torch.cat([_pad_to(p.prompt_mask, tp, 0, left=True) for p in parts]),
@@ -71,6 +81,8 @@ def concat_rollouts(parts: list[Rollouts], pad_id: int) -> Rollouts:
         truncated=torch.cat([p.truncated for p in parts]),
         trace=torch.cat([_pad_to(p.trace, tc, 0, left=False) for p in parts]) if traced else None,
         forwards=sum(p.forwards for p in parts),
+        versions=torch.cat([_pad_to(p.versions, tc, -1, left=False) for p in parts]) if versioned else None,
+        vision=VisionRows.cat([p.vision for p in parts]) if parts[0].vision is not None else None,
     )
 
 
@@ -96,6 +108,7 @@ class TrainBatch:
     ref_logsumexp: torch.Tensor | None = None  # (B, Tc) the reference's logsumexp of its logits (ShiQ)
     token_rewards: torch.Tensor | None = None  # (B, Tc) each row's reward on its last token, NaN = unscorable (ShiQ)
     old_draws: torch.Tensor | None = None  # (B, n) the old policy's per-draw likelihood estimates (BGPO)
+    vision: VisionRows | None = None       # B rows of the prompts' image tensors (vision-language models)
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -128,7 +141,9 @@ def concat_train_batches(parts: list[TrainBatch], pad_id: int) -> TrainBatch:
             continue
         if any(g is None for g in got):
             raise ValueError(f"concat_train_batches: field {f.name!r} is set in some parts only")
-        if got[0].dim() == 1 or f.name == "old_draws":  # per row, or per row and draw: no token axis
+        if f.name == "vision":
+            values[f.name] = VisionRows.cat(got)
+        elif got[0].dim() == 1 or f.name == "old_draws":  # per row, or per row and draw: no token axis
             values[f.name] = torch.cat(got)
         elif f.name in _PROMPT_FIELDS:
             pad = pad_id if f.name == "prompt_ids" else 0

@@ -28,9 +28,20 @@ def cmd_train(args) -> int:
         raise ConfigError("--allow-config-change: only applies with --resume RUN_DIR")
     if args.trust_pickle and not args.resume:
         raise ConfigError("--trust-pickle: only applies with --resume RUN_DIR")
+    if args.resume and (kind := _preference_kind(args.resume)):
+        raise ConfigError(f"--resume: '{args.resume}' is a `rlvr {kind}` run, which `rlvr train --resume` cannot "
+                          f"continue; start a new `rlvr {kind}` run")
     Trainer(config=recipe, overrides=overrides, resume=args.resume or False,
             allow_config_change=args.allow_config_change, trust_pickle=args.trust_pickle, command=sys.argv).train()
     return 0
+
+
+def _preference_kind(run: str | Path) -> str | None:
+    """`rm` or `dpo` when `run` is a run of those commands (its run.json says so), else None."""
+    from rlvr.tracking.run_files import read_manifest
+
+    kind = read_manifest(Path(run), tolerant=True).get("trainer")
+    return kind if kind in ("rm", "dpo") else None
 
 
 def cmd_sft(args) -> int:
@@ -74,6 +85,9 @@ def cmd_eval(args) -> int:
         raise ConfigError(f"eval: '{run}' trained on a {passed.replace('_', ' ')} passed from Python, "
                           f"which `rlvr eval` cannot rebuild; its held-out accuracy is eval/heldout_accuracy "
                           f"in metrics.jsonl")
+    if _preference_kind(run) == "rm":
+        raise ConfigError(f"eval: '{run}' is a reward model (`rlvr rm`): it scores completions, it writes none; "
+                          f"export it (rlvr export RUN DIR) and name DIR in reward.fn to train with it")
     checkpoint = latest_checkpoint(run / "checkpoints")
     if checkpoint is None:
         raise ConfigError(f"eval: '{run}' has no checkpoint yet; train longer or lower trainer.save_every")
@@ -105,6 +119,13 @@ def cmd_config(args) -> int:
         if args.args or args.explain:
             raise ConfigError("--from-trl: takes the TRL file alone; apply overrides to the recipe it prints")
         print(recipe_from_trl(args.from_trl), end="")
+        return 0
+    if args.from_verl:
+        from rlvr.config.from_verl import recipe_from_verl
+
+        if args.args or args.explain:
+            raise ConfigError("--from-verl: takes the verl file alone; apply overrides to the recipe it prints")
+        print(recipe_from_verl(args.from_verl), end="")
         return 0
     recipe, overrides = _split(args.args)
     if args.explain:
@@ -169,6 +190,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("args", nargs="*", help="[RECIPE.yaml] [key.sub=value ...]")
     c.add_argument("--from-trl", metavar="FILE",
                    help="print an rlvr recipe for TRL's GRPOConfig arguments (JSON/YAML, or '--flag value' text)")
+    c.add_argument("--from-verl", metavar="FILE",
+                   help="print an rlvr recipe for a verl config (its YAML, or a run script's key=value overrides)")
     c.add_argument("--explain", action="store_true",
                    help="instead: each chosen entry's keywords, the field that feeds each, its value and source")
     c.set_defaults(fn=cmd_config)
@@ -186,10 +209,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args, extra = p.parse_known_args(argv)
     unknown = [item for item in extra if item.startswith("-") or not hasattr(args, "args")]
     if unknown:
-        p.error(f"unrecognized arguments: {' '.join(unknown)}")
+        hint = _flag_hint(sys.argv[1:] if argv is None else argv) if hasattr(args, "args") else ""
+        p.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if extra:
         args.args = [*args.args, *extra]
     return args
+
+
+def _flag_hint(argv: list[str]) -> str:
+    """For `--num_generations 4` (a TRL launch flag, or an rlvr key written as a flag): the
+    override that means it, `num_generations=4`."""
+    from rlvr.config import all_keys
+    from rlvr.config.trl_names import TRL_NAMES
+
+    for i, item in enumerate(argv):
+        name, eq, value = item[2:].partition("=") if item.startswith("--") else ("", "", "")
+        name = name.replace("-", "_") if name.replace("-", "_") in TRL_NAMES else name
+        if name in TRL_NAMES or name in all_keys():
+            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                value = argv[i + 1]
+            return f"; overrides are KEY=VALUE without dashes: write {name}={value or 'VALUE'}"
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:

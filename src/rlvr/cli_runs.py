@@ -107,15 +107,36 @@ def cmd_report(args) -> int:
     from rlvr.tracking.report_runs import write_runs_report
 
     runs = list(dict.fromkeys(args.run))
+    own = [Path(runs[0]) / "report.html"] if len(runs) == 1 else []
     if args.out:
-        own = [Path(runs[0]) / "report.html"] if len(runs) == 1 else []
         check_output_path(args.out, "--out", reads=runs, allowed=own)
+    out = Path(args.out) if args.out else own[0] if own else Path(runs[0]).parent / "report.html"
+    if not args.force and out not in own:
+        _keep_users_file(out, "--out" if args.out else "report")
     if len(runs) == 1:
         path = write_report(runs[0], args.out, max_sample_steps=args.sample_steps)
     else:  # the default path, beside the first run, is in no run directory
         path = write_runs_report(runs, args.out)
     print(f"wrote {path}")
     return 0
+
+
+def _keep_users_file(out: Path, option: str) -> None:
+    """Refuse to write over a file at `out` that is not a page rlvr wrote (it carries `GENERATOR`)."""
+    from rlvr.tracking.report import GENERATOR
+
+    if kind_of(out) is not None:  # a link, folder, pipe or device: the writer refuses it with its own line
+        return
+    try:
+        with out.open("rb") as f:
+            head = f.read(4096)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # nothing there to lose
+    except OSError as e:
+        raise ConfigError(f"{option}: cannot read '{out}' ({e.strerror}); choose another path with --out") from None
+    if GENERATOR.encode() not in head:
+        raise ConfigError(f"{option}: '{out}' exists and is not a report rlvr wrote; pass --out NEW.html, or "
+                          f"--force to replace it")
 
 
 def cmd_export(args) -> int:
@@ -167,6 +188,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     report.add_argument("run", nargs="+", help="run directory (several: one page comparing them)")
     report.add_argument("--out", help="HTML path (default: RUN/report.html; several runs: report.html beside the "
                                       "first)")
+    report.add_argument("--force", action="store_true",
+                        help="replace a file at the output path that rlvr did not write")
     report.add_argument("--sample-steps", type=_positive, default=40, help="most steps whose rollouts are shown")
     report.set_defaults(fn=cmd_report)
 

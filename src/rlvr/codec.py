@@ -15,6 +15,15 @@ def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.T
     return left_pad([ids[p] for p in prompts], tokenizer.pad_token_id)
 
 
+def encode_examples(tokenizer, examples) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Examples -> left-padded (ids, mask) and the engine's keywords for them: {} for text; a
+    vision-language model's `VisionPrompts` adds {"vision": VisionRows} of the examples' images."""
+    encode = getattr(tokenizer, "encode_examples", None)
+    if encode is not None:
+        return encode(examples)
+    return (*encode_prompts(tokenizer, [ex.prompt for ex in examples]), {})
+
+
 def prompt_lengths(tokenizer, prompts: list[str]) -> list[int]:
     """Each prompt's length in tokens as `encode_prompts` gives it to the model (BOS included)."""
     return [len(_with_bos(tokenizer, ids)) for ids in tokenizer(prompts, add_special_tokens=False).input_ids]

@@ -34,6 +34,10 @@ MADE_MARKER = ".rlvr-made"  # written into every folder `--force` / `--overwrite
 WRITE_ERRNOS = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded",
                 errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
                 errno.EPERM: "operation not permitted", errno.ELOOP: "a symbolic link is in the way"}
+PATH_ERRNOS = {errno.ENAMETOOLONG: "a name in it is longer than the file system allows", errno.ENOTDIR:
+               "a part of it is a file, not a folder", errno.EISDIR: "it is a directory",
+               errno.EEXIST: "a file is already there"}
+"""Paths the OS refuses whatever the disk: the output path is wrong, not the disk."""
 _KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"))
 
@@ -209,13 +213,17 @@ def unpickling_message(err: BaseException, where: str) -> str:
 
 
 def write_error(err: BaseException) -> bool:
-    """Whether `err` is a write refused by the disk: full, over quota, read-only, not permitted."""
-    return isinstance(err, OSError) and err.errno in WRITE_ERRNOS
+    """Whether `err` is a write refused by the disk (full, over quota, read-only, not permitted) or a path
+    the OS refuses (a name too long, a file where a folder must be)."""
+    return isinstance(err, OSError) and (err.errno in WRITE_ERRNOS or err.errno in PATH_ERRNOS)
 
 
 def write_error_message(err: OSError, fallback: str | Path = ".") -> str:
     """One line for a file operation the disk refused: the path, why, the free space there and the fix."""
     path = err.filename or fallback
+    if err.errno in PATH_ERRNOS:
+        shown = str(path) if len(str(path)) <= 120 else f"{str(path)[:60]}...{str(path)[-40:]}"
+        return f"cannot use the path '{shown}': {PATH_ERRNOS[err.errno]}; choose another path"
     why = WRITE_ERRNOS.get(err.errno, err.strerror or type(err).__name__)
     if err.errno == errno.ELOOP:
         return f"cannot write '{path}': it is a symbolic link, which rlvr never writes through; remove it"

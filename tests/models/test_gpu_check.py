@@ -1,5 +1,5 @@
 """bench/gpu_check.sh without a GPU: the script parses, and its dry run (`--device cpu --tiny`)
-goes through every part (agreement, GRPO full and LoRA, TRL when installed) on the CPU."""
+goes through every part (agreement, GRPO full and LoRA, TRL when installed, the VLM) on the CPU."""
 
 from __future__ import annotations
 
@@ -34,7 +34,10 @@ def test_the_dry_run_goes_through_every_part_on_the_cpu(tmp_path):
         by_check.setdefault(r["check"], []).append(r)
     assert not [r for r in records if r.get("failed")], done.stdout[-3000:]
     assert by_check["versions"][0]["torch"] and by_check["logprob_agreement"][0]["ok"]
-    assert {r["mode"] for r in by_check["grpo"]} == {"full", "lora"}
+    assert {r["mode"] for r in by_check["packed_agreement"]} == {"packed", "shared"}
+    assert all(r["ok"] for r in by_check["packed_agreement"])
+    assert {"full", "lora"} <= {r["mode"] for r in by_check["grpo"]}  # and the fsdp modes
     assert all(r["s_per_step"] > 0 and r["completion_tokens_per_s"] > 0 for r in by_check["grpo"])
     assert len(by_check["build"]) == 1  # built once, reused by the later parts
     assert "trl" in by_check  # a result, or the reason it was skipped
+    assert by_check["vlm"][0]["max_rollout_logprob_gap"] < 1e-3 and by_check["vlm_export"][0]["verified"]

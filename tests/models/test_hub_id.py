@@ -52,6 +52,9 @@ def test_a_hub_id_resolves_through_the_cache_offline(tmp_path):
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert ("'acme/nothing-here' is no local directory and not in the Hugging Face cache with HF_HUB_OFFLINE set"
             in missing.stderr)
+    # the download hint names the command the installed huggingface-hub ships (`hf`; it dropped `huggingface-cli`)
+    assert "(hf download acme/nothing-here)" in missing.stderr
+    assert (Path(sys.executable).parent / "hf").is_file()
 
 
 def test_rlvr_train_on_a_hub_id(tmp_path):

@@ -1,5 +1,5 @@
-"""Expected values stay out of the candidate's sandbox, and values it sends back are bounded before
-any check runs on them in the trainer's process."""
+"""Expected values stay out of the candidate's sandbox (single asserts, and scripts of statements
+around asserts), and values it sends back are bounded before any check runs on them."""
 
 from __future__ import annotations
 
@@ -82,13 +82,25 @@ def grader():
     sandbox.close()
 
 
+SCRIPTS = [  # statements around asserts: the statements run inside, the expected values stay out
+    f"x = f(2)\nassert x == [1, {CANARY}]",
+    f"want = [1, {CANARY}]\ny = f(2)\nassert y == want, 'message'",
+    f"want = sorted([{CANARY}, 1])\nassert len(f(2)) == 2\nassert f(2) == want",
+]
+
+
 def test_a_program_hunting_for_the_expected_value_finds_nothing(grader):
     reference = f"assert f(2) == [v for v in (1, {CANARY})]"  # the expected side: a reference probe
-    statement = f"x = f(2); assert x == [1, {CANARY}]"  # a statement runs inside: the control
+    statement = f"for _ in range(1): assert f(2) == [1, {CANARY}]"  # cannot be split, runs inside: the control
     assert split_test(reference).reference == (False, True)
-    hunted, control = grader.grade_many([(HUNTER, [reference]), (HUNTER, [statement])])
+    assert [split_test(t).forgeable for t in [statement, *SCRIPTS]] == [True, False, False, False]
+    hunted, control, *scripts = grader.grade_many([(HUNTER, [reference]), (HUNTER, [statement]),
+                                                   *((HUNTER, [t]) for t in SCRIPTS)])
     assert hunted.tests == [Verdict.FAIL]  # nothing to find: the expected value never entered
     assert control.tests == [Verdict.PASS]  # the same hunt finds a value that does enter
+    assert [g.tests for g in scripts] == [[Verdict.FAIL]] * len(SCRIPTS)
+    honest = grader.grade(f"def f(x):\n    return [1, {CANARY}]\n", SCRIPTS)
+    assert honest.tests == [Verdict.PASS] * len(SCRIPTS)
     honest = grader.grade(f"def f(x):\n    return [1, {CANARY}]\n", [reference, "assert f(0) != [v for v in (0,)]"])
     assert honest.tests == [Verdict.PASS, Verdict.PASS] and honest.reward() == 1.0
     wrong = grader.grade("def f(x):\n    return [1, 2]\n", [reference])
@@ -110,3 +122,12 @@ def test_values_that_collide_in_a_hash_table_are_refused_quickly():
         evaluate_check(check, {"_v0": [M61 * i for i in range(1, 37_000)]})
     assert time.monotonic() - start < 5.0  # unbounded, the set alone takes about 30 s
     assert deserialize(_serialize({M61 * i for i in range(1, 60)})) == {M61 * i for i in range(1, 60)}
+
+
+def test_a_script_runs_its_statements_in_order_and_its_checks_outside(grader):
+    tests = ["s = Stack(); s.push(1); s.push(2)\nassert s.pop() == 2\nassert s.pop() == 1"]
+    stack = "class Stack:\n    def __init__(self):\n        self.items = []\n    def push(self, x):\n" \
+            "        self.items.append(x)\n    def pop(self):\n        return self.items.pop({})\n"
+    lifo, fifo = grader.grade(stack.format(""), tests), grader.grade(stack.format("0"), tests)
+    broken = grader.grade(stack.format("").replace("self.items.append(x)", "raise RuntimeError(x)"), tests)
+    assert (lifo.tests, fifo.tests, broken.tests) == ([Verdict.PASS], [Verdict.FAIL], [Verdict.RUNTIME_ERROR])

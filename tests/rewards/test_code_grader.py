@@ -6,7 +6,7 @@ import json
 import pytest
 
 from rlvr.rewards.asserts import split_test
-from rlvr.rewards.code import _assert_grade
+from rlvr.rewards.code import grade_asserts
 from rlvr.rewards.sandbox import RunResult, Verdict
 
 NONCE = "n" * 32
@@ -41,15 +41,15 @@ FORGED = {
 
 @pytest.mark.parametrize("name", FORGED)
 def test_a_malformed_line_fails_only_its_tests(name):
-    grade = _assert_grade(_run(FORGED[name]), SPECS, NONCE)
+    grade = grade_asserts(_run(FORGED[name]), SPECS, NONCE)
     assert grade.passed == 0 and grade.verdict is Verdict.FAIL, grade
 
 
 def test_well_formed_lines_still_grade():
     honest = _run(_line({"i": 0, "values": [3]}), _line({"i": 1, "ok": True}), *FORGED.values())  # first record wins
-    grade = _assert_grade(honest, SPECS, NONCE)
+    grade = grade_asserts(honest, SPECS, NONCE)
     assert grade.passed == 2 and grade.verdict is Verdict.PASS
-    wrong = _assert_grade(_run(_line({"i": 0, "values": [4]}), _line({"i": 1, "error": "AssertionError: no"})),
+    wrong = grade_asserts(_run(_line({"i": 0, "values": [4]}), _line({"i": 1, "error": "AssertionError: no"})),
                           SPECS, NONCE)
     assert wrong.passed == 0 and wrong.tests == [Verdict.FAIL, Verdict.FAIL]
 

@@ -6,6 +6,7 @@ next step runs as usual."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -185,6 +186,57 @@ def test_a_file_tasks_correctness_is_read_off_its_reward_call(tmp_path):
     assert out.metrics["task/timeouts"] == 1.0
     asked = scored(RewardRunner(task.reward, name="task", timeout_s=DEADLINE, workers=2), task, _group(2), texts[:2])
     assert asked.correct.tolist() == [0.0, 0.0]  # not its own verifier: asked, and an error is "not correct"
+
+
+def sleepy(prompt, completion, **example):
+    """A reward that never returns (on every sample): a step must cost one deadline, not one per sample."""
+    time.sleep(3600)
+
+
+async def sleepy_async(prompt, completion, **example):
+    await asyncio.sleep(3600)
+
+
+async def blocking_async(prompt, completion, **example):
+    if completion == "block":
+        time.sleep(3600)  # blocks its event loop: no wait_for can fire
+    return 1.0
+
+
+@pytest.mark.parametrize("workers, form, deadlines", [(2, "sync", 1), (0, "sync", 2), (0, "async", 1)])
+def test_a_reward_that_never_returns_costs_one_deadline_a_step(workers, form, deadlines):
+    fn = sleepy if form == "sync" else sleepy_async
+    runner = RewardRunner(fn, name="s", timeout_s=2.0, workers=workers)
+    steps = []
+    for _ in range(2):  # a step, and the run goes on to the next
+        start = time.monotonic()
+        out = runner(["q"] * 64, [str(i) for i in range(64)], [{}] * 64)
+        steps.append(time.monotonic() - start)
+        assert out.rewards == [0.0] * 64 and out.metrics["s/timeouts"] == 64.0
+    # one deadline per sample would be 128 s; one per wave of the pool's 18 workers, 8 s. The slack is for the
+    # forks (the zygote's, and 18 workers', up to 0.3 s each on a loaded machine), the best step for the load
+    assert min(steps) < deadlines * 2.0 + 3.0, steps
+
+
+def test_honest_samples_beside_stalled_ones_in_the_trainers_process_keep_their_scores():
+    def mixed(prompt, completion, **example):
+        if completion.startswith("SLOW"):
+            time.sleep(3600)
+        return float(completion == "72")
+
+    texts = ["SLOW", "72", "7", "SLOW", "72", "SLOW"]  # the first stalls: the rest run side by side
+    start = time.monotonic()
+    out = RewardRunner(mixed, name="m", timeout_s=1.0, workers=0)(["q"] * 6, texts, [{}] * 6)
+    assert out.rewards == [0.0, 1.0, 0.0, 0.0, 1.0, 0.0] and out.metrics["m/timeouts"] == 3.0
+    assert time.monotonic() - start < 3.5
+
+
+def test_an_async_reward_that_blocks_its_loop_ends_the_step_at_the_deadline():
+    runner = RewardRunner(blocking_async, name="a", timeout_s=1.0)
+    start = time.monotonic()
+    out = runner(["q"] * 4, ["72", "block", "72", "72"], [{}] * 4)
+    assert time.monotonic() - start < 3.0
+    assert out.rewards[1] == 0.0 and out.metrics["a/timeouts"] >= 1.0  # samples behind it on its loop may too
 
 
 class _SpinsInACopy(set):

@@ -5,6 +5,7 @@ another process, or a restarted one, knows it)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -76,3 +77,32 @@ def test_ray_reward_sends_the_step_to_every_worker():
     reward.on_step_begin(5, 8)
     out = reward(["p"] * 4, ["a", "b", "c", "d"], [{}] * 4)  # four chunks over two workers
     assert out.rewards == [48.0] * 4
+
+
+class _Stalling:
+    """A task whose `is_correct` never returns on a hostile completion (a verifier a completion can stall)."""
+
+    def is_correct(self, completion, example):
+        while completion == "stall":
+            pass  # holds the GIL between bytecodes only, but never returns
+        return completion == "72"
+
+
+def _plain(_tokenizer):
+    return RewardSum([lambda p, c, **ex: float(c == "72")])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ray_reward_asks_is_correct_under_the_drivers_per_sample_deadlines(workers):
+    from rlvr.types import Example
+
+    reward = RayReward.__new__(RayReward)  # the scheduling only: no Ray started
+    reward.ray, reward.progress = _FakeRay(), None
+    reward.workers = [_Actor(_RewardWorker(_plain, None)) for _ in range(2)]
+    reward.local = RewardSum([lambda p, c, **ex: 0.0], timeout_s=1.0, workers=workers)
+    texts = ["72", "stall", "7", "72"]
+    reward.judged(_Stalling(), [Example("q", "72", {})], ["72"], [{}])  # the workers' zygote started
+    start = time.monotonic()
+    out, correct = reward.judged(_Stalling(), [Example("q", "72", {})] * 4, texts, [{}] * 4)
+    assert time.monotonic() - start < 3.0  # unbounded, the driver would wait for ever
+    assert out.rewards == [1.0, 0.0, 0.0, 1.0] and correct == [True, False, False, True]

@@ -126,6 +126,8 @@ def test_trl_rewards_train_through_the_trainer(tmp_path):
     assert final["reward/mean"] == pytest.approx(0.1 * final["reward/reward_len/mean"]
                                                  + final["reward/reward_func/mean"])
     assert final["reward/reward_len/mean"] < 0 and final["reward/reward_len/errors"] == 0
+    assert pairs[:2] == [("", []), ("0", [])] and steps[0] == (0, 2)  # the probe on the first row, when built
+    steps, pairs = steps[1:], pairs[2:]
     assert {s for s, _ in steps} == {0, 1} and {m for _, m in steps} == {2}
     from rlvr.models.causal_lm import load_causal_lm
     _, tok = load_causal_lm("rlvr:countdown-warmstart", seed=0)

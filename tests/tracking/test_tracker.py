@@ -12,7 +12,7 @@ import pytest
 
 from rlvr.errors import ConfigError, DiskFull
 from rlvr.safe_io import free_space
-from rlvr.tracking.tracker import JsonlTracker, Tracker, make_trackers
+from rlvr.tracking.tracker import JsonlTracker, Tracker, make_trackers, mlflow_key
 
 CONFIG = {"seed": 3, "algo": {"objective": "ppo_clip", "clip_high": 0.28}, "trainer": {"steps": 6}}
 
@@ -112,6 +112,8 @@ def test_sink_receives_the_jsonl_series(sink, tmp_path):
     jsonl = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert jsonl == _series()
     want, got = _by_key(jsonl), READERS[sink](run)
+    if sink == "mlflow":  # its file store makes each `/` a folder: the area, then `.`
+        want = {mlflow_key(k): v for k, v in want.items()}
     assert sorted(got) == sorted(want)
     for key, points in want.items():
         assert [s for s, _ in got[key]] == [s for s, _ in points], key
@@ -119,6 +121,18 @@ def test_sink_receives_the_jsonl_series(sink, tmp_path):
         if sink == "tensorboard":  # TensorBoard stores scalars as float32
             values = [float(np.float32(v)) for v in values]
         assert [v for _, v in got[key]] == values, key
+
+
+def test_mlflow_keeps_a_metric_beside_its_breakdown(tmp_path):
+    """The trainer logs `perf/peak_rss_mb` and `perf/peak_rss_mb/rollout` in one step: in MLflow's file
+    store the first is a file where the second needs a folder (NotADirectoryError on every run)."""
+    pytest.importorskip("mlflow")
+    sink = make_trackers(["mlflow"], tmp_path)[1]
+    for step in (1, 2):
+        sink.log_metrics(step, {"perf/peak_rss_mb": 100.0 + step, "perf/peak_rss_mb/rollout": 50.0 + step})
+    sink.close()
+    assert _read_mlflow(tmp_path) == {"perf/peak_rss_mb": [(1, 101.0), (2, 102.0)],
+                                      "perf/peak_rss_mb.rollout": [(1, 51.0), (2, 52.0)]}
 
 
 def test_tensorboard_resume_drops_steps_past_the_checkpoint(tmp_path):

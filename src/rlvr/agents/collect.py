@@ -48,14 +48,23 @@ def renderer_for(task, tokenizer):
 def rollout_batch(engine, tokenizer, task, examples: list[Example], seeds: torch.Tensor, *,
                   temperature: float | torch.Tensor) -> AgentBatch:
     """One episode per example through `engine` (any RolloutEngine)."""
-    envs = [task.make_env() for _ in examples]
-    trajs = run_episodes(engine, renderer_for(task, tokenizer), envs, [ex.meta["episode"] for ex in examples],
-                         seeds, temperature=temperature, limits=_limits(task), pad_id=tokenizer.pad_token_id,
-                         eos_id=tokenizer.eos_token_id, prompts=[ex.prompt for ex in examples])
+    trajs = _trajectories(engine, tokenizer, task, examples, seeds, temperature)
     check_some_ran(trajs)
     return AgentBatch(trajs, to_rollouts(trajs, tokenizer.pad_token_id, train_drifted=task.settings.train_drifted),
                       [transcript(t, tokenizer) for t in trajs], torch.tensor([t.reward for t in trajs]),
                       torch.tensor([float(t.success) for t in trajs]), turn_tensors(trajs), agent_metrics(trajs))
+
+
+def _trajectories(engine, tokenizer, task, examples: list[Example], seeds: torch.Tensor, temperature):
+    """The episodes of `examples`: the task's own rollout when it has one (an agent function served
+    through the endpoint, `agents.agent_fn`), else its environments stepped by `run_episodes`."""
+    own = getattr(task, "rollout_episodes", None)
+    if own is not None:
+        return own(engine, tokenizer, examples, seeds, temperature=temperature)
+    envs = [task.make_env() for _ in examples]
+    return run_episodes(engine, renderer_for(task, tokenizer), envs, [ex.meta["episode"] for ex in examples],
+                        seeds, temperature=temperature, limits=_limits(task), pad_id=tokenizer.pad_token_id,
+                        eos_id=tokenizer.eos_token_id, prompts=[ex.prompt for ex in examples])
 
 
 def check_some_ran(trajs: list[Trajectory]) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -218,10 +219,11 @@ class RayReward:
     their sizes (exact for metrics every sample reports). `on_step_begin(step, steps)` is sent
     with every later call, so each worker's verifier (a restarted one too) knows the step it scores."""
 
-    def __init__(self, make_reward, tokenizer, *, workers: int):
+    def __init__(self, make_reward, tokenizer, *, workers: int, local=None):
         ray = _ray()
         self.ray = ray
         self.progress: tuple[int, int] | None = None
+        self.local = local  # the driver's own verifier: asks `task.is_correct` under its per-sample deadlines
         actor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(_RewardWorker)  # pure: retry is safe
         self.workers = [actor.remote(make_reward, tokenizer) for _ in range(workers)]
 
@@ -244,6 +246,24 @@ class RayReward:
 
     def on_step_begin(self, step: int, steps: int) -> None:
         self.progress = (step, steps)
+
+    def judged(self, task, group: list, texts: list[str], examples: list[dict]) -> tuple[RewardBatch, list[bool]]:
+        """The batch's rewards from the workers and `task.is_correct` of each completion under the same
+        per-sample deadlines as in one process: read off the rewards where the driver's verifier says
+        correctness is "the reward is 1", else asked through its worker processes beside the workers'
+        call (`rlvr.rewards.runner.judge_batch`'s choices)."""
+        local = self.local
+        if local is not None and getattr(local, "derives_correct", lambda task: False)(task):
+            out = self([ex.prompt for ex in group], texts, examples)
+            return out, [r == 1.0 for r in out.rewards]
+        with ThreadPoolExecutor(1, thread_name_prefix="rlvr-correct") as side:
+            verdicts = side.submit(self.correct, task, group, texts)
+            return self([ex.prompt for ex in group], texts, examples), verdicts.result()
+
+    def correct(self, task, group: list, texts: list[str]) -> list[bool]:
+        if self.local is None:  # no verifier of the driver's: asked here, unbounded (the API's own verifiers)
+            return [bool(task.is_correct(text, ex)) for ex, text in zip(group, texts)]
+        return self.local.correct(task, group, texts)
 
     def close(self) -> None:
         for worker in self.workers:

@@ -13,15 +13,19 @@ import torch
 from rlvr.agents.collect import TurnProcessReward
 from rlvr.agents.task import is_agent_task
 from rlvr.algos._registry import needs_of
+from rlvr.builder import vision
 from rlvr.builder.plans import advantage_spec
 from rlvr.codec import prompt_lengths
 from rlvr.config import REGISTRY, Config, keywords, task_sections
 from rlvr.config.binding import bind, bound, companion_bound
+from rlvr.config.registries import adapter_sync
 from rlvr.engines.speculative import SpeculativeRollouts
 from rlvr.engines.torch_ar import generate
 from rlvr.engines.torch_block_diffusion import generate_block_diffusion
 from rlvr.engines.torch_diffusion import generate_diffusion
 from rlvr.errors import ConfigError
+from rlvr.kernels.weights import supports
+from rlvr.models import packing
 from rlvr.models.block_diffusion import BlockCorruptor, BlockDiffusionLM, load_diffusion_or_block_lm
 from rlvr.models.causal_lm import context_length, enable_checkpointing, load_causal_lm
 from rlvr.models.diffusion_policy import DiffusionPolicy
@@ -43,17 +47,27 @@ def base_model(config: Config):
     m = config.model
     size = dict(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                 intermediate_size=m.intermediate_size, max_seq_len=m.max_seq_len)
+    loaded = vision.load_if_vision(config)  # an image-text-to-text checkpoint: (model, VisionPrompts)
+    if loaded is not None:
+        return loaded
     if m.kind == "diffusion":  # float32 only (config validation)
         return load_diffusion_or_block_lm(m.path or None, seed=config.seed, block_size=m.block_size,
                                           shift_logits=m.shift_logits, **size)
     return load_causal_lm(m.path, seed=config.seed, dtype=m.dtype, **size)
 
 
-def teacher_model(config: Config):
-    """The model at `model.teacher_path` (same kind, tokenizer and device as the student)."""
+def teacher_model(config: Config, tokenizer=None):
+    """The model at `model.teacher_path` (same kind and device as the student). Its tokenizer must be
+    the student's (`tokenizer`, when given): a teacher's log-prob of a token id means nothing under
+    another vocabulary, so one with another is refused in one line."""
     teacher = replace(config, model=replace(config.model, path=config.model.teacher_path, lora=replace(
         config.model.lora, r=0)))
-    return build_model(teacher)[0]
+    model, teacher_tokenizer = build_model(teacher)
+    if tokenizer is not None and teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise ConfigError(f"model.teacher_path: {config.model.teacher_path} has another tokenizer than the student "
+                          f"({len(teacher_tokenizer)} vs {len(tokenizer)} tokens, or other ids); distil from a "
+                          f"teacher that shares the student's tokenizer")
+    return model
 
 
 def build_model(config: Config):
@@ -74,7 +88,8 @@ def prepare_model(config: Config, model):
         from rlvr.models.lora import apply_lora
 
         model = apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
-                           target_modules=lora.target_modules)
+                           target_modules=vision.lora_targets(config, model))
+    vision.prepare_vision(config, model)
     return model
 
 
@@ -83,9 +98,12 @@ def build_policy(config: Config, model, *, sharded: bool = False):
     `sharded` (FSDP): the plain module forward, which gathers each layer's shards (the fast path
     reads the weights themselves)."""
     temperature = config.rollout.temperature
+    if vision.is_vision_model(model):
+        return vision.vision_policy(config, model)
     if config.model.kind != "diffusion":
         return CausalPolicy(model, temperature=temperature, kernels=config.trainer.kernels, fast=not sharded,
-                            checkpointing=config.trainer.gradient_checkpointing)
+                            checkpointing=config.trainer.gradient_checkpointing,
+                            packing=packing_mode(config.trainer.packing, model, sharded=sharded))
     options = bound(config, "estimator.name").keywords
     policy = DiffusionPolicy(model, config.estimator.name, window=config.rollout.window, temperature=temperature,
                              **options)
@@ -94,11 +112,31 @@ def build_policy(config: Config, model, *, sharded: bool = False):
     return policy
 
 
+def packing_mode(asked: str, model, *, sharded: bool) -> str | None:
+    """The policy's padding-free layout (`packed`, `shared`) or None (the padded forward, or the
+    Llama fast path). A model the probe finds inexact keeps the padded forward, with one line."""
+    if asked == "padded" or supports(model):
+        return None
+    mode = "shared" if asked == "auto" else asked
+    if sharded:  # FSDP gathers the root's weights in its forward, which the packed body call bypasses
+        return None
+    reason = packing.prepare(model, mode)
+    if reason is None:
+        return mode
+    print(f"rlvr: trainer.packing={asked}: {type(packing.causal_lm_of(model)).__name__} cannot pack rows exactly "
+          f"({reason}); training with the padded forward", file=sys.stderr, flush=True)
+    return None
+
+
 def build_engine(config: Config, model, tokenizer) -> RolloutEngine:
     """The rollout engine: `engine(prompt_ids, prompt_mask, seeds, *, temperature) -> Rollouts`."""
     r = config.rollout
     if r.engine == "vllm":
         return build_vllm_engine(config, model, tokenizer)
+    if r.engine == "vllm_server":
+        return build_server_engine(config, model, tokenizer)
+    if vision.is_vision_model(model):
+        return vision.vision_engine(config, model, tokenizer)
     if config.model.kind != "diffusion":
         return functools.partial(generate, model, max_new_tokens=r.max_new_tokens, eos_id=tokenizer.eos_token_id,
                                  pad_id=tokenizer.pad_token_id, top_p=r.top_p, engine=r.decode_engine,
@@ -143,6 +181,29 @@ def build_vllm_engine(config: Config, model, tokenizer, *, own_process: bool = F
         block_size=r.vllm_block_size, max_model_len=r.vllm_max_model_len, seed=config.seed,
         rows=r.prompts_per_step * r.group_size)
     return SpawnedEngine(start) if own_process else start()
+
+
+def build_server_engine(config: Config, model, tokenizer):
+    """vLLM server processes started from `model`'s current weights (LoRA: merged), or the running
+    servers of `rollout.server_urls`, which get those weights at once."""
+    from rlvr.engines.server_fleet import ServerOptions
+    from rlvr.engines.vllm_server import ServerEngine
+    from rlvr.models.lora import base_weights, merged_weights
+
+    r = config.rollout
+    base = model.get_base_model() if hasattr(model, "peft_config") else model
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    adapters = adapter_sync(config)  # the servers apply the adapter themselves: they start from the base alone
+    options = ServerOptions(dtype=dtype, max_model_len=r.vllm_max_model_len, kv_cache_mb=r.vllm_kv_cache_mb,
+                            block_size=r.vllm_block_size, seed=config.seed, start_timeout_s=r.server_start_timeout_s,
+                            lora_rank=config.model.lora.r if adapters else 0)
+    urls = tuple(u.strip() for u in r.server_urls.split(",") if u.strip())
+    weights = base_weights(model) if adapters else merged_weights(model)
+    return ServerEngine(weights, base.config, max_new_tokens=r.max_new_tokens, eos_id=tokenizer.eos_token_id,
+                        pad_id=tokenizer.pad_token_id, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
+                        repetition_penalty=r.repetition_penalty, servers=r.servers, urls=urls, port=r.server_port,
+                        options=options, on_crash=r.server_on_crash, bucket_mb=r.weight_bucket_mb,
+                        lora_config=model.peft_config["default"] if adapters else None)
 
 
 def build_task(config: Config, tokenizer=None):

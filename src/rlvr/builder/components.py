@@ -24,6 +24,7 @@ from rlvr.backends.ray import RayReward
 from rlvr.builder import build
 from rlvr.builder.placement import DTYPES, as_verifier, learner_engine, rollout_sides, shares_engine, thread_layout
 from rlvr.builder.plans import check_statistics, fusable, loop_plan, needs_reference, rollout_plan, step_plan
+from rlvr.builder.vision import check_vision_run
 from rlvr.config import Config
 from rlvr.config.binding import bound
 from rlvr.config.checks import check_fsdp_options, check_learners
@@ -74,7 +75,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     with_reference = a.kl_coef > 0 or needs_reference(loss)
     frozen = copy.deepcopy(plain).requires_grad_(False) if with_reference and not lora else None
     if config.model.teacher_path:  # on-policy distillation: the reference is the teacher checkpoint
-        frozen = build.teacher_model(config).requires_grad_(False)
+        frozen = build.teacher_model(config, tokenizer).requires_grad_(False)
     policy = build.build_policy(config, model, sharded=shard.fsdp)
     reference = build.build_policy(config, frozen) if frozen is not None else None
     if with_reference and lora:
@@ -84,6 +85,7 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     task = task if task is not None else build.build_task(config, tokenizer)
     build.check_context(config, plain, tokenizer, task)
     layout = thread_layout(config, runtime)
+    check_vision_run(config, plain, tokenizer, task, rows_split=layout.learner_rows is not None, sharded=shard.fsdp)
     engine = learner_engine(config, plain, tokenizer, shard)
     if layout.learner_rows is not None and not engine_kind(config).batches_itself:
         engine = split_engine(engine, layout.learner_rows, tokenizer.pad_token_id, model)
@@ -93,7 +95,8 @@ def build_components(config: Config, *, runtime: Runtime | None = None, model: t
     build.check_reward_components(config, reward)
     if shard.fsdp and config.trainer.ray_learners and config.trainer.reward_workers > 1:
         reward = LeadReward(RayReward(functools.partial(build.build_verifier, config), tokenizer,
-                                      workers=config.trainer.reward_workers) if shard.rank == 0 else None, shard)
+                                      workers=config.trainer.reward_workers, local=reward)
+                            if shard.rank == 0 else None, shard)
     expert = build_expert(config, task)
     rollout = build_rollout(config, advantage, tokenizer, task, reward, engine, plain)
     plan = step_plan(config, loss, advantage, fused=fusable(config, policy, advantage) and not shard.fsdp,
@@ -116,6 +119,9 @@ def build_critic(config: Config, plain: torch.nn.Module, shard: Shard) -> Critic
     own optimizer; sharded learners shard it as the policy."""
     t, o = config.trainer, config.optim
     model = ValueModel(plain)
+    mode = build.packing_mode(t.packing, plain, sharded=shard.fsdp)
+    if mode is not None:  # the probe passed on the policy's architecture: the body packs the same way
+        model.use_packing(mode)
     if shard.fsdp:
         shard_model(model, param_dtype=DTYPES[t.fsdp_param_dtype], reduce_dtype=DTYPES[t.fsdp_reduce_dtype],
                     offload=t.fsdp_cpu_offload, in_float32=(model.head,))

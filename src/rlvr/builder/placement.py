@@ -17,7 +17,7 @@ from rlvr.backends import ray_rollouts
 from rlvr.backends.ray import RayEngine, RayReward, ensure_ray
 from rlvr.builder import build
 from rlvr.config import Config
-from rlvr.config.registries import engine_kind
+from rlvr.config.registries import adapter_sync, engine_kind
 from rlvr.engines.ranks import LeadEngine, RankEngine
 from rlvr.engines.rows import split_engine
 from rlvr.engines.snapshot import SharedEngine, SnapshotEngine
@@ -88,6 +88,7 @@ def thread_layout(config: Config, runtime: Runtime) -> ThreadLayout:
     if overlap and rows_mode and not on_ray(config) and cores > 1:  # either side on every core, never more in all
         lease = CoreLease(cores)
         plan = AsyncPlan(max_staleness, exact, learner_threads=1, rollout_threads=1, publish_merged=own,
+                         publish_adapter=adapter_sync(config),
                          facts={"learner": cores, "rollout_worker": cores, "concurrent": cores, "rows_mode": True,
                                 "shared_cores": True})
         return ThreadLayout(RowPool(cores, lease), RowPool(cores, lease), True, budget["rollout_worker"], plan)
@@ -96,10 +97,11 @@ def thread_layout(config: Config, runtime: Runtime) -> ThreadLayout:
         rollout = _pool(budget["rollout_worker"]) if rows_mode else None
         plan = AsyncPlan(max_staleness, exact, learner_threads=1 if rows_mode else budget["learner"],
                          rollout_threads=1 if rows_mode else budget["rollout_worker"], publish_merged=own,
+                         publish_adapter=adapter_sync(config),
                          facts=facts)
         return ThreadLayout(learner, rollout, rows_mode, budget["rollout_worker"], plan)
     plan = AsyncPlan(max_staleness, exact, learner_threads=torch_threads, rollout_threads=torch_threads,
-                     publish_merged=own, facts=facts)
+                     publish_merged=own, publish_adapter=adapter_sync(config), facts=facts)
     return ThreadLayout(runtime.rows, runtime.rows, rows_mode, budget["rollout_worker"], plan)
 
 
@@ -116,9 +118,13 @@ def learner_engine(config: Config, plain: torch.nn.Module, tokenizer, shard: Sha
                                 workers=t.rollout_workers, threads=t.threads or 1, rows_mode=False, version=0,
                                 own_weights=engine_kind(config).own_weights)
         return LeadEngine(workers, plain, shard)
-    if not (shard.fsdp and engine_kind(config).own_weights):
+    kind = engine_kind(config)
+    if not (shard.fsdp and kind.own_weights):
         return build.build_engine(config, plain, tokenizer)
-    lead = build.build_vllm_engine(config, plain, tokenizer, own_process=True) if shard.rank == 0 else None
+    lead = None
+    if shard.rank == 0:  # vLLM servers run apart already; the in-process engine needs a process of its own
+        lead = (build.build_engine(config, plain, tokenizer) if kind.own_processes
+                else build.build_vllm_engine(config, plain, tokenizer, own_process=True))
     return LeadEngine(lead, plain, shard)
 
 
@@ -183,7 +189,7 @@ class RolloutSides:
         engine = RayEngine(self.make_engine, self.model, r.tokenizer, workers=self.rollout_workers,
                            threads=self.layout.rollout_worker_threads, rows_mode=self.layout.rows_mode,
                            version=start, own_weights=self.own_weights)
-        reward = RayReward(self.make_verifier, r.tokenizer, workers=self.reward_workers)
+        reward = RayReward(self.make_verifier, r.tokenizer, workers=self.reward_workers, local=r.reward)
         # this process only tokenizes, decodes and checks answers for the rollout side
         return RolloutSide(dataclasses.replace(r, engine=engine, reward=as_verifier(reward)), engine, threads=1,
                            closers=(engine.close, reward.close), restarts=lambda: engine.restarts)

@@ -17,7 +17,7 @@ from rlvr.algos.objectives import ADVANTAGE_FREE
 from rlvr.algos.shaping import overlong_penalty
 from rlvr.config import AlgoConfig, Config, SamplerConfig, derived_batch_numbers, to_dict
 from rlvr.config.binding import bound
-from rlvr.config.registries import engine_kind
+from rlvr.config.registries import adapter_sync, engine_kind
 from rlvr.errors import ConfigError
 from rlvr.protocols import DrawsPolicy, LogitStatsPolicy, PolicyModel
 from rlvr.runtime.distributed import ONE_PROCESS, Shard
@@ -177,7 +177,9 @@ def step_plan(config: Config, loss: LossSpec, advantage: AdvantageSpec, *, fused
         overlong_filter=a.overlong_filter, shaping=shaping, token_rewards="token_rewards" in needs_of(loss.objective),
         value_clip=a.value_clip, critic_warmup_steps=a.critic_warmup_steps, kl_controller=kl_controller,
         expert=_expert_plan(config, loss), shard=shard, push_merged=not shard.fsdp,
-        passes=passes(loss, advantage), reward_kl=reward_kl(config))
+        push_adapter=adapter_sync(config) and not shard.fsdp,
+        passes=passes(loss, advantage), reward_kl=reward_kl(config),
+        micro_batch_tokens=t.micro_batch_tokens)
 
 
 def loop_plan(config: Config, shard: Shard = ONE_PROCESS, *, retie: bool = False) -> LoopPlan:

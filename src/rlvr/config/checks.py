@@ -64,7 +64,9 @@ def _range_errors(node: Any, prefix: str = "") -> list[str]:
             errors += _range_errors(value, f"{prefix}{f.name}.")
         elif (rule := range_of(f)) is not None and value is not None and not allowed(f, value):
             inside = "in " if rule[0] in "[(" else ""
-            errors.append(f"{prefix}{f.name}: must be {inside}{rule}, got {value!r}; "
+            big = isinstance(value, int) and abs(value) >= 10**24  # shown as a power of ten, not 400 digits
+            got = f"~1e+{value.bit_length() * 30103 // 100000}" if big else repr(value)
+            errors.append(f"{prefix}{f.name}: must be {inside}{rule}, got {got}; "
                           "fix the value in the recipe or override")
     return errors
 
@@ -146,6 +148,11 @@ def _rollout(config: Config) -> list[Check]:
          "rollout.micro_group_size", "must be 0 (one pass) or divide rollout.group_size"),
         (r.vllm_block_size >= 0 and r.vllm_block_size % 16 == 0, "rollout.vllm_block_size",
          "must be 0 (vLLM's default) or a multiple of 16 (32 on CPU)"),
+        (not r.server_urls or (r.servers == 1 and r.server_port == 0), "rollout.server_urls",
+         "attaches to running servers (one per address): leave rollout.servers and rollout.server_port unset"),
+        (r.engine != "vllm_server" or t.backend == "local", "trainer.backend",
+         "rollout.engine=vllm_server runs its servers from this process (Ray rollout workers would each start "
+         "their own); use trainer.backend=local, or rollout.engine=vllm on Ray"),
         (not r.greedy_in_group or diffusion, "rollout.greedy_in_group",
          "is implemented for model.kind=diffusion only; set it to false"),
         (not r.igpo or diffusion and r.engine == "torch", "rollout.igpo",
@@ -181,6 +188,10 @@ def _rollout(config: Config) -> list[Check]:
          "must be 0 with rollout.speculative (whole groups)"),
         (not spec or t.max_staleness is None and t.backend == "local", "rollout.speculative",
          "implemented for the synchronous local loop; unset trainer.max_staleness and use trainer.backend=local"),
+        # a draft is the previous completion of the same prompt: a procedural task draws fresh ones forever
+        (not spec or config.task.train_size or hasattr(getattr(config.task, config.task.name, None), "path"),
+         "rollout.speculative", "has nothing to draft: a procedural task with task.train_size=0 never repeats a "
+         "prompt; set task.train_size=N (e.g. 64) or rollout.speculative=false"),
     ]
 
 
@@ -202,6 +213,8 @@ def _algo(config: Config) -> list[Check]:
         (a.clip_high is None or a.clip_high >= 0, "algo.clip_high",
          "must be >= 0 (the ratio ceiling is 1 + clip_high)"),
         (a.critic_warmup_steps >= 0, "algo.critic_warmup_steps", "must be >= 0"),
+        (a.cov_lb is None or a.cov_ub is None or a.cov_lb < a.cov_ub, "algo.cov_lb",
+         f"must be below algo.cov_ub ({a.cov_ub}): Clip-Cov drops tokens whose covariance is between them"),
         (e.t_min is None or e.t_max is None or e.t_min < e.t_max, "estimator.t_min",
          f"must be below estimator.t_max ({e.t_max})"),
     ]
@@ -282,7 +295,19 @@ def _optim(config: Config) -> list[Check]:
         (s.warmup_steps >= 0, "sft.warmup_steps", "must be >= 0 (0 = no warmup)"),
         (s.steps >= 1, "sft.steps", "must be >= 1"),
         (s.batch_size >= 1, "sft.batch_size", "must be >= 1"),
+        (bool(config.preference.step_separator) or not config.preference.process, "preference.step_separator",
+         "must not be empty: it splits each solution into the steps a process reward model scores, e.g. ','"),
+        (_two_verdicts(config.reward.judge_verdicts), "reward.judge_verdicts",
+         f"must be two different verdicts, the good one first, e.g. Yes,No (got {config.reward.judge_verdicts!r})"),
+        (bool(config.reward.model_step_separator) or not config.reward.model_steps, "reward.model_step_separator",
+         "must not be empty: it splits each completion into the steps the process reward model scores, e.g. '\\n\\n'"),
     ]
+
+
+def _two_verdicts(text: str) -> bool:
+    """`Yes,No`: two non-empty verdicts that differ (`Y,Y` makes every judged reward 0.5)."""
+    parts = [v.strip() for v in text.split(",")]
+    return len(parts) == 2 and all(parts) and parts[0] != parts[1]
 
 
 class World(Protocol):

@@ -12,11 +12,11 @@ from rlvr.config.ranges import choice, ranged
 class SFTConfig:
     steps: int = ranged(80, ">= 1")
     """Optimizer steps of supervised warm start."""
-    batch_size: int = 64
+    batch_size: int = ranged(64, ">= 1")
     """Examples per step."""
-    lr: float = ranged(1e-3, "> 0", "e.g. 1e-3")
+    lr: float = ranged(1e-3, "(0, 1]", "e.g. 1e-3")
     """AdamW learning rate."""
-    warmup_steps: int = 20
+    warmup_steps: int = ranged(20, ">= 0", "0 = no warmup")
     """Linear LR warmup."""
     schedule: str = choice("constant", ("constant", "cosine"))
     """LR after warmup: `constant` or `cosine` (decays to 0 at the last step)."""
@@ -30,24 +30,24 @@ class PreferenceConfig:
     data: str = ""
     """JSONL of preference pairs (`prompt`, `chosen`, `rejected`, optional `margin`) for `rlvr dpo` and `rlvr rm`;
     empty = pairs made from the task's verifier (a correct solution over a completion it scores lower)."""
-    pairs: int = 512
+    pairs: int = ranged(512, ">= 1")
     """Pairs made from the verifier for training (when `data` is empty)."""
     rejected: str = choice("random", ("random", "near_miss"))
     """Rejected completions of verifier pairs: `random` (a random expression over the problem's numbers) or
     `near_miss` (the solution with one operator changed: the pair differs in one token)."""
-    heldout_pairs: int = 64
+    heldout_pairs: int = ranged(64, ">= 1")
     """Pairs held out for pairwise accuracy (made from the task's held-out problems, or the last rows of `data`)."""
     steps: int = ranged(100, ">= 1")
     """Optimizer steps."""
-    batch_size: int = 16
+    batch_size: int = ranged(16, ">= 1")
     """Pairs per step."""
-    lr: float = ranged(1e-4, "> 0")
+    lr: float = ranged(1e-4, "(0, 1]")
     """AdamW learning rate."""
-    beta: float = 0.1
+    beta: float = ranged(0.1, "> 0", "0 or below trains toward the rejected answer")
     """`rlvr dpo`: the temperature β on the log-ratio margin (IPO: its regulariser τ)."""
     loss: str = "sigmoid"
     """`rlvr dpo`: `sigmoid` (DPO) or `ipo` (IPO, on per-token mean log-ratios)."""
-    margin: float = 0.0
+    margin: float = ranged(0.0, "finite")
     """`rlvr rm`: the Bradley–Terry margin m in −log σ(r_w − r_l − m) for pairs without their own `margin`."""
     process: bool = False
     """`rlvr rm`: train a process reward model from step labels (rows with `prompt`, `steps`, `labels` in `data`,
@@ -55,7 +55,7 @@ class PreferenceConfig:
     step_separator: str = ","
     """`rlvr rm` with `process`: the text between steps of a prefix (score with the same
     `reward.model_step_separator`)."""
-    eval_every: int = 25
+    eval_every: int = ranged(25, ">= 0", "0 = only at start and end")
     """Steps between held-out evaluations (0 = only at start and end)."""
-    save_every: int = 0
+    save_every: int = ranged(0, ">= 0", "0 = only at the end")
     """Steps between checkpoints (0 = only at the end)."""

@@ -14,6 +14,7 @@ before it is printed, so what comes out is a recipe `rlvr train` accepts.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import textwrap
 from pathlib import Path
@@ -32,6 +33,14 @@ SCRIPT_NAMES = {"model_name_or_path": "model.path"}
 # rlvr refuses a field the chosen methods do not read, so they convert only when changed.
 READ_BY_ONE_METHOD = {"sapo_temperature_pos", "sapo_temperature_neg"}
 UNSET = {"max_steps": -1}  # TRL's "not set" values other than None (max_steps: train num_train_epochs)
+# TRL's batch names: together with num_generations they make rlvr's prompts per step (`batch_sizes`).
+BATCH_NAMES = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+               "generation_batch_size")
+TRL_BATCH_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "num_generations": 8}
+LAUNCHERS = ("--", "accelerate ", "python", "torchrun ", "trl ")  # how a pasted TRL command line starts
+# Names read with others rather than one by one (`convert`).
+JOB_NAMES = {*BATCH_NAMES, "warmup_ratio", "max_prompt_length", "num_processes", "dataset_name", "reward_funcs"}
+MATH_REWARD = "accuracy_reward"  # TRL's math-verify reward: rlvr's math_file verifier means the same
 
 
 def _scalar(text: str) -> Any:
@@ -42,14 +51,34 @@ def _scalar(text: str) -> Any:
     return value if isinstance(value, (int, float, bool)) else text
 
 
+def _launcher(words: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """A pasted launch line (``accelerate launch --num_processes 8 trl/scripts/grpo.py --flag ...``,
+    ``python grpo.py ...``, ``torchrun ...``, ``trl grpo ...``): the script's words, and the processes it starts."""
+    script = next((i for i, w in enumerate(words) if w.endswith(".py") or (w == "grpo" and i and words[i - 1]
+                                                                           == "trl")), None)
+    if script is None or not words or words[0].startswith("--"):
+        return words, {}
+    launcher, processes = words[:script], {}
+    for i, word in enumerate(launcher):
+        name, eq, value = word.lstrip("-").partition("=")
+        if name.replace("-", "_") in ("num_processes", "nproc_per_node"):
+            value = value if eq else (launcher[i + 1] if i + 1 < len(launcher) else "")
+            if value.isdigit():
+                processes["num_processes"] = int(value)
+    return words[script + 1:], processes
+
+
 def parse_flags(text: str) -> dict[str, Any]:
-    """``--num_generations 8 --use_vllm --beta=0.04`` -> {"num_generations": 8, "use_vllm": True, "beta": 0.04}.
+    """``--num_generations 8 --use_vllm --beta=0.04`` -> {"num_generations": 8, "use_vllm": True, "beta": 0.04};
+    a whole launch line reads as its script's flags and its process count.
 
     >>> parse_flags("--num-generations 8 --use_vllm --beta=0.04 --report_to none")
     {'num_generations': 8, 'use_vllm': True, 'beta': 0.04, 'report_to': 'none'}
+    >>> parse_flags("accelerate launch --num_processes 2 trl/scripts/grpo.py --num_generations 4")
+    {'num_processes': 2, 'num_generations': 4}
     """
     words = shlex.split(text.replace("\\\n", " "), comments=True)  # a line continued with a backslash
-    values: dict[str, Any] = {}
+    words, values = _launcher(words)
     i = 0
     while i < len(words):
         word = words[i]
@@ -76,7 +105,7 @@ def read_trl_args(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"--from-trl: '{path}' is not a file; give a GRPOConfig as JSON/YAML or a file of "
                           f"'--flag value' arguments")
     text = read_text(path, "--from-trl", MAX_BYTES)
-    if text.lstrip().startswith("--") or path.suffix in (".sh", ".txt", ".args"):
+    if text.lstrip().startswith(LAUNCHERS) or path.suffix in (".sh", ".txt", ".args"):
         return parse_flags(text)
     try:
         tree = json.loads(text) if path.suffix == ".json" else load_yaml(text, f"--from-trl '{path}'")
@@ -92,11 +121,12 @@ def convert(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
     >>> tree, notes = convert({"num_generations": 4, "beta": 0.04, "gradient_accumulation_steps": 1,
     ...                        "logging_steps": 5})
-    >>> tree, notes[0].endswith(": logging_steps")
-    ({'rollout': {'group_size': 4}, 'algo': {'kl_coef': 0.04}}, True)
+    >>> tree["rollout"], tree["algo"], notes[0].endswith(": logging_steps")
+    ({'prompts_per_step': 2, 'group_size': 4}, {'kl_coef': 0.04}, True)
     """
     tree: dict[str, Any] = {}
-    notes, unknown, convertible = [], [], []
+    values, notes = _job(values, tree)
+    unknown, convertible = [], []
     for name, value in values.items():
         if value is None or UNSET.get(name, object()) == value or (
                 name in READ_BY_ONE_METHOD and value == TRL_NAMES[name].trl_default):
@@ -113,13 +143,96 @@ def convert(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
                 convertible.append((name, value))
             except ConfigError as err:
                 if value != TRL_NAMES[name].trl_default:
-                    notes.append(f"{name}={value!r}: {str(err).split(': ', 1)[-1]}")
+                    reason = str(err).split(" (TRL's GRPOConfig) ", 1)[-1]
+                    notes.append(f"{name}={value!r}: {reason}")
     for group in translate(convertible):  # together: a name that reads another (epsilon, epsilon_high)
         for key, item in group:
             _set(tree, key, item)
     if unknown:
         notes.append("not in rlvr's map of TRL names (see docs/migrating-from-trl.md): " + ", ".join(unknown))
     return tree, notes
+
+
+def batch_sizes(values: dict[str, Any], processes: int = 1) -> dict[str, int]:
+    """rlvr's prompts per step, group size and optimizer steps per rollout batch for TRL's batch names
+    (TRL's defaults for those not given), as `GRPOConfig` derives its generation batch: completions =
+    per_device_train_batch_size x processes x steps_per_generation (default gradient_accumulation_steps),
+    each optimizer step taking gradient_accumulation_steps of those per-device batches.
+
+    >>> batch_sizes({"per_device_train_batch_size": 8, "num_generations": 4, "gradient_accumulation_steps": 2})
+    {'rollout.prompts_per_step': 4, 'rollout.group_size': 4, 'trainer.minibatches': 1}
+    """
+    get = {**TRL_BATCH_DEFAULTS, **{k: v for k, v in values.items() if v is not None}}.get
+    per_device, accumulation, group = get("per_device_train_batch_size"), get("gradient_accumulation_steps"), \
+        get("num_generations")
+    if not all(isinstance(n, int) and n > 0 for n in (per_device, accumulation, group, processes)):
+        return {"rollout.group_size": group}  # rlvr's own check names what is wrong
+    if get("generation_batch_size") is not None:
+        completions = get("generation_batch_size")
+        per_generation = completions // (per_device * processes)
+    else:
+        per_generation = get("steps_per_generation") or accumulation
+        completions = per_device * processes * per_generation
+    if completions % group or per_generation % accumulation or completions < group:
+        raise ConfigError(f"--from-trl: a generation batch of {completions} completions (per_device_train_batch_size="
+                          f"{per_device} x {processes} processes x steps_per_generation={per_generation}) must be a "
+                          f"multiple of num_generations={group}, and steps_per_generation of "
+                          f"gradient_accumulation_steps={accumulation}, as TRL requires")
+    return {"rollout.prompts_per_step": completions // group, "rollout.group_size": group,
+            "trainer.minibatches": per_generation // accumulation}
+
+
+def _job(values: dict[str, Any], tree: dict) -> tuple[dict[str, Any], list[str]]:
+    """The names read together (`JOB_NAMES`) into `tree`; the rest, for one-by-one conversion, and notes."""
+    values, notes = dict(values), []
+    processes = values.pop("num_processes", 1) or 1
+    if any(values.get(name) is not None for name in (*BATCH_NAMES, "num_generations")) or processes > 1:
+        for key, value in batch_sizes(values, processes).items():
+            _set(tree, key, value)
+        for name in BATCH_NAMES:
+            values.pop(name, None)
+        if processes > 1:
+            notes.append(f"num_processes={processes}: the batch is the {processes} processes' together; rlvr runs "
+                         f"them as one (or launch it with torchrun, trainer.learners={processes})")
+    ratio = values.pop("warmup_ratio", None)
+    if isinstance(values.get("warmup_steps"), float) and 0 < values["warmup_steps"] < 1:
+        ratio = values.pop("warmup_steps")  # transformers reads a warmup_steps below 1 as a ratio
+    steps = values.get("max_steps")
+    if ratio and isinstance(steps, int) and steps > 0:
+        _set(tree, "optim.warmup_steps", math.ceil(ratio * steps))
+    elif ratio:
+        notes.append(f"warmup_ratio={ratio}: TRL takes it of max_steps, which is not set; set optim.warmup_steps")
+    notes += _dataset(values.pop("dataset_name", None), values.pop("reward_funcs", None), tree)
+    length = values.pop("max_prompt_length", None)
+    if length:
+        notes.append(f"max_prompt_length={length}: TRL truncates prompts, rlvr's file tasks drop longer ones "
+                     f"(task.<file task>.max_prompt_length={length}); rows passed in Python keep every prompt")
+    return values, notes
+
+
+def _dataset(name: Any, funcs: Any, tree: dict) -> list[str]:
+    """TRL's script arguments `dataset_name` (a local file or folder: a math task over its `prompt` and
+    `solution` columns) and `reward_funcs` (TRL's `accuracy_reward` is that task's verifier; other
+    names are `reward.fn` entries: `trl.rewards:NAME`, or `module:name` for `module.name`)."""
+    notes = []
+    local = bool(name) and Path(str(name)).expanduser().exists()
+    if local:
+        for key, value in (("task.name", "math_file"), ("task.math_file.path", str(name)),
+                           ("task.math_file.prompt_key", "prompt"), ("task.math_file.answer_key", "solution")):
+            _set(tree, key, value)
+    elif name:
+        notes.append(f"dataset_name={name!r}: a recipe's task reads a local file; rlvr.Trainer(train_dataset="
+                     f"{str(name)!r}) reads a Hub dataset through the cache, or download it and set "
+                     f"task.math_file.path")
+    names = [funcs] if isinstance(funcs, str) else list(funcs or [])
+    entries = ["task" if n == MATH_REWARD else f"{n.rpartition('.')[0]}:{n.rpartition('.')[2]}" if "." in n
+               else f"trl.rewards:{n}" for n in names if local or n != MATH_REWARD]
+    if entries and entries != ["task"]:
+        _set(tree, "reward.fn", ", ".join(entries))
+    if MATH_REWARD in names and not local:
+        notes.append(f"reward_funcs: {MATH_REWARD} reads the dataset's solution column, which a recipe's task "
+                     f"gives only for a local dataset_name")
+    return notes
 
 
 def _set(tree: dict, key: str, value: Any) -> None:

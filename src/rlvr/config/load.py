@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from rlvr.config.checks import validate
-from rlvr.config.paths import is_path_field, path_value
+from rlvr.config.paths import is_path_field, path_value, recipe_relative
 from rlvr.config.recipes import packaged_recipe
 from rlvr.config.registries import _get, resolve
 from rlvr.config.schema import Config, section_type
@@ -199,7 +199,7 @@ def read_recipe(path: str | Path) -> dict:
     tree = load_yaml(read_bytes(path, "recipe", MAX_BYTES), f"recipe '{path}'") or {}
     if not isinstance(tree, dict):
         raise ConfigError(f"recipe '{path}' must be a mapping of sections (model:, algo:, ...)")
-    return tree
+    return recipe_relative(tree, path.parent)
 
 
 def _recipe_tree(recipe: str | Path | dict | None) -> dict:

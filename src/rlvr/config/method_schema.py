@@ -18,19 +18,19 @@ class ExpertConfig:
     (1 − μ) L_on + μ L_expert (`keep_onpolicy`: L_on + μ L_expert), each term normalised over its
     own rows (over its own tokens under `algo.aggregation=token_mean`)."""
 
-    per_step: int = 0
+    per_step: int = ranged(0, ">= 0", "0 = off")
     """Expert rows per step, 0 = off."""
-    pool_size: int = 0
+    pool_size: int = ranged(0, ">= 0", "0 = a fresh problem every row")
     """Distinct expert problems: a fixed pool drawn once (with `seed`) from the training
     distribution, the scarce-expert-data setting; 0 = a fresh problem every row (unlimited)."""
     objective: str = "sft"
     """Loss on expert rows (`rlvr.algos.hybrid.EXPERT_OBJECTIVES`): `sft`, `chord_phi`, `rlplus`,
     or `main` (`algo.objective` trains them as it trains the on-policy rows, e.g. ShiQ)."""
-    weight: float = 0.5
+    weight: float = ranged(0.5, "[0, 1]")
     """μ, the expert loss's share, at step 1."""
-    weight_final: float | None = None
+    weight_final: float | None = ranged(None, "[0, 1]")
     """μ after `decay_steps` (linear decay, CHORD's global schedule); null = `weight` throughout."""
-    decay_steps: int = 0
+    decay_steps: int = ranged(0, ">= 0", "0 = constant")
     """Steps over which μ goes from `weight` to `weight_final`."""
     keep_onpolicy: bool = False
     """True: the on-policy loss keeps weight 1 (L_on + μ L_expert, RL-PLUS); False: 1 − μ (CHORD)."""
@@ -85,7 +85,7 @@ class SamplerConfig:
 
     name: str = "uniform"
     """Sampler (`rlvr.sampling.SAMPLERS`): `uniform`, `mopps`, `vade`, `dump`, `gvm`, `coba`, `dots`."""
-    candidates: float | None = ranged(None, ">= 1", "1 = no choice")
+    candidates: float | None = ranged(None, "[1, 1000]", "1 = no choice")
     """Candidates drawn per prompt slot (1/κ); the sampler picks among them."""
     target: float | None = ranged(None, "[0, 1]")
     """Mopps: success rate the selection aims at."""
@@ -93,9 +93,9 @@ class SamplerConfig:
     """λ, weight kept by a prompt's old evidence at each new observation of it."""
     time_decay: float | None = ranged(None, "(0, 1]", "1 = never forget")
     """Vade: weight kept by a prompt's evidence per step since it was last observed."""
-    ucb_c: float | None = None
+    ucb_c: float | None = ranged(None, ">= 0")
     """Dump: exploration bonus c of the UCB score."""
-    temperature: float | None = ranged(None, "> 0")
+    temperature: float | None = ranged(None, "[0.001, 1000]")
     """Dump: softmax temperature τ of the source mix; dots: of the attention over measured prompts."""
     window: int | None = ranged(None, ">= 1")
     """Dump: groups per source in the learnability window; dots: measured groups kept."""
@@ -105,7 +105,7 @@ class SamplerConfig:
     """Dots: hash buckets of the prompts' character-bigram embedding."""
     max_groups: int | None = ranged(None, ">= 1")
     """Gvm, coba: most groups of G one prompt may get in a step."""
-    concentration: float | None = None
+    concentration: float | None = ranged(None, "(0, 1e6]")
     """Coba: concentration κ of the value curve around its mode (the failure rate)."""
     ema: float | None = ranged(None, "[0, 1)")
     """Coba: weight kept by the failure-rate average at each step."""

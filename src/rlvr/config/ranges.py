@@ -1,7 +1,9 @@
 """Value ranges of config fields, declared once on the field in the schema and checked at load.
 
->>> in_range(0.5, "(0, 1]"), in_range(0, "> 0"), in_range(3, ">= 1")
-(True, False, True)
+>>> in_range(0.5, "(0, 1]"), in_range(0, "> 0"), in_range(3, ">= 1"), in_range(-2.5, "finite")
+(True, False, True, True)
+>>> in_range(float("inf"), "> 0"), in_range(10**30, ">= 0"), in_range(float("nan"), "finite")
+(False, False, False)
 >>> range_of(dataclasses.fields(dataclasses.make_dataclass("C", [("s", str, choice("a", ("a", "b")))]))[0])
 "one of 'a', 'b'"
 """
@@ -9,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any
 
@@ -16,13 +19,16 @@ __all__ = ["ranged", "choice", "range_of", "in_range", "allowed"]
 
 _INTERVAL = re.compile(r"([\[(])\s*(-?[\d.e+-]+)\s*,\s*(-?[\d.e+-]+)\s*([\])])")
 _BOUND = re.compile(r"(>=|>|<=|<)\s*(-?[\d.e+-]+)")
+_INT_LIMIT = 2**63  # torch's and numpy's int64: a larger int overflows in the first tensor or generator it meets
 
 
 def ranged(default: Any, rule: str, note: str = "") -> Any:
     """A dataclass field whose value, when not null, must satisfy ``rule``: ``> 0``, ``>= 1``,
-    ``[0, 1]``, ``(0, 1]``; ``note`` says what the edge values mean (shown with the error)."""
-    if _INTERVAL.fullmatch(rule) is None and _BOUND.fullmatch(rule) is None:
-        raise ValueError(f"range {rule!r}: expected '> x', '>= x', '< x', '<= x' or an interval like '(0, 1]'")
+    ``[0, 1]``, ``(0, 1]``, or ``finite`` (any real number); ``note`` says what the edge values mean (shown with
+    the error). Every rule also refuses inf, NaN and ints outside int64 (they overflow below the schema)."""
+    if rule != "finite" and _INTERVAL.fullmatch(rule) is None and _BOUND.fullmatch(rule) is None:
+        raise ValueError(f"range {rule!r}: expected '> x', '>= x', '< x', '<= x', 'finite' or an interval "
+                         "like '(0, 1]'")
     return dataclasses.field(default=default, metadata={"range": rule, "note": note})
 
 
@@ -51,6 +57,12 @@ def allowed(f: dataclasses.Field, value: Any) -> bool:
 
 
 def in_range(value: float, rule: str) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _INT_LIMIT:
+        return False
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    if rule == "finite":
+        return True
     interval = _INTERVAL.fullmatch(rule)
     if interval:
         left, low, high, right = interval.groups()

@@ -127,9 +127,11 @@ def trl_page(page: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 2 and argv[0] == "--trl-page":  # regenerates the table in that page, in place
+    if len(argv) == 2 and argv[0] in ("--trl-page", "--verl-page"):  # regenerates the table in that page, in place
+        from rlvr.config.from_verl import verl_page
+
         page = Path(argv[1])
-        page.write_text(trl_page(page.read_text()))
+        page.write_text((trl_page if argv[0] == "--trl-page" else verl_page)(page.read_text()))
         return 0
     if argv != ["--markdown"]:
         print("usage: python -m rlvr.config --markdown > docs/config.md\n"

@@ -249,6 +249,12 @@ def engine_kind(config: Config):
     return REGISTRY["rollout.engine"].get(config.rollout.engine)
 
 
+def adapter_sync(config: Config) -> bool:
+    """Whether a LoRA run pushes its adapter alone: an engine that serves adapters unmerged, with
+    `rollout.lora_sync=adapter` (FSDP learners push their gathered plain copy whole all the same)."""
+    return config.model.lora.r > 0 and engine_kind(config).adapters and config.rollout.lora_sync == "adapter"
+
+
 def resolve(config: Config) -> Config:
     """`config` with every registry name checked and every null hyperparameter of a chosen entry
     set to that entry's own default (what the builder will bind); other fields unchanged."""

@@ -76,13 +76,16 @@ class ModelConfig:
     `transformers` forward)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters (causal models)."""
+    train_vision: bool = False
+    """Vision-language models: train the vision tower and connector too (LoRA `all-linear` then covers
+    them); false = frozen, only the language model trains."""
 
 
 @dataclass(frozen=True)
 class RewardConfig:
     fn: str = ""
     """User reward `file.py:name` or `module:name` replacing the task's verifier; empty = task's."""
-    timeout_s: float = 10.0
+    timeout_s: float = ranged(10.0, ">= 0", "0 = no limit")
     """Wall-clock deadline of each sample's reward and `is_correct` (a batched call: the whole batch, then each
     sample alone); a sample past it gets reward 0 (`reward/<name>/timeouts`). 0 = no limit."""
     workers: int = ranged(2, ">= 0", "0 = in the trainer's process, where a call holding the GIL cannot be stopped")
@@ -93,18 +96,18 @@ class RewardConfig:
     """Processes for symbolic math checks (sympy via math-verify), each under `math_memory_mb`."""
     math_memory_mb: int = ranged(1024, ">= 0", "0 = no limit")
     """Memory a symbolic math worker may add to its size at start (RLIMIT_AS); past it the check is False."""
-    model_batch_size: int = 16
+    model_batch_size: int = ranged(16, ">= 1")
     """Reward models named in `fn` (a saved model folder): pairs scored per forward (memory only)."""
-    model_normalize: str = "none"
+    model_normalize: str = choice("none", ("none", "batch"))
     """Reward models: `none` (raw scores) or `batch` (whitened over each rollout batch: (r − mean) / std)."""
-    model_clip: float = 0.0
+    model_clip: float = ranged(0.0, ">= 0", "0 = no clipping")
     """Reward models: bound each (normalised) score to [−clip, clip]; 0 = no clipping."""
     model_steps: str = ""
     """Reward models as process reward models: each step's prefix scored, the step scores aggregated by `min`,
     `last`, `mean`, `clipped` (Σ min(s − η, 0)) or `delta` (Σ of s_k − s_{k+1}); empty = whole completions."""
     model_step_separator: str = "\n\n"
     """Process reward models: the text between steps."""
-    model_step_threshold: float = 0.0
+    model_step_threshold: float = ranged(0.0, "finite")
     """Process reward models, `clipped`: the threshold η."""
     model_turns: str = ""
     """Agent tasks: the process reward model in `fn` scores each turn's prefix of actions, and turn k gets its weight
@@ -115,7 +118,7 @@ class RewardConfig:
     """Judges: `verdict` (p(first verdict) / p(both) at the next token) or `score` (a greedy verdict's `Score: N`)."""
     judge_verdicts: str = "Yes,No"
     """Judges, `verdict`: the good and the bad verdict, one token each of the judge's tokenizer."""
-    judge_score_max: float = 10.0
+    judge_score_max: float = ranged(10.0, "> 0")
     """Judges, `score`: the top of the score scale (scores in [0, max] map to [0, 1])."""
     judge_max_new_tokens: int = ranged(32, ">= 1")
     """Judges, `score`: the verdict's length cap."""
@@ -137,7 +140,7 @@ class RolloutConfig:
     """Sample from the k most likely tokens only, 0 = off (causal models, both engines)."""
     min_p: float = ranged(0.0, "[0, 1)", "0 = off")
     """Drop tokens less likely than min_p times the most likely one, 0 = off (causal models, both engines)."""
-    repetition_penalty: float = ranged(1.0, "> 0", "1 = off")
+    repetition_penalty: float = ranged(1.0, "[0.1, 10]", "1 = off")
     """Seen tokens' logits divided (if > 0) or multiplied by this in sampling, 1 = off (causal models, both engines)."""
     diffusion_steps: int = ranged(0, ">= 0", "0 = one token per step")
     """Diffusion sampler: denoising steps N, 0 = one token per step (N = L)."""
@@ -186,7 +189,7 @@ class RolloutConfig:
     from p (the rule as SPEC-RL describes it; biased)."""
     spec_capacity: int = ranged(4096, ">= 1")
     """SPEC-RL: completions the draft cache keeps (the most recent; each holds L × V log-probs)."""
-    micro_group_size: int = 0
+    micro_group_size: int = ranged(0, ">= 0", "0 = the whole group")
     """Single-turn tasks: generate each group of G in passes of this many completions per prompt
     (Infinite Sampling's micro-groups: less memory per pass, the same completions); 0 = the whole
     group in one pass."""
@@ -197,14 +200,31 @@ class RolloutConfig:
     """Who samples causal-model rollouts: `torch` (rlvr's own sampler, reading the trainer's weights) or `vllm`
     (the `vllm` extra: vLLM in the trainer's process with its own copy of the weights, pushed after every
     update, and with `trainer.backend=ray` one more in each rollout worker; turns on
-    `algo.rollout_correction` unless set)."""
+    `algo.rollout_correction` unless set), or `vllm_server` (vLLM server processes, `rollout.servers` replicas,
+    weights pushed through vLLM's weight-update protocol; the `vllm` options below apply to it too)."""
     vllm_kv_cache_mb: int = ranged(64, ">= 1", "e.g. 64")
     """vLLM engine: KV-cache size in MiB (vLLM's own default takes most of the machine's memory). One that
     cannot hold a step's rows makes vLLM sample them in turns; the engine then warns with the size that can."""
-    vllm_block_size: int = 0
+    vllm_block_size: int = ranged(0, ">= 0", "0 = vLLM's default")
     """vLLM engine: KV-cache block size in tokens (a multiple of 32 on CPU), 0 = vLLM's default."""
     vllm_max_model_len: int = ranged(0, ">= 0", "0 = the model config's")
     """vLLM engine: longest prompt + completion it accepts, 0 = the model config's `max_position_embeddings`."""
+    servers: int = ranged(1, ">= 1", "e.g. 2")
+    """vllm_server engine: vLLM servers (data-parallel replicas) rlvr starts; requests go to the least busy."""
+    server_urls: str = ""
+    """vllm_server engine: comma-separated addresses of running servers to attach to instead (rlvr starts none);
+    each must run vLLM 0.32 with `--served-model-name rlvr` and rlvr's weight transfer (docs/usage.md)."""
+    server_port: int = ranged(0, ">= 0", "0 = free ports")
+    """vllm_server engine: the first started server's port (the next ones count up), on 127.0.0.1."""
+    server_start_timeout_s: float = ranged(300.0, "> 0", "e.g. 300")
+    """vllm_server engine: seconds a started server may take to answer /health before the run stops."""
+    server_on_crash: str = choice("restart", ("restart", "fail"))
+    """vllm_server engine: a started server that dies restarts with the newest weights, or the run ends (`fail`)."""
+    weight_bucket_mb: int = ranged(64, ">= 1", "e.g. 64")
+    """vllm_server engine: MiB of weights per transfer bucket (one shared-memory file each)."""
+    lora_sync: str = choice("adapter", ("adapter", "merged"))
+    """vllm_server engine under LoRA: push the adapter alone, served by vLLM unmerged (`adapter`), or the
+    weights with the adapter folded in (`merged`, in fp32 then cast)."""
 
 
 @dataclass(frozen=True)
@@ -241,20 +261,20 @@ class AlgoConfig:
     """lightning: weight λ of the tokens-per-forward reward's group advantage beside the task reward's."""
     nll_coef: float | None = ranged(None, ">= 0")
     """lightning: advantage bonus β of correct rows (the NLL regulariser on correct trajectories)."""
-    correct_at: float | None = None
+    correct_at: float | None = ranged(None, "finite")
     """lightning: the task reward at and above which a row counts as correct."""
     tpf_filter: bool | None = None
     """lightning: drop (advantage 0) groups where neither the task reward nor the speed reward varies."""
     gamma: float | None = ranged(None, "[0, 1]")
     """Discount of token-level returns (`reinforce_pp`, `gae`) or of turn-level ones (`gigpo`, `turn_return`)."""
-    omega: float | None = None
+    omega: float | None = ranged(None, ">= 0")
     """GiGPO: weight of the anchor-state step advantage added to the episode advantage."""
     lam: float | None = ranged(None, "[0, 1]")
     """GAE lambda."""
-    clip_low: float | None = None
+    clip_low: float | None = ranged(None, ">= 0")
     """ε_low: ratio floor 1-ε_low (gspo: of the sequence ratio; cispo: of the detached weight; gmpo: log-ratio
     floor -ε_low; dppo_*: divergence threshold of A <= 0 tokens)."""
-    clip_high: float | None = None
+    clip_high: float | None = ranged(None, ">= 0")
     """ε_high: ratio ceiling 1+ε_high (gmpo: log-ratio ceiling; dppo_*: divergence threshold of A > 0 tokens)."""
     dual_clip: float | None = ranged(None, "> 1", "null = off")
     """Dual-clip constant c > 1 for A<0, null = off."""
@@ -264,7 +284,7 @@ class AlgoConfig:
     """Gate temperature for A > 0."""
     tau_neg: float | None = ranged(None, "> 0")
     """Gate temperature for A <= 0."""
-    wd1_psi: float | None = None
+    wd1_psi: float | None = ranged(None, "> 0")
     """Inverse temperature ψ of the group softmax over advantages."""
     gdsd_psi: float | None = ranged(None, "> 0")
     """GDSD: guidance scale ψ of the self-teacher, log π_teacher = log π_old + ψ·A per token."""
@@ -272,13 +292,13 @@ class AlgoConfig:
     """DPPO: cap of the detached importance weight min(ρ, cap); verl runs with 3.0 (objectives_zoo deviation 5)."""
     dro_beta: float | None = ranged(None, "> 0")
     """DRO: weight of the quadratic log-ratio penalty (required by `dro`)."""
-    cov_ratio: float | None = None
+    cov_ratio: float | None = ranged(None, "[0, 1]", "a share of the tokens")
     """KL-Cov / Clip-Cov: fraction of the micro-batch's valid tokens the covariance rule acts on."""
-    cov_kl_coef: float | None = None
+    cov_kl_coef: float | None = ranged(None, ">= 0")
     """KL-Cov: weight β of |log ρ| on the selected high-covariance tokens."""
-    cov_lb: float | None = None
+    cov_lb: float | None = ranged(None, "finite", "below algo.cov_ub")
     """Clip-Cov: lower end of the covariance window of the tokens that may be dropped."""
-    cov_ub: float | None = None
+    cov_ub: float | None = ranged(None, "finite", "above algo.cov_lb")
     """Clip-Cov: upper end of that window."""
     zero_tail: bool | None = None
     """Optimal token baseline: no baseline past the second-longest row of a group."""
@@ -290,21 +310,21 @@ class AlgoConfig:
     """ShiQ: KL strength β of its Bellman residual (logits read as Q-values q = β(ℓ − ℓ_ref))."""
     norm_length: float | None = ranged(None, "> 0", "null = rollout.max_new_tokens")
     """Constant length normaliser of Dr.GRPO's aggregation; null = `rollout.max_new_tokens`."""
-    entropy_coef: float = 0.0
+    entropy_coef: float = ranged(0.0, "finite", "0 = entropy only logged")
     """Entropy bonus weight (0 = entropy only logged)."""
     value_clip: float | None = ranged(0.5, "> 0", "null = off")
     """GAE critic: clip of the value update around the old value, null = off."""
-    critic_lr: float = ranged(1e-4, "> 0")
+    critic_lr: float = ranged(1e-4, "(0, 1]")
     """GAE critic: AdamW learning rate of the value model."""
-    critic_warmup_steps: int = 0
+    critic_warmup_steps: int = ranged(0, ">= 0")
     """GAE critic: steps that train only the critic."""
     kl_target: float | None = ranged(None, "> 0", "null = a fixed coefficient")
     """Adaptive KL: target per-sequence KL, null = fixed kl_coef."""
     kl_horizon: float = ranged(10000.0, "> 0", "in samples, e.g. 10000")
     """Adaptive KL: horizon (in samples) of the controller."""
-    overlong_buffer: int = 0
+    overlong_buffer: int = ranged(0, ">= 0", "0 = off")
     """DAPO soft overlong punishment: buffer in tokens below max_new_tokens, 0 = off."""
-    overlong_factor: float = 1.0
+    overlong_factor: float = ranged(1.0, ">= 0", "a penalty: 0 = none")
     """DAPO soft overlong punishment at max_new_tokens."""
     overlong_filter: bool = False
     """DAPO overlong filtering: truncated completions get no loss."""
@@ -325,7 +345,7 @@ class AlgoConfig:
     """Rollout correction: `truncate` (TIS) or `mask` (MIS)."""
     correction_cap: float | None = ranged(None, "> 0")
     """Rollout correction: cap C on the weight."""
-    nft_eps: float | None = None
+    nft_eps: float | None = ranged(None, "(0, 1]")
     """NFT: floor ε of the implicit negative policy's likelihood ratio (its log is clipped there)."""
     nft_weight: str | None = None
     """NFT: prompt weight ω(r̂) of a group with accuracy r̂: `grpo` √((1−r̂)/r̂), `one` or `hard` (1−r̂)."""
@@ -333,21 +353,21 @@ class AlgoConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = ranged(1e-4, "> 0", "e.g. 5e-5")
+    lr: float = ranged(1e-4, "(0, 1]", "e.g. 5e-5")
     """AdamW learning rate."""
-    weight_decay: float = 0.0
+    weight_decay: float = ranged(0.0, ">= 0", "0 = none")
     """AdamW weight decay."""
-    beta1: float = 0.9
+    beta1: float = ranged(0.9, "[0, 1)")
     """AdamW β1."""
-    beta2: float = 0.99
+    beta2: float = ranged(0.99, "[0, 1)")
     """AdamW β2."""
-    grad_clip: float = 1.0
+    grad_clip: float = ranged(1.0, ">= 0", "0 = off")
     """Max global grad norm, 0 = off."""
-    warmup_steps: int = 10
+    warmup_steps: int = ranged(10, ">= 0", "0 = no warmup")
     """Linear LR warmup, in optimizer steps."""
     schedule: str = choice("cosine", ("constant", "cosine"))
     """After warmup: `constant` or `cosine` (decays to min_lr_ratio·lr at the last step)."""
-    min_lr_ratio: float = 0.0
+    min_lr_ratio: float = ranged(0.0, "[0, 1]")
     """Cosine schedule: final LR as a fraction of optim.lr."""
 
 
@@ -361,14 +381,21 @@ class TrainerConfig:
     """Passes over each rollout batch."""
     micro_batch_size: int = ranged(64, ">= 1")
     """Completions per forward; memory only, never changes results."""
-    eval_every: int = 250
+    micro_batch_tokens: int = ranged(0, ">= 0", "0 = micro_batch_size rows per forward")
+    """Token budget per forward (a shared prompt counted once): rows bin-packed under it, balanced over ranks;
+    memory only, results equal to float rounding. 0 = `micro_batch_size` rows per forward."""
+    packing: str = choice("auto", ("auto", "padded", "packed", "shared"))
+    """Training forward off the fast path (bf16, LoRA, GPU, not Llama/Qwen2): `packed` = a micro-batch's rows
+    in one padding-free sequence, `shared` = also each group's prompt once, `padded`; `auto` = `shared`,
+    or `padded` with a notice for a model that cannot pack exactly (probed when built; FSDP learners too)."""
+    eval_every: int = ranged(250, ">= 0", "0 = only at start and end")
     """Steps between greedy held-out evaluations (0 = only at start and end)."""
     eval_samples: int = ranged(0, ">= 0", "0 = greedy evaluation only")
     """Also score k samples per held-out problem at the rollout temperature
     (eval/heldout_sampled_accuracy = avg@k, eval/heldout_pass_at_k); 0 = greedy only."""
-    samples_per_step: int = 4
+    samples_per_step: int = ranged(4, ">= 0")
     """Rollouts written to samples.jsonl each step."""
-    save_every: int = 500
+    save_every: int = ranged(500, ">= 0", "0 = only at the end")
     """Steps between checkpoints (0 = only at the end)."""
     keep_last: int = ranged(2, ">= 1")
     """Checkpoints kept on disk."""
@@ -427,7 +454,7 @@ class TrainerConfig:
     """`backend=ray` with `learners=fsdp`: FSDP2 learner ranks Ray starts as actors instead of torchrun (one
     `threads`-CPU bundle each), each sampling its share of the batch itself unless `rollout_workers` /
     `reward_workers` > 1 (then rank 0's actors do, outside the bundles); 0 = Ray runs the rollout side."""
-    collective_timeout_s: float = 600.0
+    collective_timeout_s: float = ranged(600.0, "(0, 86400]", "seconds, a day at most")
     """Data-parallel learners (`torchrun --nproc_per_node N -m rlvr train`): seconds a collective waits
     for the other ranks before the run stops with an error (a rank that died or hangs)."""
     learners: str = choice("auto", ("auto", "fsdp"))
@@ -447,7 +474,7 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class Config:
-    seed: int = 0
+    seed: int = ranged(0, "[0, 4294967295]", "2**32 - 1 at most")
     """Seeds model init, prompts and sampling."""
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)

@@ -12,9 +12,9 @@ from rlvr.config.ranges import ranged
 class CountdownTaskConfig:
     """Knobs of `rlvr.tasks.countdown.Countdown` (null = the class's own default)."""
 
-    num_count: int | None = None
+    num_count: int | None = ranged(None, "[2, 8]")
     """How many numbers per problem (3 or 4 are the useful settings)."""
-    max_number: int | None = None
+    max_number: int | None = ranged(None, "[1, 1e6]")
     """Numbers are drawn from 1..max_number."""
     allow_division: bool | None = None
     """Allow exact integer division."""
@@ -43,12 +43,26 @@ class ArithmeticTaskConfig:
 
 
 @dataclass(frozen=True)
+class CountShapesTaskConfig:
+    """Knobs of `rlvr.tasks.visual.shapes.CountShapes` (null = the class's own default)."""
+
+    min_shapes: int | None = ranged(None, "[1, 16]")
+    """Fewest shapes in a picture (1..16)."""
+    max_shapes: int | None = ranged(None, "[1, 16]")
+    """Most shapes in a picture (min_shapes..16): a difficulty knob."""
+    colours: int | None = ranged(None, "[1, 3]")
+    """Colours in use, from red, green, blue (1..3): 1 = count every shape; more = find the asked colour."""
+    size: int | None = ranged(None, "[16, 1024]", "pixels")
+    """Picture side in pixels."""
+
+
+@dataclass(frozen=True)
 class Sudoku4TaskConfig:
     """Knobs of `rlvr.tasks.sudoku.Sudoku4` (null = the class's own default)."""
 
-    min_blanks: int | None = None
+    min_blanks: int | None = ranged(None, "[1, 12]")
     """Fewest blank cells of a puzzle (1..12)."""
-    max_blanks: int | None = None
+    max_blanks: int | None = ranged(None, "[1, 12]")
     """Most blank cells of a puzzle (min_blanks..12)."""
 
 
@@ -90,6 +104,16 @@ class MathFileTaskConfig(FileTaskConfig):
     strict: bool | None = None
     """Read the final answer only from `\\boxed{}`, `<answer>…</answer>` or `#### X` (the class's
     default); false adds the lenient fallbacks ("the answer is X", the last number)."""
+
+
+@dataclass(frozen=True)
+class ImageQATaskConfig(MathFileTaskConfig):
+    """Knobs of `rlvr.tasks.visual.image_qa.ImageQATask` (null = the class's own default)."""
+
+    max_pixels: int | None = ranged(None, ">= 1", "pixels")
+    """Largest image (width × height) a row may name; a larger one is refused before training."""
+    max_images: int | None = ranged(None, ">= 1")
+    """Most images one row may name."""
 
 
 @dataclass(frozen=True)
@@ -135,9 +159,9 @@ class AgentTaskConfig:
 class CalculatorTaskConfig(AgentTaskConfig):
     """Knobs of `rlvr.agents.envs.calculator.Calculator` (null = the class's own default)."""
 
-    digits_a: int | None = None
+    digits_a: int | None = ranged(None, "[1, 18]")
     """Digits of the first factor."""
-    digits_b: int | None = None
+    digits_b: int | None = ranged(None, "[1, 18]")
     """Digits of the second factor."""
     tool_latency_s: float | None = ranged(None, ">= 0", "seconds")
     """The calculator answers this long after each call (a remote tool service's round trip; a wait
@@ -148,12 +172,12 @@ class CalculatorTaskConfig(AgentTaskConfig):
 class GuessTaskConfig(AgentTaskConfig):
     """Knobs of `rlvr.agents.envs.guess.GuessNumber` (null = the class's own default)."""
 
-    high: int | None = None
+    high: int | None = ranged(None, ">= 2")
     """The hidden number is drawn from 1..high."""
-    min_high: int | None = None
+    min_high: int | None = ranged(None, ">= 2")
     """If set, each episode draws its range 1..H with H in min_high..high (the held-out split is then
     over (H, number) pairs)."""
-    reward_decay: float | None = None
+    reward_decay: float | None = ranged(None, "[0, 1]")
     """A success after n guesses pays 1 - reward_decay·(n - 1) (at least 0)."""
 
 
@@ -161,9 +185,9 @@ class GuessTaskConfig(AgentTaskConfig):
 class LookupTaskConfig(AgentTaskConfig):
     """Knobs of `rlvr.agents.envs.lookup.Lookup` (null = the class's own default)."""
 
-    keys: int | None = None
+    keys: int | None = ranged(None, ">= 1")
     """Keys in the hidden table."""
-    hops: int | None = None
+    hops: int | None = ranged(None, ">= 1")
     """Lookups chained before the answer."""
 
 
@@ -171,9 +195,9 @@ class LookupTaskConfig(AgentTaskConfig):
 class CountdownPythonTaskConfig(AgentTaskConfig):
     """Knobs of `rlvr.tasks.countdown_python.CountdownPython` (null = the class's own default)."""
 
-    num_count: int | None = None
+    num_count: int | None = ranged(None, "[2, 8]")
     """How many numbers per problem."""
-    max_number: int | None = None
+    max_number: int | None = ranged(None, "[1, 1e6]")
     """Numbers are drawn from 1..max_number."""
 
 
@@ -186,7 +210,7 @@ class TaskConfig:
 
     name: str = "countdown"
     """Task registry key (`rlvr.tasks.TASKS`)."""
-    heldout_size: int = 200
+    heldout_size: int = ranged(200, ">= 0")
     """Size of the fixed held-out evaluation set (every task; file tasks hold out this many rows
     by a hash of the prompt unless `heldout_path` is set)."""
     train_size: int = ranged(0, ">= 0", "0 = every draw from the whole task")
@@ -198,8 +222,12 @@ class TaskConfig:
     """Knobs of task `sudoku4`."""
     arithmetic: ArithmeticTaskConfig | None = None
     """Knobs of task `arithmetic` (addition, one source per digit count)."""
+    count_shapes: CountShapesTaskConfig | None = None
+    """Knobs of task `count_shapes` (a vision-language model counts coloured shapes in a picture)."""
     math_file: MathFileTaskConfig | None = None
     """Knobs of task `math_file`."""
+    image_qa: ImageQATaskConfig | None = None
+    """Knobs of task `image_qa` (questions about images from a JSONL file, for vision-language models)."""
     code_file: CodeFileTaskConfig | None = None
     """Knobs of task `code_file`."""
     agent_calculator: CalculatorTaskConfig | None = None

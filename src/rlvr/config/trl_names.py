@@ -97,13 +97,15 @@ TRL_NAMES: dict[str, TrlName] = {t.trl: t for t in (
         "tensorboard": {"trainer.trackers": "tensorboard"}, "mlflow": {"trainer.trackers": "mlflow"}}),
     TrlName("gradient_accumulation_steps", 1, note=(
         "rlvr accumulates by itself: each optimizer step takes rollout.prompts_per_step x rollout.group_size / "
-        "trainer.minibatches completions, and trainer.micro_batch_size splits the forwards for memory only")),
+        "trainer.minibatches completions, and trainer.micro_batch_size splits the forwards for memory only; "
+        "`--from-trl` and `args=` convert it with the batch sizes")),
     TrlName("per_device_train_batch_size", 8, note=(
         "rlvr counts prompts: set rollout.prompts_per_step (= TRL's batch of completions / num_generations), and "
-        "trainer.micro_batch_size for memory")),
+        "trainer.micro_batch_size for memory; `--from-trl` and `args=` convert it with num_generations")),
     TrlName("num_train_epochs", 3.0, note="rlvr runs trainer.steps rollout batches; set trainer.steps"),
     TrlName("generation_batch_size", None, note=(
-        "set rollout.prompts_per_step (prompts per rollout batch) and trainer.minibatches")),
+        "set rollout.prompts_per_step (prompts per rollout batch) and trainer.minibatches; `--from-trl` and "
+        "`args=` convert it")),
 )}
 
 
@@ -128,13 +130,25 @@ def translate(pairs: Iterable[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
     fields, anything else stays as it is (one list per input pair, in order)."""
     pairs = list(pairs)
     given = {key for key, _ in pairs}
+    _refuse_both(given, "on the command line")
     return [_pairs(key, value, given) if key in TRL_NAMES else [(key, value)] for key, value in pairs]
 
 
 def trl_tree(tree: dict) -> list[tuple[str, Any]]:
     """The bare TRL names at the top of a recipe tree, taken out of it, as rlvr (key, value) pairs."""
     names = [key for key in tree if key in TRL_NAMES]
+    _refuse_both({*names, *(f"{section}.{k}" for section, body in tree.items() if isinstance(body, dict)
+                            for k in body)}, "in the recipe")
     return [pair for group in translate((key, tree.pop(key)) for key in names) for pair in group]
+
+
+def _refuse_both(given: set[str], where: str) -> None:
+    """A TRL name and the rlvr field it sets, both given in one place: one would silently win."""
+    for name in sorted(given & TRL_NAMES.keys()):
+        both = [key for key in TRL_NAMES[name].fields() if key in given and key != name]
+        if both:
+            raise ConfigError(f"{name}: given {where} beside {both[0]}, which it sets (TRL's name for it); "
+                              f"keep one of the two")
 
 
 def alias_hint(full: str) -> str | None:

@@ -25,6 +25,11 @@ class EngineKind:
     trainer keeps one thread of its own (the engine's threads share the cores)."""
     causal_only: bool
     """Samples causal LMs only (the masked-diffusion sampler is rlvr's own)."""
+    own_processes: bool = False
+    """Runs in processes of its own (servers): a learner rank drives it directly, never through a spawned
+    process that keeps it out of the learners' process group."""
+    adapters: bool = False
+    """Loads LoRA adapters unmerged (`rollout.lora_sync=adapter`): a LoRA run pushes the adapter alone."""
     options: tuple[str, ...] = ()
     """Config fields only this engine reads: set under another engine, they are refused (they would be ignored)."""
 
@@ -41,4 +46,11 @@ ENGINES = {
     "torch": EngineKind(own_weights=False, exact_logprobs=True, batches_itself=False, causal_only=False),
     "vllm": EngineKind(own_weights=True, exact_logprobs=False, batches_itself=True, causal_only=True,
                        options=("rollout.vllm_kv_cache_mb", "rollout.vllm_block_size", "rollout.vllm_max_model_len")),
+    "vllm_server": EngineKind(own_weights=True, exact_logprobs=False, batches_itself=True, causal_only=True,
+                              own_processes=True, adapters=True,
+                              options=("rollout.vllm_kv_cache_mb", "rollout.vllm_block_size",
+                                       "rollout.vllm_max_model_len", "rollout.servers", "rollout.server_urls",
+                                       "rollout.server_port",
+                                       "rollout.server_start_timeout_s", "rollout.server_on_crash",
+                                       "rollout.weight_bucket_mb", "rollout.lora_sync")),
 }

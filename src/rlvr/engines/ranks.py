@@ -87,3 +87,11 @@ class LeadReward:
     def on_step_begin(self, step: int, steps: int) -> None:
         if self.reward is not None:
             self.reward.on_step_begin(step, steps)
+
+    def judged(self, task, group, texts, examples):
+        """Rewards and correctness from rank 0, under its verifier's per-sample deadlines."""
+        return self.shard.broadcast(self.reward.judged(task, group, texts, examples) if self.reward is not None
+                                    else None)
+
+    def correct(self, task, group, texts):
+        return self.shard.broadcast(self.reward.correct(task, group, texts) if self.reward is not None else None)

@@ -99,9 +99,14 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
             m._forward_hooks = saved
 
 
-def published(model: torch.nn.Module, *, merged: bool = False) -> list[tuple[str, torch.Tensor]]:
+def published(model: torch.nn.Module, *, merged: bool = False, adapter: bool = False) -> list[tuple[str, torch.Tensor]]:
     """A copy of `model`'s parameters, by name, that later updates of `model` do not change.
-    `merged`: under the base model's names with LoRA adapters folded in, as vLLM loads them."""
+    `merged`: under the base model's names with LoRA adapters folded in, as vLLM loads them;
+    `adapter`: the LoRA adapter's own tensors alone, for an engine that serves it unmerged."""
+    if adapter:
+        from rlvr.models.lora import adapter_weights
+
+        return [(name, t.clone()) for name, t in adapter_weights(model)]
     if merged:
         from rlvr.models.lora import merged_weights
 

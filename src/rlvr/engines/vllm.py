@@ -61,18 +61,66 @@ def save_for_engine(named_tensors: Iterable[tuple[str, torch.Tensor]], hf_config
 
 
 def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs on the vLLM worker: load `weights` in place, then refresh a tied output head.
-
-    A tied `lm_head` has no weight of its own in the checkpoint, so vLLM's in-place reload skips
-    the head ("ParallelLMHead: Failed to load weights") and never re-runs its post-load step; on
-    CPU that step packs the (new) embedding matrix into the head's GEMM kernel, so without it a
-    tied model samples with the new body and the old head."""
+    """Runs on the vLLM worker: load `weights` in place, then refresh a tied output head."""
     worker.reload_weights(weights_iterator=weights)
-    model = worker.model_runner.get_model()
+    _refresh_tied_head(worker.model_runner.get_model(), worker.model_runner.model_config)
+
+
+def _refresh_tied_head(model, model_config) -> None:
+    """A tied `lm_head` has no weight of its own in the checkpoint, so vLLM's reloads skip the head
+    ("ParallelLMHead: Failed to load weights") and never re-run its post-load step; on CPU that
+    step packs the (new) embedding matrix into the head's GEMM kernel, so without it a tied model
+    samples with the new body and the old head."""
     head = getattr(model, "lm_head", None)
     method = getattr(head, "quant_method", None)
-    if getattr(worker.model_runner.model_config.hf_config, "tie_word_embeddings", False) and method is not None:
+    if getattr(model_config.hf_config, "tie_word_embeddings", False) and method is not None:
         method.process_weights_after_loading(head)
+
+
+SHM_BACKEND = "rlvr_shm"
+
+
+def register_shm_backend() -> None:
+    """Register the `rlvr_shm` weight-transfer backend with vLLM's four-phase update protocol (run in a
+    vLLM server's worker by `engines.vllm_ext`): each `/update_weights` names one bucket, a
+    safetensors file of HF-named tensors on /dev/shm, loaded with the model's `load_weights` inside
+    vLLM's layerwise reload. vLLM's own backends (NCCL, CUDA IPC) need a GPU; this one runs on a CPU."""
+    from dataclasses import dataclass
+
+    from safetensors.torch import load_file
+    from vllm.distributed.weight_transfer import base
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    from vllm.model_executor.model_loader.reload import layerwise
+
+    @dataclass
+    class ShmInitInfo(base.WeightTransferInitInfo):
+        pass
+
+    @dataclass
+    class ShmUpdateInfo(base.WeightTransferUpdateInfo):
+        path: str
+
+    class ShmEngine(base.WeightTransferEngine):
+        init_info_cls, update_info_cls = ShmInitInfo, ShmUpdateInfo
+
+        def init_transfer_engine(self, init_info) -> None:
+            pass
+
+        def start_weight_update(self) -> None:
+            layerwise.initialize_layerwise_reload(self.model)
+
+        def receive_weights(self, update_info) -> None:
+            self.model.load_weights(list(load_file(update_info.path).items()))
+
+        def finish_weight_update(self) -> None:
+            layerwise.finalize_layerwise_reload(self.model, self.model_config)
+            _refresh_tied_head(self.model, self.model_config)
+
+        def shutdown(self) -> None:
+            pass
+
+    if SHM_BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(SHM_BACKEND, ShmEngine)
 
 
 @contextlib.contextmanager

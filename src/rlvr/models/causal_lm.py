@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from rlvr.errors import ConfigError
+from rlvr.hub import LOGIN, hf_command
 from rlvr.models.tokenizer import char_tokenizer
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -40,10 +41,10 @@ def hub_snapshot(repo: str) -> Path:
     except LocalEntryNotFoundError:
         where = "with HF_HUB_OFFLINE set" if offline else "and the Hub cannot be reached"
         raise ConfigError(f"model.path: '{repo}' is no local directory and not in the Hugging Face cache {where}; "
-                          f"download it once (huggingface-cli download {repo_id}) or pass a local directory") from None
+                          f"download it once ({hf_command()} download {repo_id}) or pass a local directory") from None
     except RepositoryNotFoundError:
         raise ConfigError(f"model.path: '{repo}' is no local directory and no Hub model (or a gated one: log in "
-                          f"with huggingface-cli login); check the id") from None
+                          f"with {hf_command()} {LOGIN[hf_command()]}); check the id") from None
     except (HfHubHTTPError, OSError, ValueError) as err:
         reason = (str(err).strip().splitlines() or [""])[0][:200]
         raise ConfigError(f"model.path: fetching '{repo}' from the Hub failed ({type(err).__name__}: {reason}); "

@@ -152,5 +152,21 @@ def merged_weights(model) -> list[tuple[str, object]]:
                 adapters = [a for a in module.active_adapters if a in module.lora_A]
                 if adapters:
                     deltas[f"{name}.base_layer.weight"] = sum(module.get_delta_weight(a) for a in adapters)
-        return [(name.replace(".base_layer.", "."), p.detach() + deltas[name] if name in deltas else p.detach())
+        # added in fp32, then cast: a bf16 sum would round the small update away
+        return [(name.replace(".base_layer.", "."),
+                 (p.detach().float() + deltas[name].float()).to(p.dtype) if name in deltas else p.detach())
                 for name, p in base.named_parameters() if ".lora_" not in name]
+
+
+def base_weights(model) -> list[tuple[str, object]]:
+    """(name, tensor) of the base model's own weights, adapters left out (not folded in): what a
+    server that applies the adapter itself starts from."""
+    if not hasattr(model, "peft_config"):
+        return [(name, p.detach()) for name, p in model.named_parameters()]
+    return [(name.replace(".base_layer.", "."), p.detach()) for name, p in model.get_base_model().named_parameters()
+            if ".lora_" not in name]
+
+
+def adapter_weights(model) -> list[tuple[str, object]]:
+    """(peft name, tensor) of the trainable adapter weights alone: an adapter-only push."""
+    return [(name, p.detach()) for name, p in model.named_parameters() if ".lora_" in name and p.requires_grad]

@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from rlvr.kernels import training
 from rlvr.kernels.weights import LlamaWeights, supports
+from rlvr.models import packing
 
 CHUNK_ELEMENTS = 1 << 24
 """The fast path computes the LM head in row chunks once tokens × vocabulary exceeds this (64 MB
@@ -105,14 +106,17 @@ class CausalPolicy:
 
     Llama-family models use `rlvr.kernels.training` (each distinct prompt is run once for its
     whole group; same log-probs and gradients as the plain forward, tests/perf); `fast=False` or
-    any other model runs the plain `transformers` forward.
+    any other model runs the plain `transformers` forward: padding-free (`models.packing`) when
+    `packing` names a layout, else one padded row per completion.
     """
 
     exact_logprobs = True  # its training forward gives the log-probs themselves (the step may keep them)
 
     def __init__(self, model, *, temperature: float = 1.0, fast: bool = True, kernels: str = "eager",
-                 checkpointing: bool = False):
+                 checkpointing: bool = False, packing: str | None = None):
         self.model = model
+        # None: the padded forward; "packed" / "shared": `models.packing`'s (the builder probed the model)
+        self.packing = packing
         # True: the model's layers were set to recompute activations (`trainer.gradient_checkpointing`);
         # transformers does so only in training mode, which the plain forward switches on for them.
         self.checkpointing = checkpointing
@@ -121,7 +125,7 @@ class CausalPolicy:
         self.fast = fast
         self.kernels = kernels  # "cpp": the fast path's layers run as C++ calls forward and backward
         self._module = None
-        self.forwards = 0  # module forwards (the fused fast path bypasses the module and is not counted)
+        self.forwards = 0  # model forwards, padded or packed (the fused fast path is not counted)
         model.register_forward_hook(self._count_forward)
 
     def _count_forward(self, module, args, output) -> None:
@@ -157,6 +161,8 @@ class CausalPolicy:
     def _outputs(self, prompt_ids, prompt_mask, completion_ids, with_entropy, completion_mask, stats):
         if self.fast and completion_ids.shape[1] and supports(self.model):
             return self._fast_outputs(prompt_ids, prompt_mask, completion_ids, with_entropy, completion_mask, stats)
+        if self.packing and completion_ids.shape[1]:
+            return self._packed_outputs(prompt_ids, prompt_mask, completion_ids, with_entropy, completion_mask, stats)
         device = self.model.get_input_embeddings().weight.device
         if completion_ids.device != device:  # trainer tensors live on the host; the model may not
             prompt_ids, prompt_mask, completion_ids = (x.to(device) for x in (prompt_ids, prompt_mask, completion_ids))
@@ -182,16 +188,35 @@ class CausalPolicy:
             lengths = _up_to_last_one(completion_mask).sum(-1).long()
         w = LlamaWeights(self.model, kernels=self._kernels() is not None)
         hidden, index = training.completion_hidden(w, prompt_ids, prompt_mask, completion_ids, lengths)
+        return self._scored_outputs(w.logits, w.lm_head.shape[0], hidden, index, completion_ids, with_entropy, stats)
+
+    def _packed_outputs(self, prompt_ids, prompt_mask, completion_ids, with_entropy, completion_mask, stats):
+        """The padding-free forward of any causal LM (`models.packing`; `self.packing` names the layout)."""
+        lm = packing.causal_lm_of(self.model)
+        device = lm.get_input_embeddings().weight.device
+        prompt_ids, prompt_mask, completion_ids = (x.to(device) for x in (prompt_ids, prompt_mask, completion_ids))
+        lengths = (torch.full(completion_ids.shape[:1], completion_ids.shape[1], device=device)
+                   if completion_mask is None else _up_to_last_one(completion_mask.to(device)).sum(-1).long())
+        self.forwards += 1  # one forward of the model's own layers, as the padded path's module call counts
+        with self._recompute():
+            hidden, index = packing.packed_hidden(packing.body_of(lm), prompt_ids, prompt_mask, completion_ids, lengths,
+                                                  share=self.packing == "shared")
+        head = packing.head_function(lm)
+        return self._scored_outputs(head, lm.get_output_embeddings().weight.shape[0], hidden, index, completion_ids,
+                                    with_entropy, stats)
+
+    def _scored_outputs(self, head, vocab: int, hidden, index, completion_ids, with_entropy, stats):
+        """Log-probs, entropy and stats of the scored tokens from the hidden states predicting them
+        (hidden (M, H), index (M,) into (B, Tc)), scattered into (B, Tc) grids, 0 elsewhere."""
         tokens = completion_ids.flatten()[index]
         size = completion_ids.numel()
-        vocab = w.lm_head.shape[0]
         if hidden.shape[0] * vocab > CHUNK_ELEMENTS:  # large vocabulary: never hold (M, V) tensors
-            logp, entropy, *extra = chunked_head_logprobs(w.logits, hidden, tokens, temperature=self.temperature,
+            logp, entropy, *extra = chunked_head_logprobs(head, hidden, tokens, temperature=self.temperature,
                                                           with_entropy=with_entropy, stats=stats,
                                                           chunk_rows=max(1, CHUNK_ELEMENTS // 4 // vocab))
             extra = extra[0] if extra else {}
         else:
-            logits = w.logits(hidden).float()                                 # (M, V), packed
+            logits = head(hidden).float()                                     # (M, V), packed
             if self.temperature != 1.0:  # x / 1 is x exactly: skip the op (and its backward)
                 logits = logits / self.temperature
             logp, entropy, extra = head_outputs(logits, tokens, with_entropy=with_entropy, stats=stats)

@@ -26,7 +26,7 @@ from rlvr.codec import completion_batch, encode_prompts
 from rlvr.config import Config
 from rlvr.errors import ConfigError
 from rlvr.preference.pairs import Pair
-from rlvr.preference.run import PreferenceRun, split_pairs
+from rlvr.preference.run import PreferenceRun, check_pairs_fit, split_pairs
 from rlvr.trainer.evaluate import greedy_accuracy
 
 __all__ = ["dpo", "pair_batch", "sequence_logprobs"]
@@ -83,6 +83,7 @@ def dpo(config: Config, *, command: list[str], echo=print) -> dict:
     model, tokenizer = build.build_model(config)
     task = build.build_task(config, tokenizer)
     train_pairs, heldout = split_pairs(config, task)
+    check_pairs_fit(train_pairs + heldout, tokenizer, model)
     reference_model = copy.deepcopy(model).eval().requires_grad_(False)
     policy, reference = build.build_policy(config, model), build.build_policy(config, reference_model)
     engine = build.build_engine(config, model, tokenizer)

@@ -11,6 +11,7 @@ highest is dropped, so every pair is ranked by the true reward.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,10 @@ def load_pairs(path: str | Path) -> list[Pair]:
             raise ConfigError(f"preference.data: {where} lacks string field(s) {', '.join(missing)}; "
                               f"each row is {{\"prompt\": ..., \"chosen\": ..., \"rejected\": ...}}")
         margin = row.get("margin")
+        if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))
+                                   or not math.isfinite(margin)):
+            raise ConfigError(f"preference.data: {where} has margin {margin!r}; a margin is a finite number "
+                              f"(or leave it out for preference.margin)")
         out.append(Pair(row["prompt"], row["chosen"], row["rejected"], None if margin is None else float(margin)))
     if not out:
         raise ConfigError(f"preference.data: '{path}' holds no pairs")

@@ -20,7 +20,7 @@ from rlvr.builder import build
 from rlvr.config import Config
 from rlvr.errors import ConfigError
 from rlvr.preference.pairs import Pair
-from rlvr.preference.run import PreferenceRun, split_pairs
+from rlvr.preference.run import PreferenceRun, check_pairs_fit, split_pairs
 from rlvr.rewards.reward_model import encode_pairs, prepare, sequence_scores
 
 __all__ = ["reward_classifier", "train_reward_model"]
@@ -66,6 +66,7 @@ def train_reward_model(config: Config, *, command: list[str], echo=print) -> dic
     causal, tokenizer = build.base_model(config)
     task = build.build_task(config, tokenizer)
     train_pairs, heldout = split_pairs(config, task)
+    check_pairs_fit(train_pairs + heldout, tokenizer, causal)
     model = build.prepare_model(config, reward_classifier(causal, config.seed))
     pad_id = prepare(model, tokenizer)
     optimizer, scheduler = build.build_optimizer(model.parameters(), lr=p.lr, warmup_steps=0, total_steps=p.steps)

@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import ast
 import builtins
+import copy
 import math
 import operator
 from dataclasses import dataclass
 
 from rlvr.rewards.pyast import parse
 
-__all__ = ["Spec", "split_test", "evaluate_check", "deserialize", "CheckError"]
+__all__ = ["Spec", "split_test", "evaluate_check", "deserialize", "CheckError", "BoundError"]
 
 MAX_ITEMS = 1 << 20  # longest str/list/tuple an operator may build here (the grader's memory stays small)
 MAX_INT_BITS = 1 << 16  # largest int an operator may build here
@@ -69,6 +70,11 @@ class CheckError(Exception):
     """The check cannot be evaluated on these values (a wrong type, an oversized result): the test fails."""
 
 
+class BoundError(CheckError):
+    """The values are over a bound on the checks' cost (too large, too many shared hashes): the test
+    fails, and the grade counts it (a program built to stall the grader, not a wrong answer)."""
+
+
 @dataclass(frozen=True)
 class Spec:
     """One test, split: `probes` go into the sandbox, `check` (an expression over `_v0`, `_v1`, ...)
@@ -79,6 +85,9 @@ class Spec:
     check: ast.expr | None = None
     forgeable: bool = False
     reference: tuple[bool, ...] = ()  # per probe: names only builtins and math, so evaluated without the candidate
+    # A script (statements around asserts): ("exec", source) run inside, or ("probes", first, end): the
+    # probes[first:end] of one assert, evaluated inside at that point. Empty: a single assert.
+    steps: tuple[tuple, ...] = ()
 
 
 def split_test(test: str) -> Spec:
@@ -87,18 +96,66 @@ def split_test(test: str) -> Spec:
     >>> spec = split_test("assert abs(area(2) - 12.57) < 0.01")
     >>> spec.probes, ast.unparse(spec.check)
     (('area(2)',), 'abs(_v0 - 12.57) < 0.01')
-    >>> split_test("x = f(1); assert x == 2").forgeable
+    >>> ast.unparse(split_test("want = [2]; x = f(1); assert x == want").check)
+    '_v0 == [2]'
+    >>> split_test("for x in (1, 2): assert f(x) == 2").forgeable
     True
     """
     try:
         tree = parse(test.strip())
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return Spec(source=test, forgeable=True)
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
+    if len(tree.body) == 1 and isinstance(tree.body[0], ast.Assert):
+        probes: list[str] = []
+        check = _open(tree.body[0].test, probes)
+        return Spec(source=test, probes=tuple(probes), check=check, reference=tuple(map(is_reference, probes)))
+    return _script(test, tree.body)
+
+
+def _script(test: str, body: list[ast.stmt]) -> Spec:
+    """Top-level statements around top-level asserts: the statements run inside in order, each assert's
+    probes are evaluated inside where it stands, and the checks (joined by ``and``) stay here. A name
+    bound to a reference value (``want = [1, 2]``) that no statement reads is not run inside: its
+    value is put into the asserts that read it. An assert inside a loop, a function or any other
+    compound statement cannot be split: the test runs inside as a statement (`Spec.forgeable`)."""
+    asserts = [node for node in body if isinstance(node, ast.Assert)]
+    if not asserts or any(isinstance(inner, ast.Assert) for node in body if not isinstance(node, ast.Assert)
+                          for inner in ast.walk(node)):
         return Spec(source=test, forgeable=True)
+    read_inside = {n.id for node in body if not isinstance(node, ast.Assert) for n in ast.walk(node)
+                   if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    known: dict[str, ast.expr] = {}  # names bound to reference values, as they stand here
     probes: list[str] = []
-    check = _open(tree.body[0].test, probes)
-    return Spec(source=test, probes=tuple(probes), check=check, reference=tuple(map(is_reference, probes)))
+    checks, steps = [], []
+    for node in body:
+        if isinstance(node, ast.Assert):
+            first = len(probes)
+            checks.append(_open(_Known(known).visit(node.test), probes))
+            steps.append(("probes", first, len(probes)))
+            continue
+        bound = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+        for name in bound:
+            known.pop(name, None)
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if isinstance(target, ast.Name) and target.id not in read_inside and is_reference(ast.unparse(node.value)):
+            known[target.id] = node.value  # an expected value: stays out of the sandbox
+        else:
+            steps.append(("exec", ast.unparse(node)))
+    check = checks[0] if len(checks) == 1 else ast.BoolOp(op=ast.And(), values=checks)
+    return Spec(source=test, probes=tuple(probes), check=check, reference=tuple(map(is_reference, probes)),
+                steps=tuple(steps))
+
+
+class _Known(ast.NodeTransformer):
+    """An assert's expression with each name bound to a reference value replaced by that value."""
+
+    def __init__(self, known: dict[str, ast.expr]):
+        self.known = known
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:  # noqa: N802 - ast.NodeTransformer's naming
+        if isinstance(node.ctx, ast.Load) and node.id in self.known:
+            return copy.deepcopy(self.known[node.id])
+        return node
 
 
 # Builtins through which a probe could still reach the candidate's namespace: such a probe is the candidate's.
@@ -180,7 +237,7 @@ def few_collisions(items) -> list:
             raise CheckError("unhashable item") from None
         counts[h] = counts.get(h, 0) + 1
         if counts[h] > MAX_SAME_HASH:
-            raise CheckError(f"more than {MAX_SAME_HASH} items share one hash")
+            raise BoundError(f"more than {MAX_SAME_HASH} items share one hash")
     return items
 
 
@@ -216,19 +273,19 @@ def _equal(a, b) -> bool:
 
 def _bounded(value):
     if isinstance(value, (str, list, tuple)) and len(value) > MAX_ITEMS:
-        raise CheckError("result too large")
+        raise BoundError("result too large")
     if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
-        raise CheckError("integer too large")
+        raise BoundError("integer too large")
     return value
 
 
 def _binary(op: ast.operator, a, b):
     if isinstance(op, ast.Pow) and isinstance(b, int) and abs(b) > 4096 and not isinstance(a, float):
-        raise CheckError("exponent too large")
+        raise BoundError("exponent too large")
     if isinstance(op, ast.Mult):
         for seq, n in ((a, b), (b, a)):
             if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * max(n, 0) > MAX_ITEMS:
-                raise CheckError("result too large")
+                raise BoundError("result too large")
     return _bounded(_BINARY[type(op)](a, b))
 
 
@@ -295,7 +352,7 @@ def _eval(node: ast.expr, env: dict):  # noqa: C901 - one branch per node type r
         args = [_eval(a, env) for a in node.args]
         kwargs = {k.arg: _eval(k.value, env) for k in node.keywords if k.arg is not None}
         if any(isinstance(a, (str, list, tuple, set, dict)) and len(a) > MAX_ITEMS for a in args):
-            raise CheckError("argument too large")
+            raise BoundError("argument too large")
         if fn in (set, frozenset, dict) and args and isinstance(args[0], (list, tuple)):
             args[0] = few_collisions(args[0]) if fn is not dict else args[0]
             if fn is dict:

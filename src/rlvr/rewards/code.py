@@ -18,9 +18,19 @@ Two kinds of tests (a row's ``tests`` field):
   program that walks the harness's frames, ``gc``, ``/proc`` or its fds finds no expected value. Result
   lines are tagged with a per-run random nonce read from stdin (then replaced by
   ``/dev/null``), so ``print("PASSED")``, ``sys.exit(0)`` or ``os._exit(0)`` before the tests
-  produce no tagged lines and FAIL; a malformed line fails its test only. A test that is not a
-  single ``assert`` statement runs inside as a statement (passed when it raises nothing): the
-  one form a program that introspects the interpreter could forge.
+  produce no tagged lines and FAIL; a malformed line fails its test only. A test of several
+  statements with its asserts at the top level (``s = Stack(); s.push(1); assert s.pop() == 1``)
+  is a script: its statements run inside in order, each assert's probes are evaluated where the
+  assert stands, and the checks stay here; a name bound to an expected value (``want = [1, 2]``)
+  that no statement reads stays here too. What does enter with a script is what its statements
+  hold (inputs, and any expected value a statement itself compares, as in ``ok = f(1) == 2``). A
+  test with an assert inside a loop, a function or another compound statement runs inside as a
+  statement (passed when it raises nothing): the one form a program that introspects the
+  interpreter could forge, its expected values within the program's reach.
+
+The checks run on values the program chose, so they run in check workers (`CodeGrader.checks`,
+processes of their own): each sample's checks under ``check_timeout_s``, a breach failing that
+sample's tests and counted (`Grade.breach`, the task's ``check_breaches`` metric).
 
 Reward = fraction of tests passed, or 1/0 with ``all_or_nothing``. ``SANDBOX_ERROR`` (our
 fault) gives reward ``None`` (not scorable) and is counted, never turned into a silent zero.
@@ -34,10 +44,15 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
-from rlvr.rewards.asserts import CheckError, Spec, deserialize, evaluate_check, split_test
+from rlvr.rewards.asserts import BoundError, CheckError, Spec, deserialize, evaluate_check, split_test
 from rlvr.rewards.sandbox import Limits, RunResult, Sandbox, Verdict
+from rlvr.rewards.workers import WorkerPool
 
-__all__ = ["Grade", "CodeGrader", "extract_code", "compare_stdout"]
+__all__ = ["Grade", "CodeGrader", "extract_code", "compare_stdout", "clean_detail"]
+
+CHECK_TIMEOUT_S = 5.0  # one sample's checks, in a check worker; honest checks take milliseconds
+CHECK_MEMORY_MB = 512  # a check worker's memory budget beyond its size at start
+DETAIL_CHARS = 200  # a grade's detail kept at most (grades are cached: thousands of them)
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
@@ -120,8 +135,16 @@ def _main():
         return
     for i, t in enumerate(tests):
         try:
-            if t["kind"] == "probes":
-                values = [eval(src, ns) for src in t["src"]]
+            if t["kind"] in ("probes", "script"):
+                if t["kind"] == "probes":
+                    values = [eval(src, ns) for src in t["src"]]
+                else:  # statements run in order, each assert's probes where it stands
+                    values = []
+                    for step in t["steps"]:
+                        if "exec" in step:
+                            exec(step["exec"], ns)
+                        else:
+                            values += [eval(src, ns) for src in step["probes"]]
                 try:
                     values = [_serialize(v) for v in values]
                 except BaseException:
@@ -149,6 +172,8 @@ class Grade:
     total: int
     tests: list[Verdict] = field(default_factory=list)
     detail: str = ""
+    # The checks on the program's values breached a bound: values over the size/hash bounds (that test failed),
+    breach: str = ""  # or past the check worker's deadline or memory (every test failed). Counted in metrics.
 
     def reward(self, all_or_nothing: bool = False) -> float | None:
         if self.verdict is Verdict.SANDBOX_ERROR:
@@ -174,9 +199,15 @@ def _overall(tests: list[Verdict], runs: list[RunResult]) -> Verdict:
 class CodeGrader:
     """Runs a completion's code against tests in a ``Sandbox``; see the module doc."""
 
-    def __init__(self, sandbox: Sandbox | None = None, *, limits: Limits | None = None):
+    def __init__(self, sandbox: Sandbox | None = None, *, limits: Limits | None = None,
+                 check_timeout_s: float = CHECK_TIMEOUT_S, check_workers: int = 2):
         self.sandbox = sandbox or Sandbox()
         self.limits = limits
+        # The checks run on values the program chose (a set of 37,000 colliding ints, frozensets nested to
+        # compare in exponential time): in a worker process each sample's under its own deadline, never here.
+        self.check_timeout_s = check_timeout_s
+        self.checks = WorkerPool({"grade": "rlvr.rewards.code:grade_asserts"}, size=check_workers,
+                                 memory_mb=CHECK_MEMORY_MB, spawn=True, name="code checks")
         self._references: dict[str, list | None] = {}  # reference probes (JSON) -> their values per test
 
     def _reference_values(self, wanted: list[str]) -> None:
@@ -216,9 +247,7 @@ class CodeGrader:
             else:
                 specs = [split_test(str(t)) for t in tests]
                 nonce = secrets.token_hex(16)
-                sent = [{"kind": "stmt", "src": s.source} if s.forgeable else
-                        {"kind": "probes", "src": [p for p, ref in zip(s.probes, s.reference) if not ref]}
-                        for s in specs]
+                sent = [_sent(s) for s in specs]
                 stdin = nonce + "\n" + json.dumps(sent) + "\n"
                 wanted = json.dumps([[p for p, ref in zip(s.probes, s.reference) if ref] for s in specs])
                 plans.append(("assert", len(jobs), (specs, nonce, wanted)))
@@ -227,6 +256,7 @@ class CodeGrader:
         self._reference_values([info[2] for kind, _, info in plans
                                 if kind == "assert" and any(any(s.reference) for s in info[0])])
         runs = self.sandbox.run_many(jobs)
+        checked = iter(self._checked([(runs[start], *info) for kind, start, info in plans if kind == "assert"]))
         grades = []
         for kind, start, info in plans:
             if kind == "empty":
@@ -237,9 +267,34 @@ class CodeGrader:
                 passed = sum(v is Verdict.PASS for v in verdicts)
                 grades.append(Grade(_overall(verdicts, mine), passed, len(verdicts), verdicts))
             else:
-                specs, nonce, wanted = info
-                grades.append(_assert_grade(runs[start], specs, nonce, self._references.get(wanted)))
+                grades.append(next(checked))
         return grades
+
+    def _checked(self, asserts: list[tuple[RunResult, list[Spec], str, str]]) -> list[Grade]:
+        """Each assert run's grade, computed in the check workers, one sample per call under its own
+        deadline: a sample whose checks breach it fails all its tests (`Grade.breach`), the others
+        are graded as alone."""
+        calls = [((run, specs, nonce, self._references.get(wanted)), {}) for run, specs, nonce, wanted in asserts]
+        grades = []
+        for (_, specs, _, _), (grade, error) in zip(asserts, self.checks.run("grade", calls, self.check_timeout_s)):
+            if error is not None or not isinstance(grade, Grade):
+                error = clean_detail(error or "a check worker returned no grade")
+                grade = Grade(Verdict.FAIL, 0, len(specs), [Verdict.FAIL] * len(specs), f"grading: {error}", error)
+            grades.append(grade)
+        return grades
+
+
+def _sent(spec: Spec) -> dict:
+    """What of a test enters the candidate's sandbox: its probes (not the reference ones), its script's
+    statements and probes in order, or, for a test that cannot be split, the whole statement."""
+    def own(first, end):
+        return [p for p, ref in zip(spec.probes[first:end], spec.reference[first:end]) if not ref]
+    if spec.forgeable:
+        return {"kind": "stmt", "src": spec.source}
+    if spec.steps:
+        return {"kind": "script", "steps": [{"exec": step[1]} if step[0] == "exec" else {"probes": own(*step[1:])}
+                                            for step in spec.steps]}
+    return {"kind": "probes", "src": own(0, len(spec.probes))}
 
 
 def _stdio_verdict(run: RunResult, expected: str) -> Verdict:
@@ -279,20 +334,36 @@ def _check_passes(record: dict, spec: Spec, reference: list | None) -> bool:
     try:
         env = {f"_v{i}": deserialize(v) for i, v in enumerate(values)}
         return bool(evaluate_check(spec.check, env))
+    except BoundError:
+        raise
     except (CheckError, RecursionError, TypeError, ValueError):  # unhashable set items, deep nesting
         return False
 
 
-def _assert_grade(run: RunResult, specs: list[Spec], nonce: str, references: list | None = None) -> Grade:
-    """The grade of one assert run; `references[i]`: test i's reference probe values (None: they failed)."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
+
+
+def clean_detail(text: str, limit: int = DETAIL_CHARS) -> str:
+    r"""A detail fit to keep and print: at most `limit` characters, control characters made one space.
+
+    >>> clean_detail("Error: \x1b[2Jgone\x00" + "x" * 300)[:20], len(clean_detail("y" * 10_000))
+    ('Error:  [2Jgone xxxx', 200)
+    """
+    return _CONTROL.sub(" ", str(text)[:limit])
+
+
+def grade_asserts(run: RunResult, specs: list[Spec], nonce: str, references: list | None = None) -> Grade:
+    """The grade of one assert run; `references[i]`: test i's reference probe values (None: they failed).
+    Runs in a check worker (`CodeGrader.checks`): the run's output is the program's and hostile."""
     if run.verdict is Verdict.SANDBOX_ERROR:
-        return Grade(Verdict.SANDBOX_ERROR, 0, len(specs), [Verdict.SANDBOX_ERROR] * len(specs), run.detail)
+        return Grade(Verdict.SANDBOX_ERROR, 0, len(specs), [Verdict.SANDBOX_ERROR] * len(specs),
+                     clean_detail(run.detail))
     results: dict[int, dict] = {}
     for line in run.stdout.splitlines():
         record = _parse_record(line, nonce, len(specs)) if line.startswith(nonce) else None
         if record is not None:
             results.setdefault(record["i"], record)
-    verdicts = []
+    verdicts, breach = [], ""
     for i, spec in enumerate(specs):
         record = results.get(i)
         if record is None:  # never reported: the program stopped, exited early or hit a limit
@@ -303,10 +374,13 @@ def _assert_grade(run: RunResult, specs: list[Spec], nonce: str, references: lis
                             else Verdict.FAIL)
         elif not spec.forgeable:
             reference = references[i] if references and any(spec.reference) else None
-            ok = (reference is not None or not any(spec.reference)) and _check_passes(record, spec, reference)
+            try:
+                ok = (reference is not None or not any(spec.reference)) and _check_passes(record, spec, reference)
+            except BoundError as err:
+                ok, breach = False, f"values over the checks' bounds: {err}"
             verdicts.append(Verdict.PASS if ok else Verdict.FAIL)
         else:
             verdicts.append(Verdict.PASS if record.get("ok") is True else Verdict.FAIL)
     passed = sum(v is Verdict.PASS for v in verdicts)
-    detail = results.get(-1, {}).get("error", "")
-    return Grade(_overall(verdicts, [run]), passed, len(specs), verdicts, detail)
+    detail = clean_detail(results.get(-1, {}).get("error", ""))
+    return Grade(_overall(verdicts, [run]), passed, len(specs), verdicts, detail, breach)

@@ -52,7 +52,6 @@ weighted sum; ``load_reward_spec("a.py:right, 0.2*a.py:short")`` reads the ``rew
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import math
@@ -65,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.errors import ConfigError, RewardError
-from rlvr.rewards.calls import CallThread, Deadline, awaited, describe, run_coroutine, where
+from rlvr.rewards.calls import CallThread, Deadline, awaited, describe, each_awaited, run_coroutine, side_by_side, where
 from rlvr.rewards.combine import weighted_sum
 from rlvr.rewards.forms import COMPLETION_IDS, TrainerState, batched, reward_form
 from rlvr.rewards.loading import load_reward_fn, load_reward_spec, spec_entries  # noqa: F401  re-exported
@@ -149,34 +148,22 @@ class RewardRunner:
     # Each call path returns a list of (value, error-string-or-None).
 
     def _call_each(self, prompts, completions, examples) -> list[tuple[Any, str | None]]:
+        calls = [((p, c), ex) for p, c, ex in zip(prompts, completions, examples)]
         if self.is_async:
-            async def contained(p, c, ex):
-                # Caught inside the coroutine: asyncio re-raises a task's SystemExit out of the loop.
-                try:
-                    return await self.fn(p, c, **ex), None
-                except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C; wait_for's timeout
-                    raise
-                except BaseException as err:  # noqa: BLE001 - SystemExit included: one sample, not the run
-                    return None, describe(err)
-
-            async def one(p, c, ex):
-                try:
-                    return await awaited(contained(p, c, ex), self.timeout_s)
-                except Deadline:
-                    return None, self._timeout_error()
-                except asyncio.CancelledError as err:  # the function's own, not a timeout
-                    return None, describe(err)
-
-            async def gather():
-                return await asyncio.gather(*(one(p, c, ex) for p, c, ex in zip(prompts, completions, examples)))
-            return run_coroutine(gather())
-        return self._calls_of([((p, c), ex) for p, c, ex in zip(prompts, completions, examples)])
+            return each_awaited(self.fn, calls, self.timeout_s, self._timeout_error())
+        return self._calls_of(calls)
 
     def _calls_of(self, calls: list[tuple[tuple, dict]], fn: Callable | None = None) -> list[tuple[Any, str | None]]:
         """Each call of `fn` (default: the function) under its own deadline, in the workers when there are."""
         if self.pool is not None and fn is None:
             return [(v, self._breach(e)) for v, e in self.pool.run("fn", calls, self.timeout_s)]
-        return [self._guarded(fn or self.fn, args, kwargs) for args, kwargs in calls]
+        fn, out = fn or self.fn, []
+        for i, (args, kwargs) in enumerate(calls):
+            out.append(self._guarded(fn, args, kwargs))
+            error = out[-1][1]
+            if error is not None and error.startswith(TIMEOUT + ":") and i + 1 < len(calls):
+                return out + side_by_side(fn, calls[i + 1:], self.timeout_s, error)
+        return out
 
     def _breach(self, error: str | None) -> str | None:
         return self._timeout_error() if error and error.startswith(TIMEOUT + ":") else error

@@ -20,7 +20,9 @@ killed and replaced, and the calls it had not started go to the others. A call t
 `memory_mb`) gets a `MEMORY` error and the worker goes on. Once a call holds its worker past
 `GRACE_S`, the calls still waiting get a worker each (at most `SURGE` more than `size`), so k
 hostile calls run out their deadlines side by side and a batch with k of them ends about one
-deadline after it started, not k.
+deadline after it started, not k. A batch in which a call reaches its deadline before any call has
+answered is a function that never returns: every call still running or waiting fails with `TIMEOUT`
+at once, so such a function costs one deadline per batch, not one per wave of workers.
 
 Inside a worker, every pool runs its calls inline: the worker itself is the bound. The worker's
 side (the zygote, the call loop, the limits) is `rlvr.rewards.zygote`.
@@ -357,8 +359,17 @@ class WorkerPool:
                     self._give_back(worker)
         if timeout_s:
             now = time.monotonic()
-            for job in [j for j in jobs.values() if now - j.started > timeout_s]:
+            late = [j for j in jobs.values() if now - j.started > timeout_s]
+            answered = any(r is not None and not (r[1] or "").startswith(TIMEOUT) for r in results)
+            never = bool(late) and not answered
+            for job in list(jobs.values()) if never else late:
                 self._lost(job, jobs, selector, results, pending, timeout_s, killed=True)
+            if never:  # a whole deadline and not one call answered: the function never returns, the step ends
+                self.stats.timeouts += len(pending)
+                for index in pending:
+                    results[index] = (None, f"{TIMEOUT}: not asked: no call of this batch returned within "
+                                            f"{timeout_s:g}s")
+                pending.clear()
 
     def _lost(self, job, jobs, selector, results, pending, timeout_s, *, killed: bool) -> None:
         """The job's worker is past its deadline or gone: its current call fails, the rest go back."""

@@ -171,7 +171,23 @@ def side_group(shard: Shard, timeout_s: float) -> Shard:
 def launched_world() -> tuple[int, int, int]:
     """(rank, world size, local world size) as torchrun sets them; (0, 1, 1) outside it."""
     env = os.environ
-    return int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_WORLD_SIZE", 1))
+    if env.get("RANK", "0") != "0" and "WORLD_SIZE" not in env:  # torchrun sets them together
+        raise ConfigError(f"RANK={env['RANK']} is set without WORLD_SIZE: start the ranks with torchrun "
+                          "--nproc_per_node N (it sets both), or unset RANK for one process")
+    rank, size, local = (_env_int(env, name, default) for name, default in
+                         (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1)))
+    if size < 1 or not 0 <= rank < size or not 1 <= local <= size:
+        raise ConfigError(f"RANK={rank}, WORLD_SIZE={size}, LOCAL_WORLD_SIZE={local}: need 0 <= RANK < WORLD_SIZE "
+                          "and 1 <= LOCAL_WORLD_SIZE <= WORLD_SIZE; start the ranks with torchrun, or unset them")
+    return rank, size, local
+
+
+def _env_int(env, name: str, default: int) -> int:
+    text = env.get(name, str(default)).strip()
+    if not text.isdigit():
+        raise ConfigError(f"{name}={env[name]!r} in the environment is not a whole number; torchrun sets it "
+                          f"(e.g. {name}={default}), or unset it")
+    return int(text)
 
 
 def init_learners(*, device: torch.device, threads: int, cores: int, timeout_s: float, fsdp: bool = False) -> Shard:
@@ -183,8 +199,10 @@ def init_learners(*, device: torch.device, threads: int, cores: int, timeout_s: 
     if size == 1 and not fsdp:
         return ONE_PROCESS
     if device.type == "cpu" and local * threads > cores:
+        fix = (f"start at most {cores} ranks here (torchrun --nproc_per_node {cores})" if local > cores else
+               f"set trainer.threads={cores // local} or start fewer ranks")  # threads=1 cannot go lower
         raise ConfigError(f"trainer.threads: {local} ranks x {threads} thread(s) exceed the {cores} cores of this "
-                          f"machine; set trainer.threads={max(1, cores // local)} or start fewer ranks")
+                          f"machine; {fix}")
     if not torch.distributed.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":

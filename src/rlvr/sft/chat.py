@@ -71,6 +71,19 @@ def chat_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
     return ids, mask
 
 
+def check_conversations_fit(tokenizer, conversations: list[list[dict]], model) -> None:
+    """Refuse (one line) a conversation that renders to more tokens than the model has positions
+    (`max_position_embeddings`): past them it would train on positions without an embedding."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not isinstance(limit, int):
+        return
+    for i, messages in enumerate(conversations):
+        if (n := len(_ids(tokenizer, messages))) > limit:
+            raise ConfigError(f"sft.data: conversation {i + 1} is {n} tokens, over the model's {limit} positions; "
+                              f"shorten or drop it, or use a model with more (model.max_seq_len for a fresh tiny "
+                              f"model)")
+
+
 def chat_rollouts(tokenizer, conversations: list[list[dict]]) -> Rollouts:
     """B conversations as prompt (before the first assistant token, left-padded) and completion
     (the rest, right-padded, `completion_mask` 1 on assistant tokens)."""

@@ -21,15 +21,19 @@ import torch
 from rlvr.agents.batch import to_rollouts
 from rlvr.agents.collect import demonstrations
 from rlvr.agents.task import is_agent_task
+from rlvr.batch import TrainBatch
 from rlvr.builder import build
-from rlvr.codec import completion_batch, encode_prompts
+from rlvr.builder.vision import is_vision_model
+from rlvr.codec import completion_batch, encode_examples, encode_prompts
 from rlvr.config import Config, dump_yaml
 from rlvr.errors import ConfigError, DiskFull
 from rlvr.models.block_diffusion import BlockDiffusionLM, block_diffusion_loss
 from rlvr.models.causal_lm import resolve_model_path
 from rlvr.models.policy import CausalPolicy
+from rlvr.models.vlm import image_token_id
+from rlvr.models.vlm_policy import VisionPolicy
 from rlvr.safe_io import free_space, kind_of, mark_made, removable_folder, remove_made_folder, temp_folder_for
-from rlvr.sft.chat import chat_rollouts, load_conversations, sample_conversations
+from rlvr.sft.chat import chat_rollouts, check_conversations_fit, load_conversations, sample_conversations
 from rlvr.sft.diffusion import diffusion_sft, masked_diffusion_loss
 from rlvr.tracking.run_dir import disk_full
 from rlvr.trainer.evaluate import greedy_accuracy
@@ -49,9 +53,21 @@ def masked_sft_loss(policy: CausalPolicy, rollouts) -> torch.Tensor:
     return -(logp * rollouts.completion_mask).sum() / rollouts.completion_mask.sum().clamp(min=1)
 
 
+def vision_sft_loss(policy: VisionPolicy, tokenizer, examples, completions: list[str]) -> torch.Tensor:
+    """`sft_loss` for examples with images (a vision-language model's `VisionPrompts` encodes them)."""
+    prompt_ids, prompt_mask, extras = encode_examples(tokenizer, examples)
+    completion_ids, completion_mask = completion_batch(tokenizer, completions)
+    logp, _ = policy.batch_logprobs(TrainBatch(prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                               torch.zeros_like(completion_mask), vision=extras["vision"]))
+    return -(logp * completion_mask).sum() / completion_mask.sum()
+
+
 def _step_loss(policy, tokenizer, task, conversations, batch_size: int, rng: random.Random) -> torch.Tensor:
     """One step's loss: chat rows (assistant turns only), scripted agent episodes (the
     demonstrator's actions only), or the task's procedural solutions."""
+    if isinstance(policy, VisionPolicy):
+        examples = task.sample(batch_size, rng)
+        return vision_sft_loss(policy, tokenizer, examples, [task.solution(e) for e in examples])
     if conversations is not None:
         return masked_sft_loss(policy, chat_rollouts(tokenizer, sample_conversations(conversations, batch_size, rng)))
     examples = task.sample(batch_size, rng)
@@ -65,7 +81,8 @@ def _causal_sft(model, tokenizer, task, config: Config, echo) -> None:
     s = config.sft
     optimizer, scheduler = build.build_optimizer(model.parameters(), lr=s.lr, warmup_steps=s.warmup_steps,
                                                  total_steps=s.steps, schedule=s.schedule)
-    policy, rng = CausalPolicy(model), random.Random(config.seed)
+    policy = VisionPolicy(model, image_id=image_token_id(model)) if is_vision_model(model) else CausalPolicy(model)
+    rng = random.Random(config.seed)
     conversations = load_conversations(s.data) if s.data else None
     model.train()
     for step in range(1, s.steps + 1):
@@ -116,7 +133,9 @@ def sft(config: Config, out_dir: str | Path, *, overwrite: bool = False, echo=pr
     if config.sft.data and config.model.kind == "diffusion":
         raise ConfigError("sft.data: chat SFT trains causal models; set model.kind=causal or drop sft.data")
     if config.sft.data:
-        chat_rollouts(tokenizer, load_conversations(config.sft.data)[:1])  # a missing template says so now
+        conversations = load_conversations(config.sft.data)
+        chat_rollouts(tokenizer, conversations[:1])  # a missing template says so now
+        check_conversations_fit(tokenizer, conversations, model)
     elif not is_agent_task(task):  # agent tasks train on scripted episodes; a task without solutions says so now
         task.solution(task.sample(1, random.Random(config.seed))[0])
     s = config.sft

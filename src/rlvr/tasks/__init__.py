@@ -14,10 +14,13 @@ from rlvr.tasks.countdown import Countdown
 from rlvr.tasks.countdown_python import CountdownPython
 from rlvr.tasks.files import CodeFileTask, MathFileTask
 from rlvr.tasks.sudoku import Sudoku4
+from rlvr.tasks.visual.image_qa import ImageQATask
+from rlvr.tasks.visual.shapes import CountShapes
 
 TASKS = {"countdown": Countdown, "math_file": MathFileTask, "code_file": CodeFileTask, "sudoku4": Sudoku4,
          "agent_calculator": Calculator, "agent_guess": GuessNumber,
-         "agent_lookup": Lookup, "agent_countdown_python": CountdownPython, "arithmetic": Arithmetic}
+         "agent_lookup": Lookup, "agent_countdown_python": CountdownPython, "arithmetic": Arithmetic,
+         "count_shapes": CountShapes, "image_qa": ImageQATask}
 
 
 def make_task(name: str, **kwargs):

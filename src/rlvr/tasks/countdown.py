@@ -203,6 +203,17 @@ def parse_buckets(buckets: str) -> list[tuple[int, int, int]]:
     return out
 
 
+def _check_reachable(count: int, max_number: int, allow_division: bool, low: int) -> None:
+    """Refuse at once a bucket whose lowest target is above every value its numbers can make. Without
+    division a value is at most max(M, 2)^n (a + b <= a·b for a, b >= 2, and a − b <= a), so no draws are
+    needed to know; with division the bounded draws of `_draw` decide."""
+    top = max(max_number, 2) ** count
+    if not allow_division and low > top:
+        raise ConfigError(f"task.countdown.buckets: targets from {low} are out of reach of {count} numbers up to "
+                          f"{max_number} (at most {top} without division); lower that bucket's targets or raise "
+                          f"task.countdown.max_number")
+
+
 class Countdown:
     """Procedural Countdown task: ``sample`` for training, ``heldout`` for evaluation.
 
@@ -263,6 +274,7 @@ class Countdown:
                                  heldout_size=share, show_work=show_work, ordered=ordered,
                                  partial_credit=partial_credit, sampling=sampling, seed=seed)
                 part._targets = (low, high)
+                _check_reachable(count, max_number, allow_division, low)
                 parts[f"n{count}_t{low}-{high}"] = part
             for part in parts.values():  # a bucket no problem reaches: said now, not at the first step
                 part.sample(1, random.Random(seed))

@@ -260,7 +260,8 @@ class FileTask:
         solution = example.meta.get("solution")
         if not solution:
             where = example.meta.get("source", f"task.{self.name}")
-            raise ConfigError(f"{where}: no reference solution for rlvr sft; it needs {self.solution_hint}")
+            raise ConfigError(f"{where}: no reference solution (what rlvr sft, rm and dpo train on and expert rows "
+                              f"show); it needs {self.solution_hint}")
         return solution
 
 
@@ -363,6 +364,7 @@ class CodeFileTask(FileTask):
 
         out = {"reward": grade.reward(self.all_or_nothing)}
         out.update({f"verdict/{v.value}": float(grade.verdict is v) for v in Verdict if v is not Verdict.OK})
+        out["check_breaches"] = float(bool(grade.breach))  # the checks on its values ran past their bound
         return out
 
     def reward(self, prompt: str, completion: str, /, meta: dict | None = None, **example) -> dict:

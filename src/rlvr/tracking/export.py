@@ -19,13 +19,16 @@ low-learning-rate LoRA run's update is mostly below bfloat16's resolution.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import shutil
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlvr.errors import ConfigError
+from rlvr.errors import ConfigError, RunInterrupted
 from rlvr.safe_io import (
     kind_of,
     mark_made,
@@ -101,10 +104,13 @@ def _same_weights(a, b) -> bool:
 def _base(run: Path):
     """The run's base model, rebuilt as the run loaded it (`model.*` of its config.yaml)."""
     from rlvr.config import load_config
-    from rlvr.models.causal_lm import load_causal_lm
+    from rlvr.models.causal_lm import load_causal_lm, resolve_model_path
+    from rlvr.models.vlm import is_vlm_dir, load_vlm
 
     config = load_config(read_config(run))
     m = config.model
+    if m.path and is_vlm_dir(resolve_model_path(m.path)):
+        return load_vlm(m.path, resolve_model_path(m.path), dtype=m.dtype)[0]
     base, _ = load_causal_lm(m.path, seed=config.seed, dtype=m.dtype,
                              hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                              intermediate_size=m.intermediate_size, max_seq_len=m.max_seq_len)
@@ -112,15 +118,27 @@ def _base(run: Path):
 
 
 def _auto_class(checkpoint: Path):
-    """The `transformers` auto class of a checkpoint: a sequence classifier's, else a causal LM's."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    """The `transformers` auto class of a checkpoint: a sequence classifier's, an image-text-to-text
+    model's (a `vision_config`), else a causal LM's."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSequenceClassification
 
     try:
-        heads = json.loads((checkpoint / "config.json").read_text()).get("architectures") or []
-    except (OSError, ValueError):
-        heads = []
+        config = json.loads((checkpoint / "config.json").read_text())
+        heads = config.get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        config, heads = {}, []
+    if "vision_config" in config:
+        return AutoModelForImageTextToText
     classifier = any(h.endswith("ForSequenceClassification") for h in heads)
     return AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
+
+
+def _load_tokenizer(checkpoint: Path):
+    """The checkpoint's tokenizer, or its processor (tokenizer and image processor) when it has one."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    loader = AutoProcessor if (checkpoint / "processor_config.json").is_file() else AutoTokenizer
+    return loader.from_pretrained(checkpoint)
 
 
 def _merged_adapter(run: Path, checkpoint: Path, dtype: str):
@@ -153,10 +171,6 @@ def _copy_adapter(checkpoint: Path, tmp: Path) -> None:
 
 def export_run(run: str | Path, out: str | Path, *, step: int | None = None, force: bool = False,
                adapter: bool = False, dtype: str = "auto") -> Exported:
-    from transformers import AutoTokenizer
-
-    from rlvr.models.lora import ADAPTER_WEIGHTS, peft_loads
-
     run, out = Path(run), Path(out)
     if not (run / "config.yaml").is_file():
         raise ConfigError(f"export: '{run}' is not a run directory (no config.yaml)")
@@ -179,7 +193,7 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None, for
         raise ConfigError("export: --dtype applies to the merged model; the adapter is written as it was saved")
     record, auto = None, _auto_class(checkpoint)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        tokenizer = _load_tokenizer(checkpoint)
         if adapter:
             model = None
         elif lora:
@@ -194,6 +208,35 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None, for
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_folder_for(out)
+    with _term_raises():  # a SIGTERM unwinds through the `finally` below: no temp folder is left
+        _write(run, out, tmp, checkpoint, model, tokenizer, auto, adapter=adapter, lora=lora, record=record,
+               force=force)
+    return Exported(path=out, checkpoint=checkpoint, verified=True, merge=record)
+
+
+@contextlib.contextmanager
+def _term_raises():
+    """SIGTERM raises `RunInterrupted` (exit 143) here instead of ending the process at once, so
+    cleanup runs; in the main thread only, where Python delivers signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_interrupted(signum, frame):
+        raise RunInterrupted("SIGTERM", 128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _write(run: Path, out: Path, tmp: Path, checkpoint: Path, model, tokenizer, auto, *, adapter: bool, lora: bool,
+           record, force: bool) -> None:
+    """Write the export into `tmp`, check that it reloads, then rename it to `out`; `tmp` is removed either way."""
+    from rlvr.models.lora import ADAPTER_WEIGHTS, peft_loads
+
     try:
         _copy_adapter(checkpoint, tmp) if adapter else model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -204,13 +247,15 @@ def export_run(run: str | Path, out: str | Path, *, step: int | None = None, for
                       "form": "adapter" if adapter else "merged" if lora else "model", "merge": record}
         (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
         mark_made(tmp, "export")
-        AutoTokenizer.from_pretrained(tmp)
+        _load_tokenizer(tmp)
         same = (peft_loads(_base(run), tmp, checkpoint / ADAPTER_WEIGHTS) if adapter
-                else _same_weights(model, auto.from_pretrained(tmp, dtype="auto")))
+                else _same_weights(model, _auto_class(tmp).from_pretrained(tmp, dtype="auto")))
         if not same:
             raise RuntimeError(f"export: reloaded weights in {tmp} differ from {checkpoint}")
+        if not force and out.exists() and any(out.iterdir()):  # another export to it finished meanwhile
+            raise ConfigError(f"export: '{out}' was written by another command while this export ran; this one is "
+                              f"discarded: choose a new directory, or pass --force to replace that one")
         remove_made_folder(out, "export --force", reads=[run])  # checked again: it may have changed meanwhile
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return Exported(path=out, checkpoint=checkpoint, verified=True, merge=record)

@@ -20,6 +20,9 @@ from rlvr.tracking.run_files import read_records
 from rlvr.tracking.runs import Run, load_run
 from rlvr.yaml_io import MAX_BYTES
 
+GENERATOR = "<meta name=generator content=rlvr-report>"
+"""In every page rlvr writes: a file at the output path without it is the user's, kept unless `--force`."""
+
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d232a;background:#f6f7f9}
 main{max-width:1100px;margin:0 auto;padding:24px}
@@ -142,7 +145,7 @@ def render_report(run: Run, *, max_sample_steps: int = 40) -> str:
     manifest_text = json.dumps(run.manifest, indent=2, default=str)
     title = f"rlvr report · {run.name}"
     return f"""<!DOCTYPE html>
-<html lang=en><head><meta charset=utf-8><meta name=viewport content="width=device-width,initial-scale=1">
+<html lang=en><head><meta charset=utf-8>{GENERATOR}<meta name=viewport content="width=device-width,initial-scale=1">
 <title>{html.escape(title)}</title><style>{STYLE}</style></head>
 <body><main>
 <h1>{html.escape(title)}</h1><div class=meta>{html.escape(str(run.path))}</div>

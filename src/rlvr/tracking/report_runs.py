@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rlvr.safe_io import atomic_write_text, check_output_file
 from rlvr.tracking.plots import report_metrics, runs_curves_png
-from rlvr.tracking.report import STYLE, _fmt
+from rlvr.tracking.report import GENERATOR, STYLE, _fmt
 from rlvr.tracking.runs import Run, flatten, load_run
 
 
@@ -63,7 +63,7 @@ def render_runs_report(runs: list[Run]) -> str:
             if differences else "<p class=meta>The runs' configs are the same.</p>")
     title = f"rlvr report · {len(runs)} runs"
     return f"""<!DOCTYPE html>
-<html lang=en><head><meta charset=utf-8><meta name=viewport content="width=device-width,initial-scale=1">
+<html lang=en><head><meta charset=utf-8>{GENERATOR}<meta name=viewport content="width=device-width,initial-scale=1">
 <title>{html.escape(title)}</title><style>{STYLE}</style></head>
 <body><main>
 <h1>{html.escape(title)}</h1><div class=meta>{html.escape(", ".join(names))}</div>

@@ -48,6 +48,11 @@ def read_config(run: Path) -> dict:
         shown = "empty" if not tree else f"a {type(tree).__name__}, not a mapping of sections"
         raise ConfigError(f"'{path}' is {shown}; restore it from a copy of the run (rlvr writes the resolved "
                           f"config there)")
+    odd = next((k for k, v in tree.items() if not isinstance(k, str) or not isinstance(v, (dict, str, int, float,
+                                                                                            bool, type(None)))), None)
+    if odd is not None:  # rlvr writes sections as mappings and top-level knobs (seed) as scalars
+        raise ConfigError(f"'{path}': {odd!r} is a {type(tree[odd]).__name__}, not a section or a value; restore it "
+                          f"from a copy of the run (rlvr writes the resolved config there)")
     return tree
 
 

@@ -35,6 +35,7 @@ from rlvr.tracking.run_dir import NEARLY_FULL_BYTES, RunDir, atomic_write_text, 
 from rlvr.tracking.runs import flatten
 
 STATE_FILE = "trackers.json"
+WANDB_MODES = ("offline", "online", "disabled", "shared", "dryrun", "run")  # what wandb.init accepts
 
 
 def _scalars(metrics: Mapping) -> dict[str, float]:
@@ -101,11 +102,15 @@ class WandbTracker:
     def __init__(self, run_dir: Path, resume_step: int | None = None):
         import wandb
 
+        mode = os.environ.get("WANDB_MODE", "offline")
+        if mode not in WANDB_MODES:  # wandb would fail deep inside its service, after the run started
+            raise ConfigError(f"WANDB_MODE={mode!r} in the environment: must be one of {', '.join(WANDB_MODES)}; "
+                              "set it so, or unset it (offline)")
         state = _State(run_dir)
         run_id = state.get("wandb_id") or secrets.token_hex(4)
         state.set("wandb_id", run_id)
         self.run = wandb.init(dir=str(run_dir), project=os.environ.get("WANDB_PROJECT", "rlvr"), name=run_dir.name,
-                              id=run_id, resume="allow", mode=os.environ.get("WANDB_MODE", "offline"),
+                              id=run_id, resume="allow", mode=mode,
                               settings=wandb.Settings(console="off", silent=True))
 
     def log_config(self, config: Mapping) -> None:
@@ -119,6 +124,18 @@ class WandbTracker:
 
         self.run.finish()
         wandb.teardown()  # stop the background service so the offline .wandb file is complete on disk
+
+
+def mlflow_key(key: str) -> str:
+    """The name MLflow gets for a metric: its area, then the rest with `.` for `/`. MLflow's file store makes
+    each `/` a folder, so `perf/peak_rss_mb` (a file) and `perf/peak_rss_mb/rollout` (a file in a folder of that
+    name) cannot both exist; one folder level (the area) never collides.
+
+    >>> mlflow_key("perf/peak_rss_mb/rollout"), mlflow_key("reward/mean"), mlflow_key("step")
+    ('perf/peak_rss_mb.rollout', 'reward/mean', 'step')
+    """
+    area, slash, rest = key.partition("/")
+    return area + slash + rest.replace("/", ".")
 
 
 class MlflowTracker:
@@ -154,7 +171,8 @@ class MlflowTracker:
         from mlflow.entities import Metric
 
         stamp = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, stamp, step) for k, v in _scalars(metrics).items()])
+        self.client.log_batch(self.run_id, metrics=[Metric(mlflow_key(k), v, stamp, step)
+                                                    for k, v in _scalars(metrics).items()])
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id, status="FINISHED")

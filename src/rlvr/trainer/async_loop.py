@@ -342,8 +342,8 @@ class AsyncSteps:
             work = now() - t0
             t0 = now()
             # sharded learners: the plain copy, which `rl_step` gathered the step's weights into on every rank
-            self.rollouts.publish(published(self.c.learner.full_weights, merged=self.c.asynchronous.publish_merged),
-                                  step)
+            self.rollouts.publish(published(self.c.learner.full_weights, merged=self.c.asynchronous.publish_merged,
+                                            adapter=self.c.asynchronous.publish_adapter), step)
             publish_s = now() - t0
         metrics.update(produced.facts)
         metrics.update(step_facts(produced.staleness, self.max_staleness, depth=depth, wait_s=wait,

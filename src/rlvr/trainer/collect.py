@@ -22,7 +22,7 @@ import torch
 from rlvr.agents.batch import TurnTensors
 from rlvr.agents.collect import rollout_batch
 from rlvr.batch import Rollouts, concat_rollouts
-from rlvr.codec import completion_token_ids, decode_completions, encode_prompts
+from rlvr.codec import completion_token_ids, decode_completions, encode_examples, encode_prompts
 from rlvr.protocols import RolloutEngine
 from rlvr.sampling.base import GroupFeedback, Request
 from rlvr.sampling.calibration import Calibration, calibration_metrics, mc_pass_rates
@@ -193,20 +193,24 @@ def row_temperatures(r: RolloutPlan, rows: int) -> float | torch.Tensor:
 
 
 def generate(engine: RolloutEngine, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor,
-             temperature: float | torch.Tensor, *, group_size: int, micro_group_size: int, pad_id: int):
+             temperature: float | torch.Tensor, *, group_size: int, micro_group_size: int, pad_id: int,
+             extras: dict | None = None):
     """The engine's completions of B rows grouped by `group_size`, generated in passes of
     `micro_group_size` rows per group (Infinite Sampling's micro-groups). A row's completion
     depends only on its prompt and seed, so the passes give the completions of one pass; the
-    groups are whole again before anything reads them."""
+    groups are whole again before anything reads them. `extras`: the rows' other engine keywords
+    (a vision-language model's `vision` rows), indexed by row as the prompts are."""
+    extras = extras or {}
     passes = group_size // micro_group_size
     if passes == 1:
-        return engine(prompt_ids, prompt_mask, seeds, temperature=temperature)
+        return engine(prompt_ids, prompt_mask, seeds, temperature=temperature, **extras)
     rows = torch.arange(len(seeds)).view(-1, passes, micro_group_size)  # (groups, passes, m)
     parts = []
     for j in range(passes):
         idx = rows[:, j].reshape(-1)
         t = temperature[idx] if isinstance(temperature, torch.Tensor) else temperature
-        parts.append(engine(prompt_ids[idx], prompt_mask[idx], seeds[idx], temperature=t))
+        parts.append(engine(prompt_ids[idx], prompt_mask[idx], seeds[idx], temperature=t,
+                            **{k: v[idx] for k, v in extras.items()}))
     order = torch.cat([rows[:, j].reshape(-1) for j in range(passes)])  # merged row i is batch row order[i]
     return concat_rollouts(parts, pad_id).select(torch.argsort(order))
 
@@ -258,7 +262,7 @@ def _sample_round(r: RolloutParts, step: int, round_index: int, n_prompts: int) 
 def _sampled(r: RolloutParts, requests: list[Request], group: list[Example], seeds: torch.Tensor) -> Sampled:
     """The round's completions of `group` (one row per example) with `seeds`, not yet scored."""
     p = r.plan
-    prompt_ids, prompt_mask = encode_prompts(r.tokenizer, [ex.prompt for ex in group])
+    prompt_ids, prompt_mask, extras = encode_examples(r.tokenizer, group)
     metrics = {}
     if r.speculative is not None:  # SPEC-RL: each row's draft is its (prompt, slot)'s last completion
         keys = [(req.prompt_id, j) for req in requests for j in range(req.n_rollouts)]
@@ -266,7 +270,7 @@ def _sampled(r: RolloutParts, requests: list[Request], group: list[Example], see
     else:
         rollouts = generate(r.engine, prompt_ids, prompt_mask, seeds, row_temperatures(p, len(group)),
                             group_size=p.group_size, micro_group_size=p.micro_group_size,
-                            pad_id=r.tokenizer.pad_token_id)
+                            pad_id=r.tokenizer.pad_token_id, extras=extras)
     return Sampled(requests, group, prompt_ids, prompt_mask, seeds, rollouts, decode_completions(r.tokenizer, rollouts),
                    metrics)
 
@@ -344,12 +348,14 @@ def _filled(r: RolloutParts, step: int, version: int, n_prompts: int, requests: 
     if flt is None:
         records = feedback(requests, first, None, step=step, version=version, group_size=group_size)
         r.sampler.observe(step, records)
-        return replace(first, metrics={**first.metrics, **_cost(records)})
+        return replace(first, metrics={**first.metrics, **_cost(records), **generated_scores([first])})
     kept, generated, kept_groups, batch, rounds, every = [], 0, 0, first, 0, []
+    rolled = []  # every round's batch, kept or not: what `generated_scores` averages
     while True:
         if rounds:
             requests, batch = _one_round(r, step, rounds, n_prompts)
         rounds += 1
+        rolled.append(batch)
         generated += n_prompts
         keep = flt.keep(batch.rewards, batch.correct, group_size)
         records = feedback(requests, batch, keep, step=step, version=version, group_size=group_size)
@@ -365,7 +371,19 @@ def _filled(r: RolloutParts, step: int, version: int, n_prompts: int, requests: 
         kept = [first]
     merged = _merge(kept, r.tokenizer.pad_token_id, n_prompts * group_size)
     return replace(merged, metrics={**first.metrics, "batch/kept_group_rate": kept_groups / generated,
-                                    "batch/sampling_rounds": float(rounds), **_cost(every)})
+                                    "batch/sampling_rounds": float(rounds), **_cost(every),
+                                    **generated_scores(rolled)})
+
+
+def generated_scores(batches: list[Collected]) -> dict[str, float]:
+    """Reward and accuracy over every completion the step generated, the groups a filter dropped
+    included (TRL's `reward`); `reward/mean` and `reward/accuracy` are over the trained batch."""
+    rewards = torch.cat([b.rewards for b in batches])
+    scored = rewards[~torch.isnan(rewards)]
+    correct = torch.cat([b.correct for b in batches])
+    return {"reward/generated_mean": float(scored.mean()) if len(scored) else 0.0,
+            "reward/generated_max": float(scored.max()) if len(scored) else 0.0,
+            "reward/generated_accuracy": float(correct.float().mean()) if len(correct) else 0.0}
 
 
 def _cost(records: list[GroupFeedback]) -> dict[str, float]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from rlvr.agents.collect import correctness as agent_correctness
-from rlvr.codec import decode_completions, encode_prompts
+from rlvr.codec import decode_completions, encode_examples
 
 
 def greedy_accuracy(engine, tokenizer, task, examples, *, agent: bool, batch_size: int = 256,
@@ -69,11 +69,11 @@ def _correctness(engine, tokenizer, task, rows, *, agent: bool, temperature: flo
     correct = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
-        ids, mask = encode_prompts(tokenizer, [e.prompt for e in chunk])
+        ids, mask, extras = encode_examples(tokenizer, chunk)
         seeds = torch.zeros(len(chunk), dtype=torch.long)
         if first_seed is not None:
             seeds += torch.arange(start, start + len(chunk)) + first_seed
-        texts = decode_completions(tokenizer, engine(ids, mask, seeds, temperature=temperature))
+        texts = decode_completions(tokenizer, engine(ids, mask, seeds, temperature=temperature, **extras))
         correct.extend(judge(task, chunk, texts) if judge is not None else
                        (bool(task.is_correct(text, ex)) for text, ex in zip(texts, chunk)))
     return correct

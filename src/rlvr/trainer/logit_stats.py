@@ -18,6 +18,7 @@ from rlvr.algos._advantage_core import AdvantageInputs, token_level_rewards
 from rlvr.batch import TrainBatch
 from rlvr.protocols import PolicyModel
 from rlvr.runtime.distributed import ONE_PROCESS, Shard
+from rlvr.trainer import budget
 from rlvr.trainer.plan import AdvantageSpec, LossSpec, Passes
 
 LOSS_STATS = ("logsumexp", "logit", "draws")
@@ -38,28 +39,36 @@ def _policy_outputs(policy: PolicyModel, mb: TrainBatch, stats: tuple[str, ...],
 
 @torch.no_grad()
 def no_grad_outputs(policy: PolicyModel, batch: TrainBatch, micro_batch_size: int, rows=None,
-                    stats: tuple[str, ...] = (), shard: Shard = ONE_PROCESS) -> dict[str, torch.Tensor]:
+                    stats: tuple[str, ...] = (), shard: Shard = ONE_PROCESS,
+                    micro_batch_tokens: int = 0) -> dict[str, torch.Tensor]:
     """{"logp": (B, Tc), stat: (B, Tc) for each of `stats`} of `batch` under `policy`, without
     gradients, in micro-batches (split over `rows`, a RowPool, when given); 0 outside the mask.
-    `shard`: this data-parallel rank computes its share of the rows and the shares are gathered."""
+    `shard`: this data-parallel rank computes its share of the rows and the shares are gathered.
+    `micro_batch_tokens` > 0: micro-batches under that token budget (`trainer.budget`)."""
     def run(mb: TrainBatch) -> dict[str, torch.Tensor]:
         logp, _, extra = _policy_outputs(policy, mb, stats)
         return {"logp": logp, **extra}
 
     # a shorter share's missing last micro-batch runs a row of the batch whose outputs are dropped
     parts: list[dict[str, torch.Tensor]] = []
-    for chunk in shard.micro_batches(len(batch), micro_batch_size):
+    picks = budget.micro_batches(batch, shard, micro_batch_size, micro_batch_tokens)
+    for chunk in picks:
         mb = batch.select(chunk if chunk is not None else slice(0, 1))
         parts.extend([run(mb)] if rows is None else rows.map(lambda part, mb=mb: run(mb.select(part)), len(mb)))
-    mine = shard.share(shard.rank, len(batch))
-    out = shard.cat_rows({key: torch.cat([p[key] for p in parts])[:mine] for key in parts[0]}, len(batch))
+    order = budget.rows_of(picks, len(batch))
+    mine = {key: torch.cat([p[key] for p in parts])[:len(order)] for key in parts[0]}
+    if micro_batch_tokens > 0:
+        out = budget.gather_rows(shard, mine, order, len(batch))
+    else:
+        out = shard.cat_rows(mine, len(batch))
     mask = batch.completion_mask
     return {key: value.to(mask.device) * (1 if key in ROW_STATS else mask) for key, value in out.items()}
 
 
 def old_pass(policy: PolicyModel, batch: TrainBatch, advantage: AdvantageSpec, passes: Passes,
              micro_batch_size: int, rows, needed: bool,
-             shard: Shard = ONE_PROCESS) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+             shard: Shard = ONE_PROCESS,
+             micro_batch_tokens: int = 0) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
     """(old log-probs or None, the `AdvantageInputs` keywords the estimator declared). The pass
     runs when the loop needs old log-probs (`needed`) or the estimator declared anything (the
     optimal token baseline reads the behaviour policy's log-probs and Σπ², as verl computes them in
@@ -70,7 +79,7 @@ def old_pass(policy: PolicyModel, batch: TrainBatch, advantage: AdvantageSpec, p
     if not needed and not declared:
         return None, {}
     draws = ("draws",) if needed and passes.old_draws else ()
-    out = no_grad_outputs(policy, batch, micro_batch_size, rows, passes.old_stats + draws, shard)
+    out = no_grad_outputs(policy, batch, micro_batch_size, rows, passes.old_stats + draws, shard, micro_batch_tokens)
     batch.old_draws = out.get("draws")
     inputs = {"old_logp": out["logp"]} if "old_logp" in declared else {}
     inputs.update({k: out[k] for k in declared if k in out})
@@ -78,9 +87,10 @@ def old_pass(policy: PolicyModel, batch: TrainBatch, advantage: AdvantageSpec, p
 
 
 def reference_pass(reference: PolicyModel, batch: TrainBatch, passes: Passes, micro_batch_size: int, rows,
-                   shard: Shard = ONE_PROCESS) -> None:
+                   shard: Shard = ONE_PROCESS, micro_batch_tokens: int = 0) -> None:
     """Set `batch.ref_logp` (and `batch.ref_logsumexp` when the objective declared it)."""
-    out = no_grad_outputs(reference, batch, micro_batch_size, rows, passes.reference_stats, shard)
+    out = no_grad_outputs(reference, batch, micro_batch_size, rows, passes.reference_stats, shard,
+                          micro_batch_tokens)
     batch.ref_logp = out["logp"]
     batch.ref_logsumexp = out.get("logsumexp")
 

@@ -32,6 +32,7 @@ from rlvr.trainer.checkpoint import (
     set_rng_state,
 )
 from rlvr.trainer.evaluate import accuracy_by_source, greedy_accuracy, greedy_verdicts, sampled_scores
+from rlvr.trainer.nonfinite import nonfinite_loss
 from rlvr.trainer.parts import Components, Critic
 from rlvr.trainer.sync import SyncSteps, push_weights
 
@@ -242,12 +243,13 @@ def run_loop(c: Components, run: RunDir, start: int, echo, callbacks: list, stop
             stop.adopt(shard.agree_stop(stop.received))
         if stop.received and (step == start + 1 or shard.size == 1):  # ranks stop only where they agreed
             break
+        _notify(callbacks, "on_step_begin", step)
         metrics, samples = steps.step(step)  # it tells the verifier the step it scores (`trainer_state`)
         evaluated = step == t.steps or (t.eval_every and step % t.eval_every == 0)
         if evaluated:
             metrics.update(evaluate(c, probe, steps.engine))
         if not all(math.isfinite(metrics.get(k, 0.0)) for k in ("loss/policy", "actor/grad_norm")):
-            raise FloatingPointError(f"non-finite loss at step {step}; lower optim.lr or raise algo.adv_eps")
+            raise nonfinite_loss(step, metrics, t.config_tree)
         for tracker in trackers:
             tracker.log_metrics(step, metrics)
         for record in samples if t.writer else ():

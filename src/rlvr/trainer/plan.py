@@ -163,6 +163,9 @@ class StepPlan:
     # the engine loads the weights LoRA-merged under the base model's names (vLLM); False: the learner's own
     # parameters, as named in its module (the data-parallel learners' full copy takes the trained ones)
     push_merged: bool = True
+    # the engine serves LoRA adapters unmerged: push the adapter's own tensors alone (peft's names)
+    push_adapter: bool = False
+    micro_batch_tokens: int = 0  # > 0: forwards under this token budget, not micro_batch_size rows (trainer.budget)
 
 
 @dataclass(frozen=True)
@@ -198,3 +201,4 @@ class AsyncPlan:
     rollout_threads: int  # torch's intra-op threads in the rollout thread
     publish_merged: bool  # the rollout engine holds its own weights: publish them LoRA-merged, as it loads them
     facts: dict  # the layout as the run records it
+    publish_adapter: bool = False  # ... or the LoRA adapter alone, which it serves unmerged

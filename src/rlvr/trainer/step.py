@@ -17,6 +17,7 @@ from rlvr.protocols import PolicyModel
 from rlvr.runtime.distributed import ONE_PROCESS, Shard
 from rlvr.runtime.fsdp import scalar
 from rlvr.runtime.rows import RowPool
+from rlvr.trainer import budget
 from rlvr.trainer.expert import split_loss
 from rlvr.trainer.logit_stats import loss_outputs
 from rlvr.trainer.plan import LossSpec
@@ -80,29 +81,36 @@ def _drift_sums(logp, old, mask, sums: dict[str, float]) -> dict[str, float]:
 def optimizer_step(policy: PolicyModel, optimizer: torch.optim.Optimizer,
                    scheduler: torch.optim.lr_scheduler.LRScheduler, batch: TrainBatch, spec: LossSpec, *,
                    micro_batch_size: int, grad_clip: float, kl_coef: float = 0.0, rows: RowPool | None = None,
-                   keep: list | None = None, shard: Shard = ONE_PROCESS) -> dict[str, float]:
+                   keep: list | None = None, shard: Shard = ONE_PROCESS,
+                   micro_batch_tokens: int = 0) -> dict[str, float]:
     """One optimizer step over `batch`, accumulated over micro-batches, the KL term weighed by
     `kl_coef`. Returns metrics.
 
     `rows` (a `runtime.rows.RowPool`, optional) splits each micro-batch over worker threads. `keep`
     (a list) gets the detached log-probs of the step's forwards, in `batch`'s row order. `shard`:
     this data-parallel rank trains its share of `batch`'s rows; the counts, the loss and the metric
-    sums are the whole batch's (summed over the ranks), so the update is the single process's."""
+    sums are the whole batch's (summed over the ranks), so the update is the single process's.
+    `micro_batch_tokens` > 0: micro-batches under that token budget (`trainer.budget`), not
+    `micro_batch_size` rows; `keep` then still gets this rank's rows in `batch`'s order."""
     whole = batch.completion_mask
-    counts = dict(zip(("num_tokens", "num_seqs"), global_counts(
-        whole[i:i + micro_batch_size] for i in range(0, len(batch), micro_batch_size))))
+    counts = dict(zip(("num_tokens", "num_seqs"), global_counts([whole])))
     if counts["num_tokens"] == 0:
         return {}
+    picks = budget.micro_batches(batch, shard, micro_batch_size, micro_batch_tokens)
     # a shorter share's missing last micro-batch is a row with no tokens in the loss
-    chunks = [batch.select(rows) if rows is not None else _no_tokens(batch)
-              for rows in shard.micro_batches(len(batch), micro_batch_size)]
+    chunks = [batch.select(rows) if rows is not None else _no_tokens(batch) for rows in picks]
+    kept = [] if keep is not None else None
     totals: dict[str, float] = {}
     loss_value = 0.0
     for mb in chunks:
-        for loss, sums in _backward(policy, mb, spec, {**counts, "kl_coef": kl_coef}, rows, keep, shard.size):
+        for loss, sums in _backward(policy, mb, spec, {**counts, "kl_coef": kl_coef}, rows, kept, shard.size):
             loss_value += loss
             for key, value in sums.items():
                 totals[key] = totals.get(key, 0.0) + value
+    if keep is not None:  # back in batch order (token-budget bins are not consecutive rows)
+        order = budget.rows_of(picks, len(batch))
+        kept = torch.cat(kept)[:len(order)] if kept else whole[:0]  # stand-in rows come last
+        keep.append(kept[torch.argsort(order)])
     totals = shard.sum({**totals, "loss/policy": loss_value})
     loss_value = totals.pop("loss/policy")
     params = [p for p in policy.parameters() if p.grad is not None]

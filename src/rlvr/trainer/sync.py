@@ -15,10 +15,11 @@ import torch
 
 from rlvr.algos.advantages import AdvantageInputs
 from rlvr.batch import TrainBatch
-from rlvr.models.lora import merged_weights
+from rlvr.models.lora import adapter_weights, merged_weights
 from rlvr.protocols import WeightSyncEngine
 from rlvr.runtime.memory import PEAKS
 from rlvr.tracking.run_dir import now
+from rlvr.trainer.budget import layout_metrics, micro_batches
 from rlvr.trainer.collect import Produced, produce, sample_seeds
 from rlvr.trainer.critic import critic_step, critic_values
 from rlvr.trainer.expert import add_expert_rows
@@ -89,7 +90,8 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     if plan.overlong_filter:  # DAPO: a truncated completion has no verdict on its ending; drop it from the loss
         mask = mask * (~rollouts.truncated)[:, None].float()
     batch = TrainBatch(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, mask,
-                       advantages=torch.zeros_like(mask), rollout_logp=rollouts.logprobs, trace=rollouts.trace)
+                       advantages=torch.zeros_like(mask), rollout_logp=rollouts.logprobs, trace=rollouts.trace,
+                       vision=rollouts.vision)
     for policy in (learner.policy, learner.reference):  # common random numbers: one step seed, shared
         if policy is not None:
             policy.begin_step(int(sample_seeds(plan.rollout.seed, step, 1)[0]))
@@ -97,13 +99,14 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     # The old-policy pass, with what the advantage estimator declared (the optimal token baseline's Σπ²).
     batch.old_logp, behaviour_inputs = old_pass(learner.policy, batch, learner.advantage, plan.passes, micro,
                                                 learner.rows, needed=proximal.source is ProximalSource.PASS,
-                                                shard=plan.shard)
+                                                shard=plan.shard, micro_batch_tokens=plan.micro_batch_tokens)
     if batch.old_logp is not None and proximal.weights is not None:
         batch.loss_weights = proximal.weights(batch.old_logp, rollouts.logprobs, mask)[0]
     if learner.reference is not None:  # its log-probs, and its logsumexp when the objective declared it (ShiQ)
-        reference_pass(learner.reference, batch, plan.passes, micro, learner.rows, plan.shard)
+        reference_pass(learner.reference, batch, plan.passes, micro, learner.rows, plan.shard, plan.micro_batch_tokens)
     critic = learner.critic
-    old_values = critic_values(critic.model, batch, micro, plan.shard) if critic is not None else None
+    old_values = (critic_values(critic.model, batch, micro, plan.shard, plan.micro_batch_tokens)
+                  if critic is not None else None)
     shaped, charged_kl = _shaped_rewards(c, rewards, batch, rollouts.lengths)
     if plan.token_rewards:  # an objective that learns from rewards, not advantages
         batch.token_rewards = reward_tokens(shaped, mask)
@@ -120,7 +123,8 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
         batch, expert_metrics = add_expert_rows(
             learner.expert, plan.expert, batch, rewards, step, tokenizer=r.tokenizer, task=r.task, reward=r.reward,
             policies={"old": learner.policy, "ref": learner.reference}, group_size=group_size,
-            logprobs=lambda policy, part, stats: no_grad_outputs(policy, part, micro, learner.rows, stats, plan.shard))
+            logprobs=lambda policy, part, stats: no_grad_outputs(policy, part, micro, learner.rows, stats, plan.shard,
+                                                                 plan.micro_batch_tokens))
     timings["logprob"], t0 = now() - t0, now()
     peaks["logprob"] = PEAKS.end()
 
@@ -135,7 +139,7 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     gap, behaviour = gap_metrics(old_logp, rollouts.logprobs, mask, proximal.weights)
     if plan.push_weights:
         plan.shard.mark(step, "weight_sync")
-        timings["weight_sync"] = push_weights(learner, plan, c.rollout.engine)
+        timings["weight_sync"], pushed = push_weights(learner, plan, c.rollout.engine)
     forwards = learner.policy.forwards - forwards_before
 
     metrics = _step_metrics(rewards, got.correct, rollouts, group_size, timings, batch)
@@ -150,7 +154,12 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     if forwards:  # module forwards (dLLM estimators); the fused causal fast path bypasses the module
         metrics["perf/forwards_per_update"] = forwards / max(sum(1 for m in updates.metrics if "actor/grad_norm" in m),
                                                              1)
+    if plan.push_weights:
+        metrics["perf/weight_sync_mb"] = pushed / 2**20  # what one push moved
     metrics["perf/peak_rss_mb"] = PEAKS.lifetime  # the process's, since it started
+    # padding a padded forward would carry, prompts a shared one computes once, tokens per forward
+    metrics.update(layout_metrics(batch, plan.shard.size * len(micro_batches(batch, plan.shard, micro,
+                                                                             plan.micro_batch_tokens))))
     metrics.update({f"perf/peak_rss_mb/{phase}": mb for phase, mb in peaks.items()})
     metrics.update({f"adv/{k}": v for k, v in adv_metrics.items()})
     metrics.update(expert_metrics)
@@ -184,12 +193,14 @@ def _update(c: Components, step: int, batch: TrainBatch, old_values, returns, se
             if critic is not None:
                 m.update(critic_step(critic.model, critic.optimizer, batch.select(rows), old_values[rows],
                                      returns[rows], value_clip=plan.value_clip, micro_batch_size=plan.micro_batch_size,
-                                     grad_clip=plan.grad_clip, shard=plan.shard))
+                                     grad_clip=plan.grad_clip, shard=plan.shard,
+                                     micro_batch_tokens=plan.micro_batch_tokens))
             if train_policy:
                 m.update(optimizer_step(learner.policy, learner.optimizer, learner.scheduler, batch.select(rows), spec,
                                         micro_batch_size=plan.micro_batch_size, grad_clip=plan.grad_clip,
                                         kl_coef=c.state.kl_coef, rows=learner.rows,
-                                        keep=None if fused is None else fused[0], shard=plan.shard))
+                                        keep=None if fused is None else fused[0], shard=plan.shard,
+                                        micro_batch_tokens=plan.micro_batch_tokens))
             updates.append(m)
     return Updates(updates, rows)
 
@@ -212,14 +223,18 @@ def _samples(step: int, got: Collected, rewards: torch.Tensor, count: int) -> li
     return records[:count]
 
 
-def push_weights(learner: LearnerParts, plan: StepPlan, engine: WeightSyncEngine) -> float:
-    """Send the trainer's weights (LoRA: merged) to an engine that holds its own copy, tagged with
-    the optimizer-step count; returns the seconds it took. Rollouts come only at the start of a step,
-    so one push after a step's last optimizer step serves every rollout that follows it."""
+def push_weights(learner: LearnerParts, plan: StepPlan, engine: WeightSyncEngine) -> tuple[float, int]:
+    """Send the trainer's weights (LoRA: merged, or the adapter alone) to an engine that holds its own
+    copy, tagged with the optimizer-step count; returns the seconds it took and the bytes it sent.
+    Rollouts come only at the start of a step, so one push after a step's last optimizer step serves
+    every rollout that follows it."""
     t0 = now()
-    weights = merged_weights(learner.model) if plan.push_merged else list(learner.model.named_parameters())
+    if plan.push_adapter:
+        weights = adapter_weights(learner.model)
+    else:
+        weights = merged_weights(learner.model) if plan.push_merged else list(learner.model.named_parameters())
     engine.push_weights(weights, version=learner.scheduler.last_epoch)
-    return now() - t0
+    return now() - t0, sum(t.numel() * t.element_size() for _, t in weights)
 
 
 def _turn_inputs(turns) -> dict:

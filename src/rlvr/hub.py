@@ -1,0 +1,18 @@
+"""The Hugging Face Hub's command-line tool as the installed huggingface-hub ships it, for the hints
+of errors about models and datasets that are not in the cache."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["LOGIN", "hf_command"]
+
+LOGIN = {"hf": "auth login", "huggingface-cli": "login"}  # each CLI's login subcommand
+
+
+def hf_command() -> str:
+    """`hf` (huggingface-hub 0.34 and later), else the older `huggingface-cli`."""
+    from huggingface_hub import __version__
+
+    major, minor = (int(part) for part in re.findall(r"\d+", __version__)[:2])
+    return "hf" if (major, minor) >= (0, 34) else "huggingface-cli"

@@ -1,0 +1,62 @@
+"""`train_dataset` named by a string, as TRL's `dataset_name`: a local file, a `datasets` folder, or a
+Hub dataset id through the Hugging Face cache (offline: the cache only), each read before any model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import rlvr
+from rlvr.errors import ConfigError
+
+datasets = pytest.importorskip("datasets")
+ROWS = [{"prompt": f"{a} {a + 1} 1>{2 * a + 2}:", "target": 2 * a + 2} for a in range(1, 21)]
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _trainer(data, **kwargs):
+    from rlvr import Trainer
+
+    return Trainer("rlvr:countdown-warmstart", lambda completions, **kw: [0.0] * len(completions), data,
+                   echo=lambda *a: None, **kwargs)
+
+
+def test_a_file_and_a_saved_folder(tmp_path):
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    assert _trainer(str(jsonl)).rows == ROWS
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "saved"))
+    assert _trainer(tmp_path / "saved").rows == ROWS
+    with pytest.raises(ConfigError, match=r"^train_dataset: '.*rows.txt' is not .jsonl, .json, .parquet"):
+        (tmp_path / "rows.txt").write_text("x")
+        _trainer(str(tmp_path / "rows.txt"))
+
+
+def test_a_hub_dataset_id_through_the_cache_offline(tmp_path):
+    folder = tmp_path / "cache" / "datasets--acme--rows"
+    snapshot = folder / "snapshots" / REVISION / "data"
+    snapshot.mkdir(parents=True)
+    (folder / "blobs").mkdir()
+    (folder / "refs").mkdir()
+    data = "".join(json.dumps(r) + "\n" for r in ROWS).encode()
+    blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
+    blob.write_bytes(data)
+    (snapshot / "train.jsonl").symlink_to(os.path.relpath(blob, snapshot))
+    (folder / "refs" / "main").write_text(REVISION)
+    code = ("from rlvr import Trainer; t = Trainer('rlvr:countdown-warmstart', lambda completions, **kw: "
+            "[0.0] * len(completions), 'acme/rows', echo=lambda *a: None); print(len(t.rows))")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "cache"),
+           "HF_DATASETS_CACHE": str(tmp_path / "ds"), "PYTHONPATH": str(Path(rlvr.__file__).parents[1])}
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and run.stdout.split()[-1] == "20", run.stderr[-2000:]
+    missing = subprocess.run([sys.executable, "-c", code.replace("acme/rows", "acme/none")], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert "train_dataset: cannot read dataset 'acme/none'" in missing.stderr, missing.stderr[-2000:]
+    assert "(hf download acme/none --repo-type dataset)" in missing.stderr
