@@ -48,19 +48,16 @@ def renderer_for(task, tokenizer):
 def rollout_batch(engine, tokenizer, task, examples: list[Example], seeds: torch.Tensor, *,
                   temperature: float | torch.Tensor) -> AgentBatch:
     """One episode per example through `engine` (any RolloutEngine)."""
-    trajs = _trajectories(engine, tokenizer, task, examples, seeds, temperature)
+    trajs = task.rollout_episodes(engine, tokenizer, examples, seeds, temperature=temperature)
     check_some_ran(trajs)
     return AgentBatch(trajs, to_rollouts(trajs, tokenizer.pad_token_id, train_drifted=task.settings.train_drifted),
                       [transcript(t, tokenizer) for t in trajs], torch.tensor([t.reward for t in trajs]),
                       torch.tensor([float(t.success) for t in trajs]), turn_tensors(trajs), agent_metrics(trajs))
 
 
-def _trajectories(engine, tokenizer, task, examples: list[Example], seeds: torch.Tensor, temperature):
-    """The episodes of `examples`: the task's own rollout when it has one (an agent function served
-    through the endpoint, `agents.agent_fn`), else its environments stepped by `run_episodes`."""
-    own = getattr(task, "rollout_episodes", None)
-    if own is not None:
-        return own(engine, tokenizer, examples, seeds, temperature=temperature)
+def stepped_episodes(task, engine, tokenizer, examples: list[Example], seeds: torch.Tensor, temperature):
+    """The episodes of `examples`, the task's environments stepped by `run_episodes` (`AgentTask`'s own
+    rollout; a task that runs its own episodes overrides `rollout_episodes`)."""
     envs = [task.make_env() for _ in examples]
     return run_episodes(engine, renderer_for(task, tokenizer), envs, [ex.meta["episode"] for ex in examples],
                         seeds, temperature=temperature, limits=_limits(task), pad_id=tokenizer.pad_token_id,

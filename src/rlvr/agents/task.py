@@ -72,6 +72,13 @@ class AgentTask:
         return self.env_class(tools=self.settings.tools, tool_timeout_s=self.settings.tool_timeout_s,
                               **self.env_kwargs)
 
+    def rollout_episodes(self, engine, tokenizer, examples: list[Example], seeds, *, temperature):
+        """One episode per example: this task's environments stepped through `engine` turn by turn. A task
+        that runs its own episodes (an agent function behind the endpoint, `agents.agent_fn`) overrides it."""
+        from rlvr.agents.collect import stepped_episodes
+
+        return stepped_episodes(self, engine, tokenizer, examples, seeds, temperature)
+
     def _example(self, episode: int) -> Example:
         """The episode's first observation as its prompt. An environment whose reset raises or
         hangs still gives an example (empty prompt, its own key): the rollout resets it again and
