@@ -155,10 +155,10 @@ def test_a_score_judge_from_the_config_writes_its_verdict_greedily_and_errs_per_
 
 @pytest.mark.parametrize("override, message", [
     ("reward.judge_mode=vote", "reward.judge_mode: unknown 'vote'; choose one of verdict, score"),
-    ("reward.judge_verdicts=Y", "reward.judge_verdicts: two verdicts, the good one first"),
+    ("reward.judge_verdicts=Y", "reward.judge_verdicts: must be two different verdicts, the good one first"),
     ("reward.judge_verdicts=Yes,No", "reward.judge_verdicts: 'Yes' is 3 tokens"),
     ("reward.judge_rubric=Rate {prompt}", "reward.judge_rubric: it has no {completion} slot"),
-    ("reward.judge_score_max=0", "reward.judge_score_max: must be above the lowest score 0"),
+    ("reward.judge_score_max=0", "reward.judge_score_max: must be > 0"),
 ])
 def test_bad_judge_fields_are_one_line_errors(saved_judge, override, message):
     base = {"reward.fn": f"judge:{saved_judge}", "reward.judge_verdicts": "Y,N", "reward.judge_rubric": RUBRIC}
