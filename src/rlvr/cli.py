@@ -40,7 +40,10 @@ def _preference_kind(run: str | Path) -> str | None:
     """`rm` or `dpo` when `run` is a run of those commands (its run.json says so), else None."""
     from rlvr.tracking.run_files import read_manifest
 
-    kind = read_manifest(Path(run), tolerant=True).get("trainer")
+    try:
+        kind = read_manifest(Path(run)).get("trainer")
+    except ConfigError:  # damage: the command that reads the run names it, once
+        return None
     return kind if kind in ("rm", "dpo") else None
 
 
