@@ -1,5 +1,5 @@
-"""Expected values stay out of the candidate's sandbox (single asserts, and scripts of statements
-around asserts), and values it sends back are bounded before any check runs on them."""
+"""Expected values stay out of the candidate's sandbox (single asserts, scripts of statements around
+asserts, and asserts in check functions, literal loops, `if` and `with`), and values it sends back are bounded before any check runs on them."""
 
 from __future__ import annotations
 
@@ -89,9 +89,33 @@ SCRIPTS = [  # statements around asserts: the statements run inside, the expecte
 ]
 
 
+COMPOUND = [  # asserts in compound statements, rewritten so that the expected values stay out as well
+    f"def check(candidate):\n    assert candidate(2) == [1, {CANARY}]\n\n"
+    "METADATA = {'author': 'jt', 'dataset': 'test'}\n\ncheck(f)\n",  # HumanEval's form
+    f"for x, want in [(2, [1, {CANARY}]), (3, [1, {CANARY}])]:\n    assert f(x) == want",
+    f"for i in range(2):\n    assert f(i) == [1, {CANARY} + i - i]",
+    f"ok = f(2) == [1, {CANARY}]\nassert ok",
+    f"if len(f(0)) > 0:\n    assert f(2) == [1, {CANARY}]\nelse:\n    assert f(2) == [{CANARY}]",
+    f"import contextlib\nwith contextlib.nullcontext(2) as x:\n    assert f(x) == [1, {CANARY}]",
+]
+# An assert inside `try` is not rewritten: it runs inside as a statement, the hunt finds its value.
+CONTROL = f"try:\n    assert f(2) == [1, {CANARY}]\nexcept KeyError:\n    pass"
+
+
+def test_a_program_hunting_in_compound_statements_finds_nothing(grader):
+    assert [split_test(t).forgeable for t in [*COMPOUND, CONTROL]] == [False] * len(COMPOUND) + [True]
+    *rewritten, control = grader.grade_many([(HUNTER, [t]) for t in [*COMPOUND, CONTROL]])
+    assert [g.tests for g in rewritten] == [[Verdict.FAIL]] * len(COMPOUND)
+    assert control.tests == [Verdict.PASS]  # the same hunt finds a value that does enter
+    honest = grader.grade(f"def f(x):\n    return [1, {CANARY}]\n", [*COMPOUND, CONTROL])
+    assert honest.tests == [Verdict.PASS] * (len(COMPOUND) + 1)
+    wrong = grader.grade(f"def f(x):\n    return [1, {CANARY + 1}]\n", [*COMPOUND, CONTROL])
+    assert wrong.tests == [Verdict.FAIL] * (len(COMPOUND) + 1)
+
+
 def test_a_program_hunting_for_the_expected_value_finds_nothing(grader):
     reference = f"assert f(2) == [v for v in (1, {CANARY})]"  # the expected side: a reference probe
-    statement = f"for _ in range(1): assert f(2) == [1, {CANARY}]"  # cannot be split, runs inside: the control
+    statement = CONTROL  # cannot be split, runs inside: the control
     assert split_test(reference).reference == (False, True)
     assert [split_test(t).forgeable for t in [statement, *SCRIPTS]] == [True, False, False, False]
     hunted, control, *scripts = grader.grade_many([(HUNTER, [reference]), (HUNTER, [statement]),

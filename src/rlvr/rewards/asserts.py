@@ -40,6 +40,7 @@ import math
 import operator
 from dataclasses import dataclass
 
+from rlvr.rewards.flatten import flatten, has_assert
 from rlvr.rewards.pyast import parse
 
 __all__ = ["Spec", "split_test", "evaluate_check", "deserialize", "CheckError", "BoundError"]
@@ -98,7 +99,9 @@ def split_test(test: str) -> Spec:
     (('area(2)',), 'abs(_v0 - 12.57) < 0.01')
     >>> ast.unparse(split_test("want = [2]; x = f(1); assert x == want").check)
     '_v0 == [2]'
-    >>> split_test("for x in (1, 2): assert f(x) == 2").forgeable
+    >>> split_test("for x in (1, 2): assert f(x) == 2").probes
+    ('f(1)', 'f(2)')
+    >>> split_test("for x in g(): assert f(x) == 2").forgeable
     True
     """
     try:
@@ -113,37 +116,125 @@ def split_test(test: str) -> Spec:
 
 
 def _script(test: str, body: list[ast.stmt]) -> Spec:
-    """Top-level statements around top-level asserts: the statements run inside in order, each assert's
-    probes are evaluated inside where it stands, and the checks (joined by ``and``) stay here. A name
-    bound to a reference value (``want = [1, 2]``) that no statement reads is not run inside: its
-    value is put into the asserts that read it. An assert inside a loop, a function or any other
-    compound statement cannot be split: the test runs inside as a statement (`Spec.forgeable`)."""
-    asserts = [node for node in body if isinstance(node, ast.Assert)]
-    if not asserts or any(isinstance(inner, ast.Assert) for node in body if not isinstance(node, ast.Assert)
-                          for inner in ast.walk(node)):
+    """Statements around asserts: the statements run inside in order, each assert's probes are evaluated
+    inside where it stands, and the checks (joined by ``and``) stay here. Check functions and loops over
+    literals are first brought to the top level (`rlvr.rewards.flatten`); ``if`` and ``with`` holding
+    asserts become branch steps. A name bound at the top level to a reference value (``want = [1, 2]``)
+    or to a comparison (``ok = f(1) == 2``) that no statement reads is not run inside: the reference
+    value, or the comparison's check over its probes (evaluated where the statement stands), is put
+    into the asserts that read it. An assert left in any other compound statement cannot be split: the
+    test runs inside as a statement (`Spec.forgeable`)."""
+    flat = flatten(body)
+    if flat is None or not any(has_assert(node) for node in flat):
         return Spec(source=test, forgeable=True)
-    read_inside = {n.id for node in body if not isinstance(node, ast.Assert) for n in ast.walk(node)
-                   if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    known: dict[str, ast.expr] = {}  # names bound to reference values, as they stand here
-    probes: list[str] = []
-    checks, steps = [], []
-    for node in body:
-        if isinstance(node, ast.Assert):
-            first = len(probes)
-            checks.append(_open(_Known(known).visit(node.test), probes))
-            steps.append(("probes", first, len(probes)))
-            continue
-        bound = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-        for name in bound:
-            known.pop(name, None)
+    compiler = _Compiler(flat)
+    steps, checks = compiler.steps(flat, top=True)
+    probes = compiler.probes
+    return Spec(source=test, probes=tuple(probes), check=_all(checks), steps=tuple(steps),
+                reference=tuple(i not in compiler.flags and is_reference(p) for i, p in enumerate(probes)))
+
+
+def _all(checks: list[ast.expr]) -> ast.expr:
+    if not checks:
+        return ast.Constant(value=True)
+    return checks[0] if len(checks) == 1 else ast.BoolOp(op=ast.And(), values=checks)
+
+
+def _bound(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+
+
+def _outside_asserts(node: ast.AST):
+    """The nodes of `node` that run inside as they are: everything but asserts."""
+    if isinstance(node, ast.Assert):
+        return
+    yield node
+    for child in ast.iter_child_nodes(node):
+        yield from _outside_asserts(child)
+
+
+def _hoistable(node: ast.stmt) -> bool:
+    """``name = <comparison>`` (``ok = f(1) == 2``): its probes go inside, the comparison stays here."""
+    return isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+        and isinstance(node.value, (ast.Compare, ast.BoolOp, ast.UnaryOp))
+
+
+class _Compiler:
+    """A flattened script as steps: ("exec", source), ("probes", first, end), ("if", flag, then, else)
+    (the condition is probe `flag`, evaluated inside as a bool; the other branch's probes come back as
+    None) and ("with", context, name or None, body); and the checks of its asserts."""
+
+    def __init__(self, flat: list[ast.stmt]):
+        self.nested = {name for node in flat if isinstance(node, (ast.If, ast.With)) for name in _bound(node)}
+        # Names read inside: by every statement that runs there, which a hoisted comparison does not (it may
+        # read an expected value itself); one whose own name is read inside is not hoisted, so it reads too.
+        hoisted = {id(node): node.targets[0].id for node in flat if _hoistable(node)}
+        while True:
+            self.read_inside = {n.id for node in flat if id(node) not in hoisted for n in _outside_asserts(node)
+                                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            kept = {k: name for k, name in hoisted.items() if name not in self.read_inside | self.nested}
+            if kept == hoisted:
+                break
+            hoisted = kept
+        self.hoisted = set(hoisted)
+        self.known: dict[str, ast.expr] = {}  # names standing for a reference value or a hoisted check
+        self.probes: list[str] = []
+        self.flags: set[int] = set()
+
+    def steps(self, stmts: list[ast.stmt], top: bool) -> tuple[list[tuple], list[ast.expr]]:
+        steps, checks = [], []
+        for node in stmts:
+            if isinstance(node, ast.Assert):
+                first = len(self.probes)
+                checks.append(_open(_Known(self.known).visit(node.test), self.probes))
+                steps.append(("probes", first, len(self.probes)))
+            elif isinstance(node, ast.If):
+                flag = len(self.probes)
+                self.probes.append(ast.unparse(node.test))
+                self.flags.add(flag)
+                outer = dict(self.known)
+                then_steps, then_checks = self.steps(node.body, top=False)
+                self.known = dict(outer)
+                else_steps, else_checks = self.steps(node.orelse, top=False)
+                self.known = {k: v for k, v in outer.items() if k not in _bound(node)}
+                steps.append(("if", flag, tuple(then_steps), tuple(else_steps)))
+                checks.append(ast.IfExp(test=_placeholder(flag), body=_all(then_checks), orelse=_all(else_checks)))
+            elif isinstance(node, ast.With):
+                item = node.items[0]
+                self._unbind(item)
+                inner_steps, inner_checks = self.steps(node.body, top=False)
+                self._unbind(node)
+                name = item.optional_vars.id if item.optional_vars is not None else None
+                steps.append(("with", ast.unparse(item.context_expr), name, tuple(inner_steps)))
+                checks += inner_checks
+            else:
+                self._unbind(node)
+                steps += self._statement(node, top)
+        return steps, checks
+
+    def _unbind(self, node: ast.AST) -> None:
+        for name in _bound(node):
+            self.known.pop(name, None)
+
+    def _statement(self, node: ast.stmt, top: bool) -> list[tuple]:
         target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
-        if isinstance(target, ast.Name) and target.id not in read_inside and is_reference(ast.unparse(node.value)):
-            known[target.id] = node.value  # an expected value: stays out of the sandbox
-        else:
-            steps.append(("exec", ast.unparse(node)))
-    check = checks[0] if len(checks) == 1 else ast.BoolOp(op=ast.And(), values=checks)
-    return Spec(source=test, probes=tuple(probes), check=check, reference=tuple(map(is_reference, probes)),
-                steps=tuple(steps))
+        if not top or not isinstance(target, ast.Name) or target.id in self.read_inside | self.nested:
+            return [("exec", ast.unparse(node))]
+        if is_reference(ast.unparse(node.value)):
+            self.known[target.id] = node.value  # an expected value: stays out of the sandbox
+            return []
+        if id(node) not in self.hoisted:
+            return [("exec", ast.unparse(node))]
+        value = _Known(self.known).visit(node.value)
+        first = len(self.probes)  # its probes are evaluated here; the comparison is put into the asserts
+        self.known[target.id] = _open(value, self.probes)
+        return [("probes", first, len(self.probes))]
+
+
+def _placeholder(index: int) -> ast.Name:
+    node = ast.Name(id=f"_v{index}", ctx=ast.Load())
+    node.rlvr_placeholder = True  # a value already opened: a leaf wherever it is put
+    return node
 
 
 class _Known(ast.NodeTransformer):
@@ -196,7 +287,7 @@ def _is_safe_leaf(node: ast.AST) -> bool:
 
 def _open(node: ast.expr, probes: list[str]) -> ast.expr:
     """`node` with every sub-expression the interpreter cannot evaluate replaced by a placeholder."""
-    if _is_safe_leaf(node):
+    if _is_safe_leaf(node) or getattr(node, "rlvr_placeholder", False):
         return node
     structural = (ast.Compare, ast.BoolOp, ast.UnaryOp, ast.BinOp, ast.IfExp, ast.Tuple, ast.List, ast.Set,
                   ast.Dict, ast.Subscript, ast.Slice)
@@ -216,7 +307,7 @@ def _open(node: ast.expr, probes: list[str]) -> ast.expr:
                 setattr(node, field, _open(value, probes))
         return node
     probes.append(ast.unparse(node))
-    return ast.Name(id=f"_v{len(probes) - 1}", ctx=ast.Load())
+    return _placeholder(len(probes) - 1)
 
 
 def _open_keyword(value, probes):

@@ -114,6 +114,23 @@ def _serialize(value, _depth=0):
 
 _HARNESS = '''
 import sys, os, json
+def _steps(steps, ns, values):
+    for step in steps:
+        if "exec" in step:
+            exec(step["exec"], ns)
+        elif "probes" in step:
+            values += [eval(src, ns) for src in step["probes"]]
+        elif "if" in step:  # the branch taken comes back as a value; the other's probes as None
+            taken = bool(eval(step["if"], ns))
+            values.append(taken)
+            values += [] if taken else [None] * step["n_then"]
+            _steps(step["then"] if taken else step["else"], ns, values)
+            values += [None] * step["n_else"] if taken else []
+        else:
+            with eval(step["with"], ns) as entered:
+                if step["as"]:
+                    ns[step["as"]] = entered
+                _steps(step["body"], ns, values)
 def _main():
     nonce = sys.stdin.readline().strip()
     tests = json.loads(sys.stdin.readline())
@@ -140,11 +157,7 @@ def _main():
                     values = [eval(src, ns) for src in t["src"]]
                 else:  # statements run in order, each assert's probes where it stands
                     values = []
-                    for step in t["steps"]:
-                        if "exec" in step:
-                            exec(step["exec"], ns)
-                        else:
-                            values += [eval(src, ns) for src in step["probes"]]
+                    _steps(t["steps"], ns, values)
                 try:
                     values = [_serialize(v) for v in values]
                 except BaseException:
@@ -292,9 +305,28 @@ def _sent(spec: Spec) -> dict:
     if spec.forgeable:
         return {"kind": "stmt", "src": spec.source}
     if spec.steps:
-        return {"kind": "script", "steps": [{"exec": step[1]} if step[0] == "exec" else {"probes": own(*step[1:])}
-                                            for step in spec.steps]}
+        return {"kind": "script", "steps": _sent_steps(spec, spec.steps, own)[0]}
     return {"kind": "probes", "src": own(0, len(spec.probes))}
+
+
+def _sent_steps(spec: Spec, steps, own) -> tuple[list[dict], int]:
+    """A script's steps as the harness reads them, and how many values they send back."""
+    out, count = [], 0
+    for step in steps:
+        if step[0] == "exec":
+            out.append({"exec": step[1]})
+        elif step[0] == "probes":
+            out.append({"probes": own(*step[1:])})
+            count += len(out[-1]["probes"])
+        elif step[0] == "if":
+            (then, n_then), (orelse, n_else) = _sent_steps(spec, step[2], own), _sent_steps(spec, step[3], own)
+            out.append({"if": spec.probes[step[1]], "then": then, "else": orelse, "n_then": n_then, "n_else": n_else})
+            count += 1 + n_then + n_else
+        else:
+            body, n = _sent_steps(spec, step[3], own)
+            out.append({"with": step[1], "as": step[2], "body": body})
+            count += n
+    return out, count
 
 
 def _stdio_verdict(run: RunResult, expected: str) -> Verdict:
