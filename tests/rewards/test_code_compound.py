@@ -1,0 +1,137 @@
+"""Asserts in compound statements (HumanEval's check function, MBPP-style loops over literals, `if`,
+`with`, comparisons bound to a name) are rewritten so that their expected values stay outside the
+sandbox; an honest program is graded exactly as running the test in Python would: pass where the
+test raises nothing, fail where it raises."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rlvr.rewards.asserts import split_test
+from rlvr.rewards.code import CodeGrader
+from rlvr.rewards.flatten import MAX_UNROLLED
+from rlvr.rewards.sandbox import Limits, Sandbox, Verdict, detect_isolation
+
+BASE_UID = 63700
+FIXTURE = Path(__file__).resolve().parents[2] / "data" / "code_fixture.jsonl"
+
+HUMANEVAL = ["""
+
+METADATA = {
+    'author': 'jt',
+    'dataset': 'test'
+}
+
+
+def check(candidate):
+    SCALE = 5  # the check's own name: the candidate's global SCALE stays as it is
+    assert candidate([1.0, 2.0, 3.9, 4.0], 0.3) == True
+    assert candidate([1.0, 2.0, 3.0], 0.5) == False
+    assert candidate([], 1.0) == False
+    for xs, t in [([1.0, 1.05], 0.1), ([0.0, 9.0], 10.0)]:
+        assert candidate(xs, t)
+    assert SCALE == 5
+
+check(close)
+""", """
+def check(candidate):
+    import math
+    for i in range(4):
+        got = candidate([float(i), float(i) + 0.5], 0.75)
+        assert got is True, f"case {i}"
+    assert math.isclose(float(candidate([1.0, 3.0], 1.0)), 0.0)
+
+check(close)
+"""]
+MBPP = [
+    "assert close([1.0, 1.2], 0.5) == True",
+    "for xs, t, want in [([1.0, 2.0], 0.5, False), ([3.0, 3.1], 0.2, True)]:\n    assert close(xs, t) == want",
+    "ok = close([1.0, 1.1], 0.5) == True and close([1.0, 5.0], 0.5) == False\nassert ok",
+    "if close([1.0, 1.01], 0.1):\n    assert close([2.0, 2.01], 0.1) == True\nelse:\n    assert close([2.0], 0.1) == 7",
+    "import contextlib\nwith contextlib.nullcontext(0.5) as t:\n    assert close([1.0, 1.2], t) == True",
+    "def check(candidate):\n    assert candidate([1.0, 9.0], 0.5) == False\n\ncheck(close)\ncheck(close)",
+]
+PROGRAMS = {
+    "right": "SCALE = 1\n\ndef close(xs, t):\n    return any(abs(a - b) < t * SCALE for i, a in enumerate(xs)"
+             " for b in xs[i + 1:])\n",
+    "always": "def close(xs, t):\n    return True\n",
+    "never": "def close(xs, t):\n    return False\n",
+    "raises": "def close(xs, t):\n    raise ValueError(t)\n",
+    "int": "def close(xs, t):\n    return len(xs) > 1 and abs(xs[0] - xs[1]) < t\n",
+}
+
+
+@pytest.fixture(scope="module")
+def grader():
+    if os.geteuid() != 0 or shutil.which("bwrap") is None or detect_isolation(base_uid=BASE_UID) != "bwrap":
+        pytest.skip("needs root and a working bubblewrap (CI has both)")
+    sandbox = Sandbox(workers=2, limits=Limits(wall_s=10.0, memory_mb=256), isolation="bwrap", base_uid=BASE_UID)
+    yield CodeGrader(sandbox)
+    sandbox.close()
+
+
+def _python(code: str, test: str) -> Verdict:
+    """The test's verdict when run in Python beside the program (trusted fixtures only)."""
+    try:
+        exec(compile(code + "\n" + test, "<test>", "exec"), {"__name__": "solution"})  # noqa: S102
+    except AssertionError:
+        return Verdict.FAIL
+    except Exception:  # noqa: BLE001 - any other error is the program's
+        return Verdict.RUNTIME_ERROR
+    return Verdict.PASS
+
+
+def test_compound_tests_are_split_with_no_expected_value_sent_in():
+    for test in [*HUMANEVAL, *MBPP]:
+        spec = split_test(test)
+        assert not spec.forgeable, test
+        assert spec.probes
+    sent = json.dumps([split_test(t).probes for t in HUMANEVAL])
+    assert "0.3" in sent and "3.9" in sent  # inputs go in ...
+    assert "== True" not in sent and "== False" not in sent and "case" not in sent  # ... checks do not
+
+
+def test_tests_that_cannot_be_rewritten_still_run_inside():
+    for test in ["for x in g():\n    assert f(x) == 1", "while True:\n    assert f(1) == 1\n    break",
+                 "def check(c):\n    assert c(1) == 1\n    return True\ncheck(f)",  # a check function that returns
+                 "def check(candidate):\n    assert candidate(1) == 1\nrun = check\nrun(f)",  # used other than called
+                 "for x in [1, 2]:\n    assert f(x) == 1\nprint(x)",  # the loop's name read after it
+                 "for x in [1, 2]:\n    if f(x):\n        break\n    assert f(x) == 1",
+                 f"for x in range({MAX_UNROLLED + 1}):\n    assert f(x) == 1",
+                 "try:\n    assert f(1) == 1\nexcept KeyError:\n    pass"]:
+        assert split_test(test).forgeable, test
+
+
+def test_honest_programs_are_graded_as_python_runs_the_tests(grader):
+    tests = [*HUMANEVAL, *MBPP]
+    grades = grader.grade_many([(code, tests) for code in PROGRAMS.values()])
+    for (name, code), grade in zip(PROGRAMS.items(), grades):
+        python = [_python(code, t) for t in tests]
+        assert grade.tests == python, name
+    assert grades[0].tests == [Verdict.PASS] * len(tests)  # the fixtures hold: the right program passes all
+    assert {v for g in grades[1:] for v in g.tests} == {Verdict.PASS, Verdict.FAIL, Verdict.RUNTIME_ERROR}
+
+
+def test_the_code_fixture_rows_grade_the_same_as_check_functions(grader):
+    rows = [json.loads(line) for line in FIXTURE.read_text().splitlines() if line.strip()]
+    items, expected = [], []
+    for row in rows:
+        if not all(isinstance(t, str) for t in row["tests"]):
+            continue  # stdin/stdout rows: no asserts
+        name = row["solution"].split("def ", 1)[1].split("(", 1)[0]
+        as_check = "def check(candidate):\n" + "".join(f"    {t}\n" for t in row["tests"]) + f"\ncheck({name})\n"
+        in_if = "if True:\n" + "".join(f"    {t}\n" for t in row["tests"])
+        wrong = f"def {name}(*args):\n    return args[0]\n"
+        for code in (row["solution"], wrong):
+            tests = [*row["tests"], as_check, in_if]
+            items.append((code, tests))
+            expected.append([_python(code, t) for t in tests])
+    assert all(not split_test(t).forgeable for _, tests in items for t in tests)
+    assert [g.tests for g in grader.grade_many(items)] == expected
+    assert all(v is Verdict.PASS for e in expected[::2] for v in e)  # each solution passes its row
+    assert any(v is not Verdict.PASS for e in expected[1::2] for v in e)
