@@ -293,3 +293,58 @@ def test_the_zygote_forks_its_workers_without_the_trainers_fork_hooks(tmp_path):
     done = subprocess.run([sys.executable, "-c", HOOK_THAT_SPINS_IN_A_COPY], capture_output=True, text=True,
                           timeout=60, env=env, cwd=tmp_path)
     assert done.stdout.strip() == "[(42, None)]", done.stderr[-2000:]
+
+
+def _double(x):
+    return 2 * x
+
+
+def test_a_zygote_that_stops_answering_fails_its_batch_only_and_is_replaced():
+    """A stopped zygote (SIGSTOP: as if stuck) cannot fork: that batch's calls fail as crashes, counted,
+    within the deadline plus the fork bound, and the next batch runs on a fresh zygote."""
+    import signal
+
+    pool = WorkerPool({"f": _double}, size=2)
+    pool.fork_s = 1.0
+    assert pool.run("f", [((i,), {}) for i in range(4)], 5.0) == [(2 * i, None) for i in range(4)]
+    stopped = pool._procs.zygote[1]
+    os.kill(stopped, signal.SIGSTOP)
+    for worker in pool._procs.idle:  # the next batch needs new workers from the zygote
+        worker.kill()
+    pool._procs.idle.clear()
+    start = time.monotonic()
+    results = pool.run("f", [((i,), {}) for i in range(4)], 5.0)
+    assert time.monotonic() - start < 5.0 + pool.fork_s  # never waits past the deadline plus the fork bound
+    assert all(value is None and error.startswith("RewardCrash") and "within 1s" in error for value, error in results)
+    assert pool.stats.crashes == 4
+    with pytest.raises(ProcessLookupError):  # killed, not left stopped
+        os.kill(stopped, 0)
+    assert pool.run("f", [((i,), {}) for i in range(4)], 5.0) == [(2 * i, None) for i in range(4)]
+    assert pool._procs.zygote[1] != stopped
+    pool.close()
+
+
+HANGING_PRELOAD = """
+import os, time
+def preload():  # a module-level preload stuck while the marker file is there
+    while os.path.exists(os.path.join(os.path.dirname(__file__), "hang")):
+        time.sleep(0.05)
+def triple(x):
+    return 3 * x
+"""
+
+
+def test_a_spawned_zygote_stuck_in_its_preload_is_bounded_by_the_startup_bound(tmp_path, monkeypatch):
+    (tmp_path / "stuck_preload.py").write_text(HANGING_PRELOAD)
+    (tmp_path / "hang").write_text("")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    pool = WorkerPool({"f": "stuck_preload:triple"}, size=1, spawn=True)
+    pool.start_s = 3.0
+    start = time.monotonic()
+    results = pool.run("f", [((i,), {}) for i in range(3)], 1.0)
+    assert time.monotonic() - start < pool.start_s + 5.0  # the startup bound (and the kill), not 120 s
+    assert [e.split(":")[0] for _, e in results] == ["RewardCrash"] * 3 and "within 3s" in results[0][1]
+    (tmp_path / "hang").unlink()
+    assert pool.run("f", [((i,), {}) for i in range(3)], 5.0) == [(3 * i, None) for i in range(3)]
+    assert pool.stats.crashes == 3
+    pool.close()

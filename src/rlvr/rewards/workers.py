@@ -24,6 +24,11 @@ deadline after it started, not k. A batch in which a call reaches its deadline b
 answered is a function that never returns: every call still running or waiting fails with `TIMEOUT`
 at once, so such a function costs one deadline per batch, not one per wave of workers.
 
+A zygote that does not hand over a worker within `FORK_S` (`START_S` for a spawned zygote's first
+worker: it imports its targets first), stopped or stuck, is killed: the calls of that batch not yet
+handed out fail with `CRASH` (counted), the calls already running finish, and the next batch starts
+a fresh zygote. So a batch ends within its deadline plus one fork bound, and the run goes on.
+
 Inside a worker, every pool runs its calls inline: the worker itself is the bound. The worker's
 side (the zygote, the call loop, the limits) is `rlvr.rewards.zygote`.
 """
@@ -68,6 +73,9 @@ __all__ = ["WorkerPool", "PoolStats", "RewardTimeout", "in_worker", "TIMEOUT", "
 GRACE_S = 0.1  # a call running longer than this may be hostile: pending calls get an extra worker
 SURGE = 16  # extra workers at most, beyond `size`, while calls hold theirs past GRACE_S
 CHUNK = 16  # calls handed to a worker at once at most (one round trip per chunk, not per call)
+FORK_S = 10.0  # a forked zygote's answer to a fork, its first too (its PRELOAD hooks import sympy: seconds)
+START_S = 120.0  # a spawned zygote's first answer: it imports its targets and runs their preloads first
+STOP_S = 5.0  # a zygote told to exit that has not within this is killed
 
 
 @dataclass
@@ -142,6 +150,17 @@ class _Job:
     reclaimed: bool = False  # its unstarted calls went to others: it holds stale calls, not to be reused
 
 
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+class _ZygoteDown(Exception):
+    """The zygote did not hand over a worker in time (stopped, stuck in an import) or died twice."""
+
+
 class _Processes:
     """A pool's processes, apart from the pool so that a finalizer can end them when the pool is dropped."""
 
@@ -149,23 +168,35 @@ class _Processes:
         self.idle: list[_Worker] = []
         self.zygote: tuple[socket.socket, Any] | None = None  # (control socket, pid or Popen)
 
-    def stop_zygote(self) -> None:
+    def stop_zygote(self, kill: bool = False) -> None:
+        """Close the zygote's socket (it exits on EOF); one that does not exit within `STOP_S`, or that
+        stopped answering (`kill`), is killed."""
         if self.zygote is None:
             return
         ctl, handle = self.zygote
         self.zygote = None
-        ctl.close()  # it exits on EOF
+        ctl.close()
         if isinstance(handle, subprocess.Popen):
+            if kill:
+                handle.kill()
             try:
-                handle.wait(timeout=5)
+                handle.wait(timeout=STOP_S)
             except subprocess.TimeoutExpired:
                 handle.kill()
                 handle.wait()
-        else:
-            try:
-                os.waitpid(handle, 0)
-            except ChildProcessError:
-                pass
+            return
+        if kill:
+            _kill(handle)
+        until = time.monotonic() + STOP_S
+        try:
+            while os.waitpid(handle, os.WNOHANG) == (0, 0):
+                if time.monotonic() > until:
+                    _kill(handle)
+                    os.waitpid(handle, 0)
+                    return
+                time.sleep(0.01)
+        except ChildProcessError:
+            pass
 
     def close(self) -> None:
         if in_worker():  # a worker's copy: the processes are the trainer's
@@ -192,6 +223,8 @@ class WorkerPool:
         self._procs = _Processes()
         self._zygote_targets: set[str] = set()
         self._generation = 0
+        self._answered = False
+        self.fork_s, self.start_s = FORK_S, START_S
         weakref.finalize(self, self._procs.close)  # also at exit
 
     # --- the zygote and the workers
@@ -223,25 +256,33 @@ class WorkerPool:
             self._procs.zygote = (mine, pid)
         self._zygote_targets = set(self.targets)
         self._generation += 1
+        self._answered = False  # a spawned zygote's first answer waits on its imports: `start_s`
 
     def _fork(self) -> _Worker:
-        """A new worker from the zygote (started, or restarted, as needed)."""
+        """A new worker from the zygote (started, or restarted, as needed). Raises `_ZygoteDown` when the
+        zygote does not answer within its bound (`fork_s`; `start_s` for a spawned one's first answer),
+        killing it, or when a fresh one dies too: the caller fails its batch, the next batch starts anew."""
         with self._lock:
             for attempt in range(2):
                 if self._procs.zygote is None or set(self.targets) != self._zygote_targets:
                     self._start_zygote()
                 ctl = self._procs.zygote[0]
+                bound = self.start_s if self.spawn and not self._answered else self.fork_s
                 try:
-                    ctl.settimeout(120)  # a spawned zygote imports its targets first
+                    ctl.settimeout(bound)
                     ctl.send(b"f")
                     data, fds, _, _ = socket.recv_fds(ctl, 16, 1)
                     if not data or not fds:
                         raise EOFError
+                except TimeoutError:
+                    self._procs.stop_zygote(kill=True)
+                    raise _ZygoteDown(f"the zygote did not fork a worker within {bound:g}s") from None
                 except (OSError, EOFError):
-                    self._procs.stop_zygote()
+                    self._procs.stop_zygote(kill=True)
                     if attempt:
-                        raise RuntimeError(f"{self.name} workers: the zygote process cannot fork workers") from None
+                        raise _ZygoteDown("the zygote process cannot fork workers") from None
                     continue
+                self._answered = True
                 self.stats.forks += 1
                 return _Worker(socket.socket(fileno=fds[0]), struct.unpack("<i", data)[0], self._generation)
         raise AssertionError("unreachable")
@@ -289,14 +330,15 @@ class WorkerPool:
         with selectors.DefaultSelector() as selector:
             try:
                 while pending or jobs:
-                    self._hand_out(key, calls, pending, jobs, selector, cpu_s)
-                    self._wait(jobs, selector, results, pending, timeout_s)
+                    self._hand_out(key, calls, pending, jobs, selector, cpu_s, results)
+                    if jobs:  # none: the zygote failed this batch's calls
+                        self._wait(jobs, selector, results, pending, timeout_s)
             finally:
                 for job in jobs.values():  # interrupted (Ctrl-C): nothing is left running
                     job.worker.kill()
         return results
 
-    def _hand_out(self, key, calls, pending, jobs, selector, cpu_s) -> None:
+    def _hand_out(self, key, calls, pending, jobs, selector, cpu_s, results) -> None:
         now = time.monotonic()
         held = 0
         for job in jobs.values():
@@ -311,7 +353,15 @@ class WorkerPool:
         while pending and len(jobs) < self.size + (SURGE if held else 0):
             chunk_size = 1 if held else max(1, min(CHUNK, math.ceil(len(pending) / (2 * self.size))))
             indices = [pending.popleft() for _ in range(min(chunk_size, len(pending)))]
-            worker = self._checkout()
+            try:
+                worker = self._checkout()
+            except _ZygoteDown as err:  # this batch's calls not yet handed out fail; running ones go on
+                left = [*indices, *pending]
+                pending.clear()
+                self.stats.crashes += len(left)
+                for index in left:
+                    results[index] = (None, f"{CRASH}: {self.name} workers: {err}")
+                return
             try:
                 message = pickle.dumps((key, [calls[i] for i in indices], cpu_s), protocol=pickle.HIGHEST_PROTOCOL)
                 worker.sock.setblocking(True)
