@@ -103,8 +103,12 @@ def test_tests_that_cannot_be_rewritten_still_run_inside():
                  "for x in [1, 2]:\n    assert f(x) == 1\nprint(x)",  # the loop's name read after it
                  "for x in [1, 2]:\n    if f(x):\n        break\n    assert f(x) == 1",
                  f"for x in range({MAX_UNROLLED + 1}):\n    assert f(x) == 1",
-                 "try:\n    assert f(1) == 1\nexcept KeyError:\n    pass"]:
+                 "try:\n    assert f(1) == 1\nexcept KeyError:\n    pass",
+                 "def check(candidate):\n    assert candidate(1) == 1\ndef run():\n    check(f)\nrun()"]:
         assert split_test(test).forgeable, test
+    # a comparison between two of the candidate's values holds no expected value: it runs inside
+    assert split_test("s = Stack()\nok = s == Stack()\nassert ok").steps[1] == ("exec", "ok = s == Stack()")
+    assert split_test("ok = f(1) == 2\nassert ok").steps == (("probes", 0, 1), ("probes", 1, 1))
 
 
 def test_honest_programs_are_graded_as_python_runs_the_tests(grader):

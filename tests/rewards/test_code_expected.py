@@ -1,5 +1,6 @@
 """Expected values stay out of the candidate's sandbox (single asserts, scripts of statements around
-asserts, and asserts in check functions, literal loops, `if` and `with`), and values it sends back are bounded before any check runs on them."""
+asserts, and asserts in check functions, literal loops, `if` and `with`), and values it sends back
+are bounded before any check runs on them."""
 
 from __future__ import annotations
 

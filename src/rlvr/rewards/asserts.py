@@ -25,10 +25,14 @@ Values that come back are bounded before any check runs on them: a set or dict w
 one hash more than `MAX_SAME_HASH` times (37,000 multiples of 2^61 − 1, all hashing to 0, take 30 s
 to put in a set) fails the test, as does a `set`/`frozenset`/`dict` call over such a sequence.
 
-A test that is not a single ``assert`` statement runs inside the sandbox as a statement and is
-the one form a program that introspects the interpreter could forge (``Spec.forgeable``). Probes
-are all evaluated, so a probe that raises fails its test even where Python's ``and``/``or`` would
-have skipped it.
+A test of several statements is a script (`_script`): its statements run inside, each assert's probes
+are evaluated where it stands. Check functions and loops over literals are first inlined and unrolled
+(`rlvr.rewards.flatten`), ``if``/``with`` holding asserts become branch steps (the condition comes back
+as a value and picks the branch's check), and a comparison bound to a name (``ok = f(1) == 2``) is
+hoisted into probes and a check. A test with an assert left in any other compound statement (``while``,
+``try``, a loop over computed values) runs inside the sandbox as a statement and is the one form a
+program that introspects the interpreter could forge (``Spec.forgeable``). Probes are all evaluated,
+so a probe that raises fails its test even where Python's ``and``/``or`` would have skipped it.
 """
 
 from __future__ import annotations
@@ -154,9 +158,14 @@ def _outside_asserts(node: ast.AST):
 
 
 def _hoistable(node: ast.stmt) -> bool:
-    """``name = <comparison>`` (``ok = f(1) == 2``): its probes go inside, the comparison stays here."""
-    return isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-        and isinstance(node.value, (ast.Compare, ast.BoolOp, ast.UnaryOp))
+    """``name = <comparison>`` with an expected side (``ok = f(1) == 2``): its probes go inside, the
+    comparison stays here. One between two of the candidate's values (``ok = s == Stack()``) holds no
+    expected value and runs inside, where values that do not travel as JSON compare as in Python."""
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, (ast.Compare, ast.BoolOp, ast.UnaryOp))):
+        return False
+    return any(is_reference(ast.unparse(side)) for n in ast.walk(node.value) if isinstance(n, ast.Compare)
+               for side in (n.left, *n.comparators))
 
 
 class _Compiler:

@@ -22,11 +22,13 @@ Two kinds of tests (a row's ``tests`` field):
   statements with its asserts at the top level (``s = Stack(); s.push(1); assert s.pop() == 1``)
   is a script: its statements run inside in order, each assert's probes are evaluated where the
   assert stands, and the checks stay here; a name bound to an expected value (``want = [1, 2]``)
-  that no statement reads stays here too. What does enter with a script is what its statements
-  hold (inputs, and any expected value a statement itself compares, as in ``ok = f(1) == 2``). A
-  test with an assert inside a loop, a function or another compound statement runs inside as a
-  statement (passed when it raises nothing): the one form a program that introspects the
-  interpreter could forge, its expected values within the program's reach.
+  that no statement reads stays here too, as does a comparison bound to a name (``ok = f(1) == 2``:
+  its probes go in, the comparison stays here). HumanEval's ``def check(candidate)`` called as
+  ``check(fn)`` is inlined, a loop over literals unrolled, and ``if``/``with`` run as branch steps
+  (`rlvr.rewards.flatten`). What does enter with a script is what its statements hold (inputs, an
+  ``if``'s condition). A test with an assert left in another compound statement (``while``,
+  ``try``, a loop over computed values) runs inside as a statement (passed when it raises nothing):
+  the one form a program that introspects the interpreter could forge.
 
 The checks run on values the program chose, so they run in check workers (`CodeGrader.checks`,
 processes of their own): each sample's checks under ``check_timeout_s``, a breach failing that

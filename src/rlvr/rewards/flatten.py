@@ -6,13 +6,13 @@ would run inside, its expected values with it. Three rewrites, each exact for ho
 bring the common forms out:
 
 - **A check function** (HumanEval's ``def check(candidate): assert candidate(1) == 2 ...``
-  followed by ``check(fn)``): each call statement becomes the function's body, the parameter bound
+  followed by ``check(fn)`` at the top level): each call statement becomes the function's body, the parameter bound
   to the argument first and every name the function binds renamed (``_rlvr_`` + name), so the
   inlined body touches the candidate's globals no more than the call did (a module it imports is
   bound under its own name, so ``math.fabs`` stays a function the check evaluates outside). The ``def`` itself is not
   run (its code object holds the expected values). Only when every use of the name is such a call
-  and the function has one plain parameter, no decorator, no ``return``/``yield``/``global``/
-  ``nonlocal`` at its own level and no class inside.
+  at the top level and the function has one plain parameter, no decorator, no ``return``/``yield``/
+  ``global``/``nonlocal`` at its own level and no function or class inside.
 - **A loop over literals** (``for x, y in [(1, 2), (3, 4)]: assert f(x) == y``, or ``range`` over
   integer literals): one copy of the body per element, the loop's names replaced by that element,
   when the body has no ``break``/``continue``, no function or class, does not bind the loop's names
@@ -30,7 +30,7 @@ import ast
 import copy
 from collections import Counter
 
-__all__ = ["flatten", "MAX_UNROLLED", "PREFIX"]
+__all__ = ["flatten", "has_assert", "MAX_UNROLLED", "PREFIX"]
 
 MAX_UNROLLED = 4096  # statements a test may grow to once its loops are unrolled
 PREFIX = "_rlvr_"  # an inlined check function's own names
@@ -81,12 +81,12 @@ def _check_functions(body: list[ast.stmt]) -> dict[str, ast.FunctionDef]:
                 or args.vararg or args.kwonlyargs or args.kwarg or args.defaults:
             continue
         if any(isinstance(n, (ast.Return, ast.Yield, ast.YieldFrom, ast.Await, ast.Global, ast.Nonlocal,
-                              ast.ClassDef)) for n in _own_level(node)):
+                              ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) for n in _own_level(node)):
             continue
         found[node.name] = node
     if not found:
         return {}
-    calls = Counter(s.value.func.id for n in body for s in ast.walk(n) if _call_of(s, found))
+    calls = Counter(n.value.func.id for n in body if _call_of(n, found))  # at the top level only
     uses = Counter(n.id for n in ast.walk(ast.Module(body=body, type_ignores=[]))
                    if isinstance(n, ast.Name) and n.id in found)
     bound_twice = Counter(n.name for n in body if isinstance(n, ast.FunctionDef))
