@@ -6,16 +6,14 @@ test raises nothing, fail where it raises."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import pytest
+from _bwrap_grader import bwrap_grader
 
 from rlvr.rewards.asserts import split_test
-from rlvr.rewards.code import CodeGrader
 from rlvr.rewards.flatten import MAX_UNROLLED
-from rlvr.rewards.sandbox import Limits, Sandbox, Verdict, detect_isolation
+from rlvr.rewards.sandbox import Verdict
 
 BASE_UID = 63700
 FIXTURE = Path(__file__).resolve().parents[2] / "data" / "code_fixture.jsonl"
@@ -68,11 +66,7 @@ PROGRAMS = {
 
 @pytest.fixture(scope="module")
 def grader():
-    if os.geteuid() != 0 or shutil.which("bwrap") is None or detect_isolation(base_uid=BASE_UID) != "bwrap":
-        pytest.skip("needs root and a working bubblewrap (CI has both)")
-    sandbox = Sandbox(workers=2, limits=Limits(wall_s=10.0, memory_mb=256), isolation="bwrap", base_uid=BASE_UID)
-    yield CodeGrader(sandbox)
-    sandbox.close()
+    yield from bwrap_grader(BASE_UID)
 
 
 def _python(code: str, test: str) -> Verdict:
@@ -139,3 +133,73 @@ def test_the_code_fixture_rows_grade_the_same_as_check_functions(grader):
     assert [g.tests for g in grader.grade_many(items)] == expected
     assert all(v is Verdict.PASS for e in expected[::2] for v in e)  # each solution passes its row
     assert any(v is not Verdict.PASS for e in expected[1::2] for v in e)
+
+
+ROOTS = '''
+import math
+def poly(xs, x):
+    return sum([coeff * math.pow(x, i) for i, coeff in enumerate(xs)])
+def find_zero(xs):
+    begin, end = -1., 1.
+    while poly(xs, begin) * poly(xs, end) > 0:
+        begin *= 2.0
+        end *= 2.0
+    while end - begin > 1e-10:
+        center = (begin + end) / 2.0
+        if poly(xs, center) * poly(xs, begin) > 0:
+            begin = center
+        else:
+            end = center
+    return begin
+def largest(xs):
+    return None if not xs else max(xs)
+'''
+ROOT_TESTS = ['''
+
+METADATA = {}
+
+
+def check(candidate):
+    import math
+    import random
+    rng = random.Random(42)
+    import copy
+    for _ in range(100):
+        ncoeff = 2 * rng.randint(1, 4)
+        coeffs = []
+        for _ in range(ncoeff):
+            coeff = rng.randint(-10, 10)
+            if coeff == 0:
+                coeff = 1
+            coeffs.append(coeff)
+        solution = candidate(copy.deepcopy(coeffs))
+        assert math.fabs(poly(coeffs, solution)) < 1e-4
+
+check(find_zero)
+''', '''
+def check(candidate):
+
+    # Check some simple cases
+    assert candidate([]) is None
+    assert candidate([1, 5, 3]) == 5, "This prints if this assert fails 1 (good for debugging!)"
+    assert True, "This prints if this assert fails 2 (also good for debugging!)"
+
+check(largest)
+''', '''
+def check(candidate):
+    for x in range(2, 8):
+        assert candidate([x, 1]) == x
+    for x in range(2, 8):  # the same name again: the first loop's copies read none of it
+        assert candidate([1, x]) != 0
+
+check(largest)
+''']
+
+
+def test_humaneval_checks_with_random_inputs_and_repeated_loops_grade_as_python(grader):
+    specs = [split_test(t) for t in ROOT_TESTS]
+    assert [len(s.probes) for s in specs] == [100, 2, 12] and not any(s.forgeable for s in specs)
+    programs = [ROOTS, ROOTS.replace("return begin", "return end + 1"), ROOTS.replace("max(xs)", "min(xs)")]
+    grades = grader.grade_many([(code, ROOT_TESTS) for code in programs])
+    assert [g.tests for g in grades] == [[_python(code, t) for t in ROOT_TESTS] for code in programs]
+    assert [g.passed for g in grades] == [3, 2, 1]

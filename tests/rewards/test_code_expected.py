@@ -4,15 +4,14 @@ are bounded before any check runs on them."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 
 import pytest
+from _bwrap_grader import bwrap_grader
 
 from rlvr.rewards.asserts import CheckError, deserialize, evaluate_check, split_test
-from rlvr.rewards.code import CodeGrader, _serialize
-from rlvr.rewards.sandbox import Limits, Sandbox, Verdict, detect_isolation
+from rlvr.rewards.code import _serialize
+from rlvr.rewards.sandbox import Verdict
 
 BASE_UID = 63000
 CANARY = 48151623
@@ -76,11 +75,7 @@ def f(x):
 
 @pytest.fixture(scope="module")
 def grader():
-    if os.geteuid() != 0 or shutil.which("bwrap") is None or detect_isolation(base_uid=BASE_UID) != "bwrap":
-        pytest.skip("needs root and a working bubblewrap (CI has both)")
-    sandbox = Sandbox(workers=2, limits=Limits(wall_s=10.0, memory_mb=256), isolation="bwrap", base_uid=BASE_UID)
-    yield CodeGrader(sandbox)
-    sandbox.close()
+    yield from bwrap_grader(BASE_UID)
 
 
 SCRIPTS = [  # statements around asserts: the statements run inside, the expected values stay out

@@ -45,11 +45,6 @@ def has_assert(node: ast.AST) -> bool:
     return any(isinstance(n, ast.Assert) for n in ast.walk(node))
 
 
-def _loads(nodes) -> Counter:
-    return Counter(n.id for node in nodes for n in ast.walk(node)
-                   if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
-
-
 def _own_level(node: ast.AST):
     """The nodes of a function's body, not descending into nested functions, lambdas or classes."""
     todo = list(ast.iter_child_nodes(node))
@@ -66,7 +61,7 @@ def flatten(body: list[ast.stmt]) -> list[ast.stmt] | None:
     checks = _check_functions(body)
     kept = [n for n in body if not (isinstance(n, ast.FunctionDef) and n.name in checks)]
     try:
-        return _flatten(kept, checks, _loads(kept), [0])
+        return _no_unbound_reads(_flatten(kept, checks, [0]))
     except (_TooLarge, RecursionError):
         return None
 
@@ -99,22 +94,22 @@ def _call_of(stmt: ast.AST, checks) -> bool:
         and not stmt.value.keywords and not isinstance(stmt.value.args[0], ast.Starred)
 
 
-def _flatten(body, checks, scope_loads: Counter, size: list[int]) -> list[ast.stmt] | None:
+def _flatten(body, checks, size: list[int]) -> list[ast.stmt] | None:
     out: list[ast.stmt] = []
     for node in body:
         if _call_of(node, checks):
             inlined = _inline(checks[node.value.func.id], node.value.args[0])
-            part = _flatten(inlined, checks, _loads(inlined), size)
+            part = _flatten(inlined, checks, size)
         elif isinstance(node, ast.For) and has_assert(node):
-            copies = _unrolled(node, scope_loads)
-            part = None if copies is None else _flatten(copies, checks, scope_loads, size)
+            copies = _unrolled(node)
+            part = None if copies is None else _flatten(copies, checks, size)
+            part = None if part is None else [*part, _unbound(node.target)]
         elif isinstance(node, ast.If) and has_assert(node):
-            then, orelse = _flatten(node.body, checks, scope_loads, size), _flatten(node.orelse, checks,
-                                                                                     scope_loads, size)
+            then, orelse = _flatten(node.body, checks, size), _flatten(node.orelse, checks, size)
             part = None if then is None or orelse is None else [ast.If(test=node.test, body=then or [ast.Pass()],
                                                                        orelse=orelse)]
         elif isinstance(node, ast.With) and has_assert(node):
-            inner = _flatten(node.body, checks, scope_loads, size) if len(node.items) == 1 and (
+            inner = _flatten(node.body, checks, size) if len(node.items) == 1 and (
                 node.items[0].optional_vars is None or isinstance(node.items[0].optional_vars, ast.Name)) else None
             part = None if inner is None else [ast.With(items=node.items, body=inner or [ast.Pass()])]
         elif has_assert(node) and not isinstance(node, ast.Assert):
@@ -177,6 +172,45 @@ def _inline(fn: ast.FunctionDef, argument: ast.expr) -> list[ast.stmt]:
     return [ast.fix_missing_locations(bind), *(renamer.visit(s) for s in body)]
 
 
+def _unbound(target: ast.expr) -> ast.stmt:
+    """A marker after an unrolled loop: its names are not bound (the loop would have left the last element)."""
+    marker = ast.Pass()
+    marker.rlvr_unbound = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return marker
+
+
+def _no_unbound_reads(flat: list[ast.stmt] | None) -> list[ast.stmt] | None:
+    """`flat` without the markers, or None when a statement reads a name an unrolled loop left unbound
+    before binding it again."""
+    if flat is None:
+        return None
+    def walk(stmts: list[ast.stmt], unbound: set[str]) -> list[ast.stmt] | None:
+        kept = []
+        for node in stmts:
+            if hasattr(node, "rlvr_unbound"):
+                unbound |= node.rlvr_unbound
+                continue
+            head = [node.test] if isinstance(node, ast.If) else node.items if isinstance(node, ast.With) else [node]
+            names = [n for part in head for n in ast.walk(part) if isinstance(n, ast.Name)]
+            if any(n.id in unbound and isinstance(n.ctx, ast.Load) for n in names):
+                return None
+            unbound -= {n.id for n in names if not isinstance(n.ctx, ast.Load)}
+            if isinstance(node, (ast.If, ast.With)):  # a branch binds nothing for after it, for sure
+                branches = [node.body, node.orelse] if isinstance(node, ast.If) else [node.body]
+                inner = [set(unbound) for _ in branches]
+                walked = [walk(b, u) for b, u in zip(branches, inner)]
+                if None in walked:
+                    return None
+                node.body = walked[0]
+                if isinstance(node, ast.If):
+                    node.orelse = walked[1]
+                unbound |= set().union(*inner)
+            kept.append(node)
+        return kept
+
+    return walk(flat, set())
+
+
 def _literal_items(node: ast.expr) -> list[ast.expr] | None:
     """The elements of a literal list/tuple of literals, or of ``range`` over integer literals."""
     if isinstance(node, (ast.List, ast.Tuple)):
@@ -223,7 +257,7 @@ class _Substitute(ast.NodeTransformer):
         return node
 
 
-def _unrolled(loop: ast.For, scope_loads: Counter) -> list[ast.stmt] | None:
+def _unrolled(loop: ast.For) -> list[ast.stmt] | None:
     """The loop as one copy of its body per element, or None where that would not be exact."""
     items = _literal_items(loop.iter)
     if items is None or loop.orelse:
@@ -235,11 +269,9 @@ def _unrolled(loop: ast.For, scope_loads: Counter) -> list[ast.stmt] | None:
     inner = list(ast.walk(ast.Module(body=loop.body, type_ignores=[])))
     if any(isinstance(n, (ast.Break, ast.Continue, *_SCOPES)) for n in inner):
         return None
-    if any(isinstance(n, ast.Name) and n.id in names and not isinstance(n.ctx, ast.Load) for n in inner):
-        return None
-    body_loads = _loads(loop.body)
-    if any(scope_loads[name] > body_loads[name] for name in names):  # read after the loop: it would be unbound
-        return None
+    rebound = {n.id for n in inner if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    if names & rebound & {n.id for n in inner if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}:
+        return None  # a read after the body rebinds the name would take the element instead
     if len(items) * len(loop.body) > MAX_UNROLLED:
         raise _TooLarge
     return [ast.fix_missing_locations(_Substitute(b).visit(copy.deepcopy(stmt))) for b in bindings
