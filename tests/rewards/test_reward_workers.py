@@ -295,33 +295,34 @@ def test_the_zygote_forks_its_workers_without_the_trainers_fork_hooks(tmp_path):
     assert done.stdout.strip() == "[(42, None)]", done.stderr[-2000:]
 
 
-def _double(x):
-    return 2 * x
+def _length(prompt, completion, **example):
+    return float(len(completion))
 
 
 def test_a_zygote_that_stops_answering_fails_its_batch_only_and_is_replaced():
-    """A stopped zygote (SIGSTOP: as if stuck) cannot fork: that batch's calls fail as crashes, counted,
-    within the deadline plus the fork bound, and the next batch runs on a fresh zygote."""
+    """A stopped zygote (SIGSTOP: as if stuck) cannot fork: that step's samples score 0 as crashes,
+    counted, within the deadline plus the fork bound, and the next step runs on a fresh zygote."""
     import signal
 
-    pool = WorkerPool({"f": _double}, size=2)
-    pool.fork_s = 1.0
-    assert pool.run("f", [((i,), {}) for i in range(4)], 5.0) == [(2 * i, None) for i in range(4)]
-    stopped = pool._procs.zygote[1]
+    runner = RewardRunner(_length, name="z", timeout_s=5.0, workers=2)
+    runner.pool.fork_s = 1.0
+    texts = ["a", "bb", "ccc", "dddd"]
+    assert runner(["q"] * 4, texts, [{}] * 4).rewards == [1.0, 2.0, 3.0, 4.0]
+    stopped = runner.pool._procs.zygote[1]
     os.kill(stopped, signal.SIGSTOP)
-    for worker in pool._procs.idle:  # the next batch needs new workers from the zygote
+    for worker in runner.pool._procs.idle:  # the next step needs new workers from the zygote
         worker.kill()
-    pool._procs.idle.clear()
+    runner.pool._procs.idle.clear()
     start = time.monotonic()
-    results = pool.run("f", [((i,), {}) for i in range(4)], 5.0)
-    assert time.monotonic() - start < 5.0 + pool.fork_s  # never waits past the deadline plus the fork bound
-    assert all(value is None and error.startswith("RewardCrash") and "within 1s" in error for value, error in results)
-    assert pool.stats.crashes == 4
+    out = runner(["q"] * 4, texts, [{}] * 4)
+    assert time.monotonic() - start < 5.0 + runner.pool.fork_s  # never past the deadline plus the fork bound
+    assert out.rewards == [0.0] * 4 and out.metrics["z/crashes"] == 4.0
+    assert all(e.startswith("RewardCrash") and "within 1s" in e for e in out.errors)
     with pytest.raises(ProcessLookupError):  # killed, not left stopped
         os.kill(stopped, 0)
-    assert pool.run("f", [((i,), {}) for i in range(4)], 5.0) == [(2 * i, None) for i in range(4)]
-    assert pool._procs.zygote[1] != stopped
-    pool.close()
+    assert runner(["q"] * 4, texts, [{}] * 4).rewards == [1.0, 2.0, 3.0, 4.0]
+    assert runner.pool._procs.zygote[1] != stopped
+    runner.pool.close()
 
 
 HANGING_PRELOAD = """
