@@ -40,6 +40,7 @@ from __future__ import annotations
 import ast
 import builtins
 import copy
+import functools
 import math
 import operator
 from dataclasses import dataclass
@@ -95,8 +96,10 @@ class Spec:
     steps: tuple[tuple, ...] = ()
 
 
+@functools.lru_cache(maxsize=1024)  # a row's tests are split once, not once per completion (a 100-case loop: 0.3 s)
 def split_test(test: str) -> Spec:
     """``assert EXPR[, msg]`` -> probes and a check; anything else -> a statement run inside.
+    The Spec is shared between callers: its `check` is read, never changed.
 
     >>> spec = split_test("assert abs(area(2) - 12.57) < 0.01")
     >>> spec.probes, ast.unparse(spec.check)
