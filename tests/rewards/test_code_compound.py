@@ -12,6 +12,7 @@ import pytest
 from _bwrap_grader import bwrap_grader
 
 from rlvr.rewards.asserts import split_test
+from rlvr.rewards.code import _sent
 from rlvr.rewards.flatten import MAX_UNROLLED
 from rlvr.rewards.sandbox import Verdict
 
@@ -94,7 +95,7 @@ def test_tests_that_cannot_be_rewritten_still_run_inside():
     for test in ["for x in g():\n    assert f(x) == 1", "while True:\n    assert f(1) == 1\n    break",
                  "def check(c):\n    assert c(1) == 1\n    return True\ncheck(f)",  # a check function that returns
                  "def check(candidate):\n    assert candidate(1) == 1\nrun = check\nrun(f)",  # used other than called
-                 "for x in [1, 2]:\n    assert f(x) == 1\nprint(x)",  # the loop's name read after it
+                 "for x, y in [(1, 2)]:\n    assert f(x) == y\nprint(y)",  # an expected name, unbound, read after
                  "for x in [1, 2]:\n    if f(x):\n        break\n    assert f(x) == 1",
                  f"for x in range({MAX_UNROLLED + 1}):\n    assert f(x) == 1",
                  "try:\n    assert f(1) == 1\nexcept KeyError:\n    pass",
@@ -203,3 +204,50 @@ def test_humaneval_checks_with_random_inputs_and_repeated_loops_grade_as_python(
     grades = grader.grade_many([(code, ROOT_TESTS) for code in programs])
     assert [g.tests for g in grades] == [[_python(code, t) for t in ROOT_TESTS] for code in programs]
     assert [g.passed for g in grades] == [3, 2, 1]
+
+
+FORMS = [
+    "if f(1) == 1:\n    assert f(2) == 2\nelif f(1) == 2:\n    assert f(2) == 4\nelse:\n    assert f(2) == 0",
+    "for x in [1, 2]:\n    for y in (3, 4):\n        assert f(x) + y == x * 1 + y",
+    "for x in [1, 2]:\n    r = f(x)\n    assert r == x",
+    "xs = [1, 2]\nfor x in [1, 2]:\n    xs.append(f(x))\nassert xs[2:] == [1, 2]",
+    "def check(candidate):\n    total = 0\n    for v in [1, 2, 3]:\n        total += candidate(v)\n"
+    "    assert total == 6\ncheck(f)",
+    "def check(candidate):\n    assert [candidate(i) for i in range(3)] == [0, 1, 2]\ncheck(f)",
+    "ok = f(1) == 1\nok2 = not f(2) == 3\nassert ok and ok2",
+    "for i in range(3):\n    if i % 2:\n        assert f(i) == i\n    else:\n        assert f(i) >= 0",
+    "x = 5\ndef check(candidate):\n    x = 1\n    assert candidate(x) == 1\ncheck(f)\nassert x == 5",
+    "for x in [1, 2]:\n    assert f(x) == x\nx = 3\nassert f(x) == 3",
+]
+FORM_PROGRAMS = ["def f(x):\n    return x\n", "def f(x):\n    return 2 * x\n", "def f(x):\n    raise KeyError(x)\n",
+                 "x = 9\n\ndef f(v):  # reads the global a test's loop binds\n    return v if x == 9 else -1\n"]
+
+
+def _python_in_one_namespace(code: str, tests: list[str]) -> list[Verdict]:
+    """Each test's verdict with the tests run one after another beside the program, as the harness runs them."""
+    ns = {"__name__": "solution"}
+    exec(compile(code, "<program>", "exec"), ns)  # noqa: S102 - trusted fixtures
+    verdicts = []
+    for test in tests:
+        try:
+            exec(compile(test, "<test>", "exec"), ns)  # noqa: S102
+            verdicts.append(Verdict.PASS)
+        except AssertionError:
+            verdicts.append(Verdict.FAIL)
+        except Exception:  # noqa: BLE001 - any other error is the program's
+            verdicts.append(Verdict.RUNTIME_ERROR)
+    return verdicts
+
+
+def test_rewritten_forms_keep_pythons_bindings(grader):
+    """elif chains, nested loops, `+=` on a check's local, a loop's names the program reads as globals
+    (bound as the loop binds them, since they enter anyway), names rebound after a loop."""
+    assert not any(split_test(t).forgeable for t in FORMS)
+    assert _sent_text("for x, y in [(1, 2)]:\n    assert f(x) == y") == ["x = 1", "f(1)"]  # y, expected, stays out
+    grades = grader.grade_many([(code, FORMS) for code in FORM_PROGRAMS])
+    assert [g.tests for g in grades] == [_python_in_one_namespace(code, FORMS) for code in FORM_PROGRAMS]
+    assert grades[0].passed == len(FORMS) and grades[3].passed < len(FORMS)
+
+
+def _sent_text(test: str) -> list[str]:
+    return [s.get("exec") or s["probes"][0] for s in _sent(split_test(test))["steps"]]

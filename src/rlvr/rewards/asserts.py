@@ -45,7 +45,7 @@ import math
 import operator
 from dataclasses import dataclass
 
-from rlvr.rewards.flatten import flatten, has_assert
+from rlvr.rewards.flatten import flatten, has_assert, reads
 from rlvr.rewards.pyast import parse
 
 __all__ = ["Spec", "split_test", "evaluate_check", "deserialize", "CheckError", "BoundError"]
@@ -131,7 +131,7 @@ def _script(test: str, body: list[ast.stmt]) -> Spec:
     value, or the comparison's check over its probes (evaluated where the statement stands), is put
     into the asserts that read it. An assert left in any other compound statement cannot be split: the
     test runs inside as a statement (`Spec.forgeable`)."""
-    flat = flatten(body)
+    flat = flatten(body, _enters)
     if flat is None or not any(has_assert(node) for node in flat):
         return Spec(source=test, forgeable=True)
     compiler = _Compiler(flat)
@@ -139,6 +139,21 @@ def _script(test: str, body: list[ast.stmt]) -> Spec:
     probes = compiler.probes
     return Spec(source=test, probes=tuple(probes), check=_all(checks), steps=tuple(steps),
                 reference=tuple(i not in compiler.flags and is_reference(p) for i, p in enumerate(probes)))
+
+
+def _enters(name: str, body: list[ast.stmt]) -> bool:
+    """Whether a loop's `name` enters the sandbox when `body` runs with the name replaced by its element:
+    a statement there reads it, or a probe holds it (``f(x)``; not ``== y``, which is checked here)."""
+    sentinel = ast.Constant(value=f"\x00{name}")
+    for node in body:
+        if name in reads(_outside_asserts(node)):
+            return True
+        for test in (n.test for n in ast.walk(node) if isinstance(n, ast.Assert)):
+            probes: list[str] = []
+            _open(_Known({name: sentinel}).visit(copy.deepcopy(test)), probes)
+            if any(repr(sentinel.value) in p for p in probes):
+                return True
+    return False
 
 
 def _all(checks: list[ast.expr]) -> ast.expr:
@@ -182,8 +197,7 @@ class _Compiler:
         # read an expected value itself); one whose own name is read inside is not hoisted, so it reads too.
         hoisted = {id(node): node.targets[0].id for node in flat if _hoistable(node)}
         while True:
-            self.read_inside = {n.id for node in flat if id(node) not in hoisted for n in _outside_asserts(node)
-                                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            self.read_inside = reads(n for node in flat if id(node) not in hoisted for n in _outside_asserts(node))
             kept = {k: name for k, name in hoisted.items() if name not in self.read_inside | self.nested}
             if kept == hoisted:
                 break
@@ -230,7 +244,8 @@ class _Compiler:
 
     def _statement(self, node: ast.stmt, top: bool) -> list[tuple]:
         target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
-        if not top or not isinstance(target, ast.Name) or target.id in self.read_inside | self.nested:
+        if not top or not isinstance(target, ast.Name) or target.id in self.read_inside | self.nested \
+                or getattr(node, "rlvr_binding", False):  # a loop's name, bound as the loop would
             return [("exec", ast.unparse(node))]
         if is_reference(ast.unparse(node.value)):
             self.known[target.id] = node.value  # an expected value: stays out of the sandbox

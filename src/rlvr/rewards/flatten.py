@@ -14,9 +14,11 @@ bring the common forms out:
   at the top level and the function has one plain parameter, no decorator, no ``return``/``yield``/
   ``global``/``nonlocal`` at its own level and no function or class inside.
 - **A loop over literals** (``for x, y in [(1, 2), (3, 4)]: assert f(x) == y``, or ``range`` over
-  integer literals): one copy of the body per element, the loop's names replaced by that element,
-  when the body has no ``break``/``continue``, no function or class, does not bind the loop's names
-  and nothing outside the loop reads them; at most `MAX_UNROLLED` statements in all.
+  integer literals): one copy of the body per element, the loop's names replaced by that element
+  (and those that enter anyway, ``x`` here, bound to it first as the loop would: ``x = 1``),
+  when the body has no ``break``/``continue``, no function or class, does not read a loop name it
+  rebinds, and nothing after the loop reads a name left unbound before binding it again; at most
+  `MAX_UNROLLED` statements in all.
 - ``if`` and ``with`` holding asserts stay compound: the grader sends them as branch steps (the
   condition and the context expression run inside; see `rlvr.rewards.asserts`).
 
@@ -29,8 +31,9 @@ from __future__ import annotations
 import ast
 import copy
 from collections import Counter
+from collections.abc import Callable
 
-__all__ = ["flatten", "has_assert", "MAX_UNROLLED", "PREFIX"]
+__all__ = ["flatten", "has_assert", "reads", "MAX_UNROLLED", "PREFIX"]
 
 MAX_UNROLLED = 4096  # statements a test may grow to once its loops are unrolled
 PREFIX = "_rlvr_"  # an inlined check function's own names
@@ -39,6 +42,17 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 class _TooLarge(Exception):
     pass
+
+
+def reads(nodes) -> set[str]:
+    """The names these (walked) nodes read: loaded, deleted, or the target of ``name += ...``."""
+    out = set()
+    for n in nodes:
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store):
+            out.add(n.id)
+        elif isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
+            out.add(n.target.id)
+    return out
 
 
 def has_assert(node: ast.AST) -> bool:
@@ -55,13 +69,16 @@ def _own_level(node: ast.AST):
             todo.extend(ast.iter_child_nodes(child))
 
 
-def flatten(body: list[ast.stmt]) -> list[ast.stmt] | None:
+def flatten(body: list[ast.stmt], enters: Callable[[str, list[ast.stmt]], bool]) -> list[ast.stmt] | None:
     """`body` with its check functions inlined and its literal loops unrolled; None when an assert is
-    left inside a compound statement other than ``if``/``with`` (the test cannot be split)."""
+    left inside a compound statement other than ``if``/``with`` (the test cannot be split).
+    `enters(name, body)`: whether a loop's name enters the sandbox anyway when the loop's body runs (a
+    statement or a probe reads it): such a name is bound to its element before each copy, as the loop
+    would bind it (the candidate's code may read it as a global); the others (expected values) are not."""
     checks = _check_functions(body)
     kept = [n for n in body if not (isinstance(n, ast.FunctionDef) and n.name in checks)]
     try:
-        return _no_unbound_reads(_flatten(kept, checks, [0]))
+        return _no_unbound_reads(_flatten(kept, checks, [0], enters))
     except (_TooLarge, RecursionError):
         return None
 
@@ -94,22 +111,22 @@ def _call_of(stmt: ast.AST, checks) -> bool:
         and not stmt.value.keywords and not isinstance(stmt.value.args[0], ast.Starred)
 
 
-def _flatten(body, checks, size: list[int]) -> list[ast.stmt] | None:
+def _flatten(body, checks, size: list[int], enters) -> list[ast.stmt] | None:
     out: list[ast.stmt] = []
     for node in body:
         if _call_of(node, checks):
             inlined = _inline(checks[node.value.func.id], node.value.args[0])
-            part = _flatten(inlined, checks, size)
+            part = _flatten(inlined, checks, size, enters)
         elif isinstance(node, ast.For) and has_assert(node):
-            copies = _unrolled(node)
-            part = None if copies is None else _flatten(copies, checks, size)
-            part = None if part is None else [*part, _unbound(node.target)]
+            copies, unbound = _unrolled(node, enters)
+            part = None if copies is None else _flatten(copies, checks, size, enters)
+            part = None if part is None else [*part, _unbound(unbound)]
         elif isinstance(node, ast.If) and has_assert(node):
-            then, orelse = _flatten(node.body, checks, size), _flatten(node.orelse, checks, size)
+            then, orelse = _flatten(node.body, checks, size, enters), _flatten(node.orelse, checks, size, enters)
             part = None if then is None or orelse is None else [ast.If(test=node.test, body=then or [ast.Pass()],
                                                                        orelse=orelse)]
         elif isinstance(node, ast.With) and has_assert(node):
-            inner = _flatten(node.body, checks, size) if len(node.items) == 1 and (
+            inner = _flatten(node.body, checks, size, enters) if len(node.items) == 1 and (
                 node.items[0].optional_vars is None or isinstance(node.items[0].optional_vars, ast.Name)) else None
             part = None if inner is None else [ast.With(items=node.items, body=inner or [ast.Pass()])]
         elif has_assert(node) and not isinstance(node, ast.Assert):
@@ -172,10 +189,11 @@ def _inline(fn: ast.FunctionDef, argument: ast.expr) -> list[ast.stmt]:
     return [ast.fix_missing_locations(bind), *(renamer.visit(s) for s in body)]
 
 
-def _unbound(target: ast.expr) -> ast.stmt:
-    """A marker after an unrolled loop: its names are not bound (the loop would have left the last element)."""
+def _unbound(names: set[str]) -> ast.stmt:
+    """A marker after an unrolled loop: these names of it are not bound (the loop would have left the last
+    element)."""
     marker = ast.Pass()
-    marker.rlvr_unbound = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    marker.rlvr_unbound = names
     return marker
 
 
@@ -191,10 +209,10 @@ def _no_unbound_reads(flat: list[ast.stmt] | None) -> list[ast.stmt] | None:
                 unbound |= node.rlvr_unbound
                 continue
             head = [node.test] if isinstance(node, ast.If) else node.items if isinstance(node, ast.With) else [node]
-            names = [n for part in head for n in ast.walk(part) if isinstance(n, ast.Name)]
-            if any(n.id in unbound and isinstance(n.ctx, ast.Load) for n in names):
+            nodes = [n for part in head for n in ast.walk(part)]
+            if unbound & reads(nodes):
                 return None
-            unbound -= {n.id for n in names if not isinstance(n.ctx, ast.Load)}
+            unbound -= {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
             if isinstance(node, (ast.If, ast.With)):  # a branch binds nothing for after it, for sure
                 branches = [node.body, node.orelse] if isinstance(node, ast.If) else [node.body]
                 inner = [set(unbound) for _ in branches]
@@ -257,22 +275,34 @@ class _Substitute(ast.NodeTransformer):
         return node
 
 
-def _unrolled(loop: ast.For) -> list[ast.stmt] | None:
-    """The loop as one copy of its body per element, or None where that would not be exact."""
+def _binding(name: str, value: ast.expr) -> ast.stmt:
+    """``name = value``, run inside as the loop would have bound it (marked: never taken for an expected value)."""
+    node = ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=copy.deepcopy(value))
+    node.rlvr_binding = True
+    return node
+
+
+def _unrolled(loop: ast.For, enters) -> tuple[list[ast.stmt] | None, set[str]]:
+    """The loop as one copy of its body per element (None where that would not be exact), each copy
+    after the bindings of the names that enter anyway; and the names left unbound."""
     items = _literal_items(loop.iter)
     if items is None or loop.orelse:
-        return None
+        return None, set()
     bindings = [_bindings(loop.target, item) for item in items]
     if any(b is None for b in bindings):
-        return None
+        return None, set()
     names = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
     inner = list(ast.walk(ast.Module(body=loop.body, type_ignores=[])))
     if any(isinstance(n, (ast.Break, ast.Continue, *_SCOPES)) for n in inner):
-        return None
+        return None, set()
     rebound = {n.id for n in inner if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-    if names & rebound & {n.id for n in inner if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}:
-        return None  # a read after the body rebinds the name would take the element instead
-    if len(items) * len(loop.body) > MAX_UNROLLED:
+    if names & rebound & reads(inner):
+        return None, set()  # a read after the body rebinds the name would take the element instead
+    if len(items) * (len(loop.body) + len(names)) > MAX_UNROLLED:
         raise _TooLarge
-    return [ast.fix_missing_locations(_Substitute(b).visit(copy.deepcopy(stmt))) for b in bindings
-            for stmt in loop.body]
+    bound = sorted(name for name in names if enters(name, loop.body))
+    copies = []
+    for b in bindings:
+        copies += [_binding(name, b[name]) for name in bound]
+        copies += [_Substitute(b).visit(copy.deepcopy(stmt)) for stmt in loop.body]
+    return [ast.fix_missing_locations(c) for c in copies], names - set(bound)
