@@ -24,10 +24,11 @@ deadline after it started, not k. A batch in which a call reaches its deadline b
 answered is a function that never returns: every call still running or waiting fails with `TIMEOUT`
 at once, so such a function costs one deadline per batch, not one per wave of workers.
 
-A zygote that does not hand over a worker within `FORK_S` (`START_S` for a spawned zygote's first
-worker: it imports its targets first), stopped or stuck, is killed: the calls of that batch not yet
-handed out fail with `CRASH` (counted), the calls already running finish, and the next batch starts
-a fresh zygote. So a batch ends within its deadline plus one fork bound, and the run goes on.
+A zygote that does not hand over a worker within `FORK_S` (`START_S` for its first worker when it
+imports first: a spawned zygote's targets, the `PRELOAD` hooks), stopped or stuck, is killed: the
+calls of that batch not yet handed out fail with `CRASH` (counted), the calls already running
+finish, and the next batch starts a fresh zygote. So a batch ends within its deadline plus one fork
+bound, and the run goes on.
 
 Inside a worker, every pool runs its calls inline: the worker itself is the bound. The worker's
 side (the zygote, the call loop, the limits) is `rlvr.rewards.zygote`.
@@ -73,8 +74,8 @@ __all__ = ["WorkerPool", "PoolStats", "RewardTimeout", "in_worker", "TIMEOUT", "
 GRACE_S = 0.1  # a call running longer than this may be hostile: pending calls get an extra worker
 SURGE = 16  # extra workers at most, beyond `size`, while calls hold theirs past GRACE_S
 CHUNK = 16  # calls handed to a worker at once at most (one round trip per chunk, not per call)
-FORK_S = 10.0  # a forked zygote's answer to a fork, its first too (its PRELOAD hooks import sympy: seconds)
-START_S = 120.0  # a spawned zygote's first answer: it imports its targets and runs their preloads first
+FORK_S = 10.0  # a zygote's answer to a fork, once it has answered one
+START_S = 120.0  # a zygote's first answer: it imports its targets (spawned) and runs the PRELOAD hooks first
 STOP_S = 5.0  # a zygote told to exit that has not within this is killed
 
 
@@ -256,7 +257,7 @@ class WorkerPool:
             self._procs.zygote = (mine, pid)
         self._zygote_targets = set(self.targets)
         self._generation += 1
-        self._answered = False  # a spawned zygote's first answer waits on its imports: `start_s`
+        self._answered = False  # its first answer waits on its imports: `start_s`
 
     def _fork(self) -> _Worker:
         """A new worker from the zygote (started, or restarted, as needed). Raises `_ZygoteDown` when the
@@ -267,7 +268,8 @@ class WorkerPool:
                 if self._procs.zygote is None or set(self.targets) != self._zygote_targets:
                     self._start_zygote()
                 ctl = self._procs.zygote[0]
-                bound = self.start_s if self.spawn and not self._answered else self.fork_s
+                # a zygote's first answer waits on its imports (a spawned one's targets, the PRELOAD hooks)
+                bound = self.start_s if (self.spawn or PRELOAD) and not self._answered else self.fork_s
                 try:
                     ctl.settimeout(bound)
                     ctl.send(b"f")
