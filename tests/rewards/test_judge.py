@@ -168,5 +168,5 @@ def test_bad_judge_fields_are_one_line_errors(saved_judge, override, message):
 
 
 def test_a_judge_folder_that_is_not_a_model_is_a_one_line_error(tmp_path):
-    with pytest.raises(ConfigError, match="reward.fn: judge '.*nowhere' is not a saved model folder"):
+    with pytest.raises(ConfigError, match="reward.fn: judge: '.*nowhere' has no config.json"):
         _build([f"reward.fn=judge:{tmp_path / 'nowhere'}"])
