@@ -119,11 +119,11 @@ def load_adapter(model, directory: Path) -> None:
     own = {k: tuple(v.shape) for k, v in peft.get_peft_model_state_dict(model).items()}
     other = sorted(set(saved) ^ set(own)) or [k for k in sorted(saved) if tuple(saved[k].shape) != own[k]]
     if other:
-        shapes = f" ({tuple(saved[other[0]].shape)} saved, {own[other[0]]} here)" if other[0] in saved and \
-            other[0] in own else ""
-        raise ConfigError(f"checkpoint '{directory}': adapter weights do not fit this model ({other[0]}{shapes}, ...); the adapter was "
-                          f"trained on another base or with other model.lora settings: load it with the run's own "
-                          f"model.path and model.lora settings")
+        name = other[0]
+        shapes = f" ({tuple(saved[name].shape)} saved, {own[name]} here)" if name in saved and name in own else ""
+        raise ConfigError(f"checkpoint '{directory}': adapter weights do not fit this model ({name}{shapes}, ...); "
+                          f"the adapter was trained on another base or with other model.lora settings: load it with "
+                          f"the run's own model.path and model.lora settings")
     peft.set_peft_model_state_dict(model, saved)
 
 

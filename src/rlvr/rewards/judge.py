@@ -143,16 +143,15 @@ def load_judge(path: str | Path, *, rubric: str, mode: str = "verdict", verdicts
     """A `GenerativeJudge` over the causal LM saved in `path` (its own tokenizer, no hub access);
     `verdicts` as ``"Yes,No"`` or a pair; `make_engine(model, tokenizer)` gives the ``score`` mode's
     rollout engine."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, who = Path(path), "reward.fn: judge"
     fix = f"write {JUDGE_PREFIX}DIR with DIR a causal LM saved by save_pretrained or `rlvr export`"
     heads = head_names(read_json(folder / "config.json", who, fix))
     if heads and not any(h.endswith(("ForCausalLM", "LMHeadModel")) for h in heads):
-        raise ConfigError(f"{who} '{path}' holds a {heads[0]}, which writes no text, so its verdict head would be random; "
-                          f"{fix} (a reward model, a sequence classifier, goes in reward.fn without {JUDGE_PREFIX})")
+        raise ConfigError(f"{who} '{path}' holds a {heads[0]}, which writes no text, so its verdict head would be "
+                          f"random; {fix} (a sequence classifier is a reward model: name it without {JUDGE_PREFIX})")
     check_weights(folder, who, fix)
     check_tokenizer(folder, who)
     if isinstance(verdicts, str):

@@ -120,9 +120,8 @@ class RewardModel:
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: str = "float32", **options) -> RewardModel:
         """Load a reward model and its tokenizer from a local folder (no hub access)."""
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
         from safetensors import SafetensorError
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         folder, who = Path(path), "reward model"
         fix = "name a one-score sequence classifier saved by save_pretrained (`rlvr rm`, then `rlvr export`, makes one)"
