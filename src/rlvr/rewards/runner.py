@@ -18,14 +18,12 @@ A reward function has one of five forms, told apart by its signature when it is 
 - async batched: ``async def`` with ``fn.batched = True`` (or TRL's form, ``async def``)
 
 Return values: a number is the reward; ``None`` means not scorable (excluded from the advantage,
-counted), except that a TRL-form function's ``None`` among several functions means "not applicable",
-as in TRL: the other functions' weighted sum stands, and only a sample none of them scored is not
-scorable. A batched or TRL-form call may return a 1-D torch tensor or numpy array (read as TRL reads
-it); a dict must hold ``"reward"`` (a number or None) and its other numeric keys become
-metrics (mean over the samples that returned them; a key named like one of rlvr's own per-function
-metrics, ``mean``, ``errors``, ``unscorable``, ``nonfinite``, ``timeouts``, is an error). A
-sample whose call raises, or returns something else, is excluded like ``None`` and counted as an
-error; a batched call that raises or
+counted; a TRL-form function's ``None`` beside other functions is TRL's "not applicable": the others'
+sum stands); a batched or TRL-form call may return a 1-D tensor or numpy array (as TRL reads it); a
+dict must hold ``"reward"`` (a number or None) and its other numeric keys become metrics (mean over the
+samples that returned them; a key named like one of rlvr's own per-function metrics, ``mean``,
+``errors``, ``unscorable``, ``nonfinite``, ``timeouts``, is an error). A sample whose call raises, or
+returns something else, is excluded like ``None`` and counted as an error; a batched call that raises or
 returns the wrong length fails every sample. When every sample of a step errors, ``RewardError``
 stops the run with one line naming the function and the first error.
 
@@ -425,10 +423,9 @@ class RewardSum:
         return RewardBatch(rewards, metrics, errors, components, dict(self.weights) if components else {})
 
     def _applicable(self, parts: list[RewardBatch]) -> dict[str, list[float]]:
-        """Each function's rewards for the weighted sum. A TRL-form function's None means "not applicable"
-        (TRL's `nansum` over functions): where another weighted function scored the sample, it adds
-        nothing; a sample no weighted function scored stays unscorable. An rlvr-form None, and any error,
-        leaves the sample unscorable (`weighted_sum`)."""
+        """Each function's rewards for the weighted sum: a TRL-form None is "not applicable" (TRL's `nansum`),
+        adding nothing where another weighted function scored the sample; a sample none scored, an rlvr-form
+        None and any error leave it unscorable (`weighted_sum`)."""
         weighted = [b for r, b in zip(self.runners, parts) if self.weights[r.name] != 0]
         scored = [any(not math.isnan(b.rewards[i]) for b in weighted) for i in range(len(parts[0].rewards))]
         return {r.name: [0.0 if r.form == "trl" and math.isnan(v) and e is None and ok else v
