@@ -4,8 +4,8 @@ line naming the file and what is wrong, never a JSONDecodeError or SafetensorErr
 folder of the wrong kind (a causal LM where a classifier is named) is refused before a random head
 is bolted on.
 
->>> WEIGHTS[0], ADAPTER_FILES[0]
-('model.safetensors', 'adapter_model.safetensors')
+>>> head_names({"architectures": ["LlamaForSequenceClassification"]}), head_names({"architectures": "x"})
+(['LlamaForSequenceClassification'], [])
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from typing import Any
 
 from rlvr.errors import ConfigError
 
-__all__ = ["ADAPTER_FILES", "TOKENIZER_FILES", "WEIGHTS", "check_loading", "check_tokenizer", "check_weights",
+__all__ = ["TOKENIZER_FILES", "WEIGHTS", "check_loading", "check_tokenizer", "check_weights",
            "head_names", "read_json"]
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
