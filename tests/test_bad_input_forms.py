@@ -7,6 +7,7 @@ from the API), before any model loads; the TRL forms TRL itself accepts train as
 from __future__ import annotations
 
 import pytest
+from test_bad_input_classes import _error  # exit 2, one `error:` line, no traceback
 
 from rlvr.api import Trainer
 from rlvr.cli import main
@@ -17,15 +18,6 @@ TINY = {"model.path": "", "model.hidden_size": 16, "model.num_layers": 1, "model
         "rollout.max_new_tokens": 4, "trainer.threads": 1, "trainer.steps": 1, "trainer.eval_every": 0,
         "trainer.save_every": 0}
 USER = [{"role": "user", "content": "2+2?"}]
-
-
-def _error(capsys, argv: list[str]) -> str:
-    capsys.readouterr()
-    code = main(argv)
-    out, err = capsys.readouterr()
-    assert code == 2, (out, err)
-    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in out + err, err
-    return err
 
 
 def _refused(**kwargs) -> str:
