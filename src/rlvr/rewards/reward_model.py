@@ -29,15 +29,10 @@ from rlvr.errors import ConfigError
 from rlvr.model_files import check_loading, check_tokenizer, check_weights, head_names, read_json
 from rlvr.rewards.process import AGGREGATIONS, process_reward, split_steps
 
-__all__ = ["ProcessRewardModel", "RewardModel", "encode_pairs", "is_reward_model_dir", "load_reward_model",
+__all__ = ["ProcessRewardModel", "RewardModel", "encode_pairs", "load_reward_model",
            "make_reward_model", "sequence_scores"]
 
 NORMALIZATIONS = ("none", "batch")
-
-
-def is_reward_model_dir(path: str | Path) -> bool:
-    """Whether `path` is a saved Hugging Face model folder (holds a config.json)."""
-    return Path(path).is_dir() and (Path(path) / "config.json").is_file()
 
 
 def render_pair(tokenizer, prompt: str, completion: str) -> str:
