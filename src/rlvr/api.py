@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.api_rewards import probe_rows, reward_arguments
-from rlvr.callbacks import callback_list
+from rlvr.callbacks import callback_list, check_call
 from rlvr.errors import ConfigError
 from rlvr.tracking.resumable import check_code_outside, check_resumable, config_changes
 
@@ -167,6 +167,9 @@ class Trainer:
         if correct_fn is not None and not callable(correct_fn):
             raise ConfigError(f"correct_fn: expected a callable (prompt, completion, **columns) -> bool, "
                               f"got {type(correct_fn).__name__}")
+        if correct_fn is not None and self.rows:  # called as (prompt, completion, **the row's other columns)
+            columns = {str(k): None for k in self.rows[0] if k not in (prompt_key, "prompt")}
+            check_call(correct_fn, ("prompt", "completion"), "correct_fn", columns)
         if self.rows is None:
             given = [name for name, value, default in (("prompt_key", prompt_key, "prompt"),
                                                         ("system_prompt", system_prompt, ""),

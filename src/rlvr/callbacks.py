@@ -18,6 +18,7 @@ An rlvr step is one rollout batch (`trainer.minibatches` optimizer steps): ``glo
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -25,9 +26,12 @@ from typing import Any
 
 from rlvr.errors import ConfigError
 
-__all__ = ["HOOKS", "TrainerCallbackHooks", "callback_list"]
+__all__ = ["HOOKS", "TrainerCallbackHooks", "callback_list", "check_call"]
 
 HOOKS = ("on_step_begin", "on_step_end", "on_evaluate", "on_checkpoint")
+HOOK_ARGS = {"on_step_begin": ("step",), "on_step_end": ("step", "metrics"), "on_evaluate": ("step", "metrics"),
+             "on_checkpoint": ("step", "path")}
+"""What the trainer passes each hook, positionally: a hook that cannot take them is refused at construction."""
 TRL_CALLED = ("on_init_end", "on_train_begin", "on_step_begin", "on_step_end", "on_log", "on_evaluate", "on_save",
               "on_train_end")
 # rlvr's metric -> TRL's name for it in `on_log`'s logs (the rlvr names are there too)
@@ -76,13 +80,32 @@ def callback_list(callbacks: Any) -> list:
             raise ConfigError(f"callbacks[{i}]: {type(cb).__name__}.{flat[0]} is not callable "
                               f"({type(getattr(cb, flat[0])).__name__}); make it a method")
         if any(hasattr(cb, hook) for hook in HOOKS):
+            for hook in (h for h in HOOKS if hasattr(cb, h)):
+                check_call(getattr(cb, hook), HOOK_ARGS[hook], f"callbacks[{i}]: {type(cb).__name__}.{hook}")
             out.append(cb)
         elif callable(cb):
+            check_call(cb, HOOK_ARGS["on_step_end"], f"callbacks[{i}]: {getattr(cb, '__name__', type(cb).__name__)}")
             out.append(_StepHook(cb))
         else:
             raise ConfigError(f"callbacks[{i}]: {type(cb).__name__} has none of {', '.join(HOOKS)} and is not "
                               f"callable; define one of those methods (or subclass transformers.TrainerCallback)")
     return out
+
+
+def check_call(fn: Callable, names: tuple[str, ...], where: str, columns: dict | None = None) -> None:
+    """Refuse (one line) `fn` when it cannot be called with len(`names`) positional arguments (and the
+    keyword `columns`): found at construction, not as a TypeError at the first step. A signature Python
+    cannot read passes."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without one
+        return
+    try:
+        signature.bind(*names, **(columns or {}))
+    except TypeError as err:
+        called = ", ".join(names) + (", **columns" if columns else "")
+        raise ConfigError(f"{where}: is called as ({called}), but its parameters {signature} cannot take that "
+                          f"({err}); give it the parameters ({called})") from None
 
 
 def trl_logs(metrics: dict) -> dict[str, float]:

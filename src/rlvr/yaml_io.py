@@ -5,7 +5,8 @@ Three rules on top of PyYAML's safe loader:
 1. **Bounded.** A document over `MAX_BYTES`, or whose aliases expand to more than `MAX_VALUES`
    values, is refused before it is built: a few hundred bytes of nested aliases (`&a [*b, *b,
    ...]`, a "billion laughs") otherwise become gigabytes once copied, printed or written back.
-   Aliases within the limit (`<<: *defaults`) keep working.
+   Aliases within the limit (`<<: *defaults`) keep working; a merge key that merges no mapping
+   (`<<: 5`) or an alias no anchor names is one line saying so.
 2. **YAML 1.2 scalars.** Plain `true`/`false`, `null`/`~`, decimal, `0o` and `0x` integers and
    decimal floats (`5e-5` included) are typed; everything else is a string. PyYAML's YAML 1.1
    rules would read `010` as 8, `1:30` as 90 (base 60) and `on`/`no` as booleans; those spellings
@@ -170,6 +171,15 @@ def load_yaml(text: str | bytes, what: str) -> Any:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{what} is not valid YAML{where}; fix its syntax") from None
+        problem = str(getattr(err, "problem", "") or "")
+        if "for merging" in problem:  # `<<: 5`: merge keys are read, this one merges no mapping
+            raise ConfigError(f"{what}: the merge key (<<){where} merges a {problem.rsplit(' ', 1)[-1]}; merge keys "
+                              f"are supported and take an anchored mapping: `x-defaults: &d {{lr: 0.001}}` at the "
+                              f"top, then `<<: *d` (or a list of such aliases) in a section") from None
+        if problem.startswith("found undefined alias"):
+            raise ConfigError(f"{what}: {problem}{where}; anchor the value first (`x-defaults: &NAME ...` above "
+                              f"the `*NAME` that uses it)") from None
+        raise ConfigError(f"{what} is not valid YAML{where}{f' ({problem})' if problem else ''}; fix its syntax") \
+            from None
     finally:
         loader.dispose()

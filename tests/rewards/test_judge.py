@@ -154,7 +154,7 @@ def test_a_score_judge_from_the_config_writes_its_verdict_greedily_and_errs_per_
 
 
 @pytest.mark.parametrize("override, message", [
-    ("reward.judge_mode=vote", "reward.judge_mode: unknown 'vote'; choose one of verdict, score"),
+    ("reward.judge_mode=vote", "reward.judge_mode: must be one of 'verdict', 'score', got 'vote'"),
     ("reward.judge_verdicts=Y", "reward.judge_verdicts: must be two different verdicts, the good one first"),
     ("reward.judge_verdicts=Yes,No", "reward.judge_verdicts: 'Yes' is 3 tokens"),
     ("reward.judge_rubric=Rate {prompt}", "reward.judge_rubric: it has no {completion} slot"),
@@ -168,5 +168,5 @@ def test_bad_judge_fields_are_one_line_errors(saved_judge, override, message):
 
 
 def test_a_judge_folder_that_is_not_a_model_is_a_one_line_error(tmp_path):
-    with pytest.raises(ConfigError, match="reward.fn: judge '.*nowhere' is not a saved model folder"):
+    with pytest.raises(ConfigError, match="reward.fn: judge: '.*nowhere' has no config.json"):
         _build([f"reward.fn=judge:{tmp_path / 'nowhere'}"])

@@ -18,6 +18,7 @@ from rlvr.builder.plans import advantage_spec
 from rlvr.codec import prompt_lengths
 from rlvr.config import REGISTRY, Config, keywords, task_sections
 from rlvr.config.binding import bind, bound, companion_bound
+from rlvr.config.checks import validate_blocks
 from rlvr.config.registries import adapter_sync
 from rlvr.engines.speculative import SpeculativeRollouts
 from rlvr.engines.torch_ar import generate
@@ -26,8 +27,13 @@ from rlvr.engines.torch_diffusion import generate_diffusion
 from rlvr.errors import ConfigError
 from rlvr.kernels.weights import supports
 from rlvr.models import packing
-from rlvr.models.block_diffusion import BlockCorruptor, BlockDiffusionLM, load_diffusion_or_block_lm
-from rlvr.models.causal_lm import context_length, enable_checkpointing, load_causal_lm
+from rlvr.models.block_diffusion import (
+    BlockCorruptor,
+    BlockDiffusionLM,
+    checkpoint_block_size,
+    load_diffusion_or_block_lm,
+)
+from rlvr.models.causal_lm import context_length, enable_checkpointing, load_causal_lm, resolve_model_path
 from rlvr.models.diffusion_policy import DiffusionPolicy
 from rlvr.models.policy import CausalPolicy
 from rlvr.protocols import RolloutEngine
@@ -51,6 +57,8 @@ def base_model(config: Config):
     if loaded is not None:
         return loaded
     if m.kind == "diffusion":  # float32 only (config validation)
+        if m.path:  # a checkpoint's own block size makes a block model: the block checks hold for it too
+            validate_blocks(config, checkpoint_block_size(resolve_model_path(m.path)))
         return load_diffusion_or_block_lm(m.path or None, seed=config.seed, block_size=m.block_size,
                                           shift_logits=m.shift_logits, **size)
     return load_causal_lm(m.path, seed=config.seed, dtype=m.dtype, **size)

@@ -55,6 +55,17 @@ def validate(config: Config) -> None:
             raise ConfigError(f"{name}: {fix}")
 
 
+def validate_blocks(config: Config, block_size: int) -> None:
+    """`validate` with model.block_size=`block_size`: a checkpoint that names its own block size is a block
+    model though model.block_size is left 0, and meets the same checks (named as the checkpoint's)."""
+    if config.model.block_size or not block_size:
+        return  # set: validated already, and the loader refuses a size other than the checkpoint's
+    try:
+        validate(dataclasses.replace(config, model=dataclasses.replace(config.model, block_size=block_size)))
+    except ConfigError as err:
+        raise ConfigError(f"{err} (model.path's config.json names blocks of {block_size})") from None
+
+
 def _range_errors(node: Any, prefix: str = "") -> list[str]:
     """Every field given a range in the schema (``ranged``) whose value, when not null, is outside it."""
     errors = []
@@ -157,6 +168,9 @@ def _rollout(config: Config) -> list[Check]:
          "is implemented for model.kind=diffusion only; set it to false"),
         (not r.igpo or diffusion and r.engine == "torch", "rollout.igpo",
          "inpaints the diffusion sampler's window; set model.kind=diffusion (torch engine) or false"),
+        (not r.igpo or not m.block_size, "rollout.igpo",
+         f"inpaints a bidirectional model's whole window; a block model (blocks of {m.block_size}) samples block "
+         f"by block: set rollout.igpo=false, or train a bidirectional checkpoint (model.block_size=0)"),
         (r.igpo_hint_low <= r.igpo_hint_high, "rollout.igpo_hint_low", "must be <= rollout.igpo_hint_high"),
         (not diffusion or not r.block_length or r.max_new_tokens % r.block_length == 0, "rollout.block_length",
          f"must divide rollout.max_new_tokens ({r.max_new_tokens}), or be 0 (the whole window)"),

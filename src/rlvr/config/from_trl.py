@@ -68,7 +68,27 @@ def _launcher(words: list[str]) -> tuple[list[str], dict[str, Any]]:
     return words[script + 1:], processes
 
 
-def parse_flags(text: str) -> dict[str, Any]:
+def shell_words(text: str, where: str) -> list[str]:
+    """The words of a launch command as a shell splits them (a line continued with a backslash, `#`
+    comments); a quote never closed is one line naming `where`, not shlex's ValueError."""
+    try:
+        return shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError as err:  # "No closing quotation", "No escaped character"
+        raise ConfigError(f"{where}: cannot split it as a shell does ({err}): a quote (\" or ') is opened and "
+                          f"never closed, or a line ends in a lone backslash; close the quote") from None
+
+
+def read_tree(text: str, path: Path, where: str) -> Any:
+    """The JSON (a .json file) or YAML in `text`, a parse error one line naming `where`."""
+    if path.suffix != ".json":
+        return load_yaml(text, where)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{where}: not valid JSON: {str(err).splitlines()[0]}") from None
+
+
+def parse_flags(text: str, where: str = "--from-trl") -> dict[str, Any]:
     """``--num_generations 8 --use_vllm --beta=0.04`` -> {"num_generations": 8, "use_vllm": True, "beta": 0.04};
     a whole launch line reads as its script's flags and its process count.
 
@@ -77,8 +97,7 @@ def parse_flags(text: str) -> dict[str, Any]:
     >>> parse_flags("accelerate launch --num_processes 2 trl/scripts/grpo.py --num_generations 4")
     {'num_processes': 2, 'num_generations': 4}
     """
-    words = shlex.split(text.replace("\\\n", " "), comments=True)  # a line continued with a backslash
-    words, values = _launcher(words)
+    words, values = _launcher(shell_words(text, where))
     i = 0
     while i < len(words):
         word = words[i]
@@ -106,11 +125,8 @@ def read_trl_args(path: str | Path) -> dict[str, Any]:
                           f"'--flag value' arguments")
     text = read_text(path, "--from-trl", MAX_BYTES)
     if text.lstrip().startswith(LAUNCHERS) or path.suffix in (".sh", ".txt", ".args"):
-        return parse_flags(text)
-    try:
-        tree = json.loads(text) if path.suffix == ".json" else load_yaml(text, f"--from-trl '{path}'")
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"--from-trl: '{path}' is not valid JSON: {str(err).splitlines()[0]}") from None
+        return parse_flags(text, f"--from-trl '{path}'")
+    tree = read_tree(text, path, f"--from-trl '{path}'")
     if not isinstance(tree, dict):
         raise ConfigError(f"--from-trl: '{path}' holds a {type(tree).__name__}, not a mapping of GRPOConfig fields")
     return tree

@@ -15,7 +15,6 @@ current and loads every row).
 from __future__ import annotations
 
 import json
-import shlex
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +22,10 @@ from typing import Any
 
 import yaml
 
-from rlvr.config.from_trl import _scalar, _set
+from rlvr.config.from_trl import _scalar, _set, read_tree, shell_words
 from rlvr.errors import ConfigError
 from rlvr.inputs import read_text
-from rlvr.yaml_io import MAX_BYTES, load_yaml
+from rlvr.yaml_io import MAX_BYTES
 
 __all__ = ["VERL_NAMES", "convert_verl", "read_verl_args", "recipe_from_verl", "verl_markdown", "verl_page"]
 
@@ -128,14 +127,14 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def parse_overrides(text: str) -> dict[str, Any]:
+def parse_overrides(text: str, where: str = "--from-verl") -> dict[str, Any]:
     """A verl command's Hydra overrides (`key=value`, `+key=value`), the launcher before them skipped.
 
     >>> parse_overrides("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo data.train_batch_size=8 $@")
     {'algorithm.adv_estimator': 'grpo', 'data.train_batch_size': 8}
     """
     values = {}
-    for word in shlex.split(text.replace("\\\n", " "), comments=True):
+    for word in shell_words(text, where):
         key, eq, value = word.lstrip("+").partition("=")
         if eq and "." in key:
             values[key] = _scalar(value) if value not in ("True", "False") else value == "True"
@@ -150,11 +149,11 @@ def read_verl_args(path: str | Path) -> dict[str, Any]:
                           f"overrides (a run script)")
     text = read_text(path, "--from-verl", MAX_BYTES)
     if path.suffix in (".yaml", ".yml", ".json"):
-        tree = json.loads(text) if path.suffix == ".json" else load_yaml(text, f"--from-verl '{path}'")
+        tree = read_tree(text, path, f"--from-verl '{path}'")
         if not isinstance(tree, dict):
             raise ConfigError(f"--from-verl: '{path}' holds a {type(tree).__name__}, not a mapping of verl's sections")
         return _flat(tree)
-    values = parse_overrides(text)
+    values = parse_overrides(text, f"--from-verl '{path}'")
     if not values:
         raise ConfigError(f"--from-verl: '{path}' holds no key=value overrides (algorithm.adv_estimator=grpo ...)")
     return values

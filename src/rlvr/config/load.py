@@ -128,7 +128,10 @@ def _suggest(full: str) -> str:
     same_leaf = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
     same_leaf.sort(key=lambda k: -len(os.path.commonprefix([k.split("."), full.split(".")])))  # nearest section first
     close = same_leaf or difflib.get_close_matches(full, keys, n=1, cutoff=0.5)
-    return f"; did you mean '{close[0]}'?" if close else "; run `rlvr config` to list valid keys"
+    if close:
+        return f"; did you mean '{close[0]}'?"
+    anchors = " (a block that holds anchors for `<<: *name` merges goes under a key starting with x-)"
+    return "; run `rlvr config` to list valid keys" + ("" if "." in full else anchors)
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
@@ -199,6 +202,8 @@ def read_recipe(path: str | Path) -> dict:
     tree = load_yaml(read_bytes(path, "recipe", MAX_BYTES), f"recipe '{path}'") or {}
     if not isinstance(tree, dict):
         raise ConfigError(f"recipe '{path}' must be a mapping of sections (model:, algo:, ...)")
+    # top-level `x-` keys hold anchors for `<<: *name` merges (Compose's extension fields), no settings
+    tree = {k: v for k, v in tree.items() if not (isinstance(k, str) and k.startswith("x-"))}
     return recipe_relative(tree, path.parent)
 
 

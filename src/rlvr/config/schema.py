@@ -114,7 +114,7 @@ class RewardConfig:
     × the `raw`, `clipped` or `delta` step reward k on top of the environment's (gigpo, turn_return); empty = off."""
     judge_rubric: str = "Question: {prompt}\nAnswer: {completion}\nIs the answer correct?"
     """Generative judges named in `fn` (`judge:DIR`, a causal LM): their prompt, with `{prompt}` and `{completion}`."""
-    judge_mode: str = "verdict"
+    judge_mode: str = choice("verdict", ("verdict", "score"))
     """Judges: `verdict` (p(first verdict) / p(both) at the next token) or `score` (a greedy verdict's `Score: N`)."""
     judge_verdicts: str = "Yes,No"
     """Judges, `verdict`: the good and the bad verdict, one token each of the judge's tokenizer."""

@@ -36,13 +36,14 @@ Deviations:
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from rlvr.errors import ConfigError
+from rlvr.model_files import read_json
 from rlvr.models.diffusion_lm import (
     DiffusionConfig,
     DiffusionLM,
@@ -168,19 +169,26 @@ def as_block_model(model: DiffusionLM, block_size: int) -> BlockDiffusionLM:
 
 
 def checkpoint_block_size(path: str | Path) -> int:
-    """The block size a checkpoint's config.json names (ours or Fast-dLLM v2), 0 if none."""
-    config = Path(path) / "config.json"
-    if not config.is_file():
+    """The block size a checkpoint's config.json names (ours or Fast-dLLM v2), 0 if none; a config.json
+    that is not a JSON object, or a block size that is not a whole number >= 0 ("eight", 8.5), is one line."""
+    if not (Path(path) / "config.json").is_file():
         return 0
-    raw = json.loads(config.read_text())
-    return int(next((raw[k] for k in BLOCK_SIZE_KEYS if raw.get(k)), 0))
+    fix = "fix the file, or name a checkpoint saved by save_pretrained or `rlvr export`"
+    raw = read_json(Path(path) / "config.json", "model.path", fix)
+    key = next((k for k in BLOCK_SIZE_KEYS if raw.get(k)), None)
+    if key is None:
+        return 0
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"model.path: {Path(path) / 'config.json'} names {key} {value!r}; a block size is a whole "
+                          f"number of tokens (e.g. 8), or 0 for a bidirectional model: fix the file")
+    return value
 
 
 def load_diffusion_or_block_lm(path: str | None, *, seed: int, block_size: int = 0, **size):
     """(model, tokenizer): `load_diffusion_lm`, as a block model when the checkpoint names a block
     size or `block_size` > 0 (a checkpoint's own size wins; a different non-zero `block_size` is a
     ConfigError)."""
-    from rlvr.errors import ConfigError
     from rlvr.models.causal_lm import resolve_model_path
 
     own = checkpoint_block_size(resolve_model_path(path)) if path else 0

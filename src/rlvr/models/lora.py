@@ -14,8 +14,10 @@ import threading
 from pathlib import Path
 
 from rlvr.errors import ConfigError
+from rlvr.model_files import check_weights, read_json
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+DAMAGED = "the checkpoint is damaged: use an earlier one (export --step N), or restore the folder from a copy"
 
 
 def _peft():
@@ -104,22 +106,41 @@ class AdapterDisabled:
 
 
 def load_adapter(model, directory: Path) -> None:
-    """Load the adapter weights saved in `directory` into the peft-wrapped `model` (the base is untouched)."""
+    """Load the adapter weights saved in `directory` into the peft-wrapped `model` (the base is untouched),
+    checked first: a folder without readable weights, or weights of other names or shapes than `model`'s
+    adapters (another base, rank or target modules), is one line, not a loader's traceback."""
     peft = _peft()
     from safetensors.torch import load_file
 
-    result = peft.set_peft_model_state_dict(model, load_file(str(Path(directory) / ADAPTER_WEIGHTS)))
-    unexpected = getattr(result, "unexpected_keys", None)
-    if unexpected:
-        raise ConfigError(f"checkpoint '{directory}': adapter weights do not fit this model ({unexpected[0]}, ...); "
-                          "resume with the model.lora settings the run was started with")
+    directory = Path(directory)
+    read_json(directory / "adapter_config.json", "checkpoint", DAMAGED)
+    check_weights(directory, "checkpoint", DAMAGED, names=(ADAPTER_WEIGHTS,))
+    saved = load_file(str(directory / ADAPTER_WEIGHTS))
+    own = {k: tuple(v.shape) for k, v in peft.get_peft_model_state_dict(model).items()}
+    other = sorted(set(saved) ^ set(own)) or [k for k in sorted(saved) if tuple(saved[k].shape) != own[k]]
+    if other:
+        name = other[0]
+        shapes = f" ({tuple(saved[name].shape)} saved, {own[name]} here)" if name in saved and name in own else ""
+        raise ConfigError(f"checkpoint '{directory}': adapter weights do not fit this model ({name}{shapes}, ...); "
+                          f"the adapter was trained on another base or with other model.lora settings: load it with "
+                          f"the run's own model.path and model.lora settings")
+    peft.set_peft_model_state_dict(model, saved)
 
 
 def merged(base, directory: Path):
-    """A plain `transformers` model: `base` (modified in place) with the adapter saved in `directory` folded in."""
+    """A plain `transformers` model: `base` (modified in place) with the adapter saved in `directory` folded in
+    (checked as `load_adapter` checks it)."""
     peft = _peft()
-    return peft.PeftModel.from_pretrained(base, str(directory)).merge_and_unload()
-
+    directory = Path(directory)
+    read_json(directory / "adapter_config.json", "checkpoint", DAMAGED)
+    try:
+        config = peft.PeftConfig.from_pretrained(str(directory))
+    except (ValueError, TypeError, KeyError) as err:  # fields peft does not know, or of the wrong type
+        raise ConfigError(f"checkpoint '{directory}': adapter_config.json is not a peft config "
+                          f"({(str(err).splitlines() or [type(err).__name__])[0][:160]}); {DAMAGED}") from None
+    model = peft.get_peft_model(base, config)
+    load_adapter(model, directory)
+    return model.merge_and_unload()
 
 
 def peft_loads(base, directory: Path, saved: Path) -> bool:

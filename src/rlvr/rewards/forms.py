@@ -10,10 +10,12 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from rlvr.errors import ConfigError
 
-__all__ = ["COMPLETION_IDS", "TASK_VERIFIER", "TrainerState", "batched", "reward_form", "with_task"]
+__all__ = ["COMPLETION_IDS", "TASK_VERIFIER", "TrainerState", "batched", "reward_form", "reward_values",
+           "with_task"]
 
 SAMPLE_FORM = "fn(prompt, completion, **columns) -> float | None"
 TRL_FORM = ("fn(completions, **kwargs) -> list[float | None] (prompts, completion_ids, columns, trainer_state "
@@ -31,6 +33,29 @@ class TrainerState:
 
     global_step: int = 0
     max_steps: int = 0
+
+
+def reward_values(values: Any) -> list:
+    """A batched or TRL-form call's result as a list of one value per completion. A list or tuple stays as
+    it is; a 1-D torch tensor or numpy array (TRL reads it as a list of floats) becomes Python numbers, as
+    do 0-d tensors and numpy scalars in a list; anything else (one number, a 2-D array) is a `TypeError`
+    ("returned ...") naming its type and shape. Duck-typed (`tolist`, `shape`): this package imports neither torch nor numpy.
+
+    >>> class Row:  # a stand-in for a 1-D tensor
+    ...     shape = (2,)
+    ...     def tolist(self): return [0.5, 1.0]
+    >>> reward_values(Row()), reward_values((1, None))
+    ([0.5, 1.0], [1, None])
+    """
+    shape = getattr(values, "shape", None)
+    if callable(getattr(values, "tolist", None)) and isinstance(shape, tuple):
+        if len(shape) != 1:
+            raise TypeError(f"returned a {len(shape)}-D {type(values).__name__} of shape {tuple(shape)}")
+        return values.tolist()
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"returned {type(values).__name__}")
+    return [v.item() if callable(getattr(v, "item", None)) and getattr(v, "shape", None) == () else v
+            for v in values]
 
 
 def reward_form(fn: Callable, where: str = "reward.fn") -> str:

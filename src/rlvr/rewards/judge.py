@@ -35,6 +35,7 @@ import torch
 
 from rlvr.codec import decode_completions, encode_prompts
 from rlvr.errors import ConfigError
+from rlvr.model_files import check_loading, check_tokenizer, check_weights, head_names, read_json
 
 __all__ = ["JUDGE_PREFIX", "GenerativeJudge", "JudgeParseError", "load_judge", "parse_score"]
 
@@ -142,19 +143,28 @@ def load_judge(path: str | Path, *, rubric: str, mode: str = "verdict", verdicts
     """A `GenerativeJudge` over the causal LM saved in `path` (its own tokenizer, no hub access);
     `verdicts` as ``"Yes,No"`` or a pair; `make_engine(model, tokenizer)` gives the ``score`` mode's
     rollout engine."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = Path(path)
-    if not (folder / "config.json").is_file():
-        raise ConfigError(f"reward.fn: judge '{path}' is not a saved model folder (no config.json); "
-                          f"write {JUDGE_PREFIX}DIR with DIR a causal LM saved by save_pretrained or `rlvr export`")
+    folder, who = Path(path), "reward.fn: judge"
+    fix = f"write {JUDGE_PREFIX}DIR with DIR a causal LM saved by save_pretrained or `rlvr export`"
+    heads = head_names(read_json(folder / "config.json", who, fix))
+    if heads and not any(h.endswith(("ForCausalLM", "LMHeadModel")) for h in heads):
+        raise ConfigError(f"{who} '{path}' holds a {heads[0]}, which writes no text, so its verdict head would be "
+                          f"random; {fix} (a sequence classifier is a reward model: name it without {JUDGE_PREFIX})")
+    check_weights(folder, who, fix)
+    check_tokenizer(folder, who)
     if isinstance(verdicts, str):
         verdicts = tuple(v.strip() for v in verdicts.split(","))
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True)
+        model, info = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True,
+                                                           output_loading_info=True, ignore_mismatched_sizes=True)
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"reward.fn: cannot load judge '{path}' as a causal LM: {str(err).splitlines()[0]}") from None
+    # what the checks above cannot see: a config.json transformers cannot build a model from, a corrupt tokenizer
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as err:
+        raise ConfigError(f"{who}: cannot load '{path}' as a causal LM: "
+                          f"{(str(err).strip().splitlines() or [type(err).__name__])[0][:200]}") from None
+    check_loading(info, folder, who, fix)
     model = (model.to(device) if device is not None else model).eval()
     engine = make_engine(model, tokenizer) if mode == "score" and make_engine is not None else None
     return GenerativeJudge(model, tokenizer, rubric, mode=mode, verdicts=verdicts, engine=engine, low=low, high=high,

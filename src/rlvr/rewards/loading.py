@@ -30,7 +30,7 @@ def load_reward_fn(spec: str, *, base_dir: str | Path | None = None, model_optio
         target = Path(spec.removeprefix(JUDGE_PREFIX))
         return load_judge(target if target.is_absolute() else Path(base_dir or ".") / target, **(judge_options or {}))
     folder = Path(spec) if Path(spec).is_absolute() else Path(base_dir or ".") / spec
-    if (folder / "config.json").is_file():  # a reward model: torch is loaded only now
+    if folder.is_dir():  # a reward model (its folder's files are checked as it loads): torch is loaded only now
         from rlvr.rewards.reward_model import load_reward_model
 
         return load_reward_model(folder, **(model_options or {}))

@@ -23,7 +23,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from rlvr.errors import ConfigError
-from rlvr.rewards.forms import COMPLETION_IDS, TrainerState, reward_form
+from rlvr.rewards.forms import COMPLETION_IDS, TrainerState, reward_form, reward_values
 
 __all__ = ["accuracy_meaning", "probe_rewards"]
 
@@ -32,7 +32,8 @@ PROBE_TIMEOUT_S = 30.0
 # What a form's call passes besides the columns (a per-sample or batched function's first two
 # parameters, whatever their names, take the prompt(s) and completion(s))
 OWN = {"trl": {"completions", "prompts", COMPLETION_IDS, "trainer_state"}, "sample": set(), "batched": set()}
-FIX = {"trl": "TRL's convention returns one value per completion: return [score(c) for c in completions]",
+FIX = {"trl": "TRL's convention returns one value per completion: return [score(c) for c in completions] "
+              "(or a 1-D tensor or array)",
        "sample": "rlvr's per-sample convention returns one number (or None) per call; to score a batch, "
                  "take `completions` and return a list (TRL's convention)",
        "batched": "a batched function returns a list with one value per completion"}
@@ -74,8 +75,11 @@ def _value_ok(value: Any) -> bool:
 
 def _check(where: str, name: str, form: str, values: Any) -> str:
     """What the call returned, or a ConfigError with the fix for `form`."""
-    if form != "sample" and not isinstance(values, (list, tuple)):
-        raise ConfigError(f"{where}: {name} returned {type(values).__name__} for {len(PROBE)} completions; {FIX[form]}")
+    if form != "sample":
+        try:
+            values = reward_values(values)  # a 1-D tensor or array is read as TRL reads it
+        except TypeError as err:
+            raise ConfigError(f"{where}: {name} {err} for {len(PROBE)} completions; {FIX[form]}") from None
     if form != "sample" and len(values) != len(PROBE):
         raise ConfigError(f"{where}: {name} returned {len(values)} values for {len(PROBE)} completions; {FIX[form]}")
     bad = next((v for v in values if not _value_ok(v)), None)

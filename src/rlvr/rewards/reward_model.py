@@ -20,24 +20,19 @@ model by its folder (``reward.fn="task, 0.5*runs/rm/export"``), and the Python A
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import torch
 
 from rlvr.errors import ConfigError
+from rlvr.model_files import check_loading, check_tokenizer, check_weights, head_names, read_json
 from rlvr.rewards.process import AGGREGATIONS, process_reward, split_steps
 
-__all__ = ["ProcessRewardModel", "RewardModel", "encode_pairs", "is_reward_model_dir", "load_reward_model",
+__all__ = ["ProcessRewardModel", "RewardModel", "encode_pairs", "load_reward_model",
            "make_reward_model", "sequence_scores"]
 
 NORMALIZATIONS = ("none", "batch")
-
-
-def is_reward_model_dir(path: str | Path) -> bool:
-    """Whether `path` is a saved Hugging Face model folder (holds a config.json)."""
-    return Path(path).is_dir() and (Path(path) / "config.json").is_file()
 
 
 def render_pair(tokenizer, prompt: str, completion: str) -> str:
@@ -120,22 +115,34 @@ class RewardModel:
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: str = "float32", **options) -> RewardModel:
         """Load a reward model and its tokenizer from a local folder (no hub access)."""
+        from safetensors import SafetensorError
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        if not is_reward_model_dir(path):
-            raise ConfigError(f"reward model: '{path}' is not a saved model folder (no config.json)")
-        heads = json.loads((Path(path) / "config.json").read_text()).get("architectures") or []
+        folder, who = Path(path), "reward model"
+        fix = "name a one-score sequence classifier saved by save_pretrained (`rlvr rm`, then `rlvr export`, makes one)"
+        config = read_json(folder / "config.json", who, fix)
+        heads = head_names(config)
         if heads and not any(h.endswith("ForSequenceClassification") for h in heads):
             raise ConfigError(f"reward model: '{path}' holds a {heads[0]}, whose score head would be random; "
                               f"name a sequence classifier (train one with `rlvr rm`), or judge:{path} to "
                               f"prompt it as a generative judge")
+        labels = config.get("id2label")
+        if isinstance(labels, dict) and len(labels) != 1:
+            raise ConfigError(f"reward model: '{path}' has {len(labels)} output labels (id2label in its config.json); "
+                              f"a reward model has one score (AutoModelForSequenceClassification with num_labels=1)")
+        check_weights(folder, who, fix)
+        check_tokenizer(folder, who)
         try:
-            model = AutoModelForSequenceClassification.from_pretrained(
-                str(path), num_labels=1, dtype=getattr(torch, dtype), local_files_only=True)
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                str(path), num_labels=1, dtype=getattr(torch, dtype), local_files_only=True, output_loading_info=True,
+                ignore_mismatched_sizes=True)
             tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        except (OSError, ValueError) as err:
+        # what the checks above cannot see: a config.json transformers cannot build a model from (ValueError),
+        # weights of another shape than it says (RuntimeError "size mismatch"), a corrupt tokenizer file
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as err:
             raise ConfigError(f"reward model: cannot load '{path}' as a sequence classifier: "
-                              f"{str(err).splitlines()[0]}") from None
+                              f"{(str(err).strip().splitlines() or [type(err).__name__])[0][:200]}") from None
+        check_loading(info, folder, who, fix)
         return cls(model, tokenizer, **options)
 
     @torch.no_grad()

@@ -18,11 +18,12 @@ A reward function has one of five forms, told apart by its signature when it is 
 - async batched: ``async def`` with ``fn.batched = True`` (or TRL's form, ``async def``)
 
 Return values: a number is the reward; ``None`` means not scorable (excluded from the advantage,
-counted); a dict must hold ``"reward"`` (a number or None) and its other numeric keys become
-metrics (mean over the samples that returned them; a key named like one of rlvr's own per-function
-metrics, ``mean``, ``errors``, ``unscorable``, ``nonfinite``, ``timeouts``, is an error). A
-sample whose call raises, or returns something else, is excluded like ``None`` and counted as an
-error; a batched call that raises or
+counted; a TRL-form function's ``None`` beside other functions is TRL's "not applicable": the others'
+sum stands); a batched or TRL-form call may return a 1-D tensor or numpy array (as TRL reads it); a
+dict must hold ``"reward"`` (a number or None) and its other numeric keys become metrics (mean over the
+samples that returned them; a key named like one of rlvr's own per-function metrics, ``mean``,
+``errors``, ``unscorable``, ``nonfinite``, ``timeouts``, is an error). A sample whose call raises, or
+returns something else, is excluded like ``None`` and counted as an error; a batched call that raises or
 returns the wrong length fails every sample. When every sample of a step errors, ``RewardError``
 stops the run with one line naming the function and the first error.
 
@@ -66,7 +67,7 @@ from typing import Any
 from rlvr.errors import ConfigError, RewardError
 from rlvr.rewards.calls import CallThread, Deadline, awaited, describe, each_awaited, run_coroutine, side_by_side, where
 from rlvr.rewards.combine import weighted_sum
-from rlvr.rewards.forms import COMPLETION_IDS, TrainerState, batched, reward_form
+from rlvr.rewards.forms import COMPLETION_IDS, TrainerState, batched, reward_form, reward_values
 from rlvr.rewards.loading import load_reward_fn, load_reward_spec, spec_entries  # noqa: F401  re-exported
 from rlvr.rewards.workers import BREACHES, CRASH, MEMORY, TIMEOUT, WorkerPool
 
@@ -106,6 +107,7 @@ class RewardRunner:
         self.verifies = verifies  # the task whose own verifier `fn` is (`derives_correct`), else None
         self.timeout_s = float(timeout_s)
         self._warned_unscorable = False
+        self.beside_others = False  # a TRL-form function among others: its None leaves a sample to them
         # each calling thread's own worker: batches scored at once (`collect.produce_ahead`) never queue
         self._calls = threading.local()  # behind each other's calls
         self.name = name or getattr(fn, "__name__", "reward")
@@ -224,7 +226,7 @@ class RewardRunner:
             values = fn(prompts, completions, **columns)
             if inspect.isawaitable(values):
                 values = run_coroutine(awaited(values, self.timeout_s))
-            return list(values)
+            return reward_values(values)  # a 1-D tensor or array as TRL reads it; one number is an error
 
         values, error = self._guarded(call, (list(prompts), list(completions)), columns)
         if error is None and len(values) != len(completions):
@@ -241,12 +243,14 @@ class RewardRunner:
         values, error = self._calls_of([whole])[0]
         if error is not None and error.startswith(BREACHES) and n > 1:
             parts = self._calls_of([one(i) for i in range(n)])
+            parts = [(v, e) if e is not None else (_listed(v), None) for v, e in parts]
             return [(None, e) if e is not None else (v[0], None) if isinstance(v, list) and len(v) == 1 else
                     (None, "ValueError: a batch of one did not return one value") for v, e in parts]
-        if error is None and not isinstance(values, list):
-            values = list(values) if isinstance(values, tuple) else values
-            if not isinstance(values, list):
-                error = f"TypeError: a batched reward must return a list, got {type(values).__name__}"
+        if error is None:
+            try:
+                values = reward_values(values)
+            except TypeError as err:
+                error = f"TypeError: a batched reward {err}, not a list of one value per completion"
         if error is None and len(values) != n:
             error = f"ValueError: returned {len(values)} values for {n} samples"
         if error is not None:
@@ -322,7 +326,7 @@ class RewardRunner:
         n_err = sum(e is not None for e in errors)
         source = where(self.fn)
         named = self.name if source in (self.name, "") else f"{self.name} ({source})"
-        if raw and unscorable == len(raw) and not self._warned_unscorable:
+        if raw and unscorable == len(raw) and not self._warned_unscorable and not self.beside_others:
             self._warned_unscorable = True  # once: a step of nothing scorable can be legitimate, a run of them not
             print(f"warning: reward {named} returned None (not scorable) for all {len(raw)} samples of a step: "
                   f"they do not train; return a number where the completion can be scored", file=sys.stderr)
@@ -348,6 +352,14 @@ NONFINITE_ERROR = "NonFiniteReward"
 OWN_METRICS = ("mean", "errors", "unscorable", "nonfinite", "timeouts", "memory", "crashes")
 """What `_collect` reports per reward function: a dict reward's side metric of one of these names
 would overwrite it, so such a key is an error."""
+
+
+def _listed(values: Any) -> Any:
+    """`reward_values(values)`, or `values` as they are when they are no list of any kind."""
+    try:
+        return reward_values(values)
+    except TypeError:
+        return values
 
 
 class RewardSum:
@@ -379,6 +391,8 @@ class RewardSum:
         self.runners = [RewardRunner(fn, name=name, timeout_s=timeout_s, workers=workers, memory_mb=memory_mb)
                         for fn, name in zip(fns, _names(fns))]
         self.weights = dict(zip((r.name for r in self.runners), weights))
+        for runner in self.runners:
+            runner.beside_others = runner.form == "trl" and len(self.runners) > 1
         self.columns = columns
         self._recent: dict[tuple[str, str, str], float] = {}
 
@@ -400,13 +414,23 @@ class RewardSum:
             {k: v for k, v in ex.items() if k != COMPLETION_IDS} for ex in examples]  # (and `_recent`'s keys)
         given = [{**ex, COMPLETION_IDS: i} if i is not None else ex for ex, i in zip(examples, ids)]
         parts = [runner(prompts, completions, given) for runner in self.runners]
-        rewards = weighted_sum({r.name: b.rewards for r, b in zip(self.runners, parts)}, self.weights)
+        rewards = weighted_sum(self._applicable(parts), self.weights)
         metrics = {k: v for b in parts for k, v in b.metrics.items()}
         errors = [next((e for e in sample if e), None) for sample in zip(*(b.errors for b in parts))]
         # Correctness is asked per sample right after the batch is scored: answer it from here.
         self._recent = {(p, c, _key(ex)): r for p, c, ex, r in zip(prompts, completions, examples, rewards)}
         components = {r.name: b.rewards for r, b in zip(self.runners, parts)} if len(parts) > 1 else {}
         return RewardBatch(rewards, metrics, errors, components, dict(self.weights) if components else {})
+
+    def _applicable(self, parts: list[RewardBatch]) -> dict[str, list[float]]:
+        """Each function's rewards for the weighted sum: a TRL-form None is "not applicable" (TRL's `nansum`),
+        adding nothing where another weighted function scored the sample; a sample none scored, an rlvr-form
+        None and any error leave it unscorable (`weighted_sum`)."""
+        weighted = [b for r, b in zip(self.runners, parts) if self.weights[r.name] != 0]
+        scored = [any(not math.isnan(b.rewards[i]) for b in weighted) for i in range(len(parts[0].rewards))]
+        return {r.name: [0.0 if r.form == "trl" and math.isnan(v) and e is None and ok else v
+                         for v, e, ok in zip(b.rewards, b.errors, scored)] if r.form == "trl" else b.rewards
+                for r, b in zip(self.runners, parts)}
 
     def judged(self, task, group: list, texts: list[str], examples: list[dict]) -> tuple[RewardBatch, list[bool]]:
         return judge_batch(self, task, group, texts, examples)

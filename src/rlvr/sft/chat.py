@@ -24,22 +24,21 @@ import torch
 from rlvr.batch import Rollouts, left_pad
 from rlvr.errors import ConfigError
 from rlvr.tasks.files import load_rows
+from rlvr.tasks.messages import ROLES, message_problem
 
 __all__ = ["chat_rollouts", "chat_tokens", "load_conversations"]
-
-ROLES = ("system", "user", "assistant", "tool")
-
 
 def load_conversations(path: str) -> list[list[dict]]:
     """The `messages` lists of a data file's rows (any format `task.path` reads)."""
     out = []
     for row, where in load_rows(path, field="sft.data"):
         messages = row.get("messages")
-        if not (isinstance(messages, list) and messages and all(
-                isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)
-                for m in messages)):
-            raise ConfigError(f"sft.data: {where}: expected \"messages\": a list of {{\"role\", \"content\"}} with "
-                              f"roles {', '.join(ROLES)}")
+        problem = message_problem(messages)
+        if problem is None and not all(isinstance(m["content"], str) for m in messages):
+            problem = "a message's content is a list of parts; chat SFT trains on text content"
+        if problem:
+            raise ConfigError(f"sft.data: {where}: \"messages\": {problem}; expected a list of "
+                              f"{{\"role\", \"content\"}} with roles {', '.join(ROLES)}")
         if not any(m["role"] == "assistant" for m in messages):
             raise ConfigError(f"sft.data: {where}: no assistant message to train on")
         out.append(messages)

@@ -34,6 +34,7 @@ from typing import Any
 
 from rlvr.errors import ConfigError
 from rlvr.tasks.files import FileTask
+from rlvr.tasks.messages import message_problem
 from rlvr.types import Example
 
 __all__ = ["DatasetTask", "dataset_rows", "dataset_splits"]
@@ -97,6 +98,10 @@ def dataset_rows(data: Any, argument: str, prompt_key: str = "prompt") -> list[d
         if not isinstance(row[prompt_key], (str, list)):
             raise ConfigError(f"{argument}[{i}]: field {prompt_key!r} must be a string or a list of chat messages, "
                               f"got {type(row[prompt_key]).__name__}")
+        problem = message_problem(row[prompt_key]) if isinstance(row[prompt_key], list) else None
+        if problem:  # checked as sft.data's conversations are: the chat template would render anything
+            raise ConfigError(f"{argument}[{i}]: field {prompt_key!r}: {problem}; pass a list of {{\"role\": ..., "
+                              f"\"content\": \"...\"}} messages, e.g. [{{\"role\": \"user\", \"content\": \"2+2?\"}}]")
         rows.append(dict(row))
     if not rows:
         raise ConfigError(f"{argument}: no rows")
