@@ -3,7 +3,6 @@ Hub dataset id through the Hugging Face cache (offline: the cache only), each re
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -11,13 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from _hub_cache import hub_dataset_cache
 
 import rlvr
 from rlvr.errors import ConfigError
 
 datasets = pytest.importorskip("datasets")
 ROWS = [{"prompt": f"{a} {a + 1} 1>{2 * a + 2}:", "target": 2 * a + 2} for a in range(1, 21)]
-REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 
 def _trainer(data, **kwargs):
@@ -39,16 +38,8 @@ def test_a_file_and_a_saved_folder(tmp_path):
 
 
 def test_a_hub_dataset_id_through_the_cache_offline(tmp_path):
-    folder = tmp_path / "cache" / "datasets--acme--rows"
-    snapshot = folder / "snapshots" / REVISION / "data"
-    snapshot.mkdir(parents=True)
-    (folder / "blobs").mkdir()
-    (folder / "refs").mkdir()
-    data = "".join(json.dumps(r) + "\n" for r in ROWS).encode()
-    blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
-    blob.write_bytes(data)
-    (snapshot / "train.jsonl").symlink_to(os.path.relpath(blob, snapshot))
-    (folder / "refs" / "main").write_text(REVISION)
+    data = "".join(json.dumps(r) + "\n" for r in ROWS)
+    hub_dataset_cache(tmp_path / "cache", "acme/rows", {"data/train.jsonl": data})
     code = ("from rlvr import Trainer; t = Trainer('rlvr:countdown-warmstart', lambda completions, **kw: "
             "[0.0] * len(completions), 'acme/rows', echo=lambda *a: None); print(len(t.rows))")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "cache"),

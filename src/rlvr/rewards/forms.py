@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from rlvr.errors import ConfigError
 
-__all__ = ["COMPLETION_IDS", "TASK_VERIFIER", "TrainerState", "batched", "reward_form", "with_task"]
+__all__ = ["COMPLETION_IDS", "ROW_COLUMNS", "TASK_VERIFIER", "TrainerState", "batched", "reward_form", "with_task"]
 
 SAMPLE_FORM = "fn(prompt, completion, **columns) -> float | None"
 TRL_FORM = ("fn(completions, **kwargs) -> list[float | None] (prompts, completion_ids, columns, trainer_state "
@@ -23,6 +23,24 @@ COMPLETION_IDS = "completion_ids"
 """The example key under which the scorer hands each completion's token ids to the reward runner; only
 TRL-form functions get it (as ``completion_ids``), so it is never taken for a dataset column (TRL too
 keeps a ``completion_ids`` column out of the keywords)."""
+
+ROW_COLUMNS = "row"
+"""The ``Example.meta`` key under which a file task keeps the row it read: TRL-form functions get each of
+its columns as a keyword (``solution=[...]``), as TRL passes every dataset column."""
+NOT_COLUMNS = ("prompt", "completion", COMPLETION_IDS)  # TRL keeps these out of the keywords too
+
+
+def trl_columns(example: dict) -> dict:
+    """`example` (an ``Example``'s fields) with its row's columns beside them, for a TRL-form call.
+
+    >>> trl_columns({"answer": "2", "meta": {ROW_COLUMNS: {"prompt": "1+1", "solution": "2"}}})["solution"]
+    '2'
+    """
+    meta = example.get("meta")
+    row = meta.get(ROW_COLUMNS) if isinstance(meta, dict) else None
+    if not isinstance(row, dict):
+        return example
+    return {**example, **{k: v for k, v in row.items() if k not in NOT_COLUMNS}}
 
 
 @dataclass

@@ -18,6 +18,10 @@
 - **Split.** ``heldout_size`` rows, chosen by a stable hash of the prompt text, are held out
   (or all rows of ``heldout_path`` when given, or of the ``heldout_split`` of a datasets
   directory, e.g. its ``test`` split); ``sample`` never returns them.
+- **Hub datasets.** A ``path`` that is no local file and reads as ``org/name`` is a Hub dataset
+  through the cache (``rlvr.tasks.named.task_rows``, as ``Trainer(train_dataset="org/name")`` reads it).
+- **Columns.** Each example keeps its row (``meta["row"]``): TRL-form reward functions get every
+  column as a keyword, as TRL passes them (``solution=[...]``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 
 from rlvr.errors import ConfigError
 from rlvr.inputs import check_regular
+from rlvr.rewards.forms import ROW_COLUMNS
 from rlvr.types import Example
 
 __all__ = ["load_rows", "FileTask", "MathFileTask", "CodeFileTask"]
@@ -141,14 +146,17 @@ class FileTask:
         self.answer_key, self.tests_key = answer_key, tests_key
         self._setup(prompt_key=prompt_key, system_prompt=system_prompt, prompt_template=prompt_template,
                     max_prompt_length=max_prompt_length, tokenizer=tokenizer, seed=seed)
-        examples = self._examples(load_rows(path, split=split, field=f"task.{self.name}.path"))
+        from rlvr.tasks.named import is_hub_dataset, task_rows
+
+        examples = self._examples(task_rows(path, split=split, field=f"task.{self.name}.path"))
         heldout = None
         if heldout_path or heldout_split:  # a separate file, or another split of the same datasets directory
             field = f"task.{self.name}.heldout_path" if heldout_path else f"task.{self.name}.path"
-            if heldout_split and not Path(heldout_path or path).is_dir():
+            source = heldout_path or path
+            if heldout_split and not (Path(source).is_dir() or is_hub_dataset(source)):
                 raise ConfigError(f"task.{self.name}.heldout_split: {heldout_split!r} needs a datasets directory "
-                                  f"(save_to_disk) in {field}; for a file, set heldout_path instead")
-            rows = load_rows(heldout_path or path, split=heldout_split or split, field=field)
+                                  f"(save_to_disk) or a Hub dataset in {field}; for a file, set heldout_path instead")
+            rows = task_rows(source, split=heldout_split or split, field=field)
             heldout = self._examples(rows)
             if not heldout:
                 where = f"{field}={heldout_path or path!r}" + (f" split {heldout_split!r}" if heldout_split else "")
@@ -286,7 +294,7 @@ class MathFileTask(FileTask):
         answer = self._field(row, self.answer_key, where, (str, int, float), f"task.{self.name}.answer_key")
         if not str(answer).strip():
             raise ConfigError(f"{where}: field {self.answer_key!r} is empty")
-        meta = {"source": where}
+        meta = {"source": where, ROW_COLUMNS: row}  # TRL-form reward functions read any column
         if self.solution_key:
             meta["solution"] = str(self._field(row, self.solution_key, where, (str,), f"task.{self.name}.solution_key"))
         return Example(self.format_prompt(text), str(answer), meta)
@@ -341,7 +349,7 @@ class CodeFileTask(FileTask):
             if not ok:
                 raise ConfigError(f"{where}: field {self.tests_key!r}[{i}] must be an assert string or "
                                   f"{{\"input\": ..., \"output\": ...}}, got {json.dumps(t)[:80]}")
-        meta = {"tests": tests, "source": where}
+        meta = {"tests": tests, "source": where, ROW_COLUMNS: row}
         if row.get("solution"):
             meta["solution"] = str(row["solution"])
         return Example(self.format_prompt(text), "", meta)

@@ -2,7 +2,8 @@
 file, a folder `datasets.Dataset.save_to_disk` wrote, or a Hugging Face Hub dataset id (`org/name`,
 optionally `@revision`) read through the Hub cache (``HF_HUB_OFFLINE=1`` reads only the cache). Files
 are read by the file tasks' reader (`rlvr.tasks.files.load_rows`); a Hub snapshot's data files are
-its splits by name (`train`, `test`, `validation`).
+its splits by name (`train`, `test`, `validation`). A file task's `path` (`task.math_file.path`) takes
+the same names (`task_rows`), so a recipe reads a Hub dataset as the API does.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from rlvr.errors import ConfigError
 from rlvr.tasks.files import load_rows
 
-__all__ = ["named_dataset"]
+__all__ = ["is_hub_dataset", "named_dataset", "task_rows"]
 
 HUB_DATASET = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -44,6 +45,35 @@ def _hub_snapshot(repo: str, argument: str) -> Path:
         raise ConfigError(f"{argument}: cannot read dataset '{repo}' ({type(err).__name__}: {reason}); {fix}") from None
 
 
+def _hub_splits(name: str, argument: str) -> dict[str, list[tuple[dict, str]]]:
+    """{split: (row, location) pairs} of Hub dataset `name`: its snapshot's data files, by split name."""
+    snapshot = _hub_snapshot(name, argument)
+    files = sorted(p for p in snapshot.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file())
+    splits = {split: [pair for f in files if split in f.name for pair in load_rows(f, field=argument)]
+              for split in SPLITS}
+    splits = {split: rows for split, rows in splits.items() if rows} or {
+        "train": [pair for f in files for pair in load_rows(f, field=argument)]}
+    if not splits.get("train"):
+        raise ConfigError(f"{argument}: Hub dataset '{name}' has no {', '.join(DATA_SUFFIXES)} train files")
+    return splits
+
+
+def is_hub_dataset(name: str | Path) -> bool:
+    """`name` is a Hub dataset id (`org/name[@revision]`) and no local file or folder."""
+    return not Path(name).expanduser().exists() and HUB_DATASET.fullmatch(str(name)) is not None
+
+
+def task_rows(path: str | Path, *, split: str, field: str) -> list[tuple[dict, str]]:
+    """A file task's rows (`load_rows`), its `path` also a Hub dataset id read as `named_dataset` reads it."""
+    if not is_hub_dataset(path):
+        return load_rows(path, split=split, field=field)
+    splits = _hub_splits(str(path), field)
+    if split not in splits:
+        raise ConfigError(f"{field.rsplit('.', 1)[0]}.split={split!r} not in Hub dataset '{path}'; "
+                          f"splits: {', '.join(splits)}")
+    return splits[split]
+
+
 def named_dataset(name: str | Path, argument: str = "train_dataset") -> Any:
     """The rows `name` names: a list of rows (a file or a saved split), or {split: rows} (a Hub dataset)."""
     path = Path(name).expanduser()
@@ -52,11 +82,4 @@ def named_dataset(name: str | Path, argument: str = "train_dataset") -> Any:
     if not HUB_DATASET.fullmatch(str(name)):
         raise ConfigError(f"{argument}: '{name}' is no file or folder and no Hub dataset id (org/name); pass a "
                           f"{', '.join(DATA_SUFFIXES)} file, a datasets folder, a Hub id or the rows")
-    snapshot = _hub_snapshot(str(name), argument)
-    files = sorted(p for p in snapshot.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file())
-    splits = {split: [row for f in files if split in f.name for row in _rows(f, argument)] for split in SPLITS}
-    splits = {split: rows for split, rows in splits.items() if rows} or {
-        "train": [row for f in files for row in _rows(f, argument)]}
-    if not splits.get("train"):
-        raise ConfigError(f"{argument}: Hub dataset '{name}' has no {', '.join(DATA_SUFFIXES)} train files")
-    return splits
+    return {split: [row for row, _ in pairs] for split, pairs in _hub_splits(str(name), argument).items()}
