@@ -114,3 +114,31 @@ def test_adapter_export_of_a_run_without_adapters_is_refused(tmp_path, reward, c
                  "trainer.steps=1"]) == 0
     assert main(["export", str(tmp_path / "full"), str(tmp_path / "x"), "--adapter"]) == 2
     assert "trained no adapter (model.lora.r=0)" in capsys.readouterr().err
+
+
+def test_an_exported_adapter_names_its_base_portably_and_loads_after_both_folders_move(tmp_path, reward, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.models.tiny_archs import build_model_dir
+    from rlvr.tracking.export import portable_base
+
+    home = tmp_path / "home"
+    base = build_model_dir(home / "base", "qwen2")
+    sizes = [o for o in TINY if not o.startswith("model.")] + ["model.lora.r=4",
+                                                               "model.lora.target_modules=[q_proj,v_proj]"]
+    assert main(["train", *sizes, reward, f"model.path={base}", f"trainer.out_dir={tmp_path}", "trainer.name=q",
+                 "trainer.steps=2", "optim.lr=1e-2"]) == 0
+    assert main(["export", str(tmp_path / "q"), str(home / "adapter"), "--adapter"]) == 0
+    config = json.loads((home / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "../base"  # relative to the adapter folder, not this machine's path
+    before = _logits(peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), home / "adapter"))
+
+    moved = (home.rename(tmp_path / "elsewhere")) / "adapter"  # both folders move; the old paths are gone
+    named = json.loads((moved / "adapter_config.json").read_text())["base_model_name_or_path"]
+    loaded = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(moved / named), moved)
+    torch.testing.assert_close(_logits(loaded), before, rtol=0, atol=0)
+    assert _logits(loaded).sub(_logits(AutoModelForCausalLM.from_pretrained(moved / named))).abs().max() > 1e-4
+
+    # a Hub id is written as the id (PEFT's AutoPeftModel fetches it anywhere); a built model names none
+    assert portable_base("acme/tiny-model@v1", tmp_path / "out") == ("acme/tiny-model", "v1")
+    assert portable_base("", tmp_path / "out") == (None, None)

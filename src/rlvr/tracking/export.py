@@ -10,19 +10,22 @@ the working folder or one above the run.
 
 A LoRA run's checkpoint holds the adapter. `--adapter` writes it as it is (PEFT's format:
 `adapter_config.json`, `adapter_model.safetensors`, with the tokenizer), for
-`PeftModel.from_pretrained(base, DIR)`. Without it the adapter is merged into the base in float32
-and the result cast to `--dtype` (`auto`: the run's own); a cast that rounds away part of the
-update is refused (`merge_refusal`), naming `--dtype float32` and `--adapter`: more than
-`MAX_LOST_SHARE` of the weights the adapter changes cast back to their base value (a change below
-half of bfloat16's spacing at that weight), or `update_error` (||cast(W + dW) - cast(W) - dW|| /
-||dW|| over those weights) above `MAX_UPDATE_ERROR`. A short low-learning-rate LoRA run's update
-is mostly below bfloat16's resolution (measured: two steps at lr 1e-4 lose 35% of it).
+`PeftModel.from_pretrained(base, DIR)`; its `base_model_name_or_path` is portable (`portable_base`:
+a Hub id, or the base folder relative to DIR), never an absolute path of this machine. Without
+`--adapter` the adapter is merged into the base in float32 and the result cast to `--dtype` (`auto`:
+the run's own); a cast that rounds away part of the update is refused (`merge_refusal`), naming
+`--dtype float32` and `--adapter`: more than `MAX_LOST_SHARE` of the weights the adapter changes
+cast back to their base value (a change below half of bfloat16's spacing at that weight), or
+`update_error` (||cast(W + dW) - cast(W) - dW|| / ||dW|| over those weights) above
+`MAX_UPDATE_ERROR`. A short low-learning-rate LoRA run's update is mostly below bfloat16's
+resolution (measured: two steps at lr 1e-4 lose 35% of it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import pickle
 import shutil
 import signal
@@ -180,11 +183,32 @@ def _merged_adapter(run: Path, checkpoint: Path, dtype: str):
     return model.to(target), record
 
 
-def _copy_adapter(checkpoint: Path, tmp: Path) -> None:
+def portable_base(model_path: str, out: Path) -> tuple[str | None, str | None]:
+    """(`base_model_name_or_path`, `revision`) an exported adapter records, so it loads after a move:
+    a Hub id as written (PEFT's `AutoPeftModelForCausalLM` fetches it from anywhere), a local base
+    folder as its path relative to the adapter folder (the two move together; load the base from
+    `DIR / base_model_name_or_path`), None for a model built from a config (no folder to name)."""
+    from rlvr.models.causal_lm import HUB_ID, resolve_model_path
+
+    if not model_path:
+        return None, None
+    if not Path(model_path).exists() and HUB_ID.fullmatch(model_path):
+        repo, _, revision = model_path.partition("@")
+        return repo, revision or None
+    base = resolve_model_path(model_path).resolve()
+    return os.path.relpath(base, out.resolve()), None
+
+
+def _copy_adapter(run: Path, checkpoint: Path, tmp: Path, out: Path) -> None:
+    """The checkpoint's adapter into `tmp`, its config naming the base portably (`portable_base`)."""
+    from rlvr.config import load_config
     from rlvr.models.lora import ADAPTER_WEIGHTS
 
-    for name in ("adapter_config.json", ADAPTER_WEIGHTS):
-        shutil.copyfile(checkpoint / name, tmp / name)
+    shutil.copyfile(checkpoint / ADAPTER_WEIGHTS, tmp / ADAPTER_WEIGHTS)
+    config = json.loads((checkpoint / "adapter_config.json").read_text())
+    base, revision = portable_base(load_config(read_config(run)).model.path, out)
+    config.update(base_model_name_or_path=base, revision=revision)
+    (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def export_run(run: str | Path, out: str | Path, *, step: int | None = None, force: bool = False,
@@ -256,7 +280,7 @@ def _write(run: Path, out: Path, tmp: Path, checkpoint: Path, model, tokenizer, 
     from rlvr.models.lora import ADAPTER_WEIGHTS, peft_loads
 
     try:
-        _copy_adapter(checkpoint, tmp) if adapter else model.save_pretrained(tmp)
+        _copy_adapter(run, checkpoint, tmp, out) if adapter else model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         manifest = read_manifest(run, tolerant=True)
         packages = manifest.get("packages") if isinstance(manifest.get("packages"), dict) else {}
