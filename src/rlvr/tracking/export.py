@@ -188,7 +188,8 @@ def portable_base(model_path: str, out: Path) -> tuple[str | None, str | None]:
     a Hub id as written (PEFT's `AutoPeftModelForCausalLM` fetches it from anywhere), a local base
     folder as its path relative to the adapter folder (the two move together; load the base from
     `DIR / base_model_name_or_path`), None for a model built from a config (no folder to name)."""
-    from rlvr.models.causal_lm import HUB_ID, resolve_model_path
+    from rlvr.hub import HUB_ID
+    from rlvr.models.causal_lm import resolve_model_path
 
     if not model_path:
         return None, None
