@@ -7,7 +7,7 @@ import json
 
 import pytest
 import yaml
-from _hub_cache import hub_dataset_cache
+from _hub_cache import REVISION, hub_dataset_cache
 
 from rlvr.cli import main
 from rlvr.config import load_config
@@ -159,3 +159,5 @@ def test_a_hub_dataset_and_a_column_reading_reward_train_through_a_converted_rec
     by_solution = {r["solution"]: r["level"] for r in rows}
     seen = [(s, lv) for call in calls for s, lv in zip(call["solution"], call["level"])]
     assert len(seen) >= 4 and all(by_solution[s] == lv for s, lv in seen)  # each row's own columns
+    record = json.loads((tmp_path / "runs" / "recipe_s0" / "run.json").read_text())["datasets"][0]
+    assert (record["hub_dataset"], record["revision"], record["files"]) == ("acme/sums", REVISION, 1)

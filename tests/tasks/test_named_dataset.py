@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +52,23 @@ def test_a_hub_dataset_id_through_the_cache_offline(tmp_path):
                              capture_output=True, text=True, timeout=300)
     assert "train_dataset: cannot read dataset 'acme/none'" in missing.stderr, missing.stderr[-2000:]
     assert "(hf download acme/none --repo-type dataset)" in missing.stderr
+
+
+def test_a_file_tasks_path_takes_a_hub_dataset_and_its_splits(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    from rlvr.tasks.files import MathFileTask
+
+    rows = [{"question": f"{a} + {a} = ?", "answer": str(2 * a)} for a in range(1, 13)]
+    text = ["".join(json.dumps(r) + "\n" for r in part) for part in (rows[:9], rows[9:])]
+    hub_dataset_cache(tmp_path / "cache", "acme/sums", {"data/train.jsonl": text[0], "data/test.jsonl": text[1]})
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    task = MathFileTask(path="acme/sums", heldout_split="test")
+    assert [ex.answer for ex in task.heldout()] == ["20", "22", "24"]
+    assert {ex.answer for ex in task.sample(64, random.Random(0))} == {str(2 * a) for a in range(1, 10)}
+    assert task.heldout()[0].meta["row"] == rows[9]  # the row itself, for TRL-form rewards' columns
+    with pytest.raises(ConfigError, match=r"^task.math_file.path: cannot read dataset 'acme/none' .*hf download"):
+        MathFileTask(path="acme/none")
+    with pytest.raises(ConfigError, match=r"^task.math_file.path: 'data/none.jsonl' not found$"):
+        MathFileTask(path="data/none.jsonl")  # a missing file is not a dataset to download

@@ -24,7 +24,7 @@ import yaml
 
 from rlvr.config.trl_names import TRL_NAMES, translate
 from rlvr.errors import ConfigError
-from rlvr.hub import HUB_ID
+from rlvr.hub import is_hub_dataset
 from rlvr.inputs import read_text
 from rlvr.yaml_io import MAX_BYTES, load_yaml
 
@@ -222,7 +222,7 @@ def _dataset(name: Any, funcs: Any, tree: dict) -> list[str]:
     `accuracy_reward` is that task's verifier; other names are `reward.fn` entries: `trl.rewards:NAME`,
     or `module:name` for `module.name`)."""
     notes = []
-    found = bool(name) and (Path(str(name)).expanduser().exists() or HUB_ID.fullmatch(str(name)) is not None)
+    found = bool(name) and (Path(str(name)).expanduser().exists() or is_hub_dataset(name))
     if found:
         for key, value in (("task.name", "math_file"), ("task.math_file.path", str(name)),
                            ("task.math_file.prompt_key", "prompt"), ("task.math_file.answer_key", "solution")):

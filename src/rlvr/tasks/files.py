@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import ConfigError
+from rlvr.hub import is_hub_dataset
 from rlvr.rewards.forms import ROW_COLUMNS
-from rlvr.tasks.rows import is_hub_dataset, load_rows, task_rows
+from rlvr.tasks.rows import load_rows, task_rows
 from rlvr.types import Example
 
 __all__ = ["load_rows", "FileTask", "MathFileTask", "CodeFileTask"]

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import ConfigError
-from rlvr.hub import HUB_ID
-from rlvr.tasks.rows import DATA_SUFFIXES, hub_splits, load_rows
+from rlvr.hub import DATA_SUFFIXES, is_hub_dataset
+from rlvr.tasks.rows import hub_splits, load_rows
 
 __all__ = ["named_dataset"]
 
@@ -26,7 +26,7 @@ def named_dataset(name: str | Path, argument: str = "train_dataset") -> Any:
     path = Path(name).expanduser()
     if path.exists():
         return _rows(path, argument)
-    if not HUB_ID.fullmatch(str(name)):
+    if not is_hub_dataset(name):
         raise ConfigError(f"{argument}: '{name}' is no file or folder and no Hub dataset id (org/name); pass a "
                           f"{', '.join(DATA_SUFFIXES)} file, a datasets folder, a Hub id or the rows")
     return {split: [row for row, _ in pairs] for split, pairs in hub_splits(str(name), argument).items()}

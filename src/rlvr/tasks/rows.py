@@ -12,12 +12,11 @@ import os
 from pathlib import Path
 
 from rlvr.errors import ConfigError
-from rlvr.hub import HUB_ID, hf_command
+from rlvr.hub import DATA_SUFFIXES, hf_command, is_hub_dataset
 from rlvr.inputs import check_regular
 
-__all__ = ["DATA_SUFFIXES", "hub_splits", "is_hub_dataset", "load_rows", "task_rows"]
+__all__ = ["hub_splits", "load_rows", "task_rows"]
 
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 SPLITS = ("train", "test", "validation")
 
 
@@ -125,11 +124,6 @@ def hub_splits(name: str, argument: str) -> dict[str, list[tuple[dict, str]]]:
     if not splits.get("train"):
         raise ConfigError(f"{argument}: Hub dataset '{name}' has no {', '.join(DATA_SUFFIXES)} train files")
     return splits
-
-
-def is_hub_dataset(name: str | Path) -> bool:
-    """`name` is a Hub dataset id (`org/name[@revision]`) and no local file or folder."""
-    return not Path(name).expanduser().exists() and HUB_ID.fullmatch(str(name)) is not None
 
 
 def task_rows(path: str | Path, *, split: str, field: str) -> list[tuple[dict, str]]:
