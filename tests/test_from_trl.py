@@ -7,6 +7,7 @@ import json
 
 import pytest
 import yaml
+from _hub_cache import REVISION, hub_dataset_cache
 
 from rlvr.cli import main
 from rlvr.config import load_config
@@ -43,7 +44,8 @@ def test_a_full_grpo_config_dump_converts_to_what_it_sets(tmp_path):
 def test_a_changed_value_without_an_rlvr_field_is_noted():
     tree, notes = convert({"lr_scheduler_type": "cosine_with_restarts", "epsilon": 0.2,
                            "epsilon_high": 0.28, "model_name_or_path": "Qwen/Qwen2.5-0.5B"})
-    assert tree == {"algo": {"clip_low": 0.2, "clip_high": 0.28}, "model": {"path": "Qwen/Qwen2.5-0.5B"}}
+    assert tree == {"algo": {"dynamic_sampling": False, "clip_low": 0.2, "clip_high": 0.28},
+                    "model": {"path": "Qwen/Qwen2.5-0.5B"}}
     assert len(notes) == 1 and notes[0].startswith("lr_scheduler_type='cosine_with_restarts': has no rlvr equivalent")
 
 
@@ -111,6 +113,51 @@ def test_the_dataset_and_reward_funcs_of_a_launch_line_carry_over(tmp_path):
                                                                "answer_key": "solution"}}
     assert tree["reward"] == {"fn": "task, trl.rewards:think_format_reward, my_rewards:length"} and not notes
     hub, notes = convert({"dataset_name": "trl-lib/DeepMath-103K", "reward_funcs": "accuracy_reward"})
-    assert "task" not in hub and "reward" not in hub
-    assert notes[0].startswith("dataset_name='trl-lib/DeepMath-103K': a recipe's task reads a local file")
+    assert hub["task"]["math_file"]["path"] == "trl-lib/DeepMath-103K" and "reward" not in hub and not notes
+    neither, notes = convert({"dataset_name": "deepmath", "reward_funcs": "accuracy_reward"})
+    assert "task" not in neither and "reward" not in neither
+    assert notes[0].startswith("dataset_name='deepmath': no local file or folder and no Hub dataset id")
     assert notes[1].startswith("reward_funcs: accuracy_reward reads the dataset's solution column")
+
+
+REWARDS = '''import json
+
+
+def uses_columns(completions, solution, level, **kwargs):  # TRL's form: every dataset column a keyword
+    with open("columns.jsonl", "a") as log:
+        log.write(json.dumps({"solution": solution, "level": level}) + "\\n")
+    return [float(str(s) in c) for c, s in zip(completions, solution)]
+'''
+
+
+def test_a_hub_dataset_and_a_column_reading_reward_train_through_a_converted_recipe(tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    from rlvr.models.tiny_archs import build_model_dir
+
+    rows = [{"prompt": f"What is {a} + {a}?", "solution": str(2 * a), "level": a % 3} for a in range(1, 13)]
+    cache = hub_dataset_cache(tmp_path / "cache", "acme/sums",
+                              {"data/train.jsonl": "".join(json.dumps(r) + "\n" for r in rows)})
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))  # the cache only, offline
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = build_model_dir(tmp_path / "tiny-qwen2", "qwen2")
+    (tmp_path / "my_rewards.py").write_text(REWARDS)
+    (tmp_path / "launch.txt").write_text(
+        f"accelerate launch trl/scripts/grpo.py --model_name_or_path {model} --dataset_name acme/sums "
+        f"--reward_funcs my_rewards.uses_columns --num_generations 2 --per_device_train_batch_size 4 "
+        f"--max_completion_length 8 --max_steps 1\n")
+    assert main(["config", "--from-trl", "launch.txt"]) == 0
+    text = capsys.readouterr().out
+    tree = yaml.safe_load(text)
+    assert tree["task"]["math_file"]["path"] == "acme/sums" and tree["reward"]["fn"] == "my_rewards:uses_columns"
+    assert tree["algo"]["dynamic_sampling"] is False  # TRL trains every group
+    (tmp_path / "recipe.yaml").write_text(text)
+    assert main(["train", "recipe.yaml", "trainer.threads=1", "task.heldout_size=2", "trainer.eval_every=0"]) == 0
+    calls = [json.loads(line) for line in (tmp_path / "columns.jsonl").read_text().splitlines()]
+    by_solution = {r["solution"]: r["level"] for r in rows}
+    seen = [(s, lv) for call in calls for s, lv in zip(call["solution"], call["level"])]
+    assert len(seen) >= 4 and all(by_solution[s] == lv for s, lv in seen)  # each row's own columns
+    record = json.loads((tmp_path / "runs" / "recipe_s0" / "run.json").read_text())["datasets"][0]
+    assert (record["hub_dataset"], record["revision"], record["files"]) == ("acme/sums", REVISION, 1)

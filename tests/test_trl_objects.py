@@ -79,6 +79,9 @@ def test_trls_grpo_quickstart_runs_with_only_the_import_changed(tmp_path):
     assert (run / "checkpoints" / "step_000003" / "adapter_config.json").is_file()  # only the adapter trained
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2, 3]
+    # TRL has no group filter: every group trains, a zero-variance one too
+    assert config["algo"]["dynamic_sampling"] is False
+    assert all(m["reward/mean"] == m["reward/generated_mean"] for m in lines[1:])  # the trained batch is all
     assert events[0] == ("begin", 0, 3, str(tmp_path / "Qwen2-0.5B-GRPO"))
     assert [e[1] for e in events if e[0] == "step"] == [1, 2, 3]
     logs = [e for e in events if e[0] == "log"]  # TRL's `reward` is over every completion generated

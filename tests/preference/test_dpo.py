@@ -58,10 +58,24 @@ def test_pair_batch_stacks_chosen_then_rejected_with_eos():
     assert firsts == [tokenizer.bos_token_id] * 4  # left-padded prompts, each opened by BOS
 
 
-def test_rlvr_dpo_writes_a_run_that_exports(tmp_path, capsys):
+def test_the_defaults_are_the_measured_setting_and_lr_is_each_commands_own():
+    from rlvr.config import load_config
+    from rlvr.config.commands_schema import preference_lr
+
+    p = load_config(None).preference
+    assert (p.beta, p.lr, preference_lr(p, "dpo"), preference_lr(p, "rm")) == (1.0, None, 2e-5, 1e-4)
+    given = load_config(None, ["preference.lr=3e-4"]).preference
+    assert preference_lr(given, "dpo") == preference_lr(given, "rm") == 3e-4
+
+
+def test_rlvr_dpo_writes_a_run_that_exports(tmp_path, capsys, monkeypatch):
+    from rlvr.builder import build
     from rlvr.cli import main
 
+    rates, build_optimizer = [], build.build_optimizer
+    monkeypatch.setattr(build, "build_optimizer", lambda *a, **kw: rates.append(kw["lr"]) or build_optimizer(*a, **kw))
     assert main(["dpo", *TINY, f"trainer.out_dir={tmp_path}"]) == 0
+    assert rates == [2e-5]  # `rlvr dpo`'s own learning rate, preference.lr left null
     run = tmp_path / "dpo_countdown_s0"
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2, 3, 4]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -10,7 +11,9 @@ from pathlib import Path
 import pytest
 from fake_runs import make_run
 
+from rlvr.tracking.plots import _draw, constant_metrics, report_window, smooth
 from rlvr.tracking.report import pick_steps, write_report
+from rlvr.tracking.runs import load_run
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 # Test-only probe appended to a copy of the page: after load, record each image's decoded width.
@@ -77,3 +80,45 @@ def test_report_summarises_async_rollouts(tmp_path):
     assert "<section id=async>" in page and "0: 2, 1: 2" in page
     assert async_summary(lines[:1]) == []
     assert "id=async" not in write_report(make_run(tmp_path, "sync_s0", seed=0)).read_text()
+
+
+def _add_metric(run: Path, key: str, value_of) -> None:
+    """Log `key` (value_of(step)) on every line after step 0 of `run`'s metrics."""
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for line in lines[1:]:
+        line[key] = value_of(line["step"])
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+
+
+def test_long_curves_are_smoothed_and_constant_metrics_are_a_table(tmp_path):
+    from matplotlib.figure import Figure
+
+    run = make_run(tmp_path, "long_s0", seed=0, steps=500, eval_every=50)
+    _add_metric(run, "algo/kl_coef", lambda step: 0.04)  # a knob logged every step, never changing
+    page = write_report(run).read_text()
+    constants = page.split("<table class=kv id=constants>")[1].split("</table>")[0]
+    assert "<th>algo/kl_coef</th><td>0.04</td>" in constants and "reward/mean" not in constants
+    assert "id=smoothing" in page
+
+    loaded = load_run(run)
+    assert constant_metrics([loaded], ["algo/kl_coef", "reward/mean", "eval/heldout_accuracy"]) == {
+        "algo/kl_coef": 0.04}
+    steps, values = loaded.series("reward/mean")  # 500 noisy per-step points: a 25-step moving average
+    ax = Figure().add_subplot()
+    drawn = _draw(ax, steps, values, "C0")
+    assert report_window(len(steps)) == 25 and len(ax.lines) == 2  # faint raw beneath the average
+    assert list(drawn.get_ydata()) == pytest.approx(smooth(values, 25)) and list(ax.lines[0].get_ydata()) == values
+    evals = loaded.series("eval/heldout_accuracy")  # 11 evaluations: drawn as logged
+    ax = Figure().add_subplot()
+    assert list(_draw(ax, *evals, "C0").get_ydata()) == evals[1] and len(ax.lines) == 1
+
+
+def test_a_metric_constant_in_each_run_but_not_across_them_is_drawn(tmp_path):
+    from rlvr.tracking.report_runs import shown_metrics
+
+    runs = [make_run(tmp_path, f"r_s{seed}", seed=seed, steps=60) for seed in (0, 1)]
+    for seed, run in enumerate(runs):
+        _add_metric(run, "algo/kl_coef", lambda step: 0.04)
+        _add_metric(run, "optim/lr", lambda step, seed=seed: 1e-4 * (seed + 1))
+    drawn, constants = shown_metrics([load_run(r) for r in runs])
+    assert constants == {"algo/kl_coef": 0.04} and "optim/lr" in drawn and "algo/kl_coef" not in drawn

@@ -24,6 +24,7 @@ import yaml
 
 from rlvr.config.trl_names import TRL_NAMES, translate
 from rlvr.errors import ConfigError
+from rlvr.hub import is_hub_dataset
 from rlvr.inputs import read_text
 from rlvr.yaml_io import MAX_BYTES, load_yaml
 
@@ -41,6 +42,9 @@ LAUNCHERS = ("--", "accelerate ", "python", "torchrun ", "trl ")  # how a pasted
 # Names read with others rather than one by one (`convert`).
 JOB_NAMES = {*BATCH_NAMES, "warmup_ratio", "max_prompt_length", "num_processes", "dataset_name", "reward_funcs"}
 MATH_REWARD = "accuracy_reward"  # TRL's math-verify reward: rlvr's math_file verifier means the same
+# What TRL's GRPOTrainer does that rlvr's defaults do not: it trains every group, a zero-variance one
+# included (it only logs `frac_reward_zero_std`), so TRL's arguments turn DAPO's group filter off.
+TRL_BEHAVIOUR = {"algo.dynamic_sampling": False}
 
 
 def _scalar(text: str) -> Any:
@@ -138,9 +142,11 @@ def convert(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     >>> tree, notes = convert({"num_generations": 4, "beta": 0.04, "gradient_accumulation_steps": 1,
     ...                        "logging_steps": 5})
     >>> tree["rollout"], tree["algo"], notes[0].endswith(": logging_steps")
-    ({'prompts_per_step': 2, 'group_size': 4}, {'kl_coef': 0.04}, True)
+    ({'prompts_per_step': 2, 'group_size': 4}, {'dynamic_sampling': False, 'kl_coef': 0.04}, True)
     """
     tree: dict[str, Any] = {}
+    for key, value in TRL_BEHAVIOUR.items():
+        _set(tree, key, value)
     values, notes = _job(values, tree)
     unknown, convertible = [], []
     for name, value in values.items():
@@ -227,27 +233,27 @@ def _job(values: dict[str, Any], tree: dict) -> tuple[dict[str, Any], list[str]]
 
 
 def _dataset(name: Any, funcs: Any, tree: dict) -> list[str]:
-    """TRL's script arguments `dataset_name` (a local file or folder: a math task over its `prompt` and
-    `solution` columns) and `reward_funcs` (TRL's `accuracy_reward` is that task's verifier; other
-    names are `reward.fn` entries: `trl.rewards:NAME`, or `module:name` for `module.name`)."""
+    """TRL's script arguments `dataset_name` (a local file or folder, or a Hub dataset id read through
+    the cache: a math task over its `prompt` and `solution` columns) and `reward_funcs` (TRL's
+    `accuracy_reward` is that task's verifier; other names are `reward.fn` entries: `trl.rewards:NAME`,
+    or `module:name` for `module.name`)."""
     notes = []
-    local = bool(name) and Path(str(name)).expanduser().exists()
-    if local:
+    found = bool(name) and (Path(str(name)).expanduser().exists() or is_hub_dataset(name))
+    if found:
         for key, value in (("task.name", "math_file"), ("task.math_file.path", str(name)),
                            ("task.math_file.prompt_key", "prompt"), ("task.math_file.answer_key", "solution")):
             _set(tree, key, value)
     elif name:
-        notes.append(f"dataset_name={name!r}: a recipe's task reads a local file; rlvr.Trainer(train_dataset="
-                     f"{str(name)!r}) reads a Hub dataset through the cache, or download it and set "
-                     f"task.math_file.path")
+        notes.append(f"dataset_name={name!r}: no local file or folder and no Hub dataset id (org/name); set "
+                     f"task.math_file.path to the data")
     names = [funcs] if isinstance(funcs, str) else list(funcs or [])
     entries = ["task" if n == MATH_REWARD else f"{n.rpartition('.')[0]}:{n.rpartition('.')[2]}" if "." in n
-               else f"trl.rewards:{n}" for n in names if local or n != MATH_REWARD]
+               else f"trl.rewards:{n}" for n in names if found or n != MATH_REWARD]
     if entries and entries != ["task"]:
         _set(tree, "reward.fn", ", ".join(entries))
-    if MATH_REWARD in names and not local:
+    if MATH_REWARD in names and not found:
         notes.append(f"reward_funcs: {MATH_REWARD} reads the dataset's solution column, which a recipe's task "
-                     f"gives only for a local dataset_name")
+                     f"gives only with a dataset_name")
     return notes
 
 

@@ -7,24 +7,19 @@ trainer sees the result only through `CausalPolicy` (the PolicyModel seam).
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from rlvr.errors import ConfigError
-from rlvr.hub import LOGIN, hf_command
+from rlvr.hub import HUB_ID, LOGIN, hf_command
 from rlvr.models.tokenizer import char_tokenizer
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_PREFIX = "rlvr:"
 REQUIRED = "???"
 """`model.path` of a recipe that only makes sense with the user's model (a real-model recipe)."""
-
-
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
-"""`org/name` (optionally `@revision`): a Hugging Face Hub model id, when no local directory has that path."""
 
 
 def hub_snapshot(repo: str) -> Path:

@@ -24,6 +24,7 @@ from rlvr.batch import TrainBatch
 from rlvr.builder import build
 from rlvr.codec import completion_batch, encode_prompts
 from rlvr.config import Config
+from rlvr.config.commands_schema import preference_lr
 from rlvr.errors import ConfigError
 from rlvr.preference.pairs import Pair
 from rlvr.preference.run import PreferenceRun, check_pairs_fit, split_pairs
@@ -87,7 +88,8 @@ def dpo(config: Config, *, command: list[str], echo=print) -> dict:
     reference_model = copy.deepcopy(model).eval().requires_grad_(False)
     policy, reference = build.build_policy(config, model), build.build_policy(config, reference_model)
     engine = build.build_engine(config, model, tokenizer)
-    optimizer, scheduler = build.build_optimizer(model.parameters(), lr=p.lr, warmup_steps=0, total_steps=p.steps)
+    optimizer, scheduler = build.build_optimizer(model.parameters(), lr=preference_lr(p, "dpo"), warmup_steps=0,
+                                                 total_steps=p.steps)
     run, rng = PreferenceRun(config, "dpo", command, echo=echo), random.Random(config.seed)
 
     def step_loss(step: int):

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from rlvr.builder import build
 from rlvr.config import Config
+from rlvr.config.commands_schema import preference_lr
 from rlvr.errors import ConfigError
 from rlvr.preference.reward_model import reward_classifier
 from rlvr.preference.run import PreferenceRun
@@ -96,7 +97,8 @@ def train_process_reward_model(config: Config, *, command: list[str], echo=print
     train_rows, heldout = _split(config, build.build_task(config, tokenizer))
     model = build.prepare_model(config, reward_classifier(causal, config.seed))
     pad_id = prepare(model, tokenizer)
-    optimizer, scheduler = build.build_optimizer(model.parameters(), lr=p.lr, warmup_steps=0, total_steps=p.steps)
+    optimizer, scheduler = build.build_optimizer(model.parameters(), lr=preference_lr(p, "rm"), warmup_steps=0,
+                                                 total_steps=p.steps)
     run, rng = PreferenceRun(config, "prm", command, echo=echo), random.Random(config.seed)
 
     def scores(rows):

@@ -18,6 +18,7 @@ import torch
 from rlvr.algos.preference import bradley_terry_loss
 from rlvr.builder import build
 from rlvr.config import Config
+from rlvr.config.commands_schema import preference_lr
 from rlvr.errors import ConfigError
 from rlvr.preference.pairs import Pair
 from rlvr.preference.run import PreferenceRun, check_pairs_fit, split_pairs
@@ -69,7 +70,8 @@ def train_reward_model(config: Config, *, command: list[str], echo=print) -> dic
     check_pairs_fit(train_pairs + heldout, tokenizer, causal)
     model = build.prepare_model(config, reward_classifier(causal, config.seed))
     pad_id = prepare(model, tokenizer)
-    optimizer, scheduler = build.build_optimizer(model.parameters(), lr=p.lr, warmup_steps=0, total_steps=p.steps)
+    optimizer, scheduler = build.build_optimizer(model.parameters(), lr=preference_lr(p, "rm"), warmup_steps=0,
+                                                 total_steps=p.steps)
     run, rng = PreferenceRun(config, "rm", command, echo=echo), random.Random(config.seed)
 
     def evaluate() -> dict:

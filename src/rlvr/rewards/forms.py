@@ -14,7 +14,7 @@ from typing import Any
 
 from rlvr.errors import ConfigError
 
-__all__ = ["COMPLETION_IDS", "TASK_VERIFIER", "TrainerState", "batched", "reward_form", "reward_values",
+__all__ = ["COMPLETION_IDS", "ROW_COLUMNS", "TASK_VERIFIER", "TrainerState", "batched", "reward_form", "reward_values",
            "with_task"]
 
 SAMPLE_FORM = "fn(prompt, completion, **columns) -> float | None"
@@ -25,6 +25,24 @@ COMPLETION_IDS = "completion_ids"
 """The example key under which the scorer hands each completion's token ids to the reward runner; only
 TRL-form functions get it (as ``completion_ids``), so it is never taken for a dataset column (TRL too
 keeps a ``completion_ids`` column out of the keywords)."""
+
+ROW_COLUMNS = "row"
+"""The ``Example.meta`` key under which a file task keeps the row it read: TRL-form functions get each of
+its columns as a keyword (``solution=[...]``), as TRL passes every dataset column."""
+NOT_COLUMNS = ("prompt", "completion", COMPLETION_IDS)  # TRL keeps these out of the keywords too
+
+
+def trl_columns(example: dict) -> dict:
+    """`example` (an ``Example``'s fields) with its row's columns beside them, for a TRL-form call.
+
+    >>> trl_columns({"answer": "2", "meta": {ROW_COLUMNS: {"prompt": "1+1", "solution": "2"}}})["solution"]
+    '2'
+    """
+    meta = example.get("meta")
+    row = meta.get(ROW_COLUMNS) if isinstance(meta, dict) else None
+    if not isinstance(row, dict):
+        return example
+    return {**example, **{k: v for k, v in row.items() if k not in NOT_COLUMNS}}
 
 
 @dataclass
@@ -39,7 +57,8 @@ def reward_values(values: Any) -> list:
     """A batched or TRL-form call's result as a list of one value per completion. A list or tuple stays as
     it is; a 1-D torch tensor or numpy array (TRL reads it as a list of floats) becomes Python numbers, as
     do 0-d tensors and numpy scalars in a list; anything else (one number, a 2-D array) is a `TypeError`
-    ("returned ...") naming its type and shape. Duck-typed (`tolist`, `shape`): this package imports neither torch nor numpy.
+    ("returned ...") naming its type and shape. Duck-typed (`tolist`, `shape`): this package imports
+    neither torch nor numpy.
 
     >>> class Row:  # a stand-in for a 1-D tensor
     ...     shape = (2,)

@@ -67,7 +67,7 @@ from typing import Any
 from rlvr.errors import ConfigError, RewardError
 from rlvr.rewards.calls import CallThread, Deadline, awaited, describe, each_awaited, run_coroutine, side_by_side, where
 from rlvr.rewards.combine import weighted_sum
-from rlvr.rewards.forms import COMPLETION_IDS, TrainerState, batched, reward_form, reward_values
+from rlvr.rewards.forms import COMPLETION_IDS, TrainerState, batched, reward_form, reward_values, trl_columns
 from rlvr.rewards.loading import load_reward_fn, load_reward_spec, spec_entries  # noqa: F401  re-exported
 from rlvr.rewards.workers import BREACHES, CRASH, MEMORY, TIMEOUT, WorkerPool
 
@@ -198,6 +198,7 @@ class RewardRunner:
         """TRL's call: everything as keywords, the columns as lists (`GRPOTrainer._calculate_rewards`)."""
         if all(chat is not None for chat in chats):
             prompts, completions = chats, [[{"role": "assistant", "content": c}] for c in completions]
+        examples = [trl_columns(ex) for ex in examples]  # a file task's row: every column, as TRL passes them
         keys = sorted({k for ex in examples for k in ex} - {"completions"})
         kwargs = {**{k: [ex.get(k) for ex in examples] for k in keys}, "prompts": list(prompts),
                   "trainer_state": self.state, **({COMPLETION_IDS: [list(i) for i in ids]} if ids else {})}

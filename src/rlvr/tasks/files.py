@@ -18,6 +18,10 @@
 - **Split.** ``heldout_size`` rows, chosen by a stable hash of the prompt text, are held out
   (or all rows of ``heldout_path`` when given, or of the ``heldout_split`` of a datasets
   directory, e.g. its ``test`` split); ``sample`` never returns them.
+- **Hub datasets.** A ``path`` that is no local file and reads as ``org/name`` is a Hub dataset
+  through the cache (``rlvr.tasks.rows.task_rows``, as ``Trainer(train_dataset="org/name")`` reads it).
+- **Columns.** Each example keeps its row (``meta["row"]``): TRL-form reward functions get every
+  column as a keyword, as TRL passes them (``solution=[...]``).
 """
 
 from __future__ import annotations
@@ -29,87 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import ConfigError
-from rlvr.inputs import check_regular
+from rlvr.hub import is_hub_dataset
+from rlvr.rewards.forms import ROW_COLUMNS
+from rlvr.tasks.rows import load_rows, task_rows
 from rlvr.types import Example
 
 __all__ = ["load_rows", "FileTask", "MathFileTask", "CodeFileTask"]
-
-
-def load_rows(path: str | Path, *, split: str = "train", field: str = "task.path") -> list[tuple[dict, str]]:
-    """Rows of a data file as ``(row, location)`` pairs; location is ``file:line`` for errors.
-    ``field``: the config key that named the file, for error messages."""
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"{field}: {str(p)!r} not found")
-    if p.is_dir():
-        return _load_hf(p, split, field)
-    check_regular(p, field)  # a named pipe would be read once here, then again (forever) by the fingerprint
-    suffix = p.suffix.lower()
-    if suffix in (".jsonl", ".json"):
-        rows = []
-        with open(p, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a byte-order mark is no row
-                except UnicodeDecodeError as err:
-                    raise ConfigError(f"{p}:{lineno}: not UTF-8 (byte 0x{raw[err.start]:02x} at column "
-                                      f"{err.start + 1}); re-encode the file as UTF-8 (JSON text is UTF-8)") from None
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
-                except json.JSONDecodeError as err:
-                    raise ConfigError(f"{p}:{lineno}: invalid JSON ({err.msg} at column {err.colno})") from None
-                except _BadRow as err:
-                    raise ConfigError(f"{p}:{lineno}: {err}") from None
-                if not isinstance(row, dict):
-                    raise ConfigError(f"{p}:{lineno}: expected a JSON object, got {type(row).__name__}")
-                rows.append((row, f"{p}:{lineno}"))
-        return rows
-    if suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ConfigError(f"{field}: reading {str(p)!r} needs pyarrow; pip install -e '.[data]'") from None
-        table = pq.read_table(p)
-        return [(row, f"{p}:row {i + 1}") for i, row in enumerate(table.to_pylist())]
-    raise ConfigError(f"{field}: {str(p)!r} is not .jsonl, .json, .parquet or a datasets directory")
-
-
-class _BadRow(ValueError):
-    pass
-
-
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    """A JSON object whose keys are all different (json keeps the last of a repeated key silently)."""
-    row: dict = {}
-    for key, value in pairs:
-        if key in row:
-            raise _BadRow(f"key {key!r} given twice in one row; keep one")
-        row[key] = value
-    return row
-
-
-def _no_constant(name: str):
-    """NaN and Infinity are not JSON (Python's json reads them): an answer of NaN equals nothing."""
-    raise _BadRow(f"{name} is not a JSON value; write the number, or drop the row")
-
-
-def _load_hf(p: Path, split: str, field: str) -> list[tuple[dict, str]]:
-    try:
-        import datasets
-    except ImportError:
-        raise ConfigError(f"{field}: {str(p)!r} is a directory; loading it needs `datasets`; "
-                          "pip install -e '.[data]'") from None
-    try:
-        ds = datasets.load_from_disk(str(p))
-    except Exception as err:  # noqa: BLE001 - datasets raises many types for a bad directory
-        raise ConfigError(f"{field}: {str(p)!r} is not a dataset saved with save_to_disk ({err})") from None
-    if isinstance(ds, datasets.DatasetDict):
-        if split not in ds:
-            raise ConfigError(f"{field.rsplit('.', 1)[0]}.split={split!r} not in {str(p)!r}; splits: {', '.join(ds)}")
-        ds = ds[split]
-    return [(row, f"{p}[{split}]:row {i + 1}") for i, row in enumerate(ds)]
 
 
 def _check_apart(train: list[Example], heldout: list[Example], field: str) -> None:
@@ -141,14 +70,15 @@ class FileTask:
         self.answer_key, self.tests_key = answer_key, tests_key
         self._setup(prompt_key=prompt_key, system_prompt=system_prompt, prompt_template=prompt_template,
                     max_prompt_length=max_prompt_length, tokenizer=tokenizer, seed=seed)
-        examples = self._examples(load_rows(path, split=split, field=f"task.{self.name}.path"))
+        examples = self._examples(task_rows(path, split=split, field=f"task.{self.name}.path"))
         heldout = None
         if heldout_path or heldout_split:  # a separate file, or another split of the same datasets directory
             field = f"task.{self.name}.heldout_path" if heldout_path else f"task.{self.name}.path"
-            if heldout_split and not Path(heldout_path or path).is_dir():
+            source = heldout_path or path
+            if heldout_split and not (Path(source).is_dir() or is_hub_dataset(source)):
                 raise ConfigError(f"task.{self.name}.heldout_split: {heldout_split!r} needs a datasets directory "
-                                  f"(save_to_disk) in {field}; for a file, set heldout_path instead")
-            rows = load_rows(heldout_path or path, split=heldout_split or split, field=field)
+                                  f"(save_to_disk) or a Hub dataset in {field}; for a file, set heldout_path instead")
+            rows = task_rows(source, split=heldout_split or split, field=field)
             heldout = self._examples(rows)
             if not heldout:
                 where = f"{field}={heldout_path or path!r}" + (f" split {heldout_split!r}" if heldout_split else "")
@@ -286,7 +216,7 @@ class MathFileTask(FileTask):
         answer = self._field(row, self.answer_key, where, (str, int, float), f"task.{self.name}.answer_key")
         if not str(answer).strip():
             raise ConfigError(f"{where}: field {self.answer_key!r} is empty")
-        meta = {"source": where}
+        meta = {"source": where, ROW_COLUMNS: row}  # TRL-form reward functions read any column
         if self.solution_key:
             meta["solution"] = str(self._field(row, self.solution_key, where, (str,), f"task.{self.name}.solution_key"))
         return Example(self.format_prompt(text), str(answer), meta)
@@ -341,7 +271,7 @@ class CodeFileTask(FileTask):
             if not ok:
                 raise ConfigError(f"{where}: field {self.tests_key!r}[{i}] must be an assert string or "
                                   f"{{\"input\": ..., \"output\": ...}}, got {json.dumps(t)[:80]}")
-        meta = {"tests": tests, "source": where}
+        meta = {"tests": tests, "source": where, ROW_COLUMNS: row}
         if row.get("solution"):
             meta["solution"] = str(row["solution"])
         return Example(self.format_prompt(text), "", meta)

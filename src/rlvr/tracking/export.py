@@ -10,17 +10,22 @@ the working folder or one above the run.
 
 A LoRA run's checkpoint holds the adapter. `--adapter` writes it as it is (PEFT's format:
 `adapter_config.json`, `adapter_model.safetensors`, with the tokenizer), for
-`PeftModel.from_pretrained(base, DIR)`. Without it the adapter is merged into the base in float32
-and the result cast to `--dtype` (`auto`: the run's own); a cast that rounds away the update
-(`update_error`: ||cast(W + dW) - cast(W) - dW|| / ||dW|| over the weights the merge changes,
-above `MAX_UPDATE_ERROR`) is refused, naming `--dtype float32` and `--adapter`: a short
-low-learning-rate LoRA run's update is mostly below bfloat16's resolution.
+`PeftModel.from_pretrained(base, DIR)`; its `base_model_name_or_path` is portable (`portable_base`:
+a Hub id, or the base folder relative to DIR), never an absolute path of this machine. Without
+`--adapter` the adapter is merged into the base in float32 and the result cast to `--dtype` (`auto`:
+the run's own); a cast that rounds away part of the update is refused (`merge_refusal`), naming
+`--dtype float32` and `--adapter`: more than `MAX_LOST_SHARE` of the weights the adapter changes
+cast back to their base value (a change below half of bfloat16's spacing at that weight), or
+`update_error` (||cast(W + dW) - cast(W) - dW|| / ||dW|| over those weights) above
+`MAX_UPDATE_ERROR`. A short low-learning-rate LoRA run's update is mostly below bfloat16's
+resolution (measured: two steps at lr 1e-4 lose 35% of it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import pickle
 import shutil
 import signal
@@ -41,7 +46,8 @@ from rlvr.tracking.run_dir import check_output_path
 from rlvr.tracking.run_files import checkpoint_dirs, read_config, read_manifest
 
 PROVENANCE_FILE = "rlvr_export.json"
-MAX_UPDATE_ERROR = 0.5  # a merged export whose cast changes the adapter's update by more is refused
+MAX_LOST_SHARE = 0.1  # a merged export whose cast returns more of the changed weights to the base is refused
+MAX_UPDATE_ERROR = 0.1  # and one whose cast changes the adapter's update by more (relative L2)
 DTYPES = ("auto", "float32", "bfloat16")
 
 
@@ -75,6 +81,23 @@ def update_error(original: dict, merged: dict, dtype) -> dict:
         norm2 += float(torch.sum(delta ** 2))
     error = (err2 / norm2) ** 0.5 if norm2 else 0.0
     return {"dtype": str(dtype).removeprefix("torch."), "changed": changed, "lost": lost, "update_error": error}
+
+
+def merge_refusal(record: dict) -> str | None:
+    """Why a merge record's cast loses too much of the update (one line with the fix), or None.
+
+    >>> merge_refusal({"dtype": "bfloat16", "changed": 4096, "lost": 1442, "update_error": 0.38})[:74]
+    'export: casting the float32 merge to bfloat16 rounds away 1442 of the 4096'
+    >>> merge_refusal({"dtype": "bfloat16", "changed": 4096, "lost": 121, "update_error": 0.04}) is None
+    True
+    """
+    share = record["lost"] / record["changed"] if record["changed"] else 0.0
+    if share <= MAX_LOST_SHARE and record["update_error"] <= MAX_UPDATE_ERROR:
+        return None
+    return (f"export: casting the float32 merge to {record['dtype']} rounds away {record['lost']} of the "
+            f"{record['changed']} weights the adapter changes ({share:.0%}; update error "
+            f"{record['update_error']:.2f}; at most {MAX_LOST_SHARE:.0%} and {MAX_UPDATE_ERROR:.2f} pass); export with "
+            f"--dtype float32, or the adapter alone with --adapter")
 
 
 def find_checkpoint(run: Path, step: int | None = None) -> Path:
@@ -154,19 +177,39 @@ def _merged_adapter(run: Path, checkpoint: Path, dtype: str):
     original = {k: v.detach().clone() for k, v in base.state_dict().items()}
     model = merged(base, checkpoint)
     record = update_error(original, model.state_dict(), target)
-    if record["update_error"] > MAX_UPDATE_ERROR:
-        raise ConfigError(
-            f"export: casting the float32 merge to {record['dtype']} rounds away {record['lost']} of the "
-            f"{record['changed']} weights the adapter changes (update error {record['update_error']:.2f}); "
-            f"export with --dtype float32, or the adapter alone with --adapter")
+    refusal = merge_refusal(record)
+    if refusal:
+        raise ConfigError(refusal)
     return model.to(target), record
 
 
-def _copy_adapter(checkpoint: Path, tmp: Path) -> None:
+def portable_base(model_path: str, out: Path) -> tuple[str | None, str | None]:
+    """(`base_model_name_or_path`, `revision`) an exported adapter records, so it loads after a move:
+    a Hub id as written (PEFT's `AutoPeftModelForCausalLM` fetches it from anywhere), a local base
+    folder as its path relative to the adapter folder (the two move together; load the base from
+    `DIR / base_model_name_or_path`), None for a model built from a config (no folder to name)."""
+    from rlvr.hub import HUB_ID
+    from rlvr.models.causal_lm import resolve_model_path
+
+    if not model_path:
+        return None, None
+    if not Path(model_path).exists() and HUB_ID.fullmatch(model_path):
+        repo, _, revision = model_path.partition("@")
+        return repo, revision or None
+    base = resolve_model_path(model_path).resolve()
+    return os.path.relpath(base, out.resolve()), None
+
+
+def _copy_adapter(run: Path, checkpoint: Path, tmp: Path, out: Path) -> None:
+    """The checkpoint's adapter into `tmp`, its config naming the base portably (`portable_base`)."""
+    from rlvr.config import load_config
     from rlvr.models.lora import ADAPTER_WEIGHTS
 
-    for name in ("adapter_config.json", ADAPTER_WEIGHTS):
-        shutil.copyfile(checkpoint / name, tmp / name)
+    shutil.copyfile(checkpoint / ADAPTER_WEIGHTS, tmp / ADAPTER_WEIGHTS)
+    config = json.loads((checkpoint / "adapter_config.json").read_text())
+    base, revision = portable_base(load_config(read_config(run)).model.path, out)
+    config.update(base_model_name_or_path=base, revision=revision)
+    (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def export_run(run: str | Path, out: str | Path, *, step: int | None = None, force: bool = False,
@@ -238,7 +281,7 @@ def _write(run: Path, out: Path, tmp: Path, checkpoint: Path, model, tokenizer, 
     from rlvr.models.lora import ADAPTER_WEIGHTS, peft_loads
 
     try:
-        _copy_adapter(checkpoint, tmp) if adapter else model.save_pretrained(tmp)
+        _copy_adapter(run, checkpoint, tmp, out) if adapter else model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         manifest = read_manifest(run, tolerant=True)
         packages = manifest.get("packages") if isinstance(manifest.get("packages"), dict) else {}

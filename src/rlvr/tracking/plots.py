@@ -93,8 +93,12 @@ PREFERRED = ("eval/heldout_accuracy", "eval/train_accuracy", "reward/mean", "rew
              "actor/entropy", "actor/grad_norm", "actor/kl", "actor/clip_frac_low", "actor/clip_frac_high")
 
 
-def report_metrics(run: Run, limit: int = 18) -> list[str]:
-    """The metrics a report shows: accuracy, reward and the usual debugging keys first, wall-clock last."""
+PANELS = 18  # curves a report draws at most
+
+
+def report_metrics(run: Run, limit: int | None = PANELS) -> list[str]:
+    """The metrics a report shows: accuracy, reward and the usual debugging keys first, wall-clock last
+    (`limit` None: all of them)."""
     keys = sorted({k for m in run.metrics for k, v in m.items() if k != "step" and isinstance(v, (int, float))})
     first = [k for k in PREFERRED if k in keys]
     rest = [k for k in keys if k not in first and not k.startswith(WALL_CLOCK_PREFIXES)]
@@ -102,14 +106,52 @@ def report_metrics(run: Run, limit: int = 18) -> list[str]:
     return (first + rest + timing)[:limit]
 
 
-def run_curves_png(run: Run, metrics: list[str], *, window: int = 1) -> bytes:
-    """PNG bytes: one small panel per metric of a single run."""
+SMOOTH_FROM = 40  # points: a shorter series (an evaluation every N steps, a short run) is drawn as logged
+SMOOTH_SHARE = 20  # a longer one's moving average spans about 1/SMOOTH_SHARE of its points
+
+
+def report_window(points: int) -> int:
+    """The moving-average window of a report panel of `points` points: 1 (raw) below `SMOOTH_FROM`,
+    else about a twentieth of the series, so a 500-step run's per-step noise does not hide its trend.
+
+    >>> report_window(21), report_window(40), report_window(500)
+    (1, 2, 25)
+    """
+    return 1 if points < SMOOTH_FROM else max(2, points // SMOOTH_SHARE)
+
+
+def constant_metrics(runs: list[Run], metrics: list[str]) -> dict[str, float]:
+    """{metric: value} of the `metrics` logged with one and the same value at every step of every run:
+    a panel of a flat line says less than the number does, in a table."""
+    out = {}
+    for metric in metrics:
+        values = {v for run in runs for v in run.series(metric)[1]}
+        if len(values) == 1:
+            out[metric] = values.pop()
+    return out
+
+
+def _draw(ax, steps: list[int], values: list[float], color: str) -> object:
+    """One curve: raw as logged when short; else faint raw points under their moving average."""
+    window = report_window(len(steps))
+    if window == 1:
+        return ax.plot(steps, values, color=color, lw=1.5, marker="o" if len(steps) < 30 else None, ms=3)[0]
+    ax.plot(steps, values, color=color, lw=0.6, alpha=0.25)
+    return ax.plot(steps, smooth(values, window), color=color, lw=1.6)[0]
+
+
+def _title(metric: str, lengths: list[int]) -> str:
+    windows = {report_window(n) for n in lengths if n} - {1}
+    return metric + (f" (moving avg {max(windows)})" if windows else "")
+
+
+def run_curves_png(run: Run, metrics: list[str]) -> bytes:
+    """PNG bytes: one small panel per metric of a single run (long series smoothed: `report_window`)."""
     fig, axes = _figure(max(len(metrics), 1), columns=3)
     for ax, metric in zip(axes, metrics):
         steps, values = run.series(metric)
-        ax.plot(steps, smooth(values, window) if window > 1 else values, color="C0", lw=1.5,
-                marker="o" if len(steps) < 30 else None, ms=3)
-        ax.set_title(metric, fontsize=9)
+        _draw(ax, steps, values, "C0")
+        ax.set_title(_title(metric, [len(steps)]), fontsize=9)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
     buffer = io.BytesIO()
@@ -117,18 +159,18 @@ def run_curves_png(run: Run, metrics: list[str], *, window: int = 1) -> bytes:
     return buffer.getvalue()
 
 
-def runs_curves_png(runs: list[Run], metrics: list[str], *, window: int = 1) -> bytes:
+def runs_curves_png(runs: list[Run], metrics: list[str]) -> bytes:
     """PNG bytes: one panel per metric with every run's curve overlaid, one colour per run, one legend."""
     fig, axes = _figure(max(len(metrics), 1), columns=3, extra_height=0.25 * math.ceil(len(runs) / 3) + 0.2)
     handles = {}
     for ax, metric in zip(axes, metrics):
+        lengths = []
         for index, run in enumerate(runs):
             steps, values = run.series(metric)
+            lengths.append(len(steps))
             if steps:
-                (handles[index],) = ax.plot(steps, smooth(values, window) if window > 1 else values,
-                                            color=f"C{index % 10}", lw=1.5, marker="o" if len(steps) < 30 else None,
-                                            ms=3)
-        ax.set_title(metric, fontsize=9)
+                handles[index] = _draw(ax, steps, values, f"C{index % 10}")
+        ax.set_title(_title(metric, lengths), fontsize=9)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
         if not ax.has_data():

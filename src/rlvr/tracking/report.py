@@ -1,8 +1,10 @@
 """`rlvr report RUN`: one self-contained HTML page describing a run.
 
-Curves are an embedded base64 PNG, so the file can be mailed or attached with nothing beside
-it; no scripts, no external fonts or styles. Sections: summary, curves, rollouts (a sample of
-steps, each a collapsible table of prompt / completion / reward), config, manifest.
+Curves are an embedded base64 PNG, so the file can be mailed or attached with nothing beside it; no
+scripts, no external fonts or styles. A long per-step curve is drawn smoothed over its raw values
+(`plots.report_window`); a metric that never changed is a table row, not a flat panel. Sections:
+summary, curves, rollouts (a sample of steps, each a collapsible table of prompt / completion /
+reward), config, manifest.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ from pathlib import Path
 
 from rlvr.inputs import read_text
 from rlvr.safe_io import atomic_write_text, check_output_file
-from rlvr.tracking.plots import report_metrics, run_curves_png
+from rlvr.tracking.plots import (
+    PANELS,
+    SMOOTH_FROM,
+    SMOOTH_SHARE,
+    constant_metrics,
+    report_metrics,
+    run_curves_png,
+)
 from rlvr.tracking.run_files import read_records
 from rlvr.tracking.runs import Run, load_run
 from rlvr.yaml_io import MAX_BYTES
@@ -134,13 +143,31 @@ def _async_section(run: Run) -> str:
     return f"<h2>Asynchronous rollouts</h2><section id=async><table class=kv>{cells}</table></section>"
 
 
+def constants_table(constants: dict[str, float], where: str) -> str:
+    """The metrics that never changed, as rows of a table instead of flat panels ('' when none)."""
+    if not constants:
+        return ""
+    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in constants.items())
+    return (f"<p class=meta>The same value at every logged step {where}, so not drawn:</p>"
+            f"<table class=kv id=constants>{cells}</table>")
+
+
+SMOOTHING_NOTE = (f"<p class=meta id=smoothing>A curve of {SMOOTH_FROM} or more points is drawn as its moving average "
+                  f"over about 1/{SMOOTH_SHARE} of them (window in the panel's title) over the raw values, faint; "
+                  f"shorter ones (evaluations every few steps) as logged.</p>")
+
+
 def render_report(run: Run, *, max_sample_steps: int = 40) -> str:
-    metrics = report_metrics(run)
+    every = report_metrics(run, limit=None)
+    constants = constant_metrics([run], every)
+    metrics = [m for m in every if m not in constants][:PANELS]
     if metrics:
         png = base64.b64encode(run_curves_png(run, metrics)).decode()
-        curves = f"<img id=curves alt='learning curves of {html.escape(run.name)}' src='data:image/png;base64,{png}'>"
+        curves = (f"<img id=curves alt='learning curves of {html.escape(run.name)}' src='data:image/png;base64,{png}'>"
+                  f"{SMOOTHING_NOTE}")
     else:
         curves = "<p class=meta>No metrics logged yet.</p>"
+    curves += constants_table(constants, "of this run")
     config_text = read_text(run.path / "config.yaml", "run file", MAX_BYTES)  # load_run has checked it
     manifest_text = json.dumps(run.manifest, indent=2, default=str)
     title = f"rlvr report · {run.name}"

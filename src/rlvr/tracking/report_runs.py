@@ -12,8 +12,8 @@ import html
 from pathlib import Path
 
 from rlvr.safe_io import atomic_write_text, check_output_file
-from rlvr.tracking.plots import report_metrics, runs_curves_png
-from rlvr.tracking.report import GENERATOR, STYLE, _fmt
+from rlvr.tracking.plots import PANELS, constant_metrics, report_metrics, runs_curves_png
+from rlvr.tracking.report import GENERATOR, SMOOTHING_NOTE, STYLE, _fmt, constants_table
 from rlvr.tracking.runs import Run, flatten, load_run
 
 
@@ -24,12 +24,14 @@ def config_differences(runs: list[Run]) -> dict[str, list[object]]:
     return {k: [tree.get(k) for tree in trees] for k in keys if len({repr(tree.get(k)) for tree in trees}) > 1}
 
 
-def shown_metrics(runs: list[Run], limit: int = 18) -> list[str]:
-    """The metrics of the first run's report order, then those only other runs log, up to `limit`."""
+def shown_metrics(runs: list[Run], limit: int = PANELS) -> tuple[list[str], dict[str, float]]:
+    """(the metrics drawn: the first run's report order, then those only other runs log, up to `limit`;
+    {metric: value} of those with one value at every step of every run, shown as numbers instead)."""
     keys: list[str] = []
     for run in runs:
-        keys += [k for k in report_metrics(run, limit) if k not in keys]
-    return keys[:limit]
+        keys += [k for k in report_metrics(run, limit=None) if k not in keys]
+    constants = constant_metrics(runs, keys)
+    return [k for k in keys if k not in constants][:limit], constants
 
 
 def _latest(run: Run, metric: str) -> str:
@@ -46,7 +48,7 @@ def _table(header: list[str], rows: list[tuple[str, list[str]]]) -> str:
 
 def render_runs_report(runs: list[Run]) -> str:
     names = [run.name for run in runs]
-    metrics = shown_metrics(runs)
+    metrics, constants = shown_metrics(runs)
     summary = [("status", [html.escape(str(r.manifest.get("status", "?"))) for r in runs]),
                ("steps", [f"{r.last_step} / {(r.config.get('trainer') or {}).get('steps', '?')}" for r in runs]),
                ("seed", [html.escape(str(r.seed)) for r in runs]),
@@ -55,9 +57,11 @@ def render_runs_report(runs: list[Run]) -> str:
     summary += [(m, [_latest(r, m) for r in runs]) for m in metrics]
     if metrics:
         png = base64.b64encode(runs_curves_png(runs, metrics)).decode()
-        curves = f"<img id=curves alt='learning curves of {len(runs)} runs' src='data:image/png;base64,{png}'>"
+        curves = (f"<img id=curves alt='learning curves of {len(runs)} runs' src='data:image/png;base64,{png}'>"
+                  f"{SMOOTHING_NOTE}")
     else:
         curves = "<p class=meta>No metrics logged yet.</p>"
+    curves += constants_table(constants, "of every run")
     differences = config_differences(runs)
     diff = (_table(names, [(k, [html.escape(repr(v)) for v in values]) for k, values in differences.items()])
             if differences else "<p class=meta>The runs' configs are the same.</p>")

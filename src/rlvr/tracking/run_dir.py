@@ -91,10 +91,16 @@ def _git(*args: str) -> str | None:
 
 
 def fingerprint(path: str | Path) -> dict:
-    """sha256 and size of a data file; for a folder, of its files' relative paths and contents in order."""
+    """sha256 and size of a data file; for a folder, of its files' relative paths and contents in order; for
+    a Hub dataset id, of its cached snapshot folder, with the id and the revision."""
     path = Path(path)
     if not path.exists():
-        return {"path": str(path), "missing": True}
+        from rlvr.hub import cached_dataset
+
+        snapshot = cached_dataset(str(path))  # a Hub dataset id: the cached snapshot it was read from
+        if snapshot is None:
+            return {"path": str(path), "missing": True}
+        return {**fingerprint(snapshot), "hub_dataset": str(path), "revision": snapshot.name}
     digest, size = hashlib.sha256(), 0
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     for file in files:
