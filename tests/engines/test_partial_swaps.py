@@ -10,7 +10,7 @@ import torch
 from rlvr.engines.torch_ar import Swaps, generate
 from rlvr.models.causal_lm import tiny_llama
 from rlvr.models.tokenizer import char_tokenizer
-from tests.engines._teacher_forced import teacher_forced
+from _teacher_forced import teacher_forced
 
 EOS, PAD = 2, 0
 

@@ -438,6 +438,21 @@ class TrainerConfig:
     rollout waits (tool calls inside multi-turn episodes): one lane samples while another's tools answer.
     Each batch's prompt and seed draws are made in step order first, so lanes change only the timing, never
     the samples (uniform prompt sampler, one sampling round: no dynamic refill, replay, hints or calibration)."""
+    partial_rollouts: bool = False
+    """With `max_staleness` η >= 1: partial rollouts. A weight update reaches the batch in flight instead of
+    waiting for it: the own sampler swaps in the newest published weights every `partial_chunk` tokens
+    (recomputing the cache under them), vLLM servers take the push mid-request (paused in `keep` mode). Each
+    token records the version that sampled it and that version's log-prob; the decoupled objective and the
+    rollout correction weight it by pi_prox / pi_behav, and `max_token_staleness` bounds it. η = 0: no
+    update can arrive mid-batch, so the run is the synchronous loop's."""
+    partial_chunk: int = ranged(16, ">= 1")
+    """With `partial_rollouts` and the own sampler: tokens sampled between two checks for newer weights."""
+    max_token_staleness: int | None = ranged(None, ">= 0", "null = max_staleness")
+    """With `max_staleness` η: completion tokens sampled more than this many versions before the weights
+    that train on them are masked out of the loss (the sample's other tokens still train; AReaL filters
+    tokens, not samples). Admission already bounds a batch's oldest token by η, so this bites below η:
+    under partial rollouts a long completion begun η versions back then trains only its newer tokens.
+    null = η."""
     backend: str = choice("local", ("local", "ray"))
     """Where the rollout side runs: `local` (a thread of this process) or `ray` (Ray actors: rollout
     workers, reward scorers; `ray.init(address=...)` joins a running cluster, see `ray_address`)."""
