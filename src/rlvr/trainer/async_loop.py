@@ -391,7 +391,7 @@ class AsyncSteps:
                                             adapter=self.c.asynchronous.publish_adapter), step)
             publish_s = now() - t0
         metrics.update(produced.facts)
-        metrics.update(staleness_metrics(ages, self.token_bound))
+        metrics.update(staleness_metrics(ages, self.token_bound, self.max_staleness))
         metrics.update(step_facts(produced.staleness, self.max_staleness, depth=depth, wait_s=wait,
                                   work_s=work + publish_s, version=produced.version,
                                   weight_sync_s=publish_s + produced.facts.get("async/rollout_push_s", 0.0)))

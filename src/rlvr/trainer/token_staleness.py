@@ -35,9 +35,9 @@ def within_bound(staleness: torch.Tensor, bound: int) -> torch.Tensor | None:
     return None if bool(keep.all()) else keep.float()
 
 
-def staleness_metrics(staleness: torch.Tensor, bound: int) -> dict[str, float]:
+def staleness_metrics(staleness: torch.Tensor, bound: int, most: int) -> dict[str, float]:
     """The step's per-token staleness: mean, max, the share over `bound` (masked out of the loss),
-    the share of each age 0..bound, and the share of completions whose tokens span versions."""
+    the share of each age 0..`most` (η), and the share of completions whose tokens span versions."""
     valid = staleness >= 0
     ages = staleness[valid].float()
     if not len(ages):
@@ -47,5 +47,5 @@ def staleness_metrics(staleness: torch.Tensor, bound: int) -> dict[str, float]:
     metrics = {"rollout/staleness_mean": float(ages.mean()), "rollout/staleness_max": float(ages.max()),
                "rollout/staleness_over_frac": float((ages > bound).float().mean()),
                "rollout/staleness_mixed_rows_frac": float((spans & rows).float().sum() / rows.sum().clamp(min=1))}
-    metrics.update({f"rollout/staleness_{k}_frac": float((ages == k).float().mean()) for k in range(bound + 1)})
+    metrics.update({f"rollout/staleness_{k}_frac": float((ages == k).float().mean()) for k in range(most + 1)})
     return metrics
