@@ -6,11 +6,11 @@ from __future__ import annotations
 import copy
 
 import torch
+from _teacher_forced import teacher_forced
 
 from rlvr.engines.torch_ar import Swaps, generate
 from rlvr.models.causal_lm import tiny_llama
 from rlvr.models.tokenizer import char_tokenizer
-from _teacher_forced import teacher_forced
 
 EOS, PAD = 2, 0
 
@@ -58,7 +58,8 @@ def test_a_swap_mid_generation_records_each_tokens_version_and_logprob():
     valid = out.completion_mask > 0
     assert (out.lengths > 6).any(), "the test needs completions that cross the swap"
     # tokens before the swap are the old weights' samples; the versions split at token 6
-    assert torch.equal(out.completion_ids[:, :6][first.completion_mask > 0], first.completion_ids[first.completion_mask > 0])
+    sampled = first.completion_mask > 0
+    assert torch.equal(out.completion_ids[:, :6][sampled], first.completion_ids[sampled])
     expected = torch.where(torch.arange(out.completion_ids.shape[1]) < 6, 7, 8).expand_as(valid)
     assert torch.equal(out.versions, torch.where(valid, expected, -1))
     # each token's behaviour log-prob is its own version's on the whole prefix (cache recomputed)

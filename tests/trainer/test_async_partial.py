@@ -26,6 +26,20 @@ def _plus_reward(tmp_path) -> str:
     return f"reward.fn={tmp_path / 'plus.py'}:score"
 
 
+@pytest.fixture
+def slow_swaps(monkeypatch):
+    """The sampler waits 20 ms at each check for newer weights, so the learner's update lands mid-batch."""
+    from rlvr.engines import snapshot
+
+    real = snapshot.SnapshotEngine._swap
+
+    def slow(self):
+        time.sleep(0.02)
+        return real(self)
+
+    monkeypatch.setattr(snapshot.SnapshotEngine, "_swap", slow)
+
+
 def _tiny(*overrides: str) -> list[str]:
     """The shared tiny run's overrides with `overrides` in place of its own of the same keys."""
     keys = {o.partition("=")[0] for o in overrides}
@@ -127,18 +141,9 @@ def test_staleness_summary_and_bound():
     assert m["rollout/staleness_mixed_rows_frac"] == pytest.approx(1 / 3)  # only the first row spans versions
 
 
-def test_partial_rollouts_run_learns_with_updates_reaching_batches_in_flight(tmp_path, capsys, monkeypatch):
+def test_partial_rollouts_run_learns_with_updates_reaching_batches_in_flight(tmp_path, capsys, slow_swaps):
     """η = 1 with the sampler slowed between chunks, so the learner's update lands mid-batch: the
     completions then span two versions, no token is more than η stale, and the reward rises."""
-    from rlvr.engines import snapshot
-
-    real = snapshot.SnapshotEngine._swap
-
-    def slow(self):
-        time.sleep(0.02)
-        return real(self)
-
-    monkeypatch.setattr(snapshot.SnapshotEngine, "_swap", slow)
     run = _run(tmp_path, capsys, "partial", *_tiny("rollout.group_size=4", "rollout.max_new_tokens=12"),
                _plus_reward(tmp_path), "trainer.steps=8", "trainer.threads=2", "trainer.max_staleness=1",
                "optim.lr=1e-2", "trainer.partial_rollouts=true", "trainer.partial_chunk=2")
@@ -157,19 +162,10 @@ def test_staleness_zero_with_partial_rollouts_is_the_synchronous_loop(tmp_path, 
     _assert_same_run(sync_run, async_run)
 
 
-def test_token_bound_below_eta_masks_the_oldest_tokens(tmp_path, capsys, monkeypatch):
+def test_token_bound_below_eta_masks_the_oldest_tokens(tmp_path, capsys, slow_swaps):
     """η = 1 with `max_token_staleness=0` under partial rollouts: the tokens a batch sampled one
     version back are out of the loss (`rollout/staleness_over_frac`), the ones sampled after the
     update entered it train; a batch with no token left trains nothing and the run goes on."""
-    from rlvr.engines import snapshot
-
-    real = snapshot.SnapshotEngine._swap
-
-    def slow(self):
-        time.sleep(0.02)
-        return real(self)
-
-    monkeypatch.setattr(snapshot.SnapshotEngine, "_swap", slow)
     run = _run(tmp_path, capsys, "bound", *_tiny("rollout.group_size=4", "rollout.max_new_tokens=12"),
                _plus_reward(tmp_path), "trainer.steps=5", "trainer.threads=2", "trainer.max_staleness=1",
                "trainer.max_token_staleness=0", "optim.lr=1e-2", "trainer.partial_rollouts=true",

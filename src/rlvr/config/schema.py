@@ -3,15 +3,12 @@ generated from them)."""
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
-from typing import Any
 
 from rlvr.config.commands_schema import PreferenceConfig, SFTConfig  # noqa: F401  re-exported, as below
 from rlvr.config.method_schema import EstimatorConfig, ExpertConfig, SamplerConfig
 from rlvr.config.ranges import choice, ranged
+from rlvr.config.sections import section_type  # noqa: F401  re-exported: the loader's walk of the schema
 from rlvr.config.task_schema import (  # noqa: F401  re-exported: the schema is one namespace
     AgentTaskConfig,
     ArithmeticTaskConfig,
@@ -439,20 +436,13 @@ class TrainerConfig:
     Each batch's prompt and seed draws are made in step order first, so lanes change only the timing, never
     the samples (uniform prompt sampler, one sampling round: no dynamic refill, replay, hints or calibration)."""
     partial_rollouts: bool = False
-    """With `max_staleness` η >= 1: partial rollouts. A weight update reaches the batch in flight instead of
-    waiting for it: the own sampler swaps in the newest published weights every `partial_chunk` tokens
-    (recomputing the cache under them), vLLM servers take the push mid-request (paused in `keep` mode). Each
-    token records the version that sampled it and that version's log-prob; the decoupled objective and the
-    rollout correction weight it by pi_prox / pi_behav, and `max_token_staleness` bounds it. η = 0: no
-    update can arrive mid-batch, so the run is the synchronous loop's."""
+    """With `max_staleness` η >= 1: an update enters the batch in flight (the own sampler swaps weights between
+    chunks, recomputing its cache; vLLM servers take it keep-paused); each token keeps its version and log-prob."""
     partial_chunk: int = ranged(16, ">= 1")
     """With `partial_rollouts` and the own sampler: tokens sampled between two checks for newer weights."""
     max_token_staleness: int | None = ranged(None, ">= 0", "null = max_staleness")
-    """With `max_staleness` η: completion tokens sampled more than this many versions before the weights
-    that train on them are masked out of the loss (the sample's other tokens still train; AReaL filters
-    tokens, not samples). Admission already bounds a batch's oldest token by η, so this bites below η:
-    under partial rollouts a long completion begun η versions back then trains only its newer tokens.
-    null = η."""
+    """Completion tokens sampled more than this many versions before the weights training on them are masked
+    out of the loss (the rest of the sample trains); below η it bites under `partial_rollouts`. null = η."""
     backend: str = choice("local", ("local", "ray"))
     """Where the rollout side runs: `local` (a thread of this process) or `ray` (Ray actors: rollout
     workers, reward scorers; `ray.init(address=...)` joins a running cluster, see `ray_address`)."""
@@ -504,12 +494,3 @@ class Config:
     expert: ExpertConfig = field(default_factory=ExpertConfig)
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
 
-
-def section_type(annotation: Any) -> type | None:
-    """The dataclass a field holds (also through `X | None`), or None for a leaf field."""
-    if dataclasses.is_dataclass(annotation):
-        return annotation
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(annotation) if dataclasses.is_dataclass(a)]
-        return inner[0] if inner else None
-    return None
