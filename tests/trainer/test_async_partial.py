@@ -222,3 +222,21 @@ def test_in_flight_pushes_reach_the_engine_while_the_batch_samples():
     assert side.engine.pushed == [1, 2]  # after the batch: the next batch's start pushes, as without partial
     with contextlib.suppress(Exception):
         side.stop.set()
+
+
+@pytest.mark.vllm
+def test_partial_rollouts_on_vllm_servers_push_into_requests_in_flight(tmp_path, capsys):
+    """`rollout.engine=vllm_server` with η = 1: the learner's update is pushed to the server while the
+    next batch's requests run (keep-paused, resumed under the new weights), so completions span two
+    versions (vLLM's `weight_versions`), no token is more than η stale, and the run trains."""
+    run = _run(tmp_path, capsys, "server", "model.path=", "model.hidden_size=64", "model.num_layers=2",
+               "model.num_heads=2", "model.intermediate_size=64", "rollout.prompts_per_step=2",
+               "rollout.group_size=4", "rollout.max_new_tokens=96", "task.heldout_size=4", "trainer.eval_every=0",
+               "trainer.steps=4", "optim.lr=3e-2", "optim.warmup_steps=1", "rollout.engine=vllm_server",
+               "rollout.vllm_kv_cache_mb=16", "rollout.vllm_max_model_len=128", "rollout.server_on_crash=fail",
+               _plus_reward(tmp_path), "algo.dynamic_sampling=false", "trainer.threads=2",
+               "trainer.max_staleness=1", "trainer.partial_rollouts=true")
+    steps = [line for line in _lines(run) if line["step"] > 0]
+    assert len(steps) == 4 and all(line["rollout/staleness_max"] <= 1 for line in steps)
+    assert max(line["rollout/staleness_mixed_rows_frac"] for line in steps) > 0
+    assert all(line["actor/grad_norm"] > 0 for line in steps)
