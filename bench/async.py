@@ -51,7 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from spread import spread_model, spread_overrides  # the long-tail workload's model and task
+from spread import spread_model  # the long-tail workload's model
 from vs_trl import large_model  # the 10× model both benchmarks time (bench/ is on sys.path)
 
 from rlvr.tracking.stats import mean_ci
@@ -126,7 +126,7 @@ def workload(name: str, latency: float, directory: Path) -> tuple[str, list[str]
     installed), then a further wait per batch that adds 0 to the reward; `tool` = the calculator
     agent whose tool answers after it per call, inside the rollout; `longtail` = the tiny model
     with an EOS bias (`spread.spread_model(tiny=True)`): completion lengths spread from a few tokens to
-    the 128-token cap within every group, GSM8K prompts (no latency)."""
+    the 128-token cap within every group, Countdown prompts, 2 groups of 8 a step (no latency)."""
     if name == "judge":
         return "recipes/grpo_countdown.yaml", [judge_reward(directory, latency)] if latency > 0 else []
     if name == "code":
@@ -135,15 +135,9 @@ def workload(name: str, latency: float, directory: Path) -> tuple[str, list[str]
         return "recipes/code_fixture.yaml", [f"reward.fn=task, {path}:wait"] if latency > 0 else []
     if name == "longtail":
         return "recipes/grpo_countdown.yaml", [f"model.path={spread_model(str(directory / 'spread'), tiny=True)}",
-                                               *_from_repo(spread_overrides()), "rollout.max_new_tokens=128",
-                                               "rollout.prompts_per_step=4", "rollout.group_size=8"]
+                                               "rollout.max_new_tokens=128", "rollout.prompts_per_step=2",
+                                               "rollout.group_size=8"]
     return "recipes/agent_calculator.yaml", [f"task.agent_calculator.tool_latency_s={latency}"]
-
-
-def _from_repo(overrides: list[str]) -> list[str]:
-    """`overrides` with the task file's path made absolute (the runs start elsewhere)."""
-    key = "task.math_file.path="
-    return [f"{key}{REPO / o[len(key):]}" if o.startswith(key) else o for o in overrides]
 
 
 def _per_step(lines: list[dict], skip: int = 2) -> list[dict]:
