@@ -230,7 +230,7 @@ def test_partial_rollouts_on_vllm_servers_push_into_requests_in_flight(tmp_path,
     next batch's requests run (keep-paused, resumed under the new weights), so completions span two
     versions (vLLM's `weight_versions`), no token is more than η stale, and the run trains."""
     run = _run(tmp_path, capsys, "server", "model.path=", "model.hidden_size=64", "model.num_layers=2",
-               "model.num_heads=2", "model.intermediate_size=64", "rollout.prompts_per_step=2",
+               "model.num_heads=2", "model.intermediate_size=64", "model.max_seq_len=128", "rollout.prompts_per_step=2",
                "rollout.group_size=4", "rollout.max_new_tokens=96", "task.heldout_size=4", "trainer.eval_every=0",
                "trainer.steps=4", "optim.lr=3e-2", "optim.warmup_steps=1", "rollout.engine=vllm_server",
                "rollout.vllm_kv_cache_mb=16", "rollout.vllm_max_model_len=128", "rollout.server_on_crash=fail",
