@@ -25,6 +25,13 @@ the learner during a tool's wait (`runtime.rows.waiting`). The load average is p
 
     python bench/async.py --workload judge --latency 0.5 --seeds 0 1 2 --steps 20 --configs sync "η=1" "η=2" "η=4"
 
+`--workload longtail`: completion lengths spread ~10× within every group (the tiny model with an EOS
+bias, `spread.spread_model(tiny=True)`), against asynchronous rollouts with partial rollouts
+(`trainer.partial_rollouts`: the learner's update enters the batch in flight; the table's token
+staleness is `rollout/staleness_mean`, versions behind the learner per completion token):
+
+    python bench/async.py --workload longtail --seeds 0 1 2 --steps 12 --configs sync "η=1" "η=1 partial"
+
 Configs `η=1 lanes=2`, `η=2 lanes=2`, `η=2 lanes=3` roll that many batches out side by side
 (`trainer.rollout_lanes`: one lane samples while another's tools answer):
 
@@ -44,6 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from spread import spread_model  # the long-tail workload's model
 from vs_trl import large_model  # the 10× model both benchmarks time (bench/ is on sys.path)
 
 from rlvr.tracking.stats import mean_ci
@@ -54,7 +62,8 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIGS = {"sync": (None, []), "η=1": (1, []), "η=2": (2, []), "η=4": (4, []),
            "η=1 lanes=2": (1, ["trainer.rollout_lanes=2"]), "η=2 lanes=2": (2, ["trainer.rollout_lanes=2"]),
            "η=2 lanes=3": (2, ["trainer.rollout_lanes=3"]),
-           "ray η=1": (1, ["trainer.backend=ray"])}
+           "ray η=1": (1, ["trainer.backend=ray"]),
+           "η=1 partial": (1, ["trainer.partial_rollouts=true"]), "η=2 partial": (2, ["trainer.partial_rollouts=true"])}
 DEFAULT = ["sync", "η=1", "η=2", "η=4"]
 
 
@@ -115,13 +124,19 @@ def workload(name: str, latency: float, directory: Path) -> tuple[str, list[str]
     """(recipe, overrides) of a workload that waits `latency` s: `judge` = Countdown scored by a judge
     answering after it per batch; `code` = the code task's sandboxed tests (bubblewrap when
     installed), then a further wait per batch that adds 0 to the reward; `tool` = the calculator
-    agent whose tool answers after it per call, inside the rollout."""
+    agent whose tool answers after it per call, inside the rollout; `longtail` = the tiny model
+    with an EOS bias (`spread.spread_model(tiny=True)`): completion lengths spread from a few tokens to
+    the 128-token cap within every group, Countdown prompts, 2 groups of 8 a step (no latency)."""
     if name == "judge":
         return "recipes/grpo_countdown.yaml", [judge_reward(directory, latency)] if latency > 0 else []
     if name == "code":
         path = directory / "wait.py"
         path.write_text(WAIT % {"latency": latency})
         return "recipes/code_fixture.yaml", [f"reward.fn=task, {path}:wait"] if latency > 0 else []
+    if name == "longtail":
+        return "recipes/grpo_countdown.yaml", [f"model.path={spread_model(str(directory / 'spread'), tiny=True)}",
+                                               "rollout.max_new_tokens=128", "rollout.prompts_per_step=2",
+                                               "rollout.group_size=8"]
     return "recipes/agent_calculator.yaml", [f"task.agent_calculator.tool_latency_s={latency}"]
 
 
@@ -144,7 +159,8 @@ def summarize(lines: list[dict]) -> dict[str, float]:
     return {"wall": statistics.median(wall), "trainer_idle": trainer_idle, "rollout_idle": rollout_idle,
             "rollout_s": statistics.fmean(m["time/rollout_s"] for m in steps),
             "learner_s": statistics.fmean(m["time/logprob_s"] + m["time/update_s"] for m in steps),
-            "accuracy": lines[-1].get("eval/heldout_accuracy", float("nan"))}
+            "accuracy": lines[-1].get("eval/heldout_accuracy", float("nan")),
+            "token_staleness": statistics.fmean(m.get("rollout/staleness_mean", 0.0) for m in steps)}
 
 
 def _cell(values: list[float], digits: str = ".3f") -> str:
@@ -155,14 +171,15 @@ def _cell(values: list[float], digits: str = ".3f") -> str:
 def table(results: dict[str, list[dict]]) -> str:
     """One row per configuration; the ratio is per seed (sync's s/step over this one's, the runs of a
     seed back to back, so a load that changes between seeds cancels), mean ± 95% CI over seeds."""
-    rows = ["| config | s/step (median) | ratio to sync | trainer idle | rollout idle | held-out accuracy |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| config | s/step (median) | ratio to sync | trainer idle | rollout idle | token staleness (mean) "
+            "| held-out accuracy |", "|---|---|---|---|---|---|---|"]
     for name, runs in results.items():
         ratios = [s["wall"] / r["wall"] for s, r in zip(results.get("sync", []), runs)]
         ratio = f"{_cell(ratios, '.2f')}×" if ratios else "–"
         idle = [_cell([r[k] for r in runs], ".2f") for k in ("trainer_idle", "rollout_idle")]
+        stale = _cell([r["token_staleness"] for r in runs], ".2f")
         rows.append(f"| {name} | {_cell([r['wall'] for r in runs])} | {ratio} | {idle[0]} | {idle[1]}"
-                    f" | {_cell([r['accuracy'] for r in runs])} |")
+                    f" | {stale} | {_cell([r['accuracy'] for r in runs])} |")
     return "\n".join(rows)
 
 
@@ -187,8 +204,9 @@ def main(argv=None) -> None:
     p.add_argument("--scale", type=int, default=1, choices=[1, 10])
     p.add_argument("--configs", nargs="+", default=DEFAULT, choices=list(CONFIGS))
     p.add_argument("--out", type=Path, default=None, help="keep the run directories here")
-    p.add_argument("--workload", default="judge", choices=["judge", "code", "tool"],
-                   help="judge: Countdown behind a waiting verifier; code: sandboxed tests; tool: a calculator agent")
+    p.add_argument("--workload", default="judge", choices=["judge", "code", "tool", "longtail"],
+                   help="judge: Countdown behind a waiting verifier; code: sandboxed tests; tool: a calculator agent; "
+                        "longtail: completion lengths spread ~10x within each group (tiny model)")
     p.add_argument("--latency", type=float, default=0.0,
                    help="seconds of waiting: per batch before scoring (judge, code), per tool call (tool)")
     p.add_argument("overrides", nargs="*", help="key=value for every run")

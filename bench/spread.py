@@ -22,27 +22,26 @@ at every position; the compute is the model's, which is all a speed bench reads.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "models"))
+from rlvr.models.tiny_archs import EOS, QWEN2_05B, bpe_tokenizer, model_config
 
-from _archs import EOS, QWEN2_05B, bpe_tokenizer, model_config  # noqa: E402
+TINY_SHAPE = dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512)
+"""The shape of rlvr's default tiny model (`model.hidden_size` 128, 4 layers), with room for the chat prompts."""
 
 SYSTEM_PROMPT = "Solve the problem step by step, then give the final answer as \\boxed{N}."
 
 
 def spread_model(directory: str, *, layers: int = 8, dtype: str = "float32", eos_gap: float = 2.6,
-                 constant: float = 100.0) -> str:
-    """Save the spread workload's model and tokenizer to `directory` (see the module docstring)."""
+                 constant: float = 100.0, tiny: bool = False) -> str:
+    """Save the spread workload's model and tokenizer to `directory` (see the module docstring).
+    `tiny`: the shape of rlvr's default tiny model (`TINY_SHAPE`) instead of Qwen2.5-0.5B's, `layers` ignored."""
     from transformers import AutoModelForCausalLM
 
     tokenizer = bpe_tokenizer()
-    config = model_config("qwen2", len(tokenizer), **{**QWEN2_05B, "num_hidden_layers": layers,
-                                                       "tie_word_embeddings": False})
+    shape = TINY_SHAPE if tiny else {**QWEN2_05B, "num_hidden_layers": layers}
+    config = model_config("qwen2", len(tokenizer), **{**shape, "tie_word_embeddings": False})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config)

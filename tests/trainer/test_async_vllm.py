@@ -24,7 +24,10 @@ VLLM = ["model.path=", "model.hidden_size=64", "model.num_layers=2", "model.num_
         "optim.lr=3e-2", "optim.warmup_steps=1"]
 # Evaluations at 0, 2 and 3 interleave with rollouts; LoRA: the pushes carry the merged weights.
 EQUAL = ["trainer.steps=3", "trainer.eval_every=2", "model.lora.r=4", "model.lora.target_modules=all-linear"]
-CLOCK = ("time/", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/peak_rss_mb", "async/")
+# wall-clock, memory, what only the asynchronous loop logs, and what the synchronous loop's own push moved
+# (the asynchronous rollout side pushes: `async/weight_sync_s`)
+CLOCK = ("time/", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/peak_rss_mb", "async/",
+         "rollout/staleness_", "perf/weight_sync_mb")
 
 
 def _reward(folder) -> str:

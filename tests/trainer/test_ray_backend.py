@@ -21,7 +21,8 @@ pytestmark = pytest.mark.ray
 TINY = ["model.path=", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4",
         "task.heldout_size=4", "trainer.threads=2", "optim.lr=1e-2"]
 DIFFUSION = ["model.kind=diffusion", "rollout.diffusion_steps=4", "model.hidden_size=32", "model.num_layers=2"]
-CLOCK = ("time/", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/peak_rss_mb", "async/")
+CLOCK = ("time/", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/peak_rss_mb", "async/",
+         "rollout/staleness_")  # wall-clock, memory, and what only the asynchronous loop logs
 
 
 def _plus_reward(tmp_path) -> str:

@@ -26,7 +26,7 @@ from rlvr.runtime.distributed import Shard, side_group
 from rlvr.runtime.process import Runtime, available_cores, thread_budget
 from rlvr.runtime.rows import CoreLease, RowPool, resolve_mode
 from rlvr.trainer.parts import RolloutParts, RolloutSide
-from rlvr.trainer.plan import AsyncPlan
+from rlvr.trainer.plan import AsyncPlan, PartialPlan
 
 DTYPES = {"": None, "float32": torch.float32, "bfloat16": torch.bfloat16}  # trainer.fsdp_*_dtype
 
@@ -63,6 +63,19 @@ def _pool(threads: int) -> RowPool | None:
 
 
 def thread_layout(config: Config, runtime: Runtime) -> ThreadLayout:
+    """`side_threads` with the async plan's partial rollouts and per-token bound resolved."""
+    layout = side_threads(config, runtime)
+    if layout.plan is None:
+        return layout
+    t = config.trainer
+    partial = None
+    if t.partial_rollouts and t.max_staleness:  # η = 0: no update can arrive mid-batch, nothing to swap
+        partial = PartialPlan(in_flight=engine_kind(config).partial == "in_flight", every=t.partial_chunk)
+    token_bound = t.max_token_staleness if t.max_token_staleness is not None and t.max_staleness is not None else None
+    return dataclasses.replace(layout, plan=dataclasses.replace(layout.plan, partial=partial, token_bound=token_bound))
+
+
+def side_threads(config: Config, runtime: Runtime) -> ThreadLayout:
     """Threads and row pools for each side of the run. Synchronous: the process's own (`runtime`).
     Asynchronous with rows split over threads and a local backend: the two sides share all the
     process's cores through one `rows.CoreLease`, each splitting its rows as the synchronous loop
@@ -176,10 +189,14 @@ class RolloutSides:
         lease = self.layout.rollout_rows.lease if self.layout.rollout_rows is not None else None
         reward = r.reward if lease is None else ScoringWithoutCore(r.reward, lease)
         lanes = []
+        partial = self.layout.plan.partial
         for lane in range(self.lanes):  # a lane's own row pool: two maps at once never queue
             rows = self.layout.rollout_rows
             rows = RowPool(rows.workers, rows.lease) if lane and rows is not None else rows
-            engine = SnapshotEngine(self.full_weights, functools.partial(make, rows=rows), version=start)
+            if partial is not None:  # weights swapped mid-batch: one sampler, not row workers computing across a swap
+                rows = None
+            engine = SnapshotEngine(self.full_weights, functools.partial(make, rows=rows), version=start,
+                                    swap_every=partial.every if partial is not None else 0)
             lanes.append((dataclasses.replace(r, engine=engine, reward=reward), engine))
         return RolloutSide(*lanes[0], threads=threads, lanes=tuple(lanes))
 

@@ -245,6 +245,32 @@ def _expert(config: Config) -> list[Check]:
     ]
 
 
+def _partial(config: Config) -> list[Check]:
+    """Partial rollouts and the per-token staleness bound (`trainer.partial_rollouts`, `max_token_staleness`)."""
+    t, on = config.trainer, config.trainer.partial_rollouts
+    kind = engine_kind(config)
+    return [
+        (not on or t.max_staleness is not None, "trainer.partial_rollouts",
+         "works in the asynchronous loop; set trainer.max_staleness (>= 1) or trainer.partial_rollouts=false"),
+        (not on or kind.partial, "trainer.partial_rollouts",
+         f"rollout.engine={config.rollout.engine} samples a batch in one call a weight update cannot enter; use "
+         "rollout.engine=torch or vllm_server"),
+        (not on or config.model.kind == "causal", "trainer.partial_rollouts",
+         "swaps weights in the causal sampler's KV cache; use model.kind=causal"),
+        (not on or t.backend == "local", "trainer.partial_rollouts", "is for the local rollout side; use "
+         "trainer.backend=local"),
+        (not on or t.rollout_lanes == 1, "trainer.partial_rollouts", "takes one lane; set trainer.rollout_lanes=1"),
+        (not on or t.staleness == "bounded", "trainer.partial_rollouts",
+         "samples each chunk with the newest weights, which depends on timing (so data-parallel learners, "
+         "which need one agreed version, cannot take it either); use trainer.staleness=bounded"),
+        (t.max_token_staleness is None or t.max_staleness is not None, "trainer.max_token_staleness",
+         "bounds the asynchronous loop's tokens; set trainer.max_staleness or leave it null"),
+        (t.max_token_staleness is None or t.max_staleness is None or t.max_token_staleness <= t.max_staleness,
+         "trainer.max_token_staleness", f"above trainer.max_staleness ({t.max_staleness}) it masks nothing "
+         "(admission bounds every token by it); set it lower or leave it null"),
+    ]
+
+
 def _trainer(config: Config) -> list[Check]:
     t, r = config.trainer, config.rollout
     trackers = [n.strip() for n in t.trackers.split(",") if n.strip()]
@@ -271,6 +297,7 @@ def _trainer(config: Config) -> list[Check]:
         (t.rollout_lanes == 1 or not engine_kind(config).own_weights, "trainer.rollout_lanes",
          "more than 1 needs lanes with their own copies of the weights, which an engine with its own weights "
          "(one engine) does not have; set rollout.engine=torch or trainer.rollout_lanes=1"),
+        *_partial(config),
         (not t.ray_learners or t.learners == "fsdp", "trainer.ray_learners",
          "starts FSDP2 learners; set trainer.learners=fsdp as well (or trainer.ray_learners=0)"),
     ]

@@ -3,15 +3,12 @@ generated from them)."""
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
-from typing import Any
 
 from rlvr.config.commands_schema import PreferenceConfig, SFTConfig  # noqa: F401  re-exported, as below
 from rlvr.config.method_schema import EstimatorConfig, ExpertConfig, SamplerConfig
 from rlvr.config.ranges import choice, ranged
+from rlvr.config.sections import section_type  # noqa: F401  re-exported: the loader's walk of the schema
 from rlvr.config.task_schema import (  # noqa: F401  re-exported: the schema is one namespace
     AgentTaskConfig,
     ArithmeticTaskConfig,
@@ -438,6 +435,14 @@ class TrainerConfig:
     rollout waits (tool calls inside multi-turn episodes): one lane samples while another's tools answer.
     Each batch's prompt and seed draws are made in step order first, so lanes change only the timing, never
     the samples (uniform prompt sampler, one sampling round: no dynamic refill, replay, hints or calibration)."""
+    partial_rollouts: bool = False
+    """With `max_staleness` η >= 1: an update enters the batch in flight (the own sampler swaps weights between
+    chunks, recomputing its cache; vLLM servers take it keep-paused); each token keeps its version and log-prob."""
+    partial_chunk: int = ranged(16, ">= 1")
+    """With `partial_rollouts` and the own sampler: tokens sampled between two checks for newer weights."""
+    max_token_staleness: int | None = ranged(None, ">= 0", "null = max_staleness")
+    """Completion tokens sampled more than this many versions before the weights training on them are masked
+    out of the loss (the rest of the sample trains); below η it bites under `partial_rollouts`. null = η."""
     backend: str = choice("local", ("local", "ray"))
     """Where the rollout side runs: `local` (a thread of this process) or `ray` (Ray actors: rollout
     workers, reward scorers; `ray.init(address=...)` joins a running cluster, see `ray_address`)."""
@@ -489,12 +494,3 @@ class Config:
     expert: ExpertConfig = field(default_factory=ExpertConfig)
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
 
-
-def section_type(annotation: Any) -> type | None:
-    """The dataclass a field holds (also through `X | None`), or None for a leaf field."""
-    if dataclasses.is_dataclass(annotation):
-        return annotation
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(annotation) if dataclasses.is_dataclass(a)]
-        return inner[0] if inner else None
-    return None

@@ -30,6 +30,10 @@ class EngineKind:
     process that keeps it out of the learners' process group."""
     adapters: bool = False
     """Loads LoRA adapters unmerged (`rollout.lora_sync=adapter`): a LoRA run pushes the adapter alone."""
+    partial: str = ""
+    """How a weight update reaches a batch in flight (`trainer.partial_rollouts`): `chunks` = the sampler
+    swaps weights between chunks of tokens (rlvr's own); `in_flight` = the engine takes the push while its
+    requests run (servers paused in `keep` mode); empty = it cannot (one call samples the batch)."""
     options: tuple[str, ...] = ()
     """Config fields only this engine reads: set under another engine, they are refused (they would be ignored)."""
 
@@ -43,11 +47,12 @@ class EngineKind:
 
 
 ENGINES = {
-    "torch": EngineKind(own_weights=False, exact_logprobs=True, batches_itself=False, causal_only=False),
+    "torch": EngineKind(own_weights=False, exact_logprobs=True, batches_itself=False, causal_only=False,
+                        partial="chunks"),
     "vllm": EngineKind(own_weights=True, exact_logprobs=False, batches_itself=True, causal_only=True,
                        options=("rollout.vllm_kv_cache_mb", "rollout.vllm_block_size", "rollout.vllm_max_model_len")),
     "vllm_server": EngineKind(own_weights=True, exact_logprobs=False, batches_itself=True, causal_only=True,
-                              own_processes=True, adapters=True,
+                              own_processes=True, adapters=True, partial="in_flight",
                               options=("rollout.vllm_kv_cache_mb", "rollout.vllm_block_size",
                                        "rollout.vllm_max_model_len", "rollout.servers", "rollout.server_urls",
                                        "rollout.server_port",

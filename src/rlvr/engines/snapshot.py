@@ -18,21 +18,38 @@ from collections.abc import Callable, Iterable
 import torch
 
 from rlvr.batch import Rollouts
+from rlvr.engines.torch_ar import Swaps
 
 
 class SnapshotEngine:
     """`engine(prompt_ids, prompt_mask, seeds, *, temperature) -> Rollouts` from a frozen copy of
     `model`; `make_engine(copy)` builds the sampler over the copy."""
 
-    def __init__(self, model: torch.nn.Module, make_engine: Callable, *, version: int = 0, copy_model: bool = True):
+    def __init__(self, model: torch.nn.Module, make_engine: Callable, *, version: int = 0, copy_model: bool = True,
+                 swap_every: int = 0):
         self.model = frozen_copy(model) if copy_model else model
         self.model.requires_grad_(False)
         self._params = dict(self.model.named_parameters())
         self.engine = make_engine(self.model)
         self.policy_version = version
+        self.swap_every = swap_every  # partial rollouts: tokens between checks for newer weights (0 = off)
+        self._newest: Callable[[], tuple[int, list | None]] | None = None
 
     def __call__(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, **kwargs) -> Rollouts:
+        if self._newest is not None and self.swap_every:
+            kwargs["swaps"] = Swaps(self._swap, self.swap_every)
         return self.engine(prompt_ids, prompt_mask, seeds, **kwargs)
+
+    def follow(self, newest: Callable[[], tuple[int, list | None]]) -> None:
+        """Partial rollouts: between chunks of `swap_every` tokens the sampler pushes `newest()` =
+        (the newest published version, its tensors or None when not newer than this copy's)."""
+        self._newest = newest
+
+    def _swap(self) -> int:
+        version, tensors = self._newest()
+        if tensors is not None and version > self.policy_version:
+            self.push_weights(tensors, version)
+        return self.policy_version
 
     @torch.no_grad()
     def push_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
@@ -74,6 +91,12 @@ class SharedEngine:
         with self.lock:
             if version > self.engine.policy_version or (self.exact and version != self.engine.policy_version):
                 self.engine.push_weights(named_tensors, version)
+
+    def push_in_flight(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Partial rollouts: a push while the rollout side's batch is in flight. The batch holds the
+        lock; the engine pauses its requests, takes the weights and resumes them (`in_flight` kind)."""
+        if version > self.engine.policy_version:
+            self.engine.push_weights(named_tensors, version)
 
     def evaluator(self, newest: Callable[[], tuple[int, list | None]]) -> Callable[..., Rollouts]:
         def evaluate(prompt_ids, prompt_mask, seeds, **kwargs) -> Rollouts:

@@ -15,6 +15,8 @@ records the processed distribution instead and corrects by rollout correction (`
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from rlvr.batch import Rollouts
@@ -110,7 +112,8 @@ def choose_tokens(logits: torch.Tensor, seeds: torch.Tensor, step: int, *,
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: torch.Tensor, *,
              max_new_tokens: int, eos_id: int, pad_id: int,
              temperature: float = 1.0, top_p: float = 1.0, fast: bool = True, engine: str = "eager",
-             top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0) -> Rollouts:
+             top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+             swaps: Swaps | None = None) -> Rollouts:
     """Sample one completion per row. prompt_ids/prompt_mask (B, Tp), seeds (B,) int.
 
     Llama-family models take the fast path (`rlvr.kernels.decoder`: one prefill per distinct
@@ -120,6 +123,12 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: 
     `cpp` the fused C++ engine, which pays a one-off build per machine, cached on disk); both give
     the same samples. `repetition_penalty` counts the prompt's tokens (under its mask) and the
     completion's so far, as `transformers` and vLLM do.
+
+    `swaps` (partial rollouts): every `swaps.every` tokens the sampler asks `swaps.poll()` for the
+    policy version now in `model` (which may have put newer weights there); after a change it
+    recomputes the rows' cache under the new weights from their prompts and tokens so far and goes
+    on with the same noise, so each token is sampled by one version and its log-prob is that
+    version's on the whole prefix. `Rollouts.versions` then tells which version sampled each token.
     """
     was_training = model.training
     model.eval()
@@ -128,7 +137,10 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: 
             return _generate_fast(model, prompt_ids, prompt_mask, seeds, max_new_tokens=max_new_tokens,
                                   eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p,
                                   engine=engine, top_k=top_k, min_p=min_p,
-                                  repetition_penalty=repetition_penalty)
+                                  repetition_penalty=repetition_penalty, swaps=swaps)
+        if swaps is not None:
+            raise ValueError(f"partial rollouts swap weights in the KV-cache fast path, which "
+                             f"{type(model).__name__} does not take; unset trainer.partial_rollouts")
         device = model.get_input_embeddings().weight.device
         if prompt_ids.device != device:  # prompts come from the host; rollouts go back to it
             host = prompt_ids.device
@@ -145,16 +157,32 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: 
         model.train(was_training)
 
 
-def _rollouts(prompt_ids, prompt_mask, tokens, logprobs, length, done) -> Rollouts:
+class Swaps:
+    """Partial rollouts' weight swaps between chunks of `every` tokens: `poll()` returns the policy
+    version in the model from now on (having put newer weights there, or not); `trail` records the
+    version of each decoding step of the current call."""
+
+    def __init__(self, poll: Callable[[], int], every: int):
+        self.poll, self.every = poll, every
+        self.trail: list[int] = []
+
+
+def _rollouts(prompt_ids, prompt_mask, tokens, logprobs, length, done, trail: list[int] | None = None) -> Rollouts:
     width = int(length.max()) if len(length) else 0
     steps = torch.arange(width, device=length.device)
+    mask = (steps[None, :] < length[:, None]).float()
+    versions = None
+    if trail is not None:  # the version of each decoding step, -1 on padding
+        per_step = torch.tensor((trail + trail[-1:] * width)[:width] if trail else [-1] * width, dtype=torch.long)
+        versions = per_step[None, :].expand(len(length), width).masked_fill(mask == 0, -1).clone()
     return Rollouts(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
         completion_ids=tokens[:, :width],
-        completion_mask=(steps[None, :] < length[:, None]).float(),
+        completion_mask=mask,
         logprobs=logprobs[:, :width],
         truncated=~done,
+        versions=versions,
     )
 
 
@@ -167,12 +195,26 @@ costs about one decode step, so compacting after every finished row would not pa
 
 
 def _generate_fast(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos_id, pad_id,
-                   temperature, top_p, engine="eager", top_k=0, min_p=0.0, repetition_penalty=1.0) -> Rollouts:
+                   temperature, top_p, engine="eager", top_k=0, min_p=0.0, repetition_penalty=1.0,
+                   swaps: Swaps | None = None) -> Rollouts:
     batch = prompt_ids.shape[0]
+    if swaps is not None:
+        swaps.trail = [swaps.poll()]
     decoder = Decoder(model, prompt_ids, prompt_mask, max_new_tokens, engine=engine)
+    held = [decoder]  # the live decoder: a weight swap replaces it
+
+    def recomputed(rows: torch.Tensor, so_far: torch.Tensor) -> Decoder:
+        """A decoder of the slots `rows` whose cache holds their prompts and `so_far` (slots, t)
+        under the model's current weights."""
+        held[0].close()
+        ones = torch.ones_like(so_far)
+        held[0] = Decoder(model, torch.cat([prompt_ids[rows], so_far], 1), torch.cat([prompt_mask[rows], ones], 1),
+                          max_new_tokens - so_far.shape[1], engine=engine)
+        return held[0]
+
     try:
         plain = top_p >= 1.0 and top_k <= 0 and min_p <= 0 and repetition_penalty == 1.0
-        if decoder.engine == "cpp" and plain:
+        if decoder.engine == "cpp" and plain and swaps is None:
             # The whole loop in C++ (no Python per token, the GIL released throughout).
             tokens, logprobs, done = decoder.sample_all(seeds, max_new_tokens, temperature=temperature,
                                                         eos_id=eos_id, pad_id=pad_id)
@@ -184,21 +226,24 @@ def _generate_fast(model, prompt_ids, prompt_mask, seeds, *, max_new_tokens, eos
                     if repetition_penalty != 1.0 and temperature > 0 else None)
             _decode(decoder, decoder.logits, seeds, tokens, logprobs, done, max_new_tokens=max_new_tokens,
                     eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                    repetition_penalty=repetition_penalty, seen=seen)
+                    repetition_penalty=repetition_penalty, seen=seen,
+                    swap=None if swaps is None else (swaps, recomputed))
     finally:
-        decoder.close()
-    return _rollouts(prompt_ids, prompt_mask, tokens, logprobs, _lengths(tokens, done, eos_id, max_new_tokens), done)
+        held[0].close()
+    return _rollouts(prompt_ids, prompt_mask, tokens, logprobs, _lengths(tokens, done, eos_id, max_new_tokens), done,
+                     None if swaps is None else swaps.trail)
 
 
 def _decode(decoder, logits, seeds, tokens, logprobs, done, *, max_new_tokens, eos_id, pad_id,
-            temperature, top_p, top_k=0, min_p=0.0, repetition_penalty=1.0, seen=None) -> None:
+            temperature, top_p, top_k=0, min_p=0.0, repetition_penalty=1.0, seen=None, swap=None) -> None:
     """The sampling loop over decode slots; fills tokens/logprobs/done (B, ...) in place.
 
     Per step the slots' tokens and log-probs go into slot-ordered buffers (one column write each);
     they are written back to their original rows only when finished slots are dropped and at the
     end, and lengths are derived once at the end (first EOS + 1, or every step), rather than a
     handful of row-indexed updates per token. `seen` (B, V) bool, with the repetition penalty on:
-    the prompts' tokens, updated in place with each slot's sampled token."""
+    the prompts' tokens, updated in place with each slot's sampled token. `swap`: (Swaps, a maker of
+    a decoder recomputed from the slots' rows and tokens so far) for partial rollouts."""
     batch = tokens.shape[0]
     rows = torch.arange(batch)                 # original row of each decode slot
     slot_seeds = seeds
@@ -232,8 +277,27 @@ def _decode(decoder, logits, seeds, tokens, logprobs, done, *, max_new_tokens, e
             block = block[live] if block is not None else None
             seen = seen[live] if seen is not None else None
             slot_done = slot_done[live]
-        logits = decoder.step(tok)
+        if swap is None:
+            logits = decoder.step(tok)
+        else:
+            decoder, logits = _swapped(swap, step, rows, slot_tokens, decoder, tok)
     tokens[rows], logprobs[rows], done[rows] = slot_tokens, slot_logprobs, slot_done
+
+
+def _swapped(swap, step: int, rows: torch.Tensor, slot_tokens: torch.Tensor, decoder,
+             tok: torch.Tensor) -> tuple[Decoder, torch.Tensor]:
+    """The next step's logits under partial rollouts: at a chunk boundary the version in force is
+    polled, and after a change the slots' cache is recomputed under the new weights (their prompts
+    and tokens so far) rather than stepped on with the old weights' cache; the version is recorded."""
+    swaps, recomputed = swap
+    version = swaps.trail[-1]
+    if (step + 1) % swaps.every == 0:
+        version = swaps.poll()
+    swaps.trail.append(version)
+    if version == swaps.trail[-2]:
+        return decoder, decoder.step(tok)
+    decoder = recomputed(rows, slot_tokens[:, :step + 1])
+    return decoder, decoder.logits
 
 
 def _lengths(tokens, done, eos_id: int, max_new_tokens: int) -> torch.Tensor:

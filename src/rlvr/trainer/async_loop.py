@@ -23,8 +23,12 @@ update and the other batches' scoring, and holds no core. A batch counts toward 
 its sampling started with, so the bound is as without it; the run RNG's draws all happen in the
 rollout thread in the synchronous order, so η = 0 is still the synchronous loop bit for bit. A verifier
 that reads the step (TRL-form `trainer_state`) has each batch's step set just before it is scored,
-one such batch at a time. Each batch comes from one version (no in-flight weight update);
-a stale batch trains with the decoupled PPO objective (`sync.rl_step`).
+one such batch at a time. Each batch comes from one version (no in-flight weight update), except under
+partial rollouts (`trainer.partial_rollouts`): then an update reaches the batch in flight, between
+chunks of tokens in the own sampler (`SnapshotEngine.follow`) or pushed to the servers mid-request
+(`_pushed_in_flight`), and each token records its version (`token_staleness`: the per-token bound
+and the `rollout/staleness_*` metrics). A stale batch trains with the decoupled PPO objective
+(`sync.rl_step`), each token weighted by pi_prox over its own sampling version's log-prob.
 
 The rollout side owns the prompt RNG and the sampler; each batch carries their state after it,
 which is what a checkpoint of its step records, so a resumed run restarts the rollout side at
@@ -71,7 +75,9 @@ from rlvr.runtime.rows import CoreLease
 from rlvr.tracking.run_dir import now
 from rlvr.trainer.collect import Drawn, Produced, draw, produce, produce_ahead, roll, scores_ahead, stale_by
 from rlvr.trainer.parts import Components, RolloutParts
+from rlvr.trainer.plan import PartialPlan
 from rlvr.trainer.sync import rl_step
+from rlvr.trainer.token_staleness import staleness_metrics, token_staleness, within_bound
 
 
 class Stopped(Exception):
@@ -134,7 +140,8 @@ class LocalRollouts:
     def __init__(self, r: RolloutParts, engine: WeightSyncEngine, *, start: int, last: int, max_staleness: int,
                  threads: int, lease: CoreLease | None = None, exact: bool = False,
                  lanes: tuple[tuple[RolloutParts, WeightSyncEngine], ...] = (),
-                 lock: contextlib.AbstractContextManager | None = None, restarts: Callable[[], int] | None = None):
+                 lock: contextlib.AbstractContextManager | None = None, restarts: Callable[[], int] | None = None,
+                 partial: PartialPlan | None = None):
         self.r = r  # the run's task, reward, RNG and sampler, with its own engine
         self.engine, self.max_staleness, self.threads = engine, max_staleness, threads
         self.lanes = lanes  # (parts, engine) of each lane (`trainer.rollout_lanes` > 1), else ()
@@ -143,6 +150,9 @@ class LocalRollouts:
         self.lease = lease  # the process's cores, shared with the learner (None = a fixed share)
         self.exact = exact
         self.slot = WeightSlot(engine.policy_version, keep=exact)
+        self.partial = partial  # partial rollouts: an update reaches the batch in flight
+        if partial is not None and not partial.in_flight:  # the sampler swaps between chunks of tokens
+            engine.follow(lambda: self.slot.wait(0, engine.policy_version, self.stop))
         self.queue: queue.Queue = queue.Queue(maxsize=max(1, max_staleness))  # of Futures, in step order
         # score-ahead: every batch admitted and not yet trained (at most η + 1) can be in scoring at once
         self.scoring = ThreadPoolExecutor(max_staleness + 1, thread_name_prefix="rlvr-scoring") \
@@ -167,7 +177,8 @@ class LocalRollouts:
                         if tensors is not None:
                             self.engine.push_weights(tensors, version)
                         sync_s = now() - t0
-                        batch = self._sample(step, last, self.engine.policy_version)
+                        with self._pushed_in_flight():
+                            batch = self._sample(step, last, self.engine.policy_version)
                 t0 = now()
                 self._put(self._scored(batch, idle, sync_s))
                 idle = now() - t0  # waiting for queue space counts toward the next batch's idle share
@@ -175,6 +186,36 @@ class LocalRollouts:
             return
         except BaseException as err:  # the learner re-raises it from get()
             self._fail(err)
+
+    @contextlib.contextmanager
+    def _pushed_in_flight(self):
+        """Partial rollouts on an engine that takes pushes mid-request (`PartialPlan.in_flight`): while
+        the batch samples, every version the learner publishes goes to the engine at once."""
+        if self.partial is None or not self.partial.in_flight:
+            yield
+            return
+        done, failed = threading.Event(), []
+
+        def push() -> None:
+            try:
+                while not done.wait(0.02):
+                    version, tensors = self.slot.wait(0, self.engine.policy_version, self.stop)
+                    if tensors is not None:
+                        self.engine.push_in_flight(tensors, version)
+            except Stopped:
+                return
+            except BaseException as err:  # re-raised by the rollout thread, after the batch
+                failed.append(err)
+
+        pusher = threading.Thread(target=push, name="rlvr-partial-push", daemon=True)
+        pusher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            pusher.join()
+        if failed:
+            raise failed[0]
 
     def _fail(self, err: BaseException) -> None:
         failed: Future = Future()
@@ -326,7 +367,9 @@ class AsyncSteps:
         self._closers = side.closers
         self.rollouts = LocalRollouts(side.rollout, side.engine, start=start, last=c.loop.steps,
                                       max_staleness=self.max_staleness, threads=side.threads, lease=self.lease,
-                                      exact=plan.exact, lanes=side.lanes, lock=side.lock, restarts=side.restarts)
+                                      exact=plan.exact, lanes=side.lanes, lock=side.lock, restarts=side.restarts,
+                                      partial=plan.partial)
+        self.token_bound = self.max_staleness if plan.token_bound is None else plan.token_bound
         self.engine = side.engine.evaluator(lambda: self.rollouts.slot.wait(0, -1, self.rollouts.stop)) \
             if side.shared else c.rollout.engine
         self._state = None
@@ -334,7 +377,9 @@ class AsyncSteps:
     def step(self, step: int) -> tuple[dict[str, float], list[dict]]:
         t0 = now()
         produced, depth = self.rollouts.get()
-        produced = dataclasses.replace(produced, staleness=stale_by(produced, step))
+        ages = token_staleness(produced.got.rollouts, produced.version, step - 1)
+        produced = dataclasses.replace(produced, staleness=stale_by(produced, step),
+                                       within_bound=within_bound(ages, self.token_bound))
         with self.lease.held() if self.lease is not None else contextlib.nullcontext():
             wait = now() - t0  # for a batch, then for a core
             t0 = now()
@@ -346,6 +391,7 @@ class AsyncSteps:
                                             adapter=self.c.asynchronous.publish_adapter), step)
             publish_s = now() - t0
         metrics.update(produced.facts)
+        metrics.update(staleness_metrics(ages, self.token_bound, self.max_staleness))
         metrics.update(step_facts(produced.staleness, self.max_staleness, depth=depth, wait_s=wait,
                                   work_s=work + publish_s, version=produced.version,
                                   weight_sync_s=publish_s + produced.facts.get("async/rollout_push_s", 0.0)))

@@ -53,6 +53,9 @@ class Produced:
     version: int = 0    # policy version of the weights that sampled it
     staleness: int = 0  # learner's version when it trains on the batch minus `version`
     facts: dict[str, float] = field(default_factory=dict)  # the rollout side's own metrics (async/...)
+    # (B, Tc) float: 1 on the tokens within the per-token staleness bound (`token_staleness.within_bound`);
+    # None = every token trains
+    within_bound: torch.Tensor | None = None
 
 
 def produce(r: RolloutParts, step: int, version: int | None = None) -> Produced:

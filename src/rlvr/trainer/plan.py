@@ -191,6 +191,14 @@ class LoopPlan:
 
 
 @dataclass(frozen=True)
+class PartialPlan:
+    """Partial rollouts (`trainer.partial_rollouts`): how a published update reaches the batch in flight."""
+
+    in_flight: bool  # the engine takes the push while its requests run (servers); False: the sampler swaps
+    every: int  # tokens between the sampler's checks for newer weights (`trainer.partial_chunk`)
+
+
+@dataclass(frozen=True)
 class AsyncPlan:
     """Asynchronous rollouts (`trainer.async_loop`): the staleness bound and the thread layout the
     builder gave each side."""
@@ -202,3 +210,5 @@ class AsyncPlan:
     publish_merged: bool  # the rollout engine holds its own weights: publish them LoRA-merged, as it loads them
     facts: dict  # the layout as the run records it
     publish_adapter: bool = False  # ... or the LoRA adapter alone, which it serves unmerged
+    partial: PartialPlan | None = None  # partial rollouts; None = each batch from one version
+    token_bound: int | None = None  # tokens staler than this train nothing (`trainer.max_token_staleness`); None = η

@@ -95,6 +95,8 @@ def optimizer_step(policy: PolicyModel, optimizer: torch.optim.Optimizer,
     whole = batch.completion_mask
     counts = dict(zip(("num_tokens", "num_seqs"), global_counts([whole])))
     if counts["num_tokens"] == 0:
+        if keep is not None:  # no forward ran: the log-probs are 0, as outside any mask
+            keep.append(torch.zeros_like(whole))
         return {}
     picks = budget.micro_batches(batch, shard, micro_batch_size, micro_batch_tokens)
     # a shorter share's missing last micro-batch is a row with no tokens in the loss

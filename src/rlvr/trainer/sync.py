@@ -89,6 +89,8 @@ def rl_step(c: Components, step: int, produced: Produced | None = None) -> tuple
     mask = rollouts.completion_mask
     if plan.overlong_filter:  # DAPO: a truncated completion has no verdict on its ending; drop it from the loss
         mask = mask * (~rollouts.truncated)[:, None].float()
+    if produced.within_bound is not None:  # tokens staler than `trainer.max_token_staleness` train nothing
+        mask = mask * produced.within_bound
     batch = TrainBatch(rollouts.prompt_ids, rollouts.prompt_mask, rollouts.completion_ids, mask,
                        advantages=torch.zeros_like(mask), rollout_logp=rollouts.logprobs, trace=rollouts.trace,
                        vision=rollouts.vision)
