@@ -12,7 +12,6 @@ hooks, and forks a worker per byte it reads on its control socket.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import math
 import os
@@ -23,6 +22,7 @@ import socket
 import stat
 import struct
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -135,24 +135,16 @@ def _close_inherited(keep: set[int]) -> None:
             os.close(fd)
 
 
-def _fork_without_hooks() -> int:
-    """fork(2) itself, without the at-fork hooks that libraries registered in the trainer (`os.fork`
-    runs them). The zygote is a fork of a many-threaded trainer, made while other threads may have been
-    inside such a hook, so its copies of their state can be mid-operation (loguru's lock sets mid-walk,
-    filelock's fork gate closed by a thread that is not there): a hook then spins on every fork of the
-    zygote. With one thread, which keeps the GIL across the call (`PyDLL`), the child's interpreter is
-    the zygote's as it stood, which is all a worker needs; it reseeds `random` itself (the one hook of
-    the standard library a worker relies on). A zygote whose targets started threads of their own takes
-    `os.fork`, which makes the GIL and the interpreter's locks anew in the child."""
-    if len(sys._current_frames()) > 1:
-        return os.fork()
-    libc = ctypes.PyDLL(None, use_errno=True)
-    pid = libc.fork()
-    if pid < 0:
-        raise OSError(ctypes.get_errno(), "fork")
-    if pid == 0 and "random" in sys.modules:
-        sys.modules["random"].seed()
-    return pid
+def _fresh_fork_hooks() -> None:
+    """Empty the lock sets that loguru's fork hooks walk (vLLM imports loguru): the zygote is forked
+    from a trainer thread while another may be inside such a walk, and the copied set's iteration
+    state then makes every later fork of the zygote spin in the hook. Nothing in the zygote logs."""
+    machinery = sys.modules.get("loguru._locks_machinery")
+    if machinery is None:
+        return
+    for name in ("logger_locks", "handler_locks"):
+        if hasattr(machinery, name):
+            setattr(machinery, name, weakref.WeakSet())
 
 
 def zygote(ctl: socket.socket, targets: dict[str, Callable], memory_mb: int) -> None:
@@ -168,6 +160,7 @@ def zygote(ctl: socket.socket, targets: dict[str, Callable], memory_mb: int) -> 
     # fresh stream objects: a lock held by another trainer thread at the fork stays held in its copy
     sys.stdout = open(1, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
+    _fresh_fork_hooks()
     for preload in PRELOAD:
         preload()
     while True:
@@ -177,7 +170,7 @@ def zygote(ctl: socket.socket, targets: dict[str, Callable], memory_mb: int) -> 
         except OSError:
             return
         mine, theirs = socket.socketpair()
-        pid = _fork_without_hooks()
+        pid = os.fork()
         if pid == 0:
             ctl.close()
             mine.close()
