@@ -323,3 +323,32 @@ def test_a_spawned_zygote_stuck_in_its_preload_is_bounded_by_the_startup_bound(t
     assert pool.run("f", [((i,), {}) for i in range(3)], 5.0) == [(3 * i, None) for i in range(3)]
     assert pool.stats.crashes == 3
     pool.close()
+
+
+GARBAGE_SOCKETS_AT_THE_FORK = """
+import gc, socket
+from rlvr.rewards.workers import WorkerPool
+gc.disable()  # keeps the cycles below uncollected until the fork, as a busy trainer's next collection would
+for _ in range(8):
+    ends = list(socket.socketpair())
+    ends.append(ends)  # a cycle: only the collector frees these socket objects (and closes their fds)
+del ends
+def collects(x):
+    gc.collect()
+    return x + 1
+pool = WorkerPool({"f": collects}, size=1)
+print(pool.run("f", [((i,), {}) for i in range(4)], 5.0), flush=True)
+pool.close()
+"""
+
+
+def test_sockets_the_trainer_left_for_the_collector_cannot_close_a_workers_socket(tmp_path):
+    """The zygote frees the fd numbers of the sockets it inherited and reuses them for its workers; an inherited
+    socket object in an uncollected cycle would close that number again when a worker collects."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", GARBAGE_SOCKETS_AT_THE_FORK], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=tmp_path)
+    assert done.stdout.strip() == str([(i + 1, None) for i in range(4)]), (done.stdout, done.stderr[-2000:])

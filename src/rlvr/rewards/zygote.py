@@ -12,6 +12,7 @@ hooks, and forks a worker per byte it reads on its control socket.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import math
 import os
@@ -156,6 +157,11 @@ def zygote(ctl: socket.socket, targets: dict[str, Callable], memory_mb: int) -> 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
+    # What the trainer held at the fork, garbage included, is never collected here: a socket or file
+    # object in an uncollected cycle would close its fd number on collection, and once `_close_inherited`
+    # has freed that number it names a worker's socket (in a full test run, every reward became a crash).
+    gc.freeze()
+    gc.enable()
     _close_inherited({ctl.fileno()})
     # fresh stream objects: a lock held by another trainer thread at the fork stays held in its copy
     sys.stdout = open(1, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
