@@ -352,3 +352,36 @@ def test_sockets_the_trainer_left_for_the_collector_cannot_close_a_workers_socke
     done = subprocess.run([sys.executable, "-c", GARBAGE_SOCKETS_AT_THE_FORK], capture_output=True, text=True,
                           timeout=120, env=env, cwd=tmp_path)
     assert done.stdout.strip() == str([(i + 1, None) for i in range(4)]), (done.stdout, done.stderr[-2000:])
+
+
+PIPE_REMADE_IN_EVERY_CHILD = """
+import os
+from rlvr.rewards.workers import WorkerPool
+class Wakeup:  # a library's self-pipe, closed and made anew in every forked child
+    def __init__(self):
+        self.fds = os.pipe()
+    def remake(self):
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = os.pipe()
+wakeup = Wakeup()
+os.register_at_fork(after_in_child=wakeup.remake)
+pool = WorkerPool({"f": lambda x: x + 1}, size=1)
+print(pool.run("f", [((i,), {}) for i in range(4)], 5.0), flush=True)
+pool.close()
+"""
+
+
+def test_a_pipe_a_fork_hook_remakes_in_every_child_cannot_close_a_workers_socket(tmp_path):
+    """The zygote lets go of the trainer's pipes; their numbers must not be reused for a worker's socket,
+    which a library's after-fork hook would then close in that worker."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", PIPE_REMADE_IN_EVERY_CHILD], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=tmp_path)
+    assert done.stdout.strip() == str([(i + 1, None) for i in range(4)]), (done.stdout, done.stderr[-2000:])

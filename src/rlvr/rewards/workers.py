@@ -37,7 +37,6 @@ side (the zygote, the call loop, the limits) is `rlvr.rewards.zygote`.
 from __future__ import annotations
 
 import collections
-import gc
 import math
 import os
 import pickle
@@ -247,22 +246,13 @@ class WorkerPool:
             theirs.close()
             self._procs.zygote = (mine, proc)
         else:
-            collecting = gc.isenabled()
-            gc.disable()  # the copy must not collect before it freezes what it inherited (see `zygote`)
-            try:
-                pid = os.fork()
-            except BaseException:
-                if collecting:
-                    gc.enable()
-                raise
+            pid = os.fork()
             if pid == 0:
                 try:
                     mine.close()
                     zygote(theirs, self.targets, self.memory_mb)
                 finally:
                     os._exit(0)
-            if collecting:
-                gc.enable()
             theirs.close()
             self._procs.zygote = (mine, pid)
         self._zygote_targets = set(self.targets)

@@ -12,7 +12,6 @@ hooks, and forks a worker per byte it reads on its control socket.
 
 from __future__ import annotations
 
-import gc
 import importlib
 import math
 import os
@@ -122,18 +121,25 @@ def _serve(sock: socket.socket, targets: dict[str, Callable], memory_mb: int) ->
 
 
 def _close_inherited(keep: set[int]) -> None:
-    """Close the sockets and pipes inherited from the trainer (another pool's, a sandbox's), so
-    that their other ends see EOF when the trainer closes them; regular files stay open."""
+    """Let go of the sockets and pipes inherited from the trainer (another pool's, a sandbox's), so
+    that their other ends see EOF when the trainer closes them; regular files stay open.
+
+    Each is replaced by /dev/null under the same number rather than closed: objects and fork hooks
+    copied from the trainer still think they own those numbers (a library's wake-up pipe that its
+    after-fork hook closes and remakes in every child, a socket in an uncollected cycle), and a freed
+    number would be reused by a worker's socket, which they would then close (every reward a crash)."""
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd in keep or fd <= 2:
+        if fd in keep or fd <= 2 or fd == null:
             continue
         try:
             mode = os.fstat(fd).st_mode
         except OSError:
             continue
         if stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode):
-            os.close(fd)
+            os.dup2(null, fd, inheritable=False)
+    os.close(null)
 
 
 def _fresh_fork_hooks() -> None:
@@ -157,11 +163,6 @@ def zygote(ctl: socket.socket, targets: dict[str, Callable], memory_mb: int) -> 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
-    # What the trainer held at the fork, garbage included, is never collected here: a socket or file
-    # object in an uncollected cycle would close its fd number on collection, and once `_close_inherited`
-    # has freed that number it names a worker's socket (in a full test run, every reward became a crash).
-    gc.freeze()
-    gc.enable()
     _close_inherited({ctl.fileno()})
     # fresh stream objects: a lock held by another trainer thread at the fork stays held in its copy
     sys.stdout = open(1, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
