@@ -345,12 +345,7 @@ pool.close()
 def test_sockets_the_trainer_left_for_the_collector_cannot_close_a_workers_socket(tmp_path):
     """The zygote frees the fd numbers of the sockets it inherited and reuses them for its workers; an inherited
     socket object in an uncollected cycle would close that number again when a worker collects."""
-    import subprocess
-    import sys
-
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, "-c", GARBAGE_SOCKETS_AT_THE_FORK], capture_output=True, text=True,
-                          timeout=120, env=env, cwd=tmp_path)
+    done = _in_a_fresh_interpreter(GARBAGE_SOCKETS_AT_THE_FORK, tmp_path)
     assert done.stdout.strip() == str([(i + 1, None) for i in range(4)]), (done.stdout, done.stderr[-2000:])
 
 
@@ -378,10 +373,15 @@ pool.close()
 def test_a_pipe_a_fork_hook_remakes_in_every_child_cannot_close_a_workers_socket(tmp_path):
     """The zygote lets go of the trainer's pipes; their numbers must not be reused for a worker's socket,
     which a library's after-fork hook would then close in that worker."""
+    done = _in_a_fresh_interpreter(PIPE_REMADE_IN_EVERY_CHILD, tmp_path)
+    assert done.stdout.strip() == str([(i + 1, None) for i in range(4)]), (done.stdout, done.stderr[-2000:])
+
+
+def _in_a_fresh_interpreter(script: str, folder):
+    """Runs `script` in its own Python: the fork hooks and leftovers it sets up stay out of the test process."""
     import subprocess
     import sys
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, "-c", PIPE_REMADE_IN_EVERY_CHILD], capture_output=True, text=True,
-                          timeout=120, env=env, cwd=tmp_path)
-    assert done.stdout.strip() == str([(i + 1, None) for i in range(4)]), (done.stdout, done.stderr[-2000:])
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=folder)
