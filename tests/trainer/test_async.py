@@ -225,11 +225,13 @@ def test_exact_staleness_trains_each_step_on_the_same_version_whatever_the_timin
     args = [*TINY, _plus_reward(tmp_path), "trainer.steps=6", "trainer.threads=2", "trainer.max_staleness=2",
             "trainer.staleness=exact", "optim.lr=1e-2"]
     plain = _run(tmp_path, capsys, "plain", *args)
+    # The slowed side waits three times the plain run's slowest step, so it is the slower one on any machine.
+    delay = max(0.2, 3 * max(line["async/step_s"] for line in _lines(plain) if line["step"] > 0))
     produce, produce_ahead, rl_step = async_loop.produce, async_loop.produce_ahead, async_loop.rl_step
 
     def slow(fn):
         def call(*a, **k):
-            time.sleep(0.2)
+            time.sleep(delay)
             return fn(*a, **k)
         return call
 

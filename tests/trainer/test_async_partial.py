@@ -28,16 +28,28 @@ def _plus_reward(tmp_path) -> str:
 
 @pytest.fixture
 def slow_swaps(monkeypatch):
-    """The sampler waits 20 ms at each check for newer weights, so the learner's update lands mid-batch."""
+    """The sampler, at its second check for newer weights in batch j, waits (5 s at most) for the
+    version the learner publishes after training batch j-1 when the batch began before it: so the
+    update lands mid-batch on a machine of any speed, not only where sampling is the slower side."""
     from rlvr.engines import snapshot
 
-    real = snapshot.SnapshotEngine._swap
+    real_call, real_swap = snapshot.SnapshotEngine.__call__, snapshot.SnapshotEngine._swap
+    batches = []  # per batch: [its index, the version it began at, checks so far]
 
-    def slow(self):
-        time.sleep(0.02)
-        return real(self)
+    def call(self, *args, **kwargs):
+        batches.append([len(batches), self.policy_version, 0])
+        return real_call(self, *args, **kwargs)
 
-    monkeypatch.setattr(snapshot.SnapshotEngine, "_swap", slow)
+    def swap(self):
+        batch = batches[-1]
+        batch[2] += 1
+        deadline = time.monotonic() + 5
+        while batch[2] == 2 and batch[1] < batch[0] and real_swap(self) <= batch[1] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return real_swap(self)
+
+    monkeypatch.setattr(snapshot.SnapshotEngine, "__call__", call)
+    monkeypatch.setattr(snapshot.SnapshotEngine, "_swap", swap)
 
 
 def _tiny(*overrides: str) -> list[str]:
@@ -225,6 +237,7 @@ def test_in_flight_pushes_reach_the_engine_while_the_batch_samples():
 
 
 @pytest.mark.vllm
+@pytest.mark.slow  # a race: it shows mixed versions only where the server samples slower than the learner steps
 def test_partial_rollouts_on_vllm_servers_push_into_requests_in_flight(tmp_path, capsys):
     """`rollout.engine=vllm_server` with η = 1: the learner's update is pushed to the server while the
     next batch's requests run (keep-paused, resumed under the new weights), so completions span two
