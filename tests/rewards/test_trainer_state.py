@@ -5,6 +5,7 @@ another process, or a restarted one, knows it)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -80,11 +81,15 @@ def test_ray_reward_sends_the_step_to_every_worker():
 
 
 class _Stalling:
-    """A task whose `is_correct` never returns on a hostile completion (a verifier a completion can stall)."""
+    """A task whose `is_correct` does not return on a hostile completion (a verifier a completion can
+    stall) until the test sets `release`: the spinning thread would otherwise slow every later test."""
+
+    def __init__(self):
+        self.release = threading.Event()
 
     def is_correct(self, completion, example):
-        while completion == "stall":
-            pass  # holds the GIL between bytecodes only, but never returns
+        while completion == "stall" and not self.release.is_set():
+            pass  # holds the GIL between bytecodes only
         return completion == "72"
 
 
@@ -100,9 +105,12 @@ def test_ray_reward_asks_is_correct_under_the_drivers_per_sample_deadlines(worke
     reward.ray, reward.progress = _FakeRay(), None
     reward.workers = [_Actor(_RewardWorker(_plain, None)) for _ in range(2)]
     reward.local = RewardSum([lambda p, c, **ex: 0.0], timeout_s=1.0, workers=workers)
-    texts = ["72", "stall", "7", "72"]
-    reward.judged(_Stalling(), [Example("q", "72", {})], ["72"], [{}])  # the workers' zygote started
+    texts, task = ["72", "stall", "7", "72"], _Stalling()
+    reward.judged(task, [Example("q", "72", {})], ["72"], [{}])  # the workers' zygote started
     start = time.monotonic()
-    out, correct = reward.judged(_Stalling(), [Example("q", "72", {})] * 4, texts, [{}] * 4)
+    try:
+        out, correct = reward.judged(task, [Example("q", "72", {})] * 4, texts, [{}] * 4)
+    finally:
+        task.release.set()
     assert time.monotonic() - start < 3.0  # unbounded, the driver would wait for ever
     assert out.rewards == [1.0, 0.0, 0.0, 1.0] and correct == [True, False, False, True]
