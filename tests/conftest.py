@@ -2,6 +2,8 @@ import errno
 import importlib.util
 import os
 import subprocess
+import threading
+import time
 
 import pytest
 import torch
@@ -31,6 +33,28 @@ def ray_local():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+def _cpu_s(thread: threading.Thread) -> float:
+    """CPU seconds `thread` has used (Linux: its /proc task's utime + stime); 0 where unreadable."""
+    try:
+        with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_spinning_threads():
+    """A module must not leave a thread computing after its tests: one spinning in a test's verifier
+    once held the GIL for the rest of the suite and ran every later test up to 20 times slower."""
+    yield
+    others = [t for t in threading.enumerate() if t is not threading.current_thread() and t.native_id]
+    before = {t: _cpu_s(t) for t in others}
+    time.sleep(0.1)
+    spinning = [t.name for t in others if t.is_alive() and _cpu_s(t) - before[t] > 0.05]
+    assert not spinning, f"threads still computing after the module's tests: {spinning}; end them in the test"
 
 
 @pytest.fixture(autouse=True)
